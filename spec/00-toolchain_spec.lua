@@ -1,0 +1,5 @@
+describe("the toolchain", function()
+  it("runs the specs under Lua 5.4", function()
+    assert.are.equal("Lua 5.4", _VERSION)
+  end)
+end)
