@@ -1,0 +1,60 @@
+-- Development rockspec: builds the checkout it sits in.
+--
+--   luarocks --lua-version 5.4 make --deps-mode=none   # luv from Debian's lua-luv
+--   luarocks --lua-version 5.4 make                    # luv from luarocks.org
+--   luarocks --lua-version 5.4 test                    # the busted suite
+--
+-- luv is a real run-time dependency and is declared as one.  Debian's lua-luv
+-- package is not a rock, so luarocks does not see it: on Debian, either pass
+-- --deps-mode=none, or declare it provided once with
+--   luarocks --lua-version 5.4 config --scope user rocks_provided.luv 1.44.2-0
+rockspec_format = "3.0"
+package = "async-mutex"
+version = "scm-1"
+
+source = {
+  url = "git+file://.",                 -- no public repository yet: use `make`
+}
+
+description = {
+  summary = "Mutex and Semaphore for Lua 5.4 coroutines on a luv event loop",
+  detailed = [[
+A port of the JavaScript library async-mutex to Lua 5.4 coroutines running on
+luv (libuv).  Mutex and Semaphore with priorities and weights, runExclusive,
+waitForUnlock, cancel, and the withTimeout and tryAcquire decorators, with the
+same vocabulary and error values as async-mutex.  acquire() suspends the
+calling coroutine until the lock is granted; waiters are resumed from the luv
+loop.  The releaser is also a to-be-closed value:
+`local release <close> = mutex:acquire()`.  The core is written in C.
+]],
+  license = "MIT",
+  labels = { "coroutine", "mutex", "semaphore", "luv", "libuv", "async" },
+}
+
+dependencies = {
+  "lua >= 5.4",
+  "luv >= 1.30",                        -- Debian: lua-luv (see above)
+}
+
+build = {
+  type = "builtin",
+  modules = {
+    -- No Lua library is linked in: the interpreter already holds the Lua core.
+    ["async_mutex.core"] = {
+      sources = {
+        "src/core.c",
+        "src/heap.c",
+        "src/lock.c",
+        "src/mutex.c",
+        "src/sched.c",
+      },
+      incdirs = { "$(LUA_INCDIR)", "src" },
+    },
+    async_mutex = "src/async_mutex/init.lua",
+  },
+}
+
+test = {
+  type = "command",
+  command = "lua5.4 /usr/bin/busted",   -- the system `lua` may be 5.1
+}

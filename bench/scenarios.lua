@@ -1,0 +1,336 @@
+-- The benchmark scenarios, one per process, printing one JSON line.
+--
+--   lua5.4 bench/scenarios.lua IMPL SCENARIO [N]
+--
+-- IMPL is `ours` (require "async_mutex": run from the repository root with
+-- LUA_PATH="src/?.lua;src/?/init.lua;;" LUA_CPATH="build/?.so;;"), `lua` (the
+-- hand-written pure-Lua mutex, bench/lua_mutex.lua) or `floor` (no lock: the
+-- same coroutines wait through bench/floor.lua instead).  bench/node/
+-- scenarios.js mirrors this file function by function.  bench/run.lua runs
+-- them all and prints the table.
+
+local here = arg[0]:match("^(.*)/[^/]*$") or "."
+package.path = here .. "/?.lua;" .. package.path
+
+local uv = require "luv"           -- on the main thread, before any coroutine
+
+local impl_name, scenario, n_arg = arg[1], arg[2], tonumber(arg[3])
+local am, floor
+if impl_name == "ours" then am = require "async_mutex"
+elseif impl_name == "lua" then am = require "lua_mutex"
+elseif impl_name == "floor" then floor = require "floor"
+else error("usage: scenarios.lua ours|lua|floor SCENARIO [N]") end
+
+local now = uv.hrtime                          -- nanoseconds
+local create, resume = coroutine.create, coroutine.resume
+
+-- Prints a flat JSON object (numbers, strings, booleans).
+local function emit(t)
+  local keys = {}
+  for k in pairs(t) do keys[#keys + 1] = k end
+  table.sort(keys)
+  local out = {}
+  for _, k in ipairs(keys) do
+    local v = t[k]
+    if type(v) == "string" then v = string.format("%q", v)
+    elseif type(v) == "number" then
+      v = math.type(v) == "integer" and tostring(v) or string.format("%.6g", v)
+    else v = tostring(v) end
+    out[#out + 1] = string.format("%q:%s", k, v)
+  end
+  io.write("{", table.concat(out, ","), "}\n")
+end
+
+-- Starts fn(...) in a new coroutine now; it runs until its first wait.
+local function spawn(fn, ...)
+  local co = create(fn)
+  local ok, err = resume(co, ...)
+  if not ok then error(debug.traceback(co, err), 0) end
+  return co
+end
+
+-- Takes `lock` (uncontended) and returns what acquire returned.
+local function hold(lock, ...)
+  local a, b
+  spawn(function(...) a, b = lock:acquire(...) end, ...)
+  return a, b
+end
+
+-- The same pseudo-random sequence in Lua and JS (Park-Miller).
+local function lcg(seed)
+  local x = seed
+  return function(m)
+    x = x * 48271 % 2147483647
+    return x % m + 1
+  end
+end
+
+local function full_gc()
+  collectgarbage("collect")
+  collectgarbage("collect")
+end
+
+local function rss_bytes()
+  local f = io.open("/proc/self/status")
+  local kb = f:read("a"):match("VmRSS:%s*(%d+)")
+  f:close()
+  return tonumber(kb) * 1024
+end
+
+local function ms(ns) return ns / 1e6 end
+
+local S = {}
+
+-- 1. Uncontended acquire + release, n times, and runExclusive (best of 3).
+function S.uncontended(n)
+  n = n or 1000000
+  if floor then return emit { scenario = "uncontended", n = n, skipped = true } end
+  local m = am.Mutex.new()
+  local best_acq, best_run = math.huge, math.huge
+  local function noop() end
+  spawn(function()
+    for _ = 1, 3 do
+      local t0 = now()
+      for _ = 1, n do
+        local release = m:acquire()
+        release()
+      end
+      best_acq = math.min(best_acq, now() - t0)
+      t0 = now()
+      for _ = 1, n do
+        m:runExclusive(noop)
+      end
+      best_run = math.min(best_run, now() - t0)
+    end
+  end)
+  uv.run()
+  emit { scenario = "uncontended", n = n,
+         acquire_ns = best_acq / n, run_ns = best_run / n }
+end
+
+-- 2. Hand-off: a holder takes the mutex, ncoro coroutines each do ncycles
+-- acquire/release cycles, the holder releases; every acquire waits.
+function S.handoff(ncoro, ncycles)
+  ncoro, ncycles = ncoro or 1000, ncycles or 100
+  local total = ncoro * ncycles
+  local waited, done, t_end = 0, 0, nil
+  local m, release_holder
+  if not floor then
+    m = am.Mutex.new()
+    release_holder = hold(m)
+  end
+  local function worker()
+    for _ = 1, ncycles do
+      if floor then
+        floor.wait()
+        waited = waited + 1
+      else
+        if m:isLocked() then waited = waited + 1 end
+        local release = m:acquire()
+        release()
+      end
+    end
+    done = done + 1
+    if done == ncoro then t_end = now() end
+  end
+  for _ = 1, ncoro do spawn(worker) end
+  local t0 = now()
+  if release_holder then release_holder() end
+  uv.run()
+  assert(done == ncoro, "not all workers finished")
+  emit { scenario = "handoff", coroutines = ncoro, cycles = ncycles,
+         waited_pct = 100 * waited / total, ns = (t_end - t0) / total,
+         per_s = total / ((t_end - t0) / 1e9) }
+end
+
+-- 3. A chain: n coroutines queued behind a holder, each acquires and releases
+-- with no yield in between; from the holder's release until the last is done.
+function S.chain(n)
+  n = n or 100000
+  local done, t_end = 0, nil
+  local m, release_holder
+  if not floor then
+    m = am.Mutex.new()
+    release_holder = hold(m)
+  end
+  local function worker()
+    if floor then
+      floor.wait()
+    else
+      local release = m:acquire()
+      release()
+    end
+    done = done + 1
+    if done == n then t_end = now() end
+  end
+  for _ = 1, n do spawn(worker) end
+  local t0 = now()
+  if release_holder then release_holder() end
+  uv.run()
+  assert(done == n, "not all workers finished")
+  emit { scenario = "chain", n = n, ms = ms(t_end - t0) }
+end
+
+-- 4. n waiters on a held lock through withTimeout(lock, timeout): all expire.
+-- enqueue: the spawning loop; expire: from the first raise to the last.
+function S.timeout(n, timeout)
+  n, timeout = n or 100000, timeout or 50
+  local raised, t_first, t_last = 0, nil, nil
+  local m, release_holder, tm
+  if not floor then
+    m = am.Mutex.new()
+    release_holder = hold(m)
+    tm = am.withTimeout(m, timeout)
+  end
+  local function worker()
+    if floor then
+      floor.wait()
+    else
+      local ok, err = pcall(tm.acquire, tm)
+      assert(not ok and err == am.E_TIMEOUT, err)
+    end
+    raised = raised + 1
+    if raised == 1 then t_first = now() end
+    if raised == n then t_last = now() end
+  end
+  uv.update_time()
+  local t0 = now()
+  for _ = 1, n do spawn(worker) end
+  local t_enq = now() - t0
+  uv.run()
+  assert(raised == n, "not all waiters raised")
+  if release_holder then release_holder() end
+  emit { scenario = "timeout", n = n, timeout_ms = timeout,
+         enqueue_ms = ms(t_enq), expire_ms = ms(t_last - t_first),
+         work_ms = ms(t_enq + t_last - t_first), total_ms = ms(t_last - t0) }
+end
+
+-- 5. n waiters, then cancel(): from cancel() until the last one has raised.
+function S.cancel(n)
+  n = n or 100000
+  local raised, t_last = 0, nil
+  local m, release_holder
+  if not floor then
+    m = am.Mutex.new()
+    release_holder = hold(m)
+  end
+  local function worker()
+    if floor then
+      floor.wait()
+    else
+      local ok, err = pcall(m.acquire, m)
+      assert(not ok and err == am.E_CANCELED, err)
+    end
+    raised = raised + 1
+    if raised == n then t_last = now() end
+  end
+  local t0 = now()
+  for _ = 1, n do spawn(worker) end
+  local t_enq = now() - t0
+  local t1 = now()
+  if m then m:cancel() end
+  uv.run()
+  assert(raised == n, "not all waiters raised")
+  if release_holder then release_holder() end
+  emit { scenario = "cancel", n = n, enqueue_ms = ms(t_enq),
+         cancel_ms = ms(t_last - t1) }
+end
+
+-- 6. n waiters with random priorities 1..1000 behind a holder, then drained
+-- (each acquires and releases); checks that they ran in priority order.
+function S.priority(n)
+  n = n or 100000
+  local rand = lcg(42)
+  local done, t_last, last_prio, inversions = 0, nil, math.huge, 0
+  local m, release_holder
+  if not floor then
+    m = am.Mutex.new()
+    release_holder = hold(m)
+  end
+  local function worker(prio)
+    if floor then
+      floor.wait()
+    else
+      local release = m:acquire(prio)
+      if prio > last_prio then inversions = inversions + 1 end
+      last_prio = prio
+      release()
+    end
+    done = done + 1
+    if done == n then t_last = now() end
+  end
+  local t0 = now()
+  for _ = 1, n do spawn(worker, rand(1000)) end
+  local t_enq = now() - t0
+  local t1 = now()
+  if release_holder then release_holder() end
+  uv.run()
+  assert(done == n and inversions == 0, "priority order broken")
+  emit { scenario = "priority", n = n, enqueue_ns = (t_enq) / n,
+         drain_ns = (t_last - t1) / n }
+end
+
+-- 7. A Semaphore of `value`; n coroutines acquire random weights 1..8 behind a
+-- holder of the whole value, and release at once; from the holder's release.
+function S.semaphore(n, value)
+  n, value = n or 10000, value or 16
+  local rand = lcg(7)
+  local done, t_last = 0, nil
+  local s, release_holder
+  if not floor then
+    s = am.Semaphore.new(value)
+    local _
+    _, release_holder = hold(s, value)
+  end
+  local function worker(weight)
+    if floor then
+      floor.wait()
+    else
+      local _, release = s:acquire(weight)
+      release()
+    end
+    done = done + 1
+    if done == n then t_last = now() end
+  end
+  for _ = 1, n do spawn(worker, rand(8)) end
+  local t0 = now()
+  if release_holder then release_holder() end
+  uv.run()
+  assert(done == n, "not all workers finished")
+  if s then assert(s:getValue() == value) end
+  emit { scenario = "semaphore", n = n, value = value, ms = ms(t_last - t0) }
+end
+
+-- 8. Memory: n coroutines waiting on a held mutex (floor: n bare suspended
+-- coroutines), Lua heap after a full GC and RSS, per coroutine.
+function S.memory(n)
+  n = n or 100000
+  local m, release_holder
+  local body
+  if floor then
+    body = function() coroutine.yield() end
+  else
+    m = am.Mutex.new()
+    release_holder = hold(m)
+    body = function()
+      local release = m:acquire()
+      release()
+    end
+  end
+  local cos = {}
+  for i = 1, n do cos[i] = false end        -- the anchor array, preallocated
+  full_gc()
+  local heap0, rss0 = collectgarbage("count") * 1024, rss_bytes()
+  for i = 1, n do cos[i] = spawn(body) end
+  full_gc()
+  local heap1, rss1 = collectgarbage("count") * 1024, rss_bytes()
+  if release_holder then
+    release_holder()
+    uv.run()
+  end
+  emit { scenario = "memory", n = n, heap_b = (heap1 - heap0) / n,
+         rss_b = (rss1 - rss0) / n, rss_mb = rss1 / 2 ^ 20 }
+end
+
+local f = S[scenario] or error("unknown scenario " .. tostring(scenario))
+f(n_arg, tonumber(arg[4]))

@@ -1,0 +1,52 @@
+-- Limiting concurrency: eight jobs, at most three running at any time.
+--
+-- A Semaphore with value 3 hands out three permits; runExclusive takes one,
+-- runs the job (which may yield, here on a timer) and gives the permit back,
+-- even if the job raises.
+--
+--   make && lua5.4 examples/semaphore_jobs.lua
+
+-- Find the module in this checkout (src/, build/); harmless once installed.
+package.path = "src/?.lua;src/?/init.lua;" .. package.path
+package.cpath = "build/?.so;" .. package.cpath
+
+local uv = require "luv"
+local am = require "async_mutex"
+
+--- Suspends the running coroutine for `ms` milliseconds of loop time.
+local function sleep(ms)
+  local co = coroutine.running()
+  local timer = uv.new_timer()
+  timer:start(ms, 0, function()
+    timer:close()
+    assert(coroutine.resume(co))
+  end)
+  coroutine.yield()
+end
+
+local MAX_JOBS = 3
+local durations = { 60, 20, 40, 30, 50, 10, 30, 20 }   -- milliseconds
+local slots = am.Semaphore.new(MAX_JOBS)
+local running, most, finished = 0, 0, 0
+
+local function job(i)
+  slots:runExclusive(function(free)     -- free: permits left before ours
+    running = running + 1
+    most = math.max(most, running)
+    print(("job %d starts (permits free: %d, running: %d)")
+      :format(i, free, running))
+    sleep(durations[i])
+    running = running - 1
+    print(("job %d done"):format(i))
+  end)
+  finished = finished + 1
+  if finished == #durations then
+    print(("all %d jobs done, at most %d ran at once (limit %d)")
+      :format(finished, most, MAX_JOBS))
+  end
+end
+
+for i = 1, #durations do
+  coroutine.wrap(job)(i)                -- the first three start at once
+end
+uv.run()

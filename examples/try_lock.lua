@@ -1,0 +1,50 @@
+-- Skip work that is already under way: tryAcquire.
+--
+-- Three callers want to refresh a cache at the same moment.  tryAcquire
+-- decides at once, without waiting: the first caller gets the lock, the others
+-- get am.E_ALREADY_LOCKED and skip.  Later, with the lock free, a refresh runs.
+--
+--   make && lua5.4 examples/try_lock.lua
+
+-- Find the module in this checkout (src/, build/); harmless once installed.
+package.path = "src/?.lua;src/?/init.lua;" .. package.path
+package.cpath = "build/?.so;" .. package.cpath
+
+local uv = require "luv"
+local am = require "async_mutex"
+
+--- Suspends the running coroutine for `ms` milliseconds of loop time.
+local function sleep(ms)
+  local co = coroutine.running()
+  local timer = uv.new_timer()
+  timer:start(ms, 0, function()
+    timer:close()
+    assert(coroutine.resume(co))
+  end)
+  coroutine.yield()
+end
+
+local mutex = am.Mutex.new()
+local try_mutex = am.tryAcquire(mutex)  -- same lock, never waits
+
+local function refresh(who)
+  local ok, err = pcall(function()
+    local release <close> = try_mutex:acquire()   -- raises if taken
+    print(who .. ": refreshing the cache")
+    sleep(50)
+    print(who .. ": cache refreshed")
+  end)
+  if not ok then
+    if err ~= am.E_ALREADY_LOCKED then error(err, 0) end
+    print(who .. ": skipped, a refresh is already running (" .. err .. ")")
+  end
+end
+
+coroutine.wrap(refresh)("A")
+coroutine.wrap(refresh)("B")
+coroutine.wrap(refresh)("C")
+coroutine.wrap(function()
+  sleep(100)                            -- well after A has finished
+  refresh("D")
+end)()
+uv.run()

@@ -1,0 +1,47 @@
+-- Waiting for a lock to become free without taking it: waitForUnlock.
+--
+-- A migration holds the mutex while it rewrites the schema.  Readers only need
+-- the migration to be over: waitForUnlock() returns once the mutex could be
+-- acquired, without acquiring it, so the readers then run side by side.
+--
+--   make && lua5.4 examples/wait_for_unlock.lua
+
+-- Find the module in this checkout (src/, build/); harmless once installed.
+package.path = "src/?.lua;src/?/init.lua;" .. package.path
+package.cpath = "build/?.so;" .. package.cpath
+
+local uv = require "luv"
+local am = require "async_mutex"
+
+--- Suspends the running coroutine for `ms` milliseconds of loop time.
+local function sleep(ms)
+  local co = coroutine.running()
+  local timer = uv.new_timer()
+  timer:start(ms, 0, function()
+    timer:close()
+    assert(coroutine.resume(co))
+  end)
+  coroutine.yield()
+end
+
+local mutex = am.Mutex.new()
+local schema = 1
+
+coroutine.wrap(function()
+  mutex:runExclusive(function()
+    print("migration: upgrading the schema (holding the lock)")
+    sleep(60)
+    schema = 2
+    print("migration: done")
+  end)
+end)()
+
+for i = 1, 3 do
+  coroutine.wrap(function()
+    print(("reader %d: waiting for the migration"):format(i))
+    mutex:waitForUnlock()
+    print(("reader %d: reads schema v%d (mutex locked: %s)")
+      :format(i, schema, mutex:isLocked()))
+  end)()
+end
+uv.run()

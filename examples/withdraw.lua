@@ -1,0 +1,61 @@
+-- The bank race from the async-mutex article, on Lua coroutines and luv.
+--
+-- withdraw() reads the balance, waits for (simulated) I/O, then writes the
+-- balance back.  Started together, two withdrawals both read 100 before either
+-- writes, so both succeed and 110 leaves an account that held 100.  Holding a
+-- Mutex from the read to the write makes the second withdrawal wait for the
+-- first one, see 70, and refuse.
+--
+--   make && lua5.4 examples/withdraw.lua
+
+-- Find the module in this checkout (src/, build/); harmless once installed.
+package.path = "src/?.lua;src/?/init.lua;" .. package.path
+package.cpath = "build/?.so;" .. package.cpath
+
+local uv = require "luv"
+local am = require "async_mutex"
+
+local IO_MS = 50                        -- a simulated database round trip
+
+--- Suspends the running coroutine for `ms` milliseconds of loop time.
+local function sleep(ms)
+  local co = coroutine.running()
+  local timer = uv.new_timer()
+  timer:start(ms, 0, function()
+    timer:close()
+    assert(coroutine.resume(co))
+  end)
+  coroutine.yield()
+end
+
+local balance
+
+local function withdraw(amount)
+  local current = balance               -- read
+  sleep(IO_MS)                          -- other coroutines run here
+  if current >= amount then
+    balance = current - amount          -- write
+    print(("  withdraw %d: accepted, balance %d"):format(amount, balance))
+  else
+    print(("  withdraw %d: refused, insufficient funds (balance %d)")
+      :format(amount, current))
+  end
+end
+
+print("Without a lock:")
+balance = 100
+coroutine.wrap(withdraw)(30)            -- two customers, at the same time
+coroutine.wrap(withdraw)(80)
+uv.run()                                -- returns when both are done
+print(("  final balance %d: 110 withdrawn from 100, an update was lost")
+  :format(balance))
+
+print("With a Mutex:")
+balance = 100
+local mutex = am.Mutex.new()
+local function safe_withdraw(amount)
+  mutex:runExclusive(function() withdraw(amount) end)
+end
+coroutine.wrap(safe_withdraw)(30)
+coroutine.wrap(safe_withdraw)(80)       -- waits until the first one is done
+uv.run()

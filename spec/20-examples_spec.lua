@@ -1,0 +1,170 @@
+-- Runs every script in examples/ as a subprocess, from the repository root,
+-- exactly as a user would (`lua5.4 examples/NAME.lua`), and checks its exit
+-- status, its key output lines and that it wrote nothing to stderr.
+
+local uv = require "luv"
+
+local LUA = os.getenv("LUA") or "lua5.4"
+local TIME_LIMIT = 10                   -- seconds, for a hung example
+
+-- The repository root: the parent of the directory holding this file.
+local ROOT do
+  local source = debug.getinfo(1, "S").source:gsub("^@", "")
+  ROOT = (source:match("^(.*)/[^/]*$") or ".") .. "/.."
+end
+
+local function shell_quote(s)
+  return "'" .. s:gsub("'", "'\\''") .. "'"
+end
+
+--- Runs examples/<name>.lua; returns exit code, stdout, stderr, milliseconds.
+local function run_example(name)
+  local err_file = os.tmpname()
+  local command = ("cd %s && exec timeout %d %s examples/%s.lua 2>%s")
+    :format(shell_quote(ROOT), TIME_LIMIT, LUA, name, shell_quote(err_file))
+  local started = uv.hrtime()
+  local pipe = assert(io.popen(command, "r"))
+  local out = pipe:read("a")
+  local _, _, code = pipe:close()
+  local elapsed = (uv.hrtime() - started) / 1e6
+  local f = assert(io.open(err_file, "r"))
+  local err = f:read("a")
+  f:close()
+  os.remove(err_file)
+  return code, out, err, elapsed
+end
+
+--- Asserts that `out` contains each of `lines` as a whole line, in order
+-- (other lines may come in between).
+local function assert_lines(out, lines)
+  local i = 1
+  for line in out:gmatch("([^\n]*)\n") do
+    if line == lines[i] then i = i + 1 end
+  end
+  assert(i > #lines, ("expected the line %q (in this order) in the output:\n%s")
+    :format(tostring(lines[i]), out))
+end
+
+--- Runs an example and checks that it exits 0, prints `lines` in order,
+-- and writes nothing to stderr.  Returns its stdout and run time.
+local function check(name, lines)
+  local code, out, err, elapsed = run_example(name)
+  assert(code == 0, ("examples/%s.lua exited with %s\nstdout:\n%s\nstderr:\n%s")
+    :format(name, tostring(code), out, err))
+  assert.are.equal("", err)
+  assert_lines(out, lines)
+  return out, elapsed
+end
+
+describe("examples/withdraw.lua", function()
+  it("shows the lost update without a lock, the refusal with a Mutex, "
+    .. "in well under a second", function()
+    local _, elapsed = check("withdraw", {
+      "Without a lock:",
+      "  withdraw 30: accepted, balance 70",
+      "  withdraw 80: accepted, balance 20",
+      "  final balance 20: 110 withdrawn from 100, an update was lost",
+      "With a Mutex:",
+      "  withdraw 30: accepted, balance 70",
+      "  withdraw 80: refused, insufficient funds (balance 70)",
+    })
+    assert(elapsed < 1000, ("took %.0f ms"):format(elapsed))
+  end)
+end)
+
+describe("examples/semaphore_jobs.lua", function()
+  it("never runs more than three jobs at once and runs them all", function()
+    local out = check("semaphore_jobs", {
+      "job 1 starts (permits free: 3, running: 1)",
+      "job 2 starts (permits free: 2, running: 2)",
+      "job 3 starts (permits free: 1, running: 3)",
+      "all 8 jobs done, at most 3 ran at once (limit 3)",
+    })
+    for i = 1, 8 do
+      assert_lines(out, { ("job %d done"):format(i) })
+    end
+    for running in out:gmatch("running: (%d+)%)") do
+      assert(tonumber(running) <= 3, out)
+    end
+  end)
+end)
+
+describe("examples/timeout.lua", function()
+  it("times out the short wait with E_TIMEOUT and serves the long one", function()
+    check("timeout", {
+      "slow task: holding the lock for 150 ms",
+      "waiting up to 50 ms: gave up (timeout while waiting for mutex to become available)",
+      "slow task: released the lock",
+      "waiting up to 500 ms: got the lock",
+    })
+  end)
+end)
+
+describe("examples/try_lock.lua", function()
+  it("lets one refresh run, skips the others with E_ALREADY_LOCKED", function()
+    check("try_lock", {
+      "A: refreshing the cache",
+      "B: skipped, a refresh is already running (mutex already locked)",
+      "C: skipped, a refresh is already running (mutex already locked)",
+      "A: cache refreshed",
+      "D: refreshing the cache",
+      "D: cache refreshed",
+    })
+  end)
+end)
+
+describe("examples/priorities.lua", function()
+  it("serves higher priorities first, in arrival order among equals", function()
+    check("priorities", {
+      "holder: busy for 50 ms while the others queue up",
+      "served: user click A (priority 10)",
+      "served: user click B (priority 10)",
+      "served: report (priority 5)",
+      "served: nightly backup (priority 0)",
+      "served: cache cleanup (priority -1)",
+    })
+  end)
+end)
+
+describe("examples/cancel.lua", function()
+  it("rejects the waiters with E_CANCELED and leaves the holder alone", function()
+    local out = check("cancel", {
+      "holder: working for 100 ms",
+      "shutdown: canceling pending requests",
+      "shutdown: still locked by the holder: true",
+      "waiter 1: request for lock canceled",
+      "waiter 2: request for lock canceled",
+      "waiter 3: request for lock canceled",
+      "holder: done, nobody is waiting any more",
+    })
+    assert.is_nil(out:find("not expected", 1, true))
+  end)
+end)
+
+describe("examples/wait_for_unlock.lua", function()
+  it("resumes every reader after the migration, without locking", function()
+    check("wait_for_unlock", {
+      "migration: upgrading the schema (holding the lock)",
+      "reader 1: waiting for the migration",
+      "migration: done",
+      "reader 1: reads schema v2 (mutex locked: false)",
+      "reader 2: reads schema v2 (mutex locked: false)",
+      "reader 3: reads schema v2 (mutex locked: false)",
+    })
+  end)
+end)
+
+describe("examples/close_guard.lua", function()
+  it("releases on scope exit, on error and on coroutine.close", function()
+    check("close_guard", {
+      "1. normal exit:",
+      "  update written",
+      "  after the block, locked: false",
+      "2. error:",
+      '  caught "disk full" (ok = false), locked: false',
+      "3. coroutine closed while holding the lock:",
+      "  suspended with the lock, locked: true",
+      "  after coroutine.close, locked: false",
+    })
+  end)
+end)

@@ -1,0 +1,162 @@
+/*
+** async_mutex.h: private header of the async_mutex core
+** Structures shared by the scheduler (sched.c), the queue rules (lock.c),
+** the requests (request.c) and the Lua bindings (locks.c, core.c).
+*/
+
+#ifndef ASYNC_MUTEX_H
+#define ASYNC_MUTEX_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "lua.h"
+#include "lauxlib.h"
+
+/* Metatable names, as they appear in argument errors. */
+#define AM_MUTEX      "async_mutex.Mutex"
+#define AM_SEMAPHORE  "async_mutex.Semaphore"
+#define AM_RELEASER   "async_mutex.Releaser"
+#define AM_WAITER     "async_mutex.Waiter"
+#define AM_STATE      "async_mutex.State"
+
+/* async-mutex's exact messages; they are also the error values. */
+#define AM_E_TIMEOUT  "timeout while waiting for mutex to become available"
+#define AM_E_ALREADY_LOCKED  "mutex already locked"
+#define AM_E_CANCELED "request for lock canceled"
+
+#define AM_NOPOS      ((size_t)-1)
+
+typedef struct Waiter Waiter;
+typedef struct Lock Lock;
+typedef struct State State;
+
+/*
+** Binary heap of waiters.  'timer' selects the ordering and which index
+** field of the waiter tracks its position: the queue order (priority
+** descending, then arrival) in 'qpos', or the deadline order in 'tpos'.
+*/
+typedef struct Heap {
+  Waiter **item;
+  size_t n, cap;
+  int timer;
+} Heap;
+
+/* What a waiter waits for. */
+enum { W_ACQUIRE, W_UNLOCK };
+
+/*
+** Life of a waiter: QUEUED in its lock (and maybe in the timer heap),
+** then READY in the scheduler's ready list once its outcome is decided,
+** RESUMING while the scheduler resumes it, DONE once its coroutine has
+** read the outcome (or was closed).
+*/
+enum { S_QUEUED, S_READY, S_RESUMING, S_DONE };
+
+enum { O_GRANTED, O_TIMEOUT, O_CANCELED };
+
+/* How long a request may wait. */
+enum { AM_WAIT, AM_TIMEOUT, AM_TRY };
+
+/*
+** One suspended request.  It is a userdata living on the waiting
+** coroutine's own stack, marked to-be-closed, so 'coroutine.close' of a
+** waiting coroutine removes it from every queue at once; the coroutine is
+** anchored in the registry ('ref') while the module may resume it.
+*/
+struct Waiter {
+  Lock *lock;
+  lua_State *co;
+  Waiter *prev, *next;        /* links in the ready list */
+  lua_Integer weight;
+  lua_Integer value;          /* semaphore value when granted */
+  lua_Number priority;
+  lua_Number deadline;        /* loop time (ms); only when timed */
+  uint64_t seq;               /* arrival order, for FIFO among equals */
+  size_t qpos;                /* position in the lock's heap */
+  size_t tpos;                /* position in the timer heap, or AM_NOPOS */
+  int ref;                    /* registry reference to 'co' */
+  int top;                    /* stack top of 'co' when it yielded */
+  int erridx;                 /* stack index of the timeout error, or 0 */
+  unsigned char kind, state, outcome;
+};
+
+/* waitForUnlock waiters that asked for one weight. */
+typedef struct WeightWaiters {
+  lua_Integer weight;
+  Heap heap;
+} WeightWaiters;
+
+/*
+** A semaphore (a mutex is a semaphore of value 1 whose release is a no-op
+** while unlocked).  User value 1 holds the cancel error.
+*/
+struct Lock {
+  State *st;
+  lua_Integer value;
+  Heap queue;                 /* acquirers, head = next to be granted */
+  WeightWaiters *unlock;      /* sorted by weight, ascending */
+  size_t nweights, capweights;
+  size_t nunlock;             /* waitForUnlock waiters in all heaps */
+  int is_mutex;
+};
+
+/*
+** Per lua_State scheduler, a userdata anchored in the registry and shared
+** by every copy of the module loaded into that state.
+*/
+struct State {
+  Waiter *ready_head, *ready_tail;   /* outcomes decided, not yet resumed */
+  Heap timers;                       /* timed waiters, earliest first */
+  uint64_t seq;
+  size_t pending;                    /* waiters queued or ready */
+  lua_Number timer_due;              /* when the luv timer fires, if on */
+  int idle_on, timer_on, draining;
+  /* registry references to luv objects and our callbacks */
+  int idle, timer, idle_start, idle_stop, timer_start, timer_stop, now;
+  int on_idle, on_timer, handler;
+};
+
+/* heap.c */
+void am_heap_init (Heap *h, int timer);
+void am_heap_free (Heap *h);
+int am_heap_reserve (Heap *h);
+void am_heap_push (Heap *h, Waiter *w);
+Waiter *am_heap_pop (Heap *h);
+void am_heap_remove (Heap *h, Waiter *w);
+#define am_heap_top(h)  ((h)->n ? (h)->item[0] : NULL)
+
+/* sched.c */
+State *am_state_open (lua_State *L);
+void am_ready (lua_State *L, State *st, Waiter *w, int outcome);
+void am_ready_unlink (State *st, Waiter *w);
+void am_timer_add (lua_State *L, State *st, Waiter *w, lua_Number ms);
+void am_timer_remove (lua_State *L, State *st, Waiter *w);
+void am_anchor (lua_State *L, Waiter *w);
+void am_unanchor (lua_State *L, Waiter *w);
+
+/* lock.c */
+int am_can_lock_now (Lock *lk, lua_Integer weight, lua_Number priority);
+void am_enqueue (lua_State *L, Lock *lk, Waiter *w);
+void am_dequeue (lua_State *L, Lock *lk, Waiter *w);
+void am_dispatch (lua_State *L, Lock *lk);
+void am_release (lua_State *L, Lock *lk, lua_Integer weight);
+void am_cancel (lua_State *L, Lock *lk);
+void am_expire (lua_State *L, Waiter *w);
+void am_abandon (lua_State *L, Waiter *w);
+void am_lock_free (Lock *lk);
+
+/* request.c */
+int am_argerror (lua_State *L, int idx, int base, const char *fname,
+                 const char *msg);
+lua_Integer am_optweight (lua_State *L, int idx, int base,
+                          const char *fname);
+int am_request (lua_State *L, int kind, int first, int base,
+                const char *fname, int mode, lua_Number ms, int erridx);
+void am_open_request (lua_State *L);
+
+/* locks.c */
+void am_open_locks (lua_State *L);
+Lock *am_tolock (lua_State *L, int idx);
+
+#endif

@@ -1,0 +1,232 @@
+/*
+** lock.c: the queue rules of a semaphore (SEMANTICS.md 1.3-1.9, 2.5)
+** Every state change happens here, synchronously: grants, rejections and
+** removals.  Resuming the affected coroutines is left to the scheduler.
+*/
+
+#define LUA_LIB
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "lua.h"
+#include "lauxlib.h"
+
+#include "async_mutex.h"
+
+
+/*
+** Immediate-grant rule: no queued acquirer has a priority >= ours, and
+** the value covers the weight.  Also "could lock now" for waitForUnlock.
+*/
+int am_can_lock_now (Lock *lk, lua_Integer weight, lua_Number priority) {
+  Waiter *head = am_heap_top(&lk->queue);
+  return (head == NULL || head->priority < priority) && weight <= lk->value;
+}
+
+
+/* {====================================================== unlock waiters */
+
+/* Index of the bucket for 'weight', or where it would be inserted. */
+static size_t find_weight (Lock *lk, lua_Integer weight) {
+  size_t lo = 0, hi = lk->nweights;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (lk->unlock[mid].weight < weight) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+
+/* The bucket of waitForUnlock waiters of 'weight', created if needed. */
+static Heap *weight_heap (lua_State *L, Lock *lk, lua_Integer weight) {
+  size_t i = find_weight(lk, weight);
+  if (i == lk->nweights || lk->unlock[i].weight != weight) {
+    if (lk->nweights == lk->capweights) {
+      size_t cap = lk->capweights ? 2 * lk->capweights : 4;
+      WeightWaiters *a = (WeightWaiters *)realloc(lk->unlock,
+                                                  cap * sizeof(*a));
+      if (a == NULL) luaL_error(L, "not enough memory");
+      lk->unlock = a;
+      lk->capweights = cap;
+    }
+    memmove(lk->unlock + i + 1, lk->unlock + i,
+            (lk->nweights - i) * sizeof(*lk->unlock));
+    lk->nweights++;
+    lk->unlock[i].weight = weight;
+    am_heap_init(&lk->unlock[i].heap, 0);
+  }
+  return &lk->unlock[i].heap;
+}
+
+
+/* Drops the buckets left empty. */
+static void compact_weights (Lock *lk) {
+  size_t i, j = 0;
+  for (i = 0; i < lk->nweights; i++) {
+    if (lk->unlock[i].heap.n > 0)
+      lk->unlock[j++] = lk->unlock[i];
+    else
+      am_heap_free(&lk->unlock[i].heap);
+  }
+  lk->nweights = j;
+}
+
+
+/*
+** Resolves the waitForUnlock waiters that could lock now (1.6 with P6):
+** those whose weight the value covers and, while acquirers are queued,
+** whose priority is strictly above the head's.  Heaviest first, then in
+** queue order.  Cost depends on the registered weights, not the value.
+*/
+static void drain_unlock (lua_State *L, Lock *lk) {
+  Waiter *head = am_heap_top(&lk->queue);
+  size_t i = lk->nweights;
+  int emptied = 0;
+  while (lk->nunlock > 0 && i-- > 0) {
+    Heap *h = &lk->unlock[i].heap;
+    Waiter *w;
+    if (lk->unlock[i].weight > lk->value) continue;
+    while ((w = am_heap_top(h)) != NULL
+           && (head == NULL || w->priority > head->priority)) {
+      am_heap_remove(h, w);
+      lk->nunlock--;
+      am_ready(L, lk->st, w, O_GRANTED);
+    }
+    if (h->n == 0) emptied = 1;
+  }
+  if (emptied) compact_weights(lk);
+}
+
+/* }====================================================== */
+
+
+/*
+** Puts a new waiter in its queue.  May raise (memory) before linking
+** anything; once linked, the waiter is QUEUED.
+*/
+void am_enqueue (lua_State *L, Lock *lk, Waiter *w) {
+  Heap *h = (w->kind == W_ACQUIRE) ? &lk->queue : weight_heap(L, lk, w->weight);
+  if (!am_heap_reserve(h)) {
+    if (h->n == 0 && w->kind == W_UNLOCK) compact_weights(lk);
+    luaL_error(L, "not enough memory");
+  }
+  w->seq = lk->st->seq++;
+  am_heap_push(h, w);
+  if (w->kind == W_UNLOCK) lk->nunlock++;
+  w->state = S_QUEUED;
+}
+
+
+/* Takes a QUEUED waiter out of its lock's queue (not the timer heap). */
+void am_dequeue (lua_State *L, Lock *lk, Waiter *w) {
+  (void)L;
+  if (w->kind == W_ACQUIRE)
+    am_heap_remove(&lk->queue, w);
+  else {
+    size_t i = find_weight(lk, w->weight);
+    am_heap_remove(&lk->unlock[i].heap, w);
+    lk->nunlock--;
+    if (lk->unlock[i].heap.n == 0) compact_weights(lk);
+  }
+}
+
+
+/* Grants the lock to a waiter taken from the queue (1.3 step 3). */
+static void grant (lua_State *L, Lock *lk, Waiter *w) {
+  w->value = lk->value;
+  lk->value -= w->weight;
+  am_ready(L, lk->st, w, O_GRANTED);
+}
+
+
+/*
+** After the value grew or the queue shrank (1.5): grant strictly from the
+** head while the value covers it, resolving unlock waiters before each.
+*/
+void am_dispatch (lua_State *L, Lock *lk) {
+  Waiter *head;
+  drain_unlock(L, lk);
+  while ((head = am_heap_top(&lk->queue)) != NULL
+         && head->weight <= lk->value) {
+    am_heap_remove(&lk->queue, head);
+    grant(L, lk, head);
+    drain_unlock(L, lk);
+  }
+}
+
+
+void am_release (lua_State *L, Lock *lk, lua_Integer weight) {
+  if (lk->value > 0 && weight > LUA_MAXINTEGER - lk->value)
+    luaL_error(L, "semaphore value overflow");
+  lk->value += weight;
+  am_dispatch(L, lk);
+}
+
+
+/*
+** Rejects every queued acquirer, in queue order (1.9); holders keep the
+** lock.  P4: unlock waiters are then re-evaluated against the empty queue.
+*/
+void am_cancel (lua_State *L, Lock *lk) {
+  Waiter *w;
+  while ((w = am_heap_top(&lk->queue)) != NULL) {
+    am_heap_remove(&lk->queue, w);
+    am_ready(L, lk->st, w, O_CANCELED);
+  }
+  drain_unlock(L, lk);
+}
+
+
+/*
+** P1: a waiter whose deadline passed leaves the queue at once, and the
+** queue is re-dispatched, since its removal may unblock others.
+*/
+void am_expire (lua_State *L, Waiter *w) {
+  Lock *lk = w->lock;
+  am_dequeue(L, lk, w);
+  am_ready(L, lk->st, w, O_TIMEOUT);
+  if (w->kind == W_ACQUIRE) am_dispatch(L, lk);
+}
+
+
+/*
+** The waiting coroutine was closed (or cannot be resumed): it never gets
+** the lock.  A queued request leaves the queue; a grant not yet delivered
+** is given back.  Either way the lock passes on.
+*/
+void am_abandon (lua_State *L, Waiter *w) {
+  Lock *lk = w->lock;
+  switch (w->state) {
+    case S_QUEUED:
+      am_timer_remove(L, lk->st, w);
+      am_dequeue(L, lk, w);
+      w->state = S_DONE;
+      am_unanchor(L, w);
+      if (w->kind == W_ACQUIRE) am_dispatch(L, lk);
+      break;
+    case S_READY:
+      am_ready_unlink(lk->st, w);
+      w->state = S_DONE;
+      am_unanchor(L, w);
+      if (w->kind == W_ACQUIRE && w->outcome == O_GRANTED) {
+        lk->value += w->weight;
+        am_dispatch(L, lk);
+      }
+      break;
+    default:
+      break;
+  }
+}
+
+
+void am_lock_free (Lock *lk) {
+  size_t i;
+  am_heap_free(&lk->queue);
+  for (i = 0; i < lk->nweights; i++)
+    am_heap_free(&lk->unlock[i].heap);
+  free(lk->unlock);
+  lk->unlock = NULL;
+  lk->nweights = lk->capweights = 0;
+}

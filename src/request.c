@@ -1,0 +1,227 @@
+/*
+** request.c: acquire and waitForUnlock, and the releaser
+** A request is granted at once when the queue rules allow it (without
+** yielding), refused at once for tryAcquire, and otherwise suspends the
+** calling coroutine until the scheduler resumes it with an outcome.
+*/
+
+#define LUA_LIB
+
+#include <math.h>
+
+#include "lua.h"
+#include "lauxlib.h"
+
+#include "async_mutex.h"
+
+
+/* {====================================================== arguments */
+
+/*
+** Argument errors in the auxlib's shape.  'base' is the stack index just
+** before the user's first argument (1 for a method: self), so the numbers
+** are the ones the user wrote, for plain and decorated locks alike.
+*/
+int am_argerror (lua_State *L, int idx, int base, const char *fname,
+                 const char *msg) {
+  return luaL_error(L, "bad argument #%d to '%s' (%s)", idx - base, fname,
+                    msg);
+}
+
+
+/* A weight: a positive integer (integral floats accepted), default 1. */
+lua_Integer am_optweight (lua_State *L, int idx, int base,
+                          const char *fname) {
+  lua_Integer w;
+  int isint;
+  if (lua_isnoneornil(L, idx)) return 1;
+  w = lua_tointegerx(L, idx, &isint);
+  if (lua_type(L, idx) != LUA_TNUMBER || !isint || w <= 0)
+    am_argerror(L, idx, base, fname, "weight must be a positive integer");
+  return w;
+}
+
+
+/* A priority: any number but NaN, default 0. */
+static lua_Number optpriority (lua_State *L, int idx, int base,
+                               const char *fname) {
+  lua_Number p;
+  if (lua_isnoneornil(L, idx)) return 0;
+  if (lua_type(L, idx) != LUA_TNUMBER) {
+    lua_pushfstring(L, "priority must be a number, got %s",
+                    luaL_typename(L, idx));
+    am_argerror(L, idx, base, fname, lua_tostring(L, -1));
+  }
+  p = lua_tonumber(L, idx);
+  if (p != p)
+    am_argerror(L, idx, base, fname, "priority must not be NaN");
+  return p;
+}
+
+/* }====================================================== */
+
+
+/* {====================================================== releaser */
+
+typedef struct Releaser {
+  Lock *lock;
+  lua_Integer weight;
+  int done;
+} Releaser;
+
+
+/*
+** Pushes a releaser for 'weight' of the lock at stack index 1.  It keeps
+** the lock alive (user value 1) for as long as it exists.
+*/
+static void push_releaser (lua_State *L, Lock *lk, lua_Integer weight) {
+  Releaser *r = (Releaser *)lua_newuserdatauv(L, sizeof(Releaser), 1);
+  r->lock = lk;
+  r->weight = weight;
+  r->done = 0;
+  luaL_setmetatable(L, AM_RELEASER);
+  lua_pushvalue(L, 1);
+  lua_setiuservalue(L, -2, 1);
+}
+
+
+/*
+** Releases once; later calls, and arguments, are ignored.  A mutex
+** releaser is also a no-op while the mutex is unlocked (P3).  Serves
+** __call and __close (on scope exit, error, or coroutine.close).
+*/
+static int releaser_release (lua_State *L) {
+  Releaser *r = (Releaser *)luaL_checkudata(L, 1, AM_RELEASER);
+  if (!r->done) {
+    r->done = 1;
+    if (!r->lock->is_mutex)
+      am_release(L, r->lock, r->weight);
+    else if (r->lock->value <= 0)
+      am_release(L, r->lock, 1);
+  }
+  return 0;
+}
+
+
+static int releaser__tostring (lua_State *L) {
+  Releaser *r = (Releaser *)luaL_checkudata(L, 1, AM_RELEASER);
+  lua_pushfstring(L, "%s (%s): %p", AM_RELEASER,
+                  r->done ? "released" : "held", (void *)r);
+  return 1;
+}
+
+/* }====================================================== */
+
+
+/* Pushes what a granted acquire returns; returns how many values. */
+static int push_grant (lua_State *L, Lock *lk, lua_Integer weight,
+                       lua_Integer value) {
+  if (lk->is_mutex) {
+    push_releaser(L, lk, 1);
+    return 1;
+  }
+  lua_pushinteger(L, value);
+  push_releaser(L, lk, weight);
+  return 2;
+}
+
+
+/*
+** Continuation of a suspended request, run when the coroutine is resumed.
+** A resume by anyone but the scheduler (the waiter is not RESUMING) is
+** ignored: the coroutine goes back to waiting.  Otherwise deliver the
+** outcome: results of the grant, or the error value itself (level 0).
+*/
+static int finish_request (lua_State *L, int status, lua_KContext ctx) {
+  Waiter *w = (Waiter *)ctx;
+  (void)status;
+  if (w->state != S_RESUMING) {
+    lua_settop(L, w->top);
+    return lua_yieldk(L, 0, ctx, finish_request);
+  }
+  w->state = S_DONE;
+  switch (w->outcome) {
+    case O_GRANTED:
+      if (w->kind == W_UNLOCK) return 0;
+      return push_grant(L, w->lock, w->weight, w->value);
+    case O_TIMEOUT:
+      lua_pushvalue(L, w->erridx);
+      return lua_error(L);
+    default:
+      lua_getiuservalue(L, 1, 1);           /* the lock's cancel error */
+      return lua_error(L);
+  }
+}
+
+
+static int waiter__close (lua_State *L) {
+  am_abandon(L, (Waiter *)lua_touserdata(L, 1));
+  return 0;
+}
+
+
+/*
+** acquire / waitForUnlock for the lock at index 1, whose user arguments
+** start at 'first'.  'mode' is AM_WAIT (no limit), AM_TIMEOUT ('ms') or
+** AM_TRY; 'erridx' holds the timeout / already-locked error.
+*/
+int am_request (lua_State *L, int kind, int first, int base,
+                const char *fname, int mode, lua_Number ms, int erridx) {
+  Lock *lk = (Lock *)lua_touserdata(L, 1);
+  lua_Integer weight = lk->is_mutex ? 1 : am_optweight(L, first, base, fname);
+  lua_Number priority = optpriority(L, lk->is_mutex ? first : first + 1,
+                                    base, fname);
+  Waiter *w;
+  if (mode != AM_TRY && !lua_isyieldable(L))
+    return luaL_error(L, "attempt to %s %s outside a coroutine",
+                      kind == W_ACQUIRE ? "acquire" : "wait for",
+                      lk->is_mutex ? "a mutex" : "a semaphore");
+  if (am_can_lock_now(lk, weight, priority)) {    /* fast path */
+    lua_Integer value = lk->value;
+    if (kind == W_UNLOCK) return 0;
+    lk->value -= weight;
+    return push_grant(L, lk, weight, value);
+  }
+  if (mode == AM_TRY) {
+    lua_pushvalue(L, erridx);
+    return lua_error(L);
+  }
+  w = (Waiter *)lua_newuserdatauv(L, sizeof(Waiter), 0);
+  w->lock = lk;
+  w->co = L;
+  w->prev = w->next = NULL;
+  w->weight = weight;
+  w->value = 0;
+  w->priority = priority;
+  w->deadline = 0;
+  w->qpos = w->tpos = AM_NOPOS;
+  w->ref = LUA_NOREF;
+  w->erridx = erridx;
+  w->kind = (unsigned char)kind;
+  w->state = S_DONE;
+  w->outcome = O_GRANTED;
+  luaL_setmetatable(L, AM_WAITER);
+  lua_toclose(L, -1);            /* coroutine.close while waiting: abandon */
+  am_enqueue(L, lk, w);          /* now QUEUED */
+  am_anchor(L, w);
+  if (mode == AM_TIMEOUT) am_timer_add(L, lk->st, w, ms);
+  w->top = lua_gettop(L);
+  return lua_yieldk(L, 0, (lua_KContext)w, finish_request);
+}
+
+
+void am_open_request (lua_State *L) {
+  static const luaL_Reg releaser_metamethods[] = {
+    {"__call", releaser_release},
+    {"__close", releaser_release},
+    {"__tostring", releaser__tostring},
+    {NULL, NULL}
+  };
+  luaL_newmetatable(L, AM_RELEASER);
+  luaL_setfuncs(L, releaser_metamethods, 0);
+  lua_pop(L, 1);
+  luaL_newmetatable(L, AM_WAITER);
+  lua_pushcfunction(L, waiter__close);
+  lua_setfield(L, -2, "__close");
+  lua_pop(L, 1);
+}

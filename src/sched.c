@@ -1,0 +1,394 @@
+/*
+** sched.c: the scheduler, per lua_State
+** Outcomes (grant, timeout, cancel) are decided synchronously by lock.c and
+** queued here in a ready list; the coroutines are resumed later, from a luv
+** idle handle, in the order the outcomes were decided.  Deadlines of timed
+** waiters live in one heap served by a single luv timer.  Both handles are
+** created through luv's own Lua API, so uv.walk() and luv's exit-time
+** cleanup know them, and both are stopped whenever they have nothing to do,
+** so uv.run() returns as soon as user work is done.
+*/
+
+#define LUA_LIB
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "lua.h"
+#include "lauxlib.h"
+
+#include "async_mutex.h"
+
+
+/*
+** How many coroutines one idle callback may resume.  Waiters made ready
+** while the batch runs (a hand-off chain) join the same batch, so a chain
+** costs no loop iteration per link; the budget lets I/O in between.
+*/
+#define BATCH  1024
+
+/* The longest a single timer start may last (ms): luv takes an integer. */
+#define MAX_DELAY  1e9
+
+
+/* {====================================================== luv calls */
+
+static void pushref (lua_State *L, int ref) {
+  lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
+}
+
+
+/* Calls handle method 'fn' (a luv function) on 'handle', with 'cb'. */
+static void call_handle (lua_State *L, int fn, int handle, int cb) {
+  pushref(L, fn);
+  pushref(L, handle);
+  if (cb == LUA_NOREF)
+    lua_call(L, 1, 0);
+  else {
+    pushref(L, cb);
+    lua_call(L, 2, 0);
+  }
+}
+
+
+/* Loop time in ms, as luv's uv.now() reports it (the timers' clock). */
+static lua_Number loop_now (lua_State *L, State *st) {
+  lua_Number now;
+  pushref(L, st->now);
+  lua_call(L, 0, 1);
+  now = lua_tonumber(L, -1);
+  lua_pop(L, 1);
+  return now;
+}
+
+
+static void start_idle (lua_State *L, State *st) {
+  call_handle(L, st->idle_start, st->idle, st->on_idle);
+  st->idle_on = 1;
+}
+
+
+static void stop_idle (lua_State *L, State *st) {
+  call_handle(L, st->idle_stop, st->idle, LUA_NOREF);
+  st->idle_on = 0;
+}
+
+
+/* (Re)starts the timer for the earliest deadline. */
+static void arm_timer (lua_State *L, State *st) {
+  Waiter *first = am_heap_top(&st->timers);
+  lua_Number delay = ceil(first->deadline - loop_now(L, st));
+  if (delay < 0) delay = 0;
+  else if (delay > MAX_DELAY) delay = MAX_DELAY;
+  pushref(L, st->timer_start);
+  pushref(L, st->timer);
+  lua_pushinteger(L, (lua_Integer)delay);
+  lua_pushinteger(L, 0);
+  pushref(L, st->on_timer);
+  lua_call(L, 4, 0);
+  st->timer_on = 1;
+  st->timer_due = first->deadline;
+}
+
+
+static void stop_timer (lua_State *L, State *st) {
+  if (st->timer_on) {
+    call_handle(L, st->timer_stop, st->timer, LUA_NOREF);
+    st->timer_on = 0;
+  }
+}
+
+/* }====================================================== */
+
+
+/* {====================================================== ready list */
+
+void am_ready_unlink (State *st, Waiter *w) {
+  if (w->prev) w->prev->next = w->next;
+  else st->ready_head = w->next;
+  if (w->next) w->next->prev = w->prev;
+  else st->ready_tail = w->prev;
+  w->prev = w->next = NULL;
+}
+
+
+/*
+** Records the outcome of a waiter that has left its lock's queue and
+** schedules its resumption.
+*/
+void am_ready (lua_State *L, State *st, Waiter *w, int outcome) {
+  am_timer_remove(L, st, w);
+  w->state = S_READY;
+  w->outcome = (unsigned char)outcome;
+  w->next = NULL;
+  w->prev = st->ready_tail;
+  if (st->ready_tail) st->ready_tail->next = w;
+  else st->ready_head = w;
+  st->ready_tail = w;
+  if (!st->idle_on) start_idle(L, st);
+}
+
+
+/* Anchors the running coroutine 'L', which waits in 'w'. */
+void am_anchor (lua_State *L, Waiter *w) {
+  lua_pushthread(L);
+  w->ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  w->lock->st->pending++;
+}
+
+
+void am_unanchor (lua_State *L, Waiter *w) {
+  if (w->ref != LUA_NOREF) {
+    luaL_unref(L, LUA_REGISTRYINDEX, w->ref);
+    w->ref = LUA_NOREF;
+    w->lock->st->pending--;
+  }
+}
+
+/* }====================================================== */
+
+
+/* {====================================================== errors */
+
+/*
+** A coroutine we resumed died with an error (on top of its stack).  It
+** must not take the process down (an error escaping a luv callback makes
+** luv exit) nor stop the rest of the batch, and it must not be
+** swallowed: pass it with its traceback to the handler set by
+** setErrorHandler, or print it on stderr.  Then close the dead coroutine,
+** so its pending to-be-closed variables (releasers) run.
+*/
+static void report (lua_State *L, State *st, lua_State *co) {
+  const char *msg;
+  int base = lua_gettop(L);
+  lua_pushvalue(co, -1);
+  lua_xmove(co, L, 1);                          /* L: err */
+  if (lua_type(L, -1) == LUA_TSTRING)
+    msg = lua_tostring(L, -1);
+  else
+    msg = lua_pushfstring(L, "(error object is a %s value)",
+                          luaL_typename(L, -1));
+  luaL_traceback(L, co, msg, 0);                /* L: err [msg] tb */
+  /* an errored thread resets with its own error; another one on top
+     means one of its __close handlers failed too */
+  lua_resetthread(co);
+  if (lua_gettop(co) > 0) {
+    lua_xmove(co, L, 1);
+    if (!lua_rawequal(L, base + 1, -1))
+      fprintf(stderr, "async_mutex: error closing a dead coroutine: %s\n",
+              lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "?");
+    lua_pop(L, 1);
+  }
+  lua_settop(co, 0);
+  if (st->handler != LUA_NOREF) {
+    pushref(L, st->handler);
+    lua_pushvalue(L, base + 1);                 /* err */
+    lua_pushvalue(L, -3);                       /* traceback */
+    if (lua_pcall(L, 2, 0, 0) != LUA_OK) {
+      fprintf(stderr, "async_mutex: error in the error handler: %s\n"
+              "while reporting: %s\n",
+              lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "?",
+              lua_tostring(L, -2));
+      fflush(stderr);
+    }
+  }
+  else {
+    fprintf(stderr, "async_mutex: error in a resumed coroutine: %s\n",
+            lua_tostring(L, -1));
+    fflush(stderr);
+  }
+  lua_settop(L, base);
+}
+
+/* }====================================================== */
+
+
+/* {====================================================== callbacks */
+
+/*
+** Idle callback: resume the ready coroutines in order.  Upvalue 1 is the
+** state.  'w' may be collected once its coroutine runs, so everything
+** needed from it is read first.
+*/
+static int on_idle (lua_State *L) {
+  State *st = (State *)lua_touserdata(L, lua_upvalueindex(1));
+  int budget = BATCH;
+  if (st->draining) return 0;                 /* uv.run() inside a waiter */
+  st->draining = 1;
+  while (st->ready_head != NULL && budget-- > 0) {
+    Waiter *w = st->ready_head;
+    lua_State *co = w->co;
+    int nres, status;
+    if (lua_status(co) != LUA_YIELD) {        /* cannot run: give back */
+      am_abandon(L, w);
+      continue;
+    }
+    am_ready_unlink(st, w);
+    pushref(L, w->ref);                       /* keep 'co' alive meanwhile */
+    am_unanchor(L, w);
+    w->state = S_RESUMING;
+    status = lua_resume(co, L, 0, &nres);
+    if (status == LUA_OK || status == LUA_YIELD)
+      lua_pop(co, nres);
+    else
+      report(L, st, co);
+    lua_pop(L, 1);
+  }
+  st->draining = 0;
+  if (st->ready_head == NULL && st->idle_on) stop_idle(L, st);
+  return 0;
+}
+
+
+/* Timer callback: every waiter whose deadline has passed times out. */
+static int on_timer (lua_State *L) {
+  State *st = (State *)lua_touserdata(L, lua_upvalueindex(1));
+  lua_Number now = loop_now(L, st);
+  Waiter *w;
+  st->timer_on = 0;                           /* a one-shot timer fired */
+  while ((w = am_heap_top(&st->timers)) != NULL && w->deadline <= now) {
+    am_heap_remove(&st->timers, w);
+    am_expire(L, w);
+  }
+  if (st->timers.n > 0 && !st->timer_on) arm_timer(L, st);
+  return 0;
+}
+
+/* }====================================================== */
+
+
+/* {====================================================== timers */
+
+/*
+** Adds a waiter that is already in its lock's queue to the timer heap.
+** The luv timer is restarted only when this deadline is the new earliest.
+*/
+void am_timer_add (lua_State *L, State *st, Waiter *w, lua_Number ms) {
+  if (!am_heap_reserve(&st->timers))
+    luaL_error(L, "not enough memory");
+  w->deadline = loop_now(L, st) + ms;
+  am_heap_push(&st->timers, w);
+  if (!st->timer_on || w->deadline < st->timer_due)
+    arm_timer(L, st);
+}
+
+
+/*
+** Removes a waiter from the timer heap, if it is there.  The timer is
+** stopped when no deadline is left (so it never keeps the loop alive);
+** otherwise it may fire early once and is re-armed then.
+*/
+void am_timer_remove (lua_State *L, State *st, Waiter *w) {
+  if (w->tpos == AM_NOPOS) return;
+  am_heap_remove(&st->timers, w);
+  if (st->timers.n == 0) stop_timer(L, st);
+}
+
+/* }====================================================== */
+
+
+/* {====================================================== state */
+
+static int state__gc (lua_State *L) {
+  State *st = (State *)lua_touserdata(L, 1);
+  am_heap_free(&st->timers);
+  return 0;
+}
+
+
+/* Pushes luv's field 'name' of the object at 'idx' and returns a ref. */
+static int ref_field (lua_State *L, int idx, const char *name) {
+  lua_getfield(L, idx, name);
+  if (lua_isnil(L, -1))
+    luaL_error(L, "luv has no '%s'", name);
+  return luaL_ref(L, LUA_REGISTRYINDEX);
+}
+
+
+/*
+** Pushes luv's module table.  NOTE: luv runs every callback on the thread
+** that first required it; if that were a coroutine that later died, later
+** callbacks would run on a dead state.  So when luv is not loaded yet and
+** we are not on the main thread, require it on a thread of our own that
+** stays anchored for good.
+*/
+static void require_luv (lua_State *L) {
+  lua_State *T;
+  luaL_getsubtable(L, LUA_REGISTRYINDEX, LUA_LOADED_TABLE);
+  if (lua_getfield(L, -1, "luv") == LUA_TTABLE) {
+    lua_remove(L, -2);
+    return;
+  }
+  lua_pop(L, 2);
+  if (lua_pushthread(L)) {                    /* main thread */
+    lua_pop(L, 1);
+    lua_getglobal(L, "require");
+    lua_pushliteral(L, "luv");
+    lua_call(L, 1, 1);
+    return;
+  }
+  lua_pop(L, 1);
+  T = lua_newthread(L);
+  lua_setfield(L, LUA_REGISTRYINDEX, "async_mutex.luv_thread");
+  lua_getglobal(T, "require");
+  lua_pushliteral(T, "luv");
+  if (lua_pcall(T, 1, 1, 0) != LUA_OK) {
+    lua_xmove(T, L, 1);
+    lua_error(L);
+  }
+  lua_xmove(T, L, 1);
+}
+
+
+/*
+** Returns the state of this lua_State, creating it (and the luv handles)
+** on first use, and pushes the state userdata.
+*/
+State *am_state_open (lua_State *L) {
+  State *st;
+  int sti, luv;
+  if (lua_getfield(L, LUA_REGISTRYINDEX, AM_STATE) == LUA_TUSERDATA)
+    return (State *)lua_touserdata(L, -1);
+  lua_pop(L, 1);
+  st = (State *)lua_newuserdatauv(L, sizeof(State), 0);
+  st->ready_head = st->ready_tail = NULL;
+  am_heap_init(&st->timers, 1);
+  st->seq = 0;
+  st->pending = 0;
+  st->timer_due = 0;
+  st->idle_on = st->timer_on = st->draining = 0;
+  st->idle = st->timer = st->idle_start = st->idle_stop = LUA_NOREF;
+  st->timer_start = st->timer_stop = st->now = LUA_NOREF;
+  st->on_idle = st->on_timer = st->handler = LUA_NOREF;
+  luaL_newmetatable(L, AM_STATE);
+  lua_pushcfunction(L, state__gc);
+  lua_setfield(L, -2, "__gc");
+  lua_setmetatable(L, -2);
+  sti = lua_gettop(L);
+  require_luv(L);
+  luv = lua_gettop(L);
+  st->now = ref_field(L, luv, "now");
+  lua_getfield(L, luv, "new_idle");
+  lua_call(L, 0, 1);
+  st->idle_start = ref_field(L, -1, "start");
+  st->idle_stop = ref_field(L, -1, "stop");
+  st->idle = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_getfield(L, luv, "new_timer");
+  lua_call(L, 0, 1);
+  st->timer_start = ref_field(L, -1, "start");
+  st->timer_stop = ref_field(L, -1, "stop");
+  st->timer = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_pushvalue(L, sti);
+  lua_pushcclosure(L, on_idle, 1);
+  st->on_idle = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_pushvalue(L, sti);
+  lua_pushcclosure(L, on_timer, 1);
+  st->on_timer = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_settop(L, sti);
+  lua_pushvalue(L, sti);
+  lua_setfield(L, LUA_REGISTRYINDEX, AM_STATE);
+  return st;
+}
+
+/* }====================================================== */
