@@ -14,25 +14,27 @@ SOFLAGS   = -shared
 
 DEB_PKGS  = lua5.4 liblua5.4-dev lua-luv lua-luv-dev lua-busted luarocks libuv1-dev
 
+# BUILD is where objects and the module go; sanitizer builds use their own.
+BUILD    ?= build
 SRCS      = $(wildcard src/*.c)
 HDRS      = $(wildcard src/*.h)
-OBJS      = $(patsubst src/%.c,build/obj/%.o,$(SRCS))
-MODULE    = build/async_mutex/core.so
+OBJS      = $(patsubst src/%.c,$(BUILD)/obj/%.o,$(SRCS))
+MODULE    = $(BUILD)/async_mutex/core.so
 
 # Lets scripts find the module in this checkout without installing it.
 RUNENV    = LUA_PATH="src/?.lua;src/?/init.lua;;" LUA_CPATH="build/?.so;;"
 
-.PHONY: all deps demo test bench clean
+.PHONY: all deps demo test bench clean asan valgrind gcstress
 
 all: $(MODULE)
 
-build/obj/%.o: src/%.c $(HDRS) | build/obj
+$(BUILD)/obj/%.o: src/%.c $(HDRS) | $(BUILD)/obj
 	$(CC) $(ALLFLAGS) -c $< -o $@
 
-$(MODULE): $(OBJS) | build/async_mutex
+$(MODULE): $(OBJS) | $(BUILD)/async_mutex
 	$(CC) $(SOFLAGS) $(LDFLAGS) -o $@ $(OBJS)
 
-build/obj build/async_mutex:
+$(BUILD)/obj $(BUILD)/async_mutex:
 	mkdir -p $@
 
 deps:
@@ -56,6 +58,33 @@ demo: deps
 test: deps
 	@$(MAKE) --no-print-directory all
 	$(RUNENV) $(LUA) $(BUSTED)
+
+# The suite against a module built with AddressSanitizer and UBSan (the
+# interpreter is not instrumented, so the ASan runtime is preloaded).
+SAN       = -fsanitize=address,undefined -fno-sanitize-recover=all
+asan: deps
+	@$(MAKE) --no-print-directory BUILD=build/asan \
+	  CFLAGS="-O1 -g -fno-omit-frame-pointer $(SAN)" LDFLAGS="$(SAN)" all
+	LD_PRELOAD="$$($(CC) -print-file-name=libasan.so)" \
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	LSAN_OPTIONS=suppressions=$(CURDIR)/.ci/lsan.supp:print_suppressions=0 \
+	AM_STRESS_SCALE=0.1 \
+	LUA_PATH="src/?.lua;src/?/init.lua;;" LUA_CPATH="build/asan/?.so;;" \
+	  $(LUA) $(BUSTED) --cpath="build/asan/?.so"
+
+# The suite under valgrind's memcheck (errors and definite leaks fail it).
+valgrind: deps
+	@$(MAKE) --no-print-directory all
+	AM_STRESS_SCALE=0.1 $(RUNENV) valgrind --quiet --error-exitcode=99 \
+	  --leak-check=full --errors-for-leak-kinds=definite \
+	  --suppressions=$(CURDIR)/.ci/valgrind.supp \
+	  $(LUA) $(BUSTED)
+
+# The suite with the collector at its most aggressive.
+gcstress: deps
+	@$(MAKE) --no-print-directory all
+	AM_GC_STRESS=1 $(RUNENV) $(LUA) $(BUSTED)
 
 clean:
 	rm -rf build

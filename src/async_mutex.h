@@ -27,6 +27,14 @@
 
 #define AM_NOPOS      ((size_t)-1)
 
+/*
+** Upvalues shared by every C function of the module, so the hot paths
+** check and set metatables without a registry lookup by name.
+*/
+enum { UV_STATE = 1, UV_MUTEX, UV_SEMAPHORE, UV_RELEASER, UV_WAITER };
+#define UV_COUNT  UV_WAITER
+#define am_pushupvalue(L,uv)  lua_pushvalue(L, lua_upvalueindex(uv))
+
 typedef struct Waiter Waiter;
 typedef struct Lock Lock;
 typedef struct State State;
@@ -153,10 +161,16 @@ lua_Integer am_optweight (lua_State *L, int idx, int base,
                           const char *fname);
 int am_request (lua_State *L, int kind, int first, int base,
                 const char *fname, int mode, lua_Number ms, int erridx);
-void am_open_request (lua_State *L);
+extern const luaL_Reg am_releaser_metamethods[];
+extern const luaL_Reg am_waiter_metamethods[];
 
 /* locks.c */
-void am_open_locks (lua_State *L);
+extern const luaL_Reg am_mutex_methods[];
+extern const luaL_Reg am_semaphore_methods[];
+extern const luaL_Reg am_lock_metamethods[];
+extern const luaL_Reg am_mutex_class[];
+extern const luaL_Reg am_semaphore_class[];
+void *am_checkself (lua_State *L, int uv, const char *tname);
 Lock *am_tolock (lua_State *L, int idx);
 
 #endif

@@ -14,7 +14,7 @@
 #include "async_mutex.h"
 
 
-#define getstate(L)  ((State *)lua_touserdata(L, lua_upvalueindex(1)))
+#define getstate(L)  ((State *)lua_touserdata(L, lua_upvalueindex(UV_STATE)))
 
 
 /*
@@ -96,14 +96,57 @@ static const luaL_Reg core_funcs[] = {
 };
 
 
+/*
+** Sets the functions 'l' into the table at 'idx', each with the module's
+** upvalues, which sit at stack indices 1..UV_COUNT.
+*/
+static void setfuncs (lua_State *L, int idx, const luaL_Reg *l) {
+  int i;
+  lua_pushvalue(L, idx);
+  for (i = 1; i <= UV_COUNT; i++) lua_pushvalue(L, i);
+  luaL_setfuncs(L, l, UV_COUNT);
+  lua_pop(L, 1);
+}
+
+
+/*
+** Registers a lock type: its metatable (at 'mt') gets the metamethods and
+** an __index table of methods; module[name] = {new = ctor, methods = ...}.
+** Metatables are shared by every copy of the module in this lua_State.
+*/
+static void open_type (lua_State *L, int mt, const char *name,
+                       const luaL_Reg *methods, const luaL_Reg *class) {
+  setfuncs(L, mt, am_lock_metamethods);
+  if (lua_getfield(L, mt, "__index") != LUA_TTABLE) {
+    lua_pop(L, 1);
+    lua_newtable(L);
+    lua_pushvalue(L, -1);
+    lua_setfield(L, mt, "__index");
+  }
+  setfuncs(L, lua_gettop(L), methods);
+  lua_createtable(L, 0, 2);                 /* module[name] */
+  lua_insert(L, -2);
+  lua_setfield(L, -2, "methods");
+  setfuncs(L, lua_gettop(L), class);
+  lua_setfield(L, -2, name);
+}
+
+
 __attribute__((visibility("default")))
 LUAMOD_API int luaopen_async_mutex_core (lua_State *L) {
-  am_state_open(L);                         /* pushes the state */
-  lua_newtable(L);
-  lua_insert(L, -2);                        /* module, state */
-  am_open_request(L);
-  am_open_locks(L);
-  luaL_setfuncs(L, core_funcs, 1);          /* state as upvalue */
+  lua_settop(L, 0);
+  am_state_open(L);                         /* 1: state */
+  luaL_newmetatable(L, AM_MUTEX);           /* 2 */
+  luaL_newmetatable(L, AM_SEMAPHORE);       /* 3 */
+  luaL_newmetatable(L, AM_RELEASER);        /* 4 */
+  luaL_newmetatable(L, AM_WAITER);          /* 5 */
+  setfuncs(L, UV_RELEASER, am_releaser_metamethods);
+  setfuncs(L, UV_WAITER, am_waiter_metamethods);
+  lua_newtable(L);                          /* 6: the module */
+  setfuncs(L, 6, core_funcs);
+  open_type(L, UV_MUTEX, "Mutex", am_mutex_methods, am_mutex_class);
+  open_type(L, UV_SEMAPHORE, "Semaphore", am_semaphore_methods,
+            am_semaphore_class);
   lua_pushliteral(L, AM_E_TIMEOUT);
   lua_setfield(L, -2, "E_TIMEOUT");
   lua_pushliteral(L, AM_E_ALREADY_LOCKED);

@@ -13,31 +13,51 @@
 #include "async_mutex.h"
 
 
-/* The Mutex or Semaphore at 'idx', or NULL. */
-Lock *am_tolock (lua_State *L, int idx) {
-  Lock *lk = (Lock *)luaL_testudata(L, idx, AM_MUTEX);
-  return lk ? lk : (Lock *)luaL_testudata(L, idx, AM_SEMAPHORE);
+/* Is the value at 'idx' a userdata with the metatable in upvalue 'uv'? */
+static void *testself (lua_State *L, int idx, int uv) {
+  void *p = lua_touserdata(L, idx);
+  if (p != NULL && lua_getmetatable(L, idx)) {
+    int same = lua_rawequal(L, -1, lua_upvalueindex(uv));
+    lua_pop(L, 1);
+    if (same) return p;
+  }
+  return NULL;
 }
 
 
-#define checkmutex(L)  ((Lock *)luaL_checkudata(L, 1, AM_MUTEX))
-#define checksem(L)    ((Lock *)luaL_checkudata(L, 1, AM_SEMAPHORE))
+/* luaL_checkudata for argument 1, with the metatable from an upvalue. */
+void *am_checkself (lua_State *L, int uv, const char *tname) {
+  void *p = testself(L, 1, uv);
+  return p ? p : luaL_checkudata(L, 1, tname);   /* raises the message */
+}
+
+
+/* The Mutex or Semaphore at 'idx', or NULL. */
+Lock *am_tolock (lua_State *L, int idx) {
+  Lock *lk = (Lock *)testself(L, idx, UV_MUTEX);
+  return lk ? lk : (Lock *)testself(L, idx, UV_SEMAPHORE);
+}
+
+
+#define checkmutex(L)  ((Lock *)am_checkself(L, UV_MUTEX, AM_MUTEX))
+#define checksem(L)    ((Lock *)am_checkself(L, UV_SEMAPHORE, AM_SEMAPHORE))
 
 
 /*
-** Pushes a new lock.  Upvalue 1 of the calling constructor is the state.
+** Pushes a new lock.
 ** The cancel error (default E_CANCELED) is user value 1.
 */
 static void newlock (lua_State *L, int is_mutex, lua_Integer value,
                      int erridx) {
   Lock *lk = (Lock *)lua_newuserdatauv(L, sizeof(Lock), 1);
-  lk->st = (State *)lua_touserdata(L, lua_upvalueindex(1));
+  lk->st = (State *)lua_touserdata(L, lua_upvalueindex(UV_STATE));
   lk->value = value;
   am_heap_init(&lk->queue, 0);
   lk->unlock = NULL;
   lk->nweights = lk->capweights = lk->nunlock = 0;
   lk->is_mutex = is_mutex;
-  luaL_setmetatable(L, is_mutex ? AM_MUTEX : AM_SEMAPHORE);
+  am_pushupvalue(L, is_mutex ? UV_MUTEX : UV_SEMAPHORE);
+  lua_setmetatable(L, -2);
   if (lua_isnoneornil(L, erridx)) lua_pushliteral(L, AM_E_CANCELED);
   else lua_pushvalue(L, erridx);
   lua_setiuservalue(L, -2, 1);
@@ -166,7 +186,7 @@ static int lock__gc (lua_State *L) {
 }
 
 
-static const luaL_Reg mutex_methods[] = {
+const luaL_Reg am_mutex_methods[] = {
   {"acquire", mutex_acquire},
   {"waitForUnlock", mutex_waitForUnlock},
   {"isLocked", mutex_isLocked},
@@ -175,7 +195,7 @@ static const luaL_Reg mutex_methods[] = {
   {NULL, NULL}
 };
 
-static const luaL_Reg sem_methods[] = {
+const luaL_Reg am_semaphore_methods[] = {
   {"acquire", sem_acquire},
   {"waitForUnlock", sem_waitForUnlock},
   {"isLocked", sem_isLocked},
@@ -186,41 +206,19 @@ static const luaL_Reg sem_methods[] = {
   {NULL, NULL}
 };
 
-static const luaL_Reg lock_metamethods[] = {
+const luaL_Reg am_lock_metamethods[] = {
   {"__tostring", lock__tostring},
   {"__gc", lock__gc},
   {NULL, NULL}
 };
 
 
-/*
-** Sets module[name] = {new = constructor, methods = methods table}.
-** Stack: module, state.  Metatables are shared by every copy of the
-** module in this lua_State (re-require keeps them).
-*/
-static void open_type (lua_State *L, const char *tname, const char *name,
-                       const luaL_Reg *methods, lua_CFunction ctor) {
-  luaL_newmetatable(L, tname);
-  luaL_setfuncs(L, lock_metamethods, 0);
-  if (lua_getfield(L, -1, "__index") != LUA_TTABLE) {
-    lua_pop(L, 1);
-    lua_newtable(L);
-    lua_pushvalue(L, -1);
-    lua_setfield(L, -3, "__index");
-  }
-  luaL_setfuncs(L, methods, 0);             /* stack: module st mt methods */
-  lua_createtable(L, 0, 2);
-  lua_insert(L, -2);
-  lua_setfield(L, -2, "methods");
-  lua_pushvalue(L, -3);                     /* state */
-  lua_pushcclosure(L, ctor, 1);
-  lua_setfield(L, -2, "new");
-  lua_setfield(L, -4, name);
-  lua_pop(L, 1);                            /* metatable */
-}
+const luaL_Reg am_mutex_class[] = {
+  {"new", mutex_new},
+  {NULL, NULL}
+};
 
-
-void am_open_locks (lua_State *L) {
-  open_type(L, AM_MUTEX, "Mutex", mutex_methods, mutex_new);
-  open_type(L, AM_SEMAPHORE, "Semaphore", sem_methods, sem_new);
-}
+const luaL_Reg am_semaphore_class[] = {
+  {"new", sem_new},
+  {NULL, NULL}
+};

@@ -79,7 +79,8 @@ static void push_releaser (lua_State *L, Lock *lk, lua_Integer weight) {
   r->lock = lk;
   r->weight = weight;
   r->done = 0;
-  luaL_setmetatable(L, AM_RELEASER);
+  am_pushupvalue(L, UV_RELEASER);
+  lua_setmetatable(L, -2);
   lua_pushvalue(L, 1);
   lua_setiuservalue(L, -2, 1);
 }
@@ -91,7 +92,7 @@ static void push_releaser (lua_State *L, Lock *lk, lua_Integer weight) {
 ** __call and __close (on scope exit, error, or coroutine.close).
 */
 static int releaser_release (lua_State *L) {
-  Releaser *r = (Releaser *)luaL_checkudata(L, 1, AM_RELEASER);
+  Releaser *r = (Releaser *)am_checkself(L, UV_RELEASER, AM_RELEASER);
   if (!r->done) {
     r->done = 1;
     if (!r->lock->is_mutex)
@@ -104,7 +105,7 @@ static int releaser_release (lua_State *L) {
 
 
 static int releaser__tostring (lua_State *L) {
-  Releaser *r = (Releaser *)luaL_checkudata(L, 1, AM_RELEASER);
+  Releaser *r = (Releaser *)am_checkself(L, UV_RELEASER, AM_RELEASER);
   lua_pushfstring(L, "%s (%s): %p", AM_RELEASER,
                   r->done ? "released" : "held", (void *)r);
   return 1;
@@ -200,7 +201,8 @@ int am_request (lua_State *L, int kind, int first, int base,
   w->kind = (unsigned char)kind;
   w->state = S_DONE;
   w->outcome = O_GRANTED;
-  luaL_setmetatable(L, AM_WAITER);
+  am_pushupvalue(L, UV_WAITER);
+  lua_setmetatable(L, -2);
   lua_toclose(L, -1);            /* coroutine.close while waiting: abandon */
   am_enqueue(L, lk, w);          /* now QUEUED */
   am_anchor(L, w);
@@ -210,18 +212,14 @@ int am_request (lua_State *L, int kind, int first, int base,
 }
 
 
-void am_open_request (lua_State *L) {
-  static const luaL_Reg releaser_metamethods[] = {
-    {"__call", releaser_release},
-    {"__close", releaser_release},
-    {"__tostring", releaser__tostring},
-    {NULL, NULL}
-  };
-  luaL_newmetatable(L, AM_RELEASER);
-  luaL_setfuncs(L, releaser_metamethods, 0);
-  lua_pop(L, 1);
-  luaL_newmetatable(L, AM_WAITER);
-  lua_pushcfunction(L, waiter__close);
-  lua_setfield(L, -2, "__close");
-  lua_pop(L, 1);
-}
+const luaL_Reg am_releaser_metamethods[] = {
+  {"__call", releaser_release},
+  {"__close", releaser_release},
+  {"__tostring", releaser__tostring},
+  {NULL, NULL}
+};
+
+const luaL_Reg am_waiter_metamethods[] = {
+  {"__close", waiter__close},
+  {NULL, NULL}
+};

@@ -212,7 +212,7 @@ static void report (lua_State *L, State *st, lua_State *co) {
 ** needed from it is read first.
 */
 static int on_idle (lua_State *L) {
-  State *st = (State *)lua_touserdata(L, lua_upvalueindex(1));
+  State *st = (State *)lua_touserdata(L, lua_upvalueindex(UV_STATE));
   int budget = BATCH;
   if (st->draining) return 0;                 /* uv.run() inside a waiter */
   st->draining = 1;
@@ -243,7 +243,7 @@ static int on_idle (lua_State *L) {
 
 /* Timer callback: every waiter whose deadline has passed times out. */
 static int on_timer (lua_State *L) {
-  State *st = (State *)lua_touserdata(L, lua_upvalueindex(1));
+  State *st = (State *)lua_touserdata(L, lua_upvalueindex(UV_STATE));
   lua_Number now = loop_now(L, st);
   Waiter *w;
   st->timer_on = 0;                           /* a one-shot timer fired */
