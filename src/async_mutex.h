@@ -25,7 +25,7 @@
 #define AM_E_ALREADY_LOCKED  "mutex already locked"
 #define AM_E_CANCELED "request for lock canceled"
 
-#define AM_NOPOS      ((size_t)-1)
+#define AM_NOPOS      UINT32_MAX
 
 /*
 ** Upvalues shared by every C function of the module, so the hot paths
@@ -46,7 +46,7 @@ typedef struct State State;
 */
 typedef struct Heap {
   Waiter **item;
-  size_t n, cap;
+  uint32_t n, cap;
   int timer;
 } Heap;
 
@@ -70,23 +70,25 @@ enum { AM_WAIT, AM_TIMEOUT, AM_TRY };
 ** One suspended request.  It is a userdata living on the waiting
 ** coroutine's own stack, marked to-be-closed, so 'coroutine.close' of a
 ** waiting coroutine removes it from every queue at once; the coroutine is
-** anchored in the registry ('ref') while the module may resume it.
+** anchored in the registry ('ref') while the module may resume it.  Kept
+** small: its size is most of what a waiter costs.
 */
 struct Waiter {
   Lock *lock;
-  lua_State *co;
-  Waiter *prev, *next;        /* links in the ready list */
   lua_Integer weight;
-  lua_Integer value;          /* semaphore value when granted */
+  union {
+    lua_Number deadline;      /* while in the timer heap: loop time (ms) */
+    lua_Integer value;        /* once granted: semaphore value at the grant */
+  } u;
   lua_Number priority;
-  lua_Number deadline;        /* loop time (ms); only when timed */
   uint64_t seq;               /* arrival order, for FIFO among equals */
-  size_t qpos;                /* position in the lock's heap */
-  size_t tpos;                /* position in the timer heap, or AM_NOPOS */
-  int ref;                    /* registry reference to 'co' */
-  int top;                    /* stack top of 'co' when it yielded */
-  int erridx;                 /* stack index of the timeout error, or 0 */
+  uint32_t qpos;              /* QUEUED: position in the lock's heap;
+                                 READY: position in the ready ring */
+  uint32_t tpos;              /* position in the timer heap, or AM_NOPOS */
+  int ref;                    /* registry reference to the coroutine */
+  int top;                    /* stack top of the coroutine when it yielded */
   unsigned char kind, state, outcome;
+  unsigned char erridx;       /* stack index of the timeout error, or 0 */
 };
 
 /* waitForUnlock waiters that asked for one weight. */
@@ -114,7 +116,8 @@ struct Lock {
 ** by every copy of the module loaded into that state.
 */
 struct State {
-  Waiter *ready_head, *ready_tail;   /* outcomes decided, not yet resumed */
+  Waiter **ring;                     /* outcomes decided, not yet resumed: */
+  uint32_t rcap, rhead, rlen;        /* a FIFO ring; NULL = abandoned */
   Heap timers;                       /* timed waiters, earliest first */
   uint64_t seq;
   size_t pending;                    /* waiters queued or ready */
@@ -136,6 +139,7 @@ void am_heap_remove (Heap *h, Waiter *w);
 
 /* sched.c */
 State *am_state_open (lua_State *L);
+void am_ready_reserve (lua_State *L, State *st);
 void am_ready (lua_State *L, State *st, Waiter *w, int outcome);
 void am_ready_unlink (State *st, Waiter *w);
 void am_timer_add (lua_State *L, State *st, Waiter *w, lua_Number ms);

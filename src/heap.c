@@ -22,7 +22,8 @@
 */
 static int before (const Heap *h, const Waiter *a, const Waiter *b) {
   if (h->timer) {
-    if (a->deadline != b->deadline) return a->deadline < b->deadline;
+    if (a->u.deadline != b->u.deadline)
+      return a->u.deadline < b->u.deadline;
   }
   else if (a->priority != b->priority)
     return a->priority > b->priority;
@@ -30,16 +31,16 @@ static int before (const Heap *h, const Waiter *a, const Waiter *b) {
 }
 
 
-static void place (Heap *h, size_t i, Waiter *w) {
+static void place (Heap *h, uint32_t i, Waiter *w) {
   h->item[i] = w;
   POS(h, w) = i;
 }
 
 
-static void sift_up (Heap *h, size_t i) {
+static void sift_up (Heap *h, uint32_t i) {
   Waiter *w = h->item[i];
   while (i > 0) {
-    size_t parent = (i - 1) / 2;
+    uint32_t parent = (i - 1) / 2;
     if (!before(h, w, h->item[parent])) break;
     place(h, i, h->item[parent]);
     i = parent;
@@ -48,16 +49,16 @@ static void sift_up (Heap *h, size_t i) {
 }
 
 
-static void sift_down (Heap *h, size_t i) {
+static void sift_down (Heap *h, uint32_t i) {
   Waiter *w = h->item[i];
   for (;;) {
-    size_t child = 2 * i + 1;
+    uint64_t child = 2 * (uint64_t)i + 1;
     if (child >= h->n) break;
     if (child + 1 < h->n && before(h, h->item[child + 1], h->item[child]))
       child++;
     if (!before(h, h->item[child], w)) break;
     place(h, i, h->item[child]);
-    i = child;
+    i = (uint32_t)child;
   }
   place(h, i, w);
 }
@@ -83,8 +84,10 @@ void am_heap_free (Heap *h) {
 */
 int am_heap_reserve (Heap *h) {
   if (h->n == h->cap) {
-    size_t cap = h->cap ? 2 * h->cap : 8;
-    Waiter **item = (Waiter **)realloc(h->item, cap * sizeof(Waiter *));
+    uint32_t cap = h->cap ? 2 * h->cap : 8;
+    Waiter **item;
+    if (h->cap >= UINT32_MAX / 2) return 0;
+    item = (Waiter **)realloc(h->item, cap * sizeof(Waiter *));
     if (item == NULL) return 0;
     h->item = item;
     h->cap = cap;
@@ -107,7 +110,7 @@ Waiter *am_heap_pop (Heap *h) {
 
 
 void am_heap_remove (Heap *h, Waiter *w) {
-  size_t i = POS(h, w);
+  uint32_t i = POS(h, w);
   Waiter *last = h->item[--h->n];
   POS(h, w) = AM_NOPOS;
   if (i < h->n) {                         /* fill the hole with 'last' */

@@ -135,8 +135,10 @@ void am_dequeue (lua_State *L, Lock *lk, Waiter *w) {
 
 /* Grants the lock to a waiter taken from the queue (1.3 step 3). */
 static void grant (lua_State *L, Lock *lk, Waiter *w) {
-  w->value = lk->value;
+  lua_Integer value = lk->value;
   lk->value -= w->weight;
+  am_timer_remove(L, lk->st, w);        /* frees 'u' for the value */
+  w->u.value = value;
   am_ready(L, lk->st, w, O_GRANTED);
 }
 

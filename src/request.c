@@ -144,7 +144,7 @@ static int finish_request (lua_State *L, int status, lua_KContext ctx) {
   switch (w->outcome) {
     case O_GRANTED:
       if (w->kind == W_UNLOCK) return 0;
-      return push_grant(L, w->lock, w->weight, w->value);
+      return push_grant(L, w->lock, w->weight, w->u.value);
     case O_TIMEOUT:
       lua_pushvalue(L, w->erridx);
       return lua_error(L);
@@ -189,21 +189,21 @@ int am_request (lua_State *L, int kind, int first, int base,
   }
   w = (Waiter *)lua_newuserdatauv(L, sizeof(Waiter), 0);
   w->lock = lk;
-  w->co = L;
-  w->prev = w->next = NULL;
   w->weight = weight;
-  w->value = 0;
+  w->u.value = 0;
   w->priority = priority;
-  w->deadline = 0;
+  w->seq = 0;
   w->qpos = w->tpos = AM_NOPOS;
   w->ref = LUA_NOREF;
-  w->erridx = erridx;
+  w->top = 0;
+  w->erridx = (unsigned char)erridx;
   w->kind = (unsigned char)kind;
   w->state = S_DONE;
   w->outcome = O_GRANTED;
   am_pushupvalue(L, UV_WAITER);
   lua_setmetatable(L, -2);
   lua_toclose(L, -1);            /* coroutine.close while waiting: abandon */
+  am_ready_reserve(L, lk->st);
   am_enqueue(L, lk, w);          /* now QUEUED */
   am_anchor(L, w);
   if (mode == AM_TIMEOUT) am_timer_add(L, lk->st, w, ms);

@@ -78,7 +78,7 @@ static void stop_idle (lua_State *L, State *st) {
 /* (Re)starts the timer for the earliest deadline. */
 static void arm_timer (lua_State *L, State *st) {
   Waiter *first = am_heap_top(&st->timers);
-  lua_Number delay = ceil(first->deadline - loop_now(L, st));
+  lua_Number delay = ceil(first->u.deadline - loop_now(L, st));
   if (delay < 0) delay = 0;
   else if (delay > MAX_DELAY) delay = MAX_DELAY;
   pushref(L, st->timer_start);
@@ -88,7 +88,7 @@ static void arm_timer (lua_State *L, State *st) {
   pushref(L, st->on_timer);
   lua_call(L, 4, 0);
   st->timer_on = 1;
-  st->timer_due = first->deadline;
+  st->timer_due = first->u.deadline;
 }
 
 
@@ -104,12 +104,83 @@ static void stop_timer (lua_State *L, State *st) {
 
 /* {====================================================== ready list */
 
+/*
+** The ready list is a ring of waiters in the order their outcomes were
+** decided.  A waiter abandoned while ready leaves a hole (NULL), skipped
+** when reached.  Its capacity is reserved when a request starts waiting,
+** so making a waiter ready never fails half-way.
+*/
+
+/* Rewrites the ring into 'cap' slots from index 0, dropping the holes. */
+static int compact_ring (State *st, uint32_t cap) {
+  Waiter **ring = (Waiter **)malloc((size_t)cap * sizeof(Waiter *));
+  uint32_t i, n = 0;
+  if (ring == NULL) return 0;
+  for (i = 0; i < st->rlen; i++) {
+    Waiter *w = st->ring[(st->rhead + i) % st->rcap];
+    if (w != NULL) {
+      ring[n] = w;
+      w->qpos = n++;
+    }
+  }
+  free(st->ring);
+  st->ring = ring;
+  st->rcap = cap;
+  st->rhead = 0;
+  st->rlen = n;
+  return 1;
+}
+
+
+/* Drops the holes in place, keeping the order. */
+static void squeeze_ring (State *st) {
+  uint32_t i, n = 0;
+  for (i = 0; i < st->rlen; i++) {
+    Waiter *w = st->ring[(st->rhead + i) % st->rcap];
+    if (w != NULL) {                  /* writes trail reads: safe in place */
+      uint32_t j = (st->rhead + n++) % st->rcap;
+      st->ring[j] = w;
+      w->qpos = j;
+    }
+  }
+  for (i = n; i < st->rlen; i++)
+    st->ring[(st->rhead + i) % st->rcap] = NULL;
+  st->rlen = n;
+}
+
+
+/* Makes sure every pending waiter, plus one, fits in the ring. */
+void am_ready_reserve (lua_State *L, State *st) {
+  if (st->pending + 1 > st->rcap) {
+    uint32_t cap = st->rcap ? 2 * st->rcap : 16;
+    if (st->rcap >= UINT32_MAX / 2 || !compact_ring(st, cap))
+      luaL_error(L, "not enough memory");
+  }
+}
+
+
 void am_ready_unlink (State *st, Waiter *w) {
-  if (w->prev) w->prev->next = w->next;
-  else st->ready_head = w->next;
-  if (w->next) w->next->prev = w->prev;
-  else st->ready_tail = w->prev;
-  w->prev = w->next = NULL;
+  st->ring[w->qpos] = NULL;
+  w->qpos = AM_NOPOS;
+}
+
+
+/* The next waiter of the ring, left in place, or NULL when it is empty. */
+static Waiter *ready_peek (State *st) {
+  while (st->rlen > 0 && st->ring[st->rhead] == NULL) {   /* skip holes */
+    st->rhead = (st->rhead + 1) % st->rcap;
+    st->rlen--;
+  }
+  return st->rlen > 0 ? st->ring[st->rhead] : NULL;
+}
+
+
+/* Takes the waiter 'ready_peek' returned out of the ring. */
+static void ready_shift (State *st, Waiter *w) {
+  st->ring[st->rhead] = NULL;
+  st->rhead = (st->rhead + 1) % st->rcap;
+  st->rlen--;
+  w->qpos = AM_NOPOS;
 }
 
 
@@ -118,14 +189,15 @@ void am_ready_unlink (State *st, Waiter *w) {
 ** schedules its resumption.
 */
 void am_ready (lua_State *L, State *st, Waiter *w, int outcome) {
+  uint32_t i;
   am_timer_remove(L, st, w);
+  if (st->rlen == st->rcap)          /* full, with holes: pending < rcap */
+    squeeze_ring(st);
+  i = (st->rhead + st->rlen++) % st->rcap;
+  st->ring[i] = w;
+  w->qpos = i;
   w->state = S_READY;
   w->outcome = (unsigned char)outcome;
-  w->next = NULL;
-  w->prev = st->ready_tail;
-  if (st->ready_tail) st->ready_tail->next = w;
-  else st->ready_head = w;
-  st->ready_tail = w;
   if (!st->idle_on) start_idle(L, st);
 }
 
@@ -216,16 +288,19 @@ static int on_idle (lua_State *L) {
   int budget = BATCH;
   if (st->draining) return 0;                 /* uv.run() inside a waiter */
   st->draining = 1;
-  while (st->ready_head != NULL && budget-- > 0) {
-    Waiter *w = st->ready_head;
-    lua_State *co = w->co;
+  while (budget-- > 0) {
+    Waiter *w = ready_peek(st);
+    lua_State *co;
     int nres, status;
-    if (lua_status(co) != LUA_YIELD) {        /* cannot run: give back */
+    if (w == NULL) break;
+    pushref(L, w->ref);                 /* keeps 'co' alive meanwhile */
+    co = lua_tothread(L, -1);
+    if (lua_status(co) != LUA_YIELD) {  /* cannot run: give back */
+      lua_pop(L, 1);
       am_abandon(L, w);
       continue;
     }
-    am_ready_unlink(st, w);
-    pushref(L, w->ref);                       /* keep 'co' alive meanwhile */
+    ready_shift(st, w);
     am_unanchor(L, w);
     w->state = S_RESUMING;
     status = lua_resume(co, L, 0, &nres);
@@ -236,7 +311,7 @@ static int on_idle (lua_State *L) {
     lua_pop(L, 1);
   }
   st->draining = 0;
-  if (st->ready_head == NULL && st->idle_on) stop_idle(L, st);
+  if (ready_peek(st) == NULL && st->idle_on) stop_idle(L, st);
   return 0;
 }
 
@@ -247,7 +322,7 @@ static int on_timer (lua_State *L) {
   lua_Number now = loop_now(L, st);
   Waiter *w;
   st->timer_on = 0;                           /* a one-shot timer fired */
-  while ((w = am_heap_top(&st->timers)) != NULL && w->deadline <= now) {
+  while ((w = am_heap_top(&st->timers)) != NULL && w->u.deadline <= now) {
     am_heap_remove(&st->timers, w);
     am_expire(L, w);
   }
@@ -267,9 +342,9 @@ static int on_timer (lua_State *L) {
 void am_timer_add (lua_State *L, State *st, Waiter *w, lua_Number ms) {
   if (!am_heap_reserve(&st->timers))
     luaL_error(L, "not enough memory");
-  w->deadline = loop_now(L, st) + ms;
+  w->u.deadline = loop_now(L, st) + ms;
   am_heap_push(&st->timers, w);
-  if (!st->timer_on || w->deadline < st->timer_due)
+  if (!st->timer_on || w->u.deadline < st->timer_due)
     arm_timer(L, st);
 }
 
@@ -293,6 +368,8 @@ void am_timer_remove (lua_State *L, State *st, Waiter *w) {
 static int state__gc (lua_State *L) {
   State *st = (State *)lua_touserdata(L, 1);
   am_heap_free(&st->timers);
+  free(st->ring);
+  st->ring = NULL;
   return 0;
 }
 
@@ -352,7 +429,8 @@ State *am_state_open (lua_State *L) {
     return (State *)lua_touserdata(L, -1);
   lua_pop(L, 1);
   st = (State *)lua_newuserdatauv(L, sizeof(State), 0);
-  st->ready_head = st->ready_tail = NULL;
+  st->ring = NULL;
+  st->rcap = st->rhead = st->rlen = 0;
   am_heap_init(&st->timers, 1);
   st->seq = 0;
   st->pending = 0;
