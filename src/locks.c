@@ -65,6 +65,7 @@ static void newlock (lua_State *L, int is_mutex, lua_Integer value,
 
 
 static int mutex_new (lua_State *L) {
+  lua_settop(L, 1);                         /* cancel_error */
   newlock(L, 1, 1, 1);
   return 1;
 }
@@ -72,6 +73,7 @@ static int mutex_new (lua_State *L) {
 
 static int sem_new (lua_State *L) {
   lua_Integer value = luaL_checkinteger(L, 1);
+  lua_settop(L, 2);                         /* value, cancel_error */
   newlock(L, 0, value, 2);
   return 1;
 }
