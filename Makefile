@@ -88,3 +88,8 @@ gcstress: deps
 
 clean:
 	rm -rf build
+
+# Benchmarks (issue 5), never part of `make test`: one table comparing us with
+# async-mutex on Node, a pure-Lua mutex and the floor (see bench/run.lua).
+bench: all
+	$(RUNENV) $(LUA) bench/run.lua

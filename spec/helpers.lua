@@ -8,6 +8,10 @@
 -- body in a coroutine, runs uv.run() until the loop is idle, then re-raises the
 -- body's error (with its traceback), fails if the body never finished, and
 -- fails if a handle other than the module's stopped ones is still active.
+--
+-- Errors that happen outside the body (in a coroutine started with h.spawn, in
+-- a coroutine the module resumed and that died, in a helper timer) are
+-- collected and make the test fail when the body is done.
 
 local uv = require "luv"
 
@@ -21,21 +25,65 @@ end
 
 helpers.DEFAULT_DEADLINE = 5000
 
+-- Handles created by these helpers: left out of the "left active" checks.
+local own = setmetatable({}, { __mode = "k" })
+local function own_handle(hd) own[hd] = true; return hd end
+
+-- Errors seen outside the body during helpers.run (strings, with tracebacks).
+local stray = {}
+local function record(msg)
+  stray[#stray + 1] = tostring(msg)
+end
+helpers.record_error = record
+
 local function active_handles(except)
   local names = {}
-  uv.walk(function(h)
-    if h ~= except and not h:is_closing() and h:is_active() then
-      names[#names + 1] = tostring(h)
+  uv.walk(function(hd)
+    if hd ~= except and not own[hd] and not hd:is_closing()
+        and hd:is_active() then
+      names[#names + 1] = tostring(hd)
     end
   end)
   return names
 end
+--- Active handles on the loop, apart from the helpers' own ones.
 helpers.active_handles = function() return active_handles(nil) end
+
+--- Number of non-closing handles (active or not) whose tostring starts with
+-- `kind` ("uv_timer_t", "uv_idle_t"), apart from the helpers' own ones.
+function helpers.count_handles(kind, only_active)
+  local n = 0
+  uv.walk(function(hd)
+    if not own[hd] and not hd:is_closing()
+        and tostring(hd):sub(1, #kind) == kind
+        and (not only_active or hd:is_active()) then
+      n = n + 1
+    end
+  end)
+  return n
+end
+
+-- While helpers.run runs, route the module's reports of dead coroutines into
+-- `stray`, so that a failing assertion in a resumed coroutine fails the test.
+local function install_error_handler()
+  local am = package.loaded.async_mutex
+  if type(am) ~= "table" or type(am.setErrorHandler) ~= "function" then
+    return function() end
+  end
+  local ok, prev = pcall(am.setErrorHandler, function(err, tb)
+    record("coroutine resumed by async_mutex died: " .. tostring(err)
+      .. "\n" .. tostring(tb))
+  end)
+  if not ok then return function() end end
+  return function() pcall(am.setErrorHandler, prev) end
+end
 
 --- Runs `body(...)` in a coroutine on the loop; returns what it returned.
 -- opts.deadline (ms) bounds the run; opts.allow_active skips the handle check.
 function helpers.run(body, opts)
   opts = opts or {}
+  stray = {}
+  local restore_handler = install_error_handler()
   local finished, ok, result = false, nil, nil
   local co = coroutine.create(function()
     local packed = table.pack(xpcall(body, debug.traceback))
@@ -43,27 +91,32 @@ function helpers.run(body, opts)
     result = ok and table.pack(table.unpack(packed, 2, packed.n)) or packed[2]
   end)
   local timed_out = false
-  local deadline = uv.new_timer()
+  local deadline = own_handle(uv.new_timer())
   deadline:start(opts.deadline or helpers.DEFAULT_DEADLINE, 0, function()
     timed_out = true
     uv.stop()
   end)
   deadline:unref()                       -- do not keep uv.run() alive by itself
   local started, err = coroutine.resume(co)
-  if not started then error(err, 0) end
+  if not started then restore_handler(); error(err, 0) end
   if not finished or not opts.no_loop then uv.run() end
   local left = active_handles(deadline)
   deadline:close()
   uv.run("nowait")                       -- let the close complete
+  restore_handler()
   if timed_out then
-    error(("deadline of %d ms passed, body %s"):format(
+    error(("deadline of %d ms passed, body %s%s"):format(
       opts.deadline or helpers.DEFAULT_DEADLINE,
-      finished and "finished" or "still suspended"), 0)
+      finished and "finished" or "still suspended",
+      finished and not ok and (": " .. tostring(result)) or ""), 0)
   end
   if not finished then
     error("body never finished: the loop ran out of work with it suspended", 0)
   end
   if not ok then error(result, 0) end
+  if #stray > 0 then
+    error("error outside the body: " .. table.concat(stray, "\n---\n"), 0)
+  end
   if not opts.allow_active and #left > 0 then
     error("handles left active after the body: " .. table.concat(left, ", "), 0)
   end
@@ -75,38 +128,213 @@ function helpers.async(body, opts)
   return function() return helpers.run(body, opts) end
 end
 
+local SLEEP_TOKEN = setmetatable({}, { __name = "helpers.sleep token" })
+
 --- Suspends the running coroutine for `ms` milliseconds of loop time.
+-- Fails if anything other than its own timer resumes the coroutine (the
+-- module must only resume coroutines it suspended itself).
 function helpers.sleep(ms)
   local co = coroutine.running()
-  local t = uv.new_timer()
+  local done = false
+  local t = own_handle(uv.new_timer())
   t:start(ms, 0, function()
     t:close()
-    local ok, err = coroutine.resume(co)
-    if not ok then error(err, 0) end
+    if done or coroutine.status(co) ~= "suspended" then
+      record(("h.sleep: timer fired but the sleeping coroutine is %s%s"):format(
+        coroutine.status(co), done and " and was woken by something else" or ""))
+      return
+    end
+    local ok, err = coroutine.resume(co, SLEEP_TOKEN)
+    if not ok then record(debug.traceback(co, err)) end
   end)
-  coroutine.yield()
+  local token = coroutine.yield()
+  done = true
+  if token ~= SLEEP_TOKEN then
+    error("h.sleep: the coroutine was resumed by something other than its timer", 2)
+  end
 end
 
---- Suspends the running coroutine until the next loop iteration (a 0 ms timer:
--- everything the module deferred to its idle handle before this call has
--- been resumed by then).
+--- Suspends the running coroutine until the loop has completed one more turn:
+-- everything the module deferred to its idle handle before this call has been
+-- resumed by then, wherever this is called from (main code, a timer callback
+-- or the module's idle callback).  tick(n) does it n times.
+--
+-- How: a 0 ms timer first (it runs in this turn's timer phase when called from
+-- a timer callback, otherwise in the next turn's), then a check handle, which
+-- runs after that turn's idle phase; an idle handle of ours keeps the poll phase
+-- from blocking in between.
 function helpers.tick(n)
-  for _ = 1, n or 1 do helpers.sleep(0) end
+  for _ = 1, n or 1 do
+    local co = coroutine.running()
+    local t = own_handle(uv.new_timer())
+    local resumed = false
+    t:start(0, 0, function()
+      t:close()
+      local idle = own_handle(uv.new_idle())
+      local check = own_handle(uv.new_check())
+      idle:start(function() end)
+      check:start(function()
+        idle:close(); check:close()
+        if resumed or coroutine.status(co) ~= "suspended" then
+          record("h.tick: the ticking coroutine was woken by something else")
+          return
+        end
+        resumed = true
+        local ok, err = coroutine.resume(co, SLEEP_TOKEN)
+        if not ok then record(debug.traceback(co, err)) end
+      end)
+    end)
+    local token = coroutine.yield()
+    if token ~= SLEEP_TOKEN then
+      resumed = true
+      error("h.tick: the coroutine was resumed by something other than its timer", 2)
+    end
+  end
+end
+
+--- Ticks until pred() is true; fails after `ms` (default 2000) milliseconds.
+function helpers.wait_until(pred, ms, what)
+  if pred() then return end
+  helpers.tick()
+  local limit = uv.now() + (ms or 2000)
+  while not pred() do
+    if uv.now() > limit then
+      error("h.wait_until: condition still false after " .. (ms or 2000)
+        .. " ms" .. (what and (": " .. what) or ""), 2)
+    end
+    helpers.sleep(1)
+  end
 end
 
 --- Starts `fn(...)` in a new coroutine right now (on the current thread's
--- behalf) and returns the coroutine.  Errors escaping it are raised.
+-- behalf) and returns the coroutine.  An error raised before its first yield
+-- is raised here; a later one is recorded and fails the test.
 function helpers.spawn(fn, ...)
-  local co = coroutine.create(fn)
+  local early, failed = true, nil
+  local co = coroutine.create(function(...)
+    local ok, err = xpcall(fn, debug.traceback, ...)
+    if not ok then
+      if early then failed = err else record("spawned coroutine: " .. tostring(err)) end
+    end
+  end)
   local ok, err = coroutine.resume(co, ...)
+  early = false
   if not ok then error(debug.traceback(co, err), 0) end
+  if failed then error(failed, 0) end
   return co
+end
+
+--- Spawns a coroutine that calls lock:acquire(...) under pcall and returns a
+-- record of it: w.co, w.done (acquire returned or raised), w.ok, w.err,
+-- w.value (semaphores), w.release (the releaser), w.n (number of results).
+-- If `log` is given, `name` is appended to it when the acquire returns.
+function helpers.acquirer(log, name, lock, ...)
+  local w = { name = name, done = false }
+  local args = table.pack(...)
+  w.co = helpers.spawn(function()
+    local res = table.pack(pcall(lock.acquire, lock, table.unpack(args, 1, args.n)))
+    w.done, w.ok, w.n = true, res[1], res.n - 1
+    if res[1] then
+      if type(res[2]) == "number" then
+        w.value, w.release = res[2], res[3]
+      else
+        w.release = res[2]
+      end
+    else
+      w.err = res[2]
+    end
+    if log then log[#log + 1] = name end
+    if w.after then w.after(w) end
+  end)
+  return w
+end
+
+--- Like acquirer, for lock:waitForUnlock(...).
+function helpers.waiter(log, name, lock, ...)
+  local w = { name = name, done = false }
+  local args = table.pack(...)
+  w.co = helpers.spawn(function()
+    local res = table.pack(pcall(lock.waitForUnlock, lock,
+      table.unpack(args, 1, args.n)))
+    w.done, w.ok, w.err = true, res[1], (not res[1]) and res[2] or nil
+    w.locked_then = lock:isLocked()
+    if log then log[#log + 1] = name end
+    if w.after then w.after(w) end
+  end)
+  return w
+end
+
+--- Calls fn(...) in a fresh coroutine; returns true and fn's results (packed)
+-- if it ran to completion without yielding, false if it yielded.
+function helpers.without_yield(fn, ...)
+  local co = coroutine.create(function(...) return table.pack(fn(...)) end)
+  local ok, res = coroutine.resume(co, ...)
+  if not ok then error(res, 0) end
+  if coroutine.status(co) == "dead" then return true, res end
+  return false
+end
+
+--- Strips one leading "chunk:line: " position from an error message.
+function helpers.strip_pos(msg)
+  if type(msg) ~= "string" then return msg end
+  return (msg:gsub("^[^\n:]+:%d+: ", "", 1))
+end
+
+--- Calls fn(...), which must raise; returns the error with any leading
+-- position stripped.  Call the API inside `fn` as a statement (not as
+-- `return s:acquire(0)`: a tail call loses the function name).
+function helpers.error_of(fn, ...)
+  local ok, err = pcall(fn, ...)
+  if ok then error("expected an error, but the call succeeded", 2) end
+  return helpers.strip_pos(err)
 end
 
 --- Full collection, twice (finalizers run in the first, memory freed in the second).
 function helpers.gc()
   collectgarbage("collect")
   collectgarbage("collect")
+end
+
+--- Runs uv.run() from the main thread with a deadline (ms, default 2000).
+-- Returns true if the loop ran out of work by itself, and the elapsed ms.
+function helpers.run_loop(ms)
+  local stopped = false
+  local t0 = uv.hrtime()
+  local deadline = own_handle(uv.new_timer())
+  deadline:start(ms or 2000, 0, function() stopped = true; uv.stop() end)
+  deadline:unref()
+  uv.run()
+  deadline:close()
+  uv.run("nowait")
+  return not stopped, (uv.hrtime() - t0) / 1e6
+end
+
+local function shquote(s)
+  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
+end
+
+--- Runs Lua code in a separate `lua5.4` process that finds the module the way
+-- this one does (LUA_PATH / LUA_CPATH from package.path / package.cpath).
+-- Returns { rc = exit code, stdout = ..., stderr = ... }.
+function helpers.subprocess(code, timeout_s)
+  local script = os.tmpname()
+  local errfile = os.tmpname()
+  local f = assert(io.open(script, "w"))
+  f:write(code)
+  f:close()
+  local cmd = ("env -u LUA_PATH_5_4 -u LUA_CPATH_5_4 -u LUA_INIT "
+    .. "LUA_PATH=%s LUA_CPATH=%s timeout -s KILL %d lua5.4 %s 2>%s"):format(
+    shquote(package.path), shquote(package.cpath), timeout_s or 30,
+    shquote(script), shquote(errfile))
+  local p = assert(io.popen(cmd, "r"))
+  local out = p:read("a")
+  local _, how, rc = p:close()
+  local ef = io.open(errfile, "r")
+  local err = ef and ef:read("a") or ""
+  if ef then ef:close() end
+  os.remove(script)
+  os.remove(errfile)
+  return { rc = rc, how = how, stdout = out, stderr = err }
 end
 
 return helpers

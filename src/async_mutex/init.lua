@@ -4,7 +4,8 @@
 
 local core = require "async_mutex.core"
 
-local error, getmetatable, setmetatable, type = error, getmetatable, setmetatable, type
+local error, getmetatable, pcall, setmetatable, type =
+  error, getmetatable, pcall, setmetatable, type
 local ipairs, pairs, rawget = ipairs, pairs, rawget
 
 local kind = core.kind
@@ -55,16 +56,23 @@ local runs_semaphore = {
   [getmetatable(core.Semaphore.new(1))] = true, [decorated.Semaphore] = true,
 }
 
--- runExclusive: the releaser is a to-be-closed value, so the lock is
--- released however fn ends (return, error before or after a yield, or the
--- coroutine being closed), and fn's error propagates unchanged.
+-- runExclusive releases before fn's error propagates (an error that kills
+-- a coroutine closes nothing until the coroutine is closed), and the
+-- releaser is also to-be-closed, for when the coroutine is closed while fn
+-- is suspended.  The error value is re-raised unchanged (level 0).
+local function finish(release, ok, ...)
+  release()
+  if not ok then error((...), 0) end
+  return ...
+end
+
 local function mutex_run(self, fn, priority)
   if not runs_mutex[getmetatable(self)] then
     argerror(2, 1, "runExclusive", "async_mutex.Mutex expected, got " .. typename(self))
   end
   check_callable(fn)
   local release <close> = self:acquire(priority)
-  return fn()
+  return finish(release, pcall(fn))
 end
 
 local function semaphore_run(self, fn, weight, priority)
@@ -73,7 +81,7 @@ local function semaphore_run(self, fn, weight, priority)
   end
   check_callable(fn)
   local value, release <close> = self:acquire(weight, priority)
-  return fn(value)
+  return finish(release, pcall(fn, value))
 end
 
 core.Mutex.methods.runExclusive = mutex_run

@@ -1,0 +1,140 @@
+-- The releaser is a to-be-closed value: `local r <close> = m:acquire()`.
+local h = require "helpers"
+local am = require "async_mutex"
+
+describe("the releaser as a <close> variable", function()
+  it("has a __close metamethod (it can be declared <close>)", h.async(function()
+    local m = am.Mutex.new()
+    local r = m:acquire()
+    local mt = getmetatable(r)
+    assert.is_not_nil(mt)
+    assert.is_not_nil(mt.__close)
+    r()
+  end))
+
+  it("releases a Mutex at the end of the scope", h.async(function()
+    local m = am.Mutex.new()
+    do
+      local r <close> = m:acquire()
+      assert.is_true(m:isLocked())
+    end
+    assert.is_false(m:isLocked())
+  end))
+
+  it("releases a Semaphore's weight at the end of the scope", h.async(function()
+    local s = am.Semaphore.new(5)
+    do
+      local v <const>, r <close> = s:acquire(3)
+      assert.equal(5, v)
+      assert.equal(2, s:getValue())
+    end
+    assert.equal(5, s:getValue())
+  end))
+
+  it("releases when an error leaves the scope", h.async(function()
+    local m = am.Mutex.new()
+    local e = {}
+    local ok, err = pcall(function()
+      local r <close> = m:acquire()
+      error(e)
+    end)
+    assert.is_false(ok)
+    assert.is_true(rawequal(e, err))          -- the error passes through unchanged
+    assert.is_false(m:isLocked())
+  end))
+
+  it("releases when an error after a yield leaves the scope", h.async(function()
+    local s = am.Semaphore.new(1)
+    local ok = pcall(function()
+      local _, r <close> = s:acquire()
+      h.sleep(2)
+      error("boom")
+    end)
+    assert.is_false(ok)
+    assert.equal(1, s:getValue())
+  end))
+
+  it("releases at each iteration of a loop, including on break", h.async(function()
+    local m = am.Mutex.new()
+    for i = 1, 3 do
+      local r <close> = m:acquire()
+      assert.is_true(m:isLocked())
+      if i == 2 then break end
+    end
+    assert.is_false(m:isLocked())
+  end))
+
+  it("releases when the holding coroutine is closed with coroutine.close", h.async(function()
+    local m = am.Mutex.new()
+    local co = coroutine.create(function()
+      local r <close> = m:acquire()
+      coroutine.yield("holding")
+    end)
+    assert.same({ true, "holding" }, { coroutine.resume(co) })
+    assert.is_true(m:isLocked())
+    local b = h.acquirer(nil, "b", m)
+    assert.is_true(coroutine.close(co))
+    assert.is_true(m:isLocked())               -- handed to b
+    h.tick()
+    assert.is_true(b.done)
+    b.release()
+    assert.is_false(m:isLocked())
+  end))
+
+  it("hands the lock to the next waiter, deferred, at the end of the scope", h.async(function()
+    local m = am.Mutex.new()
+    local b
+    do
+      local r <close> = m:acquire()
+      b = h.acquirer(nil, "b", m)
+    end
+    assert.is_true(m:isLocked())
+    assert.is_false(b.done)
+    h.tick()
+    assert.is_true(b.done)
+    b.release()
+  end))
+
+  it("does not release a second time at scope exit after an explicit call", h.async(function()
+    local m = am.Mutex.new()
+    local b, c
+    do
+      local r <close> = m:acquire()
+      b = h.acquirer(nil, "b", m)
+      c = h.acquirer(nil, "c", m)
+      r()                                      -- b owns it now
+    end                                        -- must not release b's hold
+    h.tick(2)
+    assert.is_true(b.done)
+    assert.is_false(c.done)
+    assert.is_true(m:isLocked())
+    b.release()
+    h.tick()
+    assert.is_true(c.done)
+    c.release()
+  end))
+
+  it("does not release a Semaphore twice either", h.async(function()
+    local s = am.Semaphore.new(2)
+    do
+      local _, r <close> = s:acquire(2)
+      r()
+      assert.equal(2, s:getValue())
+    end
+    assert.equal(2, s:getValue())
+  end))
+
+  it("works with a releaser obtained through withTimeout and tryAcquire", h.async(function()
+    local m = am.Mutex.new()
+    do
+      local r <close> = am.withTimeout(m, 50):acquire()
+      assert.is_true(m:isLocked())
+    end
+    assert.is_false(m:isLocked())
+    do
+      local r <close> = am.tryAcquire(m):acquire()
+      assert.is_true(m:isLocked())
+    end
+    assert.is_false(m:isLocked())
+  end))
+end)

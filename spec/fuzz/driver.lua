@@ -1,0 +1,116 @@
+-- `make fuzz N=... [J=...] [SEED=...]`: runs N generated sequences in J child
+-- processes (chunks of seeds), so that a crash of the C module (a signal, not
+-- a Lua error) is caught too: the driver knows the last seed each child
+-- started, replays it in a fresh process and shrinks it.
+--
+--   lua5.4 spec/fuzz/runner.lua fuzz N [J [SEED]]
+--
+-- Prints one progress line per finished chunk and a closing line
+--   fuzz: N sequences, N ops, S s (N seq/s), seeds A..B: OK
+-- or the failure report (seed, message, shortest reproducing sequence).
+
+local uv = require "luv"
+local gen = require "fuzz.gen"
+
+local driver = {}
+
+function driver.main(argv, runner)
+  local n = tonumber(argv[2]) or 100000
+  local jobs = tonumber(argv[3]) or tonumber(os.getenv("J") or "") or 2
+  local start = tonumber(argv[4]) or tonumber(os.getenv("SEED") or "")
+    or (os.time() % 100000) * 100000
+  local chunk = math.max(1, math.min(20000, math.ceil(n / jobs)))
+  local lua = os.getenv("LUA") or "lua5.4"
+  local script = runner.root .. "/spec/fuzz/runner.lua"
+  io.stdout:setvbuf("line")
+  print(("fuzz: %d sequences from seed %d, %d jobs, chunks of %d"):format(n, start, jobs, chunk))
+
+  local t0 = uv.hrtime()
+  local next_seed, last_seed = start, start + n - 1
+  local total_seq, total_ops = 0, 0
+  local running = 0
+  local failure                             -- text of the first failure
+  local crashed                             -- { seed = n, how = ... }
+
+  local function launch()
+    if failure or crashed or next_seed > last_seed then return false end
+    local first = next_seed
+    local count = math.min(chunk, last_seed - first + 1)
+    next_seed = first + count
+    local out = uv.new_pipe(false)
+    local buf, lines, last = "", {}, nil
+    local exited, eof, code, signal = false, false, nil, nil
+    local handle
+    local function finish()
+      local text = table.concat(lines, "\n")
+      local seqs, ops = text:match("OK (%d+) sequences (%d+) ops")
+      if code == 0 and seqs then
+        total_seq, total_ops = total_seq + tonumber(seqs), total_ops + tonumber(ops)
+        local secs = (uv.hrtime() - t0) / 1e9
+        print(("  seeds %d..%d ok; total %d sequences, %d ops, %.0f s"):format(
+          first, first + count - 1, total_seq, total_ops, secs))
+      elseif code == 1 and text:find("FAILURE", 1, true) then
+        failure = failure or text:match("(FAILURE.*)$") or text
+      else
+        crashed = crashed or { seed = last or first, how = (signal or 0) ~= 0
+          and ("signal " .. signal) or ("exit code " .. tostring(code)), text = text }
+      end
+      launch()
+    end
+    handle = uv.spawn(lua, {
+      args = { script, "run", tostring(first), tostring(count), "progress" },
+      stdio = { nil, out, 2 },
+    }, function(c, sig)
+      handle:close()
+      running = running - 1
+      exited, code, signal = true, c, sig
+      if eof then finish() end
+    end)
+    if not handle then error("cannot spawn " .. lua) end
+    running = running + 1
+    out:read_start(function(err, data)
+      if err or not data then
+        out:close()
+        eof = true
+        if exited then finish() end
+        return
+      end
+      buf = buf .. data
+      for line in buf:gmatch("([^\n]*)\n") do
+        local s = line:match("^S (%d+)$")
+        if s then last = tonumber(s) else lines[#lines + 1] = line end
+      end
+      buf = buf:match("[^\n]*$")
+    end)
+    return true
+  end
+
+  for _ = 1, jobs do launch() end
+  uv.run()
+  local secs = (uv.hrtime() - t0) / 1e9
+
+  if crashed then
+    print(("CRASH (%s) in the child running seed %d; its output:\n%s"):format(
+      crashed.how, crashed.seed, crashed.text))
+    local seq = gen.sequence(crashed.seed, runner.gen_opts())
+    if runner.replay_subprocess(seq) then
+      print("the seed passes when replayed alone: the crash needs the sequences before it")
+    else
+      local small, tries = runner.shrink(seq, function(s) return not runner.replay_subprocess(s) end)
+      print(("shortest reproducing sequence (%d of %d ops, %d tries):"):format(
+        #small.ops, #seq.ops, tries))
+      print(gen.serialize(small))
+    end
+    return 1
+  end
+  if failure then
+    print(failure)
+    print(("fuzz: FAILED after %d sequences, %d ops, %.0f s"):format(total_seq, total_ops, secs))
+    return 1
+  end
+  print(("fuzz: %d sequences, %d ops, %.0f s (%.0f seq/s), seeds %d..%d: OK"):format(
+    total_seq, total_ops, secs, total_seq / secs, start, last_seed))
+  return 0
+end
+
+return driver

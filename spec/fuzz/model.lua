@@ -1,0 +1,520 @@
+-- An executable model of the async_mutex contract (../shared/SEMANTICS.md,
+-- Part 2, P1-P6), for model-based random testing (spec/fuzz/runner.lua).
+--
+-- Plain Lua, lists and loops, no cleverness: every rule below is written the
+-- way SEMANTICS.md states it, so that a reader can check the model against the
+-- text line by line.  The model also plays the scripted "actors" (the
+-- coroutines the runner spawns), so that it can predict the exact log of
+-- events the real run produces, in order.
+--
+-- A world holds locks (Mutex or Semaphore), actors, and the FIFO of
+-- settlements that the module resumes on the next loop turn.  Time comes from
+-- outside: the runner passes the luv loop time of every operation that may
+-- start a timer and of every loop turn.
+--
+-- Log entries (strings, compared verbatim with the real run):
+--   got ID V        acquire returned to actor ID with value V ("-" for a Mutex)
+--   enter ID V      runExclusive called the body of actor ID with V ("-": no args)
+--   done ID         runExclusive of actor ID returned the body's results
+--   end ID [ERR]    a holding actor left its scope (ERR: the error it raised)
+--   err ID ERR      the lock operation of actor ID raised ERR
+--   unlocked ID     waitForUnlock of actor ID returned
+--   died ID ERR     actor ID died with ERR while the runner resumed it
+--   handler ERR     the module reported an error escaping a coroutine it resumed
+-- ERR is a label: E_TIMEOUT, E_CANCELED, E_ALREADY_LOCKED, a custom error name,
+-- or raise#ID for the error object actor ID raises from its body.
+
+local model = {}
+
+local World = {}
+World.__index = World
+
+--- Creates a world.  lock_specs: list of {kind = "mutex"|"sema", value = n,
+-- cancel = label|nil}.  opts.drain: "snapshot" (one loop turn resumes the
+-- settlements queued before it started) or "all" (also the ones queued while
+-- resuming).  opts.close_runex_releases: closing a coroutine suspended in a
+-- runExclusive body releases the lock (default true).
+function model.new(lock_specs, opts)
+  opts = opts or {}
+  local w = setmetatable({
+    locks = {},
+    actors = {},          -- id -> actor
+    order = {},           -- actor ids in spawn order
+    fifo = {},            -- settlements waiting for a loop turn
+    log = {},
+    tseq = 0,             -- timer creation counter (libuv start order)
+    drain = opts.drain or "all",
+    close_runex_releases = opts.close_runex_releases ~= false,
+    violations = {},
+  }, World)
+  for i, spec in ipairs(lock_specs) do
+    w.locks[i] = {
+      index = i,
+      kind = spec.kind,
+      value = spec.kind == "mutex" and 1 or spec.value,
+      cancel = spec.cancel or "E_CANCELED",
+      queue = {},         -- acquirers, priority descending, FIFO among equals
+      waiters = {},       -- weight -> list of waitForUnlock waiters, same order
+    }
+  end
+  return w
+end
+
+local function emit(w, s)
+  w.log[#w.log + 1] = s
+end
+
+local function violation(w, msg)
+  w.violations[#w.violations + 1] = msg
+end
+
+-- Insert after the last entry whose priority is >= the new one's.
+local function insert_by_priority(list, e)
+  local pos = 0
+  for i = 1, #list do
+    if list[i].prio >= e.prio then pos = i end
+  end
+  table.insert(list, pos + 1, e)
+end
+
+local function remove_from(list, e)
+  for i = 1, #list do
+    if list[i] == e then
+      table.remove(list, i)
+      return true
+    end
+  end
+  return false
+end
+
+-- The immediate-grant rule (1.3 step 2), also "_couldLockImmediately" (1.7).
+local function can_lock_now(lock, weight, prio)
+  return (#lock.queue == 0 or lock.queue[1].prio < prio) and weight <= lock.value
+end
+model.can_lock_now = can_lock_now
+
+local function value_text(lock, v)
+  if lock.kind == "mutex" then return "-" end
+  return tostring(v)
+end
+
+-- Queues a settlement for the next loop turn.
+local function settle(w, actor, kind, value, label)
+  if actor.state ~= "queued" and actor.state ~= "waiting" then
+    violation(w, ("actor %d settled (%s) while %s"):format(actor.id, kind, actor.state))
+  end
+  actor.state = "ready"
+  actor.entry = nil
+  w.fifo[#w.fifo + 1] = { actor = actor, kind = kind, value = value, label = label }
+end
+
+local function check_mutex(w, lock)
+  if lock.kind == "mutex" and lock.value ~= 0 and lock.value ~= 1 then
+    violation(w, ("mutex %d has value %d (two holders)"):format(lock.index, lock.value))
+  end
+end
+
+-- Ownership passes: value before the decrement is handed out.
+local function grant(w, lock, actor)
+  local prev = lock.value
+  lock.value = lock.value - actor.w
+  check_mutex(w, lock)
+  actor.rel = { lock = lock, weight = actor.w, called = false }
+  return prev
+end
+
+-- 1.6 with P6: before each queued dispatch, resolve the waitForUnlock waiters
+-- that could lock now: all with weight <= value if the queue is empty, else
+-- those with priority strictly greater than the head's.  Order: descending
+-- weight, then list order.
+local function drain(w, lock)
+  local weights = {}
+  for weight in pairs(lock.waiters) do weights[#weights + 1] = weight end
+  table.sort(weights, function(a, b) return a > b end)
+  local head = lock.queue[1]
+  for _, weight in ipairs(weights) do
+    if weight <= lock.value then
+      local keep = {}
+      for _, e in ipairs(lock.waiters[weight]) do
+        if head == nil or e.prio > head.prio then
+          settle(w, e.actor, "unlocked")
+        else
+          keep[#keep + 1] = e
+        end
+      end
+      lock.waiters[weight] = #keep > 0 and keep or nil
+    end
+  end
+end
+
+-- 1.5: drain, then dispatch strictly from the head while it fits.
+local function dispatch(w, lock)
+  drain(w, lock)
+  while #lock.queue > 0 and lock.queue[1].weight <= lock.value do
+    local e = table.remove(lock.queue, 1)
+    local prev = grant(w, lock, e.actor)
+    settle(w, e.actor, "grant", prev)
+    drain(w, lock)
+  end
+end
+
+-- A releaser: the first call releases (a Mutex only while locked, P3).
+local function release_rel(w, rel)
+  if rel.called then return end
+  rel.called = true
+  local lock = rel.lock
+  if lock.kind == "mutex" then
+    if lock.value <= 0 then
+      lock.value = lock.value + 1
+      dispatch(w, lock)
+    end
+  else
+    lock.value = lock.value + rel.weight
+    dispatch(w, lock)
+  end
+end
+
+-- An error leaves actor `a` (ctx: "sync" while the runner starts it, "runner"
+-- while the runner resumes it, "deliver" while the module resumes it).
+local function error_out(w, a, label, ctx)
+  a.state = "done"
+  if a.method == "runex" and a.plan == "raise_unprot" then
+    if ctx == "deliver" then
+      emit(w, "handler " .. label)
+    else
+      emit(w, ("died %d %s"):format(a.id, label))
+    end
+  else
+    emit(w, ("err %d %s"):format(a.id, label))
+  end
+end
+
+-- The actor's script after its lock operation succeeded with value v.
+local function after_grant(w, a, v, ctx)
+  local lock = w.locks[a.lock]
+  if a.method == "acquire" or a.method == "tbc" then
+    a.rel_visible = true
+    emit(w, ("got %d %s"):format(a.id, value_text(lock, v)))
+    a.state = "holding"
+    return
+  end
+  -- runExclusive
+  emit(w, ("enter %d %s"):format(a.id, value_text(lock, v)))
+  if a.plan == "return" then
+    release_rel(w, a.rel)
+    a.state = "done"
+    emit(w, ("done %d"):format(a.id))
+  elseif a.plan == "raise" or a.plan == "raise_unprot" then
+    release_rel(w, a.rel)
+    error_out(w, a, "raise#" .. a.id, ctx)
+  else                                -- "hold": the body waits for the runner
+    a.state = "holding"
+  end
+end
+
+-- Resumes the settlement s (a loop turn).
+local function deliver(w, s)
+  local a = s.actor
+  if a.state ~= "ready" then
+    violation(w, ("delivering to actor %d in state %s"):format(a.id, a.state))
+    return
+  end
+  if s.kind == "grant" then
+    after_grant(w, a, s.value, "deliver")
+  elseif s.kind == "unlocked" then
+    a.state = "done"
+    emit(w, ("unlocked %d"):format(a.id))
+  else
+    error_out(w, a, s.label, "deliver")
+  end
+end
+
+local function new_entry(w, a, now, timeout_ms, timeout_label)
+  local e = { actor = a, weight = a.w, prio = a.p }
+  if timeout_ms then
+    w.tseq = w.tseq + 1
+    e.due = now + timeout_ms
+    e.tseq = w.tseq
+    e.timeout_label = timeout_label
+  end
+  a.entry = e
+  return e
+end
+
+--- Starts actor `op` (op.op == "spawn") at loop time `now`.
+-- op: id, lock, method ("acquire"|"tbc"|"runex"|"wait"), w, p,
+-- plan (runex: "return"|"raise"|"raise_unprot"|"hold"),
+-- deco (nil | {kind = "t", ms = n, err = label|nil} | {kind = "try", err = label|nil}).
+function World:spawn(op, now)
+  local lock = self.locks[op.lock]
+  local a = {
+    id = op.id, lock = op.lock, method = op.method,
+    w = lock.kind == "mutex" and 1 or op.w, p = op.p,
+    plan = op.plan, deco = op.deco, state = "new",
+  }
+  if self.actors[a.id] then
+    violation(self, "duplicate actor id " .. a.id)
+    return
+  end
+  self.actors[a.id] = a
+  self.order[#self.order + 1] = a.id
+  local deco = op.deco
+  local timeout_ms, timeout_label
+  if deco and deco.kind == "t" then
+    timeout_ms, timeout_label = deco.ms, deco.err or "E_TIMEOUT"
+  end
+  if a.method == "wait" then
+    if can_lock_now(lock, a.w, a.p) then
+      a.state = "done"
+      emit(self, ("unlocked %d"):format(a.id))
+    elseif deco and deco.kind == "try" then           -- P2
+      error_out(self, a, deco.err or "E_ALREADY_LOCKED", "sync")
+    else
+      local e = new_entry(self, a, now, timeout_ms, timeout_label)
+      e.kind = "wait"
+      lock.waiters[a.w] = lock.waiters[a.w] or {}
+      insert_by_priority(lock.waiters[a.w], e)
+      a.state = "waiting"
+    end
+    return
+  end
+  if can_lock_now(lock, a.w, a.p) then                -- fast path, no yield
+    local prev = grant(self, lock, a)
+    after_grant(self, a, prev, "sync")
+  elseif deco and deco.kind == "try" then             -- P2: nothing queued
+    error_out(self, a, deco.err or "E_ALREADY_LOCKED", "sync")
+  else
+    local e = new_entry(self, a, now, timeout_ms, timeout_label)
+    e.kind = "acq"
+    insert_by_priority(lock.queue, e)
+    a.state = "queued"
+  end
+end
+
+--- Runner resumes holding actor `id` to leave normally.
+function World:finish(id)
+  local a = self.actors[id]
+  if a.method == "tbc" or a.method == "runex" then release_rel(self, a.rel) end
+  a.state = "done"
+  if a.method == "runex" then
+    emit(self, ("done %d"):format(id))
+  else
+    emit(self, ("end %d"):format(id))
+  end
+end
+
+--- Runner resumes holding actor `id` (tbc or runex) to raise raise#id.
+function World:raise(id)
+  local a = self.actors[id]
+  release_rel(self, a.rel)
+  local label = "raise#" .. id
+  if a.method == "tbc" then
+    a.state = "done"
+    emit(self, ("end %d %s"):format(id, label))
+  else
+    error_out(self, a, label, "runner")
+  end
+end
+
+--- coroutine.close of actor `id` (queued, waiting, ready or holding).
+function World:close(id)
+  local a = self.actors[id]
+  local lock = self.locks[a.lock]
+  if a.state == "queued" then
+    remove_from(lock.queue, a.entry)
+    a.entry = nil
+    a.state = "closed"
+    dispatch(self, lock)                  -- the lock passes on at once
+  elseif a.state == "waiting" then
+    remove_from(lock.waiters[a.w], a.entry)
+    if #lock.waiters[a.w] == 0 then lock.waiters[a.w] = nil end
+    a.entry = nil
+    a.state = "closed"
+  elseif a.state == "ready" then
+    local s
+    for i = 1, #self.fifo do
+      if self.fifo[i].actor == a then s = table.remove(self.fifo, i) break end
+    end
+    a.state = "closed"
+    if s and s.kind == "grant" then
+      release_rel(self, a.rel)            -- never resumed: give the grant back
+    end
+  elseif a.state == "holding" then
+    a.state = "closed"
+    if a.method == "tbc" or (a.method == "runex" and self.close_runex_releases) then
+      release_rel(self, a.rel)
+    end
+  end
+end
+
+--- The runner calls the releaser that actor `id` received.
+function World:call_rel(id)
+  release_rel(self, self.actors[id].rel)
+end
+
+--- Unscoped release: m:release() (no-op while unlocked, P3) / s:release(w).
+function World:unscoped(li, weight)
+  local lock = self.locks[li]
+  if lock.kind == "mutex" then
+    if lock.value <= 0 then
+      lock.value = lock.value + 1
+      dispatch(self, lock)
+    end
+  else
+    lock.value = lock.value + weight
+    dispatch(self, lock)
+  end
+end
+
+function World:set_value(li, v)
+  local lock = self.locks[li]
+  lock.value = v
+  dispatch(self, lock)
+end
+
+--- cancel(): rejects every queued acquirer in queue order, then (P4)
+-- re-evaluates the waitForUnlock waiters against the now empty queue.
+function World:cancel(li)
+  local lock = self.locks[li]
+  local queue = lock.queue
+  lock.queue = {}
+  for _, e in ipairs(queue) do
+    settle(self, e.actor, "err", nil, lock.cancel)
+  end
+  drain(self, lock)
+end
+
+--- One loop turn whose timers ran at loop time T: expired requests are
+-- removed in libuv order (due time, then creation) and the queue re-dispatched
+-- (P1); then the module resumes the settlements in FIFO order.
+function World:turn(T)
+  local due = {}
+  for _, lock in ipairs(self.locks) do
+    for _, e in ipairs(lock.queue) do
+      if e.due and e.due <= T then due[#due + 1] = e end
+    end
+    for _, list in pairs(lock.waiters) do
+      for _, e in ipairs(list) do
+        if e.due and e.due <= T then due[#due + 1] = e end
+      end
+    end
+  end
+  table.sort(due, function(x, y)
+    if x.due ~= y.due then return x.due < y.due end
+    return x.tseq < y.tseq
+  end)
+  for _, e in ipairs(due) do
+    local a = e.actor
+    if a.entry == e then                   -- still waiting (not granted meanwhile)
+      local lock = self.locks[a.lock]
+      if e.kind == "acq" then
+        remove_from(lock.queue, e)
+        settle(self, a, "err", nil, e.timeout_label)
+        dispatch(self, lock)
+      else
+        remove_from(lock.waiters[a.w], e)
+        if #lock.waiters[a.w] == 0 then lock.waiters[a.w] = nil end
+        settle(self, a, "err", nil, e.timeout_label)
+      end
+    end
+  end
+  if self.drain == "all" then
+    while #self.fifo > 0 do
+      deliver(self, table.remove(self.fifo, 1))
+    end
+  else
+    local batch = self.fifo
+    self.fifo = {}
+    for _, s in ipairs(batch) do deliver(self, s) end
+  end
+end
+
+--- Whether op applies in the current state (ops whose target is in the
+-- wrong state are skipped, identically in the model and the real run).
+function World:applicable(op)
+  local k = op.op
+  if k == "spawn" then
+    return self.locks[op.lock] ~= nil and self.actors[op.id] == nil
+  elseif k == "finish" then
+    local a = self.actors[op.id]
+    return a ~= nil and a.state == "holding"
+  elseif k == "raise" then
+    local a = self.actors[op.id]
+    return a ~= nil and a.state == "holding" and (a.method == "tbc" or a.method == "runex")
+  elseif k == "close" then
+    local a = self.actors[op.id]
+    if not a then return false end
+    local s = a.state
+    return s == "queued" or s == "waiting" or s == "ready" or s == "holding"
+  elseif k == "call_rel" then
+    local a = self.actors[op.id]
+    return a ~= nil and a.rel_visible == true
+  elseif k == "unscoped" or k == "cancel" then
+    return self.locks[op.lock] ~= nil
+  elseif k == "setValue" then
+    local lock = self.locks[op.lock]
+    return lock ~= nil and lock.kind == "sema"
+  end
+  return true                             -- gc, turn
+end
+
+--- Applies op (assumed applicable); `now` is the loop time (spawn, turn).
+function World:apply(op, now)
+  local k = op.op
+  if k == "spawn" then self:spawn(op, now)
+  elseif k == "finish" then self:finish(op.id)
+  elseif k == "raise" then self:raise(op.id)
+  elseif k == "close" then self:close(op.id)
+  elseif k == "call_rel" then self:call_rel(op.id)
+  elseif k == "unscoped" then self:unscoped(op.lock, op.w or 1)
+  elseif k == "setValue" then self:set_value(op.lock, op.v)
+  elseif k == "cancel" then self:cancel(op.lock)
+  elseif k == "turn" then self:turn(now)
+  end
+  for _, lock in ipairs(self.locks) do check_mutex(self, lock) end
+end
+
+--- Number of coroutines the module holds: queued, waiting or ready.
+function World:pending()
+  local n = #self.fifo
+  for _, lock in ipairs(self.locks) do
+    n = n + #lock.queue
+    for _, list in pairs(lock.waiters) do n = n + #list end
+  end
+  return n
+end
+
+--- True when some actor has not ended.
+function World:busy()
+  for _, id in ipairs(self.order) do
+    local s = self.actors[id].state
+    if s ~= "done" and s ~= "closed" then return true end
+  end
+  return false
+end
+
+--- The ops of one clean-up round: finish holders, call every releaser not
+-- yet called, raise semaphores, free mutexes, one loop turn.  (No cancel, so
+-- that a run can leave cancel out entirely.)
+function World:cleanup_ops()
+  local ops = {}
+  for _, id in ipairs(self.order) do
+    local a = self.actors[id]
+    if a.state == "holding" then ops[#ops + 1] = { op = "finish", id = id } end
+  end
+  for _, id in ipairs(self.order) do
+    local a = self.actors[id]
+    if a.rel_visible and not a.rel.called then ops[#ops + 1] = { op = "call_rel", id = id } end
+  end
+  for i, lock in ipairs(self.locks) do
+    if lock.kind == "sema" then
+      ops[#ops + 1] = { op = "setValue", lock = i, v = 1000 }
+    else
+      ops[#ops + 1] = { op = "unscoped", lock = i }
+    end
+  end
+  ops[#ops + 1] = { op = "turn", sleep = 0 }
+  return ops
+end
+
+return model
