@@ -87,7 +87,7 @@ gcstress: deps
 	AM_GC_STRESS=1 $(RUNENV) $(LUA) $(BUSTED)
 
 clean:
-	rm -rf build
+	rm -rf build async_mutex src/*.o
 
 # Benchmarks (issue 5), never part of `make test`: one table comparing us with
 # async-mutex on Node, a pure-Lua mutex and the floor (see bench/run.lua).

@@ -44,6 +44,7 @@ build = {
       sources = {
         "src/core.c",
         "src/heap.c",
+        "src/keyed.c",
         "src/lock.c",
         "src/locks.c",
         "src/request.c",

@@ -220,7 +220,7 @@ describe("bad arguments to withTimeout", function()
 
   it("reject something that is not a lock with the exact message", function()
     assert.equal("bad argument #1 to 'withTimeout' "
-      .. "(async_mutex.Mutex or async_mutex.Semaphore expected, got table)",
+      .. "(async_mutex lock expected, got table)",
       E(function() am.withTimeout({}, 10) end))
     for _, f in ipairs {
       function() am.withTimeout(nil, 10) end,
@@ -228,7 +228,7 @@ describe("bad arguments to withTimeout", function()
       function() am.withTimeout(io.stdout, 10) end,
     } do
       local msg = E(f)
-      assert.is_truthy(msg:find("bad argument #1 to 'withTimeout' (async_mutex.Mutex or async_mutex.Semaphore expected", 1, true), msg)
+      assert.is_truthy(msg:find("bad argument #1 to 'withTimeout' (async_mutex lock expected", 1, true), msg)
     end
   end)
 
@@ -249,7 +249,7 @@ end)
 describe("bad arguments to tryAcquire", function()
   it("reject something that is not a lock with the exact message", function()
     assert.equal("bad argument #1 to 'tryAcquire' "
-      .. "(async_mutex.Mutex or async_mutex.Semaphore expected, got table)",
+      .. "(async_mutex lock expected, got table)",
       E(function() am.tryAcquire({}) end))
     local msg = E(function() am.tryAcquire() end)
     assert.is_truthy(msg:find("bad argument #1 to 'tryAcquire'", 1, true), msg)

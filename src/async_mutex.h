@@ -19,11 +19,14 @@
 #define AM_RELEASER   "async_mutex.Releaser"
 #define AM_WAITER     "async_mutex.Waiter"
 #define AM_STATE      "async_mutex.State"
+#define AM_KEYED_MUTEX      "async_mutex.KeyedMutex"
+#define AM_KEYED_SEMAPHORE  "async_mutex.KeyedSemaphore"
 
 /* async-mutex's exact messages; they are also the error values. */
 #define AM_E_TIMEOUT  "timeout while waiting for mutex to become available"
 #define AM_E_ALREADY_LOCKED  "mutex already locked"
 #define AM_E_CANCELED "request for lock canceled"
+#define AM_E_MAX_PENDING  "too many pending requests for this key"
 
 #define AM_NOPOS      UINT32_MAX
 
@@ -31,13 +34,15 @@
 ** Upvalues shared by every C function of the module, so the hot paths
 ** check and set metatables without a registry lookup by name.
 */
-enum { UV_STATE = 1, UV_MUTEX, UV_SEMAPHORE, UV_RELEASER, UV_WAITER };
-#define UV_COUNT  UV_WAITER
+enum { UV_STATE = 1, UV_MUTEX, UV_SEMAPHORE, UV_RELEASER, UV_WAITER,
+       UV_KEYED_MUTEX, UV_KEYED_SEMAPHORE };
+#define UV_COUNT  UV_KEYED_SEMAPHORE
 #define am_pushupvalue(L,uv)  lua_pushvalue(L, lua_upvalueindex(uv))
 
 typedef struct Waiter Waiter;
 typedef struct Lock Lock;
 typedef struct State State;
+typedef struct Keyed Keyed;
 
 /*
 ** Binary heap of waiters.  'timer' selects the ordering and which index
@@ -88,8 +93,20 @@ struct Waiter {
   int ref;                    /* registry reference to the coroutine */
   int top;                    /* stack top of the coroutine when it yielded */
   unsigned char kind, state, outcome;
+  unsigned char lockidx;      /* stack index of the lock in the waiting frame */
   unsigned char erridx;       /* stack index of the timeout error, or 0 */
 };
+
+/* A request being made: what, on which lock (a stack index), how long. */
+typedef struct Request {
+  int kind;                   /* W_ACQUIRE or W_UNLOCK */
+  int lockidx;
+  int mode;                   /* AM_WAIT, AM_TIMEOUT or AM_TRY */
+  lua_Number ms;              /* AM_TIMEOUT: how long */
+  int erridx;                 /* raised on timeout or refusal */
+  lua_Integer weight;
+  lua_Number priority;
+} Request;
 
 /* waitForUnlock waiters that asked for one weight. */
 typedef struct WeightWaiters {
@@ -108,6 +125,21 @@ struct Lock {
   WeightWaiters *unlock;      /* sorted by weight, ascending */
   size_t nweights, capweights;
   size_t nunlock;             /* waitForUnlock waiters in all heaps */
+  int is_mutex;
+  Keyed *keyed;               /* the keyed set serving this lock, or NULL */
+  int selfref;                /* keyed: registry ref while in the set */
+};
+
+/*
+** A set of locks by key (keyed.c), each created on demand and dropped as
+** soon as it is idle.  User values: 1 the map key -> lock, 2 the cancel
+** error, 3 the error for a request beyond 'max_pending'.
+*/
+struct Keyed {
+  State *st;
+  lua_Integer value;          /* a new key's value (1 for mutexes) */
+  lua_Integer max_pending;    /* queued acquirers allowed per key; 0: any */
+  lua_Integer nkeys;          /* keys with a lock in the map */
   int is_mutex;
 };
 
@@ -156,6 +188,7 @@ void am_release (lua_State *L, Lock *lk, lua_Integer weight);
 void am_cancel (lua_State *L, Lock *lk);
 void am_expire (lua_State *L, Waiter *w);
 void am_abandon (lua_State *L, Waiter *w);
+void am_settle (lua_State *L, Lock *lk);
 void am_lock_free (Lock *lk);
 
 /* request.c */
@@ -163,12 +196,28 @@ int am_argerror (lua_State *L, int idx, int base, const char *fname,
                  const char *msg);
 lua_Integer am_optweight (lua_State *L, int idx, int base,
                           const char *fname);
-int am_request (lua_State *L, int kind, int first, int base,
-                const char *fname, int mode, lua_Number ms, int erridx);
+void am_parse_request (lua_State *L, Request *rq, int is_mutex, int first,
+                       int base, const char *fname);
+void am_check_yieldable (lua_State *L, const Request *rq, int is_mutex);
+int am_request (lua_State *L, const Request *rq);
+int am_lock_request (lua_State *L, int kind, int first, int base,
+                     const char *fname, int mode, lua_Number ms, int erridx);
 extern const luaL_Reg am_releaser_metamethods[];
 extern const luaL_Reg am_waiter_metamethods[];
 
+/* keyed.c */
+extern const luaL_Reg am_keyed_mutex_methods[];
+extern const luaL_Reg am_keyed_semaphore_methods[];
+extern const luaL_Reg am_keyed_metamethods[];
+extern const luaL_Reg am_keyed_mutex_class[];
+extern const luaL_Reg am_keyed_semaphore_class[];
+Keyed *am_tokeyed (lua_State *L, int idx);
+int am_keyed_request (lua_State *L, int kind, int first, int base,
+                      const char *fname, int mode, lua_Number ms,
+                      int erridx);
+
 /* locks.c */
+void am_init_lock (Lock *lk, State *st, lua_Integer value, int is_mutex);
 extern const luaL_Reg am_mutex_methods[];
 extern const luaL_Reg am_semaphore_methods[];
 extern const luaL_Reg am_lock_metamethods[];

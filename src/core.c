@@ -26,7 +26,8 @@
 static int limited (lua_State *L, int kind, const char *fname) {
   int mode = AM_TRY;
   lua_Number ms = 0;
-  luaL_argexpected(L, am_tolock(L, 1) != NULL, 1, "lock");
+  int keyed = am_tokeyed(L, 1) != NULL;
+  luaL_argexpected(L, keyed || am_tolock(L, 1) != NULL, 1, "lock");
   if (lua_type(L, 2) == LUA_TNUMBER) {
     ms = lua_tonumber(L, 2);
     luaL_argcheck(L, ms >= 0, 2, "timeout must be a non-negative number");
@@ -35,7 +36,8 @@ static int limited (lua_State *L, int kind, const char *fname) {
   else
     luaL_argexpected(L, lua_toboolean(L, 2) == 0, 2, "number or false");
   lua_settop(L, lua_gettop(L) < 3 ? 3 : lua_gettop(L));
-  return am_request(L, kind, 4, 3, fname, mode, ms, 3);
+  if (keyed) return am_keyed_request(L, kind, 4, 3, fname, mode, ms, 3);
+  return am_lock_request(L, kind, 4, 3, fname, mode, ms, 3);
 }
 
 
@@ -49,11 +51,14 @@ static int core_waitForUnlock (lua_State *L) {
 }
 
 
-/* core.kind(v): "Mutex", "Semaphore" or nil. */
+/* core.kind(v): "Mutex", "Semaphore", "KeyedMutex", "KeyedSemaphore" or nil. */
 static int core_kind (lua_State *L) {
   Lock *lk = am_tolock(L, 1);
-  if (lk == NULL) lua_pushnil(L);
-  else lua_pushstring(L, lk->is_mutex ? "Mutex" : "Semaphore");
+  Keyed *kd = am_tokeyed(L, 1);
+  if (lk != NULL) lua_pushstring(L, lk->is_mutex ? "Mutex" : "Semaphore");
+  else if (kd != NULL)
+    lua_pushstring(L, kd->is_mutex ? "KeyedMutex" : "KeyedSemaphore");
+  else lua_pushnil(L);
   return 1;
 }
 
@@ -115,8 +120,9 @@ static void setfuncs (lua_State *L, int idx, const luaL_Reg *l) {
 ** Metatables are shared by every copy of the module in this lua_State.
 */
 static void open_type (lua_State *L, int mt, const char *name,
-                       const luaL_Reg *methods, const luaL_Reg *class) {
-  setfuncs(L, mt, am_lock_metamethods);
+                       const luaL_Reg *metamethods, const luaL_Reg *methods,
+                       const luaL_Reg *class) {
+  setfuncs(L, mt, metamethods);
   if (lua_getfield(L, mt, "__index") != LUA_TTABLE) {
     lua_pop(L, 1);
     lua_newtable(L);
@@ -140,18 +146,27 @@ LUAMOD_API int luaopen_async_mutex_core (lua_State *L) {
   luaL_newmetatable(L, AM_SEMAPHORE);       /* 3 */
   luaL_newmetatable(L, AM_RELEASER);        /* 4 */
   luaL_newmetatable(L, AM_WAITER);          /* 5 */
+  luaL_newmetatable(L, AM_KEYED_MUTEX);     /* 6 */
+  luaL_newmetatable(L, AM_KEYED_SEMAPHORE); /* 7 */
   setfuncs(L, UV_RELEASER, am_releaser_metamethods);
   setfuncs(L, UV_WAITER, am_waiter_metamethods);
-  lua_newtable(L);                          /* 6: the module */
-  setfuncs(L, 6, core_funcs);
-  open_type(L, UV_MUTEX, "Mutex", am_mutex_methods, am_mutex_class);
-  open_type(L, UV_SEMAPHORE, "Semaphore", am_semaphore_methods,
-            am_semaphore_class);
+  lua_newtable(L);                          /* 8: the module */
+  setfuncs(L, 8, core_funcs);
+  open_type(L, UV_MUTEX, "Mutex", am_lock_metamethods, am_mutex_methods,
+            am_mutex_class);
+  open_type(L, UV_SEMAPHORE, "Semaphore", am_lock_metamethods,
+            am_semaphore_methods, am_semaphore_class);
+  open_type(L, UV_KEYED_MUTEX, "KeyedMutex", am_keyed_metamethods,
+            am_keyed_mutex_methods, am_keyed_mutex_class);
+  open_type(L, UV_KEYED_SEMAPHORE, "KeyedSemaphore", am_keyed_metamethods,
+            am_keyed_semaphore_methods, am_keyed_semaphore_class);
   lua_pushliteral(L, AM_E_TIMEOUT);
   lua_setfield(L, -2, "E_TIMEOUT");
   lua_pushliteral(L, AM_E_ALREADY_LOCKED);
   lua_setfield(L, -2, "E_ALREADY_LOCKED");
   lua_pushliteral(L, AM_E_CANCELED);
   lua_setfield(L, -2, "E_CANCELED");
+  lua_pushliteral(L, AM_E_MAX_PENDING);
+  lua_setfield(L, -2, "E_MAX_PENDING");
   return 1;
 }

@@ -156,6 +156,7 @@ void am_dispatch (lua_State *L, Lock *lk) {
     grant(L, lk, head);
     drain_unlock(L, lk);
   }
+  am_settle(L, lk);
 }
 
 
@@ -178,6 +179,7 @@ void am_cancel (lua_State *L, Lock *lk) {
     am_ready(L, lk->st, w, O_CANCELED);
   }
   drain_unlock(L, lk);
+  am_settle(L, lk);
 }
 
 
@@ -190,6 +192,7 @@ void am_expire (lua_State *L, Waiter *w) {
   am_dequeue(L, lk, w);
   am_ready(L, lk->st, w, O_TIMEOUT);
   if (w->kind == W_ACQUIRE) am_dispatch(L, lk);
+  else am_settle(L, lk);
 }
 
 
@@ -207,6 +210,7 @@ void am_abandon (lua_State *L, Waiter *w) {
       w->state = S_DONE;
       am_unanchor(L, w);
       if (w->kind == W_ACQUIRE) am_dispatch(L, lk);
+      else am_settle(L, lk);
       break;
     case S_READY:
       am_ready_unlink(lk->st, w);
@@ -231,4 +235,27 @@ void am_lock_free (Lock *lk) {
   free(lk->unlock);
   lk->unlock = NULL;
   lk->nweights = lk->capweights = 0;
+}
+
+
+/*
+** Called after anything that may leave a keyed lock idle (released,
+** emptied of waiters): an idle lock leaves its keyed set at once, so the
+** set holds only the keys in use.  A later request for its key gets a new
+** lock; the old one can only be reached by its spent releasers.
+*/
+void am_settle (lua_State *L, Lock *lk) {
+  if (lk->keyed == NULL || lk->selfref == LUA_NOREF
+      || lk->value != lk->keyed->value || lk->queue.n > 0 || lk->nunlock > 0)
+    return;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, lk->selfref);    /* lock */
+  lua_getiuservalue(L, -1, 3);                       /* lock keyed */
+  lua_getiuservalue(L, -1, 1);                       /* lock keyed map */
+  lua_getiuservalue(L, -3, 2);                       /* ... map key */
+  lua_pushnil(L);
+  lua_rawset(L, -3);                                 /* map[key] = nil */
+  lua_pop(L, 3);
+  luaL_unref(L, LUA_REGISTRYINDEX, lk->selfref);
+  lk->selfref = LUA_NOREF;
+  lk->keyed->nkeys--;
 }

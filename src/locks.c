@@ -47,15 +47,23 @@ Lock *am_tolock (lua_State *L, int idx) {
 ** Pushes a new lock.
 ** The cancel error (default E_CANCELED) is user value 1.
 */
-static void newlock (lua_State *L, int is_mutex, lua_Integer value,
-                     int erridx) {
-  Lock *lk = (Lock *)lua_newuserdatauv(L, sizeof(Lock), 1);
-  lk->st = (State *)lua_touserdata(L, lua_upvalueindex(UV_STATE));
+void am_init_lock (Lock *lk, State *st, lua_Integer value, int is_mutex) {
+  lk->st = st;
   lk->value = value;
   am_heap_init(&lk->queue, 0);
   lk->unlock = NULL;
   lk->nweights = lk->capweights = lk->nunlock = 0;
   lk->is_mutex = is_mutex;
+  lk->keyed = NULL;
+  lk->selfref = LUA_NOREF;
+}
+
+
+static void newlock (lua_State *L, int is_mutex, lua_Integer value,
+                     int erridx) {
+  Lock *lk = (Lock *)lua_newuserdatauv(L, sizeof(Lock), 1);
+  am_init_lock(lk, (State *)lua_touserdata(L, lua_upvalueindex(UV_STATE)),
+               value, is_mutex);
   am_pushupvalue(L, is_mutex ? UV_MUTEX : UV_SEMAPHORE);
   lua_setmetatable(L, -2);
   if (lua_isnoneornil(L, erridx)) lua_pushliteral(L, AM_E_CANCELED);
@@ -83,13 +91,13 @@ static int sem_new (lua_State *L) {
 
 static int mutex_acquire (lua_State *L) {
   checkmutex(L);
-  return am_request(L, W_ACQUIRE, 2, 1, "acquire", AM_WAIT, 0, 0);
+  return am_lock_request(L, W_ACQUIRE, 2, 1, "acquire", AM_WAIT, 0, 0);
 }
 
 
 static int mutex_waitForUnlock (lua_State *L) {
   checkmutex(L);
-  return am_request(L, W_UNLOCK, 2, 1, "waitForUnlock", AM_WAIT, 0, 0);
+  return am_lock_request(L, W_UNLOCK, 2, 1, "waitForUnlock", AM_WAIT, 0, 0);
 }
 
 
@@ -118,13 +126,13 @@ static int mutex_cancel (lua_State *L) {
 
 static int sem_acquire (lua_State *L) {
   checksem(L);
-  return am_request(L, W_ACQUIRE, 2, 1, "acquire", AM_WAIT, 0, 0);
+  return am_lock_request(L, W_ACQUIRE, 2, 1, "acquire", AM_WAIT, 0, 0);
 }
 
 
 static int sem_waitForUnlock (lua_State *L) {
   checksem(L);
-  return am_request(L, W_UNLOCK, 2, 1, "waitForUnlock", AM_WAIT, 0, 0);
+  return am_lock_request(L, W_UNLOCK, 2, 1, "waitForUnlock", AM_WAIT, 0, 0);
 }
 
 

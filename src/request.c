@@ -71,17 +71,18 @@ typedef struct Releaser {
 
 
 /*
-** Pushes a releaser for 'weight' of the lock at stack index 1.  It keeps
-** the lock alive (user value 1) for as long as it exists.
+** Pushes a releaser for 'weight' of the lock at stack index 'lockidx'.
+** It keeps the lock alive (user value 1) for as long as it exists.
 */
-static void push_releaser (lua_State *L, Lock *lk, lua_Integer weight) {
+static void push_releaser (lua_State *L, int lockidx, Lock *lk,
+                           lua_Integer weight) {
   Releaser *r = (Releaser *)lua_newuserdatauv(L, sizeof(Releaser), 1);
   r->lock = lk;
   r->weight = weight;
   r->done = 0;
   am_pushupvalue(L, UV_RELEASER);
   lua_setmetatable(L, -2);
-  lua_pushvalue(L, 1);
+  lua_pushvalue(L, lockidx);
   lua_setiuservalue(L, -2, 1);
 }
 
@@ -115,14 +116,14 @@ static int releaser__tostring (lua_State *L) {
 
 
 /* Pushes what a granted acquire returns; returns how many values. */
-static int push_grant (lua_State *L, Lock *lk, lua_Integer weight,
-                       lua_Integer value) {
+static int push_grant (lua_State *L, int lockidx, Lock *lk,
+                       lua_Integer weight, lua_Integer value) {
   if (lk->is_mutex) {
-    push_releaser(L, lk, 1);
+    push_releaser(L, lockidx, lk, 1);
     return 1;
   }
   lua_pushinteger(L, value);
-  push_releaser(L, lk, weight);
+  push_releaser(L, lockidx, lk, weight);
   return 2;
 }
 
@@ -144,12 +145,12 @@ static int finish_request (lua_State *L, int status, lua_KContext ctx) {
   switch (w->outcome) {
     case O_GRANTED:
       if (w->kind == W_UNLOCK) return 0;
-      return push_grant(L, w->lock, w->weight, w->u.value);
+      return push_grant(L, w->lockidx, w->lock, w->weight, w->u.value);
     case O_TIMEOUT:
       lua_pushvalue(L, w->erridx);
       return lua_error(L);
     default:
-      lua_getiuservalue(L, 1, 1);           /* the lock's cancel error */
+      lua_getiuservalue(L, w->lockidx, 1);  /* the lock's cancel error */
       return lua_error(L);
   }
 }
@@ -162,42 +163,56 @@ static int waiter__close (lua_State *L) {
 
 
 /*
-** acquire / waitForUnlock for the lock at index 1, whose user arguments
-** start at 'first'.  'mode' is AM_WAIT (no limit), AM_TIMEOUT ('ms') or
-** AM_TRY; 'erridx' holds the timeout / already-locked error.
+** Reads the user's weight (semaphores) and priority, starting at stack
+** index 'first'; 'base' and 'fname' shape the argument errors.
 */
-int am_request (lua_State *L, int kind, int first, int base,
-                const char *fname, int mode, lua_Number ms, int erridx) {
-  Lock *lk = (Lock *)lua_touserdata(L, 1);
-  lua_Integer weight = lk->is_mutex ? 1 : am_optweight(L, first, base, fname);
-  lua_Number priority = optpriority(L, lk->is_mutex ? first : first + 1,
-                                    base, fname);
+void am_parse_request (lua_State *L, Request *rq, int is_mutex, int first,
+                       int base, const char *fname) {
+  rq->weight = is_mutex ? 1 : am_optweight(L, first, base, fname);
+  rq->priority = optpriority(L, is_mutex ? first : first + 1, base, fname);
+}
+
+
+/* Requests that may wait need a coroutine that can yield (SEMANTICS 2.3). */
+void am_check_yieldable (lua_State *L, const Request *rq, int is_mutex) {
+  if (rq->mode != AM_TRY && !lua_isyieldable(L))
+    luaL_error(L, "attempt to %s %s outside a coroutine",
+               rq->kind == W_ACQUIRE ? "acquire" : "wait for",
+               is_mutex ? "a mutex" : "a semaphore");
+}
+
+
+/*
+** acquire / waitForUnlock of the lock at 'rq->lockidx', once the arguments
+** are checked: grant now, refuse now (tryAcquire), or suspend the calling
+** coroutine until the scheduler resumes it with an outcome.
+*/
+int am_request (lua_State *L, const Request *rq) {
+  Lock *lk = (Lock *)lua_touserdata(L, rq->lockidx);
   Waiter *w;
-  if (mode != AM_TRY && !lua_isyieldable(L))
-    return luaL_error(L, "attempt to %s %s outside a coroutine",
-                      kind == W_ACQUIRE ? "acquire" : "wait for",
-                      lk->is_mutex ? "a mutex" : "a semaphore");
-  if (am_can_lock_now(lk, weight, priority)) {    /* fast path */
+  if (am_can_lock_now(lk, rq->weight, rq->priority)) {    /* fast path */
     lua_Integer value = lk->value;
-    if (kind == W_UNLOCK) return 0;
-    lk->value -= weight;
-    return push_grant(L, lk, weight, value);
+    if (rq->kind == W_UNLOCK) return 0;
+    lk->value -= rq->weight;
+    return push_grant(L, rq->lockidx, lk, rq->weight, value);
   }
-  if (mode == AM_TRY) {
-    lua_pushvalue(L, erridx);
+  if (rq->mode == AM_TRY) {
+    am_settle(L, lk);             /* a keyed lock made for this try */
+    lua_pushvalue(L, rq->erridx);
     return lua_error(L);
   }
   w = (Waiter *)lua_newuserdatauv(L, sizeof(Waiter), 0);
   w->lock = lk;
-  w->weight = weight;
+  w->weight = rq->weight;
   w->u.value = 0;
-  w->priority = priority;
+  w->priority = rq->priority;
   w->seq = 0;
   w->qpos = w->tpos = AM_NOPOS;
   w->ref = LUA_NOREF;
   w->top = 0;
-  w->erridx = (unsigned char)erridx;
-  w->kind = (unsigned char)kind;
+  w->lockidx = (unsigned char)rq->lockidx;
+  w->erridx = (unsigned char)rq->erridx;
+  w->kind = (unsigned char)rq->kind;
   w->state = S_DONE;
   w->outcome = O_GRANTED;
   am_pushupvalue(L, UV_WAITER);
@@ -206,9 +221,29 @@ int am_request (lua_State *L, int kind, int first, int base,
   am_ready_reserve(L, lk->st);
   am_enqueue(L, lk, w);          /* now QUEUED */
   am_anchor(L, w);
-  if (mode == AM_TIMEOUT) am_timer_add(L, lk->st, w, ms);
+  if (rq->mode == AM_TIMEOUT) am_timer_add(L, lk->st, w, rq->ms);
   w->top = lua_gettop(L);
   return lua_yieldk(L, 0, (lua_KContext)w, finish_request);
+}
+
+
+/*
+** The common case: the lock at index 1, user arguments from index
+** 'first', numbered after 'base'; 'erridx' holds the limit's error.
+*/
+int am_lock_request (lua_State *L, int kind, int first, int base,
+                     const char *fname, int mode, lua_Number ms,
+                     int erridx) {
+  Lock *lk = (Lock *)lua_touserdata(L, 1);
+  Request rq;
+  rq.kind = kind;
+  rq.lockidx = 1;
+  rq.mode = mode;
+  rq.ms = ms;
+  rq.erridx = erridx;
+  am_parse_request(L, &rq, lk->is_mutex, first, base, fname);
+  am_check_yieldable(L, &rq, lk->is_mutex);
+  return am_request(L, &rq);
 }
 
 

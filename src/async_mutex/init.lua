@@ -1,28 +1,40 @@
 --- async_mutex: async-mutex's Mutex and Semaphore for Lua coroutines on luv.
 -- The C core (async_mutex.core) owns the queues and the scheduling; this
--- layer composes its calls into runExclusive, withTimeout and tryAcquire.
+-- layer composes its calls into runExclusive, withTimeout, tryAcquire and
+-- the multi-key requests of keyed locks.
 
 local core = require "async_mutex.core"
+local uv = require "luv"
 
-local error, getmetatable, pcall, setmetatable, type =
-  error, getmetatable, pcall, setmetatable, type
-local ipairs, pairs, rawget = ipairs, pairs, rawget
+local error, getmetatable, ipairs, pcall, rawget, setmetatable, type =
+  error, getmetatable, ipairs, pcall, rawget, setmetatable, type
+local huge, max, sort = math.huge, math.max, table.sort
+local now = uv.now
 
-local kind = core.kind
+local kind_of = core.kind
 local limited_acquire, limited_wait = core.acquire, core.waitForUnlock
 
 local M = {
   E_TIMEOUT = core.E_TIMEOUT,
   E_ALREADY_LOCKED = core.E_ALREADY_LOCKED,
   E_CANCELED = core.E_CANCELED,
+  E_MAX_PENDING = core.E_MAX_PENDING,
   setErrorHandler = core.setErrorHandler,
   pending = core.pending,
 }
+
+local KINDS = { "Mutex", "Semaphore", "KeyedMutex", "KeyedSemaphore" }
+local is_keyed = { KeyedMutex = true, KeyedSemaphore = true }
 
 local function typename(v)
   local mt = getmetatable(v)
   return type(mt) == "table" and type(rawget(mt, "__name")) == "string"
     and mt.__name or type(v)
+end
+
+-- Raises an argument error at 'level' (1 = the caller of argerror).
+local function argerror(level, n, fname, msg)
+  error(("bad argument #%d to '%s' (%s)"):format(n, fname, msg), level + 1)
 end
 
 local function is_callable(f)
@@ -31,115 +43,258 @@ local function is_callable(f)
   return type(mt) == "table" and rawget(mt, "__call") ~= nil
 end
 
--- Raises an argument error at 'level' (1 = the caller of argerror).
-local function argerror(level, n, fname, msg)
-  error(("bad argument #%d to '%s' (%s)"):format(n, fname, msg), level + 1)
+
+-- A decorated lock is a table {lock, limit, err}: limit is a timeout in
+-- ms (withTimeout) or false (tryAcquire).  It shares all state with the
+-- lock; only the requests (acquire, waitForUnlock, runExclusive, and the
+-- multi-key ones) behave differently.
+local decorated = {}
+
+-- The metatables each kind's wrappers accept as self: plain and decorated.
+local accepts = {}
+
+for _, kind in ipairs(KINDS) do
+  decorated[kind] = { __name = "async_mutex.decorated " .. kind }
+  local sample = kind:find("Semaphore") and core[kind].new(1) or core[kind].new()
+  accepts[kind] = { [getmetatable(sample)] = true, [decorated[kind]] = true }
 end
 
-local function check_callable(fn)
-  if not is_callable(fn) then
-    argerror(3, 1, "runExclusive", "function expected, got " .. typename(fn))
+local function check_self(self, kind, fname)
+  if not accepts[kind][getmetatable(self)] then
+    argerror(3, 1, fname, ("async_mutex.%s expected, got %s"):format(kind, typename(self)))
   end
 end
 
 
--- A decorated lock is a table {lock, limit, err}: limit is a timeout in
--- ms (withTimeout) or false (tryAcquire).  It shares all state with the
--- lock; only acquire, waitForUnlock and runExclusive behave differently.
-local decorated = { Mutex = {}, Semaphore = {} }
-
--- Which objects each runExclusive serves (by metatable).
-local runs_mutex = {
-  [getmetatable(core.Mutex.new())] = true, [decorated.Mutex] = true,
-}
-local runs_semaphore = {
-  [getmetatable(core.Semaphore.new(1))] = true, [decorated.Semaphore] = true,
-}
-
+-- {========================================================== runExclusive
 -- runExclusive releases before fn's error propagates (an error that kills
 -- a coroutine closes nothing until the coroutine is closed), and the
 -- releaser is also to-be-closed, for when the coroutine is closed while fn
 -- is suspended.  The error value is re-raised unchanged (level 0).
+
 local function finish(release, ok, ...)
   release()
   if not ok then error((...), 0) end
   return ...
 end
 
-local function mutex_run(self, fn, priority)
-  if not runs_mutex[getmetatable(self)] then
-    argerror(2, 1, "runExclusive", "async_mutex.Mutex expected, got " .. typename(self))
+local function check_fn(fn, n)
+  if not is_callable(fn) then
+    argerror(3, n, "runExclusive", "function expected, got " .. typename(fn))
   end
-  check_callable(fn)
+end
+
+local run = {}
+
+function run.Mutex(self, fn, priority)
+  check_self(self, "Mutex", "runExclusive")
+  check_fn(fn, 1)
   local release <close> = self:acquire(priority)
   return finish(release, pcall(fn))
 end
 
-local function semaphore_run(self, fn, weight, priority)
-  if not runs_semaphore[getmetatable(self)] then
-    argerror(2, 1, "runExclusive", "async_mutex.Semaphore expected, got " .. typename(self))
-  end
-  check_callable(fn)
+function run.Semaphore(self, fn, weight, priority)
+  check_self(self, "Semaphore", "runExclusive")
+  check_fn(fn, 1)
   local value, release <close> = self:acquire(weight, priority)
   return finish(release, pcall(fn, value))
 end
 
-core.Mutex.methods.runExclusive = mutex_run
-core.Semaphore.methods.runExclusive = semaphore_run
+function run.KeyedMutex(self, key, fn, priority)
+  check_self(self, "KeyedMutex", "runExclusive")
+  check_fn(fn, 2)
+  local release <close> = self:acquire(key, priority)
+  return finish(release, pcall(fn))
+end
 
-M.Mutex = { new = core.Mutex.new }
-M.Semaphore = { new = core.Semaphore.new }
+function run.KeyedSemaphore(self, key, fn, weight, priority)
+  check_self(self, "KeyedSemaphore", "runExclusive")
+  check_fn(fn, 2)
+  local value, release <close> = self:acquire(key, weight, priority)
+  return finish(release, pcall(fn, value))
+end
+
+-- }==========================================================
 
 
--- {========================================================== decorators
+-- {========================================================== multi-key
+-- acquireAll takes every key of a set, all or nothing.  Keys are taken in
+-- one canonical order whatever order the caller gives, so two callers
+-- with overlapping sets cannot deadlock; duplicates are dropped.  If a
+-- key cannot be had (timeout, cancel, tryAcquire, error, the coroutine
+-- being closed) the keys already taken are released.
 
-local function unwrap(self, fname)
-  local mt = getmetatable(self)
-  if mt ~= decorated.Mutex and mt ~= decorated.Semaphore then
-    argerror(3, 1, fname, "decorated lock expected, got " .. typename(self))
+local RANK = { boolean = 1, number = 2, string = 3 }
+
+local function before(a, b)
+  local ta, tb = type(a), type(b)
+  if ta ~= tb then
+    local ra, rb = RANK[ta] or 4, RANK[tb] or 4
+    if ra ~= rb then return ra < rb end
+    return ta < tb
+  end
+  if ta == "number" or ta == "string" then return a < b end
+  if ta == "boolean" then return b and not a end
+  return ("%p"):format(a) < ("%p"):format(b)    -- tables, userdata, ...
+end
+
+local function canonical(keys, fname)
+  if type(keys) ~= "table" then
+    argerror(3, 1, fname, "table of keys expected, got " .. typename(keys))
+  end
+  local n = #keys
+  if n == 0 then argerror(3, 1, fname, "key set must not be empty") end
+  local seen, sorted = {}, {}
+  for i = 1, n do
+    local key = keys[i]
+    if key == nil then argerror(3, 1, fname, ("key #%d must not be nil"):format(i)) end
+    if key ~= key then argerror(3, 1, fname, ("key #%d must not be NaN"):format(i)) end
+    if not seen[key] then
+      seen[key] = true
+      sorted[#sorted + 1] = key
+    end
+  end
+  sort(sorted, before)
+  return sorted
+end
+
+-- A releaser of several keys: callable and to-be-closed, first call only.
+local multi = { __name = "async_mutex.MultiReleaser" }
+local function release_all(self)
+  if not self.done then
+    self.done = true
+    for i = #self, 1, -1 do self[i]() end
+  end
+end
+multi.__call, multi.__close = release_all, release_all
+
+-- Releases what was taken unless the acquisition completed.
+local guard = { __close = function(self) if not self.done then release_all(self) end end }
+
+-- The releaser is the last value a keyed acquire returns.
+local function releaser(a, b) return b or a end
+
+local function acquire_all(self, kind, fname, keys, ...)
+  check_self(self, kind, fname)
+  local sorted = canonical(keys, fname)
+  local lock, limit, err = self, nil, nil
+  if getmetatable(self) == decorated[kind] then lock, limit, err = self[1], self[2], self[3] end
+  local deadline = type(limit) == "number" and limit ~= huge and now() + limit
+  local held <close> = setmetatable({}, guard)
+  for i = 1, #sorted do
+    if limit == nil then
+      held[i] = releaser(lock:acquire(sorted[i], ...))
+    else
+      local left = deadline and max(0, deadline - now()) or limit
+      held[i] = releaser(limited_acquire(lock, left, err, sorted[i], ...))
+    end
+  end
+  held.done = true
+  local all = setmetatable({}, multi)
+  for i = 1, #held do all[i] = held[i] end
+  return all
+end
+
+local all = {}
+
+function all.KeyedMutex(self, keys, priority)
+  return acquire_all(self, "KeyedMutex", "acquireAll", keys, priority)
+end
+
+function all.KeyedSemaphore(self, keys, weight, priority)
+  return acquire_all(self, "KeyedSemaphore", "acquireAll", keys, weight, priority)
+end
+
+local function run_all(self, kind, keys, fn, ...)
+  check_self(self, kind, "runExclusiveAll")
+  if not is_callable(fn) then
+    argerror(2, 2, "runExclusiveAll", "function expected, got " .. typename(fn))
+  end
+  local release <close> = acquire_all(self, kind, "runExclusiveAll", keys, ...)
+  return finish(release, pcall(fn))
+end
+
+local run_all_of = {}
+
+function run_all_of.KeyedMutex(self, keys, fn, priority)
+  return run_all(self, "KeyedMutex", keys, fn, priority)
+end
+
+function run_all_of.KeyedSemaphore(self, keys, fn, weight, priority)
+  return run_all(self, "KeyedSemaphore", keys, fn, weight, priority)
+end
+
+-- }==========================================================
+
+
+-- {========================================================== methods
+
+local FORWARDED = {
+  Mutex = { "isLocked", "release", "cancel" },
+  Semaphore = { "isLocked", "release", "cancel", "getValue", "setValue" },
+  KeyedMutex = { "isLocked", "release", "cancel", "count", "waiting", "keys" },
+  KeyedSemaphore = { "isLocked", "release", "cancel", "getValue", "count",
+                     "waiting", "keys" },
+}
+
+local function unwrap(self, kind, fname)
+  if getmetatable(self) ~= decorated[kind] then
+    argerror(3, 1, fname, ("decorated %s expected, got %s"):format(kind, typename(self)))
   end
   return self[1], self[2], self[3]
 end
 
-for name, mt in pairs(decorated) do
-  local methods = {}
-  mt.__index = methods
-  mt.__name = "async_mutex.decorated " .. name
+for _, kind in ipairs(KINDS) do
+  -- the plain type: interpose the Lua-written methods
+  local methods = core[kind].methods
+  methods.runExclusive = run[kind]
+  if is_keyed[kind] then
+    methods.acquireAll = all[kind]
+    methods.runExclusiveAll = run_all_of[kind]
+  end
+  M[kind] = { new = core[kind].new }
 
-  function methods:acquire(...)
-    local lock, limit, err = unwrap(self, "acquire")
+  -- the decorated type
+  local dmethods = {
+    runExclusive = run[kind],
+    acquireAll = all[kind],
+    runExclusiveAll = run_all_of[kind],
+  }
+  decorated[kind].__index = dmethods
+
+  function dmethods:acquire(...)
+    local lock, limit, err = unwrap(self, kind, "acquire")
     return limited_acquire(lock, limit, err, ...)
   end
 
-  function methods:waitForUnlock(...)
-    local lock, limit, err = unwrap(self, "waitForUnlock")
+  function dmethods:waitForUnlock(...)
+    local lock, limit, err = unwrap(self, kind, "waitForUnlock")
     return limited_wait(lock, limit, err, ...)
   end
 
-  methods.runExclusive = name == "Mutex" and mutex_run or semaphore_run
-
-  local forwarded = name == "Mutex"
-    and { "isLocked", "release", "cancel" }
-    or { "isLocked", "release", "cancel", "getValue", "setValue" }
-  for _, method in ipairs(forwarded) do
-    methods[method] = function(self, ...)
-      local lock = unwrap(self, method)
+  for _, method in ipairs(FORWARDED[kind]) do
+    dmethods[method] = function(self, ...)
+      local lock = unwrap(self, kind, method)
       return lock[method](lock, ...)
     end
   end
 end
 
+-- }==========================================================
+
+
+-- {========================================================== decorators
+
 local function decorate(fname, lock, limit, err)
-  local k = kind(lock)
-  if not k then
-    argerror(3, 1, fname, "async_mutex.Mutex or async_mutex.Semaphore expected, got "
-      .. typename(lock))
+  local kind = kind_of(lock)
+  if not kind then
+    argerror(3, 1, fname, "async_mutex lock expected, got " .. typename(lock))
   end
-  return setmetatable({ lock, limit, err }, decorated[k])
+  return setmetatable({ lock, limit, err }, decorated[kind])
 end
 
---- withTimeout(lock, ms [, timeout_error]): the lock, whose acquire,
--- runExclusive and waitForUnlock raise timeout_error after ms milliseconds.
+--- withTimeout(lock, ms [, timeout_error]): the lock, whose requests raise
+-- timeout_error when not granted within ms milliseconds.
 function M.withTimeout(lock, ms, timeout_error)
   if type(ms) ~= "number" or not (ms >= 0) then
     argerror(2, 2, "withTimeout", "timeout must be a non-negative number")
@@ -147,12 +302,10 @@ function M.withTimeout(lock, ms, timeout_error)
   if timeout_error == nil then timeout_error = M.E_TIMEOUT end
   local d = decorate("withTimeout", lock, ms, timeout_error)
   return d                    -- not a tail call: errors name our caller
-
 end
 
---- tryAcquire(lock [, already_locked_error]): the lock, whose acquire,
--- runExclusive and waitForUnlock raise already_locked_error at once when
--- they cannot succeed now.
+--- tryAcquire(lock [, already_locked_error]): the lock, whose requests
+-- raise already_locked_error at once when they cannot succeed now.
 function M.tryAcquire(lock, already_locked_error)
   if already_locked_error == nil then already_locked_error = M.E_ALREADY_LOCKED end
   local d = decorate("tryAcquire", lock, false, already_locked_error)

@@ -1,0 +1,388 @@
+/*
+** keyed.c: KeyedMutex and KeyedSemaphore, one lock per key
+** A key's lock is created by the first request that needs it and leaves
+** the set as soon as it is idle (lock.c: am_settle), so memory follows the
+** keys in use, not the keys ever seen.  Every rule of the single locks
+** applies per key: the per-key locks are ordinary Mutex/Semaphore locks.
+*/
+
+#define LUA_LIB
+
+#include "lua.h"
+#include "lauxlib.h"
+
+#include "async_mutex.h"
+
+
+/* The KeyedMutex or KeyedSemaphore at 'idx', or NULL. */
+Keyed *am_tokeyed (lua_State *L, int idx) {
+  void *p = lua_touserdata(L, idx);
+  if (p != NULL && lua_getmetatable(L, idx)) {
+    int ok = lua_rawequal(L, -1, lua_upvalueindex(UV_KEYED_MUTEX))
+          || lua_rawequal(L, -1, lua_upvalueindex(UV_KEYED_SEMAPHORE));
+    lua_pop(L, 1);
+    if (ok) return (Keyed *)p;
+  }
+  return NULL;
+}
+
+
+#define checkkmutex(L)  ((Keyed *)am_checkself(L, UV_KEYED_MUTEX, \
+                                                AM_KEYED_MUTEX))
+#define checkksem(L)    ((Keyed *)am_checkself(L, UV_KEYED_SEMAPHORE, \
+                                                AM_KEYED_SEMAPHORE))
+
+
+/* A key is any value usable as a table key: not nil, not NaN. */
+static void checkkey (lua_State *L, int idx, int base, const char *fname) {
+  if (lua_isnoneornil(L, idx))
+    am_argerror(L, idx, base, fname, "key must not be nil");
+  if (lua_type(L, idx) == LUA_TNUMBER) {
+    lua_Number n = lua_tonumber(L, idx);
+    if (n != n) am_argerror(L, idx, base, fname, "key must not be NaN");
+  }
+}
+
+
+/*
+** Pushes the lock of the key at 'keyidx' (the keyed set is at index 1)
+** and returns it; when the key has none, pushes nil and returns NULL, or
+** with 'create' makes one, puts it in the set and returns it.
+*/
+static Lock *getlock (lua_State *L, Keyed *kd, int keyidx, int create) {
+  Lock *lk;
+  lua_getiuservalue(L, 1, 1);                     /* map */
+  lua_pushvalue(L, keyidx);
+  if (lua_rawget(L, -2) != LUA_TNIL || !create) {
+    lua_remove(L, -2);
+    return (Lock *)lua_touserdata(L, -1);
+  }
+  lua_pop(L, 1);                                  /* map */
+  lk = (Lock *)lua_newuserdatauv(L, sizeof(Lock), 3);
+  am_init_lock(lk, kd->st, kd->value, kd->is_mutex);
+  am_pushupvalue(L, kd->is_mutex ? UV_MUTEX : UV_SEMAPHORE);
+  lua_setmetatable(L, -2);
+  lua_getiuservalue(L, 1, 2);
+  lua_setiuservalue(L, -2, 1);                    /* its cancel error */
+  lua_pushvalue(L, keyidx);
+  lua_setiuservalue(L, -2, 2);                    /* its key */
+  lua_pushvalue(L, 1);
+  lua_setiuservalue(L, -2, 3);                    /* its keyed set */
+  lua_pushvalue(L, -1);
+  lk->selfref = luaL_ref(L, LUA_REGISTRYINDEX);   /* first: it may raise */
+  lk->keyed = kd;
+  kd->nkeys++;
+  lua_pushvalue(L, keyidx);
+  lua_pushvalue(L, -2);
+  lua_rawset(L, -4);                              /* map[key] = lock */
+  lua_remove(L, -2);                              /* map */
+  return lk;
+}
+
+
+/*
+** acquire / waitForUnlock of one key: the keyed set at 1, the key at
+** 'first', then the lock's own arguments.  A key without a lock is free:
+** a request that would be granted at once on a fresh lock needs one only
+** to hold the grant.  With 'max_pending', a request that would queue
+** behind that many acquirers raises the set's max-pending error instead.
+*/
+int am_keyed_request (lua_State *L, int kind, int first, int base,
+                      const char *fname, int mode, lua_Number ms,
+                      int erridx) {
+  Keyed *kd = (Keyed *)lua_touserdata(L, 1);
+  Request rq;
+  Lock *lk;
+  rq.kind = kind;
+  rq.mode = mode;
+  rq.ms = ms;
+  rq.erridx = erridx;
+  checkkey(L, first, base, fname);
+  am_parse_request(L, &rq, kd->is_mutex, first + 1, base, fname);
+  am_check_yieldable(L, &rq, kd->is_mutex);
+  lk = getlock(L, kd, first, 0);
+  if (lk == NULL) {
+    int free_now = rq.weight <= kd->value;
+    if (kind == W_UNLOCK && free_now) return 0;
+    if (mode == AM_TRY && !free_now) {
+      lua_pushvalue(L, erridx);
+      return lua_error(L);
+    }
+    lua_pop(L, 1);
+    lk = getlock(L, kd, first, 1);
+  }
+  rq.lockidx = lua_gettop(L);
+  if (kind == W_ACQUIRE && mode != AM_TRY && kd->max_pending > 0
+      && (lua_Integer)lk->queue.n >= kd->max_pending
+      && !am_can_lock_now(lk, rq.weight, rq.priority)) {
+    lua_getiuservalue(L, 1, 3);
+    return lua_error(L);
+  }
+  return am_request(L, &rq);
+}
+
+
+/* {====================================================== constructors */
+
+/* User value 'uv' of the new set (on top) = options[field] or 'dflt'. */
+static void setoption (lua_State *L, int optidx, const char *field,
+                       const char *dflt, int uv) {
+  if (lua_isnoneornil(L, optidx))
+    lua_pushstring(L, dflt);
+  else if (lua_getfield(L, optidx, field) == LUA_TNIL) {
+    lua_pop(L, 1);
+    lua_pushstring(L, dflt);
+  }
+  lua_setiuservalue(L, -2, uv);
+}
+
+
+/*
+** new([options]) / new(value [, options]); options: cancelError,
+** maxPending (a non-negative integer, 0 = no bound), maxPendingError.
+*/
+static void newkeyed (lua_State *L, int is_mutex, lua_Integer value,
+                      int optidx) {
+  Keyed *kd;
+  lua_Integer max_pending = 0;
+  if (!lua_isnoneornil(L, optidx)) {
+    luaL_checktype(L, optidx, LUA_TTABLE);
+    if (lua_getfield(L, optidx, "maxPending") != LUA_TNIL) {
+      int isint;
+      max_pending = lua_tointegerx(L, -1, &isint);
+      if (lua_type(L, -1) != LUA_TNUMBER || !isint || max_pending < 0)
+        luaL_argerror(L, optidx,
+                      "maxPending must be a non-negative integer");
+    }
+    lua_pop(L, 1);
+  }
+  kd = (Keyed *)lua_newuserdatauv(L, sizeof(Keyed), 3);
+  kd->st = (State *)lua_touserdata(L, lua_upvalueindex(UV_STATE));
+  kd->value = value;
+  kd->max_pending = max_pending;
+  kd->nkeys = 0;
+  kd->is_mutex = is_mutex;
+  am_pushupvalue(L, is_mutex ? UV_KEYED_MUTEX : UV_KEYED_SEMAPHORE);
+  lua_setmetatable(L, -2);
+  lua_newtable(L);
+  lua_setiuservalue(L, -2, 1);                    /* map */
+  setoption(L, optidx, "cancelError", AM_E_CANCELED, 2);
+  setoption(L, optidx, "maxPendingError", AM_E_MAX_PENDING, 3);
+}
+
+
+static int kmutex_new (lua_State *L) {
+  lua_settop(L, 1);
+  newkeyed(L, 1, 1, 1);
+  return 1;
+}
+
+
+static int ksem_new (lua_State *L) {
+  lua_Integer value = luaL_checkinteger(L, 1);
+  lua_settop(L, 2);
+  newkeyed(L, 0, value, 2);
+  return 1;
+}
+
+/* }====================================================== */
+
+
+/* {====================================================== methods */
+
+static int kmutex_acquire (lua_State *L) {
+  checkkmutex(L);
+  return am_keyed_request(L, W_ACQUIRE, 2, 1, "acquire", AM_WAIT, 0, 0);
+}
+
+
+static int ksem_acquire (lua_State *L) {
+  checkksem(L);
+  return am_keyed_request(L, W_ACQUIRE, 2, 1, "acquire", AM_WAIT, 0, 0);
+}
+
+
+static int kmutex_waitForUnlock (lua_State *L) {
+  checkkmutex(L);
+  return am_keyed_request(L, W_UNLOCK, 2, 1, "waitForUnlock", AM_WAIT, 0, 0);
+}
+
+
+static int ksem_waitForUnlock (lua_State *L) {
+  checkksem(L);
+  return am_keyed_request(L, W_UNLOCK, 2, 1, "waitForUnlock", AM_WAIT, 0, 0);
+}
+
+
+static int kmutex_isLocked (lua_State *L) {
+  Keyed *kd = checkkmutex(L);
+  Lock *lk;
+  checkkey(L, 2, 1, "isLocked");
+  lk = getlock(L, kd, 2, 0);
+  lua_pushboolean(L, (lk ? lk->value : kd->value) <= 0);
+  return 1;
+}
+
+
+static int ksem_isLocked (lua_State *L) {
+  Keyed *kd = checkksem(L);
+  Lock *lk;
+  checkkey(L, 2, 1, "isLocked");
+  lk = getlock(L, kd, 2, 0);
+  lua_pushboolean(L, (lk ? lk->value : kd->value) <= 0);
+  return 1;
+}
+
+
+static int ksem_getValue (lua_State *L) {
+  Keyed *kd = checkksem(L);
+  Lock *lk;
+  checkkey(L, 2, 1, "getValue");
+  lk = getlock(L, kd, 2, 0);
+  lua_pushinteger(L, lk ? lk->value : kd->value);
+  return 1;
+}
+
+
+/* release(key): unscoped; a no-op while the key is unlocked (P3). */
+static int kmutex_release (lua_State *L) {
+  Keyed *kd = checkkmutex(L);
+  Lock *lk;
+  checkkey(L, 2, 1, "release");
+  lk = getlock(L, kd, 2, 0);
+  if (lk != NULL && lk->value <= 0) am_release(L, lk, 1);
+  return 0;
+}
+
+
+/*
+** release(key [, weight]): adds to the key's value, like Semaphore's.  A
+** value left above the initial one keeps the key's lock in the set.
+*/
+static int ksem_release (lua_State *L) {
+  Keyed *kd = checkksem(L);
+  lua_Integer weight;
+  checkkey(L, 2, 1, "release");
+  weight = am_optweight(L, 3, 1, "release");
+  am_release(L, getlock(L, kd, 2, 1), weight);
+  return 0;
+}
+
+
+/* cancel([key]): rejects the queued acquirers of one key, or of all. */
+static int keyed_cancel (lua_State *L) {
+  Keyed *kd = am_tokeyed(L, 1);
+  luaL_argexpected(L, kd != NULL, 1, "keyed lock");
+  if (!lua_isnoneornil(L, 2)) {
+    Lock *lk;
+    checkkey(L, 2, 1, "cancel");
+    lk = getlock(L, kd, 2, 0);
+    if (lk != NULL) am_cancel(L, lk);
+    return 0;
+  }
+  lua_settop(L, 1);
+  lua_getiuservalue(L, 1, 1);                     /* map */
+  lua_pushnil(L);
+  while (lua_next(L, 2) != 0) {    /* am_cancel may clear the entry: allowed */
+    am_cancel(L, (Lock *)lua_touserdata(L, -1));
+    lua_pop(L, 1);
+  }
+  return 0;
+}
+
+
+/* count(): how many keys have a lock in use (held or waited for). */
+static int keyed_count (lua_State *L) {
+  Keyed *kd = am_tokeyed(L, 1);
+  luaL_argexpected(L, kd != NULL, 1, "keyed lock");
+  lua_pushinteger(L, kd->nkeys);
+  return 1;
+}
+
+
+/* waiting(key): acquirers queued for the key, and waitForUnlock waiters. */
+static int keyed_waiting (lua_State *L) {
+  Keyed *kd = am_tokeyed(L, 1);
+  Lock *lk;
+  luaL_argexpected(L, kd != NULL, 1, "keyed lock");
+  checkkey(L, 2, 1, "waiting");
+  lk = getlock(L, kd, 2, 0);
+  lua_pushinteger(L, lk ? (lua_Integer)lk->queue.n : 0);
+  lua_pushinteger(L, lk ? (lua_Integer)lk->nunlock : 0);
+  return 2;
+}
+
+
+/* keys(): a new array of the keys in use. */
+static int keyed_keys (lua_State *L) {
+  Keyed *kd = am_tokeyed(L, 1);
+  lua_Integer n = 0;
+  luaL_argexpected(L, kd != NULL, 1, "keyed lock");
+  lua_settop(L, 1);
+  lua_getiuservalue(L, 1, 1);                     /* map */
+  lua_createtable(L, (int)kd->nkeys, 0);
+  lua_pushnil(L);
+  while (lua_next(L, 2) != 0) {
+    lua_pop(L, 1);
+    lua_pushvalue(L, -1);
+    lua_rawseti(L, 3, ++n);
+  }
+  return 1;
+}
+
+
+static int keyed__tostring (lua_State *L) {
+  Keyed *kd = am_tokeyed(L, 1);
+  luaL_argexpected(L, kd != NULL, 1, "keyed lock");
+  lua_pushfstring(L, "%s (%I keys in use): %p",
+                  kd->is_mutex ? AM_KEYED_MUTEX : AM_KEYED_SEMAPHORE,
+                  (LUAI_UACINT)kd->nkeys, (void *)kd);
+  return 1;
+}
+
+/* }====================================================== */
+
+
+const luaL_Reg am_keyed_mutex_methods[] = {
+  {"acquire", kmutex_acquire},
+  {"waitForUnlock", kmutex_waitForUnlock},
+  {"isLocked", kmutex_isLocked},
+  {"release", kmutex_release},
+  {"cancel", keyed_cancel},
+  {"count", keyed_count},
+  {"waiting", keyed_waiting},
+  {"keys", keyed_keys},
+  {NULL, NULL}
+};
+
+const luaL_Reg am_keyed_semaphore_methods[] = {
+  {"acquire", ksem_acquire},
+  {"waitForUnlock", ksem_waitForUnlock},
+  {"isLocked", ksem_isLocked},
+  {"getValue", ksem_getValue},
+  {"release", ksem_release},
+  {"cancel", keyed_cancel},
+  {"count", keyed_count},
+  {"waiting", keyed_waiting},
+  {"keys", keyed_keys},
+  {NULL, NULL}
+};
+
+/*
+** NOTE: a keyed set needs no __gc: it owns no C memory, and its locks,
+** held in its map, free their own.
+*/
+const luaL_Reg am_keyed_metamethods[] = {
+  {"__tostring", keyed__tostring},
+  {NULL, NULL}
+};
+
+const luaL_Reg am_keyed_mutex_class[] = {
+  {"new", kmutex_new},
+  {NULL, NULL}
+};
+
+const luaL_Reg am_keyed_semaphore_class[] = {
+  {"new", ksem_new},
+  {NULL, NULL}
+};
