@@ -157,6 +157,7 @@ struct State {
   int idle_on, timer_on, draining;
   /* registry references to luv objects and our callbacks */
   int idle, timer, idle_start, idle_stop, timer_start, timer_stop, now;
+  int new_idle, new_timer, is_closing;
   int on_idle, on_timer, handler;
 };
 

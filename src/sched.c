@@ -63,7 +63,29 @@ static lua_Number loop_now (lua_State *L, State *st) {
 }
 
 
+/*
+** A handle of ours that someone closed (a test's teardown closing every
+** handle from uv.walk, say) is replaced by a new one: luv would run a
+** closed handle's callback through freed references.
+*/
+static void ensure_open (lua_State *L, State *st, int *handle, int ctor) {
+  int closing;
+  pushref(L, st->is_closing);
+  pushref(L, *handle);
+  lua_call(L, 1, 1);
+  closing = lua_toboolean(L, -1);
+  lua_pop(L, 1);
+  if (closing) {
+    pushref(L, ctor);
+    lua_call(L, 0, 1);
+    luaL_unref(L, LUA_REGISTRYINDEX, *handle);
+    *handle = luaL_ref(L, LUA_REGISTRYINDEX);
+  }
+}
+
+
 static void start_idle (lua_State *L, State *st) {
+  ensure_open(L, st, &st->idle, st->new_idle);
   call_handle(L, st->idle_start, st->idle, st->on_idle);
   st->idle_on = 1;
 }
@@ -81,6 +103,7 @@ static void arm_timer (lua_State *L, State *st) {
   lua_Number delay = ceil(first->u.deadline - loop_now(L, st));
   if (delay < 0) delay = 0;
   else if (delay > MAX_DELAY) delay = MAX_DELAY;
+  ensure_open(L, st, &st->timer, st->new_timer);
   pushref(L, st->timer_start);
   pushref(L, st->timer);
   lua_pushinteger(L, (lua_Integer)delay);
@@ -438,6 +461,7 @@ State *am_state_open (lua_State *L) {
   st->idle_on = st->timer_on = st->draining = 0;
   st->idle = st->timer = st->idle_start = st->idle_stop = LUA_NOREF;
   st->timer_start = st->timer_stop = st->now = LUA_NOREF;
+  st->new_idle = st->new_timer = st->is_closing = LUA_NOREF;
   st->on_idle = st->on_timer = st->handler = LUA_NOREF;
   luaL_newmetatable(L, AM_STATE);
   lua_pushcfunction(L, state__gc);
@@ -447,6 +471,9 @@ State *am_state_open (lua_State *L) {
   require_luv(L);
   luv = lua_gettop(L);
   st->now = ref_field(L, luv, "now");
+  st->new_idle = ref_field(L, luv, "new_idle");
+  st->new_timer = ref_field(L, luv, "new_timer");
+  st->is_closing = ref_field(L, luv, "is_closing");
   lua_getfield(L, luv, "new_idle");
   lua_call(L, 0, 1);
   st->idle_start = ref_field(L, -1, "start");
