@@ -100,6 +100,7 @@ int am_keyed_request (lua_State *L, int kind, int first, int base,
   checkkey(L, first, base, fname);
   am_parse_request(L, &rq, kd->is_mutex, first + 1, base, fname);
   am_check_yieldable(L, &rq, kd->is_mutex);
+  lua_settop(L, first + 2);      /* extra arguments: the lock's index fits */
   lk = getlock(L, kd, first, 0);
   if (lk == NULL) {
     int free_now = rq.weight <= kd->value;

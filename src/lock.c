@@ -217,7 +217,11 @@ void am_abandon (lua_State *L, Waiter *w) {
       w->state = S_DONE;
       am_unanchor(L, w);
       if (w->kind == W_ACQUIRE && w->outcome == O_GRANTED) {
-        lk->value += w->weight;
+        /* give the grant back (saturating: this must not raise) */
+        if (lk->value > 0 && w->weight > LUA_MAXINTEGER - lk->value)
+          lk->value = LUA_MAXINTEGER;
+        else
+          lk->value += w->weight;
         am_dispatch(L, lk);
       }
       break;
