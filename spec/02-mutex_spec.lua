@@ -111,6 +111,23 @@ describe("Mutex:acquire", function()
     assert.equal(20, balance)
   end))
 
+  it("treats a nil priority as 0", h.async(function()
+    local m = am.Mutex.new()
+    local log = {}
+    local r = m:acquire(nil)
+    local a = h.acquirer(log, "a", m, -1)
+    local b = h.acquirer(log, "b", m, nil)
+    local c = h.acquirer(log, "c", m, 0)
+    r()
+    h.tick()
+    b.release()
+    h.tick()
+    c.release()
+    h.tick()
+    a.release()
+    assert.same({ "b", "c", "a" }, log)
+  end))
+
   it("is not re-entrant: the holder's second acquire waits like any other", h.async(function()
     local m = am.Mutex.new()
     local r1
@@ -222,6 +239,24 @@ describe("Mutex:release", function()
     assert.is_true(b.done)
     b.release()
     assert.is_false(m:isLocked())
+  end))
+
+  it("never admits two owners, even when a granted but unresumed waiter is closed afterwards (P3)", h.async(function()
+    -- what happens to the undelivered grant is unspecified; two owners are not
+    local m = am.Mutex.new()
+    local r = m:acquire()
+    local b = h.acquirer(nil, "b", m)
+    r()                                        -- b granted, not yet resumed
+    m:release()                                -- unscoped: releases b's grant
+    coroutine.close(b.co)                      -- b never runs
+    local c = h.acquirer(nil, "c", m)
+    local d = h.acquirer(nil, "d", m)
+    h.tick()
+    assert.is_false(c.done and d.done, "two coroutines hold the mutex at once")
+    if c.done then c.release() end
+    h.tick()
+    if d.done then d.release() end
+    assert.is_false(b.done)
   end))
 
   it("called twice in a row passes the mutex through two queued waiters (#27)", h.async(function()

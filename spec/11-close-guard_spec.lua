@@ -1,5 +1,6 @@
 -- The releaser is a to-be-closed value: `local r <close> = m:acquire()`.
 local h = require "helpers"
+-- luacheck: ignore 211/r  (a <close> variable is used by going out of scope)
 local am = require "async_mutex"
 
 describe("the releaser as a <close> variable", function()

@@ -75,6 +75,33 @@ describe("a coroutine closed while queued", function()
     assert.is_false(m:isLocked())
   end))
 
+  it("is forgotten, like every waiter the module has finished with", h.async(function()
+    local m, m2 = am.Mutex.new(), am.Mutex.new()
+    local s = am.Semaphore.new(0)
+    local wt = am.withTimeout(s, 1)
+    local r, r2 = m:acquire(), m2:acquire()
+    local weak = setmetatable({}, { __mode = "v" })
+    local function track(fn)
+      local co = coroutine.create(fn)
+      assert(coroutine.resume(co))
+      weak[#weak + 1] = co
+    end
+    track(function() local x = m:acquire(); x() end)              -- granted
+    track(function() pcall(m2.acquire, m2) end)                   -- canceled
+    track(function() pcall(wt.acquire, wt) end)                   -- times out
+    track(function() s:waitForUnlock() end)                       -- resolved
+    assert.equal(4, #weak)
+    r()
+    m2:cancel()
+    h.sleep(10)
+    s:setValue(1)
+    h.tick()
+    r2()
+    h.gc()
+    assert.is_nil(next(weak))
+    assert.is_false(m:isLocked())
+  end))
+
   it("is dropped from the waitForUnlock waiters without harm", h.async(function()
     local s = am.Semaphore.new(0)
     local w1 = h.waiter(nil, "w1", s)

@@ -12,6 +12,13 @@
 -- Errors that happen outside the body (in a coroutine started with h.spawn, in
 -- a coroutine the module resumed and that died, in a helper timer) are
 -- collected and make the test fail when the body is done.
+--
+-- Also: h.tick(n) (one loop turn: deferred wake-ups delivered), h.sleep(ms),
+-- h.wait_until(pred), h.spawn(fn, ...), h.acquirer / h.waiter (a coroutine
+-- blocked in acquire / waitForUnlock, with its outcome recorded),
+-- h.without_yield(fn), h.error_of(fn) (message without "file:line: "),
+-- h.count_handles(kind), h.run_loop(ms) (uv.run() from main code),
+-- h.subprocess(code) (a separate lua5.4), h.load(n) (load-test sizes), h.gc().
 
 local uv = require "luv"
 
@@ -19,11 +26,31 @@ local helpers = {}
 
 -- GC stress: AM_GC_STRESS=1 runs every spec with the collector in incremental
 -- mode at its most aggressive (a collection step at nearly every allocation).
-if os.getenv("AM_GC_STRESS") == "1" then
+helpers.GC_STRESS = os.getenv("AM_GC_STRESS") == "1"
+if helpers.GC_STRESS then
   collectgarbage("incremental", 1, 1000)
 end
 
+-- AM_STRESS_SCALE=0.1 (the asan and valgrind targets) scales load tests down.
+helpers.STRESS_SCALE = tonumber(os.getenv("AM_STRESS_SCALE") or "") or 1
+
+--- True when the suite runs slowed down (GC stress, sanitizers, valgrind):
+-- assertions about CPU time are skipped then.
+helpers.SLOW = helpers.GC_STRESS or helpers.STRESS_SCALE < 1
+
+--- Scales a load test's size: by AM_STRESS_SCALE, and down by 50 under GC
+-- stress (every allocation runs a collection step there, so 100,000
+-- coroutines would take minutes).
+function helpers.load(n)
+  n = math.floor(n * helpers.STRESS_SCALE)
+  if helpers.GC_STRESS then n = n // 50 end
+  return math.max(1, n)
+end
+
 helpers.DEFAULT_DEADLINE = 5000
+
+-- Deadlines and wait_until limits are stretched by this factor when SLOW.
+helpers.TIME_SCALE = helpers.SLOW and 4 or 1
 
 -- Handles created by these helpers: left out of the "left active" checks.
 local own = setmetatable({}, { __mode = "k" })
@@ -90,9 +117,11 @@ function helpers.run(body, opts)
     finished, ok = true, packed[1]
     result = ok and table.pack(table.unpack(packed, 2, packed.n)) or packed[2]
   end)
+  uv.update_time()      -- timers started before uv.run() count from now
   local timed_out = false
   local deadline = own_handle(uv.new_timer())
-  deadline:start(opts.deadline or helpers.DEFAULT_DEADLINE, 0, function()
+  local deadline_ms = (opts.deadline or helpers.DEFAULT_DEADLINE) * helpers.TIME_SCALE
+  deadline:start(deadline_ms, 0, function()
     timed_out = true
     uv.stop()
   end)
@@ -106,7 +135,7 @@ function helpers.run(body, opts)
   restore_handler()
   if timed_out then
     error(("deadline of %d ms passed, body %s%s"):format(
-      opts.deadline or helpers.DEFAULT_DEADLINE,
+      deadline_ms,
       finished and "finished" or "still suspended",
       finished and not ok and (": " .. tostring(result)) or ""), 0)
   end
@@ -196,10 +225,11 @@ end
 function helpers.wait_until(pred, ms, what)
   if pred() then return end
   helpers.tick()
-  local limit = uv.now() + (ms or 2000)
+  ms = (ms or 2000) * helpers.TIME_SCALE
+  local limit = uv.now() + ms
   while not pred() do
     if uv.now() > limit then
-      error("h.wait_until: condition still false after " .. (ms or 2000)
+      error("h.wait_until: condition still false after " .. ms
         .. " ms" .. (what and (": " .. what) or ""), 2)
     end
     helpers.sleep(1)
@@ -298,10 +328,14 @@ end
 --- Runs uv.run() from the main thread with a deadline (ms, default 2000).
 -- Returns true if the loop ran out of work by itself, and the elapsed ms.
 function helpers.run_loop(ms)
+  uv.update_time()
   local stopped = false
   local t0 = uv.hrtime()
   local deadline = own_handle(uv.new_timer())
-  deadline:start(ms or 2000, 0, function() stopped = true; uv.stop() end)
+  deadline:start((ms or 2000) * helpers.TIME_SCALE, 0, function()
+    stopped = true
+    uv.stop()
+  end)
   deadline:unref()
   uv.run()
   deadline:close()

@@ -217,8 +217,11 @@ void am_abandon (lua_State *L, Waiter *w) {
       w->state = S_DONE;
       am_unanchor(L, w);
       if (w->kind == W_ACQUIRE && w->outcome == O_GRANTED) {
-        /* give the grant back (saturating: this must not raise) */
-        if (lk->value > 0 && w->weight > LUA_MAXINTEGER - lk->value)
+        /* give the grant back, as its releaser would (P3 for a mutex
+           already released by 'release()'); saturating: must not raise */
+        if (lk->is_mutex)
+          lk->value = lk->value <= 0 ? lk->value + 1 : lk->value;
+        else if (lk->value > 0 && w->weight > LUA_MAXINTEGER - lk->value)
           lk->value = LUA_MAXINTEGER;
         else
           lk->value += w->weight;
