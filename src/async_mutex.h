@@ -121,6 +121,7 @@ typedef struct WeightWaiters {
 struct Lock {
   State *st;
   lua_Integer value;
+  lua_Integer held;           /* weight granted and not given back yet */
   Heap queue;                 /* acquirers, head = next to be granted */
   WeightWaiters *unlock;      /* sorted by weight, ascending */
   size_t nweights, capweights;

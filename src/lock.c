@@ -137,6 +137,7 @@ void am_dequeue (lua_State *L, Lock *lk, Waiter *w) {
 static void grant (lua_State *L, Lock *lk, Waiter *w) {
   lua_Integer value = lk->value;
   lk->value -= w->weight;
+  lk->held += w->weight;
   am_timer_remove(L, lk->st, w);        /* frees 'u' for the value */
   w->u.value = value;
   am_ready(L, lk->st, w, O_GRANTED);
@@ -160,10 +161,15 @@ void am_dispatch (lua_State *L, Lock *lk) {
 }
 
 
+/*
+** Gives 'weight' back.  'held' counts grants out, for keyed locks to know
+** when a key is idle; an unscoped release counts as giving back a grant.
+*/
 void am_release (lua_State *L, Lock *lk, lua_Integer weight) {
   if (lk->value > 0 && weight > LUA_MAXINTEGER - lk->value)
     luaL_error(L, "semaphore value overflow");
   lk->value += weight;
+  lk->held = lk->held > weight ? lk->held - weight : 0;
   am_dispatch(L, lk);
 }
 
@@ -225,6 +231,7 @@ void am_abandon (lua_State *L, Waiter *w) {
           lk->value = LUA_MAXINTEGER;
         else
           lk->value += w->weight;
+        lk->held = lk->held > w->weight ? lk->held - w->weight : 0;
         am_dispatch(L, lk);
       }
       break;
@@ -246,13 +253,13 @@ void am_lock_free (Lock *lk) {
 
 
 /*
-** Called after anything that may leave a keyed lock idle (released,
-** emptied of waiters): an idle lock leaves its keyed set at once, so the
-** set holds only the keys in use.  A later request for its key gets a new
+** Called after anything that may leave a keyed lock idle (no grant out,
+** no waiter, the value back to the initial one): an idle lock leaves its
+** keyed set at once, so the set holds only the keys in use.  A later request for its key gets a new
 ** lock; the old one can only be reached by its spent releasers.
 */
 void am_settle (lua_State *L, Lock *lk) {
-  if (lk->keyed == NULL || lk->selfref == LUA_NOREF
+  if (lk->keyed == NULL || lk->selfref == LUA_NOREF || lk->held > 0
       || lk->value != lk->keyed->value || lk->queue.n > 0 || lk->nunlock > 0)
     return;
   lua_rawgeti(L, LUA_REGISTRYINDEX, lk->selfref);    /* lock */

@@ -50,6 +50,7 @@ Lock *am_tolock (lua_State *L, int idx) {
 void am_init_lock (Lock *lk, State *st, lua_Integer value, int is_mutex) {
   lk->st = st;
   lk->value = value;
+  lk->held = 0;
   am_heap_init(&lk->queue, 0);
   lk->unlock = NULL;
   lk->nweights = lk->capweights = lk->nunlock = 0;

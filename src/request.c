@@ -194,6 +194,7 @@ int am_request (lua_State *L, const Request *rq) {
     lua_Integer value = lk->value;
     if (rq->kind == W_UNLOCK) return 0;
     lk->value -= rq->weight;
+    lk->held += rq->weight;
     return push_grant(L, rq->lockidx, lk, rq->weight, value);
   }
   if (rq->mode == AM_TRY) {
