@@ -168,3 +168,23 @@ describe("examples/close_guard.lua", function()
     })
   end)
 end)
+
+describe("examples/inventory.lua", function()
+  it("loses or oversells stock without a lock, never with a KeyedMutex per item, "
+    .. "and closes its server", function()
+    local out, elapsed = check("inventory", {
+      "Without a lock:",
+      "With a KeyedMutex per item:",
+      "  item locks still in use: 0",
+      "server closed",
+    })
+    assert.matches("^inventory server on 127%.0%.0%.1:%d+\n", out)
+    local unlocked = out:match("Without a lock:\n[^\n]*\n([^\n]*)\n")
+    assert.is_nil(unlocked:find("nothing lost or oversold", 1, true), unlocked)
+    local sold, left = out:match("With a KeyedMutex per item:\n  400 requests: [^\n]*\n"
+      .. "  sold (%d+) %+ left (%d+) = 500 units, started with 500: nothing lost or oversold\n")
+    assert(sold, out)
+    assert.equal(500, tonumber(sold) + tonumber(left))
+    assert(elapsed < 2000, ("took %.0f ms"):format(elapsed))
+  end)
+end)
