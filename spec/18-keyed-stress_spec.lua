@@ -50,7 +50,6 @@ describe("memory of keyed locks", function()
     report("keyed memory: %d keys in %.2f s; %d bytes before, %d after", N, seconds, before, after)
     assert.is_true(math.abs(after - before) < TOLERANCE,
       ("memory went from %d to %d bytes"):format(before, after))
-    assert.is_true(STRESS or seconds < 10, ("took %.1f s"):format(seconds))
   end, { deadline = 30000 }))
 
   it("returns to its baseline after 200,000 KeyedSemaphore keys with weights", h.async(function()
