@@ -93,3 +93,14 @@ clean:
 # async-mutex on Node, a pure-Lua mutex and the floor (see bench/run.lua).
 bench: all
 	$(RUNENV) $(LUA) bench/run.lua
+
+# Model-based random testing (issue 2): N generated sequences, each run against
+# the module and the model of SEMANTICS.md (spec/fuzz/), in J child processes
+# so that a crash or a hang is caught and shrunk too.  SEED picks the first
+# seed (default: from the clock, printed).  `make test` runs 2,000 of them.
+N    ?= 100000
+J    ?= 2
+SEED ?=
+.PHONY: fuzz
+fuzz: all
+	$(RUNENV) $(LUA) spec/fuzz/runner.lua fuzz $(N) $(J) $(SEED)

@@ -9,7 +9,7 @@ local am = require "async_mutex"
 
 -- Under AM_GC_STRESS=1 (a collection step at nearly every allocation) the
 -- counts are cut, and the time limit is not checked.
-local STRESS = os.getenv("AM_GC_STRESS") == "1"
+local STRESS = h.SLOW                  -- GC stress, asan, valgrind
 local VERBOSE = os.getenv("AM_VERBOSE") == "1"
 
 local function report(fmt, ...)

@@ -14,6 +14,9 @@ local gen = require "fuzz.gen"
 
 local driver = {}
 
+-- A child that reports no new seed for this long is hung: killed, reported.
+local HANG_S = tonumber(os.getenv("AM_FUZZ_HANG_S") or "") or 60
+
 function driver.main(argv, runner)
   local n = tonumber(argv[2]) or 100000
   local jobs = tonumber(argv[3]) or tonumber(os.getenv("J") or "") or 2
@@ -29,6 +32,7 @@ function driver.main(argv, runner)
   local next_seed, last_seed = start, start + n - 1
   local total_seq, total_ops = 0, 0
   local running = 0
+  local children = {}                       -- handle -> watchdog check
   local failure                             -- text of the first failure
   local crashed                             -- { seed = n, how = ... }
 
@@ -40,7 +44,8 @@ function driver.main(argv, runner)
     local out = uv.new_pipe(false)
     local buf, lines, last = "", {}, nil
     local exited, eof, code, signal = false, false, nil, nil
-    local handle
+    local seen = uv.now()                    -- last progress line (loop time)
+    local handle, hung, shrinking
     local function finish()
       local text = table.concat(lines, "\n")
       local seqs, ops = text:match("OK (%d+) sequences (%d+) ops")
@@ -49,8 +54,13 @@ function driver.main(argv, runner)
         local secs = (uv.hrtime() - t0) / 1e9
         print(("  seeds %d..%d ok; total %d sequences, %d ops, %.0f s"):format(
           first, first + count - 1, total_seq, total_ops, secs))
+      elseif hung then
+        crashed = crashed or { seed = last or first, text = text,
+          how = ("no progress for %d s (hang), killed"):format(HANG_S) }
       elseif code == 1 and text:find("FAILURE", 1, true) then
         failure = failure or text:match("(FAILURE.*)$") or text
+        local fs, fo = text:match("FAILED after (%d+) sequences (%d+) ops")
+        if fs then total_seq, total_ops = total_seq + tonumber(fs), total_ops + tonumber(fo) end
       else
         crashed = crashed or { seed = last or first, how = (signal or 0) ~= 0
           and ("signal " .. signal) or ("exit code " .. tostring(code)), text = text }
@@ -68,6 +78,12 @@ function driver.main(argv, runner)
     end)
     if not handle then error("cannot spawn " .. lua) end
     running = running + 1
+    children[handle] = function()            -- watchdog: a hung sequence
+      if not exited and not hung and not shrinking and uv.now() - seen > HANG_S * 1000 then
+        hung = true
+        handle:kill("sigkill")
+      end
+    end
     out:read_start(function(err, data)
       if err or not data then
         out:close()
@@ -78,7 +94,9 @@ function driver.main(argv, runner)
       buf = buf .. data
       for line in buf:gmatch("([^\n]*)\n") do
         local s = line:match("^S (%d+)$")
-        if s then last = tonumber(s) else lines[#lines + 1] = line end
+        if s then last, seen = tonumber(s), uv.now()
+        elseif line:match("^F %d+$") then shrinking = true  -- a failure: shrinking takes a while
+        else lines[#lines + 1] = line end
       end
       buf = buf:match("[^\n]*$")
     end)
@@ -86,6 +104,13 @@ function driver.main(argv, runner)
   end
 
   for _ = 1, jobs do launch() end
+  local watchdog = uv.new_timer()
+  watchdog:start(1000, 1000, function()
+    for h, check in pairs(children) do
+      if h:is_closing() then children[h] = nil else check() end
+    end
+    if running == 0 then watchdog:close() end
+  end)
   uv.run()
   local secs = (uv.hrtime() - t0) / 1e9
 
@@ -93,14 +118,7 @@ function driver.main(argv, runner)
     print(("CRASH (%s) in the child running seed %d; its output:\n%s"):format(
       crashed.how, crashed.seed, crashed.text))
     local seq = gen.sequence(crashed.seed, runner.gen_opts())
-    if runner.replay_subprocess(seq) then
-      print("the seed passes when replayed alone: the crash needs the sequences before it")
-    else
-      local small, tries = runner.shrink(seq, function(s) return not runner.replay_subprocess(s) end)
-      print(("shortest reproducing sequence (%d of %d ops, %d tries):"):format(
-        #small.ops, #seq.ops, tries))
-      print(gen.serialize(small))
-    end
+    for _, line in ipairs(runner.shrink_report(seq)) do print(line) end
     return 1
   end
   if failure then

@@ -5,7 +5,7 @@
 --     ops = { {op = "spawn", id = n, lock = i, method = ..., w = n, p = n,
 --              plan = ..., deco = ..., nilargs = bool}, ...  } }
 -- Op kinds: spawn, finish, raise, close, call_rel, unscoped, setValue, cancel,
--- gc, turn (see spec/fuzz/model.lua for their meaning).  Ops name actors by
+-- gc, turn, poke (see spec/fuzz/model.lua for their meaning).  Ops name actors by
 -- the id given at spawn; an op whose target is not in a suitable state when it
 -- runs is skipped (so any sub-list of a sequence is a valid sequence, which is
 -- what the shrinker needs).
@@ -99,7 +99,7 @@ function gen.sequence(seed, opts)
     local kind = r.weighted({
       { 30, "spawn" }, { 14, "turn" }, { 8, "finish" }, { 3, "raise" },
       { 4, "close" }, { 5, "call_rel" }, { 4, "unscoped" }, { 3, "setValue" },
-      { 2, "cancel" }, { 2, "gc" },
+      { 2, "cancel" }, { 2, "gc" }, { 2, "poke" },
     })
     local li = r.int(1, #locks)
     local lock = locks[li]
@@ -140,13 +140,16 @@ function gen.sequence(seed, opts)
             via = r.chance(0.2) and gen_deco(r, errs) or nil })
     elseif kind == "setValue" then
       if lock.kind == "sema" then
-        add({ op = "setValue", lock = li, v = r.int(-2, 4),
+        add({ op = "setValue", lock = li, v = r.chance(0.05) and (1 << 40) or r.int(-2, 4),
               via = r.chance(0.2) and gen_deco(r, errs) or nil })
       end
     elseif kind == "cancel" then
       add({ op = "cancel", lock = li, via = r.chance(0.2) and gen_deco(r, errs) or nil })
     elseif kind == "gc" then
       add({ op = "gc" })
+    elseif kind == "poke" then
+      local id = pick_actor(r, w, { queued = true, waiting = true, ready = true })
+      if id then add({ op = "poke", id = id }) end
     end
   end
   return { seed = seed, locks = locks, ops = ops }

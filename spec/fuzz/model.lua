@@ -23,6 +23,21 @@
 --   handler ERR     the module reported an error escaping a coroutine it resumed
 -- ERR is a label: E_TIMEOUT, E_CANCELED, E_ALREADY_LOCKED, a custom error name,
 -- or raise#ID for the error object actor ID raises from its body.
+--
+-- Where SEMANTICS 2.6 leaves a question open, the model takes what a user
+-- would expect:
+-- * waitForUnlock waiters and acquirers settled by one release share the
+--   FIFO of settlements (drain before each grant, as upstream);
+-- * a timeout is settled before the grants its removal allows (P1);
+-- * a coroutine closed while queued or waiting leaves at once and the lock
+--   passes on; closed after its grant but before its resumption, it is never
+--   resumed and the grant is given back the way its releaser would (so a
+--   Mutex only while it is locked, P3); its other settlements are dropped;
+-- * closing a coroutine that holds the lock inside runExclusive, or through a
+--   `<close>` releaser, releases it; a plain releaser stays callable;
+-- * a waiting coroutine resumed by someone else ("poke") goes on waiting;
+-- * the settlements made while the module resumes a batch are resumed in the
+--   same loop turn (opts.drain = "all"; "snapshot" defers them to the next).
 
 local model = {}
 
@@ -30,9 +45,9 @@ local World = {}
 World.__index = World
 
 --- Creates a world.  lock_specs: list of {kind = "mutex"|"sema", value = n,
--- cancel = label|nil}.  opts.drain: "snapshot" (one loop turn resumes the
--- settlements queued before it started) or "all" (also the ones queued while
--- resuming).  opts.close_runex_releases: closing a coroutine suspended in a
+-- cancel = label|nil}.  opts.drain: "all" (default: a loop turn also resumes
+-- the settlements made while it resumes) or "snapshot" (only those queued
+-- before the turn started).  opts.close_runex_releases: closing a coroutine suspended in a
 -- runExclusive body releases the lock (default true).
 function model.new(lock_specs, opts)
   opts = opts or {}
@@ -429,6 +444,11 @@ function World:turn(T)
   end
 end
 
+-- Ops without a model counterpart: "gc" (a full collection) and "poke"
+-- (user code resumes a coroutine that waits in the module: SEMANTICS 2.6
+-- leaves it open; the user would expect it to be ignored, the coroutine going
+-- on waiting).
+
 --- Whether op applies in the current state (ops whose target is in the
 -- wrong state are skipped, identically in the model and the real run).
 function World:applicable(op)
@@ -449,6 +469,11 @@ function World:applicable(op)
   elseif k == "call_rel" then
     local a = self.actors[op.id]
     return a ~= nil and a.rel_visible == true
+  elseif k == "poke" then
+    local a = self.actors[op.id]
+    if not a then return false end
+    local s = a.state
+    return s == "queued" or s == "waiting" or s == "ready"
   elseif k == "unscoped" or k == "cancel" then
     return self.locks[op.lock] ~= nil
   elseif k == "setValue" then
@@ -470,7 +495,7 @@ function World:apply(op, now)
   elseif k == "setValue" then self:set_value(op.lock, op.v)
   elseif k == "cancel" then self:cancel(op.lock)
   elseif k == "turn" then self:turn(now)
-  end
+  end                                     -- gc, poke: nothing changes
   for _, lock in ipairs(self.locks) do check_mutex(self, lock) end
 end
 

@@ -8,7 +8,17 @@
 --   lua5.4 spec/fuzz/runner.lua run [START [COUNT]]   seeds START..START+COUNT-1
 --   lua5.4 spec/fuzz/runner.lua replay FILE           one sequence (gen.serialize)
 --   lua5.4 spec/fuzz/runner.lua show SEED             print a sequence
---   lua5.4 spec/fuzz/runner.lua fuzz N [J]            N sequences in J child processes
+--   lua5.4 spec/fuzz/runner.lua fuzz N [J [SEED]]     N sequences in J child processes
+--                                                     (`make fuzz N=... J=... SEED=...`)
+-- Environment: AM_FUZZ_IMPL=DIR tests the module of another tree (a patched
+-- copy); AM_FUZZ_EXCLUDE=cancel,close leaves op kinds out (to look past a
+-- known bug); AM_FUZZ_MAX_OPS bounds sequence length (default 40);
+-- AM_FUZZ_DRAIN=snapshot models a module that resumes settlements made during
+-- a batch on the next turn; AM_FUZZ_CLOSE_DEAD=1 closes actors that died
+-- (as coroutine.wrap does); AM_FUZZ_CLOSE_RUNEX=keep models a module where
+-- closing a coroutine inside runExclusive keeps the lock; AM_GC_STRESS=1 as
+-- in spec/helpers.lua;
+-- AM_FUZZ_HANG_S (driver, default 60) seconds without progress = a hang.
 --
 -- Determinism.  Every state change of the lock happens inside an operation
 -- the runner performs, except timer expiries and the resumptions the module
@@ -32,14 +42,8 @@
 
 local uv = require "luv"
 
-local root do
-  local src = debug.getinfo(1, "S").source
-  local dir = src:match("^@(.*)/spec/fuzz/[^/]*$")
-  if not dir then
-    dir = src:match("^@spec/fuzz/") and "." or "."
-  end
-  root = dir
-end
+-- The repository root: this file is ROOT/spec/fuzz/runner.lua.
+local root = debug.getinfo(1, "S").source:match("^@(.*)/spec/fuzz/[^/]*$") or "."
 
 if not package.path:find(root .. "/spec/?.lua", 1, true) then
   package.path = ("%s/src/?.lua;%s/src/?/init.lua;%s/spec/?.lua;"):format(root, root, root)
@@ -73,14 +77,23 @@ local CLOSE_DEAD = os.getenv("AM_FUZZ_CLOSE_DEAD") == "1"
 -- Objects created by sequences, to be collected once a sequence is over.
 local registry = setmetatable({}, { __mode = "k" })
 
-local probe = uv.new_timer()
+-- The probe timer (see "Determinism" above), created on first use and
+-- closed by run_many, so that no handle of ours outlives a run.
+local probe
 local probe_time
 local function probe_cb() probe_time = uv.now() end
+local function close_probe()
+  if probe then
+    probe:close()
+    probe = nil
+    uv.run("nowait")                         -- let the close complete
+  end
+end
 
-local am
+local loaded_am
 local function module()
-  if not am then am = require "async_mutex" end
-  return am
+  if not loaded_am then loaded_am = require "async_mutex" end
+  return loaded_am
 end
 
 local function model_opts()
@@ -233,7 +246,7 @@ function runner.run_sequence(seq, opts)
           emit(("end %d"):format(id))
         else
           local ok, e = pcall(function()
-            local guard <close> = rel
+            local guard <close> = rel       -- luacheck: ignore guard
             emit(("got %d %s%s"):format(id, vtext(v), bad))
             local cmd = wait_runner()
             if cmd == "raise" then error(rec.raise_obj, 0) end
@@ -378,9 +391,16 @@ function runner.run_sequence(seq, opts)
       if not ok then emit(("opfail cancel %s"):format(label(e))) end
     elseif k == "gc" then
       collectgarbage("collect")
+    elseif k == "poke" then
+      local co = cos[op.id]
+      if not co then fail(("the coroutine of actor %d was collected while it was %s"):format(
+        op.id, w.actors[op.id].state)) end
+      local ok, e = coroutine.resume(co, "poke")
+      if not ok then emit(("pokefail %d %s"):format(op.id, label(e))) end
     elseif k == "turn" then
       if op.sleep and op.sleep > 0 then uv.sleep(op.sleep) end
       probe_time = nil
+      probe = probe or uv.new_timer()
       probe:start(0, 0, probe_cb)
       uv.run("nowait")
       if not probe_time then fail("the probe timer did not fire in a loop turn") end
@@ -551,13 +571,15 @@ local function lua_cmd()
   return os.getenv("LUA") or "lua5.4"
 end
 local self_path = root .. "/spec/fuzz/runner.lua"
+local REPLAY_TIMEOUT = 30                      -- seconds: a hang counts as a failure
 
 function runner.replay_subprocess(seq)
   local name = os.tmpname()
   local f = assert(io.open(name, "w"))
   f:write(gen.serialize(seq), "\n")
   f:close()
-  local ok = os.execute(("%s %s replay %s >/dev/null 2>&1"):format(lua_cmd(), self_path, name))
+  local ok = os.execute(("timeout -s KILL %d %s %s replay %s >/dev/null 2>&1"):format(
+    REPLAY_TIMEOUT, lua_cmd(), self_path, name))
   os.remove(name)
   return ok == true
 end
@@ -636,24 +658,59 @@ local function format_failure(seq, failure)
     tostring(seq.seed), failure.step or 0, describe_op(failure.op), failure.msg:gsub("\n", "\n  "))
 end
 
+--- Shrinks a sequence that fails, replaying candidates in fresh processes.
+-- A failure that depends on timing may not show on every run: the number of
+-- attempts per candidate adapts to how many the whole sequence needed.
+-- Returns the report lines.
+function runner.shrink_report(seq)
+  local attempts
+  for k = 1, 5 do
+    if not runner.replay_subprocess(seq) then attempts = k break end
+  end
+  if not attempts then
+    return { "the sequence passes when replayed alone (5 attempts): it needs the "
+      .. "sequences run before it in the same process, or a timing that did not recur" }
+  end
+  local per = attempts == 1 and 1 or math.min(5, 2 * attempts)
+  local small, tries = runner.shrink(seq, function(s)
+    for _ = 1, per do
+      if not runner.replay_subprocess(s) then return true end
+    end
+    return false
+  end)
+  local text = gen.serialize(small)
+  local file = ("%s/build/fuzz-seed-%s.lua"):format(root, tostring(seq.seed))
+  os.execute(("mkdir -p '%s/build'"):format(root))
+  local f = io.open(file, "w")
+  if f then f:write(text, "\n"); f:close() end
+  return {
+    ("shortest reproducing sequence (%d of %d ops, %d tries%s):"):format(
+      #small.ops, #seq.ops, tries, per > 1 and (", flaky: " .. per .. " attempts each") or ""),
+    text,
+    ("replay: lua5.4 spec/fuzz/runner.lua replay %s"):format(f and file or "FILE"),
+  }
+end
+
 --- Reports a failing sequence: the failure, then the shrunk sequence.
 function runner.report(seq, failure, opts)
   opts = opts or {}
   local out = { "FAILURE " .. format_failure(seq, failure) }
   if opts.shrink ~= false then
-    local small, tries = runner.shrink(seq, function(s) return not runner.replay_subprocess(s) end)
-    out[#out + 1] = ("shortest reproducing sequence (%d of %d ops, %d tries):"):format(
-      #small.ops, #seq.ops, tries)
-    out[#out + 1] = gen.serialize(small)
-    out[#out + 1] = "replay: save the sequence above to FILE and run "
-      .. "`lua5.4 spec/fuzz/runner.lua replay FILE`"
+    for _, line in ipairs(runner.shrink_report(seq)) do out[#out + 1] = line end
   end
   return table.concat(out, "\n")
 end
 
 --- Runs seeds start..start+count-1.  Returns { ok, sequences, ops, seconds,
 -- report }.  opts.leak_every: sequences between leak checks (default 100).
+local run_many
 function runner.run_many(opts)
+  local res = run_many(opts)
+  close_probe()
+  return res
+end
+
+function run_many(opts)
   local start, count = opts.start or 1, opts.count or 1000
   local leak_every = opts.leak_every or 100
   local t0 = uv.hrtime()
@@ -664,6 +721,7 @@ function runner.run_many(opts)
     local seq = gen.sequence(seed, opts.gen or runner.gen_opts())
     local ok, res = runner.run_sequence(seq, opts)
     if not ok then
+      if opts.on_failure then opts.on_failure(seed) end
       return { ok = false, sequences = done, ops = total_ops,
                seconds = (uv.hrtime() - t0) / 1e9, seed = seed,
                report = runner.report(seq, res, opts) }
@@ -673,10 +731,22 @@ function runner.run_many(opts)
     if done % leak_every == 0 or seed == start + count - 1 then
       local alive = runner.leak_check()
       if #alive > 0 then
+        local first = math.huge
+        for _, what in ipairs(alive) do
+          first = math.min(first, tonumber(what:match("^seed (%-?%d+)")) or math.huge)
+        end
+        if opts.on_failure then opts.on_failure(seed) end
+        local out = { "LEAK: objects still alive after their sequence ended:\n  "
+          .. table.concat(alive, "\n  ", 1, math.min(#alive, 20)) }
+        if first ~= math.huge and opts.shrink ~= false then
+          out[#out + 1] = ("FAILURE seed %d leaks (replay checks for leaks too)"):format(first)
+          for _, line in ipairs(runner.shrink_report(gen.sequence(first, opts.gen or runner.gen_opts()))) do
+            out[#out + 1] = line
+          end
+        end
         return { ok = false, sequences = done, ops = total_ops,
                  seconds = (uv.hrtime() - t0) / 1e9, seed = seed,
-                 report = "LEAK: objects still alive after their sequence ended:\n  "
-                   .. table.concat(alive, "\n  ", 1, math.min(#alive, 20)) }
+                 report = table.concat(out, "\n") }
       end
       local kb = collectgarbage("count")
       if not mem_base then
@@ -698,12 +768,16 @@ runner.format_failure = format_failure
 
 local function main(argv)
   local cmd = argv[1]
+  if os.getenv("AM_GC_STRESS") == "1" then       -- as spec/helpers.lua does
+    collectgarbage("incremental", 1, 1000)
+  end
   if cmd == "show" then
     print(gen.serialize(gen.sequence(tonumber(argv[2]))))
     return 0
   elseif cmd == "replay" then
     local seq = assert(loadfile(argv[2]))()
     local ok, res = runner.run_sequence(seq)
+    close_probe()
     if ok then
       local alive = runner.leak_check()
       if #alive > 0 then
@@ -723,6 +797,7 @@ local function main(argv)
       start = start, count = count,
       progress = (argv[4] == "progress" or os.getenv("AM_FUZZ_PROGRESS"))
         and function(seed) io.stdout:write("S ", seed, "\n") end,
+      on_failure = argv[4] == "progress" and function(seed) io.stdout:write("F ", seed, "\n") end,
     })
     if res.ok then
       print(("OK %d sequences %d ops %.2f s"):format(res.sequences, res.ops, res.seconds))
