@@ -83,7 +83,8 @@ struct Waiter {
   lua_Integer weight;
   union {
     lua_Number deadline;      /* while in the timer heap: loop time (ms) */
-    lua_Integer value;        /* once granted: semaphore value at the grant */
+    lua_Integer value;        /* once granted: semaphore value at the grant,
+                                 or the mutex grant's generation */
   } u;
   lua_Number priority;
   uint64_t seq;               /* arrival order, for FIFO among equals */
@@ -122,6 +123,7 @@ struct Lock {
   State *st;
   lua_Integer value;
   lua_Integer held;           /* weight granted and not given back yet */
+  lua_Integer gen;            /* mutex: number of grants so far */
   Heap queue;                 /* acquirers, head = next to be granted */
   WeightWaiters *unlock;      /* sorted by weight, ascending */
   size_t nweights, capweights;
@@ -187,6 +189,7 @@ void am_enqueue (lua_State *L, Lock *lk, Waiter *w);
 void am_dequeue (lua_State *L, Lock *lk, Waiter *w);
 void am_dispatch (lua_State *L, Lock *lk);
 void am_release (lua_State *L, Lock *lk, lua_Integer weight);
+lua_Integer am_take (Lock *lk, lua_Integer weight);
 void am_cancel (lua_State *L, Lock *lk);
 void am_expire (lua_State *L, Waiter *w);
 void am_abandon (lua_State *L, Waiter *w);

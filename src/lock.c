@@ -133,11 +133,22 @@ void am_dequeue (lua_State *L, Lock *lk, Waiter *w) {
 }
 
 
+/*
+** Takes 'weight' for a grant; returns what the grant hands out: the value
+** before the decrement, or for a mutex the grant's generation, which its
+** releaser checks so that it never ends a later holder's grant.
+*/
+lua_Integer am_take (Lock *lk, lua_Integer weight) {
+  lua_Integer value = lk->value;
+  lk->value -= weight;
+  lk->held += weight;
+  return lk->is_mutex ? ++lk->gen : value;
+}
+
+
 /* Grants the lock to a waiter taken from the queue (1.3 step 3). */
 static void grant (lua_State *L, Lock *lk, Waiter *w) {
-  lua_Integer value = lk->value;
-  lk->value -= w->weight;
-  lk->held += w->weight;
+  lua_Integer value = am_take(lk, w->weight);
   am_timer_remove(L, lk->st, w);        /* frees 'u' for the value */
   w->u.value = value;
   am_ready(L, lk->st, w, O_GRANTED);
@@ -223,10 +234,11 @@ void am_abandon (lua_State *L, Waiter *w) {
       w->state = S_DONE;
       am_unanchor(L, w);
       if (w->kind == W_ACQUIRE && w->outcome == O_GRANTED) {
-        /* give the grant back, as its releaser would (P3 for a mutex
-           already released by 'release()'); saturating: must not raise */
-        if (lk->is_mutex)
-          lk->value = lk->value <= 0 ? lk->value + 1 : lk->value;
+        /* give the grant back, as its releaser would (a mutex only if
+           this grant still holds it); saturating: must not raise */
+        if (lk->is_mutex) {
+          if (lk->value <= 0 && lk->gen == w->u.value) lk->value++;
+        }
         else if (lk->value > 0 && w->weight > LUA_MAXINTEGER - lk->value)
           lk->value = LUA_MAXINTEGER;
         else

@@ -51,6 +51,7 @@ void am_init_lock (Lock *lk, State *st, lua_Integer value, int is_mutex) {
   lk->st = st;
   lk->value = value;
   lk->held = 0;
+  lk->gen = 0;
   am_heap_init(&lk->queue, 0);
   lk->unlock = NULL;
   lk->nweights = lk->capweights = lk->nunlock = 0;

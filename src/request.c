@@ -65,20 +65,22 @@ static lua_Number optpriority (lua_State *L, int idx, int base,
 
 typedef struct Releaser {
   Lock *lock;
-  lua_Integer weight;
+  lua_Integer weight;         /* semaphore: what to give back */
+  lua_Integer gen;            /* mutex: the grant it ends */
   int done;
 } Releaser;
 
 
 /*
-** Pushes a releaser for 'weight' of the lock at stack index 'lockidx'.
-** It keeps the lock alive (user value 1) for as long as it exists.
+** Pushes a releaser for 'weight' of the lock at stack index 'lockidx'
+** ('gen': the mutex grant).  It keeps the lock alive (user value 1).
 */
 static void push_releaser (lua_State *L, int lockidx, Lock *lk,
-                           lua_Integer weight) {
+                           lua_Integer weight, lua_Integer gen) {
   Releaser *r = (Releaser *)lua_newuserdatauv(L, sizeof(Releaser), 1);
   r->lock = lk;
   r->weight = weight;
+  r->gen = gen;
   r->done = 0;
   am_pushupvalue(L, UV_RELEASER);
   lua_setmetatable(L, -2);
@@ -89,17 +91,19 @@ static void push_releaser (lua_State *L, int lockidx, Lock *lk,
 
 /*
 ** Releases once; later calls, and arguments, are ignored.  A mutex
-** releaser is also a no-op while the mutex is unlocked (P3).  Serves
+** releaser only ends its own grant: it is a no-op once 'release()' has
+** unlocked the mutex (P3), even if someone else holds it since.  Serves
 ** __call and __close (on scope exit, error, or coroutine.close).
 */
 static int releaser_release (lua_State *L) {
   Releaser *r = (Releaser *)am_checkself(L, UV_RELEASER, AM_RELEASER);
   if (!r->done) {
+    Lock *lk = r->lock;
     r->done = 1;
-    if (!r->lock->is_mutex)
-      am_release(L, r->lock, r->weight);
-    else if (r->lock->value <= 0)
-      am_release(L, r->lock, 1);
+    if (!lk->is_mutex)
+      am_release(L, lk, r->weight);
+    else if (lk->value <= 0 && lk->gen == r->gen)
+      am_release(L, lk, 1);
   }
   return 0;
 }
@@ -115,15 +119,18 @@ static int releaser__tostring (lua_State *L) {
 /* }====================================================== */
 
 
-/* Pushes what a granted acquire returns; returns how many values. */
+/*
+** Pushes what a granted acquire returns; returns how many values.
+** 'value' is what am_take returned (a mutex: the grant's generation).
+*/
 static int push_grant (lua_State *L, int lockidx, Lock *lk,
                        lua_Integer weight, lua_Integer value) {
   if (lk->is_mutex) {
-    push_releaser(L, lockidx, lk, 1);
+    push_releaser(L, lockidx, lk, 1, value);
     return 1;
   }
   lua_pushinteger(L, value);
-  push_releaser(L, lockidx, lk, weight);
+  push_releaser(L, lockidx, lk, weight, 0);
   return 2;
 }
 
@@ -191,11 +198,8 @@ int am_request (lua_State *L, const Request *rq) {
   Lock *lk = (Lock *)lua_touserdata(L, rq->lockidx);
   Waiter *w;
   if (am_can_lock_now(lk, rq->weight, rq->priority)) {    /* fast path */
-    lua_Integer value = lk->value;
     if (rq->kind == W_UNLOCK) return 0;
-    lk->value -= rq->weight;
-    lk->held += rq->weight;
-    return push_grant(L, rq->lockidx, lk, rq->weight, value);
+    return push_grant(L, rq->lockidx, lk, rq->weight, am_take(lk, rq->weight));
   }
   if (rq->mode == AM_TRY) {
     am_settle(L, lk);             /* a keyed lock made for this try */

@@ -135,6 +135,7 @@ local function grant(w, lock, actor)
   lock.value = lock.value - actor.w
   check_mutex(w, lock)
   actor.rel = { lock = lock, weight = actor.w, called = false }
+  if lock.kind == "mutex" then lock.holder = actor.rel end   -- the grant that holds it
   return prev
 end
 
@@ -173,13 +174,15 @@ local function dispatch(w, lock)
   end
 end
 
--- A releaser: the first call releases (a Mutex only while locked, P3).
+-- A releaser: the first call releases.  A Mutex releaser only ends its own
+-- grant: a no-op once m:release() unlocked the mutex (P3), even if someone
+-- else holds it since.
 local function release_rel(w, rel)
   if rel.called then return end
   rel.called = true
   local lock = rel.lock
   if lock.kind == "mutex" then
-    if lock.value <= 0 then
+    if lock.value <= 0 and lock.holder == rel then
       lock.value = lock.value + 1
       dispatch(w, lock)
     end
