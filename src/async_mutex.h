@@ -18,7 +18,8 @@
 #define AM_SEMAPHORE  "async_mutex.Semaphore"
 #define AM_RELEASER   "async_mutex.Releaser"
 #define AM_WAITER     "async_mutex.Waiter"
-#define AM_STATE      "async_mutex.State"
+#define AM_STATE      "async_mutex.State"       /* its metatable */
+#define AM_STATE_KEY  "async_mutex.scheduler"   /* registry key of the state */
 #define AM_KEYED_MUTEX      "async_mutex.KeyedMutex"
 #define AM_KEYED_SEMAPHORE  "async_mutex.KeyedSemaphore"
 

@@ -448,7 +448,7 @@ static void require_luv (lua_State *L) {
 State *am_state_open (lua_State *L) {
   State *st;
   int sti, luv;
-  if (lua_getfield(L, LUA_REGISTRYINDEX, AM_STATE) == LUA_TUSERDATA)
+  if (lua_getfield(L, LUA_REGISTRYINDEX, AM_STATE_KEY) == LUA_TUSERDATA)
     return (State *)lua_touserdata(L, -1);
   lua_pop(L, 1);
   st = (State *)lua_newuserdatauv(L, sizeof(State), 0);
@@ -492,7 +492,7 @@ State *am_state_open (lua_State *L) {
   st->on_timer = luaL_ref(L, LUA_REGISTRYINDEX);
   lua_settop(L, sti);
   lua_pushvalue(L, sti);
-  lua_setfield(L, LUA_REGISTRYINDEX, AM_STATE);
+  lua_setfield(L, LUA_REGISTRYINDEX, AM_STATE_KEY);
   return st;
 }
 
