@@ -24,7 +24,7 @@ MODULE    = $(BUILD)/async_mutex/core.so
 # Lets scripts find the module in this checkout without installing it.
 RUNENV    = LUA_PATH="src/?.lua;src/?/init.lua;;" LUA_CPATH="build/?.so;;"
 
-.PHONY: all deps demo test bench clean asan valgrind gcstress
+.PHONY: all deps demo test bench clean asan valgrind gcstress lint
 
 all: $(MODULE)
 
@@ -86,6 +86,11 @@ valgrind: deps
 gcstress: deps
 	@$(MAKE) --no-print-directory all
 	AM_GC_STRESS=1 $(RUNENV) $(LUA) spec/each.lua
+
+# Lua sources through luacheck (Debian: lua-check), C through the compiler's
+# warnings (every build).
+lint:
+	luacheck src spec examples bench
 
 clean:
 	rm -rf build async_mutex src/*.o
