@@ -424,6 +424,28 @@ do
     ("%s B beyond a bare coroutine (want <= 128 B); RSS: %s B"):format(fmt(b, "B"),
       fmt(beyond("rss_b").ours, "B")))
 end
+-- Keyed locks (issue 3): ours against a map of Mutexes kept by hand.
+do
+  local n = size(1000000)
+  progress("  keyed locks\n")
+  local out, ok = sh("cd " .. quote(root) .. " && " .. LUA_ENV .. LUA .. " bench/keyed.lua " .. n)
+  local k = ok and decode(out)
+  print()
+  if not k then
+    print("keyed locks: the run failed:\n" .. tostring(out))
+  else
+    print(("Keyed locks, %d keys (KeyedMutex vs a Lua table of Mutex by key, dropped when"):format(n)
+      .. " unlocked):")
+    print("| metric | KeyedMutex | by hand | hand/keyed |")
+    print("|---|---|---|---|")
+    for _, m in ipairs { { "distinct keys: lock + unlock (ns)", "distinct_ns" },
+                         { "one key: lock + unlock (ns)", "same_ns" },
+                         { "memory per live key, with its releaser (B)", "live_b" } } do
+      local a, b = k["keyed_" .. m[2]], k["hand_" .. m[2]]
+      print(("| %s | %.0f | %.0f | %s |"):format(m[1], a, b, fmt_ratio(ratio(b, a))))
+    end
+  end
+end
 print()
 print("Targets of issue 5 (ours):")
 for _, t in ipairs(targets) do print("  " .. t) end
