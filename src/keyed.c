@@ -215,19 +215,11 @@ static int ksem_waitForUnlock (lua_State *L) {
 }
 
 
-static int kmutex_isLocked (lua_State *L) {
-  Keyed *kd = checkkmutex(L);
+/* isLocked(key): a key without a lock in use has its initial value. */
+static int keyed_isLocked (lua_State *L) {
+  Keyed *kd = am_tokeyed(L, 1);
   Lock *lk;
-  checkkey(L, 2, 1, "isLocked");
-  lk = getlock(L, kd, 2, 0);
-  lua_pushboolean(L, (lk ? lk->value : kd->value) <= 0);
-  return 1;
-}
-
-
-static int ksem_isLocked (lua_State *L) {
-  Keyed *kd = checkksem(L);
-  Lock *lk;
+  luaL_argexpected(L, kd != NULL, 1, "keyed lock");
   checkkey(L, 2, 1, "isLocked");
   lk = getlock(L, kd, 2, 0);
   lua_pushboolean(L, (lk ? lk->value : kd->value) <= 0);
@@ -347,7 +339,7 @@ static int keyed__tostring (lua_State *L) {
 const luaL_Reg am_keyed_mutex_methods[] = {
   {"acquire", kmutex_acquire},
   {"waitForUnlock", kmutex_waitForUnlock},
-  {"isLocked", kmutex_isLocked},
+  {"isLocked", keyed_isLocked},
   {"release", kmutex_release},
   {"cancel", keyed_cancel},
   {"count", keyed_count},
@@ -359,7 +351,7 @@ const luaL_Reg am_keyed_mutex_methods[] = {
 const luaL_Reg am_keyed_semaphore_methods[] = {
   {"acquire", ksem_acquire},
   {"waitForUnlock", ksem_waitForUnlock},
-  {"isLocked", ksem_isLocked},
+  {"isLocked", keyed_isLocked},
   {"getValue", ksem_getValue},
   {"release", ksem_release},
   {"cancel", keyed_cancel},
