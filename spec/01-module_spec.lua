@@ -140,3 +140,14 @@ describe("require 'async_mutex' again after clearing package.loaded", function()
     package.loaded.async_mutex = old
   end))
 end)
+
+describe("async_mutex.setErrorHandler", function()
+  it("refuses a handler that is neither a function nor nil, and keeps the current one", function()
+    local function mine() end
+    local prev = am.setErrorHandler(mine)
+    local ok, err = pcall(function() am.setErrorHandler(42) end)
+    assert.is_false(ok)
+    assert.is_truthy(err:find("bad argument #1 to 'setErrorHandler' (function or nil expected, got number)", 1, true), err)
+    assert.equal(mine, am.setErrorHandler(prev))    -- unchanged by the bad call
+  end)
+end)

@@ -170,7 +170,6 @@ void am_heap_init (Heap *h, int timer);
 void am_heap_free (Heap *h);
 int am_heap_reserve (Heap *h);
 void am_heap_push (Heap *h, Waiter *w);
-Waiter *am_heap_pop (Heap *h);
 void am_heap_remove (Heap *h, Waiter *w);
 #define am_heap_top(h)  ((h)->n ? (h)->item[0] : NULL)
 

@@ -102,13 +102,6 @@ void am_heap_push (Heap *h, Waiter *w) {
 }
 
 
-Waiter *am_heap_pop (Heap *h) {
-  Waiter *top = h->item[0];
-  am_heap_remove(h, top);
-  return top;
-}
-
-
 void am_heap_remove (Heap *h, Waiter *w) {
   uint32_t i = POS(h, w);
   Waiter *last = h->item[--h->n];
