@@ -43,10 +43,10 @@ build = {
     ["async_mutex.core"] = {
       sources = {
         "src/core.c",
-        "src/heap.c",
         "src/keyed.c",
         "src/lock.c",
         "src/locks.c",
+        "src/queue.c",
         "src/request.c",
         "src/sched.c",
       },

@@ -29,7 +29,6 @@
 #define AM_E_CANCELED "request for lock canceled"
 #define AM_E_MAX_PENDING  "too many pending requests for this key"
 
-#define AM_NOPOS      UINT32_MAX
 
 /*
 ** Upvalues shared by every C function of the module, so the hot paths
@@ -46,21 +45,48 @@ typedef struct State State;
 typedef struct Keyed Keyed;
 
 /*
-** Binary heap of waiters.  'timer' selects the ordering and which index
-** field of the waiter tracks its position: the queue order (priority
-** descending, then arrival) in 'qpos', or the deadline order in 'tpos'.
+** Waiters are linked in doubly linked lists, FIFO.  A link is a Waiter,
+** or a tagged pointer to the Bucket the list runs through (its sentinel),
+** so a waiter leaves its list in O(1) without knowing which list it is.
 */
-typedef struct Heap {
-  Waiter **item;
-  uint32_t n, cap;
+typedef struct Links {
+  void *prev, *next;
+} Links;
+
+/*
+** A FIFO list of waiters sharing one key: a priority in a lock's queue, a
+** duration in the timer queue.  'ends.next' is the head, 'ends.prev' the
+** tail.  The scheduler's ready list is a bucket of its own.
+*/
+typedef struct Bucket {
+  Links ends;
+  lua_Number key;
+  uint32_t pos;               /* position in its queue's heap */
+} Bucket;
+
+/*
+** A queue of waiters: a binary heap of non-empty buckets, and a hash of
+** the buckets by key.  Queue order (priority descending, then arrival):
+** buckets by key descending.  Timer order (deadline, then arrival):
+** buckets by their head's deadline (waiters of one duration arrive in
+** deadline order), the longer duration first on a tie (it arrived first).
+** Every operation is O(1), or O(log n) in the number of distinct keys.
+*/
+typedef struct Queue {
+  Bucket **heap;
+  uint32_t n, cap;            /* buckets in the heap */
+  Bucket **slot;              /* open addressing, 'hcap' a power of 2 */
+  uint32_t hcap;
+  Bucket *spare;              /* an emptied bucket kept for the next key */
+  size_t count;               /* waiters */
   int timer;
-} Heap;
+} Queue;
 
 /* What a waiter waits for. */
 enum { W_ACQUIRE, W_UNLOCK };
 
 /*
-** Life of a waiter: QUEUED in its lock (and maybe in the timer heap),
+** Life of a waiter: QUEUED in its lock (and maybe in the timer queue),
 ** then READY in the scheduler's ready list once its outcome is decided,
 ** RESUMING while the scheduler resumes it, DONE once its coroutine has
 ** read the outcome (or was closed).
@@ -83,20 +109,18 @@ struct Waiter {
   Lock *lock;
   lua_Integer weight;
   union {
-    lua_Number deadline;      /* while in the timer heap: loop time (ms) */
+    lua_Number deadline;      /* while in the timer queue: loop time (ms) */
     lua_Integer value;        /* once granted: semaphore value at the grant,
                                  or the mutex grant's generation */
   } u;
-  lua_Number priority;
-  uint64_t seq;               /* arrival order, for FIFO among equals */
-  uint32_t qpos;              /* QUEUED: position in the lock's heap;
-                                 READY: position in the ready ring */
-  uint32_t tpos;              /* position in the timer heap, or AM_NOPOS */
-  int ref;                    /* registry reference to the coroutine */
-  int top;                    /* stack top of the coroutine when it yielded */
+  Links q;                    /* QUEUED: in its lock's queue;
+                                 READY: in the scheduler's ready list */
+  Links t;                    /* in the timer queue; t.next NULL if not */
+  int ref;                    /* anchor of the coroutine (sched.c) */
   unsigned char kind, state, outcome;
   unsigned char lockidx;      /* stack index of the lock in the waiting frame */
-  unsigned char erridx;       /* stack index of the timeout error, or 0 */
+  unsigned char erridx;       /* stack index of the timeout error, or 0; the
+                                 waiter itself is just above both */
 };
 
 /* A request being made: what, on which lock (a stack index), how long. */
@@ -113,7 +137,7 @@ typedef struct Request {
 /* waitForUnlock waiters that asked for one weight. */
 typedef struct WeightWaiters {
   lua_Integer weight;
-  Heap heap;
+  Queue queue;
 } WeightWaiters;
 
 /*
@@ -125,10 +149,10 @@ struct Lock {
   lua_Integer value;
   lua_Integer held;           /* weight granted and not given back yet */
   lua_Integer gen;            /* mutex: number of grants so far */
-  Heap queue;                 /* acquirers, head = next to be granted */
+  Queue queue;                /* acquirers, head = next to be granted */
   WeightWaiters *unlock;      /* sorted by weight, ascending */
   size_t nweights, capweights;
-  size_t nunlock;             /* waitForUnlock waiters in all heaps */
+  size_t nunlock;             /* waitForUnlock waiters in all queues */
   int is_mutex;
   Keyed *keyed;               /* the keyed set serving this lock, or NULL */
   int selfref;                /* keyed: registry ref while in the set */
@@ -152,10 +176,8 @@ struct Keyed {
 ** by every copy of the module loaded into that state.
 */
 struct State {
-  Waiter **ring;                     /* outcomes decided, not yet resumed: */
-  uint32_t rcap, rhead, rlen;        /* a FIFO ring; NULL = abandoned */
-  Heap timers;                       /* timed waiters, earliest first */
-  uint64_t seq;
+  Bucket ready;                      /* outcomes decided, not yet resumed */
+  Queue timers;                      /* timed waiters, earliest first */
   size_t pending;                    /* waiters queued or ready */
   lua_Number timer_due;              /* when the luv timer fires, if on */
   int idle_on, timer_on, draining;
@@ -165,17 +187,21 @@ struct State {
   int on_idle, on_timer, handler;
 };
 
-/* heap.c */
-void am_heap_init (Heap *h, int timer);
-void am_heap_free (Heap *h);
-int am_heap_reserve (Heap *h);
-void am_heap_push (Heap *h, Waiter *w);
-void am_heap_remove (Heap *h, Waiter *w);
-#define am_heap_top(h)  ((h)->n ? (h)->item[0] : NULL)
+/* queue.c */
+void am_list_init (Bucket *list);
+void am_list_append (Bucket *list, Waiter *w, int timer);
+void am_list_unlink (Waiter *w, int timer);
+#define am_list_first(list)  \
+  (((uintptr_t)(list)->ends.next & 1) ? NULL : (Waiter *)(list)->ends.next)
+void am_queue_init (Queue *q, int timer);
+void am_queue_free (Queue *q);
+int am_queue_push (Queue *q, Waiter *w, lua_Number key);
+void am_queue_remove (Queue *q, Waiter *w);
+#define am_queue_first(q)  ((q)->n ? (Waiter *)(q)->heap[0]->ends.next : NULL)
+#define am_queue_firstkey(q)  ((q)->heap[0]->key)
 
 /* sched.c */
 State *am_state_open (lua_State *L);
-void am_ready_reserve (lua_State *L, State *st);
 void am_ready (lua_State *L, State *st, Waiter *w, int outcome);
 void am_ready_unlink (State *st, Waiter *w);
 void am_timer_add (lua_State *L, State *st, Waiter *w, lua_Number ms);
@@ -185,7 +211,7 @@ void am_unanchor (lua_State *L, Waiter *w);
 
 /* lock.c */
 int am_can_lock_now (Lock *lk, lua_Integer weight, lua_Number priority);
-void am_enqueue (lua_State *L, Lock *lk, Waiter *w);
+void am_enqueue (lua_State *L, Lock *lk, Waiter *w, lua_Number priority);
 void am_dequeue (lua_State *L, Lock *lk, Waiter *w);
 void am_dispatch (lua_State *L, Lock *lk);
 void am_release (lua_State *L, Lock *lk, lua_Integer weight);

@@ -114,7 +114,7 @@ int am_keyed_request (lua_State *L, int kind, int first, int base,
   }
   rq.lockidx = lua_gettop(L);
   if (kind == W_ACQUIRE && mode != AM_TRY && kd->max_pending > 0
-      && (lua_Integer)lk->queue.n >= kd->max_pending
+      && (lua_Integer)lk->queue.count >= kd->max_pending
       && !am_can_lock_now(lk, rq.weight, rq.priority)) {
     lua_getiuservalue(L, 1, 3);
     return lua_error(L);
@@ -300,7 +300,7 @@ static int keyed_waiting (lua_State *L) {
   luaL_argexpected(L, kd != NULL, 1, "keyed lock");
   checkkey(L, 2, 1, "waiting");
   lk = getlock(L, kd, 2, 0);
-  lua_pushinteger(L, lk ? (lua_Integer)lk->queue.n : 0);
+  lua_pushinteger(L, lk ? (lua_Integer)lk->queue.count : 0);
   lua_pushinteger(L, lk ? (lua_Integer)lk->nunlock : 0);
   return 2;
 }

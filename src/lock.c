@@ -20,8 +20,8 @@
 ** the value covers the weight.  Also "could lock now" for waitForUnlock.
 */
 int am_can_lock_now (Lock *lk, lua_Integer weight, lua_Number priority) {
-  Waiter *head = am_heap_top(&lk->queue);
-  return (head == NULL || head->priority < priority) && weight <= lk->value;
+  return (lk->queue.n == 0 || am_queue_firstkey(&lk->queue) < priority)
+         && weight <= lk->value;
 }
 
 
@@ -40,7 +40,7 @@ static size_t find_weight (Lock *lk, lua_Integer weight) {
 
 
 /* The bucket of waitForUnlock waiters of 'weight', created if needed. */
-static Heap *weight_heap (lua_State *L, Lock *lk, lua_Integer weight) {
+static Queue *weight_queue (lua_State *L, Lock *lk, lua_Integer weight) {
   size_t i = find_weight(lk, weight);
   if (i == lk->nweights || lk->unlock[i].weight != weight) {
     if (lk->nweights == lk->capweights) {
@@ -55,9 +55,9 @@ static Heap *weight_heap (lua_State *L, Lock *lk, lua_Integer weight) {
             (lk->nweights - i) * sizeof(*lk->unlock));
     lk->nweights++;
     lk->unlock[i].weight = weight;
-    am_heap_init(&lk->unlock[i].heap, 0);
+    am_queue_init(&lk->unlock[i].queue, 0);
   }
-  return &lk->unlock[i].heap;
+  return &lk->unlock[i].queue;
 }
 
 
@@ -65,10 +65,10 @@ static Heap *weight_heap (lua_State *L, Lock *lk, lua_Integer weight) {
 static void compact_weights (Lock *lk) {
   size_t i, j = 0;
   for (i = 0; i < lk->nweights; i++) {
-    if (lk->unlock[i].heap.n > 0)
+    if (lk->unlock[i].queue.count > 0)
       lk->unlock[j++] = lk->unlock[i];
     else
-      am_heap_free(&lk->unlock[i].heap);
+      am_queue_free(&lk->unlock[i].queue);
   }
   lk->nweights = j;
 }
@@ -81,20 +81,20 @@ static void compact_weights (Lock *lk) {
 ** queue order.  Cost depends on the registered weights, not the value.
 */
 static void drain_unlock (lua_State *L, Lock *lk) {
-  Waiter *head = am_heap_top(&lk->queue);
   size_t i = lk->nweights;
   int emptied = 0;
   while (lk->nunlock > 0 && i-- > 0) {
-    Heap *h = &lk->unlock[i].heap;
+    Queue *q = &lk->unlock[i].queue;
     Waiter *w;
     if (lk->unlock[i].weight > lk->value) continue;
-    while ((w = am_heap_top(h)) != NULL
-           && (head == NULL || w->priority > head->priority)) {
-      am_heap_remove(h, w);
+    while ((w = am_queue_first(q)) != NULL
+           && (lk->queue.n == 0
+               || am_queue_firstkey(q) > am_queue_firstkey(&lk->queue))) {
+      am_queue_remove(q, w);
       lk->nunlock--;
       am_ready(L, lk->st, w, O_GRANTED);
     }
-    if (h->n == 0) emptied = 1;
+    if (q->count == 0) emptied = 1;
   }
   if (emptied) compact_weights(lk);
 }
@@ -106,29 +106,28 @@ static void drain_unlock (lua_State *L, Lock *lk) {
 ** Puts a new waiter in its queue.  May raise (memory) before linking
 ** anything; once linked, the waiter is QUEUED.
 */
-void am_enqueue (lua_State *L, Lock *lk, Waiter *w) {
-  Heap *h = (w->kind == W_ACQUIRE) ? &lk->queue : weight_heap(L, lk, w->weight);
-  if (!am_heap_reserve(h)) {
-    if (h->n == 0 && w->kind == W_UNLOCK) compact_weights(lk);
+void am_enqueue (lua_State *L, Lock *lk, Waiter *w, lua_Number priority) {
+  Queue *q = (w->kind == W_ACQUIRE) ? &lk->queue
+                                    : weight_queue(L, lk, w->weight);
+  if (!am_queue_push(q, w, priority)) {
+    if (q->count == 0 && w->kind == W_UNLOCK) compact_weights(lk);
     luaL_error(L, "not enough memory");
   }
-  w->seq = lk->st->seq++;
-  am_heap_push(h, w);
   if (w->kind == W_UNLOCK) lk->nunlock++;
   w->state = S_QUEUED;
 }
 
 
-/* Takes a QUEUED waiter out of its lock's queue (not the timer heap). */
+/* Takes a QUEUED waiter out of its lock's queue (not the timer queue). */
 void am_dequeue (lua_State *L, Lock *lk, Waiter *w) {
   (void)L;
   if (w->kind == W_ACQUIRE)
-    am_heap_remove(&lk->queue, w);
+    am_queue_remove(&lk->queue, w);
   else {
     size_t i = find_weight(lk, w->weight);
-    am_heap_remove(&lk->unlock[i].heap, w);
+    am_queue_remove(&lk->unlock[i].queue, w);
     lk->nunlock--;
-    if (lk->unlock[i].heap.n == 0) compact_weights(lk);
+    if (lk->unlock[i].queue.count == 0) compact_weights(lk);
   }
 }
 
@@ -162,9 +161,9 @@ static void grant (lua_State *L, Lock *lk, Waiter *w) {
 void am_dispatch (lua_State *L, Lock *lk) {
   Waiter *head;
   drain_unlock(L, lk);
-  while ((head = am_heap_top(&lk->queue)) != NULL
+  while ((head = am_queue_first(&lk->queue)) != NULL
          && head->weight <= lk->value) {
-    am_heap_remove(&lk->queue, head);
+    am_queue_remove(&lk->queue, head);
     grant(L, lk, head);
     drain_unlock(L, lk);
   }
@@ -191,8 +190,8 @@ void am_release (lua_State *L, Lock *lk, lua_Integer weight) {
 */
 void am_cancel (lua_State *L, Lock *lk) {
   Waiter *w;
-  while ((w = am_heap_top(&lk->queue)) != NULL) {
-    am_heap_remove(&lk->queue, w);
+  while ((w = am_queue_first(&lk->queue)) != NULL) {
+    am_queue_remove(&lk->queue, w);
     am_ready(L, lk->st, w, O_CANCELED);
   }
   drain_unlock(L, lk);
@@ -255,9 +254,9 @@ void am_abandon (lua_State *L, Waiter *w) {
 
 void am_lock_free (Lock *lk) {
   size_t i;
-  am_heap_free(&lk->queue);
+  am_queue_free(&lk->queue);
   for (i = 0; i < lk->nweights; i++)
-    am_heap_free(&lk->unlock[i].heap);
+    am_queue_free(&lk->unlock[i].queue);
   free(lk->unlock);
   lk->unlock = NULL;
   lk->nweights = lk->capweights = 0;
@@ -272,7 +271,7 @@ void am_lock_free (Lock *lk) {
 */
 void am_settle (lua_State *L, Lock *lk) {
   if (lk->keyed == NULL || lk->selfref == LUA_NOREF || lk->held > 0
-      || lk->value != lk->keyed->value || lk->queue.n > 0 || lk->nunlock > 0)
+      || lk->value != lk->keyed->value || lk->queue.count > 0 || lk->nunlock > 0)
     return;
   lua_rawgeti(L, LUA_REGISTRYINDEX, lk->selfref);    /* lock */
   lua_getiuservalue(L, -1, 3);                       /* lock keyed */

@@ -52,7 +52,7 @@ void am_init_lock (Lock *lk, State *st, lua_Integer value, int is_mutex) {
   lk->value = value;
   lk->held = 0;
   lk->gen = 0;
-  am_heap_init(&lk->queue, 0);
+  am_queue_init(&lk->queue, 0);
   lk->unlock = NULL;
   lk->nweights = lk->capweights = lk->nunlock = 0;
   lk->is_mutex = is_mutex;
@@ -179,10 +179,10 @@ static int lock__tostring (lua_State *L) {
   if (lk->is_mutex)
     lua_pushfstring(L, "%s (%s, %d waiting): %p", AM_MUTEX,
                     lk->value <= 0 ? "locked" : "unlocked",
-                    (int)lk->queue.n, (void *)lk);
+                    (int)lk->queue.count, (void *)lk);
   else
     lua_pushfstring(L, "%s (value %I, %d waiting): %p", AM_SEMAPHORE,
-                    (LUAI_UACINT)lk->value, (int)lk->queue.n, (void *)lk);
+                    (LUAI_UACINT)lk->value, (int)lk->queue.count, (void *)lk);
   return 1;
 }
 

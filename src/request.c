@@ -144,8 +144,8 @@ static int push_grant (lua_State *L, int lockidx, Lock *lk,
 static int finish_request (lua_State *L, int status, lua_KContext ctx) {
   Waiter *w = (Waiter *)ctx;
   (void)status;
-  if (w->state != S_RESUMING) {
-    lua_settop(L, w->top);
+  if (w->state != S_RESUMING) {           /* the waiter back on top */
+    lua_settop(L, (w->lockidx > w->erridx ? w->lockidx : w->erridx) + 1);
     return lua_yieldk(L, 0, ctx, finish_request);
   }
   w->state = S_DONE;
@@ -206,15 +206,14 @@ int am_request (lua_State *L, const Request *rq) {
     lua_pushvalue(L, rq->erridx);
     return lua_error(L);
   }
+  /* keep what the continuation reads; the waiter goes just above */
+  lua_settop(L, rq->lockidx > rq->erridx ? rq->lockidx : rq->erridx);
   w = (Waiter *)lua_newuserdatauv(L, sizeof(Waiter), 0);
   w->lock = lk;
   w->weight = rq->weight;
   w->u.value = 0;
-  w->priority = rq->priority;
-  w->seq = 0;
-  w->qpos = w->tpos = AM_NOPOS;
+  w->q.prev = w->q.next = w->t.prev = w->t.next = NULL;
   w->ref = LUA_NOREF;
-  w->top = 0;
   w->lockidx = (unsigned char)rq->lockidx;
   w->erridx = (unsigned char)rq->erridx;
   w->kind = (unsigned char)rq->kind;
@@ -223,11 +222,9 @@ int am_request (lua_State *L, const Request *rq) {
   am_pushupvalue(L, UV_WAITER);
   lua_setmetatable(L, -2);
   lua_toclose(L, -1);            /* coroutine.close while waiting: abandon */
-  am_ready_reserve(L, lk->st);
-  am_enqueue(L, lk, w);          /* now QUEUED */
+  am_enqueue(L, lk, w, rq->priority);      /* now QUEUED */
   am_anchor(L, w);
   if (rq->mode == AM_TIMEOUT) am_timer_add(L, lk->st, w, rq->ms);
-  w->top = lua_gettop(L);
   return lua_yieldk(L, 0, (lua_KContext)w, finish_request);
 }
 

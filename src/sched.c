@@ -3,7 +3,7 @@
 ** Outcomes (grant, timeout, cancel) are decided synchronously by lock.c and
 ** queued here in a ready list; the coroutines are resumed later, from a luv
 ** idle handle, in the order the outcomes were decided.  Deadlines of timed
-** waiters live in one heap served by a single luv timer.  Both handles are
+** waiters live in one queue served by a single luv timer.  Both handles are
 ** created through luv's own Lua API, so uv.walk() and luv's exit-time
 ** cleanup know them, and both are stopped whenever they have nothing to do,
 ** so uv.run() returns as soon as user work is done.
@@ -99,7 +99,7 @@ static void stop_idle (lua_State *L, State *st) {
 
 /* (Re)starts the timer for the earliest deadline. */
 static void arm_timer (lua_State *L, State *st) {
-  Waiter *first = am_heap_top(&st->timers);
+  Waiter *first = am_queue_first(&st->timers);
   lua_Number delay = ceil(first->u.deadline - loop_now(L, st));
   if (delay < 0) delay = 0;
   else if (delay > MAX_DELAY) delay = MAX_DELAY;
@@ -128,82 +128,15 @@ static void stop_timer (lua_State *L, State *st) {
 /* {====================================================== ready list */
 
 /*
-** The ready list is a ring of waiters in the order their outcomes were
-** decided.  A waiter abandoned while ready leaves a hole (NULL), skipped
-** when reached.  Its capacity is reserved when a request starts waiting,
-** so making a waiter ready never fails half-way.
+** The ready list holds the waiters whose outcome is decided, in the order
+** it was decided, linked through the same links as their queue (they
+** have left it).  Making a waiter ready never allocates, so it never fails
+** half-way through a dispatch.
 */
 
-/* Rewrites the ring into 'cap' slots from index 0, dropping the holes. */
-static int compact_ring (State *st, uint32_t cap) {
-  Waiter **ring = (Waiter **)malloc((size_t)cap * sizeof(Waiter *));
-  uint32_t i, n = 0;
-  if (ring == NULL) return 0;
-  for (i = 0; i < st->rlen; i++) {
-    Waiter *w = st->ring[(st->rhead + i) % st->rcap];
-    if (w != NULL) {
-      ring[n] = w;
-      w->qpos = n++;
-    }
-  }
-  free(st->ring);
-  st->ring = ring;
-  st->rcap = cap;
-  st->rhead = 0;
-  st->rlen = n;
-  return 1;
-}
-
-
-/* Drops the holes in place, keeping the order. */
-static void squeeze_ring (State *st) {
-  uint32_t i, n = 0;
-  for (i = 0; i < st->rlen; i++) {
-    Waiter *w = st->ring[(st->rhead + i) % st->rcap];
-    if (w != NULL) {                  /* writes trail reads: safe in place */
-      uint32_t j = (st->rhead + n++) % st->rcap;
-      st->ring[j] = w;
-      w->qpos = j;
-    }
-  }
-  for (i = n; i < st->rlen; i++)
-    st->ring[(st->rhead + i) % st->rcap] = NULL;
-  st->rlen = n;
-}
-
-
-/* Makes sure every pending waiter, plus one, fits in the ring. */
-void am_ready_reserve (lua_State *L, State *st) {
-  if (st->pending + 1 > st->rcap) {
-    uint32_t cap = st->rcap ? 2 * st->rcap : 16;
-    if (st->rcap >= UINT32_MAX / 2 || !compact_ring(st, cap))
-      luaL_error(L, "not enough memory");
-  }
-}
-
-
 void am_ready_unlink (State *st, Waiter *w) {
-  st->ring[w->qpos] = NULL;
-  w->qpos = AM_NOPOS;
-}
-
-
-/* The next waiter of the ring, left in place, or NULL when it is empty. */
-static Waiter *ready_peek (State *st) {
-  while (st->rlen > 0 && st->ring[st->rhead] == NULL) {   /* skip holes */
-    st->rhead = (st->rhead + 1) % st->rcap;
-    st->rlen--;
-  }
-  return st->rlen > 0 ? st->ring[st->rhead] : NULL;
-}
-
-
-/* Takes the waiter 'ready_peek' returned out of the ring. */
-static void ready_shift (State *st, Waiter *w) {
-  st->ring[st->rhead] = NULL;
-  st->rhead = (st->rhead + 1) % st->rcap;
-  st->rlen--;
-  w->qpos = AM_NOPOS;
+  (void)st;
+  am_list_unlink(w, 0);
 }
 
 
@@ -212,13 +145,8 @@ static void ready_shift (State *st, Waiter *w) {
 ** schedules its resumption.
 */
 void am_ready (lua_State *L, State *st, Waiter *w, int outcome) {
-  uint32_t i;
   am_timer_remove(L, st, w);
-  if (st->rlen == st->rcap)          /* full, with holes: pending < rcap */
-    squeeze_ring(st);
-  i = (st->rhead + st->rlen++) % st->rcap;
-  st->ring[i] = w;
-  w->qpos = i;
+  am_list_append(&st->ready, w, 0);
   w->state = S_READY;
   w->outcome = (unsigned char)outcome;
   if (!st->idle_on) start_idle(L, st);
@@ -312,7 +240,7 @@ static int on_idle (lua_State *L) {
   if (st->draining) return 0;                 /* uv.run() inside a waiter */
   st->draining = 1;
   while (budget-- > 0) {
-    Waiter *w = ready_peek(st);
+    Waiter *w = am_list_first(&st->ready);
     lua_State *co;
     int nres, status;
     if (w == NULL) break;
@@ -323,7 +251,7 @@ static int on_idle (lua_State *L) {
       am_abandon(L, w);
       continue;
     }
-    ready_shift(st, w);
+    am_list_unlink(w, 0);
     am_unanchor(L, w);
     w->state = S_RESUMING;
     status = lua_resume(co, L, 0, &nres);
@@ -334,7 +262,7 @@ static int on_idle (lua_State *L) {
     lua_pop(L, 1);
   }
   st->draining = 0;
-  if (ready_peek(st) == NULL && st->idle_on) stop_idle(L, st);
+  if (am_list_first(&st->ready) == NULL && st->idle_on) stop_idle(L, st);
   return 0;
 }
 
@@ -345,11 +273,11 @@ static int on_timer (lua_State *L) {
   lua_Number now = loop_now(L, st);
   Waiter *w;
   st->timer_on = 0;                           /* a one-shot timer fired */
-  while ((w = am_heap_top(&st->timers)) != NULL && w->u.deadline <= now) {
-    am_heap_remove(&st->timers, w);
+  while ((w = am_queue_first(&st->timers)) != NULL && w->u.deadline <= now) {
+    am_queue_remove(&st->timers, w);
     am_expire(L, w);
   }
-  if (st->timers.n > 0 && !st->timer_on) arm_timer(L, st);
+  if (st->timers.count > 0 && !st->timer_on) arm_timer(L, st);
   return 0;
 }
 
@@ -359,28 +287,27 @@ static int on_timer (lua_State *L) {
 /* {====================================================== timers */
 
 /*
-** Adds a waiter that is already in its lock's queue to the timer heap.
+** Adds a waiter that is already in its lock's queue to the timer queue.
 ** The luv timer is restarted only when this deadline is the new earliest.
 */
 void am_timer_add (lua_State *L, State *st, Waiter *w, lua_Number ms) {
-  if (!am_heap_reserve(&st->timers))
-    luaL_error(L, "not enough memory");
   w->u.deadline = loop_now(L, st) + ms;
-  am_heap_push(&st->timers, w);
+  if (!am_queue_push(&st->timers, w, ms))
+    luaL_error(L, "not enough memory");
   if (!st->timer_on || w->u.deadline < st->timer_due)
     arm_timer(L, st);
 }
 
 
 /*
-** Removes a waiter from the timer heap, if it is there.  The timer is
+** Removes a waiter from the timer queue, if it is there.  The timer is
 ** stopped when no deadline is left (so it never keeps the loop alive);
 ** otherwise it may fire early once and is re-armed then.
 */
 void am_timer_remove (lua_State *L, State *st, Waiter *w) {
-  if (w->tpos == AM_NOPOS) return;
-  am_heap_remove(&st->timers, w);
-  if (st->timers.n == 0) stop_timer(L, st);
+  if (w->t.next == NULL) return;
+  am_queue_remove(&st->timers, w);
+  if (st->timers.count == 0) stop_timer(L, st);
 }
 
 /* }====================================================== */
@@ -390,9 +317,7 @@ void am_timer_remove (lua_State *L, State *st, Waiter *w) {
 
 static int state__gc (lua_State *L) {
   State *st = (State *)lua_touserdata(L, 1);
-  am_heap_free(&st->timers);
-  free(st->ring);
-  st->ring = NULL;
+  am_queue_free(&st->timers);
   return 0;
 }
 
@@ -452,10 +377,8 @@ State *am_state_open (lua_State *L) {
     return (State *)lua_touserdata(L, -1);
   lua_pop(L, 1);
   st = (State *)lua_newuserdatauv(L, sizeof(State), 0);
-  st->ring = NULL;
-  st->rcap = st->rhead = st->rlen = 0;
-  am_heap_init(&st->timers, 1);
-  st->seq = 0;
+  am_list_init(&st->ready);
+  am_queue_init(&st->timers, 1);
   st->pending = 0;
   st->timer_due = 0;
   st->idle_on = st->timer_on = st->draining = 0;
