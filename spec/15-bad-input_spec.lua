@@ -264,6 +264,32 @@ describe("bad arguments to tryAcquire", function()
   end))
 end)
 
+describe("decorated methods called on something else", function()
+  it("raise the exact message naming the decorated kind and what they got", h.async(function()
+    local m, s = am.Mutex.new(), am.Semaphore.new(1)
+    local km, ks = am.KeyedMutex.new(), am.KeyedSemaphore.new(1)
+    local cases = {
+      { am.withTimeout(m, 10), "Mutex" }, { am.tryAcquire(s), "Semaphore" },
+      { am.withTimeout(km, 10), "KeyedMutex" }, { am.tryAcquire(ks), "KeyedSemaphore" },
+    }
+    for _, case in ipairs(cases) do
+      local d, kind = case[1], case[2]
+      for _, name in ipairs { "acquire", "waitForUnlock" } do
+        local pre = ("bad argument #1 to '%s' (decorated %s expected, got "):format(name, kind)
+        assert.equal(pre .. "no value)", E(function() d[name]() end))
+        assert.equal(pre .. "number)", E(function() d[name](5) end))
+        assert.equal(pre .. "table)", E(function() d[name]({ m, 10, "x" }) end))
+        assert.equal(pre .. "async_mutex.Mutex)", E(function() d[name](m) end))
+        local other = kind == "Mutex" and am.tryAcquire(s) or am.withTimeout(m, 1)
+        assert.equal(pre .. getmetatable(other).__name .. ")", E(function() d[name](other) end))
+      end
+    end
+    assert.is_false(m:isLocked())
+    assert.equal(1, s:getValue())
+    assert.equal(0, am.pending())
+  end))
+end)
+
 describe("methods called without self", function()
   it("raise the exact message for a Mutex method", h.async(function()
     local m = am.Mutex.new()

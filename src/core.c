@@ -51,6 +51,64 @@ static int core_waitForUnlock (lua_State *L) {
 }
 
 
+/*
+** The acquire and waitForUnlock of decorated locks, {lock, limit, err}
+** tables.  They are C functions rather than Lua wrappers of the above: a
+** Lua frame more would make every timed waiter grow its coroutine's
+** stack, and shrink it again when its timeout error is caught (Lua does),
+** which doubled the cost of 100,000 timeouts.  Upvalues after the
+** module's: the kind's decorated metatable and the kind's name.
+*/
+#define UV_DECORATED  (UV_COUNT + 1)
+#define UV_KINDNAME   (UV_COUNT + 2)
+
+static int decorated (lua_State *L, int kind, const char *fname) {
+  int ok = lua_getmetatable(L, 1)
+           && lua_rawequal(L, -1, lua_upvalueindex(UV_DECORATED));
+  if (!ok) {
+    const char *got = luaL_getmetafield(L, 1, "__name") == LUA_TSTRING
+                      ? lua_tostring(L, -1) : luaL_typename(L, 1);
+    return luaL_error(L, "bad argument #1 to '%s' (decorated %s expected, "
+                      "got %s)", fname,
+                      lua_tostring(L, lua_upvalueindex(UV_KINDNAME)), got);
+  }
+  lua_pop(L, 1);
+  lua_rawgeti(L, 1, 1);                       /* self ... lock */
+  lua_rawgeti(L, 1, 2);                       /* self ... lock limit */
+  lua_rawgeti(L, 1, 3);                       /* self ... lock limit err */
+  lua_rotate(L, 2, 3);                        /* self lock limit err ... */
+  lua_remove(L, 1);
+  return limited(L, kind, fname);
+}
+
+
+static int decorated_acquire (lua_State *L) {
+  return decorated(L, W_ACQUIRE, "acquire");
+}
+
+
+static int decorated_waitForUnlock (lua_State *L) {
+  return decorated(L, W_UNLOCK, "waitForUnlock");
+}
+
+
+/* core.decorate(mt, kind): the acquire and waitForUnlock for 'mt'. */
+static int core_decorate (lua_State *L) {
+  int i;
+  luaL_checktype(L, 1, LUA_TTABLE);
+  luaL_checkstring(L, 2);
+  for (i = 0; i < 2; i++) {
+    int uv;
+    for (uv = 1; uv <= UV_COUNT; uv++) am_pushupvalue(L, uv);
+    lua_pushvalue(L, 1);
+    lua_pushvalue(L, 2);
+    lua_pushcclosure(L, i == 0 ? decorated_acquire : decorated_waitForUnlock,
+                     UV_COUNT + 2);
+  }
+  return 2;
+}
+
+
 /* core.kind(v): "Mutex", "Semaphore", "KeyedMutex", "KeyedSemaphore" or nil. */
 static int core_kind (lua_State *L) {
   Lock *lk = am_tolock(L, 1);
@@ -95,6 +153,7 @@ static const luaL_Reg core_funcs[] = {
   {"acquire", core_acquire},
   {"waitForUnlock", core_waitForUnlock},
   {"kind", core_kind},
+  {"decorate", core_decorate},
   {"setErrorHandler", core_setErrorHandler},
   {"pending", core_pending},
   {NULL, NULL}

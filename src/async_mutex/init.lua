@@ -12,7 +12,7 @@ local huge, max, sort = math.huge, math.max, table.sort
 local now = uv.now
 
 local kind_of = core.kind
-local limited_acquire, limited_wait = core.acquire, core.waitForUnlock
+local limited_acquire = core.acquire
 
 local M = {
   E_TIMEOUT = core.E_TIMEOUT,
@@ -262,15 +262,7 @@ for _, kind in ipairs(KINDS) do
   }
   decorated[kind].__index = dmethods
 
-  function dmethods:acquire(...)
-    local lock, limit, err = unwrap(self, kind, "acquire")
-    return limited_acquire(lock, limit, err, ...)
-  end
-
-  function dmethods:waitForUnlock(...)
-    local lock, limit, err = unwrap(self, kind, "waitForUnlock")
-    return limited_wait(lock, limit, err, ...)
-  end
+  dmethods.acquire, dmethods.waitForUnlock = core.decorate(decorated[kind], kind)
 
   for _, method in ipairs(FORWARDED[kind]) do
     dmethods[method] = function(self, ...)
