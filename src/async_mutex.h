@@ -185,6 +185,8 @@ struct State {
   int idle, timer, idle_start, idle_stop, timer_start, timer_stop, now;
   int new_idle, new_timer, is_closing;
   int on_idle, on_timer, handler;
+  int anchors;                       /* the anchors table (sched.c) */
+  int nanchors, free_anchor;         /* its slots; first free one, or 0 */
 };
 
 /* queue.c */

@@ -11,6 +11,7 @@
 
 #define LUA_LIB
 
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -153,19 +154,52 @@ void am_ready (lua_State *L, State *st, Waiter *w, int outcome) {
 }
 
 
+/*
+** Anchors: the coroutines of queued and ready waiters, in a table of the
+** state's.  Like luaL_ref, with the head of the free list kept in C and
+** the rest threaded through the freed slots, so a slot costs one table
+** write to take or give back; the table stays an array.
+*/
+
 /* Anchors the running coroutine 'L', which waits in 'w'. */
 void am_anchor (lua_State *L, Waiter *w) {
+  State *st = w->lock->st;
+  int ref = st->free_anchor;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, st->anchors);
+  if (ref != 0) {                       /* reuse a slot: never allocates */
+    lua_rawgeti(L, -1, ref);
+    st->free_anchor = (int)lua_tointeger(L, -1);
+    lua_pop(L, 1);
+  }
+  else if (st->nanchors == INT_MAX)
+    luaL_error(L, "too many waiting coroutines");
+  else
+    ref = st->nanchors + 1;
   lua_pushthread(L);
-  w->ref = luaL_ref(L, LUA_REGISTRYINDEX);
-  w->lock->st->pending++;
+  lua_rawseti(L, -2, ref);              /* a new slot may raise (memory) */
+  lua_pop(L, 1);
+  if (ref > st->nanchors) st->nanchors = ref;
+  w->ref = ref;
+  st->pending++;
+}
+
+
+/* Gives the anchor back; the anchors table is at stack index 't'. */
+static void unanchor_at (lua_State *L, State *st, int t, Waiter *w) {
+  lua_pushinteger(L, st->free_anchor);
+  lua_rawseti(L, t, w->ref);
+  st->free_anchor = w->ref;
+  w->ref = LUA_NOREF;
+  st->pending--;
 }
 
 
 void am_unanchor (lua_State *L, Waiter *w) {
   if (w->ref != LUA_NOREF) {
-    luaL_unref(L, LUA_REGISTRYINDEX, w->ref);
-    w->ref = LUA_NOREF;
-    w->lock->st->pending--;
+    State *st = w->lock->st;
+    lua_rawgeti(L, LUA_REGISTRYINDEX, st->anchors);
+    unanchor_at(L, st, lua_gettop(L), w);
+    lua_pop(L, 1);
   }
 }
 
@@ -236,15 +270,17 @@ static void report (lua_State *L, State *st, lua_State *co) {
 */
 static int on_idle (lua_State *L) {
   State *st = (State *)lua_touserdata(L, lua_upvalueindex(UV_STATE));
-  int budget = BATCH;
+  int budget = BATCH, t;
   if (st->draining) return 0;                 /* uv.run() inside a waiter */
   st->draining = 1;
+  pushref(L, st->anchors);
+  t = lua_gettop(L);
   while (budget-- > 0) {
     Waiter *w = am_list_first(&st->ready);
     lua_State *co;
     int nres, status;
     if (w == NULL) break;
-    pushref(L, w->ref);                 /* keeps 'co' alive meanwhile */
+    lua_rawgeti(L, t, w->ref);          /* keeps 'co' alive meanwhile */
     co = lua_tothread(L, -1);
     if (lua_status(co) != LUA_YIELD) {  /* cannot run: give back */
       lua_pop(L, 1);
@@ -252,7 +288,7 @@ static int on_idle (lua_State *L) {
       continue;
     }
     am_list_unlink(w, 0);
-    am_unanchor(L, w);
+    unanchor_at(L, st, t, w);
     w->state = S_RESUMING;
     status = lua_resume(co, L, 0, &nres);
     if (status == LUA_OK || status == LUA_YIELD)
@@ -386,11 +422,15 @@ State *am_state_open (lua_State *L) {
   st->timer_start = st->timer_stop = st->now = LUA_NOREF;
   st->new_idle = st->new_timer = st->is_closing = LUA_NOREF;
   st->on_idle = st->on_timer = st->handler = LUA_NOREF;
+  st->anchors = LUA_NOREF;
+  st->nanchors = st->free_anchor = 0;
   luaL_newmetatable(L, AM_STATE);
   lua_pushcfunction(L, state__gc);
   lua_setfield(L, -2, "__gc");
   lua_setmetatable(L, -2);
   sti = lua_gettop(L);
+  lua_newtable(L);
+  st->anchors = luaL_ref(L, LUA_REGISTRYINDEX);
   require_luv(L);
   luv = lua_gettop(L);
   st->now = ref_field(L, luv, "now");
