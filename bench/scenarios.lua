@@ -107,12 +107,16 @@ local S = {}
 -- 1. Uncontended acquire + release, n times, and runExclusive (best of 3).
 -- The floor does the same calls with no lock: a method call on a value with a
 -- metatable and a call of what it returned (two C functions); and a method
--- call plus pcall(noop).
+-- call plus pcall(noop).  The floor also times the least an acquire/release
+-- pair must do besides its lock work: make a fresh callable object (in one C
+-- call) and call it.
 function S.uncontended(n)
   n = n or 1000000
   local m = floor and "x" or am.Mutex.new()
-  local best_acq, best_run = math.huge, math.huge
+  local best_acq, best_run, best_fresh = math.huge, math.huge, math.huge
   local function noop() end
+  local maker = { new = setmetatable }
+  local releaser_mt = { __call = rawlen, __close = rawlen }
   spawn(function()
     for _ = 1, 3 do
       local t0 = now()
@@ -129,6 +133,14 @@ function S.uncontended(n)
           pcall(noop)
         end
         best_run = math.min(best_run, now() - t0)
+        -- and with what any acquire must hand out: a fresh object that can
+        -- be called and closed (a releaser), made by one C call, then called
+        t0 = now()
+        for _ = 1, n do
+          local release = maker.new({}, releaser_mt)
+          release()
+        end
+        best_fresh = math.min(best_fresh, now() - t0)
       else
         for _ = 1, n do
           local release = m:acquire()
@@ -145,7 +157,8 @@ function S.uncontended(n)
   end)
   uv.run()
   emit { scenario = "uncontended", n = n,
-         acquire_ns = best_acq / n, run_ns = best_run / n }
+         acquire_ns = best_acq / n, run_ns = best_run / n,
+         fresh_releaser_ns = floor and best_fresh / n or nil }
 end
 
 -- 2. Hand-off: a holder takes the mutex, ncoro coroutines each do ncycles

@@ -151,6 +151,23 @@ describe("queues with many distinct keys", function()
     assert.is_false(m:isLocked())
   end))
 
+  it("expire timeouts whose deadlines round to one value in arrival order", h.async(function()
+    local uv = require "luv"
+    local s = am.Semaphore.new(1)
+    local ms_a, ms_b = 0.3, 0.1 + 0.2        -- differ in the last bit only
+    assert.is_true(ms_a ~= ms_b and uv.now() + ms_a == uv.now() + ms_b)
+    local log = {}
+    local a = h.acquirer(log, "a", am.withTimeout(s, ms_a, "late a"), 2)   -- blocks b
+    local b = h.acquirer(log, "b", am.withTimeout(s, ms_b, "late b"), 1)
+    h.wait_until(function() return #log == 2 end)
+    -- a expires first (it came first), and its removal lets b in at once
+    assert.same({ "a", "b" }, log)
+    assert.equal("late a", a.err)
+    assert.is_true(b.ok)
+    b.release()
+    assert.equal(1, s:getValue())
+  end))
+
   it("leave the timer queue when granted, closed or timed out, in any bucket", h.async(function()
     local rand = rng(5)
     local s = am.Semaphore.new(0)

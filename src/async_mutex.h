@@ -70,7 +70,9 @@ typedef struct Bucket {
 ** buckets by key descending.  Timer order (deadline, then arrival):
 ** buckets by their head's deadline (waiters of one duration arrive in
 ** deadline order), the longer duration first on a tie (it arrived first).
-** Every operation is O(1), or O(log n) in the number of distinct keys.
+** (Timer keys are the deadline minus the loop time at the request, as
+** rounded, so equal keys and deadlines mean one list.)  Every operation
+** is O(1), or O(log n) in the number of distinct keys.
 */
 typedef struct Queue {
   Bucket **heap;

@@ -327,8 +327,11 @@ static int on_timer (lua_State *L) {
 ** The luv timer is restarted only when this deadline is the new earliest.
 */
 void am_timer_add (lua_State *L, State *st, Waiter *w, lua_Number ms) {
-  w->u.deadline = loop_now(L, st) + ms;
-  if (!am_queue_push(&st->timers, w, ms))
+  lua_Number now = loop_now(L, st);
+  w->u.deadline = now + ms;
+  /* keyed by the duration the deadline holds after rounding, so that two
+     durations within an ulp of 'now' share one list (arrival order) */
+  if (!am_queue_push(&st->timers, w, w->u.deadline - now))
     luaL_error(L, "not enough memory");
   if (!st->timer_on || w->u.deadline < st->timer_due)
     arm_timer(L, st);
