@@ -67,14 +67,17 @@ end
 
 
 -- {========================================================== runExclusive
--- runExclusive releases before fn's error propagates (an error that kills
--- a coroutine closes nothing until the coroutine is closed), and the
--- releaser is also to-be-closed, for when the coroutine is closed while fn
--- is suspended.  The error value is re-raised unchanged (level 0).
+-- The releaser is to-be-closed: it releases when runExclusive returns, and
+-- when the coroutine is closed while fn is suspended.  fn's error is
+-- caught so as to release before it propagates (an error that kills a
+-- coroutine closes nothing until the coroutine is closed), then re-raised
+-- unchanged (level 0).
 
 local function finish(release, ok, ...)
-  release()
-  if not ok then error((...), 0) end
+  if not ok then
+    release()
+    error((...), 0)
+  end
   return ...
 end
 
