@@ -28,6 +28,17 @@ local function by_priority(a, b)
   return a.i < b.i
 end
 
+-- Releases the holder and checks that the waiters {p = priority, i = name}
+-- still queued are granted in queue order, each logging its name.
+local function expect_grants(waiters, release, log)
+  table.sort(waiters, by_priority)
+  local expected = {}
+  for k, x in ipairs(waiters) do expected[k] = x.i end
+  release()
+  h.wait_until(function() return #log == #expected end)
+  assert.same(expected, log)
+end
+
 describe("queues with many distinct keys", function()
   -- waiters other specs left behind, on purpose, count in am.pending()
   local pending0
@@ -59,12 +70,7 @@ describe("queues with many distinct keys", function()
       local x = { p = p, i = i, w = chain(log, i, m, p) }
       survivors[#survivors + 1] = x
     end
-    table.sort(survivors, by_priority)
-    local expected = {}
-    for k, x in ipairs(survivors) do expected[k] = x.i end
-    release()
-    h.wait_until(function() return #log == #expected end)
-    assert.same(expected, log)
+    expect_grants(survivors, release, log)
     assert.is_false(m:isLocked())
     assert.equal(pending0, am.pending())
   end))
@@ -93,12 +99,7 @@ describe("queues with many distinct keys", function()
     end
     local survivors = {}
     for _, x in pairs(live) do survivors[#survivors + 1] = x end
-    table.sort(survivors, by_priority)
-    local expected = {}
-    for k, x in ipairs(survivors) do expected[k] = x.i end
-    release()
-    h.wait_until(function() return #log == #expected end)
-    assert.same(expected, log)
+    expect_grants(survivors, release, log)
     assert.equal(pending0, am.pending())
   end))
 
