@@ -76,11 +76,11 @@ typedef struct Bucket {
 */
 typedef struct Queue {
   Bucket **heap;
-  uint32_t n, cap;            /* buckets in the heap */
   Bucket **slot;              /* open addressing, 'hcap' a power of 2 */
-  uint32_t hcap;
   Bucket *spare;              /* an emptied bucket kept for the next key */
   size_t count;               /* waiters */
+  uint32_t n, cap;            /* buckets in the heap */
+  uint32_t hcap;
   int timer;
 } Queue;
 
