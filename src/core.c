@@ -18,8 +18,8 @@
 
 
 /*
-** core.acquire(lock, limit, err, ...) and core.waitForUnlock(...): the
-** lock's method with a limit: 'limit' is a timeout in ms, or false for
+** core.acquire(lock, limit, err, ...), for acquireAll, and the decorated
+** methods below: the lock's request with a limit: 'limit' is a timeout in ms, or false for
 ** tryAcquire; 'err' is raised when the limit is hit.  The user's own
 ** arguments (...) start at index 4 and are numbered from 1 in errors.
 */
@@ -43,11 +43,6 @@ static int limited (lua_State *L, int kind, const char *fname) {
 
 static int core_acquire (lua_State *L) {
   return limited(L, W_ACQUIRE, "acquire");
-}
-
-
-static int core_waitForUnlock (lua_State *L) {
-  return limited(L, W_UNLOCK, "waitForUnlock");
 }
 
 
@@ -151,7 +146,6 @@ static int core_pending (lua_State *L) {
 
 static const luaL_Reg core_funcs[] = {
   {"acquire", core_acquire},
-  {"waitForUnlock", core_waitForUnlock},
   {"kind", core_kind},
   {"decorate", core_decorate},
   {"setErrorHandler", core_setErrorHandler},

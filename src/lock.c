@@ -229,7 +229,7 @@ void am_abandon (lua_State *L, Waiter *w) {
       else am_settle(L, lk);
       break;
     case S_READY:
-      am_ready_unlink(lk->st, w);
+      am_list_unlink(w, 0);            /* from the ready list */
       w->state = S_DONE;
       am_unanchor(L, w);
       if (w->kind == W_ACQUIRE && w->outcome == O_GRANTED) {

@@ -135,12 +135,6 @@ static void stop_timer (lua_State *L, State *st) {
 ** half-way through a dispatch.
 */
 
-void am_ready_unlink (State *st, Waiter *w) {
-  (void)st;
-  am_list_unlink(w, 0);
-}
-
-
 /*
 ** Records the outcome of a waiter that has left its lock's queue and
 ** schedules its resumption.
