@@ -92,14 +92,18 @@ S.uncontended = async (n = 1000000) => {
 S.handoff = async (ncoro = 1000, ncycles = 100) => {
   const total = ncoro * ncycles;
   let waited = 0, done = 0, tEnd;
+  // An acquire waited iff a release happened meanwhile (as in scenarios.lua).
+  let releases = 0;
   const [finished, finish] = barrier();
   const m = new Mutex();
   const releaseHolder = await m.acquire();
   const worker = async () => {
     for (let i = 0; i < ncycles; i++) {
-      if (m.isLocked()) waited++;
+      const before = releases;
       const release = await m.acquire();
+      if (releases !== before) waited++;
       release();
+      releases++;
     }
     done++;
     if (done === ncoro) { tEnd = now(); finish(); }
@@ -107,6 +111,7 @@ S.handoff = async (ncoro = 1000, ncycles = 100) => {
   for (let i = 0; i < ncoro; i++) spawn(worker);
   const t0 = now();
   releaseHolder();
+  releases++;
   await finished;
   emit({ scenario: "handoff", coroutines: ncoro, cycles: ncycles,
          waited_pct: 100 * waited / total, ns: (tEnd - t0) / total,
