@@ -192,6 +192,32 @@ describe("garbage collection in the middle of waits", function()
     assert.same({ 1, 1, 1 }, log)
   end))
 
+  for _, kind in ipairs { "Mutex", "Semaphore" } do
+    it("keeps a " .. kind .. " alive that only the releaser of a waited grant references", h.async(function()
+      local weak = setmetatable({}, { __mode = "v" })
+      local waited_release
+      do
+        local lock = kind == "Mutex" and am.Mutex.new() or am.Semaphore.new(1)
+        weak.lock = lock
+        local first = select(-1, lock:acquire())
+        coroutine.wrap(function()
+          waited_release = select(-1, lock:acquire())   -- waits: the waiter is handed out
+        end)()
+        first()
+      end
+      h.wait_until(function() return waited_release ~= nil end)
+      h.gc()
+      assert.is_not_nil(weak.lock)            -- the releaser keeps it
+      assert.is_true(weak.lock:isLocked())
+      waited_release()
+      assert.is_false(weak.lock:isLocked())
+      assert.matches("^async_mutex%.Releaser %(released%)", tostring(waited_release))
+      waited_release = nil
+      h.gc()
+      assert.is_nil(weak.lock)                -- and nothing else does
+    end))
+  end
+
   it("keeps a custom cancel error alive that only the lock references", h.async(function()
     local seen = setmetatable({}, { __mode = "k" })
     local m

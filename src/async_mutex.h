@@ -88,12 +88,13 @@ typedef struct Queue {
 enum { W_ACQUIRE, W_UNLOCK };
 
 /*
-** Life of a waiter: QUEUED in its lock (and maybe in the timer queue),
-** then READY in the scheduler's ready list once its outcome is decided,
-** RESUMING while the scheduler resumes it, DONE once its coroutine has
-** read the outcome (or was closed).
+** Life of a waiter: QUEUED in its lock's queue (and maybe in the timer
+** queue), then READY in the scheduler's ready list once its outcome is
+** decided, RESUMING while the scheduler resumes it, DONE once its
+** coroutine has read the outcome (or was closed).  A granted acquire
+** hands its waiter out as the releaser: HELD until released, RELEASED.
 */
-enum { S_QUEUED, S_READY, S_RESUMING, S_DONE };
+enum { S_QUEUED, S_READY, S_RESUMING, S_DONE, S_HELD, S_RELEASED };
 
 enum { O_GRANTED, O_TIMEOUT, O_CANCELED };
 
@@ -104,8 +105,12 @@ enum { AM_WAIT, AM_TIMEOUT, AM_TRY };
 ** One suspended request.  It is a userdata living on the waiting
 ** coroutine's own stack, marked to-be-closed, so 'coroutine.close' of a
 ** waiting coroutine removes it from every queue at once; the coroutine is
-** anchored in the registry ('ref') while the module may resume it.  Kept
-** small: its size is most of what a waiter costs.
+** anchored (sched.c, 'ref') while the module may resume it.
+**
+** Its size is most of what a waiter costs, so it is allocated in three
+** lengths: a releaser is the fields before 'q'; an untimed waiter stops
+** before 't'.  An untimed acquire's waiter carries its lock (user value
+** 1) and becomes the releaser of its grant: one object per hand-off.
 */
 struct Waiter {
   Lock *lock;
@@ -115,15 +120,22 @@ struct Waiter {
     lua_Integer value;        /* once granted: semaphore value at the grant,
                                  or the mutex grant's generation */
   } u;
-  Links q;                    /* QUEUED: in its lock's queue;
-                                 READY: in the scheduler's ready list */
-  Links t;                    /* in the timer queue; t.next NULL if not */
   int ref;                    /* anchor of the coroutine (sched.c) */
-  unsigned char kind, state, outcome;
+  unsigned char state;
+  unsigned int kind : 1;      /* W_ACQUIRE or W_UNLOCK */
+  unsigned int outcome : 2;
+  unsigned int timed : 1;     /* allocated with 't' (withTimeout) */
   unsigned char lockidx;      /* stack index of the lock in the waiting frame */
   unsigned char erridx;       /* stack index of the timeout error, or 0; the
                                  waiter itself is just above both */
+  Links q;                    /* QUEUED: in its lock's queue;
+                                 READY: in the scheduler's ready list */
+  Links t;                    /* timed only: in the timer queue, or
+                                 t.next NULL */
 };
+
+#define AM_RELEASER_SIZE   offsetof(Waiter, q)
+#define AM_UNTIMED_SIZE    offsetof(Waiter, t)
 
 /* A request being made: what, on which lock (a stack index), how long. */
 typedef struct Request {

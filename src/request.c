@@ -63,25 +63,21 @@ static lua_Number optpriority (lua_State *L, int idx, int base,
 
 /* {====================================================== releaser */
 
-typedef struct Releaser {
-  Lock *lock;
-  lua_Integer weight;         /* semaphore: what to give back */
-  lua_Integer gen;            /* mutex: the grant it ends */
-  int done;
-} Releaser;
-
-
 /*
-** Pushes a releaser for 'weight' of the lock at stack index 'lockidx'
-** ('gen': the mutex grant).  It keeps the lock alive (user value 1).
+** A releaser is a Waiter cut before 'q': 'lock', 'weight' (what a
+** semaphore gives back), 'u.value' (a mutex: the grant it ends) and
+** 'state', HELD until released.  User value 1 keeps the lock alive.
 */
+
+/* Pushes a releaser for 'weight' of the lock at 'lockidx' ('gen': the
+   mutex grant). */
 static void push_releaser (lua_State *L, int lockidx, Lock *lk,
                            lua_Integer weight, lua_Integer gen) {
-  Releaser *r = (Releaser *)lua_newuserdatauv(L, sizeof(Releaser), 1);
+  Waiter *r = (Waiter *)lua_newuserdatauv(L, AM_RELEASER_SIZE, 1);
   r->lock = lk;
   r->weight = weight;
-  r->gen = gen;
-  r->done = 0;
+  r->u.value = gen;
+  r->state = S_HELD;
   am_pushupvalue(L, UV_RELEASER);
   lua_setmetatable(L, -2);
   lua_pushvalue(L, lockidx);
@@ -96,13 +92,13 @@ static void push_releaser (lua_State *L, int lockidx, Lock *lk,
 ** __call and __close (on scope exit, error, or coroutine.close).
 */
 static int releaser_release (lua_State *L) {
-  Releaser *r = (Releaser *)am_checkself(L, UV_RELEASER, AM_RELEASER);
-  if (!r->done) {
+  Waiter *r = (Waiter *)am_checkself(L, UV_RELEASER, AM_RELEASER);
+  if (r->state == S_HELD) {
     Lock *lk = r->lock;
-    r->done = 1;
+    r->state = S_RELEASED;
     if (!lk->is_mutex)
       am_release(L, lk, r->weight);
-    else if (lk->value <= 0 && lk->gen == r->gen)
+    else if (lk->value <= 0 && lk->gen == r->u.value)
       am_release(L, lk, 1);
   }
   return 0;
@@ -110,9 +106,9 @@ static int releaser_release (lua_State *L) {
 
 
 static int releaser__tostring (lua_State *L) {
-  Releaser *r = (Releaser *)am_checkself(L, UV_RELEASER, AM_RELEASER);
+  Waiter *r = (Waiter *)am_checkself(L, UV_RELEASER, AM_RELEASER);
   lua_pushfstring(L, "%s (%s): %p", AM_RELEASER,
-                  r->done ? "released" : "held", (void *)r);
+                  r->state == S_HELD ? "held" : "released", (void *)r);
   return 1;
 }
 
@@ -136,6 +132,32 @@ static int push_grant (lua_State *L, int lockidx, Lock *lk,
 
 
 /*
+** Returns the grant of an untimed acquire, whose waiter (at 'widx', the
+** top, to-be-closed) becomes its releaser.  The waiter's slot is closed
+** first, while the waiter's __close (a no-op once DONE) still serves it:
+** as a releaser, it would release.  Needs lua_closeslot (Lua 5.4.3): on
+** 5.4.4 a lua_settop that closes a slot may leave a dangling stack top.
+*/
+#if LUA_VERSION_RELEASE_NUM >= 50403
+#define HAND_OUT_WAITERS  1
+
+static int hand_out_waiter (lua_State *L, Waiter *w, int widx) {
+  lua_pushvalue(L, widx);
+  lua_closeslot(L, widx);
+  w->state = S_HELD;
+  am_pushupvalue(L, UV_RELEASER);
+  lua_setmetatable(L, -2);
+  if (w->lock->is_mutex) return 1;
+  lua_pushinteger(L, w->u.value);
+  lua_insert(L, -2);
+  return 2;
+}
+#else
+#define HAND_OUT_WAITERS  0
+#endif
+
+
+/*
 ** Continuation of a suspended request, run when the coroutine is resumed.
 ** A resume by anyone but the scheduler (the waiter is not RESUMING) is
 ** ignored: the coroutine goes back to waiting.  Otherwise deliver the
@@ -143,15 +165,19 @@ static int push_grant (lua_State *L, int lockidx, Lock *lk,
 */
 static int finish_request (lua_State *L, int status, lua_KContext ctx) {
   Waiter *w = (Waiter *)ctx;
+  int widx = (w->lockidx > w->erridx ? w->lockidx : w->erridx) + 1;
   (void)status;
   if (w->state != S_RESUMING) {           /* the waiter back on top */
-    lua_settop(L, (w->lockidx > w->erridx ? w->lockidx : w->erridx) + 1);
+    lua_settop(L, widx);
     return lua_yieldk(L, 0, ctx, finish_request);
   }
   w->state = S_DONE;
   switch (w->outcome) {
     case O_GRANTED:
       if (w->kind == W_UNLOCK) return 0;
+#if HAND_OUT_WAITERS
+      if (!w->timed) return hand_out_waiter(L, w, widx);
+#endif
       return push_grant(L, w->lockidx, w->lock, w->weight, w->u.value);
     case O_TIMEOUT:
       lua_pushvalue(L, w->erridx);
@@ -197,6 +223,7 @@ void am_check_yieldable (lua_State *L, const Request *rq, int is_mutex) {
 int am_request (lua_State *L, const Request *rq) {
   Lock *lk = (Lock *)lua_touserdata(L, rq->lockidx);
   Waiter *w;
+  int timed, hands_out;
   if (am_can_lock_now(lk, rq->weight, rq->priority)) {    /* fast path */
     if (rq->kind == W_UNLOCK) return 0;
     return push_grant(L, rq->lockidx, lk, rq->weight, am_take(lk, rq->weight));
@@ -208,19 +235,28 @@ int am_request (lua_State *L, const Request *rq) {
   }
   /* keep what the continuation reads; the waiter goes just above */
   lua_settop(L, rq->lockidx > rq->erridx ? rq->lockidx : rq->erridx);
-  w = (Waiter *)lua_newuserdatauv(L, sizeof(Waiter), 0);
+  timed = (rq->mode == AM_TIMEOUT);
+  hands_out = HAND_OUT_WAITERS && !timed && rq->kind == W_ACQUIRE;
+  w = (Waiter *)lua_newuserdatauv(L, timed ? sizeof(Waiter) : AM_UNTIMED_SIZE,
+                                  hands_out);
   w->lock = lk;
   w->weight = rq->weight;
   w->u.value = 0;
-  w->q.prev = w->q.next = w->t.prev = w->t.next = NULL;
   w->ref = LUA_NOREF;
+  w->state = S_DONE;
+  w->kind = (unsigned)rq->kind;
+  w->outcome = O_GRANTED;
+  w->timed = (unsigned)timed;
   w->lockidx = (unsigned char)rq->lockidx;
   w->erridx = (unsigned char)rq->erridx;
-  w->kind = (unsigned char)rq->kind;
-  w->state = S_DONE;
-  w->outcome = O_GRANTED;
+  w->q.prev = w->q.next = NULL;
+  if (timed) w->t.prev = w->t.next = NULL;
   am_pushupvalue(L, UV_WAITER);
   lua_setmetatable(L, -2);
+  if (hands_out) {                        /* its future releaser's lock */
+    lua_pushvalue(L, rq->lockidx);
+    lua_setiuservalue(L, -2, 1);
+  }
   lua_toclose(L, -1);            /* coroutine.close while waiting: abandon */
   am_enqueue(L, lk, w, rq->priority);      /* now QUEUED */
   am_anchor(L, w);

@@ -338,7 +338,7 @@ void am_timer_add (lua_State *L, State *st, Waiter *w, lua_Number ms) {
 ** otherwise it may fire early once and is re-armed then.
 */
 void am_timer_remove (lua_State *L, State *st, Waiter *w) {
-  if (w->t.next == NULL) return;
+  if (!w->timed || w->t.next == NULL) return;
   am_queue_remove(&st->timers, w);
   if (st->timers.count == 0) stop_timer(L, st);
 }
