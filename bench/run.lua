@@ -155,7 +155,7 @@ local N1M, N100K, N10K = size(1000000), size(100000), size(10000)
 -- scenarios rather than every run of one.
 local JOBS = {
   { "uncontended", "uncontended", tostring(N1M), 3, "acquire_ns", 1 },
-  { "handoff", "handoff", ("%d 100"):format(size(1000)), 3, "ns", 3 },
+  { "handoff", "handoff", ("%d 100 fresh"):format(size(1000)), 3, "ns", 3 },
   { "chain", "chain", tostring(N100K), 3, "ms", 1 },
   { "timeout10k", "timeout", N10K .. " 50", 3, "work_ms", 3 },
   { "timeout100k", "timeout", N100K .. " 50", 3, "work_ms", 1 },
@@ -221,6 +221,9 @@ else
       handoff = per_op(impl, "handoff", function(n) return ("10 %d"):format(n // 10) end, NH),
     }
   end
+  -- the floor with fresh releasers runs after a bare run in the same process
+  local both = per_op("floor", "handoff", function(n) return ("10 %d fresh"):format(n // 10) end, NH)
+  CG.floor.handoff_fresh = both and CG.floor.handoff and both - CG.floor.handoff
 end
 
 -- The table -----------------------------------------------------------------------
@@ -286,6 +289,8 @@ row("1 uncontended", N1M .. " x", "floor + a fresh releaser object", "ns",
     { floor = get(R.uncontended, "floor", "fresh_releaser_ns") })
 local handoff_params = ("%d co x 100 cycles"):format(size(1000))
 row("2 hand-off", handoff_params, "per hand-off", "ns", pick(R.handoff, "ns"), true)
+row("2 hand-off", handoff_params, "floor + a fresh releaser per wait", "ns",
+    { floor = get(R.handoff, "floor", "fresh_releaser_ns") })
 row("2 hand-off", handoff_params, "acquires that waited", "%", pick(R.handoff, "waited_pct"))
 row("3 chain", N100K .. " queued", "release -> last through", "ms", pick(R.chain, "ms"), true)
 for _, t in ipairs { { R.timeout10k, N10K }, { R.timeout100k, N100K } } do
@@ -329,6 +334,8 @@ if has_valgrind then
   end
   row("callgrind", "n vs 2n runs", "instr. per uncontended pair", "Ir", cg("pair"), true)
   row("callgrind", "10 co, n vs 2n", "instr. per hand-off", "Ir", cg("handoff"), true)
+  row("callgrind", "10 co, n vs 2n", "floor + a fresh releaser per wait", "Ir",
+      { floor = CG.floor and CG.floor.handoff_fresh })
 end
 
 local header = { "scenario", "parameters", "metric", "ours", "pure Lua", "floor",
@@ -418,12 +425,17 @@ check_ratio("uncontended vs Node", R.uncontended, "acquire_ns", "node", 30, "Nod
 check_ratio("uncontended vs pure Lua", R.uncontended, "acquire_ns", "lua", 5, "Lua/ours",
             "fresh_releaser_ns")
 check_ratio("runExclusive vs Node", R.uncontended, "run_ns", "node", 20, "Node/ours")
-check_ratio("hand-off vs Node", R.handoff, "ns", "node", 15, "Node/ours")
+check_ratio("hand-off vs Node", R.handoff, "ns", "node", 15, "Node/ours", "fresh_releaser_ns")
 do
   local r = ratio(get(R.handoff, "ours", "ns"), get(R.handoff, "floor", "ns"))
-  target("hand-off vs floor", r, r and r <= 1.5,
-    ("ours/floor = %s per resume (want <= 1.5x); callgrind: %s"):format(fmt_ratio(r),
-      fmt_ratio(CG.ours and CG.floor and ratio(CG.ours.handoff, CG.floor.handoff))))
+  local fresh = ratio(get(R.handoff, "floor", "fresh_releaser_ns"), get(R.handoff, "floor", "ns"))
+  local detail = ("ours/floor = %s per resume (want <= 1.5x); callgrind: %s"):format(
+    fmt_ratio(r), fmt_ratio(CG.ours and CG.floor and ratio(CG.ours.handoff, CG.floor.handoff)))
+  if r and r > 1.5 and fresh and fresh > 1.5 then
+    detail = detail .. ("; out of reach here: the floor handing out a fresh releaser " ..
+      "per wait (no lock) is already %s"):format(fmt_ratio(fresh))
+  end
+  target("hand-off vs floor", r, r and r <= 1.5, detail)
   local w = get(R.handoff, "ours", "waited_pct")
   target("hand-off: every acquire waits", w, w == 100, ("%s waited"):format(fmt(w, "%")))
 end

@@ -162,9 +162,13 @@ function S.uncontended(n)
 end
 
 -- 2. Hand-off: a holder takes the mutex, ncoro coroutines each do ncycles
--- acquire/release cycles, the holder releases; every acquire waits.
-function S.handoff(ncoro, ncycles)
-  ncoro, ncycles = ncoro or 1000, ncycles or 100
+-- acquire/release cycles, the holder releases; every acquire waits.  With a
+-- third argument "fresh", the floor runs twice: bare waits, then waits that each also do the least a
+-- lock adds to a wait besides its lock work: hand out a fresh object that
+-- can be called and closed (a releaser: P3 forbids reusing one), made by
+-- one C call, then called.  (Ours also holds its waiter to-be-closed
+-- across the wait, for coroutine.close; this floor leaves that out.)
+local function handoff_run(ncoro, ncycles, fresh)
   local total = ncoro * ncycles
   local waited, done, t_end = 0, 0, nil
   -- An acquire waited iff a release happened meanwhile: one that returns
@@ -176,10 +180,17 @@ function S.handoff(ncoro, ncycles)
     m = am.Mutex.new()
     release_holder = hold(m)
   end
+  local maker = { new = setmetatable }
+  local releaser_mt = { __call = rawlen, __close = rawlen }
   local function worker()
     for _ = 1, ncycles do
       local before = releases
-      if floor then
+      if fresh then
+        floor.wait()
+        if releases ~= before then waited = waited + 1 end
+        local release = maker.new({}, releaser_mt)
+        release()
+      elseif floor then
         floor.wait()
         if releases ~= before then waited = waited + 1 end
       else
@@ -198,9 +209,20 @@ function S.handoff(ncoro, ncycles)
   releases = releases + 1
   uv.run()
   assert(done == ncoro, "not all workers finished")
+  return (t_end - t0) / total, 100 * waited / total
+end
+
+function S.handoff(ncoro, ncycles, extra)
+  ncoro, ncycles = ncoro or 1000, ncycles or 100
+  local ns, waited_pct = handoff_run(ncoro, ncycles, false)
+  local fresh_ns
+  if floor and extra == "fresh" then
+    full_gc()
+    fresh_ns = handoff_run(ncoro, ncycles, true)
+  end
   emit { scenario = "handoff", coroutines = ncoro, cycles = ncycles,
-         waited_pct = 100 * waited / total, ns = (t_end - t0) / total,
-         per_s = total / ((t_end - t0) / 1e9) }
+         waited_pct = waited_pct, ns = ns, per_s = 1e9 / ns,
+         fresh_releaser_ns = fresh_ns }
 end
 
 -- 3. A chain: n coroutines queued behind a holder, each acquires and releases
@@ -416,4 +438,4 @@ function S.pairs(n)
 end
 
 local f = S[scenario] or error("unknown scenario " .. tostring(scenario))
-f(n_arg, tonumber(arg[4]))
+f(n_arg, tonumber(arg[4]), arg[5])
