@@ -199,8 +199,10 @@ struct State {
   int idle, timer, idle_start, idle_stop, timer_start, timer_stop, now;
   int new_idle, new_timer, is_closing;
   int on_idle, on_timer, handler;
-  int anchors;                       /* the anchors table (sched.c) */
-  int nanchors, free_anchor;         /* its slots; first free one, or 0 */
+  int anchors;                       /* keeps the anchor threads alive */
+  lua_State **athreads;              /* anchor threads (sched.c) */
+  int nathreads;
+  int nanchors, free_anchor;         /* their slots; first free one, or 0 */
 };
 
 /* queue.c */

@@ -149,51 +149,88 @@ void am_ready (lua_State *L, State *st, Waiter *w, int outcome) {
 
 
 /*
-** Anchors: the coroutines of queued and ready waiters, in a table of the
-** state's.  Like luaL_ref, with the head of the free list kept in C and
-** the rest threaded through the freed slots, so a slot costs one table
-** write to take or give back; the table stays an array.
+** Anchors: the coroutines of queued and ready waiters, kept alive in the
+** stack slots of threads of the state's ("anchor threads", of up to
+** ANCHOR_CHUNK slots each).  Slot 'ref' is slot ANCHOR_SLOT(ref) of
+** thread ANCHOR_THREAD(ref).  Free slots hold the next free one, as in
+** luaL_ref, with the head of that list kept in C.  Reading or writing a
+** stack slot costs a fraction of a table access, and a thread's stack is
+** dense: no hash part, no rehash.
 */
+#define ANCHOR_BITS      16
+#define ANCHOR_CHUNK     (1 << ANCHOR_BITS)
+#define ANCHOR_THREAD(st,ref)  ((st)->athreads[((ref) - 1) >> ANCHOR_BITS])
+#define ANCHOR_SLOT(ref)       ((((ref) - 1) & (ANCHOR_CHUNK - 1)) + 1)
+
+/* Makes slot st->nanchors + 1, with room above it; returns it. */
+static int new_anchor (lua_State *L, State *st) {
+  int ref, t;
+  if (st->nanchors == INT_MAX)
+    luaL_error(L, "too many waiting coroutines");
+  ref = st->nanchors + 1;
+  t = (ref - 1) >> ANCHOR_BITS;
+  if (t == st->nathreads) {                   /* a new chunk */
+    lua_State **a = (lua_State **)realloc(st->athreads,
+                                          (t + 1) * sizeof(*a));
+    if (a == NULL) luaL_error(L, "not enough memory");
+    st->athreads = a;
+    lua_rawgeti(L, LUA_REGISTRYINDEX, st->anchors);
+    a[t] = lua_newthread(L);
+    lua_rawseti(L, -2, t + 1);
+    lua_pop(L, 1);
+    st->nathreads = t + 1;
+  }
+  if (!lua_checkstack(ANCHOR_THREAD(st, ref), 2))
+    luaL_error(L, "not enough memory");
+  lua_pushboolean(ANCHOR_THREAD(st, ref), 0);
+  st->nanchors = ref;
+  return ref;
+}
+
 
 /* Anchors the running coroutine 'L', which waits in 'w'. */
 void am_anchor (lua_State *L, Waiter *w) {
   State *st = w->lock->st;
   int ref = st->free_anchor;
-  lua_rawgeti(L, LUA_REGISTRYINDEX, st->anchors);
-  if (ref != 0) {                       /* reuse a slot: never allocates */
-    lua_rawgeti(L, -1, ref);
-    st->free_anchor = (int)lua_tointeger(L, -1);
-    lua_pop(L, 1);
+  lua_State *A;
+  if (ref != 0) {                             /* reuse: never allocates */
+    A = ANCHOR_THREAD(st, ref);
+    st->free_anchor = (int)lua_tointeger(A, ANCHOR_SLOT(ref));
   }
-  else if (st->nanchors == INT_MAX)
-    luaL_error(L, "too many waiting coroutines");
-  else
-    ref = st->nanchors + 1;
+  else {
+    ref = new_anchor(L, st);                  /* may raise (memory) */
+    A = ANCHOR_THREAD(st, ref);
+  }
   lua_pushthread(L);
-  lua_rawseti(L, -2, ref);              /* a new slot may raise (memory) */
-  lua_pop(L, 1);
-  if (ref > st->nanchors) st->nanchors = ref;
+  lua_xmove(L, A, 1);                         /* into the room above */
+  lua_replace(A, ANCHOR_SLOT(ref));
   w->ref = ref;
   st->pending++;
 }
 
 
-/* Gives the anchor back; the anchors table is at stack index 't'. */
-static void unanchor_at (lua_State *L, State *st, int t, Waiter *w) {
-  lua_pushinteger(L, st->free_anchor);
-  lua_rawseti(L, t, w->ref);
-  st->free_anchor = w->ref;
-  w->ref = LUA_NOREF;
-  st->pending--;
+/* The coroutine anchored at 'ref'. */
+static lua_State *anchored (State *st, int ref) {
+  return lua_tothread(ANCHOR_THREAD(st, ref), ANCHOR_SLOT(ref));
+}
+
+
+/* Gives slot 'ref' back. */
+static void drop_anchor (State *st, int ref) {
+  lua_State *A = ANCHOR_THREAD(st, ref);
+  lua_pushinteger(A, st->free_anchor);
+  lua_replace(A, ANCHOR_SLOT(ref));
+  st->free_anchor = ref;
 }
 
 
 void am_unanchor (lua_State *L, Waiter *w) {
+  (void)L;
   if (w->ref != LUA_NOREF) {
     State *st = w->lock->st;
-    lua_rawgeti(L, LUA_REGISTRYINDEX, st->anchors);
-    unanchor_at(L, st, lua_gettop(L), w);
-    lua_pop(L, 1);
+    drop_anchor(st, w->ref);
+    w->ref = LUA_NOREF;
+    st->pending--;
   }
 }
 
@@ -264,32 +301,36 @@ static void report (lua_State *L, State *st, lua_State *co) {
 */
 static int on_idle (lua_State *L) {
   State *st = (State *)lua_touserdata(L, lua_upvalueindex(UV_STATE));
-  int budget = BATCH, t;
+  int budget = BATCH;
   if (st->draining) return 0;                 /* uv.run() inside a waiter */
   st->draining = 1;
-  pushref(L, st->anchors);
-  t = lua_gettop(L);
   while (budget-- > 0) {
     Waiter *w = am_list_first(&st->ready);
     lua_State *co;
-    int nres, status;
+    int nres, status, ref;
     if (w == NULL) break;
-    lua_rawgeti(L, t, w->ref);          /* keeps 'co' alive meanwhile */
-    co = lua_tothread(L, -1);
-    if (lua_status(co) != LUA_YIELD) {  /* cannot run: give back */
-      lua_pop(L, 1);
+    ref = w->ref;
+    co = anchored(st, ref);
+    if (lua_status(co) != LUA_YIELD) {        /* cannot run: give back */
       am_abandon(L, w);
       continue;
     }
     am_list_unlink(w, 0);
-    unanchor_at(L, st, t, w);
+    w->ref = LUA_NOREF;                       /* no longer pending */
+    st->pending--;
     w->state = S_RESUMING;
-    status = lua_resume(co, L, 0, &nres);
-    if (status == LUA_OK || status == LUA_YIELD)
+    status = lua_resume(co, L, 0, &nres);     /* its slot keeps it alive */
+    if (status == LUA_OK || status == LUA_YIELD) {
       lua_pop(co, nres);
-    else
+      drop_anchor(st, ref);
+    }
+    else {
+      lua_pushthread(co);                     /* alive while reported */
+      lua_xmove(co, L, 1);
+      drop_anchor(st, ref);
       report(L, st, co);
-    lua_pop(L, 1);
+      lua_pop(L, 1);
+    }
   }
   st->draining = 0;
   if (am_list_first(&st->ready) == NULL && st->idle_on) stop_idle(L, st);
@@ -351,6 +392,9 @@ void am_timer_remove (lua_State *L, State *st, Waiter *w) {
 static int state__gc (lua_State *L) {
   State *st = (State *)lua_touserdata(L, 1);
   am_queue_free(&st->timers);
+  free(st->athreads);
+  st->athreads = NULL;
+  st->nathreads = 0;
   return 0;
 }
 
@@ -420,7 +464,8 @@ State *am_state_open (lua_State *L) {
   st->new_idle = st->new_timer = st->is_closing = LUA_NOREF;
   st->on_idle = st->on_timer = st->handler = LUA_NOREF;
   st->anchors = LUA_NOREF;
-  st->nanchors = st->free_anchor = 0;
+  st->athreads = NULL;
+  st->nathreads = st->nanchors = st->free_anchor = 0;
   luaL_newmetatable(L, AM_STATE);
   lua_pushcfunction(L, state__gc);
   lua_setfield(L, -2, "__gc");
