@@ -64,7 +64,8 @@ test: deps
 SAN       = -fsanitize=address,undefined -fno-sanitize-recover=all
 asan: deps
 	@$(MAKE) --no-print-directory BUILD=build/asan \
-	  CFLAGS="-O1 -g -fno-omit-frame-pointer $(SAN)" LDFLAGS="$(SAN)" all
+	  CFLAGS="-O1 -g -fno-omit-frame-pointer $(SAN) -DANCHOR_BITS=3" \
+	  LDFLAGS="$(SAN)" all
 	LD_PRELOAD="$$($(CC) -print-file-name=libasan.so)" \
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \

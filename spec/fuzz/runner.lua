@@ -48,6 +48,10 @@ local root = debug.getinfo(1, "S").source:match("^@(.*)/spec/fuzz/[^/]*$") or ".
 if not package.path:find(root .. "/spec/?.lua", 1, true) then
   package.path = ("%s/src/?.lua;%s/src/?/init.lua;%s/spec/?.lua;"):format(root, root, root)
     .. package.path
+end
+-- The module already on the path is the one under test (`make asan` puts
+-- build/asan first): two builds loaded at once would share one scheduler.
+if not package.searchpath("async_mutex.core", package.cpath) then
   package.cpath = ("%s/build/?.so;"):format(root) .. package.cpath
 end
 
