@@ -101,7 +101,7 @@ describe("queues with many distinct keys", function()
     for _, x in pairs(live) do survivors[#survivors + 1] = x end
     expect_grants(survivors, release, log)
     assert.equal(pending0, am.pending())
-  end))
+  end, { deadline = 60000 }))   -- 4,500 coroutines: ~20 s under `make gcstress`
 
   it("treat 0 and -0 as one priority, FIFO", h.async(function()
     local m = am.Mutex.new()
