@@ -140,6 +140,7 @@ struct Waiter {
 /* A request being made: what, on which lock (a stack index), how long. */
 typedef struct Request {
   int kind;                   /* W_ACQUIRE or W_UNLOCK */
+  Lock *lock;                 /* the lock at stack index 'lockidx' */
   int lockidx;
   int mode;                   /* AM_WAIT, AM_TIMEOUT or AM_TRY */
   lua_Number ms;              /* AM_TIMEOUT: how long */
@@ -248,7 +249,7 @@ void am_parse_request (lua_State *L, Request *rq, int is_mutex, int first,
                        int base, const char *fname);
 void am_check_yieldable (lua_State *L, const Request *rq, int is_mutex);
 int am_request (lua_State *L, const Request *rq);
-int am_lock_request (lua_State *L, int kind, int first, int base,
+int am_lock_request (lua_State *L, Lock *lk, int kind, int first, int base,
                      const char *fname, int mode, lua_Number ms, int erridx);
 extern const luaL_Reg am_releaser_metamethods[];
 extern const luaL_Reg am_waiter_metamethods[];

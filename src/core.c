@@ -19,15 +19,16 @@
 
 /*
 ** core.acquire(lock, limit, err, ...), for acquireAll, and the decorated
-** methods below: the lock's request with a limit: 'limit' is a timeout in ms, or false for
-** tryAcquire; 'err' is raised when the limit is hit.  The user's own
+** methods below: the lock's request with a limit: 'limit' is a timeout in
+** ms, or false for tryAcquire; 'err' is raised when the limit is hit.  The user's own
 ** arguments (...) start at index 4 and are numbered from 1 in errors.
 */
 static int limited (lua_State *L, int kind, const char *fname) {
   int mode = AM_TRY;
   lua_Number ms = 0;
   int keyed = am_tokeyed(L, 1) != NULL;
-  luaL_argexpected(L, keyed || am_tolock(L, 1) != NULL, 1, "lock");
+  Lock *lk = keyed ? NULL : am_tolock(L, 1);
+  luaL_argexpected(L, keyed || lk != NULL, 1, "lock");
   if (lua_type(L, 2) == LUA_TNUMBER) {
     ms = lua_tonumber(L, 2);
     luaL_argcheck(L, ms >= 0, 2, "timeout must be a non-negative number");
@@ -37,7 +38,7 @@ static int limited (lua_State *L, int kind, const char *fname) {
     luaL_argexpected(L, lua_toboolean(L, 2) == 0, 2, "number or false");
   lua_settop(L, lua_gettop(L) < 3 ? 3 : lua_gettop(L));
   if (keyed) return am_keyed_request(L, kind, 4, 3, fname, mode, ms, 3);
-  return am_lock_request(L, kind, 4, 3, fname, mode, ms, 3);
+  return am_lock_request(L, lk, kind, 4, 3, fname, mode, ms, 3);
 }
 
 

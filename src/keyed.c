@@ -112,6 +112,7 @@ int am_keyed_request (lua_State *L, int kind, int first, int base,
     lua_pop(L, 1);
     lk = getlock(L, kd, first, 1);
   }
+  rq.lock = lk;
   rq.lockidx = lua_gettop(L);
   if (kind == W_ACQUIRE && mode != AM_TRY && kd->max_pending > 0
       && (lua_Integer)lk->queue.count >= kd->max_pending

@@ -266,12 +266,14 @@ void am_lock_free (Lock *lk) {
 /*
 ** Called after anything that may leave a keyed lock idle (no grant out,
 ** no waiter, the value back to the initial one): an idle lock leaves its
-** keyed set at once, so the set holds only the keys in use.  A later request for its key gets a new
-** lock; the old one can only be reached by its spent releasers.
+** keyed set at once, so the set holds only the keys in use.  A later
+** request for its key gets a new lock; the old one can only be reached by
+** its spent releasers.
 */
 void am_settle (lua_State *L, Lock *lk) {
   if (lk->keyed == NULL || lk->selfref == LUA_NOREF || lk->held > 0
-      || lk->value != lk->keyed->value || lk->queue.count > 0 || lk->nunlock > 0)
+      || lk->value != lk->keyed->value || lk->queue.count > 0
+      || lk->nunlock > 0)
     return;
   lua_rawgeti(L, LUA_REGISTRYINDEX, lk->selfref);    /* lock */
   lua_getiuservalue(L, -1, 3);                       /* lock keyed */

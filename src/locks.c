@@ -92,14 +92,14 @@ static int sem_new (lua_State *L) {
 /* {====================================================== Mutex */
 
 static int mutex_acquire (lua_State *L) {
-  checkmutex(L);
-  return am_lock_request(L, W_ACQUIRE, 2, 1, "acquire", AM_WAIT, 0, 0);
+  return am_lock_request(L, checkmutex(L), W_ACQUIRE, 2, 1, "acquire",
+                         AM_WAIT, 0, 0);
 }
 
 
 static int mutex_waitForUnlock (lua_State *L) {
-  checkmutex(L);
-  return am_lock_request(L, W_UNLOCK, 2, 1, "waitForUnlock", AM_WAIT, 0, 0);
+  return am_lock_request(L, checkmutex(L), W_UNLOCK, 2, 1, "waitForUnlock",
+                         AM_WAIT, 0, 0);
 }
 
 
@@ -127,14 +127,14 @@ static int mutex_cancel (lua_State *L) {
 /* {====================================================== Semaphore */
 
 static int sem_acquire (lua_State *L) {
-  checksem(L);
-  return am_lock_request(L, W_ACQUIRE, 2, 1, "acquire", AM_WAIT, 0, 0);
+  return am_lock_request(L, checksem(L), W_ACQUIRE, 2, 1, "acquire",
+                         AM_WAIT, 0, 0);
 }
 
 
 static int sem_waitForUnlock (lua_State *L) {
-  checksem(L);
-  return am_lock_request(L, W_UNLOCK, 2, 1, "waitForUnlock", AM_WAIT, 0, 0);
+  return am_lock_request(L, checksem(L), W_UNLOCK, 2, 1, "waitForUnlock",
+                         AM_WAIT, 0, 0);
 }
 
 

@@ -221,7 +221,7 @@ void am_check_yieldable (lua_State *L, const Request *rq, int is_mutex) {
 ** coroutine until the scheduler resumes it with an outcome.
 */
 int am_request (lua_State *L, const Request *rq) {
-  Lock *lk = (Lock *)lua_touserdata(L, rq->lockidx);
+  Lock *lk = rq->lock;
   Waiter *w;
   int timed, hands_out;
   if (am_can_lock_now(lk, rq->weight, rq->priority)) {    /* fast path */
@@ -266,15 +266,15 @@ int am_request (lua_State *L, const Request *rq) {
 
 
 /*
-** The common case: the lock at index 1, user arguments from index
+** The common case: the lock 'lk' at index 1, user arguments from index
 ** 'first', numbered after 'base'; 'erridx' holds the limit's error.
 */
-int am_lock_request (lua_State *L, int kind, int first, int base,
+int am_lock_request (lua_State *L, Lock *lk, int kind, int first, int base,
                      const char *fname, int mode, lua_Number ms,
                      int erridx) {
-  Lock *lk = (Lock *)lua_touserdata(L, 1);
   Request rq;
   rq.kind = kind;
+  rq.lock = lk;
   rq.lockidx = 1;
   rq.mode = mode;
   rq.ms = ms;
