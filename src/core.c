@@ -20,8 +20,9 @@
 /*
 ** core.acquire(lock, limit, err, ...), for acquireAll, and the decorated
 ** methods below: the lock's request with a limit: 'limit' is a timeout in
-** ms, or false for tryAcquire; 'err' is raised when the limit is hit.  The user's own
-** arguments (...) start at index 4 and are numbered from 1 in errors.
+** ms, or false for tryAcquire; 'err' is raised when the limit is hit.
+** The user's own arguments (...) start at index 4 and are numbered from 1
+** in errors.
 */
 static int limited (lua_State *L, int kind, const char *fname) {
   int mode = AM_TRY;
