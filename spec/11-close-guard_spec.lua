@@ -125,6 +125,55 @@ describe("the releaser as a <close> variable", function()
     assert.equal(2, s:getValue())
   end))
 
+  -- A waited acquire hands out its waiter as the releaser: the same rules.
+  it("releases a waited grant once at scope exit, and on coroutine.close", h.async(function()
+    local m = am.Mutex.new()
+    local s = am.Semaphore.new(2)
+    local hold_m, hold_s = m:acquire(), select(2, s:acquire(2))
+    local log = {}
+    local scoped = coroutine.wrap(function()
+      do
+        local r <close> = m:acquire()          -- waits
+        log[#log + 1] = "scoped got it, locked: " .. tostring(m:isLocked())
+        r()                                    -- released once here...
+        log[#log + 1] = tostring(m:isLocked())
+      end                                      -- ...and not again here
+      local _, r <close> = s:acquire(2)        -- waits
+      log[#log + 1] = "scoped got 2"
+      coroutine.yield()
+    end)
+    scoped()
+    local co = coroutine.create(function()
+      local r <close> = m:acquire()            -- resumed below: uncontended
+      log[#log + 1] = "co got it"
+      coroutine.yield()
+    end)
+    hold_m()
+    h.tick()
+    assert.same({ "scoped got it, locked: true", "false" }, log)
+    assert.is_false(m:isLocked())
+    assert.is_true(coroutine.resume(co))       -- uncontended: not waited
+    assert.is_true(m:isLocked())
+    local waiting = coroutine.create(function()
+      local r <close> = m:acquire()            -- waits for co
+      log[#log + 1] = "waiting got it"
+      coroutine.yield()
+    end)
+    coroutine.resume(waiting)
+    assert.is_true(coroutine.close(co))        -- co's release hands it on
+    h.tick()
+    assert.equal("waiting got it", log[#log])
+    assert.is_true(m:isLocked())
+    assert.is_true(coroutine.close(waiting))   -- a waited grant, closed
+    assert.is_false(m:isLocked())
+    hold_s()
+    h.tick()
+    assert.equal("scoped got 2", log[#log])
+    assert.equal(0, s:getValue())
+    scoped()                                   -- ends: its scope releases 2
+    assert.equal(2, s:getValue())
+  end))
+
   it("works with a releaser obtained through withTimeout and tryAcquire", h.async(function()
     local m = am.Mutex.new()
     do
