@@ -39,15 +39,18 @@ static size_t find_weight (Lock *lk, lua_Integer weight) {
 }
 
 
-/* The bucket of waitForUnlock waiters of 'weight', created if needed. */
-static Queue *weight_queue (lua_State *L, Lock *lk, lua_Integer weight) {
+/*
+** The bucket of waitForUnlock waiters of 'weight', created if needed;
+** NULL when out of memory.
+*/
+static Queue *weight_queue (Lock *lk, lua_Integer weight) {
   size_t i = find_weight(lk, weight);
   if (i == lk->nweights || lk->unlock[i].weight != weight) {
     if (lk->nweights == lk->capweights) {
       size_t cap = lk->capweights ? 2 * lk->capweights : 4;
       WeightWaiters *a = (WeightWaiters *)realloc(lk->unlock,
                                                   cap * sizeof(*a));
-      if (a == NULL) luaL_error(L, "not enough memory");
+      if (a == NULL) return NULL;
       lk->unlock = a;
       lk->capweights = cap;
     }
@@ -103,14 +106,19 @@ static void drain_unlock (lua_State *L, Lock *lk) {
 
 
 /*
-** Puts a new waiter in its queue.  May raise (memory) before linking
-** anything; once linked, the waiter is QUEUED.
+** Puts a new, anchored waiter in its queue; once linked, it is QUEUED.
+** Out of memory, it raises with nothing linked, after giving back its
+** anchor (a dead coroutine must not stay anchored) and letting a keyed
+** lock made for it leave its set.
 */
 void am_enqueue (lua_State *L, Lock *lk, Waiter *w, lua_Number priority) {
   Queue *q = (w->kind == W_ACQUIRE) ? &lk->queue
-                                    : weight_queue(L, lk, w->weight);
-  if (!am_queue_push(q, w, priority)) {
-    if (q->count == 0 && w->kind == W_UNLOCK) compact_weights(lk);
+                                    : weight_queue(lk, w->weight);
+  if (q == NULL || !am_queue_push(q, w, priority)) {
+    if (q != NULL && q->count == 0 && w->kind == W_UNLOCK)
+      compact_weights(lk);
+    am_unanchor(L, w);
+    am_settle(L, lk);
     luaL_error(L, "not enough memory");
   }
   if (w->kind == W_UNLOCK) lk->nunlock++;

@@ -135,8 +135,10 @@ static int push_grant (lua_State *L, int lockidx, Lock *lk,
 ** Returns the grant of an untimed acquire, whose waiter (at 'widx', the
 ** top, to-be-closed) becomes its releaser.  The waiter's slot is closed
 ** first, while the waiter's __close (a no-op once DONE) still serves it:
-** as a releaser, it would release.  Needs lua_closeslot (Lua 5.4.3): on
-** 5.4.4 a lua_settop that closes a slot may leave a dangling stack top.
+** as a releaser, it would release.  Needs lua_closeslot (on 5.4.4 a
+** lua_settop that closes a slot may leave a dangling stack top).  It came
+** with Lua 5.4.3, but headers before 5.4.4 all give release number 0, so
+** 5.4.0-5.4.3 keep handing out a fresh releaser.
 */
 #if LUA_VERSION_RELEASE_NUM >= 50403
 #define HAND_OUT_WAITERS  1
@@ -258,8 +260,10 @@ int am_request (lua_State *L, const Request *rq) {
     lua_setiuservalue(L, -2, 1);
   }
   lua_toclose(L, -1);            /* coroutine.close while waiting: abandon */
-  am_enqueue(L, lk, w, rq->priority);      /* now QUEUED */
+  /* anchored before it is queued: if a later step raises and nothing
+     catches it, the dead coroutine and its waiter stay alive while queued */
   am_anchor(L, w);
+  am_enqueue(L, lk, w, rq->priority);      /* now QUEUED */
   if (rq->mode == AM_TIMEOUT) am_timer_add(L, lk->st, w, rq->ms);
   return lua_yieldk(L, 0, (lua_KContext)w, finish_request);
 }

@@ -164,24 +164,41 @@ void am_ready (lua_State *L, State *st, Waiter *w, int outcome) {
 #define ANCHOR_THREAD(st,ref)  ((st)->athreads[((ref) - 1) >> ANCHOR_BITS])
 #define ANCHOR_SLOT(ref)       ((((ref) - 1) & (ANCHOR_CHUNK - 1)) + 1)
 
-/* Makes slot st->nanchors + 1, with room above it; returns it. */
-static int new_anchor (lua_State *L, State *st) {
-  int ref, t;
-  if (st->nanchors == INT_MAX)
-    luaL_error(L, "too many waiting coroutines");
-  ref = st->nanchors + 1;
-  t = (ref - 1) >> ANCHOR_BITS;
-  if (t == st->nathreads) {                   /* a new chunk */
+/*
+** Adds an anchor thread for the next chunk.  Making the thread may run
+** the collector, and finalizers that wait on locks and so anchor: if
+** they added this chunk meanwhile, the new thread is dropped.
+*/
+static void add_anchor_thread (lua_State *L, State *st) {
+  int t = st->nathreads;
+  lua_State *T;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, st->anchors);
+  T = lua_newthread(L);
+  if (st->nathreads == t) {
     lua_State **a = (lua_State **)realloc(st->athreads,
                                           (t + 1) * sizeof(*a));
     if (a == NULL) luaL_error(L, "not enough memory");
     st->athreads = a;
-    lua_rawgeti(L, LUA_REGISTRYINDEX, st->anchors);
-    a[t] = lua_newthread(L);
     lua_rawseti(L, -2, t + 1);
-    lua_pop(L, 1);
+    a[t] = T;
     st->nathreads = t + 1;
   }
+  else lua_pop(L, 1);
+  lua_pop(L, 1);
+}
+
+
+/* Makes slot st->nanchors + 1, with room above it; returns it. */
+static int new_anchor (lua_State *L, State *st) {
+  int ref;
+  for (;;) {
+    if (st->nanchors == INT_MAX)
+      luaL_error(L, "too many waiting coroutines");
+    ref = st->nanchors + 1;
+    if (((ref - 1) >> ANCHOR_BITS) < st->nathreads) break;
+    add_anchor_thread(L, st);
+  }
+  /* from here on nothing runs the collector */
   if (!lua_checkstack(ANCHOR_THREAD(st, ref), 2))
     luaL_error(L, "not enough memory");
   lua_pushboolean(ANCHOR_THREAD(st, ref), 0);
@@ -252,8 +269,12 @@ void am_unanchor (lua_State *L, Waiter *w) {
 static void report (lua_State *L, State *st, lua_State *co) {
   const char *msg;
   int base = lua_gettop(L);
-  lua_pushvalue(co, -1);
-  lua_xmove(co, L, 1);                          /* L: err */
+  if (lua_checkstack(co, 1)) {        /* a dead coroutine has no room left */
+    lua_pushvalue(co, -1);
+    lua_xmove(co, L, 1);                        /* L: err */
+  }
+  else
+    lua_pushliteral(L, "(error object lost: not enough memory)");
   if (lua_type(L, -1) == LUA_TSTRING)
     msg = lua_tostring(L, -1);
   else
@@ -327,11 +348,8 @@ static int on_idle (lua_State *L) {
       drop_anchor(st, ref);
     }
     else {
-      lua_pushthread(co);                     /* alive while reported */
-      lua_xmove(co, L, 1);
+      report(L, st, co);                      /* still in its slot */
       drop_anchor(st, ref);
-      report(L, st, co);
-      lua_pop(L, 1);
     }
   }
   st->draining = 0;
