@@ -49,10 +49,15 @@ if not package.path:find(root .. "/spec/?.lua", 1, true) then
   package.path = ("%s/src/?.lua;%s/src/?/init.lua;%s/spec/?.lua;"):format(root, root, root)
     .. package.path
 end
--- The module already on the path is the one under test (`make asan` puts
--- build/asan first): two builds loaded at once would share one scheduler.
-if not package.searchpath("async_mutex.core", package.cpath) then
-  package.cpath = ("%s/build/?.so;"):format(root) .. package.cpath
+-- A build of this checkout already on the path is the one under test
+-- (`make asan` puts build/asan first): two builds loaded at once would
+-- share one scheduler.  Otherwise (an installed copy, or none) build/.
+do
+  local found = package.searchpath("async_mutex.core", package.cpath)
+  local ours = found and (not found:match("^/") or found:sub(1, #root + 1) == root .. "/")
+  if not ours then
+    package.cpath = ("%s/build/?.so;"):format(root) .. package.cpath
+  end
 end
 
 -- AM_FUZZ_IMPL=DIR: test the module built in another tree (DIR/src for the
