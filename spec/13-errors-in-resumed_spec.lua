@@ -4,13 +4,7 @@
 local h = require "helpers"
 local am = require "async_mutex"
 
--- Runs body with `handler` installed, restoring the previous one afterwards.
-local function with_handler(handler, body)
-  local prev = am.setErrorHandler(handler)
-  local ok, err = pcall(body)
-  am.setErrorHandler(prev)
-  if not ok then error(err, 0) end
-end
+local with_handler = h.with_handler
 
 describe("async_mutex.setErrorHandler", function()
   it("returns the previous handler", function()

@@ -6,14 +6,7 @@ local h = require "helpers"
 local uv = require "luv"
 local am = require "async_mutex"
 
--- Runs body with `handler` as the module's error handler, restoring the
--- previous one afterwards (also when body fails).
-local function with_handler(handler, body)
-  local prev = am.setErrorHandler(handler)
-  local ok, err = pcall(body)
-  am.setErrorHandler(prev)
-  if not ok then error(err, 0) end
-end
+local with_handler = h.with_handler
 
 describe("an error raised in runExclusive", function()
   -- error values of every kind: each must come out unchanged (rawequal)

@@ -105,6 +105,16 @@ local function install_error_handler()
   return function() pcall(am.setErrorHandler, prev) end
 end
 
+--- Runs body with `handler` as the module's error handler (setErrorHandler),
+-- restoring the previous one afterwards, also when body fails.
+function helpers.with_handler(handler, body)
+  local am = require "async_mutex"
+  local prev = am.setErrorHandler(handler)
+  local ok, err = pcall(body)
+  am.setErrorHandler(prev)
+  if not ok then error(err, 0) end
+end
+
 --- Runs `body(...)` in a coroutine on the loop; returns what it returned.
 -- opts.deadline (ms) bounds the run; opts.allow_active skips the handle check.
 function helpers.run(body, opts)
