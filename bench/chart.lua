@@ -206,6 +206,8 @@ if has == "" then
   io.stderr:write("chart: gnuplot not found (Debian: apt-get install gnuplot-nox)\n")
   os.exit(1)
 end
+local dir = output:match("^(.*)/[^/]*$")
+if dir then os.execute("mkdir -p '" .. dir:gsub("'", "'\\''") .. "'") end
 local file = os.tmpname()
 local f = assert(io.open(file, "w"))
 f:write(script)
