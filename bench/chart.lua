@@ -28,12 +28,16 @@ local function q(s) return "'" .. s:gsub("'", "''") .. "'" end
 -- A double-quoted one, where \n is a line break (tic labels).
 local function qq(s) return '"' .. s:gsub('[\\"]', "\\%0"):gsub("\n", "\\n") .. '"' end
 
--- 3 significant digits with k / M: 36.3, 129, 3.72k, 227k, 1.2M.
+-- 3 significant digits with k / M, as the table rounds: 36.5, 124, 3.72k,
+-- 2.00k, 227k, 1.20M.
 local function short(v)
   local a = math.abs(v)
-  local s, suffix = v, ""
-  if a >= 1e6 then s, suffix = v / 1e6, "M" elseif a >= 1e3 then s, suffix = v / 1e3, "k" end
-  return ("%.3g"):format(s) .. suffix
+  if a < 1e3 then return results.fmt(v, "") end
+  local s, suffix = v / 1e3, "k"
+  if a >= 1e6 then s, suffix = v / 1e6, "M" end
+  if math.abs(s) >= 100 then return ("%.0f"):format(s) .. suffix end
+  if math.abs(s) >= 10 then return ("%.1f"):format(s) .. suffix end
+  return ("%.2f"):format(s) .. suffix
 end
 
 local function tick_label(p)                     -- 10^p

@@ -539,6 +539,7 @@ end
 
 local load_after = loadavg()
 section.load = { before = load_before, after = load_after }
+if keyed then keyed.load = section.load end
 if load_before and load_after then
   print(("Load average (1 min) before the run %.2f, after %.2f: this run itself keeps one of %s cores busy;")
     :format(load_before, load_after, m.cores))
