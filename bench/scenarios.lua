@@ -75,7 +75,7 @@ end
 -- Starts n waiters running fn(arg_of()) and returns the time this took: each
 -- is created in the timed loop (the work Node's loop does: an async function
 -- is created by starting it) unless `before` is set, when the coroutines are
--- all created before the clock starts (creation costs about 1-5 us here:
+-- all created before the clock starts (creation costs about 1-3 us here:
 -- malloc and page faults), so that the loop times the lock's enqueue alone.
 -- Returns the time, then the time creation took before the clock (or nil).
 -- The loop's clock is brought up to date just before, so that timers started
