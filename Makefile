@@ -37,19 +37,25 @@ $(MODULE): $(OBJS) | $(BUILD)/async_mutex
 $(BUILD)/obj $(BUILD)/async_mutex:
 	mkdir -p $@
 
+# $(call install_debs,PACKAGES): installs the Debian packages that are
+# missing when run as root; otherwise names them and fails.
+define install_debs
+@missing=""; for p in $(1); do \
+  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; \
+done; \
+if [ -n "$$missing" ]; then \
+  if [ "$$(id -u)" = 0 ]; then \
+    echo "installing:$$missing"; \
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+  else \
+    echo "missing Debian packages:$$missing"; \
+    echo "run as root, or: sudo apt-get install$$missing"; exit 1; \
+  fi; \
+fi
+endef
+
 deps:
-	@missing=""; for p in $(DEB_PKGS); do \
-	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; \
-	done; \
-	if [ -n "$$missing" ]; then \
-	  if [ "$$(id -u)" = 0 ]; then \
-	    echo "installing:$$missing"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
-	  else \
-	    echo "missing Debian packages:$$missing"; \
-	    echo "run as root, or: sudo apt-get install$$missing"; exit 1; \
-	  fi; \
-	fi
+	$(call install_debs,$(DEB_PKGS))
 
 demo: deps
 	@$(MAKE) --no-print-directory all
@@ -97,9 +103,24 @@ clean:
 	rm -rf build async_mutex src/*.o
 
 # Benchmarks (issue 5), never part of `make test`: one table comparing us with
-# async-mutex on Node, a pure-Lua mutex and the floor (see bench/run.lua).
-bench: all
-	$(RUNENV) $(LUA) bench/run.lua
+# async-mutex on Node, a pure-Lua mutex and the floor (see bench/run.lua and
+# bench/README.md).  Each driver adds its sections to the results file
+# BENCH_JSON; bench/chart.lua then draws BENCH_SVG from that file alone.  A
+# smoke run (BENCH_QUICK=1) writes beside them, never over the published ones.
+ifeq ($(BENCH_QUICK),1)
+BENCH_JSON ?= bench/results/quick.json
+BENCH_SVG  ?= bench/results/quick.svg
+else
+BENCH_JSON ?= bench/results/latest.json
+BENCH_SVG  ?= docs/bench.svg
+endif
+BENCH_PKGS = gnuplot-nox
+
+bench: deps
+	$(call install_debs,$(BENCH_PKGS))
+	@$(MAKE) --no-print-directory all
+	$(RUNENV) BENCH_JSON=$(BENCH_JSON) $(LUA) bench/run.lua
+	$(LUA) bench/chart.lua $(BENCH_JSON) $(BENCH_SVG)
 
 # Model-based random testing (issue 2): N generated sequences, each run against
 # the module and the model of SEMANTICS.md (spec/fuzz/), in J child processes

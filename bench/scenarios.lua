@@ -1,6 +1,6 @@
 -- The benchmark scenarios, one per process, printing one JSON line.
 --
---   lua5.4 bench/scenarios.lua IMPL SCENARIO [N]
+--   lua5.4 bench/scenarios.lua IMPL SCENARIO [N [M]] [before | fresh]
 --
 -- IMPL is `ours` (require "async_mutex": run from the repository root with
 -- LUA_PATH="src/?.lua;src/?/init.lua;;" LUA_CPATH="build/?.so;;"), `lua` (the
@@ -8,18 +8,34 @@
 -- same coroutines wait through bench/floor.lua instead).  bench/node/
 -- scenarios.js mirrors this file function by function.  bench/run.lua runs
 -- them all and prints the table.
+--
+-- Equal work: a timed loop that starts waiters creates their coroutines
+-- itself, as Node's creates its async functions (which cannot be created
+-- apart from being started).  `before` (timeout, cancel, priority) creates
+-- the coroutines before the clock starts instead, to time the lock alone:
+-- that figure is compared with the other Lua peers only, never with Node.
 
 local here = arg[0]:match("^(.*)/[^/]*$") or "."
 package.path = here .. "/?.lua;" .. package.path
 
 local uv = require "luv"           -- on the main thread, before any coroutine
 
-local impl_name, scenario, n_arg = arg[1], arg[2], tonumber(arg[3])
+local USAGE = "usage: scenarios.lua ours|lua|floor SCENARIO [N [M]] [before | fresh]"
+local impl_name, scenario = arg[1], arg[2]
 local am, floor
 if impl_name == "ours" then am = require "async_mutex"
 elseif impl_name == "lua" then am = require "lua_mutex"
 elseif impl_name == "floor" then floor = require "floor"
-else error("usage: scenarios.lua ours|lua|floor SCENARIO [N]") end
+else error(USAGE) end
+
+-- The numbers after SCENARIO in order, and the words among them as flags.
+local nums, flags = {}, {}
+for i = 3, #arg do
+  local v = tonumber(arg[i])
+  if v then nums[#nums + 1] = v
+  elseif arg[i] == "before" or arg[i] == "fresh" then flags[arg[i]] = true
+  else error(USAGE) end
+end
 
 -- The clock, in nanoseconds: BENCH_CLOCK=cpu (the default) is the process's
 -- CPU time (os.clock: the loop never sleeps in a timed interval, except the
@@ -56,21 +72,38 @@ local function spawn(fn, ...)
   return co
 end
 
--- Creates n coroutines running fn (not started): coroutine creation costs
--- about 3-5 us here (malloc and page faults), the same for every Lua peer, so
--- the timed loops only start coroutines created beforehand.
-local function create_all(n, fn)
+-- Starts n waiters running fn(arg_of()) and returns the time this took: each
+-- is created in the timed loop (the work Node's loop does: an async function
+-- is created by starting it) unless `before` is set, when the coroutines are
+-- all created before the clock starts (creation costs about 1-3 us here:
+-- malloc and page faults), so that the loop times the lock's enqueue alone.
+-- Returns the time, then the time creation took before the clock (or nil).
+-- The loop's clock is brought up to date just before, so that timers started
+-- in the loop count from then (scenario 4).
+local function start_all(n, fn, before, arg_of)
+  local cos, t_create
+  if before then
+    local t0 = now()
+    cos = {}
+    for i = 1, n do cos[i] = create(fn) end
+    t_create = now() - t0
+  end
+  uv.update_time()
   local t0 = now()
-  local cos = {}
-  for i = 1, n do cos[i] = create(fn) end
-  return cos, now() - t0
+  if cos then
+    for i = 1, n do
+      local co = cos[i]
+      local ok, err = resume(co, arg_of and arg_of())
+      if not ok then error(debug.traceback(co, err), 0) end
+    end
+  else
+    for _ = 1, n do spawn(fn, arg_of and arg_of()) end
+  end
+  return now() - t0, t_create
 end
 
--- Starts a coroutine made by create_all; it runs until its first wait.
-local function start(co, ...)
-  local ok, err = resume(co, ...)
-  if not ok then error(debug.traceback(co, err), 0) end
-end
+-- How the coroutines of a scenario were made, for its JSON line.
+local function made(before) return before and "before" or "in the timed loop" end
 
 -- Takes `lock` (uncontended) and returns what acquire returned.
 local function hold(lock, ...)
@@ -162,9 +195,9 @@ function S.uncontended(n)
 end
 
 -- 2. Hand-off: a holder takes the mutex, ncoro coroutines each do ncycles
--- acquire/release cycles, the holder releases; every acquire waits.  With a
--- third argument "fresh", the floor runs twice: bare waits, then waits that each also do the least a
--- lock adds to a wait besides its lock work: hand out a fresh object that
+-- acquire/release cycles, the holder releases; every acquire waits.  With
+-- the flag `fresh`, the floor runs twice: bare waits, then waits that each
+-- also do the least a lock adds to a wait besides its lock work: hand out a fresh object that
 -- can be called and closed (a releaser: P3 forbids reusing one), made by
 -- one C call, then called.  (Ours also holds its waiter to-be-closed
 -- across the wait, for coroutine.close; this floor leaves that out.)
@@ -212,11 +245,11 @@ local function handoff_run(ncoro, ncycles, fresh)
   return (t_end - t0) / total, 100 * waited / total
 end
 
-function S.handoff(ncoro, ncycles, extra)
+function S.handoff(ncoro, ncycles)
   ncoro, ncycles = ncoro or 1000, ncycles or 100
   local ns, waited_pct = handoff_run(ncoro, ncycles, false)
   local fresh_ns
-  if floor and extra == "fresh" then
+  if floor and flags.fresh then
     full_gc()
     fresh_ns = handoff_run(ncoro, ncycles, true)
   end
@@ -275,19 +308,17 @@ function S.timeout(n, timeout)
     if raised == 1 then t_first = now() end
     if raised == n then t_last = now() end
   end
-  local cos, t_create = create_all(n, worker)
-  uv.update_time()
-  local t0 = now()
-  for i = 1, n do start(cos[i]) end
-  local t_enq = now() - t0
+  local t_enq, t_create = start_all(n, worker, flags.before)
+  local t_enqueued = now()
   uv.run()
   assert(raised == n, "not all waiters raised")
   -- The holder is not released: async-mutex would then grant and release its
   -- 100,000 phantom requests (its issue #54), which is not what is measured.
   assert(floor or release_holder)
-  emit { scenario = "timeout", n = n, timeout_ms = timeout, create_ms = ms(t_create),
-         enqueue_ms = ms(t_enq), expire_ms = ms(t_last - t_first),
-         work_ms = ms(t_enq + t_last - t_first), total_ms = ms(t_last - t0) }
+  emit { scenario = "timeout", n = n, timeout_ms = timeout, made = made(flags.before),
+         create_ms = t_create and ms(t_create), enqueue_ms = ms(t_enq),
+         expire_ms = ms(t_last - t_first), work_ms = ms(t_enq + t_last - t_first),
+         total_ms = ms(t_enq + t_last - t_enqueued) }
 end
 
 -- 5. n waiters, then cancel(): from cancel() until the last one has raised.
@@ -309,16 +340,14 @@ function S.cancel(n)
     raised = raised + 1
     if raised == n then t_last = now() end
   end
-  local cos, t_create = create_all(n, worker)
-  local t0 = now()
-  for i = 1, n do start(cos[i]) end
-  local t_enq = now() - t0
+  local t_enq, t_create = start_all(n, worker, flags.before)
   local t1 = now()
   if m then m:cancel() end
   uv.run()
   assert(raised == n, "not all waiters raised")
   if release_holder then release_holder() end
-  emit { scenario = "cancel", n = n, create_ms = ms(t_create), enqueue_ms = ms(t_enq),
+  emit { scenario = "cancel", n = n, made = made(flags.before),
+         create_ms = t_create and ms(t_create), enqueue_ms = ms(t_enq),
          cancel_ms = ms(t_last - t1) }
 end
 
@@ -345,15 +374,13 @@ function S.priority(n)
     done = done + 1
     if done == n then t_last = now() end
   end
-  local cos, t_create = create_all(n, worker)
-  local t0 = now()
-  for i = 1, n do start(cos[i], rand(1000)) end
-  local t_enq = now() - t0
+  local t_enq, t_create = start_all(n, worker, flags.before, function() return rand(1000) end)
   local t1 = now()
   if release_holder then release_holder() end
   uv.run()
   assert(done == n and inversions == 0, "priority order broken")
-  emit { scenario = "priority", n = n, create_ns = t_create / n, enqueue_ns = t_enq / n,
+  emit { scenario = "priority", n = n, made = made(flags.before),
+         create_ns = t_create and t_create / n, enqueue_ns = t_enq / n,
          drain_ns = (t_last - t1) / n }
 end
 
@@ -438,4 +465,8 @@ function S.pairs(n)
 end
 
 local f = S[scenario] or error("unknown scenario " .. tostring(scenario))
-f(n_arg, tonumber(arg[4]), arg[5])
+-- Only the scenarios with a timed enqueue loop take `before`.
+if flags.before and not (scenario == "timeout" or scenario == "cancel" or scenario == "priority") then
+  error(scenario .. ": no coroutines made in a timed loop; `before` does not apply")
+end
+f(nums[1], nums[2])

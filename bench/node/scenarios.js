@@ -5,11 +5,14 @@
 //   node --expose-gc bench/node/scenarios.js SCENARIO [N] [M | bare]
 //
 // A Lua coroutine is an async function here: spawn() calls it, and it runs
-// until its first await, as coroutine.resume() runs a coroutine until its
-// first yield.  Where Lua creates its coroutines before the clock starts
-// (create_all), an async function cannot be created without being started:
-// the timed loop here includes that.  uv.run() becomes `await finished`: a promise settled by the
-// last worker.
+// until its first await, as spawn() in scenarios.lua creates a coroutine and
+// resumes it until its first yield.  Both sides time the same work: the
+// loops that start waiters (timeout, cancel, priority) create them inside
+// the clock on both sides.  scenarios.lua's `before` variant, which creates
+// its coroutines before the clock to time the lock alone, has no counterpart
+// here (an async function cannot be created without being started) and is
+// never compared with these figures.  uv.run() becomes `await finished`: a
+// promise settled by the last worker.
 "use strict";
 
 const { Mutex, Semaphore, withTimeout, E_TIMEOUT, E_CANCELED } = require("async-mutex");
