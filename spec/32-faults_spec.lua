@@ -274,33 +274,57 @@ describe("uv.stop() in the middle of a run", function()
 
   it("keeps withTimeout deadlines and grants across a stop, and delivers with uv.run('nowait') too", function()
     capture(function()
-      local m = am.Mutex.new()
-      local wt = am.withTimeout(m, 100 * h.TIME_SCALE)
-      local hold = coroutine.create(function() local r = m:acquire(); coroutine.yield(); r() end)
-      assert(coroutine.resume(hold))
-      local out = {}
-      for _ = 1, 3 do
-        coroutine.wrap(function()
-          local ok, err = pcall(wt.acquire, wt)
-          out[#out + 1] = ok and "granted" or err
-          if ok then coroutine.yield() end     -- keeps the lock: the others time out
-        end)()
+      -- The deadlines count in loop time from the acquires (docs/semantics.md,
+      -- Timeouts) and the loop is stopped 1 ms of loop time later.  A process
+      -- that stalls for longer in between (a busy machine, a long collection)
+      -- finds the deadlines passed in that same timer phase: the waiters time
+      -- out then, rightly, and the run says nothing about deadlines kept
+      -- across a stop.  So the stop's loop time is compared with the
+      -- deadlines, and a stalled attempt is checked for that outcome and
+      -- made again.
+      local MS = 100 * h.TIME_SCALE
+      local function attempt()
+        local m = am.Mutex.new()
+        local wt = am.withTimeout(m, MS)
+        local hold = coroutine.create(function() local r = m:acquire(); coroutine.yield(); r() end)
+        assert(coroutine.resume(hold))
+        local out = {}
+        local due = uv.now() + MS              -- the waiters' deadline
+        for _ = 1, 3 do
+          coroutine.wrap(function()
+            local ok, err = pcall(wt.acquire, wt)
+            out[#out + 1] = ok and "granted" or err
+            if ok then coroutine.yield() end   -- keeps the lock: the others time out
+          end)()
+        end
+        local stopped_at
+        local t = uv.new_timer()
+        t:start(1, 0, function()
+          t:close()
+          stopped_at = uv.now()
+          coroutine.resume(hold)               -- the first waiter is granted
+          uv.stop()
+        end)
+        uv.run()
+        local kept = stopped_at < due
+        if kept then
+          assert.is_true(#out <= 1, table.concat(out, ","))  -- the deadlines are still ahead
+          uv.stop()                            -- and a stop before uv.run()
+          uv.run()
+          assert.is_true(h.run_loop(3000))     -- the deadlines still pass
+        end
+        assert.same({ "granted", am.E_TIMEOUT, am.E_TIMEOUT }, out)
+        assert.is_true(m:isLocked())
+        m:release()
+        assert.same({}, h.active_handles())
+        return kept
       end
-      local t = uv.new_timer()
-      t:start(1, 0, function()
-        t:close()
-        coroutine.resume(hold)                 -- the first waiter is granted
-        uv.stop()
-      end)
-      uv.run()
-      assert.is_true(#out <= 1, table.concat(out, ","))  -- the deadlines are still ahead
-      uv.stop()                                -- and a stop before uv.run()
-      uv.run()
-      assert.is_true(h.run_loop(3000))         -- the deadlines still pass
-      assert.same({ "granted", am.E_TIMEOUT, am.E_TIMEOUT }, out)
-      assert.is_true(m:isLocked())
-      m:release()
-      assert.same({}, h.active_handles())
+      local kept = false
+      for _ = 1, 5 do
+        kept = attempt()
+        if kept then break end
+      end
+      assert.is_true(kept, "the process stalled past the deadlines in 5 attempts out of 5")
 
       -- many grants drained by repeated uv.run("nowait")
       local s = am.Semaphore.new(0)
