@@ -1,7 +1,7 @@
--- Fault cases (issue 2, item 6): errors in runExclusive and in resumed
--- coroutines, the loop stopped and restarted, holders closed or collected
--- while holding, the module loaded twice, locks reachable only through
--- their waiters.
+-- Fault cases: errors in runExclusive and in resumed coroutines, the loop
+-- stopped and restarted, holders closed or collected while holding, the
+-- module loaded twice, locks reachable only through their waiters
+-- (docs/semantics.md, Coroutines and the loop).
 local h = require "helpers"
 local uv = require "luv"
 local am = require "async_mutex"
@@ -245,8 +245,7 @@ describe("uv.stop() in the middle of a run", function()
       local N = h.load(5000)
       local m = am.Mutex.new()
       local log = {}
-      local hold = coroutine.create(function() local r = m:acquire(); coroutine.yield(); r() end)
-      assert(coroutine.resume(hold))
+      local release = h.holder(m)
       local stop_at = math.max(1, N // 3)
       for i = 1, N do
         coroutine.wrap(function()
@@ -256,7 +255,7 @@ describe("uv.stop() in the middle of a run", function()
           r()
         end)()
       end
-      assert(coroutine.resume(hold))           -- release from main code
+      release()                                -- from main code
       local idle = h.run_loop(5000)
       assert.is_true(idle)                     -- returned by itself (uv.stop), not the deadline
       assert.is_true(#log >= stop_at)
@@ -286,8 +285,7 @@ describe("uv.stop() in the middle of a run", function()
       local function attempt()
         local m = am.Mutex.new()
         local wt = am.withTimeout(m, MS)
-        local hold = coroutine.create(function() local r = m:acquire(); coroutine.yield(); r() end)
-        assert(coroutine.resume(hold))
+        local release = h.holder(m)
         local out = {}
         local due = uv.now() + MS              -- the waiters' deadline
         for _ = 1, 3 do
@@ -302,7 +300,7 @@ describe("uv.stop() in the middle of a run", function()
         t:start(1, 0, function()
           t:close()
           stopped_at = uv.now()
-          coroutine.resume(hold)               -- the first waiter is granted
+          release()                            -- the first waiter is granted
           uv.stop()
         end)
         uv.run()
