@@ -122,8 +122,8 @@ bench: deps
 	$(RUNENV) BENCH_JSON=$(BENCH_JSON) $(LUA) bench/run.lua
 	$(LUA) bench/chart.lua $(BENCH_JSON) $(BENCH_SVG)
 
-# Model-based random testing (issue 2): N generated sequences, each run against
-# the module and the model of SEMANTICS.md (spec/fuzz/), in J child processes
+# Model-based random testing: N generated sequences, each run against the
+# module and the model of docs/semantics.md (spec/fuzz/), in J child processes
 # so that a crash or a hang is caught and shrunk too.  SEED picks the first
 # seed (default: from the clock, printed).  `make test` runs 2,000 of them.
 N    ?= 100000

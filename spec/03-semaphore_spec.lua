@@ -1,4 +1,5 @@
--- Semaphore: new, acquire, the releaser, release, getValue, setValue, isLocked.
+-- Semaphore: new, acquire, the releaser, release, getValue, setValue, isLocked
+-- (docs/semantics.md, Grant rule; Dispatch; Release and P3).
 local h = require "helpers"
 local am = require "async_mutex"
 
@@ -152,20 +153,19 @@ describe("Semaphore:acquire", function()
 
   it("limits the number of concurrent holders to the value", h.async(function()
     local s = am.Semaphore.new(2)
-    local active, max_active, finished = 0, 0, 0
+    local inside, finished = h.occupancy(), 0
     for _ = 1, 6 do
       h.spawn(function()
         local _, r = s:acquire()
-        active = active + 1
-        if active > max_active then max_active = active end
+        inside:enter()
         h.sleep(3)
-        active = active - 1
+        inside:leave()
         r()
         finished = finished + 1
       end)
     end
     h.wait_until(function() return finished == 6 end)
-    assert.equal(2, max_active)
+    assert.equal(2, inside:most())
     assert.equal(2, s:getValue())
   end))
 end)

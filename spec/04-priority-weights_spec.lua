@@ -1,29 +1,23 @@
 -- Queue order: priorities (higher first, FIFO among equals), weights and
--- head-of-line blocking, the immediate-grant rule.
+-- head-of-line blocking, the immediate-grant rule (docs/semantics.md, Grant
+-- rule; Dispatch).
 local h = require "helpers"
 local am = require "async_mutex"
-
--- Each waiter logs its name once granted, then releases at once.
-local function chain(log, name, lock, ...)
-  local w = h.acquirer(log, name, lock, ...)
-  w.after = function(x) if x.ok then x.release() end end
-  return w
-end
 
 describe("priority order", function()
   it("grants a Mutex to higher priorities first and FIFO within a priority", h.async(function()
     local m = am.Mutex.new()
     local log = {}
     local r = m:acquire()
-    chain(log, "a0", m, 0)
-    chain(log, "b5", m, 5)
-    chain(log, "c0", m)                        -- default priority 0
-    chain(log, "d5", m, 5)
-    chain(log, "e-1", m, -1)
-    chain(log, "f2.5", m, 2.5)
-    chain(log, "g-0.5", m, -0.5)
-    chain(log, "hinf", m, math.huge)
-    chain(log, "i-inf", m, -math.huge)
+    h.chain(log, "a0", m, 0)
+    h.chain(log, "b5", m, 5)
+    h.chain(log, "c0", m)                      -- default priority 0
+    h.chain(log, "d5", m, 5)
+    h.chain(log, "e-1", m, -1)
+    h.chain(log, "f2.5", m, 2.5)
+    h.chain(log, "g-0.5", m, -0.5)
+    h.chain(log, "hinf", m, math.huge)
+    h.chain(log, "i-inf", m, -math.huge)
     r()
     h.wait_until(function() return #log == 9 end)
     assert.same({ "hinf", "b5", "d5", "f2.5", "a0", "c0", "g-0.5", "e-1", "i-inf" }, log)
@@ -33,10 +27,10 @@ describe("priority order", function()
   it("grants a Semaphore to higher priorities first and FIFO within a priority", h.async(function()
     local s = am.Semaphore.new(0)
     local log = {}
-    chain(log, "a", s, 1, 0)
-    chain(log, "b", s, 1, 2)
-    chain(log, "c", s, 1, 1)
-    chain(log, "d", s, 1, 2)
+    h.chain(log, "a", s, 1, 0)
+    h.chain(log, "b", s, 1, 2)
+    h.chain(log, "c", s, 1, 1)
+    h.chain(log, "d", s, 1, 2)
     s:setValue(1)
     h.wait_until(function() return #log == 4 end)
     assert.same({ "b", "d", "c", "a" }, log)
@@ -52,7 +46,7 @@ describe("priority order", function()
       seed = (seed * 1103515245 + 12345) % 2147483648
       local p = seed % 7 - 3
       expected[i] = { p = p, i = i }
-      chain(log, i, m, p)
+      h.chain(log, i, m, p)
     end
     table.sort(expected, function(x, y)
       if x.p ~= y.p then return x.p > y.p end
@@ -68,9 +62,9 @@ describe("priority order", function()
     local m = am.Mutex.new()
     local log = {}
     local r = m:acquire()
-    chain(log, "a", m, 0)
-    chain(log, "b", m, 0)
-    chain(log, "c", m, 1)
+    h.chain(log, "a", m, 0)
+    h.chain(log, "b", m, 0)
+    h.chain(log, "c", m, 1)
     r()
     h.wait_until(function() return #log == 3 end)
     assert.same({ "c", "a", "b" }, log)

@@ -1,5 +1,6 @@
 -- Ownership passes synchronously at release time (no barging); wake-ups are
--- deferred to the loop and delivered in grant order; never recursive.
+-- deferred to the loop and delivered in grant order; never recursive
+-- (docs/semantics.md, Dispatch; Coroutines and the loop).
 local h = require "helpers"
 local am = require "async_mutex"
 

@@ -1,4 +1,5 @@
--- waitForUnlock: waits until an acquire could succeed, without locking.
+-- waitForUnlock: waits until an acquire could succeed, without locking
+-- (docs/semantics.md, waitForUnlock; P4 and P6 are among its Port decisions).
 local h = require "helpers"
 local am = require "async_mutex"
 

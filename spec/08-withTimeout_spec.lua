@@ -1,5 +1,5 @@
 -- withTimeout(lock, ms [, err]): bounded waits; timed-out requests leave the
--- queue at once (P1); timers only while waiting.
+-- queue at once (P1); timers only while waiting (docs/semantics.md, Timeouts).
 local h = require "helpers"
 local uv = require "luv"
 local am = require "async_mutex"
@@ -7,8 +7,6 @@ local am = require "async_mutex"
 local MUTEX_METHODS = { "acquire", "runExclusive", "waitForUnlock", "isLocked", "release", "cancel" }
 local SEM_METHODS = { "acquire", "runExclusive", "waitForUnlock", "isLocked", "release", "cancel",
   "getValue", "setValue" }
-
-local function elapsed_since(t0) return (uv.hrtime() - t0) / 1e6 end
 
 describe("withTimeout", function()
   it("returns an object with the Mutex's methods sharing its state", h.async(function()
@@ -79,7 +77,7 @@ describe("withTimeout", function()
     uv.update_time()                           -- the timers' clock is the loop's
     local t0 = uv.hrtime()
     local ok, err = pcall(wt.acquire, wt)
-    local took = elapsed_since(t0)
+    local took = h.ms_since(t0)
     assert.is_false(ok)
     assert.equal(am.E_TIMEOUT, err)
     assert.is_true(took >= 19, "timed out after " .. took .. " ms")
@@ -198,7 +196,7 @@ describe("withTimeout", function()
       assert.equal(0, h.count_handles("uv_timer_t", true))
       a.release()
     end)
-    assert.is_true(elapsed_since(t0) < 1000 * h.TIME_SCALE, "the loop waited for a dead timer")
+    assert.is_true(h.ms_since(t0) < 1000 * h.TIME_SCALE, "the loop waited for a dead timer")
   end)
 
   it("does not disturb a waiter granted before the deadline when the deadline passes", h.async(function()

@@ -1,5 +1,5 @@
 -- tryAcquire(lock [, err]): decides synchronously with the immediate-grant
--- rule, never yields, never queues (P2).
+-- rule, never yields, never queues (P2; docs/semantics.md, tryAcquire).
 local h = require "helpers"
 local am = require "async_mutex"
 
@@ -18,7 +18,7 @@ describe("tryAcquire", function()
     local m = am.Mutex.new()
     local r = m:acquire()
     local ta = am.tryAcquire(m)
-    local completed, res = h.without_yield(function() return pcall(ta.acquire, ta) end)
+    local completed, res = h.try_now(ta.acquire, ta)
     assert.is_true(completed)
     assert.same({ false, am.E_ALREADY_LOCKED }, { res[1], res[2] })
     r()
@@ -169,7 +169,7 @@ describe("tryAcquire(...):waitForUnlock", function()
     local base = am.pending()
     local e = {}
     local tm = am.tryAcquire(m, e)
-    local completed, res = h.without_yield(function() return pcall(tm.waitForUnlock, tm) end)
+    local completed, res = h.try_now(tm.waitForUnlock, tm)
     assert.is_true(completed)
     assert.is_false(res[1])
     assert.is_true(rawequal(e, res[2]))

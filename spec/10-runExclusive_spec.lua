@@ -1,5 +1,6 @@
 -- runExclusive(fn, ...): acquire, call fn (which may yield), release in all
--- cases, return all results or re-raise the same error value.
+-- cases, return all results or re-raise the same error value
+-- (docs/semantics.md, Release and P3, on runExclusive).
 local h = require "helpers"
 local am = require "async_mutex"
 

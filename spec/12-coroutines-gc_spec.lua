@@ -1,5 +1,6 @@
 -- Closed coroutines never get the lock; waiting coroutines, locks and error
--- values stay alive through full GC cycles in the middle of waits.
+-- values stay alive through full GC cycles in the middle of waits
+-- (docs/semantics.md, Coroutines and the loop).
 local h = require "helpers"
 local am = require "async_mutex"
 

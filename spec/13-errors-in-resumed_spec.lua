@@ -1,6 +1,7 @@
 -- A coroutine resumed by the module that dies with an error: reported (to the
 -- handler set with setErrorHandler, else stderr with a traceback), never
--- fatal, never stopping the rest of the batch.
+-- fatal, never stopping the rest of the batch (docs/semantics.md,
+-- Coroutines and the loop).
 local h = require "helpers"
 local am = require "async_mutex"
 

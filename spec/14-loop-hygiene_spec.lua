@@ -1,5 +1,6 @@
 -- The module and luv's loop: uv.run() returns when nothing is pending, no
--- handle or timer is left behind, uv.walk() works, exit is clean.
+-- handle or timer is left behind, uv.walk() works, exit is clean
+-- (docs/semantics.md, Coroutines and the loop).
 local h = require "helpers"
 local uv = require "luv"
 local am = require "async_mutex"
@@ -8,18 +9,13 @@ describe("the luv loop", function()
   it("delivers a wake-up for a release made from main code, then uv.run() returns", function()
     local m = am.Mutex.new()
     local got = false
-    local holder = coroutine.create(function()
-      local r = m:acquire()
-      coroutine.yield()
-      r()
-    end)
-    coroutine.resume(holder)
+    local release = h.holder(m)
     coroutine.wrap(function()
       local r = m:acquire()
       got = true
       r()
     end)()
-    coroutine.resume(holder)                   -- releases, from the main thread
+    release()                                  -- from the main thread
     assert.is_false(got)
     local idle, ms = h.run_loop(2000)
     assert.is_true(idle, "uv.run() did not return by itself")
@@ -30,19 +26,14 @@ describe("the luv loop", function()
 
   it("returns from uv.run() at once while waiters sit on a held lock", function()
     local m = am.Mutex.new()
-    local holder = coroutine.create(function()
-      local r = m:acquire()
-      coroutine.yield()
-      r()
-    end)
-    coroutine.resume(holder)
+    local release = h.holder(m)
     local got = false
     coroutine.wrap(function() m:acquire()(); got = true end)()
     local idle, ms = h.run_loop(2000)
     assert.is_true(idle)
     assert.is_true(ms < 500 * h.TIME_SCALE)
     assert.is_false(got)
-    coroutine.resume(holder)
+    release()
     assert.is_true(h.run_loop(2000))
     assert.is_true(got)
   end)

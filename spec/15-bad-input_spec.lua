@@ -1,5 +1,6 @@
 -- Bad input raises a clear error naming the argument and changes nothing;
--- blocking calls outside a yieldable coroutine raise and change nothing.
+-- blocking calls outside a yieldable coroutine raise and change nothing
+-- (docs/semantics.md, Errors; the README lists every message).
 --
 -- Messages are compared after stripping one leading "file:line: " (usage
 -- errors may carry a position).  The API is called as a statement inside the
@@ -358,18 +359,13 @@ describe("blocking calls outside a coroutine", function()
 
   it("raise for a held lock too, queuing nothing", function()
     local m = am.Mutex.new()
-    local holder = coroutine.create(function()
-      local r = m:acquire()
-      coroutine.yield()
-      r()
-    end)
-    coroutine.resume(holder)
+    local release = h.holder(m)
     local before = state(m)
     assert.equal("attempt to acquire a mutex outside a coroutine", E(function() m:acquire() end))
     assert.equal("attempt to wait for a mutex outside a coroutine",
       E(function() m:waitForUnlock() end))
     assert.same(before, state(m))
-    coroutine.resume(holder)
+    release()
     assert.is_false(m:isLocked())
   end)
 

@@ -1,58 +1,16 @@
--- Keyed locks (issue 3): KeyedMutex and KeyedSemaphore, one lock per key,
--- created on demand and gone when idle.  Every single-lock rule of
--- SEMANTICS.md Part 2 applies per key; multi-key requests take their keys in
--- one canonical order; maxPending bounds the queue of each key.
---
--- The stress side (1,000,000 keys and memory, random multi-key
--- interleavings) is in 18-keyed-stress_spec.lua.
+-- Keyed locks, one key at a time: KeyedMutex and KeyedSemaphore keep one
+-- lock per key, and every rule of the single locks applies per key, never
+-- across keys (docs/semantics.md, Keyed locks); maxPending bounds each key's
+-- queue.  Multi-key requests are in 18-keyed-multi_spec.lua; count, waiting,
+-- keys and the lifetime of a key's lock in 19-keyed-introspection_spec.lua;
+-- load and memory in 33-keyed-stress_spec.lua.
 local h = require "helpers"
 local uv = require "luv"
 local am = require "async_mutex"
 
 local E = h.error_of
 
---- Like h.waiter, for a keyed lock's waitForUnlock(key, ...): records
--- w.done, w.ok, w.err and whether the key was locked when it returned.
-local function kwaiter(log, name, lock, key, ...)
-  local w = { name = name, done = false }
-  local args = table.pack(...)
-  w.co = h.spawn(function()
-    local ok, err = pcall(lock.waitForUnlock, lock, key, table.unpack(args, 1, args.n))
-    w.done, w.ok, w.err = true, ok, (not ok) and err or nil
-    w.locked_then = lock:isLocked(key)
-    if log then log[#log + 1] = name end
-  end)
-  return w
-end
-
---- The keys in use, as sorted strings ("number:1", "string:a").
-local function keys_of(lock)
-  local out = {}
-  for i, k in ipairs(lock:keys()) do out[i] = type(k) .. ":" .. tostring(k) end
-  table.sort(out)
-  return out
-end
-
---- Calls fn in a coroutine; true if it completed without yielding, then
--- pcall's results (packed).
-local function try_now(fn, ...)
-  local args = table.pack(...)
-  return h.without_yield(function() return pcall(fn, table.unpack(args, 1, args.n)) end)
-end
-
-
 describe("KeyedMutex.new and KeyedSemaphore.new", function()
-  it("make empty sets whose tostring names the type and the keys in use", h.async(function()
-    local km, ks = am.KeyedMutex.new(), am.KeyedSemaphore.new(3)
-    assert.matches("^async_mutex%.KeyedMutex %(0 keys in use%): 0x%x+$", tostring(km))
-    assert.matches("^async_mutex%.KeyedSemaphore %(0 keys in use%): 0x%x+$", tostring(ks))
-    local r1, r2 = km:acquire("a"), km:acquire("b")
-    assert.matches("^async_mutex%.KeyedMutex %(2 keys in use%)", tostring(km))
-    r1(); r2()
-    assert.equal(0, km:count())
-    assert.same({}, km:keys())
-  end))
-
   it("accept an options table with nil fields, or nothing", h.async(function()
     assert.equal(0, am.KeyedMutex.new({}):count())
     assert.equal(0, am.KeyedMutex.new(nil):count())
@@ -118,21 +76,20 @@ describe("KeyedMutex:acquire", function()
 
   it("serves the waiters of one key in FIFO order, one at a time", h.async(function()
     local km = am.KeyedMutex.new()
-    local log, inside, most, done = {}, 0, 0, 0
+    local log, inside, done = {}, h.occupancy(), 0
     local function worker(name)
       local r = km:acquire("k")
-      inside = inside + 1
-      most = math.max(most, inside)
+      inside:enter()
       log[#log + 1] = name
       h.sleep(1)
-      inside = inside - 1
+      inside:leave()
       r()
       done = done + 1
     end
     for i = 1, 6 do h.spawn(worker, i) end
     h.wait_until(function() return done == 6 end)
     assert.same({ 1, 2, 3, 4, 5, 6 }, log)
-    assert.equal(1, most)
+    assert.equal(1, inside:most())
     assert.equal(0, km:count())
   end))
 
@@ -167,7 +124,7 @@ describe("KeyedMutex:acquire", function()
     end
     assert.equal(#keys, km:count())
     for _, k in ipairs(keys) do
-      local ok, err = try_now(function() am.tryAcquire(km):acquire(k) end)
+      local ok, err = h.try_now(function() am.tryAcquire(km):acquire(k) end)
       assert.is_true(ok)
       assert.equal(am.E_ALREADY_LOCKED, err[2])
     end
@@ -363,19 +320,18 @@ describe("runExclusive on a keyed lock", function()
 
   it("excludes equal keys and lets different keys run together", h.async(function()
     local km = am.KeyedMutex.new()
-    local inside, most, done = {}, {}, 0
+    local inside, done = h.occupancy(), 0
     local function job(key)
       km:runExclusive(key, function()
-        inside[key] = (inside[key] or 0) + 1
-        most[key] = math.max(most[key] or 0, inside[key])
+        inside:enter(key)
         h.sleep(2)
-        inside[key] = inside[key] - 1
+        inside:leave(key)
       end)
       done = done + 1
     end
     for i = 1, 12 do h.spawn(job, i % 3) end
     h.wait_until(function() return done == 12 end)
-    assert.same({ [0] = 1, [1] = 1, [2] = 1 }, most)
+    assert.same({ 1, 1, 1 }, { inside:most(0), inside:most(1), inside:most(2) })
     assert.equal(0, km:count())
   end))
 
@@ -423,15 +379,15 @@ describe("waitForUnlock on a keyed lock", function()
     local r = km:acquire("other")
     local completed = h.without_yield(function() km:waitForUnlock("free") end)
     assert.is_true(completed)
-    assert.same({ "string:other" }, keys_of(km))
+    assert.same({ "string:other" }, h.keys_of(km))
     r()
   end))
 
   it("waits while the key is held, without locking it, and counts as a waiter", h.async(function()
     local km = am.KeyedMutex.new()
     local r = km:acquire("k")
-    local w = kwaiter(nil, "w", km, "k")
-    local x = kwaiter(nil, "x", km, "k", 3)
+    local w = h.waiter(nil, "w", km, "k")
+    local x = h.waiter(nil, "x", km, "k", 3)
     assert.is_false(w.done)
     assert.same({ 0, 2 }, { km:waiting("k") })
     r()
@@ -448,8 +404,8 @@ describe("waitForUnlock on a keyed lock", function()
     local log = {}
     local r = km:acquire("k")
     local a = h.acquirer(log, "acquirer", km, "k", 1)
-    local lo = kwaiter(log, "waiter 1", km, "k", 1)      -- not strictly greater
-    local hi = kwaiter(log, "waiter 2", km, "k", 2)
+    local lo = h.waiter(log, "waiter 1", km, "k", 1)      -- not strictly greater
+    local hi = h.waiter(log, "waiter 2", km, "k", 2)
     r()
     h.tick()
     assert.is_true(hi.done)
@@ -464,8 +420,8 @@ describe("waitForUnlock on a keyed lock", function()
   it("waits for the weight on a KeyedSemaphore key", h.async(function()
     local ks = am.KeyedSemaphore.new(2)
     local _, r = ks:acquire("k", 1)
-    local heavy = kwaiter(nil, "heavy", ks, "k", 2)
-    local light = kwaiter(nil, "light", ks, "k", 1)
+    local heavy = h.waiter(nil, "heavy", ks, "k", 2)
+    local light = h.waiter(nil, "light", ks, "k", 1)
     h.tick()
     assert.is_false(heavy.done)
     assert.is_true(light.done)
@@ -564,7 +520,7 @@ describe("isLocked and release by key", function()
     assert.equal(0, ks:getValue("k"))
     ks:release("idle", 3)
     assert.equal(4, ks:getValue("idle"))
-    assert.same({ "string:idle", "string:k" }, keys_of(ks))
+    assert.same({ "string:idle", "string:k" }, h.keys_of(ks))
     local v, r2 = ks:acquire("idle", 3)
     assert.equal(4, v)
     r2()
@@ -650,7 +606,7 @@ describe("cancel on a keyed lock", function()
   it("does not reject waitForUnlock waiters, and re-evaluates them (P4)", h.async(function()
     local ks = am.KeyedSemaphore.new(1)
     local heavy = h.acquirer(nil, "heavy", ks, "k", 2)     -- can never be granted
-    local w = kwaiter(nil, "w", ks, "k", 1)               -- waits behind it
+    local w = h.waiter(nil, "w", ks, "k", 1)               -- waits behind it
     h.tick()
     assert.is_false(w.done)
     assert.same({ 1, 1 }, { ks:waiting("k") })
@@ -729,177 +685,20 @@ describe("the releaser of a keyed lock", function()
 end)
 
 
-describe("count, waiting and keys", function()
-  it("count the keys held or waited on, and drop a key as soon as it is idle", h.async(function()
-    local km = am.KeyedMutex.new()
-    assert.equal(0, km:count())
-    local r1 = km:acquire("a")
-    local r2 = km:acquire(2)
-    local w = h.acquirer(nil, "w", km, "a")
-    local u = kwaiter(nil, "u", km, 2)
-    assert.equal(2, km:count())
-    assert.same({ "number:2", "string:a" }, keys_of(km))
-    assert.same({ 1, 0 }, { km:waiting("a") })
-    assert.same({ 0, 1 }, { km:waiting(2) })
-    assert.same({ 0, 0 }, { km:waiting("unknown") })
-    r1()                                        -- handed over to w
-    assert.equal(2, km:count())
-    r2()                                        -- u resolved: 2 is idle
-    assert.equal(1, km:count())
-    assert.same({ "string:a" }, keys_of(km))
-    h.tick()
-    assert.is_true(u.ok)
-    w.release()
-    assert.equal(0, km:count())
-    assert.same({}, km:keys())
-  end))
-
-  it("keys() returns a new array each time", h.async(function()
-    local km = am.KeyedMutex.new()
-    local r = km:acquire("a")
-    local k1, k2 = km:keys(), km:keys()
-    assert.are_not.equal(k1, k2)
-    k1[1] = "changed"
-    assert.same({ "a" }, km:keys())
-    r()
-  end))
-
-  it("waiting(key) returns exactly two numbers", h.async(function()
-    local km = am.KeyedMutex.new()
-    assert.equal(2, select("#", km:waiting("x")))
-  end))
-end)
-
-
-describe("the same key is never served by two locks", function()
-  it("keeps a held key's lock through full collections", h.async(function()
-    local km = am.KeyedMutex.new()
-    for round = 1, 20 do
-      local key = (round % 2 == 0) and ("k" .. round) or { round }
-      local holder = h.acquirer(nil, "holder", km, key)
-      assert.is_true(holder.ok)
-      h.gc()
-      local w = h.acquirer(nil, "w", km, key)
-      h.gc()
-      h.tick()
-      assert.is_false(w.done, "a second lock served the key in round " .. round)
-      assert.is_true(km:isLocked(key))
-      holder.release()
-      h.gc()
-      h.tick()
-      assert.is_true(w.ok)
-      local x = h.acquirer(nil, "x", km, key)
-      h.gc()
-      assert.is_false(x.done)
-      w.release()
-      h.tick()
-      assert.is_true(x.ok)
-      x.release()
-      assert.equal(0, km:count())
-    end
-  end))
-
-  it("keeps a waited-on key's lock when nobody but the set refers to it", h.async(function()
-    local km = am.KeyedMutex.new()
-    -- the holder's releaser lives only in a suspended coroutine
-    local release_now = false
-    local co = h.spawn(function()
-      local r <close> = km:acquire("k")
-      while not release_now do h.sleep(1) end
-    end)
-    local u = kwaiter(nil, "u", km, "k")
-    h.gc()
-    local w = h.acquirer(nil, "w", km, "k")
-    h.gc()
-    h.sleep(3)
-    assert.is_false(w.done)
-    assert.is_false(u.done)
-    release_now = true
-    h.wait_until(function() return coroutine.status(co) == "dead" end)
-    h.tick()
-    assert.is_true(w.ok)
-    assert.is_false(u.done)                      -- not before the queued w
-    w.release()
-    h.tick()
-    assert.is_true(u.ok)
-    assert.equal(0, km:count())
-  end))
-
-  it("no update is lost when many coroutines read-modify-write one key with collections in between", h.async(function()
-    local km = am.KeyedMutex.new()
-    local stock = { a = 0, b = 0 }
-    local done = 0
-    for i = 1, 40 do
-      h.spawn(function()
-        local key = (i % 2 == 0) and "a" or "b"
-        local r <close> = km:acquire(key)
-        local v = stock[key]
-        if i % 7 == 0 then collectgarbage("collect") end
-        h.sleep(i % 3)
-        stock[key] = v + 1
-        done = done + 1
-      end)
-    end
-    h.wait_until(function() return done == 40 end, 3000)
-    assert.same({ a = 20, b = 20 }, stock)
-    assert.equal(0, km:count())
-  end))
-end)
-
-
--- A KeyedSemaphore key is held while a grant is out, whatever its value:
--- one that starts at 0 (a gate opened by release) or that was raised above
--- its initial value can be held with its value back at the initial one.
-describe("a held KeyedSemaphore key keeps its lock", function()
-  it("keeps the permit a holder gives back on a key that starts at 0", h.async(function()
-    local ks = am.KeyedSemaphore.new(0)
-    local s = am.Semaphore.new(0)                  -- the single-lock rule
-    local consumer = h.acquirer(nil, "consumer", ks, "x")
-    local single = h.acquirer(nil, "single", s)
-    ks:release("x")
-    s:release()
-    h.tick()
-    assert.is_true(consumer.ok)
-    assert.is_true(single.ok)
-    assert.equal(1, ks:count())                    -- held
-    consumer.release()
-    single.release()
-    assert.equal(s:getValue(), ks:getValue("x"))   -- 1: the permit is back
-    local completed = h.without_yield(function() return ks:acquire("x") end)
-    assert.is_true(completed)
-  end))
-
-  it("does not serve a key by a second lock after the value came back to its initial one", h.async(function()
-    local ks = am.KeyedSemaphore.new(1)
-    ks:release("y")                                -- 2 permits for y
-    local _, r1 = ks:acquire("y")                  -- held, value 1
-    assert.is_false((pcall(function() am.tryAcquire(ks):acquire("y", 2) end)))
-    assert.equal(1, ks:count())                    -- still held by r1
-    local _, r2 = ks:acquire("y")                  -- the second permit
-    local w = h.acquirer(nil, "w", ks, "y")
-    assert.is_false(w.done)
-    r1()                                           -- gives a permit to w
-    h.tick()
-    assert.is_true(w.ok)
-    w.release(); r2()
-  end))
-end)
-
-
 describe("maxPending", function()
   it("raises am.E_MAX_PENDING at once, without queuing, beyond that many acquirers per key", h.async(function()
     local km = am.KeyedMutex.new({ maxPending = 2 })
     local r = km:acquire("k")
     local a = h.acquirer(nil, "a", km, "k")
     local b = h.acquirer(nil, "b", km, "k", 5)
-    local completed, res = try_now(function() km:acquire("k") end)
+    local completed, res = h.try_now(function() km:acquire("k") end)
     assert.is_true(completed)                      -- no yield
     assert.is_false(res[1])
     assert.equal(am.E_MAX_PENDING, res[2])         -- the value itself, level 0
     assert.equal("too many pending requests for this key", am.E_MAX_PENDING)
     assert.same({ 2, 0 }, { km:waiting("k") })
     -- a high priority does not get around it either
-    completed, res = try_now(function() km:acquire("k", 100) end)
+    completed, res = h.try_now(function() km:acquire("k", 100) end)
     assert.is_true(completed)
     assert.equal(am.E_MAX_PENDING, res[2])
     -- other keys have their own bound
@@ -922,7 +721,7 @@ describe("maxPending", function()
     local ks = am.KeyedSemaphore.new(3, { maxPending = 1 })
     local _, r = ks:acquire("k", 1)
     local heavy = h.acquirer(nil, "heavy", ks, "k", 3)        -- 1 queued
-    local completed, res = try_now(function() return ks:acquire("k", 1, 1) end)
+    local completed, res = h.try_now(function() return ks:acquire("k", 1, 1) end)
     assert.is_true(completed)
     assert.is_true(res[1])                       -- priority 1 skips the heavy head
     res[3]()
@@ -987,7 +786,7 @@ describe("maxPending", function()
     local km = am.KeyedMutex.new({ maxPending = 1 })
     local r = km:acquire("k")
     local us = {}
-    for i = 1, 3 do us[i] = kwaiter(nil, "u", km, "k") end
+    for i = 1, 3 do us[i] = h.waiter(nil, "u", km, "k") end
     assert.same({ 0, 3 }, { km:waiting("k") })
     local a = h.acquirer(nil, "a", km, "k")
     assert.is_false(a.done)
@@ -1025,10 +824,10 @@ describe("maxPending", function()
     local r = km:acquire("k")
     local a = h.acquirer(nil, "a", km, "k")
     local wt = am.withTimeout(km, 1000)
-    local completed, res = try_now(function() wt:acquire("k") end)
+    local completed, res = h.try_now(function() wt:acquire("k") end)
     assert.is_true(completed)
     assert.equal(am.E_MAX_PENDING, res[2])
-    completed, res = try_now(function() am.tryAcquire(km):acquire("k") end)
+    completed, res = h.try_now(function() am.tryAcquire(km):acquire("k") end)
     assert.is_true(completed)
     assert.equal(am.E_ALREADY_LOCKED, res[2])
     r(); h.tick(); a.release()
@@ -1044,238 +843,6 @@ describe("maxPending", function()
     assert.same({ false, am.E_MAX_PENDING }, { ok, err })
     assert.is_false(called)
     r(); h.tick(); a.release()
-  end))
-end)
-
-
-describe("acquireAll", function()
-  it("takes every key of the set and returns one releaser, callable once and to-be-closed", h.async(function()
-    local km = am.KeyedMutex.new()
-    local completed, res = h.without_yield(function() return km:acquireAll({ "a", 2, true }) end)
-    assert.is_true(completed)
-    local r = res[1]
-    assert.equal(3, km:count())
-    for _, k in ipairs({ "a", 2, true }) do assert.is_true(km:isLocked(k)) end
-    r()
-    assert.equal(0, km:count())
-    local again = km:acquire("a")
-    r()                                           -- spent: does not free "a"
-    assert.is_true(km:isLocked("a"))
-    again()
-    do
-      local all <close> = km:acquireAll({ "x", "y" })
-      assert.equal(2, km:count())
-    end
-    assert.equal(0, km:count())
-  end))
-
-  it("ignores duplicates, 1 and 1.0 included", h.async(function()
-    local km = am.KeyedMutex.new()
-    local r = km:acquireAll({ "a", 1, "a", 1.0, 1 })
-    assert.same({ "number:1", "string:a" }, keys_of(km))
-    r()
-    assert.equal(0, km:count())
-    local ks = am.KeyedSemaphore.new(2)
-    local r2 = ks:acquireAll({ "a", "a" })         -- one permit, not two
-    assert.equal(1, ks:getValue("a"))
-    r2()
-    assert.equal(2, ks:getValue("a"))
-  end))
-
-  it("takes the keys in canonical order, whatever order the caller gives", h.async(function()
-    local km = am.KeyedMutex.new()
-    local ra = km:acquire("a")
-    local done = false
-    h.spawn(function()
-      local r = km:acquireAll({ "c", "b", "a" })   -- canonical: a, b, c
-      done = true
-      r()
-    end)
-    h.tick()
-    assert.is_false(done)
-    assert.is_false(km:isLocked("b"))              -- nothing after "a" taken yet
-    assert.is_false(km:isLocked("c"))
-    ra()
-    h.tick()
-    assert.is_true(done)
-    assert.equal(0, km:count())
-  end))
-
-  it("orders booleans, then numbers, then strings, then other values", h.async(function()
-    local km = am.KeyedMutex.new()
-    local t = {}
-    local function blocks_on(first, rest)
-      local r = km:acquire(first)
-      local done = false
-      h.spawn(function()
-        local keys = { t, "s", 10, true, -1.5, false }
-        local ra = km:acquireAll(keys)
-        done = true
-        ra()
-      end)
-      h.tick()
-      assert.is_false(done)
-      for _, k in ipairs(rest) do
-        assert.is_false(km:isLocked(k), "took " .. tostring(k) .. " before " .. tostring(first))
-      end
-      r()
-      h.tick()
-      assert.is_true(done)
-      assert.equal(0, km:count())
-    end
-    blocks_on(false, { true, -1.5, 10, "s", t })
-    blocks_on(-1.5, { 10, "s", t })
-    blocks_on("s", { t })
-  end))
-
-  it("never deadlocks two callers giving the same keys in opposite orders", h.async(function()
-    local km = am.KeyedMutex.new()
-    local finished = 0
-    local function transfer(keys)
-      for _ = 1, 5 do
-        local r <close> = km:acquireAll(keys)
-        h.sleep(1)
-      end
-      finished = finished + 1
-    end
-    h.spawn(transfer, { "a", "b" })
-    h.spawn(transfer, { "b", "a" })
-    h.spawn(transfer, { 1, "b" })
-    h.spawn(transfer, { "a", 1 })
-    h.wait_until(function() return finished == 4 end, 2000, "a deadlock")
-    assert.equal(0, km:count())
-  end))
-
-  it("passes priority to every key (KeyedMutex) and weight and priority (KeyedSemaphore)", h.async(function()
-    local km = am.KeyedMutex.new()
-    local log = {}
-    local r = km:acquireAll({ 1, 2 })
-    local low = h.acquirer(log, "low", km, 1)       -- 1 comes first
-    h.spawn(function()
-      local ra = km:acquireAll({ 2, 1 }, 5)
-      log[#log + 1] = "high"
-      ra()
-    end)
-    r()
-    h.tick(3)
-    assert.same({ "high", "low" }, log)
-    low.release()
-    assert.equal(0, km:count())
-
-    local ks = am.KeyedSemaphore.new(3)
-    local ra = ks:acquireAll({ "x", "y" }, 2)
-    assert.same({ 1, 1 }, { ks:getValue("x"), ks:getValue("y") })
-    ra()
-    assert.same({ 3, 3 }, { ks:getValue("x"), ks:getValue("y") })
-    assert.equal(0, ks:count())
-  end))
-
-  it("holds nothing after a cancel while waiting for a later key", h.async(function()
-    local km = am.KeyedMutex.new()
-    local r2 = km:acquire(2)
-    local got
-    h.spawn(function() got = table.pack(pcall(km.acquireAll, km, { 2, 1, 3 })) end)
-    assert.is_true(km:isLocked(1))               -- 1 taken, waiting for 2
-    assert.is_false(km:isLocked(3))
-    km:cancel(2)
-    h.tick()
-    assert.same({ false, am.E_CANCELED }, { got[1], got[2] })
-    assert.is_false(km:isLocked(1))
-    assert.is_false(km:isLocked(3))
-    assert.equal(1, km:count())
-    r2()
-    assert.equal(0, km:count())
-  end))
-
-  it("holds nothing after its coroutine is closed while waiting", h.async(function()
-    local km = am.KeyedMutex.new()
-    local base = am.pending()
-    local r = km:acquire("b")
-    local co = h.spawn(function() km:acquireAll({ "a", "b", "c" }) end)
-    assert.is_true(km:isLocked("a"))
-    assert.is_true(coroutine.close(co))
-    assert.is_false(km:isLocked("a"))
-    assert.same({ 0, 0 }, { km:waiting("b") })
-    r()
-    assert.equal(0, km:count())
-    assert.equal(base, am.pending())
-  end))
-
-  it("releases every key when the coroutine holding them is closed", h.async(function()
-    local km = am.KeyedMutex.new()
-    local co = h.spawn(function()
-      local r <close> = km:acquireAll({ "a", "b" })
-      coroutine.yield()
-    end)
-    assert.equal(2, km:count())
-    coroutine.close(co)
-    assert.equal(0, km:count())
-  end))
-
-  it("holds nothing after a request beyond maxPending on a later key", h.async(function()
-    local km = am.KeyedMutex.new({ maxPending = 1 })
-    local r = km:acquire(2)
-    local x = h.acquirer(nil, "x", km, 2)
-    local ok, err = pcall(function() km:acquireAll({ 1, 2 }) end)
-    assert.same({ false, am.E_MAX_PENDING }, { ok, err })
-    assert.is_false(km:isLocked(1))
-    r(); h.tick(); x.release()
-    assert.equal(0, km:count())
-  end))
-
-  it("holds nothing after a bad weight, and raises before taking anything", h.async(function()
-    local ks = am.KeyedSemaphore.new(2)
-    local ok = pcall(function() ks:acquireAll({ "a", "b" }, 0) end)
-    assert.is_false(ok)
-    assert.equal(0, ks:count())
-  end))
-
-  it("waits for a KeyedSemaphore's weight on each key", h.async(function()
-    local ks = am.KeyedSemaphore.new(2)
-    local _, r = ks:acquire("b", 1)
-    local done = false
-    h.spawn(function() local ra = ks:acquireAll({ "b", "a" }, 2); done = true; ra() end)
-    h.tick()
-    assert.is_false(done)
-    assert.equal(0, ks:getValue("a"))             -- "a" comes first and is held
-    r()
-    h.tick()
-    assert.is_true(done)
-    assert.equal(0, ks:count())
-  end))
-end)
-
-
-describe("runExclusiveAll", function()
-  it("runs fn holding every key, returns all its results, and releases", h.async(function()
-    local km = am.KeyedMutex.new()
-    local nargs
-    local res = table.pack(km:runExclusiveAll({ "b", "a" }, function(...)
-      nargs = select("#", ...)
-      assert.is_true(km:isLocked("a") and km:isLocked("b"))
-      h.sleep(1)
-      return nil, 2, nil
-    end))
-    assert.equal(0, nargs)
-    assert.equal(3, res.n)
-    assert.same({ nil, 2, nil }, { res[1], res[2], res[3] })
-    assert.equal(0, km:count())
-  end))
-
-  it("releases every key and re-raises fn's error unchanged", h.async(function()
-    local ks = am.KeyedSemaphore.new(1)
-    local e = {}
-    local ok, err = pcall(ks.runExclusiveAll, ks, { 1, 2 }, function() h.sleep(1); error(e) end, 1, 3)
-    assert.is_false(ok)
-    assert.is_true(rawequal(e, err))
-    assert.equal(0, ks:count())
-  end))
-
-  it("refuses a non-callable fn and takes nothing", h.async(function()
-    local km = am.KeyedMutex.new()
-    assert.equal("bad argument #2 to 'runExclusiveAll' (function expected, got nil)",
-      E(function() km:runExclusiveAll({ "a" }) end))
-    assert.equal(0, km:count())
   end))
 end)
 
@@ -1346,37 +913,6 @@ describe("withTimeout on a keyed lock", function()
     assert.equal(0, wt:count())
     r()                                         -- that holding was already ended
   end))
-
-  it("bounds the whole of acquireAll, not each key", h.async(function()
-    local km = am.KeyedMutex.new()
-    local wt = am.withTimeout(km, 60)
-    local r1, r2 = km:acquire(1), km:acquire(2)
-    -- a timeout per key would succeed: 1 after 40 ms, 2 after 50 more
-    h.spawn(function() h.sleep(40); r1() end)
-    h.spawn(function() h.sleep(90); r2() end)
-    local t0 = uv.now()
-    local ok, err = pcall(function() wt:acquireAll({ 1, 2 }) end)
-    local elapsed = uv.now() - t0
-    assert.same({ false, am.E_TIMEOUT }, { ok, err })
-    assert.is_true(elapsed >= 55, "timed out after " .. elapsed .. " ms")
-    assert.is_false(km:isLocked(1))              -- key 1 was given back
-    h.wait_until(function() return km:count() == 0 end)
-  end))
-
-  it("acquireAll succeeds within the time and times out with nothing held", h.async(function()
-    local km = am.KeyedMutex.new()
-    local wt = am.withTimeout(km, 30)
-    local r = km:acquire("c")
-    h.spawn(function() h.sleep(5); r() end)
-    local ra = wt:acquireAll({ "c", "a", "b" })
-    assert.equal(3, km:count())
-    local ok, err = pcall(function() wt:acquireAll({ "z", "b" }) end)
-    assert.same({ false, am.E_TIMEOUT }, { ok, err })
-    assert.is_false(km:isLocked("z"))
-    assert.equal(3, km:count())
-    ra()
-    assert.equal(0, km:count())
-  end))
 end)
 
 
@@ -1388,7 +924,7 @@ describe("tryAcquire on a keyed lock", function()
     assert.is_true(completed)
     local w = h.acquirer(nil, "w", km, "k")
     local res
-    completed, res = try_now(function() ta:acquire("k") end)
+    completed, res = h.try_now(function() ta:acquire("k") end)
     assert.is_true(completed)
     assert.same({ false, am.E_ALREADY_LOCKED }, { res[1], res[2] })
     assert.same({ 1, 0 }, { km:waiting("k") })
@@ -1402,36 +938,13 @@ describe("tryAcquire on a keyed lock", function()
   it("leaves no lock behind when refusing a weight a fresh key cannot cover", h.async(function()
     local ks = am.KeyedSemaphore.new(2)
     local ta = am.tryAcquire(ks, "busy")
-    local completed, res = try_now(function() ta:acquire("k", 3) end)
+    local completed, res = h.try_now(function() ta:acquire("k", 3) end)
     assert.is_true(completed)
     assert.same({ false, "busy" }, { res[1], res[2] })
-    completed, res = try_now(function() ta:waitForUnlock("k", 3) end)
+    completed, res = h.try_now(function() ta:waitForUnlock("k", 3) end)
     assert.is_true(completed)
     assert.same({ false, "busy" }, { res[1], res[2] })
     assert.equal(0, ks:count())
-  end))
-
-  it("acquireAll takes every free key at once, or raises at once holding nothing", h.async(function()
-    local km = am.KeyedMutex.new()
-    local ta = am.tryAcquire(km)
-    local completed, res = h.without_yield(function() return ta:acquireAll({ 3, 1, 2 }) end)
-    assert.is_true(completed)
-    assert.equal(3, km:count())
-    res[1]()
-    local r = km:acquire(3)
-    completed, res = try_now(function() ta:acquireAll({ 3, 1, 2 }) end)
-    assert.is_true(completed)
-    assert.same({ false, am.E_ALREADY_LOCKED }, { res[1], res[2] })
-    assert.is_false(km:isLocked(1))
-    assert.is_false(km:isLocked(2))
-    assert.equal(1, km:count())
-    local ran = false
-    completed, res = try_now(function() ta:runExclusiveAll({ 4, 3 }, function() ran = true end) end)
-    assert.is_true(completed)
-    assert.same({ false, am.E_ALREADY_LOCKED }, { res[1], res[2] })
-    assert.is_false(ran)
-    r()
-    assert.equal(0, km:count())
   end))
 
   it("waitForUnlock returns when the key could be taken now, raises otherwise", h.async(function()
@@ -1439,7 +952,7 @@ describe("tryAcquire on a keyed lock", function()
     local ta = am.tryAcquire(km)
     assert.is_true((h.without_yield(function() ta:waitForUnlock("k") end)))
     local r = km:acquire("k")
-    local completed, res = try_now(function() ta:waitForUnlock("k") end)
+    local completed, res = h.try_now(function() ta:waitForUnlock("k") end)
     assert.is_true(completed)
     assert.same({ false, am.E_ALREADY_LOCKED }, { res[1], res[2] })
     assert.same({ 0, 0 }, { km:waiting("k") })
@@ -1482,28 +995,6 @@ describe("bad input to keyed locks", function()
     local km = am.KeyedMutex.new()
     assert.equal("bad argument #1 to 'acquire' " .. NIL, E(function() km:acquire(nil) end))
   end)
-
-  it("refuses bad key sets to acquireAll and runExclusiveAll with the exact message", h.async(function()
-    local km = am.KeyedMutex.new()
-    local r = km:acquire("held")
-    local function msg(f) return "bad argument #1 to '" .. f .. "' " end
-    assert.equal(msg("acquireAll") .. "(key set must not be empty)", E(function() km:acquireAll({}) end))
-    assert.equal(msg("acquireAll") .. "(table of keys expected, got string)", E(function() km:acquireAll("a") end))
-    assert.equal(msg("acquireAll") .. "(table of keys expected, got nil)", E(function() km:acquireAll() end))
-    assert.equal(msg("acquireAll") .. "(key #2 must not be nil)", E(function() km:acquireAll({ "a", nil, "b" }) end))
-    assert.equal(msg("acquireAll") .. "(key #3 must not be NaN)", E(function() km:acquireAll({ "a", "b", 0 / 0 }) end))
-    assert.equal(msg("acquireAll") .. "(key set must not be empty)",
-      E(function() am.tryAcquire(km):acquireAll({}) end))
-    assert.equal(msg("acquireAll") .. "(key set must not be empty)",
-      E(function() am.withTimeout(km, 10):acquireAll({}) end))
-    assert.equal(msg("runExclusiveAll") .. "(key set must not be empty)",
-      E(function() km:runExclusiveAll({}, function() end) end))
-    -- a bad key after a good (and free) one: nothing is taken
-    E(function() km:acquireAll({ "free", "held", 0 / 0 }) end)
-    assert.same({ "string:held" }, keys_of(km))
-    r()
-    assert.equal(0, km:count())
-  end))
 
   it("refuses bad options with the exact message", function()
     local NEG = "(maxPending must be a non-negative integer)"

@@ -15,13 +15,6 @@ local function rng(seed)
   end
 end
 
--- Each waiter logs its name once granted, then releases at once.
-local function chain(log, name, lock, ...)
-  local w = h.acquirer(log, name, lock, ...)
-  w.after = function(x) if x.ok then x.release() end end
-  return w
-end
-
 -- The queue order: higher priority first, then arrival.
 local function by_priority(a, b)
   if a.p ~= b.p then return a.p > b.p end
@@ -53,7 +46,7 @@ describe("queues with many distinct keys", function()
     for k = 1, 296 do prios[#prios + 1] = (k - 150) / 7 end
     for i = 1, 1500 do
       local p = prios[rand(#prios)]
-      waiters[i] = { p = p, i = i, w = chain(log, i, m, p) }
+      waiters[i] = { p = p, i = i, w = h.chain(log, i, m, p) }
     end
     -- close a third of them, spread over every bucket, some buckets entirely
     for i = 1, 1500 do
@@ -67,7 +60,7 @@ describe("queues with many distinct keys", function()
     -- and add more behind them into buckets that were emptied and dropped
     for i = 1501, 1700 do
       local p = (i % 2 == 0) and -math.huge or prios[rand(#prios)]
-      local x = { p = p, i = i, w = chain(log, i, m, p) }
+      local x = { p = p, i = i, w = h.chain(log, i, m, p) }
       survivors[#survivors + 1] = x
     end
     expect_grants(survivors, release, log)
@@ -83,7 +76,7 @@ describe("queues with many distinct keys", function()
     local n = 0
     local function add(p)
       n = n + 1
-      live[n] = { p = p, i = n, w = chain(log, n, m, p) }
+      live[n] = { p = p, i = n, w = h.chain(log, n, m, p) }
     end
     -- rounds of: fill 1000 keys sparsely, then close most waiters, so that
     -- buckets are dropped from a crowded hash (and the hash shrinks) while
@@ -107,10 +100,10 @@ describe("queues with many distinct keys", function()
     local m = am.Mutex.new()
     local release = m:acquire()
     local log = {}
-    chain(log, "a", m, 0)
-    chain(log, "b", m, -0.0)
-    chain(log, "c", m)
-    chain(log, "d", m, -0.0)
+    h.chain(log, "a", m, 0)
+    h.chain(log, "b", m, -0.0)
+    h.chain(log, "c", m)
+    h.chain(log, "d", m, -0.0)
     release()
     h.wait_until(function() return #log == 4 end)
     assert.same({ "a", "b", "c", "d" }, log)

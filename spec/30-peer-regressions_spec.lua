@@ -1,7 +1,9 @@
--- Regressions from our peers (issue 2, item 4): one named test per bug that
--- copas, nvim-nio, plenary.nvim and async-mutex shipped, written against our
--- API, plus the behaviour questions of SEMANTICS.md Part 4.  Each test says
--- which plausible broken implementation it catches.
+-- Regressions from our peers: one named test per bug that copas, nvim-nio,
+-- plenary.nvim and async-mutex shipped, written against our API, plus the
+-- behaviour questions async-mutex's users asked.  Test names start with the
+-- peer's issue number (#54: DirtyHairy/async-mutex issue 54; the describe
+-- names the peer); docs/semantics.md gives the rules they check.  Each test
+-- says which plausible broken implementation it catches.
 --
 -- Covered elsewhere, not repeated here:
 --   #67 cancel() does not revoke the holder      07 "does not revoke the current holder"

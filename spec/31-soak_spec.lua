@@ -1,5 +1,5 @@
--- Stress and soak (issue 2, item 5): many coroutines contending, a million
--- cycles with flat memory, mass timeouts racing grants, mass cancel.
+-- Stress and soak: many coroutines contending, a million cycles with flat
+-- memory, mass timeouts racing grants, mass cancel.
 -- Sizes go through h.load (AM_STRESS_SCALE, AM_GC_STRESS); deadlines and
 -- wait_until limits stretch by h.TIME_SCALE when the suite runs slowed down.
 -- spec/16-stress_spec.lua already covers 100,000 waiters queued behind one
@@ -39,14 +39,13 @@ describe("contention", function()
     local base = am.pending()
     local m = am.Mutex.new()
     local wt = am.withTimeout(m, 600000)
-    local inside, overlap, next_i, out_of_order, done = 0, 0, 1, 0, 0
+    local inside, next_i, out_of_order, done = h.occupancy(), 1, 0, 0
     local function critical(i)
-      inside = inside + 1
-      if inside > 1 then overlap = overlap + 1 end
+      inside:enter()
       if i ~= next_i then out_of_order = out_of_order + 1 end
       next_i = i + 1
       if i % 500 == 0 then h.tick() end        -- hold across a loop turn
-      inside = inside - 1
+      inside:leave()
       done = done + 1
     end
     local function worker(i)
@@ -77,7 +76,7 @@ describe("contention", function()
       end
     end)
     h.wait_until(function() return done == N end, 30000, "all workers through")
-    assert.equal(0, overlap)
+    assert.equal(1, inside:most())           -- one at a time
     assert.equal(0, out_of_order)
     assert.is_false(m:isLocked())
     assert.equal(base, am.pending())

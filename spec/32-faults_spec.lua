@@ -1,7 +1,7 @@
--- Fault cases (issue 2, item 6): errors in runExclusive and in resumed
--- coroutines, the loop stopped and restarted, holders closed or collected
--- while holding, the module loaded twice, locks reachable only through
--- their waiters.
+-- Fault cases: errors in runExclusive and in resumed coroutines, the loop
+-- stopped and restarted, holders closed or collected while holding, the
+-- module loaded twice, locks reachable only through their waiters
+-- (docs/semantics.md, Coroutines and the loop).
 local h = require "helpers"
 local uv = require "luv"
 local am = require "async_mutex"
@@ -245,8 +245,7 @@ describe("uv.stop() in the middle of a run", function()
       local N = h.load(5000)
       local m = am.Mutex.new()
       local log = {}
-      local hold = coroutine.create(function() local r = m:acquire(); coroutine.yield(); r() end)
-      assert(coroutine.resume(hold))
+      local release = h.holder(m)
       local stop_at = math.max(1, N // 3)
       for i = 1, N do
         coroutine.wrap(function()
@@ -256,7 +255,7 @@ describe("uv.stop() in the middle of a run", function()
           r()
         end)()
       end
-      assert(coroutine.resume(hold))           -- release from main code
+      release()                                -- from main code
       local idle = h.run_loop(5000)
       assert.is_true(idle)                     -- returned by itself (uv.stop), not the deadline
       assert.is_true(#log >= stop_at)
@@ -274,33 +273,56 @@ describe("uv.stop() in the middle of a run", function()
 
   it("keeps withTimeout deadlines and grants across a stop, and delivers with uv.run('nowait') too", function()
     capture(function()
-      local m = am.Mutex.new()
-      local wt = am.withTimeout(m, 100 * h.TIME_SCALE)
-      local hold = coroutine.create(function() local r = m:acquire(); coroutine.yield(); r() end)
-      assert(coroutine.resume(hold))
-      local out = {}
-      for _ = 1, 3 do
-        coroutine.wrap(function()
-          local ok, err = pcall(wt.acquire, wt)
-          out[#out + 1] = ok and "granted" or err
-          if ok then coroutine.yield() end     -- keeps the lock: the others time out
-        end)()
+      -- The deadlines count in loop time from the acquires (docs/semantics.md,
+      -- Timeouts) and the loop is stopped 1 ms of loop time later.  A process
+      -- that stalls for longer in between (a busy machine, a long collection)
+      -- finds the deadlines passed in that same timer phase: the waiters time
+      -- out then, rightly, and the run says nothing about deadlines kept
+      -- across a stop.  So the stop's loop time is compared with the
+      -- deadlines, and a stalled attempt is checked for that outcome and
+      -- made again.
+      local MS = 100 * h.TIME_SCALE
+      local function attempt()
+        local m = am.Mutex.new()
+        local wt = am.withTimeout(m, MS)
+        local release = h.holder(m)
+        local out = {}
+        local due = uv.now() + MS              -- the waiters' deadline
+        for _ = 1, 3 do
+          coroutine.wrap(function()
+            local ok, err = pcall(wt.acquire, wt)
+            out[#out + 1] = ok and "granted" or err
+            if ok then coroutine.yield() end   -- keeps the lock: the others time out
+          end)()
+        end
+        local stopped_at
+        local t = uv.new_timer()
+        t:start(1, 0, function()
+          t:close()
+          stopped_at = uv.now()
+          release()                            -- the first waiter is granted
+          uv.stop()
+        end)
+        uv.run()
+        local kept = stopped_at < due
+        if kept then
+          assert.is_true(#out <= 1, table.concat(out, ","))  -- the deadlines are still ahead
+          uv.stop()                            -- and a stop before uv.run()
+          uv.run()
+          assert.is_true(h.run_loop(3000))     -- the deadlines still pass
+        end
+        assert.same({ "granted", am.E_TIMEOUT, am.E_TIMEOUT }, out)
+        assert.is_true(m:isLocked())
+        m:release()
+        assert.same({}, h.active_handles())
+        return kept
       end
-      local t = uv.new_timer()
-      t:start(1, 0, function()
-        t:close()
-        coroutine.resume(hold)                 -- the first waiter is granted
-        uv.stop()
-      end)
-      uv.run()
-      assert.is_true(#out <= 1, table.concat(out, ","))  -- the deadlines are still ahead
-      uv.stop()                                -- and a stop before uv.run()
-      uv.run()
-      assert.is_true(h.run_loop(3000))         -- the deadlines still pass
-      assert.same({ "granted", am.E_TIMEOUT, am.E_TIMEOUT }, out)
-      assert.is_true(m:isLocked())
-      m:release()
-      assert.same({}, h.active_handles())
+      local kept = false
+      for _ = 1, 5 do
+        kept = attempt()
+        if kept then break end
+      end
+      assert.is_true(kept, "the process stalled past the deadlines in 5 attempts out of 5")
 
       -- many grants drained by repeated uv.run("nowait")
       local s = am.Semaphore.new(0)

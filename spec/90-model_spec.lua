@@ -1,10 +1,10 @@
--- Model-based random testing (issue 2, item 1).
+-- Model-based random testing.
 --
--- spec/fuzz/model.lua is a small executable model of ../shared/SEMANTICS.md;
+-- spec/fuzz/model.lua is a small executable model of docs/semantics.md;
 -- spec/fuzz/gen.lua generates random operation sequences; spec/fuzz/runner.lua
 -- runs each sequence against the real module and the model and compares them
 -- after every step.  The first block checks the model itself on hand-written
--- scenarios taken from SEMANTICS.md; the second runs the comparison.
+-- scenarios taken from docs/semantics.md; the second runs the comparison.
 --
 --   AM_FUZZ_N=20000 AM_FUZZ_SEED=123 make test    more / other sequences
 --   make fuzz N=1000000 [J=2] [SEED=...]           the long run, in child processes

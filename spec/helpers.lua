@@ -15,10 +15,15 @@
 --
 -- Also: h.tick(n) (one loop turn: deferred wake-ups delivered), h.sleep(ms),
 -- h.wait_until(pred), h.spawn(fn, ...), h.acquirer / h.waiter (a coroutine
--- blocked in acquire / waitForUnlock, with its outcome recorded),
--- h.without_yield(fn), h.error_of(fn) (message without "file:line: "),
--- h.count_handles(kind), h.run_loop(ms) (uv.run() from main code),
--- h.subprocess(code) (a separate lua5.4), h.load(n) (load-test sizes), h.gc().
+-- blocked in acquire / waitForUnlock, with its outcome recorded), h.chain (an
+-- acquirer that releases at once), h.holder(lock) (a lock held for main
+-- code), h.check_one_owner(lock, a, b), h.occupancy() (how many are inside
+-- a section at once), h.without_yield(fn), h.try_now(fn), h.error_of(fn)
+-- (message without "file:line: "), h.keys_of(keyed), h.count_handles(kind),
+-- h.run_loop(ms) (uv.run() from main code), h.subprocess(code) (a separate
+-- lua5.4), h.load(n) (load-test sizes), h.gc(), h.ms_since(t0).
+--
+-- The numbering of the spec files is explained in spec/README.md.
 
 local uv = require "luv"
 
@@ -289,19 +294,97 @@ function helpers.acquirer(log, name, lock, ...)
   return w
 end
 
---- Like acquirer, for lock:waitForUnlock(...).
+--- Like acquirer, for lock:waitForUnlock(...); also records w.locked_then,
+-- whether the lock (on a keyed lock: the key, the first argument) was locked
+-- when waitForUnlock returned.
 function helpers.waiter(log, name, lock, ...)
   local w = { name = name, done = false }
   local args = table.pack(...)
+  local keyed = lock.keys ~= nil              -- keyed locks have keys()
   w.co = helpers.spawn(function()
     local res = table.pack(pcall(lock.waitForUnlock, lock,
       table.unpack(args, 1, args.n)))
     w.done, w.ok, w.err = true, res[1], (not res[1]) and res[2] or nil
-    w.locked_then = lock:isLocked()
+    if keyed then w.locked_then = lock:isLocked(args[1])
+    else w.locked_then = lock:isLocked() end
     if log then log[#log + 1] = name end
     if w.after then w.after(w) end
   end)
   return w
+end
+
+--- An acquirer (see helpers.acquirer) that releases as soon as it is
+-- granted: a link in a chain of hand-offs, logging its name.
+function helpers.chain(log, name, lock, ...)
+  local w = helpers.acquirer(log, name, lock, ...)
+  w.after = function(x) if x.ok then x.release() end end
+  return w
+end
+
+--- Holds `lock` from a coroutine of its own, so that main code (which cannot
+-- wait) can hold a lock and release it later: acquires now, with `...` as
+-- the acquire's arguments (the lock must be free), and returns a function
+-- that releases it, from wherever it is called (the release runs in the
+-- holder's coroutine, which then ends).
+function helpers.holder(lock, ...)
+  local HELD = {}
+  local co = coroutine.create(function(...)
+    local a, b = lock:acquire(...)
+    coroutine.yield(HELD)
+    ;(b or a)()                 -- a Semaphore returns value, releaser
+  end)
+  local ok, res = coroutine.resume(co, ...)
+  if not ok then error(res, 2) end
+  if res ~= HELD then error("h.holder: the lock is not free", 2) end
+  return function()
+    local done, err = coroutine.resume(co)
+    if not done then error(err, 2) end
+  end
+end
+
+--- Checks that a lock has one owner at a time: `holder` and `waiter` are
+-- helpers.acquirer records on `lock`; the holder has it and the waiter
+-- waits; once the holder releases, the waiter has it on the next loop turn;
+-- once the waiter releases, the lock is free.
+function helpers.check_one_owner(lock, holder, waiter)
+  local function check(cond, msg) if not cond then error(msg, 3) end end
+  check(holder.done, "the first acquirer does not hold the lock")
+  check(not waiter.done, "two coroutines hold the lock at once")
+  holder.release()
+  helpers.tick()
+  check(waiter.done, "the lock did not pass to the waiter when its holder released it")
+  waiter.release()
+  check(not lock:isLocked(), "the lock is still locked after its last owner released it")
+end
+
+--- Counts how many coroutines are inside a critical section at once, per
+-- key (nil: the one section), each counting for `weight` (default 1):
+--   local inside = h.occupancy()
+--   inside:enter(key) ... inside:leave(key)     -- around the section
+--   inside:most(key)    -- the highest count seen, 0 if never entered
+--   inside:now(key)     -- the count right now
+-- With `limit`, enter raises as soon as a key's count would pass it.
+function helpers.occupancy(limit)
+  local NONE = {}
+  local now, most = {}, {}
+  local o = {}
+  function o.enter(_, key, weight)
+    if key == nil then key = NONE end
+    local n = (now[key] or 0) + (weight or 1)
+    now[key] = n                  -- counted even when over: leave() balances it
+    if n > (most[key] or 0) then most[key] = n end
+    if limit and n > limit then
+      error(("h.occupancy: %s inside at once%s, more than %d"):format(
+        n, key == NONE and "" or (" for key " .. tostring(key)), limit), 2)
+    end
+  end
+  function o.leave(_, key, weight)
+    if key == nil then key = NONE end
+    now[key] = (now[key] or 0) - (weight or 1)
+  end
+  function o.most(_, key) return most[key == nil and NONE or key] or 0 end
+  function o.now(_, key) return now[key == nil and NONE or key] or 0 end
+  return o
 end
 
 --- Calls fn(...) in a fresh coroutine; returns true and fn's results (packed)
@@ -312,6 +395,22 @@ function helpers.without_yield(fn, ...)
   if not ok then error(res, 0) end
   if coroutine.status(co) == "dead" then return true, res end
   return false
+end
+
+--- Like without_yield, with fn called under pcall: returns true and
+-- pcall's results (packed: res[1] is pcall's status) if it completed
+-- without yielding, false if it yielded.
+function helpers.try_now(fn, ...)
+  local args = table.pack(...)
+  return helpers.without_yield(function() return pcall(fn, table.unpack(args, 1, args.n)) end)
+end
+
+--- The keys a keyed lock has in use, as sorted strings ("number:1", "string:a").
+function helpers.keys_of(lock)
+  local out = {}
+  for i, k in ipairs(lock:keys()) do out[i] = type(k) .. ":" .. tostring(k) end
+  table.sort(out)
+  return out
 end
 
 --- Strips one leading "chunk:line: " position from an error message.
@@ -333,6 +432,11 @@ end
 function helpers.gc()
   collectgarbage("collect")
   collectgarbage("collect")
+end
+
+--- Milliseconds of real time since t0, a uv.hrtime() reading.
+function helpers.ms_since(t0)
+  return (uv.hrtime() - t0) / 1e6
 end
 
 --- Runs uv.run() from the main thread with a deadline (ms, default 2000).

@@ -1,30 +1,41 @@
--- `make fuzz N=... [J=...] [SEED=...]`: runs N generated sequences in J child
--- processes (chunks of seeds), so that a crash of the C module (a signal, not
--- a Lua error) is caught too: the driver knows the last seed each child
--- started, replays it in a fresh process and shrinks it.
+-- The process pool of the fuzzers: `make fuzz N=... [J=...] [SEED=...]` runs
+-- N generated sequences in J child processes (chunks of seeds), so that a
+-- crash of the C module (a signal, not a Lua error) is caught too: the
+-- driver knows the last seed each child started, and has it replayed in a
+-- fresh process and shrunk.
 --
 --   lua5.4 spec/fuzz/runner.lua fuzz N [J [SEED]]
 --
 -- Prints one progress line per finished chunk and a closing line
 --   fuzz: N sequences, N ops, S s (N seq/s), seeds A..B: OK
 -- or the failure report (seed, message, shortest reproducing sequence).
+--
+-- A fuzzer that uses the pool gives driver.main its argv and a suite:
+--   suite.script          a Lua script that `SCRIPT run FIRST COUNT progress`
+--                         runs seeds FIRST..FIRST+COUNT-1 and prints:
+--                         "S seed" as each starts, "F seed" when one fails
+--                         (its shrinking follows), then either
+--                         "OK n sequences n ops ..." and exit 0, or a report
+--                         with a "FAILURE" line, "FAILED after n sequences n
+--                         ops ..." and exit 1 (runner.lua's `run` command)
+--   suite.crash_report    function(seed): the lines that report a crash or a
+--                         hang of the child that was running `seed`
 
 local uv = require "luv"
-local gen = require "fuzz.gen"
 
 local driver = {}
 
 -- A child that reports no new seed for this long is hung: killed, reported.
 local HANG_S = tonumber(os.getenv("AM_FUZZ_HANG_S") or "") or 60
 
-function driver.main(argv, runner)
+function driver.main(argv, suite)
   local n = tonumber(argv[2]) or 100000
   local jobs = tonumber(argv[3]) or tonumber(os.getenv("J") or "") or 2
   local start = tonumber(argv[4]) or tonumber(os.getenv("SEED") or "")
     or (os.time() % 100000) * 100000
   local chunk = math.max(1, math.min(20000, math.ceil(n / jobs)))
   local lua = os.getenv("LUA") or "lua5.4"
-  local script = runner.root .. "/spec/fuzz/runner.lua"
+  local script = suite.script
   io.stdout:setvbuf("line")
   print(("fuzz: %d sequences from seed %d, %d jobs, chunks of %d"):format(n, start, jobs, chunk))
 
@@ -117,8 +128,7 @@ function driver.main(argv, runner)
   if crashed then
     print(("CRASH (%s) in the child running seed %d; its output:\n%s"):format(
       crashed.how, crashed.seed, crashed.text))
-    local seq = gen.sequence(crashed.seed, runner.gen_opts())
-    for _, line in ipairs(runner.shrink_report(seq)) do print(line) end
+    for _, line in ipairs(suite.crash_report(crashed.seed)) do print(line) end
     return 1
   end
   if failure then

@@ -1,9 +1,10 @@
--- An executable model of the async_mutex contract (../shared/SEMANTICS.md,
--- Part 2, P1-P6), for model-based random testing (spec/fuzz/runner.lua).
+-- An executable model of the contract of the single locks (docs/semantics.md,
+-- with its port decisions P1-P6), for model-based random testing
+-- (spec/fuzz/runner.lua).
 --
 -- Plain Lua, lists and loops, no cleverness: every rule below is written the
--- way SEMANTICS.md states it, so that a reader can check the model against the
--- text line by line.  The model also plays the scripted "actors" (the
+-- way docs/semantics.md states it, so that a reader can check the model
+-- against the text section by section.  The model also plays the scripted "actors" (the
 -- coroutines the runner spawns), so that it can predict the exact log of
 -- events the real run produces, in order.
 --
@@ -24,8 +25,8 @@
 -- ERR is a label: E_TIMEOUT, E_CANCELED, E_ALREADY_LOCKED, a custom error name,
 -- or raise#ID for the error object actor ID raises from its body.
 --
--- Where SEMANTICS 2.6 leaves a question open, the model takes what a user
--- would expect:
+-- Where async-mutex leaves a question open, the model takes what a user
+-- would expect (docs/semantics.md, Where async-mutex is silent):
 -- * waitForUnlock waiters and acquirers settled by one release share the
 --   FIFO of settlements (drain before each grant, as upstream);
 -- * a timeout is settled before the grants its removal allows (P1);
@@ -102,7 +103,7 @@ local function remove_from(list, e)
   return false
 end
 
--- The immediate-grant rule (1.3 step 2), also "_couldLockImmediately" (1.7).
+-- docs/semantics.md, Grant rule: for acquire and waitForUnlock alike.
 local function can_lock_now(lock, weight, prio)
   return (#lock.queue == 0 or lock.queue[1].prio < prio) and weight <= lock.value
 end
@@ -139,7 +140,8 @@ local function grant(w, lock, actor)
   return prev
 end
 
--- 1.6 with P6: before each queued dispatch, resolve the waitForUnlock waiters
+-- docs/semantics.md, waitForUnlock (and P6: over the registered weights, not
+-- 1..value).  Before each queued dispatch, resolve the waitForUnlock waiters
 -- that could lock now: all with weight <= value if the queue is empty, else
 -- those with priority strictly greater than the head's.  Order: descending
 -- weight, then list order.
@@ -163,7 +165,8 @@ local function drain(w, lock)
   end
 end
 
--- 1.5: drain, then dispatch strictly from the head while it fits.
+-- docs/semantics.md, Dispatch: drain, then grant strictly from the head while
+-- it fits.
 local function dispatch(w, lock)
   drain(w, lock)
   while #lock.queue > 0 and lock.queue[1].weight <= lock.value do
@@ -448,9 +451,9 @@ function World:turn(T)
 end
 
 -- Ops without a model counterpart: "gc" (a full collection) and "poke"
--- (user code resumes a coroutine that waits in the module: SEMANTICS 2.6
--- leaves it open; the user would expect it to be ignored, the coroutine going
--- on waiting).
+-- (user code resumes a coroutine that waits in the module: async-mutex has
+-- no such thing; the user would expect it to be ignored, the coroutine going
+-- on waiting: docs/semantics.md, Coroutines and the loop).
 
 --- Whether op applies in the current state (ops whose target is in the
 -- wrong state are skipped, identically in the model and the real run).

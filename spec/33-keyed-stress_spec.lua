@@ -1,6 +1,7 @@
--- Keyed locks under load (issue 3): memory follows the keys in use, not the
--- keys ever seen; multi-key requests in opposite orders never deadlock
--- under many random interleavings.
+-- Keyed locks under load: memory follows the keys in use, not the keys
+-- ever seen; multi-key requests in opposite orders never deadlock under many
+-- random interleavings (docs/semantics.md, Keyed locks).  The rules one by
+-- one are in 17-19.
 --
 -- AM_VERBOSE=1 prints the measured figures on stderr.
 local h = require "helpers"
@@ -194,7 +195,7 @@ end
 local function round(seed, lock, capacity, disturb)
   math.randomseed(seed)
   local NTASKS, NOPS = 24, 4
-  local used = {}                 -- key -> weight held right now
+  local used = h.occupancy(capacity)   -- weight held right now, per key
   local tasks, finished, granted = {}, 0, 0
   local wt = am.withTimeout(lock, 3)
   local ta = am.tryAcquire(lock)
@@ -222,12 +223,9 @@ local function round(seed, lock, capacity, disturb)
         local rel <close> = release
         -- closes before the releaser: the marks go before the keys do
         local unmark <close> = setmetatable({}, { __close = function()
-          for _, k in ipairs(mine) do used[k] = used[k] - (weight or 1) end
+          for _, k in ipairs(mine) do used:leave(k, weight) end
         end })
-        for _, k in ipairs(mine) do
-          used[k] = (used[k] or 0) + (weight or 1)
-          assert(used[k] <= capacity, "key " .. tostring(k) .. " over its capacity")
-        end
+        for _, k in ipairs(mine) do used:enter(k, weight) end   -- raises over capacity
         random_pause()
       else
         assert(disturb, "a plain request failed: " .. tostring(release))
@@ -267,7 +265,7 @@ local function round(seed, lock, capacity, disturb)
   h.wait_until(function() return coroutine.status(disturber) == "dead" end)
   if not disturb then assert.equal(NTASKS * NOPS, granted) end
   for _, k in ipairs(KEYS) do
-    assert((used[k] or 0) == 0, "seed " .. seed .. ": key still marked")
+    assert(used:now(k) == 0, "seed " .. seed .. ": key still marked")
   end
   assert.equal(0, lock:count())
   return granted
