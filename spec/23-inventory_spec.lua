@@ -24,13 +24,30 @@ end
 
 -- {========================================================== the server
 
+--- `path` ("a/?.lua;b/?.so;;") with its relative entries made absolute.
+local function absolute(path)
+  local base = ROOT:sub(1, 1) == "/" and ROOT or (uv.cwd() .. "/" .. ROOT)
+  return (path:gsub("[^;]+", function(entry)
+    if entry:sub(1, 1) ~= "/" then return base .. "/" .. entry end
+  end))
+end
+
 --- Starts the example's server; returns it once it has printed its port.
+-- It runs from another directory, so that it loads the module this process
+-- loaded (under `make asan`, the sanitized build), not the one in build/.
 local function start_server()
   local srv = { stdout = "", stderr = "", clients = {} }
   local out, err = uv.new_pipe(), uv.new_pipe()
+  local env = { "LUA_PATH=" .. absolute(package.path),
+    "LUA_CPATH=" .. absolute(package.cpath) }
+  for _, name in ipairs({ "PATH", "LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS",
+    "LSAN_OPTIONS" }) do
+    if os.getenv(name) then env[#env + 1] = name .. "=" .. os.getenv(name) end
+  end
   srv.proc, srv.pid = uv.spawn(LUA, {
-    args = { "examples/inventory.lua", "server", "0" },
-    cwd = ROOT,
+    args = { absolute("examples/inventory.lua"), "server", "0" },
+    cwd = "/",
+    env = env,
     stdio = { nil, out, err },
   }, function(code, signal)
     srv.exited = ("exit code %d, signal %d"):format(code, signal)
