@@ -12,6 +12,7 @@
 -- by itself; a private one goes in INTERNAL.
 
 local am = require "async_mutex"
+local h = require "helpers"
 
 -- The modules, and how README.md names each (`am.withTimeout(...)`).
 local MODULES = {
@@ -51,13 +52,6 @@ local ROOT do
   ROOT = (source:match("^(.*)/[^/]*$") or ".") .. "/.."
 end
 
-local function read(file)
-  local f = assert(io.open(file, "r"))
-  local s = f:read("a")
-  f:close()
-  return s
-end
-
 local function escape(s)
   return (s:gsub("%p", "%%%0"))
 end
@@ -81,7 +75,7 @@ end
 local function read_annotations()
   local classes, aliases, files, problems = {}, {}, {}, {}
   local ls = assert(io.popen(("cd '%s' && find types -name '*.lua' | sort"):format(ROOT)))
-  for file in ls:lines() do files[file] = read(ROOT .. "/" .. file) end
+  for file in ls:lines() do files[file] = h.read_file(ROOT .. "/" .. file) end
   ls:close()
 
   for file, text in pairs(files) do
@@ -294,7 +288,7 @@ describe("types/ (LuaLS annotations)", function()
   end)
 
   it("are wired in .luarc.json and installed by the rockspec", function()
-    local luarc = read(ROOT .. "/.luarc.json")
+    local luarc = h.read_file(ROOT .. "/.luarc.json")
     assert.matches('"workspace%.library"%s*:%s*%[[^%]]*"types"', luarc)
     assert.matches('"runtime%.version"%s*:%s*"Lua 5%.4"', luarc)
     local spec = {}
@@ -306,7 +300,7 @@ describe("types/ (LuaLS annotations)", function()
 end)
 
 describe("README.md", function()
-  local readme = read(ROOT .. "/README.md")
+  local readme = h.read_file(ROOT .. "/README.md")
 
   it("documents every public name of the module", function()
     local names = public_names()
@@ -342,11 +336,11 @@ describe("am._VERSION", function()
   it("is the release in CHANGELOG.md, which keeps an Unreleased section on top",
     function()
       assert.matches("^%d+%.%d+%.%d+$", am._VERSION)
-      local changelog = read(ROOT .. "/CHANGELOG.md")
+      local changelog = h.read_file(ROOT .. "/CHANGELOG.md")
       local first, second = changelog:match("\n## %[([^%]]+)%].-\n## %[([^%]]+)%]")
       assert.equal("Unreleased", first)
       assert.equal(am._VERSION, second)
-      local types = read(ROOT .. "/types/async_mutex.lua")
+      local types = h.read_file(ROOT .. "/types/async_mutex.lua")
       assert.matches('\nasync_mutex%._VERSION = "' .. escape(am._VERSION) .. '"\n', types)
     end)
 end)

@@ -18,7 +18,8 @@
 -- blocked in acquire / waitForUnlock, with its outcome recorded),
 -- h.without_yield(fn), h.error_of(fn) (message without "file:line: "),
 -- h.count_handles(kind), h.run_loop(ms) (uv.run() from main code),
--- h.subprocess(code) (a separate lua5.4), h.load(n) (load-test sizes), h.gc().
+-- h.subprocess(code) (a separate lua5.4), h.load(n) (load-test sizes), h.gc(),
+-- h.read_file(path).
 
 local uv = require "luv"
 
@@ -379,6 +380,14 @@ function helpers.subprocess(code, timeout_s)
   os.remove(script)
   os.remove(errfile)
   return { rc = rc, how = how, stdout = out, stderr = err }
+end
+
+--- The whole content of a text file.
+function helpers.read_file(path)
+  local f = assert(io.open(path, "r"))
+  local s = f:read("a")
+  f:close()
+  return s
 end
 
 return helpers
