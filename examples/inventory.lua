@@ -260,18 +260,20 @@ local function serve(conn)
   local function send(line)
     if closed then return end
     if conn:get_write_queue_size() > MAX_UNSENT then return drop() end
-    if not conn:write(line .. "\n", function(err) if err then drop() end end)
-    then
-      drop()
-    end
+    local ok = conn:write(line .. "\n", function(err)
+      if err then drop() end              -- EPIPE, ECONNRESET: it is gone
+    end)
+    if not ok then drop() end
   end
 
   -- Starts waiting lines while fewer than MAX_BUSY run; reads while none
-  -- waits; closes once finished and all is answered.
+  -- waits; closes once finished and everything is answered.  A request
+  -- answered without waiting calls pump() from inside the loop below:
+  -- `pumping` lets the loop go on rather than nest.
   local function pump()
     if pumping or closed then return end
-    pumping = true                        -- a request answered at once
-    while busy < MAX_BUSY and first <= last do  -- comes back here: no deeper
+    pumping = true
+    while busy < MAX_BUSY and first <= last do
       local line = waiting[first]
       waiting[first], first = nil, first + 1
       spawn(function()

@@ -463,6 +463,21 @@ describe("examples/inventory.lua server", function()
       c:close()
     end))
 
+  it("answers 3,000 requests that arrive in one piece", with_server(function(srv)
+    -- Most are answered without waiting: serving them must not nest.
+    local c = connect(srv)
+    local lines = {}
+    for i = 1, 3000 do
+      lines[i] = ("r%d %s\n"):format(i, i % 3 == 0 and "STOCK" or "BUY banana 1")
+    end
+    c:send(table.concat(lines))
+    for i = 1, 3000 do
+      assert.equal(i % 3 == 0 and FULL or "ERROR unknown item banana",
+        c:await("r" .. i))
+    end
+    c:close()
+  end))
+
   it("accepts a line of MAX_LINE bytes and CRLF line ends",
     with_server(function(srv)
       local c = connect(srv)
