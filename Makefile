@@ -37,7 +37,6 @@ $(MODULE): $(OBJS) | $(BUILD)/async_mutex
 $(BUILD)/obj $(BUILD)/async_mutex:
 	mkdir -p $@
 
-# The Debian packages of DEB_PKGS that are missing are installed (as root).
 deps:
 	@missing=""; for p in $(DEB_PKGS); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; \

@@ -18,8 +18,7 @@
 -- blocked in acquire / waitForUnlock, with its outcome recorded),
 -- h.without_yield(fn), h.error_of(fn) (message without "file:line: "),
 -- h.count_handles(kind), h.run_loop(ms) (uv.run() from main code),
--- h.subprocess(code) (a separate lua5.4), h.load(n) (load-test sizes), h.gc(),
--- h.read_file(path).
+-- h.subprocess(code) (a separate lua5.4), h.load(n) (load-test sizes), h.gc().
 
 local uv = require "luv"
 
