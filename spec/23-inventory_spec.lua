@@ -155,16 +155,17 @@ local function connect(srv)
       c.tcp:read_stop()
       return
     end
-    c.partial = c.partial .. chunk
+    local buffer, start = c.partial .. chunk, 1
     while true do
-      local nl = c.partial:find("\n", 1, true)
+      local nl = buffer:find("\n", start, true)
       if not nl then break end
-      local line = c.partial:sub(1, nl - 1)
-      c.partial = c.partial:sub(nl + 1)
+      local line = buffer:sub(start, nl - 1)
+      start = nl + 1
       c.lines[#c.lines + 1] = line
       local id, rest = line:match("^(%S+) (.*)$")
       if id then c.reply[id] = rest end
     end
+    c.partial = buffer:sub(start)
   end)
   return c
 end
@@ -464,16 +465,20 @@ describe("examples/inventory.lua server", function()
     end))
 
   it("answers 3,000 requests that arrive in one piece", with_server(function(srv)
-    -- Most are answered without waiting: serving them must not nest.
+    -- Most are answered without waiting: serving them must not nest (it
+    -- overflowed the C stack after about 200).  Fewer when every allocation
+    -- here runs the collector (h.load).
+    local n = math.max(400, h.load(3000))
     local c = connect(srv)
     local lines = {}
-    for i = 1, 3000 do
+    for i = 1, n do
       lines[i] = ("r%d %s\n"):format(i, i % 3 == 0 and "STOCK" or "BUY banana 1")
     end
     c:send(table.concat(lines))
-    for i = 1, 3000 do
+    h.wait_until(function() return #c.lines >= n end, 10000, n .. " replies")
+    for i = 1, n do
       assert.equal(i % 3 == 0 and FULL or "ERROR unknown item banana",
-        c:await("r" .. i))
+        c.reply["r" .. i])
     end
     c:close()
   end))
