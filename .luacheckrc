@@ -8,4 +8,6 @@ ignore = {
 -- Specs hold objects only to drop them (GC tests) or to keep them alive.
 files["spec"] = { std = "+busted", max_line_length = false, ignore = { "211", "311" } }
 files["bench"] = { ignore = { "241", "542" } }
+-- LuaLS definitions: functions with empty bodies.
+files["types"] = { ignore = { "212" } }
 exclude_files = { "build/", "bench/node/node_modules/" }

@@ -24,7 +24,7 @@ MODULE    = $(BUILD)/async_mutex/core.so
 # Lets scripts find the module in this checkout without installing it.
 RUNENV    = LUA_PATH="src/?.lua;src/?/init.lua;;" LUA_CPATH="build/?.so;;"
 
-.PHONY: all deps demo test bench clean asan valgrind gcstress lint
+.PHONY: all deps demo test bench clean asan valgrind gcstress lint rock
 
 all: $(MODULE)
 
@@ -97,10 +97,35 @@ gcstress: deps
 # Lua sources through luacheck (Debian: lua-check), C through the compiler's
 # warnings (every build).
 lint:
-	luacheck src spec examples bench
+	@$(MAKE) --no-print-directory deps DEB_PKGS=lua-check
+	luacheck src spec examples bench types tools
 
 clean:
-	rm -rf build async_mutex src/*.o
+	rm -rf build async_mutex src/*.o rockspecs async-mutex-*.src.rock
+
+# A source rock of this release, installable with no checkout and no network:
+#   luarocks --lua-version 5.4 install ./async-mutex-$(VERSION)-1.src.rock
+# Its rockspec is the development one (async-mutex-scm-1.rockspec: modules
+# are listed there, and only there) with this version and, as its source, a
+# tarball of the files git tracks, as they are in the work tree.  ROCK_DIR
+# is where rockspecs/ and the rock go (spec/24-rock_spec.lua uses a
+# temporary one).
+VERSION  := $(shell sed -n 's/.*_VERSION *= *"\([^"]*\)".*/\1/p' src/async_mutex/init.lua)
+ROCK_REV ?= 1
+ROCK_DIR ?= .
+ROCK      = async-mutex-$(VERSION)-$(ROCK_REV)
+TARBALL   = build/rock/async-mutex-$(VERSION).tar.gz
+rock: deps
+	@test -n "$(VERSION)" || { echo "no _VERSION in src/async_mutex/init.lua"; exit 1; }
+	@git rev-parse --is-inside-work-tree >/dev/null 2>&1 \
+	  || { echo "make rock packs the files git tracks: run it in a git checkout"; exit 1; }
+	rm -rf build/rock && mkdir -p build/rock $(ROCK_DIR)/rockspecs
+	git ls-files -z | tar --null -T - --transform 's,^,async-mutex-$(VERSION)/,' \
+	  --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -cf - \
+	  | gzip -n > $(TARBALL)
+	$(LUA) tools/rockspec.lua async-mutex-scm-1.rockspec $(VERSION)-$(ROCK_REV) \
+	  "file://$(CURDIR)/$(TARBALL)" > $(ROCK_DIR)/rockspecs/$(ROCK).rockspec
+	cd $(ROCK_DIR) && luarocks --lua-version 5.4 pack rockspecs/$(ROCK).rockspec
 
 # Benchmarks (issue 5), never part of `make test`: one table comparing us with
 # async-mutex on Node, a pure-Lua mutex and the floor (see bench/run.lua and

@@ -1,8 +1,17 @@
--- Development rockspec: builds the checkout it sits in.
+-- Development rockspec: builds the checkout it sits in.  It is also the
+-- template of the release rockspecs: list a new module here (one line in
+-- build.modules) and `make rock` carries it into the release.
 --
 --   luarocks --lua-version 5.4 make --deps-mode=none   # luv from Debian's lua-luv
 --   luarocks --lua-version 5.4 make                    # luv from luarocks.org
 --   luarocks --lua-version 5.4 test                    # the busted suite
+--
+-- Only `luarocks make`, run in the checkout, can use it: the project has no
+-- public repository yet, so `source` below names nothing luarocks can fetch,
+-- and `luarocks install async-mutex-scm-1.rockspec` or `luarocks pack` fail
+-- (git: "repository '.' does not exist").  To install elsewhere, `make rock`
+-- packs a source rock that installs with no checkout and no network:
+--   luarocks --lua-version 5.4 install ./async-mutex-0.1.0-1.src.rock
 --
 -- luv is a real run-time dependency and is declared as one.  Debian's lua-luv
 -- package is not a rock, so luarocks does not see it: on Debian, either pass
@@ -13,7 +22,7 @@ package = "async-mutex"
 version = "scm-1"
 
 source = {
-  url = "git+file://.",                 -- no public repository yet: use `make`
+  url = "git+file://.",                 -- no public repository yet: see above
 }
 
 description = {
@@ -54,6 +63,9 @@ build = {
     },
     async_mutex = "src/async_mutex/init.lua",
   },
+  -- Installed beside the rock (luarocks show --rock-dir async-mutex): the
+  -- LuaLS annotations, for editors, and the examples.
+  copy_directories = { "types", "examples" },
 }
 
 test = {

@@ -485,4 +485,12 @@ function helpers.subprocess(code, timeout_s)
   return { rc = rc, how = how, stdout = out, stderr = err }
 end
 
+--- The whole content of a text file.
+function helpers.read_file(path)
+  local f = assert(io.open(path, "r"))
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
 return helpers

@@ -15,6 +15,7 @@ local kind_of = core.kind
 local limited_acquire = core.acquire
 
 local M = {
+  _VERSION = "0.1.0",             -- the release; `make rock` reads it here
   E_TIMEOUT = core.E_TIMEOUT,
   E_ALREADY_LOCKED = core.E_ALREADY_LOCKED,
   E_CANCELED = core.E_CANCELED,

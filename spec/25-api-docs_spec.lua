@@ -1,0 +1,346 @@
+-- Every public name of the module is annotated for editors (LuaLS `---@meta`
+-- files in types/) and documented in README.md, and the annotations name
+-- nothing the module does not have.
+--
+-- The names are found by walking what is loaded, not by a list kept here:
+-- the fields of each module of MODULES, every metatable the C code registers
+-- under "async_mutex.*" (all types made in C, present or to come), and the
+-- metatables made in Lua that objects reached through the API carry
+-- (decorated locks, multi-key releasers).  A new module is one line in
+-- MODULES; a module that cannot be required here (not built, or its C
+-- library missing) is left out.  A new public type made in C is picked up
+-- by itself; a private one goes in INTERNAL.
+
+local am = require "async_mutex"
+local h = require "helpers"
+
+-- The modules, and how README.md names each (`am.withTimeout(...)`).
+local MODULES = {
+  { name = "async_mutex", readme = "am" },
+  { name = "async_mutex.redis", readme = "redis" },
+}
+
+-- Metatables the C code registers that no user ever holds.
+local INTERNAL = {
+  ["async_mutex.State"] = "the per-Lua-state scheduler record",
+  ["async_mutex.Waiter"] = "a queued request (its releaser is a Releaser)",
+  ["async_mutex.scheduler"] = "the scheduler's handle",
+}
+
+-- How README.md names an instance of a class in `name:method(...)`; by
+-- default, the last part of the class name in lower case.
+local RECEIVERS = {
+  ["async_mutex.KeyedMutex"] = { "km", "keyed" },
+  ["async_mutex.KeyedSemaphore"] = { "ks", "keyed" },
+}
+
+-- Option tables: their annotation class, and the README heading under which
+-- a table lists their fields.
+local OPTIONS = {
+  ["async_mutex.KeyedOptions"] = "### `am.KeyedMutex.new([options])`",
+}
+
+-- The tags of LuaLS annotations (LuaCATS).
+local TAGS = {}
+for tag in ([[meta class field param return type alias enum generic overload
+  operator async nodiscard deprecated see version private protected package
+  cast diagnostic module source]]):gmatch("%a+") do TAGS[tag] = true end
+
+-- The repository root: the parent of the directory holding this file.
+local ROOT do
+  local source = debug.getinfo(1, "S").source:gsub("^@", "")
+  ROOT = (source:match("^(.*)/[^/]*$") or ".") .. "/.."
+end
+
+local function escape(s)
+  return (s:gsub("%p", "%%%0"))
+end
+
+--- The string keys of t, sorted.
+local function sorted_keys(t)
+  local keys = {}
+  for k in pairs(t) do
+    if type(k) == "string" then keys[#keys + 1] = k end
+  end
+  table.sort(keys)
+  return keys
+end
+
+
+-- {========================================================== annotations
+
+--- Reads every types/*.lua file (and below).  Returns `classes` (name ->
+-- { members = set, file = ... }), `aliases` (set), `files` (name -> text),
+-- and a list of convention problems.
+local function read_annotations()
+  local classes, aliases, files, problems = {}, {}, {}, {}
+  local ls = assert(io.popen(("cd '%s' && find types -name '*.lua' | sort"):format(ROOT)))
+  for file in ls:lines() do files[file] = h.read_file(ROOT .. "/" .. file) end
+  ls:close()
+
+  for file, text in pairs(files) do
+    local function problem(n, msg)
+      problems[#problems + 1] = ("%s:%d: %s"):format(file, n, msg)
+    end
+    if not text:match("^%-%-%-@meta[ \n]") then
+      problem(1, "a definition file starts with ---@meta")
+    end
+    local ok, err = load(text, "@" .. file, "t")
+    if not ok then problem(0, "not valid Lua: " .. err) end
+
+    local class_of = {}                   -- local variable -> class
+    local open_class, pending_class = nil, nil
+    local params = {}
+    local n = 0
+    for line in (text .. "\n"):gmatch("([^\n]*)\n") do
+      n = n + 1
+      local tag, rest = line:match("^%-%-%-@(%a+)%s*(.*)$")
+      if tag then
+        if not TAGS[tag] then problem(n, "unknown annotation ---@" .. tag) end
+        if tag == "class" then
+          local name = rest:match("^([%w_.]+)")
+          if classes[name] then problem(n, "class " .. name .. " declared twice") end
+          classes[name] = { members = {}, file = file }
+          open_class, pending_class = name, name
+        elseif tag == "field" and open_class then
+          classes[open_class].members[rest:match("^([%w_]+)")] = "field"
+        elseif tag == "alias" then
+          aliases[rest:match("^([%w_.]+)")] = true
+        elseif tag == "param" then
+          params[#params + 1] = rest:match("^([%w_.]+)")
+        end
+      elseif line:match("^%-%-") or line:match("^%s*$") then
+        if not line:match("^%-%-%-") then open_class = nil end
+      else
+        open_class = nil
+        local var = line:match("^local ([%w_]+) = {}$")
+        if var and pending_class then class_of[var] = pending_class end
+        pending_class = nil
+        local owner, sep, name, args = line:match("^function ([%w_]+)([.:])([%w_]+)%((.-)%)")
+        if owner then
+          if not class_of[owner] then
+            problem(n, owner .. " is not a table declared with ---@class")
+          else
+            classes[class_of[owner]].members[name] = "function"
+          end
+          local expected = {}
+          for arg in args:gmatch("[%w_.]+") do expected[#expected + 1] = arg end
+          if sep == ":" or #params > 0 or #expected > 0 then
+            if table.concat(params, ",") ~= table.concat(expected, ",") then
+              problem(n, ("%s%s%s: ---@param names (%s) differ from the "
+                .. "parameters (%s)"):format(owner, sep, name,
+                table.concat(params, ", "), table.concat(expected, ", ")))
+            end
+          end
+        else
+          local target, field = line:match("^([%w_]+)%.([%w_]+) =")
+          if target and class_of[target] then
+            classes[class_of[target]].members[field] = "field"
+          end
+        end
+        params = {}
+      end
+    end
+  end
+
+  -- Every type named in an annotation (outside `code spans`) is declared.
+  for file, text in pairs(files) do
+    local n = 0
+    for line in (text .. "\n"):gmatch("([^\n]*)\n") do
+      n = n + 1
+      if line:match("^%-%-%-[@|]") then
+        for name in line:gsub("`[^`]*`", ""):gmatch("async_mutex[%w_.]*") do
+          if not classes[name] and not aliases[name] then
+            problems[#problems + 1] = ("%s:%d: unknown type %s"):format(file, n, name)
+          end
+        end
+      end
+    end
+  end
+  return classes, aliases, files, problems
+end
+
+-- }==========================================================
+
+
+-- {========================================================== the API
+
+--- Everything public, as { class = ..., name = ... (nil: the class
+-- itself), docs = {...}, what = ... } records; the classes seen (name ->
+-- set of members); the modules loaded.
+local function public_names()
+  local names, seen = {}, {}
+  -- `docs`: how README.md may write it (plain text, not patterns)
+  local function add(class, name, docs, what)
+    seen[class] = seen[class] or {}
+    if name and seen[class][name] or not name and seen[class][0] then return end
+    seen[class][name or 0] = true
+    names[#names + 1] = { class = class, name = name, docs = docs, what = what }
+  end
+  local function receivers(class)
+    return RECEIVERS[class] or { class:match("([%w_]+)$"):lower() }
+  end
+  local function methods(class, index, what)
+    add(class, nil, { "`" .. class .. "`" }, what)
+    if type(index) ~= "table" then return end
+    for _, method in ipairs(sorted_keys(index)) do
+      local docs = {}
+      for i, r in ipairs(receivers(class)) do docs[i] = r .. ":" .. method .. "(" end
+      add(class, method, docs, what)
+    end
+  end
+
+  -- the modules' fields
+  local loaded = {}
+  for _, m in ipairs(MODULES) do
+    local ok, mod = pcall(require, m.name)
+    if ok then
+      loaded[#loaded + 1] = m.name
+      for _, key in ipairs(sorted_keys(mod)) do
+        local value, ref = mod[key], m.readme .. "." .. key
+        if type(value) == "function" then
+          add(m.name, key, { ref .. "(" }, "module " .. m.name)
+        else
+          add(m.name, key, { ref .. " ", ref .. "`", ref .. "." }, "module " .. m.name)
+        end
+        if type(value) == "table" then   -- a class: its constructors
+          for _, static in ipairs(sorted_keys(value)) do
+            add(m.name .. "." .. key, static, { ref .. "." .. static .. "(" },
+              "module " .. m.name)
+          end
+        end
+      end
+    end
+  end
+
+  -- types made in C
+  for _, name in ipairs(sorted_keys(debug.getregistry())) do
+    local mt = debug.getregistry()[name]
+    if name:match("^async_mutex[.]")
+        and not INTERNAL[name] and type(mt) == "table" then
+      methods(name, rawget(mt, "__index"), "registered metatable")
+    end
+  end
+
+  -- types made in Lua, reached through the API: decorated locks have the
+  -- methods of the lock they decorate; acquireAll's releaser
+  local locks = {
+    Mutex = am.Mutex.new(), Semaphore = am.Semaphore.new(1),
+    KeyedMutex = am.KeyedMutex.new(), KeyedSemaphore = am.KeyedSemaphore.new(1),
+  }
+  for kind, lock in pairs(locks) do
+    for _, decorated in ipairs({ am.withTimeout(lock, 10), am.tryAcquire(lock) }) do
+      methods("async_mutex." .. kind, getmetatable(decorated).__index,
+        "decorated " .. kind)
+    end
+  end
+  local co = coroutine.create(function() return locks.KeyedMutex:acquireAll({ 1, 2 }) end)
+  local ok, release = coroutine.resume(co)
+  assert(ok and coroutine.status(co) == "dead", "acquireAll of free keys waited")
+  local mt = getmetatable(release)
+  methods(mt.__name, rawget(mt, "__index"), "acquireAll's releaser")
+  release()
+  return names, seen, loaded
+end
+
+-- }==========================================================
+
+
+describe("types/ (LuaLS annotations)", function()
+  local classes, aliases, files, problems = read_annotations()
+
+  it("are ---@meta files that load as Lua and follow the annotation conventions",
+    function()
+      assert.is_truthy(next(files), "no types/*.lua file")
+      assert.same({}, problems)
+    end)
+
+  it("annotate every public name of the module", function()
+    local names, _, loaded = public_names()
+    assert.is_truthy(#loaded >= 1)
+    local missing = {}
+    for _, entry in ipairs(names) do
+      local class = classes[entry.class]
+      if not class and not aliases[entry.class] then
+        missing[#missing + 1] = ("%s%s (%s): no ---@class %s"):format(entry.class,
+          entry.name and ("." .. entry.name) or "", entry.what, entry.class)
+      elseif entry.name and not (class and class.members[entry.name]) then
+        missing[#missing + 1] = ("%s.%s (%s): not annotated"):format(
+          entry.class, entry.name, entry.what)
+      end
+    end
+    assert.same({}, missing)
+  end)
+
+  it("annotate nothing the module does not have", function()
+    local _, seen = public_names()
+    local stale = {}
+    for _, name in ipairs(sorted_keys(classes)) do
+      if seen[name] then
+        for _, member in ipairs(sorted_keys(classes[name].members)) do
+          if not seen[name][member] then
+            stale[#stale + 1] = name .. "." .. member
+          end
+        end
+      end
+    end
+    assert.same({}, stale)
+  end)
+
+  it("are wired in .luarc.json and installed by the rockspec", function()
+    local luarc = h.read_file(ROOT .. "/.luarc.json")
+    assert.matches('"workspace%.library"%s*:%s*%[[^%]]*"types"', luarc)
+    assert.matches('"runtime%.version"%s*:%s*"Lua 5%.4"', luarc)
+    local spec = {}
+    assert(loadfile(ROOT .. "/async-mutex-scm-1.rockspec", "t", spec))()
+    local copied = {}
+    for _, dir in ipairs(spec.build.copy_directories or {}) do copied[dir] = true end
+    assert.is_true(copied.types)
+  end)
+end)
+
+describe("README.md", function()
+  local readme = h.read_file(ROOT .. "/README.md")
+
+  it("documents every public name of the module", function()
+    local names = public_names()
+    local missing = {}
+    for _, entry in ipairs(names) do
+      local found = false
+      for _, text in ipairs(entry.docs) do
+        found = found or readme:find(text, 1, true) ~= nil
+      end
+      if not found then
+        missing[#missing + 1] = ("%s%s (%s): README has no %s"):format(entry.class,
+          entry.name and ("." .. entry.name) or "", entry.what,
+          table.concat(entry.docs, " or "))
+      end
+    end
+    assert.same({}, missing)
+  end)
+
+  it("lists the fields of each option table as they are annotated", function()
+    local classes = read_annotations()
+    for class, heading in pairs(OPTIONS) do
+      local at = readme:find(heading, 1, true)
+      assert(at, "README has no heading " .. heading)
+      local section = readme:sub(at + #heading):match("^(.-)\n###") or readme:sub(at)
+      local documented = {}
+      for field in section:gmatch("\n| `([%w_]+)` |") do documented[field] = "field" end
+      assert.same(classes[class].members, documented)
+    end
+  end)
+end)
+
+describe("am._VERSION", function()
+  it("is the release in CHANGELOG.md, which keeps an Unreleased section on top",
+    function()
+      assert.matches("^%d+%.%d+%.%d+$", am._VERSION)
+      local changelog = h.read_file(ROOT .. "/CHANGELOG.md")
+      local first, second = changelog:match("\n## %[([^%]]+)%].-\n## %[([^%]]+)%]")
+      assert.equal("Unreleased", first)
+      assert.equal(am._VERSION, second)
+      local types = h.read_file(ROOT .. "/types/async_mutex.lua")
+      assert.matches('\nasync_mutex%._VERSION = "' .. escape(am._VERSION) .. '"\n', types)
+    end)
+end)

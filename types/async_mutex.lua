@@ -1,0 +1,329 @@
+---@meta async_mutex
+
+-- LuaLS (lua-language-server) annotations of `require "async_mutex"`: what
+-- editors read for completion, hover and type checks.  Definitions only;
+-- the module itself is src/async_mutex/init.lua and its C core.  README.md
+-- is the reference; spec/25-api-docs_spec.lua checks that every public name
+-- of the module is annotated here and documented there.
+
+---Any lock the decorators accept.
+---@alias async_mutex.Lock
+---| async_mutex.Mutex
+---| async_mutex.Semaphore
+---| async_mutex.KeyedMutex
+---| async_mutex.KeyedSemaphore
+
+---Called with the error and its traceback when a coroutine resumed by the
+---module dies with an error.
+---@alias async_mutex.ErrorHandler fun(err: any, traceback: string)
+
+
+---Ends one hold of a lock: call it (`release()`) or let it go out of scope
+---as a to-be-closed variable (`local release <close> = m:acquire()`).
+---Only its first call counts, and it only ends its own hold.
+---@class async_mutex.Releaser
+---@operator call: nil
+
+---Releases every key taken by `acquireAll`: callable once and to-be-closed,
+---like `async_mutex.Releaser`.
+---@class async_mutex.MultiReleaser
+---@operator call: nil
+
+
+---A mutex for coroutines on luv's loop.
+---@class async_mutex.Mutex
+local Mutex = {}
+
+---Creates an unlocked mutex.
+---@param cancel_error? any what `cancel()` raises in the requests it rejects (default `async_mutex.E_CANCELED`)
+---@return async_mutex.Mutex
+function Mutex.new(cancel_error) end
+
+---Suspends the calling coroutine until the mutex is granted (at once when
+---free and nobody of equal or higher priority waits).  Raises the cancel
+---error if `cancel()` rejects the request.
+---@async
+---@param priority? number higher first (default 0)
+---@return async_mutex.Releaser release
+function Mutex:acquire(priority) end
+
+---Acquires, calls `fn()`, releases (also when `fn` raises), and returns
+---`fn`'s results.
+---@async
+---@param fn fun(): ...
+---@param priority? number
+---@return any ...
+function Mutex:runExclusive(fn, priority) end
+
+---Suspends until the mutex could be acquired, without acquiring it.
+---@async
+---@param priority? number
+function Mutex:waitForUnlock(priority) end
+
+---`true` while the mutex is held.
+---@return boolean
+function Mutex:isLocked() end
+
+---Unlocks the mutex; does nothing when it is not locked.
+function Mutex:release() end
+
+---Rejects every queued request with the cancel error; the holder keeps the
+---mutex.
+function Mutex:cancel() end
+
+
+---A counting semaphore for coroutines on luv's loop.
+---@class async_mutex.Semaphore
+local Semaphore = {}
+
+---Creates a semaphore with the integer `value` (`<= 0` means locked).
+---@param value integer
+---@param cancel_error? any default `async_mutex.E_CANCELED`
+---@return async_mutex.Semaphore
+function Semaphore.new(value, cancel_error) end
+
+---Suspends until `weight` can be taken.
+---@async
+---@param weight? integer a positive integer (default 1)
+---@param priority? number higher first (default 0)
+---@return integer value the value just before this request took its weight
+---@return async_mutex.Releaser release gives back exactly `weight`, once
+function Semaphore:acquire(weight, priority) end
+
+---Acquires, calls `fn(value)`, releases (also when `fn` raises), and returns
+---`fn`'s results.
+---@async
+---@param fn fun(value: integer): ...
+---@param weight? integer
+---@param priority? number
+---@return any ...
+function Semaphore:runExclusive(fn, weight, priority) end
+
+---Suspends until a request of this weight and priority could be granted,
+---without taking anything.
+---@async
+---@param weight? integer
+---@param priority? number
+function Semaphore:waitForUnlock(weight, priority) end
+
+---`getValue() <= 0`.
+---@return boolean
+function Semaphore:isLocked() end
+
+---@return integer
+function Semaphore:getValue() end
+
+---Sets the value and grants whatever the new value allows.
+---@param n integer
+function Semaphore:setValue(n) end
+
+---Adds `weight` (default 1) to the value and grants queued requests.
+---@param weight? integer
+function Semaphore:release(weight) end
+
+---Rejects every queued request with the cancel error.
+function Semaphore:cancel() end
+
+
+---The options of keyed locks.
+---@class async_mutex.KeyedOptions
+---@field cancelError? any what `cancel` raises (default `async_mutex.E_CANCELED`)
+---@field maxPending? integer acquirers that may queue per key (default 0: no bound)
+---@field maxPendingError? any raised when `maxPending` is reached (default `async_mutex.E_MAX_PENDING`)
+
+
+---One mutex per key, created when first needed and gone when idle.  A key is
+---any value usable as a table key except NaN.
+---@class async_mutex.KeyedMutex
+local KeyedMutex = {}
+
+---@param options? async_mutex.KeyedOptions
+---@return async_mutex.KeyedMutex
+function KeyedMutex.new(options) end
+
+---@async
+---@param key any
+---@param priority? number
+---@return async_mutex.Releaser release
+function KeyedMutex:acquire(key, priority) end
+
+---Takes every key of `keys`, all or nothing, in one canonical order.
+---@async
+---@param keys any[]
+---@param priority? number
+---@return async_mutex.MultiReleaser release
+function KeyedMutex:acquireAll(keys, priority) end
+
+---@async
+---@param key any
+---@param fn fun(): ...
+---@param priority? number
+---@return any ...
+function KeyedMutex:runExclusive(key, fn, priority) end
+
+---Calls `fn()` holding all the keys of `keys`.
+---@async
+---@param keys any[]
+---@param fn fun(): ...
+---@param priority? number
+---@return any ...
+function KeyedMutex:runExclusiveAll(keys, fn, priority) end
+
+---@async
+---@param key any
+---@param priority? number
+function KeyedMutex:waitForUnlock(key, priority) end
+
+---@param key any
+---@return boolean
+function KeyedMutex:isLocked(key) end
+
+---@param key any
+function KeyedMutex:release(key) end
+
+---Rejects the queued acquirers of `key`, or of every key when `key` is nil.
+---@param key? any
+function KeyedMutex:cancel(key) end
+
+---How many keys have a lock in use (held or waited on).
+---@return integer
+function KeyedMutex:count() end
+
+---@param key any
+---@return integer acquirers queued for `key`
+---@return integer waiters its `waitForUnlock` waiters
+function KeyedMutex:waiting(key) end
+
+---A new array of the keys in use.
+---@return any[]
+function KeyedMutex:keys() end
+
+
+---One semaphore per key, each starting at the same value.
+---@class async_mutex.KeyedSemaphore
+local KeyedSemaphore = {}
+
+---@param value integer
+---@param options? async_mutex.KeyedOptions
+---@return async_mutex.KeyedSemaphore
+function KeyedSemaphore.new(value, options) end
+
+---@async
+---@param key any
+---@param weight? integer
+---@param priority? number
+---@return integer value
+---@return async_mutex.Releaser release
+function KeyedSemaphore:acquire(key, weight, priority) end
+
+---@async
+---@param keys any[]
+---@param weight? integer
+---@param priority? number
+---@return async_mutex.MultiReleaser release
+function KeyedSemaphore:acquireAll(keys, weight, priority) end
+
+---@async
+---@param key any
+---@param fn fun(value: integer): ...
+---@param weight? integer
+---@param priority? number
+---@return any ...
+function KeyedSemaphore:runExclusive(key, fn, weight, priority) end
+
+---@async
+---@param keys any[]
+---@param fn fun(): ...
+---@param weight? integer
+---@param priority? number
+---@return any ...
+function KeyedSemaphore:runExclusiveAll(keys, fn, weight, priority) end
+
+---@async
+---@param key any
+---@param weight? integer
+---@param priority? number
+function KeyedSemaphore:waitForUnlock(key, weight, priority) end
+
+---@param key any
+---@return boolean
+function KeyedSemaphore:isLocked(key) end
+
+---@param key any
+---@return integer
+function KeyedSemaphore:getValue(key) end
+
+---@param key any
+---@param weight? integer
+function KeyedSemaphore:release(key, weight) end
+
+---@param key? any
+function KeyedSemaphore:cancel(key) end
+
+---@return integer
+function KeyedSemaphore:count() end
+
+---@param key any
+---@return integer acquirers
+---@return integer waiters
+function KeyedSemaphore:waiting(key) end
+
+---@return any[]
+function KeyedSemaphore:keys() end
+
+
+---@class async_mutex
+local async_mutex = {}
+
+---The release, as in the rockspec (`"0.1.0"`).
+---@type string
+async_mutex._VERSION = "0.1.0"
+
+---Raised by a `withTimeout` lock whose deadline passes.
+async_mutex.E_TIMEOUT = "timeout while waiting for mutex to become available"
+
+---Raised by a `tryAcquire` lock that cannot be had now.
+async_mutex.E_ALREADY_LOCKED = "mutex already locked"
+
+---Raised in the requests `cancel()` rejects.
+async_mutex.E_CANCELED = "request for lock canceled"
+
+---Raised when a keyed lock's `maxPending` bound is reached.
+async_mutex.E_MAX_PENDING = "too many pending requests for this key"
+
+async_mutex.Mutex = Mutex
+async_mutex.Semaphore = Semaphore
+async_mutex.KeyedMutex = KeyedMutex
+async_mutex.KeyedSemaphore = KeyedSemaphore
+
+---A lock sharing all state with `lock`, whose requests raise
+---`timeout_error` (default `async_mutex.E_TIMEOUT`) when not granted within
+---`ms` milliseconds.
+---@generic L: async_mutex.Lock
+---@param lock L
+---@param ms number non-negative; `math.huge` waits for ever
+---@param timeout_error? any
+---@return L
+function async_mutex.withTimeout(lock, ms, timeout_error) end
+
+---A lock sharing all state with `lock`, whose requests decide at once and
+---raise `already_locked_error` (default `async_mutex.E_ALREADY_LOCKED`) when
+---they cannot succeed now.
+---@generic L: async_mutex.Lock
+---@param lock L
+---@param already_locked_error? any
+---@return L
+function async_mutex.tryAcquire(lock, already_locked_error) end
+
+---Sets the handler of errors in coroutines the module resumes (`nil`: print
+---the traceback on stderr); returns the previous one.
+---@param handler async_mutex.ErrorHandler?
+---@return async_mutex.ErrorHandler? previous
+function async_mutex.setErrorHandler(handler) end
+
+---How many coroutines the module holds right now (queued, or granted and
+---about to be resumed).
+---@return integer
+function async_mutex.pending() end
+
+return async_mutex
