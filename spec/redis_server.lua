@@ -7,6 +7,7 @@
 --   server.port, server.path, server.pid
 --   server:signal("STOP") / server:signal("CONT") / server:kill()
 --   server:restart()    -- same port and socket, empty data
+--   server:launch()     -- starts it again after kill()
 --   server:stop()       -- kills it and removes its directory
 
 local uv = require "luv"
@@ -47,8 +48,9 @@ function Server:launch()
   os.remove(self.pidfile)
   local cmd = ("redis-server --port %d --bind 127.0.0.1 --unixsocket %s"
     .. " --save '' --appendonly no --daemonize yes --pidfile %s"
-    .. " --logfile %s --dir %s"):format(self.port, shquote(self.path),
-    shquote(self.pidfile), shquote(self.dir .. "/redis.log"), shquote(self.dir))
+    .. " --logfile %s --dir %s %s"):format(self.port, shquote(self.path),
+    shquote(self.pidfile), shquote(self.dir .. "/redis.log"), shquote(self.dir),
+    self.extra or "")
   assert(sh(cmd), "redis_server: cannot run redis-server")
   wait_for(function() return sh("test -S " .. shquote(self.path)) end,
     "no socket " .. self.path)
@@ -62,14 +64,15 @@ function Server:launch()
   return self
 end
 
---- Starts a server; `port` (optional) is the port to listen on.
-function M.start(port)
+--- Starts a server; `port` (optional) is the port to listen on, `extra`
+-- (optional) more command-line options ("--requirepass secret").
+function M.start(port, extra)
   local p = assert(io.popen("mktemp -d /tmp/am-redis-XXXXXX"))
   local dir = p:read("l")
   p:close()
   local self = setmetatable({
     dir = dir, path = dir .. "/redis.sock", pidfile = dir .. "/redis.pid",
-    port = port or M.free_port(),
+    port = port or M.free_port(), extra = extra,
   }, Server)
   return self:launch()
 end
