@@ -120,6 +120,10 @@ describe("client:subscribe", function()
       h.error_of(function() c:subscribe("ch") end))
     assert.equal("bad argument #1 to 'subscribe' (async_mutex.redis.Client expected, got table)",
       h.error_of(function() c.subscribe({}, "ch", print) end))
+    local sub = c:subscribe("ch", print)
+    assert.equal("bad argument #1 to 'unsubscribe' (async_mutex.redis.Subscription expected, got table)",
+      h.error_of(function() sub.unsubscribe({}) end))
+    sub:unsubscribe()
     c:close()
   end))
 

@@ -511,14 +511,16 @@ local function check_list(list, n, what)
   return len
 end
 
+local ERROR_MT = getmetatable(core.error("NOSCRIPT x"))
+
 local function is_noscript(err)
-  return getmetatable(err) == getmetatable(core.error("NOSCRIPT x"))
-    and err.code == "NOSCRIPT"
+  return getmetatable(err) == ERROR_MT and err.code == "NOSCRIPT"
 end
 
 --- Runs a Lua script on the server: EVALSHA, and EVAL when the server
 -- does not know the script (NOSCRIPT: restarted, flushed).
 function Client.eval(self, script, keys, args)
+  check_client(self, "eval")
   if type(script) ~= "string" then
     argerror(2, 1, "eval", "string expected, got " .. typename(script))
   end
