@@ -371,9 +371,11 @@ static int client_call (lua_State *L) {
   /* alone in flight: write now (the poll's next turn would cost a loop
      iteration); otherwise the batch goes at the end of onpoll, or when
      the socket is writable */
-  if (!cl->in_poll && !cl->connecting && cl->tail - cl->head == 1)
-    flush(cl);              /* a failure shows as a readable end of file */
-  update_poll(L, 1, cl);
+  if (!cl->in_poll) {       /* else onpoll writes and updates at its end */
+    if (!cl->connecting && cl->tail - cl->head == 1)
+      flush(cl);            /* a failure shows as a readable end of file */
+    update_poll(L, 1, cl);
+  }
   return lua_yieldk(L, 0, 0, call_k);
 }
 
@@ -475,6 +477,7 @@ static int client_onpoll (lua_State *L) {
   }
   cl->in_poll = 0;
   if (cl->c != c || cl->gen != gen) {   /* closed by a resumed coroutine */
+    if (cl->c != NULL) update_poll(L, 1, cl);   /* and opened again */
     lua_pushinteger(L, nready / 3);
     return 1;
   }
@@ -563,8 +566,10 @@ static int core_send (lua_State *L) {
     lua_pushboolean(L, 0);
     return 1;
   }
-  if (!cl->in_poll && !cl->connecting) flush(cl);
-  update_poll(L, 1, cl);
+  if (!cl->in_poll) {
+    if (!cl->connecting) flush(cl);
+    update_poll(L, 1, cl);
+  }
   lua_pushboolean(L, 1);
   return 1;
 }
