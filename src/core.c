@@ -139,6 +139,36 @@ static int core_setErrorHandler (lua_State *L) {
 }
 
 
+/*
+** spawn(fn, ...): runs fn(...) in a new coroutine at once, up to its first
+** yield, and returns the coroutine.  An error escaping this first run is
+** the module's to report, like one escaping a resume by the scheduler:
+** the handler or stderr hears of it, and the dead coroutine is closed so
+** its to-be-closed variables run.  Nothing is raised to the caller, who
+** may be the main chunk or a luv callback.  Callable tables are accepted,
+** as runExclusive accepts them.
+*/
+static int core_spawn (lua_State *L) {
+  State *st = getstate(L);
+  int n = lua_gettop(L);                      /* fn and its arguments */
+  int status, nres;
+  lua_State *co;
+  luaL_argexpected(L, lua_type(L, 1) == LUA_TFUNCTION
+                   || luaL_getmetafield(L, 1, "__call") != LUA_TNIL,
+                   1, "function");
+  lua_settop(L, n);                           /* drop the __call found */
+  co = lua_newthread(L);
+  lua_insert(L, 1);                           /* co fn ... */
+  lua_xmove(L, co, n);                        /* co; co: fn ... */
+  status = lua_resume(co, L, n - 1, &nres);
+  if (status == LUA_OK || status == LUA_YIELD)
+    lua_pop(co, nres);                        /* nobody reads them */
+  else
+    am_report(L, st, co);                     /* and closes it */
+  return 1;
+}
+
+
 /* pending(): coroutines the module holds, queued or about to be resumed. */
 static int core_pending (lua_State *L) {
   lua_pushinteger(L, (lua_Integer)getstate(L)->pending);
@@ -152,6 +182,7 @@ static const luaL_Reg core_funcs[] = {
   {"decorate", core_decorate},
   {"setErrorHandler", core_setErrorHandler},
   {"pending", core_pending},
+  {"spawn", core_spawn},
   {NULL, NULL}
 };
 
