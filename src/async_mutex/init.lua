@@ -1,15 +1,14 @@
 --- async_mutex: async-mutex's Mutex and Semaphore for Lua coroutines on luv.
 -- The C core (async_mutex.core) owns the queues and the scheduling; this
--- layer composes its calls into runExclusive, withTimeout, tryAcquire,
--- the multi-key requests of keyed locks, and sleep.
+-- layer composes its calls into runExclusive, withTimeout, tryAcquire and
+-- the multi-key requests of keyed locks.
 
 local core = require "async_mutex.core"
 local uv = require "luv"
 
-local error, getmetatable, ipairs, pcall, rawget, select, setmetatable, type =
-  error, getmetatable, ipairs, pcall, rawget, select, setmetatable, type
+local error, getmetatable, ipairs, pcall, rawget, setmetatable, type =
+  error, getmetatable, ipairs, pcall, rawget, setmetatable, type
 local huge, max, sort = math.huge, math.max, table.sort
-local isyieldable = coroutine.isyieldable
 local now = uv.now
 
 local kind_of = core.kind
@@ -24,6 +23,8 @@ local M = {
   setErrorHandler = core.setErrorHandler,
   pending = core.pending,
   spawn = core.spawn,
+  -- a private semaphore that nobody releases: its requests can only time out
+  sleep = core.sleeper(core.Semaphore.new(0)),
 }
 
 local KINDS = { "Mutex", "Semaphore", "KeyedMutex", "KeyedSemaphore" }
@@ -308,38 +309,6 @@ function M.tryAcquire(lock, already_locked_error)
   if already_locked_error == nil then already_locked_error = M.E_ALREADY_LOCKED end
   local d = decorate("tryAcquire", lock, false, already_locked_error)
   return d
-end
-
--- }==========================================================
-
-
--- {========================================================== sleep
--- A sleeper is a timed request on a private semaphore of value 0, which
--- nobody can release, cancel or set: it always times out, and its
--- timeout error is WOKE, caught here.  So a sleep is a timed waiter like
--- any other: no luv handle of its own (all deadlines share the
--- scheduler's one timer), the same cost as a withTimeout request that
--- expires, the same fate under coroutine.close (it leaves the timer
--- queue at once) and under spurious resumes (ignored).
-
-local asleep = core.Semaphore.new(0)
-local WOKE = setmetatable({}, { __name = "async_mutex.woke" })
-
---- sleep(ms): suspends the calling coroutine for ms milliseconds of loop
--- time (at least; from uv.now()).  sleep(0) lets the loop turn once.
-function M.sleep(...)
-  local ms = ...
-  if type(ms) ~= "number" then
-    argerror(2, 1, "sleep", "number expected, got "
-      .. (select("#", ...) == 0 and "no value" or typename(ms)))
-  end
-  if not (ms >= 0 and ms < huge) then
-    argerror(2, 1, "sleep", "ms must be a non-negative finite number")
-  end
-  if not isyieldable() then error("attempt to sleep outside a coroutine", 2) end
-  local granted, err = pcall(limited_acquire, asleep, ms, WOKE)
-  if granted then error("BUG: a sleeper was granted its semaphore", 0) end
-  if err ~= WOKE then error(err, 0) end       -- not enough memory, say
 end
 
 -- }==========================================================
