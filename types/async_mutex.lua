@@ -326,4 +326,21 @@ function async_mutex.setErrorHandler(handler) end
 ---@return integer
 function async_mutex.pending() end
 
+---Starts `fn(...)` in a new coroutine at once (it runs up to its first
+---yield) and returns the coroutine.  An error escaping it, there or after a
+---wake-up by the module, goes to the error handler (`setErrorHandler`) or
+---stderr, never to the caller; the dead coroutine is closed, so its
+---to-be-closed variables (releasers) run.
+---@param fn async fun(...): ...
+---@param ... any
+---@return thread
+function async_mutex.spawn(fn, ...) end
+
+---Suspends the calling coroutine for `ms` milliseconds of loop time (at
+---least), as a timed waiter of the scheduler: no luv handle of its own.
+---`sleep(0)` lets the loop turn once.  Raises outside a coroutine.
+---@async
+---@param ms number non-negative and finite
+function async_mutex.sleep(ms) end
+
 return async_mutex

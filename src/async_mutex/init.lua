@@ -22,6 +22,9 @@ local M = {
   E_MAX_PENDING = core.E_MAX_PENDING,
   setErrorHandler = core.setErrorHandler,
   pending = core.pending,
+  spawn = core.spawn,
+  -- a private semaphore that nobody releases: its requests can only time out
+  sleep = core.sleeper(core.Semaphore.new(0)),
 }
 
 local KINDS = { "Mutex", "Semaphore", "KeyedMutex", "KeyedSemaphore" }
