@@ -291,6 +291,10 @@ async_mutex.E_CANCELED = "request for lock canceled"
 ---Raised when a keyed lock's `maxPending` bound is reached.
 async_mutex.E_MAX_PENDING = "too many pending requests for this key"
 
+---Raised by `async_mutex.redis` calls that the server cannot answer
+---(refused, lost or timed-out connection); the same as `redis.E_UNAVAILABLE`.
+async_mutex.E_UNAVAILABLE = "redis server unavailable"
+
 async_mutex.Mutex = Mutex
 async_mutex.Semaphore = Semaphore
 async_mutex.KeyedMutex = KeyedMutex

@@ -20,6 +20,7 @@ local M = {
   E_ALREADY_LOCKED = core.E_ALREADY_LOCKED,
   E_CANCELED = core.E_CANCELED,
   E_MAX_PENDING = core.E_MAX_PENDING,
+  E_UNAVAILABLE = "redis server unavailable",   -- async_mutex.redis (docs/redis.md)
   setErrorHandler = core.setErrorHandler,
   pending = core.pending,
   spawn = core.spawn,
