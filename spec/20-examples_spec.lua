@@ -155,7 +155,8 @@ describe("examples/wait_for_unlock.lua", function()
 end)
 
 describe("examples/close_guard.lua", function()
-  it("releases on scope exit, on error and on coroutine.close", function()
+  it("releases on scope exit, on error, on coroutine.close and when a spawned coroutine dies",
+    function()
     check("close_guard", {
       "1. normal exit:",
       "  update written",
@@ -165,6 +166,9 @@ describe("examples/close_guard.lua", function()
       "3. coroutine closed while holding the lock:",
       "  suspended with the lock, locked: true",
       "  after coroutine.close, locked: false",
+      "4. error nobody catches, in a spawned coroutine:",
+      '  reported "disk full", locked: false',
+      "  after the report, locked: false",
     })
   end)
 end)
