@@ -116,6 +116,13 @@ describe("async_mutex.sleep", function()
     assert.is_true(woke_at - t0 >= 20)
   end))
 
+  it("keeps a sleeper that nothing else refers to alive until it wakes", h.async(function()
+    local woke = false
+    am.spawn(function() am.sleep(5); woke = true end)   -- the coroutine is dropped
+    h.gc()
+    h.wait_until(function() return woke end)
+  end))
+
   it("holds a lock across the sleep when called inside runExclusive", h.async(function()
     local m = am.Mutex.new()
     local inside = h.occupancy(1)
