@@ -19,7 +19,7 @@ describe("async_mutex.sleep", function()
       assert.equal(0, n)
     end))
 
-  it("always yields, even for 0 ms: the caller goes on first, the sleeper on a later loop turn",
+  it("always yields, even for 0 ms: the caller goes on first, the sleeper from the loop",
     h.async(function()
       local log = {}
       am.spawn(function() am.sleep(0); log[#log + 1] = "sleeper" end)
