@@ -166,6 +166,9 @@ bench: deps
 	@$(MAKE) --no-print-directory all
 	$(RUNENV) BENCH_JSON=$(BENCH_JSON) $(LUA) bench/run.lua
 	$(LUA) bench/chart.lua $(BENCH_JSON) $(BENCH_SVG)
+ifneq ($(HIREDIS_H),)
+	$(RUNENV) $(LUA) bench/redis/run.lua
+endif
 
 # Model-based random testing: N generated sequences, each run against the
 # module and the model of docs/semantics.md (spec/fuzz/), in J child processes
