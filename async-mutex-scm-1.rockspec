@@ -62,6 +62,7 @@ build = {
       incdirs = { "$(LUA_INCDIR)" },
     },
     async_mutex = "src/async_mutex/init.lua",
+    ["async_mutex.optimistic"] = "src/async_mutex/optimistic.lua",
   },
   -- Installed beside the rock (luarocks show --rock-dir async-mutex): the
   -- LuaLS annotations, for editors, and the examples.

@@ -310,4 +310,7 @@ end
 
 -- }==========================================================
 
+-- am.optimistic and am.E_CONFLICT (docs/optimistic.md)
+require("async_mutex.optimistic").install(M)
+
 return M
