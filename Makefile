@@ -146,6 +146,7 @@ bench: deps
 	@$(MAKE) --no-print-directory all
 	$(RUNENV) BENCH_JSON=$(BENCH_JSON) $(LUA) bench/run.lua
 	$(LUA) bench/chart.lua $(BENCH_JSON) $(BENCH_SVG)
+	$(RUNENV) $(LUA) bench/optimistic.lua
 
 # Model-based random testing: N generated sequences, each run against the
 # module and the model of docs/semantics.md (spec/fuzz/), in J child processes

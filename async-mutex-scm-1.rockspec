@@ -63,6 +63,7 @@ build = {
     },
     async_mutex = "src/async_mutex/init.lua",
     ["async_mutex.optimistic"] = "src/async_mutex/optimistic.lua",
+    ["async_mutex.versioned"] = "src/async_mutex/versioned.lua",
   },
   -- Installed beside the rock (luarocks show --rock-dir async-mutex): the
   -- LuaLS annotations, for editors, and the examples.

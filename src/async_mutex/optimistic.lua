@@ -161,6 +161,14 @@ local function outcome(written, ...)
     :format(typename(written)), 3)
 end
 
+--- What is wrong with `options` for optimistic (a message for an
+-- argument error), or nil when nothing is: for wrappers that check the
+-- options they pass on before they start (versioned:update).
+function M.check_options(options)
+  local o, complaint = read_options(options, nil)
+  return not o and complaint or nil
+end
+
 function M.install(am)
   am.E_CONFLICT = M.E_CONFLICT
 
