@@ -224,6 +224,7 @@ State *am_state_open (lua_State *L);
 void am_ready (lua_State *L, State *st, Waiter *w, int outcome);
 void am_timer_add (lua_State *L, State *st, Waiter *w, lua_Number ms);
 void am_timer_remove (lua_State *L, State *st, Waiter *w);
+void am_report (lua_State *L, State *st, lua_State *co);
 void am_anchor (lua_State *L, Waiter *w);
 void am_unanchor (lua_State *L, Waiter *w);
 

@@ -291,6 +291,10 @@ async_mutex.E_CANCELED = "request for lock canceled"
 ---Raised when a keyed lock's `maxPending` bound is reached.
 async_mutex.E_MAX_PENDING = "too many pending requests for this key"
 
+---Raised by `async_mutex.redis` calls that the server cannot answer
+---(refused, lost or timed-out connection); the same as `redis.E_UNAVAILABLE`.
+async_mutex.E_UNAVAILABLE = "redis server unavailable"
+
 async_mutex.Mutex = Mutex
 async_mutex.Semaphore = Semaphore
 async_mutex.KeyedMutex = KeyedMutex
@@ -326,6 +330,22 @@ function async_mutex.setErrorHandler(handler) end
 ---@return integer
 function async_mutex.pending() end
 
+---Starts `fn(...)` in a new coroutine at once (it runs up to its first
+---yield) and returns the coroutine.  An error escaping it, there or after a
+---wake-up by the module, goes to the error handler (`setErrorHandler`) or
+---stderr, never to the caller; the dead coroutine is closed, so its
+---to-be-closed variables (releasers) run.
+---@param fn async fun(...): ...
+---@param ... any
+---@return thread
+function async_mutex.spawn(fn, ...) end
+
+---Suspends the calling coroutine for `ms` milliseconds of loop time (at
+---least), as a timed waiter of the scheduler: no luv handle of its own.
+---`sleep(0)` lets the loop turn once.  Raises outside a coroutine.
+---@async
+---@param ms number non-negative and finite
+function async_mutex.sleep(ms) end
 
 ---The options of `async_mutex.optimistic`.
 ---@class async_mutex.OptimisticOptions

@@ -20,8 +20,12 @@ local M = {
   E_ALREADY_LOCKED = core.E_ALREADY_LOCKED,
   E_CANCELED = core.E_CANCELED,
   E_MAX_PENDING = core.E_MAX_PENDING,
+  E_UNAVAILABLE = "redis server unavailable",   -- async_mutex.redis (docs/redis.md)
   setErrorHandler = core.setErrorHandler,
   pending = core.pending,
+  spawn = core.spawn,
+  -- a private semaphore that nobody releases: its requests can only time out
+  sleep = core.sleeper(core.Semaphore.new(0)),
 }
 
 local KINDS = { "Mutex", "Semaphore", "KeyedMutex", "KeyedSemaphore" }
