@@ -168,6 +168,7 @@ bench: deps
 	$(LUA) bench/chart.lua $(BENCH_JSON) $(BENCH_SVG)
 ifneq ($(HIREDIS_H),)
 	$(RUNENV) $(LUA) bench/redis/run.lua
+	$(RUNENV) $(LUA) bench/optimistic.lua
 endif
 
 # Model-based random testing: N generated sequences, each run against the

@@ -75,6 +75,8 @@ build = {
       libdirs = { "$(HIREDIS_LIBDIR)" },
     },
     ["async_mutex.redis"] = "src/async_mutex/redis.lua",
+    ["async_mutex.optimistic"] = "src/async_mutex/optimistic.lua",
+    ["async_mutex.versioned"] = "src/async_mutex/versioned.lua",
   },
   -- Installed beside the rock (luarocks show --rock-dir async-mutex): the
   -- LuaLS annotations, for editors, and the examples.

@@ -314,4 +314,7 @@ end
 
 -- }==========================================================
 
+-- am.optimistic and am.E_CONFLICT (docs/optimistic.md)
+require("async_mutex.optimistic").install(M)
+
 return M
