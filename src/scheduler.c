@@ -1,7 +1,7 @@
 /*
-** sched.c: the scheduler, per lua_State
-** Outcomes (grant, timeout, cancel) are decided synchronously by lock.c and
-** queued here in a ready list; the coroutines are resumed later, from a luv
+** scheduler.c: the scheduler, per lua_State
+** Outcomes (grant, timeout, cancel) are decided synchronously by rules.c
+** and queued here in a ready list (waiter.c: am_waiter_ready); the coroutines are resumed later, from a luv
 ** idle handle, in the order the outcomes were decided.  Deadlines of timed
 ** waiters live in one queue served by a single luv timer.  Both handles are
 ** created through luv's own Lua API, so uv.walk() and luv's exit-time
@@ -101,7 +101,7 @@ static void stop_idle (lua_State *L, State *st) {
 /* (Re)starts the timer for the earliest deadline. */
 static void arm_timer (lua_State *L, State *st) {
   Waiter *first = am_queue_first(&st->timers);
-  lua_Number delay = ceil(first->u.deadline - loop_now(L, st));
+  lua_Number delay = ceil(first->deadline - loop_now(L, st));
   if (delay < 0) delay = 0;
   else if (delay > MAX_DELAY) delay = MAX_DELAY;
   ensure_open(L, st, &st->timer, st->new_timer);
@@ -112,7 +112,7 @@ static void arm_timer (lua_State *L, State *st) {
   pushref(L, st->on_timer);
   lua_call(L, 4, 0);
   st->timer_on = 1;
-  st->timer_due = first->u.deadline;
+  st->timer_due = first->deadline;
 }
 
 
@@ -135,15 +135,9 @@ static void stop_timer (lua_State *L, State *st) {
 ** half-way through a dispatch.
 */
 
-/*
-** Records the outcome of a waiter that has left its lock's queue and
-** schedules its resumption.
-*/
-void am_ready (lua_State *L, State *st, Waiter *w, int outcome) {
-  am_timer_remove(L, st, w);
+/* Schedules the resumption of a waiter made READY (waiter.c). */
+void am_schedule (lua_State *L, State *st, Waiter *w) {
   am_list_append(&st->ready, w, 0);
-  w->state = S_READY;
-  w->outcome = (unsigned char)outcome;
   if (!st->idle_on) start_idle(L, st);
 }
 
@@ -209,7 +203,7 @@ static int new_anchor (lua_State *L, State *st) {
 
 /* Anchors the running coroutine 'L', which waits in 'w'. */
 void am_anchor (lua_State *L, Waiter *w) {
-  State *st = w->lock->st;
+  State *st = w->r.lock->st;
   int ref = st->free_anchor;
   lua_State *A;
   if (ref != 0) {                             /* reuse: never allocates */
@@ -246,7 +240,7 @@ static void drop_anchor (State *st, int ref) {
 void am_unanchor (lua_State *L, Waiter *w) {
   (void)L;
   if (w->ref != LUA_NOREF) {
-    State *st = w->lock->st;
+    State *st = w->r.lock->st;
     drop_anchor(st, w->ref);
     w->ref = LUA_NOREF;
     st->pending--;
@@ -323,7 +317,7 @@ static void report (lua_State *L, State *st, lua_State *co) {
 ** needed from it is read first.
 */
 static int on_idle (lua_State *L) {
-  State *st = (State *)lua_touserdata(L, lua_upvalueindex(UV_STATE));
+  State *st = (State *)lua_touserdata(L, AM_STATE_UPVALUE);
   int budget = BATCH;
   if (st->draining) return 0;                 /* uv.run() inside a waiter */
   st->draining = 1;
@@ -335,13 +329,12 @@ static int on_idle (lua_State *L) {
     ref = w->ref;
     co = anchored(st, ref);
     if (lua_status(co) != LUA_YIELD) {        /* cannot run: give back */
-      am_abandon(L, w);
+      am_waiter_abandon(L, w);
       continue;
     }
-    am_list_unlink(w, 0);
+    am_waiter_resuming(w);
     w->ref = LUA_NOREF;                       /* no longer pending */
     st->pending--;
-    w->state = S_RESUMING;
     status = lua_resume(co, L, 0, &nres);     /* its slot keeps it alive */
     if (status == LUA_OK || status == LUA_YIELD) {
       lua_pop(co, nres);
@@ -360,11 +353,11 @@ static int on_idle (lua_State *L) {
 
 /* Timer callback: every waiter whose deadline has passed times out. */
 static int on_timer (lua_State *L) {
-  State *st = (State *)lua_touserdata(L, lua_upvalueindex(UV_STATE));
+  State *st = (State *)lua_touserdata(L, AM_STATE_UPVALUE);
   lua_Number now = loop_now(L, st);
   Waiter *w;
   st->timer_on = 0;                           /* a one-shot timer fired */
-  while ((w = am_queue_first(&st->timers)) != NULL && w->u.deadline <= now) {
+  while ((w = am_queue_first(&st->timers)) != NULL && w->deadline <= now) {
     am_queue_remove(&st->timers, w);
     am_expire(L, w);
   }
@@ -383,12 +376,12 @@ static int on_timer (lua_State *L) {
 */
 void am_timer_add (lua_State *L, State *st, Waiter *w, lua_Number ms) {
   lua_Number now = loop_now(L, st);
-  w->u.deadline = now + ms;
+  w->deadline = now + ms;
   /* keyed by the duration the deadline holds after rounding, so that two
      durations within an ulp of 'now' share one list (arrival order) */
-  if (!am_queue_push(&st->timers, w, w->u.deadline - now))
+  if (!am_queue_push(&st->timers, w, w->deadline - now))
     luaL_error(L, "not enough memory");
-  if (!st->timer_on || w->u.deadline < st->timer_due)
+  if (!st->timer_on || w->deadline < st->timer_due)
     arm_timer(L, st);
 }
 
