@@ -261,6 +261,7 @@ extern const luaL_Reg am_keyed_metamethods[];
 extern const luaL_Reg am_keyed_mutex_class[];
 extern const luaL_Reg am_keyed_semaphore_class[];
 Keyed *am_tokeyed (lua_State *L, int idx);
+Lock *am_keyed_current (lua_State *L, Lock *lk, int lockidx);
 int am_keyed_request (lua_State *L, int kind, int first, int base,
                       const char *fname, int mode, lua_Number ms,
                       int erridx);

@@ -239,6 +239,10 @@ int am_request (lua_State *L, const Request *rq) {
   lua_settop(L, rq->lockidx > rq->erridx ? rq->lockidx : rq->erridx);
   timed = (rq->mode == AM_TIMEOUT);
   hands_out = HAND_OUT_WAITERS && !timed && rq->kind == W_ACQUIRE;
+  /* RE-ENTRY (docs/semantics.md, "Re-entry"): allocate first, decide
+     after.  Both allocations below may run a collector step, and so a
+     user's finalizer, which may release this very lock: the decision
+     above is stale until it is taken again below. */
   w = (Waiter *)lua_newuserdatauv(L, timed ? sizeof(Waiter) : AM_UNTIMED_SIZE,
                                   hands_out);
   w->lock = lk;
@@ -255,14 +259,26 @@ int am_request (lua_State *L, const Request *rq) {
   if (timed) w->t.prev = w->t.next = NULL;
   am_pushupvalue(L, UV_WAITER);
   lua_setmetatable(L, -2);
+  lua_toclose(L, -1);            /* coroutine.close while waiting: abandon */
+  /* anchored before it is queued: if a later step raises and nothing
+     catches it, the dead coroutine and its waiter stay alive while queued */
+  am_anchor(L, w);                         /* may run the collector */
+  /* From here until the waiter is QUEUED nothing runs Lua code.  A keyed
+     lock may have left its set meanwhile (a finalizer released the key):
+     the request goes to the key's lock as it is now. */
+  lk = w->lock = am_keyed_current(L, lk, rq->lockidx);
   if (hands_out) {                        /* its future releaser's lock */
     lua_pushvalue(L, rq->lockidx);
     lua_setiuservalue(L, -2, 1);
   }
-  lua_toclose(L, -1);            /* coroutine.close while waiting: abandon */
-  /* anchored before it is queued: if a later step raises and nothing
-     catches it, the dead coroutine and its waiter stay alive while queued */
-  am_anchor(L, w);
+  if (am_can_lock_now(lk, rq->weight, rq->priority)) {  /* freed meanwhile */
+    am_unanchor(L, w);            /* never queued: its __close is a no-op */
+    if (rq->kind == W_UNLOCK) {
+      am_settle(L, lk);
+      return 0;
+    }
+    return push_grant(L, rq->lockidx, lk, rq->weight, am_take(lk, rq->weight));
+  }
   am_enqueue(L, lk, w, rq->priority);      /* now QUEUED */
   if (rq->mode == AM_TIMEOUT) am_timer_add(L, lk->st, w, rq->ms);
   return lua_yieldk(L, 0, (lua_KContext)w, finish_request);
