@@ -222,7 +222,10 @@ void am_queue_remove (Queue *q, Waiter *w);
 /* sched.c */
 State *am_state_open (lua_State *L);
 void am_ready (lua_State *L, State *st, Waiter *w, int outcome);
-void am_timer_add (lua_State *L, State *st, Waiter *w, lua_Number ms);
+lua_Number am_timer_now (lua_State *L, State *st);
+void am_timer_add (lua_State *L, State *st, Waiter *w, lua_Number now,
+                   lua_Number ms);
+void am_sync (lua_State *L, State *st);
 void am_timer_remove (lua_State *L, State *st, Waiter *w);
 void am_anchor (lua_State *L, Waiter *w);
 void am_unanchor (lua_State *L, Waiter *w);

@@ -285,6 +285,7 @@ static int kmutex_release (lua_State *L) {
   checkkey(L, 2, 1, "release");
   lk = getlock(L, kd, 2, 0);
   if (lk != NULL && lk->value <= 0) am_release(L, lk, 1);
+  am_sync(L, kd->st);
   return 0;
 }
 
@@ -299,6 +300,7 @@ static int ksem_release (lua_State *L) {
   checkkey(L, 2, 1, "release");
   weight = am_optweight(L, 3, 1, "release");
   am_release(L, getlock(L, kd, 2, 1), weight);
+  am_sync(L, kd->st);
   return 0;
 }
 
@@ -312,6 +314,7 @@ static int keyed_cancel (lua_State *L) {
     checkkey(L, 2, 1, "cancel");
     lk = getlock(L, kd, 2, 0);
     if (lk != NULL) am_cancel(L, lk);
+    am_sync(L, kd->st);
     return 0;
   }
   lua_settop(L, 1);
@@ -321,6 +324,7 @@ static int keyed_cancel (lua_State *L) {
     am_cancel(L, (Lock *)lua_touserdata(L, -1));
     lua_pop(L, 1);
   }
+  am_sync(L, kd->st);      /* after the traversal: a hook may add keys */
   return 0;
 }
 

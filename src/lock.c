@@ -2,6 +2,8 @@
 ** lock.c: the queue rules of a semaphore (SEMANTICS.md 1.3-1.9, 2.5)
 ** Every state change happens here, synchronously: grants, rejections and
 ** removals.  Resuming the affected coroutines is left to the scheduler.
+** Nothing here calls Lua code (see am_sync in sched.c): the entry points
+** call am_sync once the change is complete.
 */
 
 #define LUA_LIB

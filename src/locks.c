@@ -112,12 +112,15 @@ static int mutex_isLocked (lua_State *L) {
 static int mutex_release (lua_State *L) {
   Lock *lk = checkmutex(L);
   if (lk->value <= 0) am_release(L, lk, 1);    /* P3 */
+  am_sync(L, lk->st);
   return 0;
 }
 
 
 static int mutex_cancel (lua_State *L) {
-  am_cancel(L, checkmutex(L));
+  Lock *lk = checkmutex(L);
+  am_cancel(L, lk);
+  am_sync(L, lk->st);
   return 0;
 }
 
@@ -154,6 +157,7 @@ static int sem_setValue (lua_State *L) {
   Lock *lk = checksem(L);
   lk->value = luaL_checkinteger(L, 2);
   am_dispatch(L, lk);
+  am_sync(L, lk->st);
   return 0;
 }
 
@@ -161,12 +165,15 @@ static int sem_setValue (lua_State *L) {
 static int sem_release (lua_State *L) {
   Lock *lk = checksem(L);
   am_release(L, lk, am_optweight(L, 2, 1, "release"));
+  am_sync(L, lk->st);
   return 0;
 }
 
 
 static int sem_cancel (lua_State *L) {
-  am_cancel(L, checksem(L));
+  Lock *lk = checksem(L);
+  am_cancel(L, lk);
+  am_sync(L, lk->st);
   return 0;
 }
 

@@ -100,6 +100,7 @@ static int releaser_release (lua_State *L) {
       am_release(L, lk, r->weight);
     else if (lk->value <= 0 && lk->gen == r->u.value)
       am_release(L, lk, 1);
+    am_sync(L, lk->st);
   }
   return 0;
 }
@@ -192,7 +193,9 @@ static int finish_request (lua_State *L, int status, lua_KContext ctx) {
 
 
 static int waiter__close (lua_State *L) {
-  am_abandon(L, (Waiter *)lua_touserdata(L, 1));
+  Waiter *w = (Waiter *)lua_touserdata(L, 1);
+  am_abandon(L, w);
+  am_sync(L, w->lock->st);
   return 0;
 }
 
@@ -226,6 +229,7 @@ int am_request (lua_State *L, const Request *rq) {
   Lock *lk = rq->lock;
   Waiter *w;
   int timed, hands_out;
+  lua_Number now = 0;
   if (am_can_lock_now(lk, rq->weight, rq->priority)) {    /* fast path */
     if (rq->kind == W_UNLOCK) return 0;
     return push_grant(L, rq->lockidx, lk, rq->weight, am_take(lk, rq->weight));
@@ -263,6 +267,7 @@ int am_request (lua_State *L, const Request *rq) {
   /* anchored before it is queued: if a later step raises and nothing
      catches it, the dead coroutine and its waiter stay alive while queued */
   am_anchor(L, w);                         /* may run the collector */
+  if (timed) now = am_timer_now(L, lk->st);    /* calls luv: a hook may run */
   /* From here until the waiter is QUEUED nothing runs Lua code.  A keyed
      lock may have left its set meanwhile (a finalizer released the key):
      the request goes to the key's lock as it is now. */
@@ -280,7 +285,8 @@ int am_request (lua_State *L, const Request *rq) {
     return push_grant(L, rq->lockidx, lk, rq->weight, am_take(lk, rq->weight));
   }
   am_enqueue(L, lk, w, rq->priority);      /* now QUEUED */
-  if (rq->mode == AM_TIMEOUT) am_timer_add(L, lk->st, w, rq->ms);
+  if (timed) am_timer_add(L, lk->st, w, now, rq->ms);
+  am_sync(L, lk->st);                      /* arms the timer */
   return lua_yieldk(L, 0, (lua_KContext)w, finish_request);
 }
 
