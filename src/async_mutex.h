@@ -330,6 +330,7 @@ extern const luaL_Reg am_keyed_metamethods[];
 extern const luaL_Reg am_keyed_mutex_class[];
 extern const luaL_Reg am_keyed_semaphore_class[];
 Keyed *am_tokeyed (lua_State *L, int idx);
+Lock *am_keyed_current (lua_State *L, Lock *lk, int lockidx);
 int am_keyed_request (lua_State *L, Request *rq);
 void am_keyed_settle (lua_State *L, Lock *lk);
 /* After anything that may leave a keyed set's lock idle. */
@@ -342,8 +343,11 @@ int am_core_decorate (lua_State *L);
 
 /* scheduler.c */
 State *am_state_open (lua_State *L);
-void am_schedule (lua_State *L, State *st, Waiter *w);
-void am_timer_add (lua_State *L, State *st, Waiter *w, lua_Number ms);
+void am_schedule (State *st, Waiter *w);
+void am_sync (lua_State *L, State *st);
+lua_Number am_timer_now (lua_State *L, State *st);
+void am_timer_add (lua_State *L, State *st, Waiter *w, lua_Number now,
+                   lua_Number ms);
 void am_timer_remove (lua_State *L, State *st, Waiter *w);
 void am_anchor (lua_State *L, Waiter *w);
 void am_unanchor (lua_State *L, Waiter *w);

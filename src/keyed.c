@@ -56,6 +56,15 @@ static Lock *getlock (lua_State *L, Keyed *kd, int keyidx, int create) {
   lua_setiuservalue(L, -2, 2);                    /* its key */
   lua_pushvalue(L, 1);
   lua_setiuservalue(L, -2, 3);                    /* its keyed set */
+  /* RE-ENTRY: the allocation may have run a finalizer that made the
+     key's lock (a tryAcquire of the key): use that one, drop ours */
+  lua_pushvalue(L, keyidx);
+  if (lua_rawget(L, -3) != LUA_TNIL) {            /* map lock existing */
+    lua_replace(L, -3);
+    lua_pop(L, 1);
+    return (Lock *)lua_touserdata(L, -1);
+  }
+  lua_pop(L, 1);
   lua_pushvalue(L, -1);
   lk->selfref = luaL_ref(L, LUA_REGISTRYINDEX);   /* first: it may raise */
   lk->keyed = kd;
@@ -64,6 +73,37 @@ static Lock *getlock (lua_State *L, Keyed *kd, int keyidx, int create) {
   lua_pushvalue(L, -2);
   lua_rawset(L, -4);                              /* map[key] = lock */
   lua_remove(L, -2);                              /* map */
+  return lk;
+}
+
+
+/*
+** The lock serving the key of the lock 'lk' at 'lockidx' now.  Lua code
+** run since 'lk' was looked up (a finalizer at an allocation) may have
+** released the key, and the idle lock left its set: then the key's lock
+** in the set replaces 'lk' at 'lockidx', or if the key has none, 'lk'
+** goes back into the set.  Runs no Lua code and no collector step (raw
+** accesses and luaL_ref only), so a decision taken after it holds.
+*/
+Lock *am_keyed_current (lua_State *L, Lock *lk, int lockidx) {
+  if (lk->keyed == NULL || lk->selfref != LUA_NOREF) return lk;
+  lua_getiuservalue(L, lockidx, 3);               /* set */
+  lua_getiuservalue(L, -1, 1);                    /* set map */
+  lua_getiuservalue(L, lockidx, 2);               /* set map key */
+  if (lua_rawget(L, -2) != LUA_TNIL) {            /* set map lock */
+    lk = (Lock *)lua_touserdata(L, -1);
+    lua_replace(L, lockidx);
+  }
+  else {
+    lua_pop(L, 1);                                /* set map */
+    lua_getiuservalue(L, lockidx, 2);
+    lua_pushvalue(L, lockidx);
+    lua_rawset(L, -3);                            /* map[key] = lock */
+    lua_pushvalue(L, lockidx);
+    lk->selfref = luaL_ref(L, LUA_REGISTRYINDEX);
+    lk->keyed->nkeys++;
+  }
+  lua_pop(L, 2);
   return lk;
 }
 
@@ -261,6 +301,7 @@ static int kmutex_release (lua_State *L) {
   am_checkkey(L, 2, 1, "release");
   lk = getlock(L, kd, 2, 0);
   if (lk != NULL) am_give_back(L, lk, 1, AM_UNSCOPED, 0);
+  am_sync(L, kd->st);
   return 0;
 }
 
@@ -275,6 +316,7 @@ static int ksem_release (lua_State *L) {
   am_checkkey(L, 2, 1, "release");
   weight = am_optweight(L, 3, 1, "release");
   am_give_back(L, getlock(L, kd, 2, 1), weight, AM_UNSCOPED, 0);
+  am_sync(L, kd->st);
   return 0;
 }
 
@@ -288,6 +330,7 @@ static int keyed_cancel (lua_State *L) {
     am_checkkey(L, 2, 1, "cancel");
     lk = getlock(L, kd, 2, 0);
     if (lk != NULL) am_cancel(L, lk);
+    am_sync(L, kd->st);
     return 0;
   }
   lua_settop(L, 1);
@@ -297,6 +340,7 @@ static int keyed_cancel (lua_State *L) {
     am_cancel(L, (Lock *)lua_touserdata(L, -1));
     lua_pop(L, 1);
   }
+  am_sync(L, kd->st);      /* after the traversal: a hook may add keys */
   return 0;
 }
 

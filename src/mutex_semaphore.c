@@ -161,13 +161,17 @@ static int mutex_isLocked (lua_State *L) {
 
 
 static int mutex_release (lua_State *L) {
-  am_give_back(L, checkmutex(L), 1, AM_UNSCOPED, 0);    /* P3 */
+  Lock *lk = checkmutex(L);
+  am_give_back(L, lk, 1, AM_UNSCOPED, 0);    /* P3 */
+  am_sync(L, lk->st);
   return 0;
 }
 
 
 static int mutex_cancel (lua_State *L) {
-  am_cancel(L, checkmutex(L));
+  Lock *lk = checkmutex(L);
+  am_cancel(L, lk);
+  am_sync(L, lk->st);
   return 0;
 }
 
@@ -207,6 +211,7 @@ static int sem_setValue (lua_State *L) {
   Lock *lk = checksem(L);
   lk->value = luaL_checkinteger(L, 2);
   am_dispatch(L, lk);
+  am_sync(L, lk->st);
   return 0;
 }
 
@@ -214,12 +219,15 @@ static int sem_setValue (lua_State *L) {
 static int sem_release (lua_State *L) {
   Lock *lk = checksem(L);
   am_give_back(L, lk, am_optweight(L, 2, 1, "release"), AM_UNSCOPED, 0);
+  am_sync(L, lk->st);
   return 0;
 }
 
 
 static int sem_cancel (lua_State *L) {
-  am_cancel(L, checksem(L));
+  Lock *lk = checksem(L);
+  am_cancel(L, lk);
+  am_sync(L, lk->st);
   return 0;
 }
 

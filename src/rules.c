@@ -5,6 +5,8 @@
 ** grants, rejections and removals; waiter.c records each outcome and the
 ** scheduler resumes the coroutines later.  What a grant takes and what a
 ** release gives back is the lock kind's (LockKind, mutex_semaphore.c).
+** Nothing here calls Lua code (see am_sync in scheduler.c): the entry
+** points call am_sync once the change is complete.
 */
 
 #define LUA_LIB

@@ -98,10 +98,14 @@ static void stop_idle (lua_State *L, State *st) {
 }
 
 
-/* (Re)starts the timer for the earliest deadline. */
+/*
+** (Re)starts the timer for the earliest deadline.  The deadline is read
+** before the luv calls, which may run a hook that changes the timer
+** queue: am_sync looks again afterwards.
+*/
 static void arm_timer (lua_State *L, State *st) {
-  Waiter *first = am_queue_first(&st->timers);
-  lua_Number delay = ceil(first->deadline - loop_now(L, st));
+  lua_Number due = am_queue_first(&st->timers)->deadline;
+  lua_Number delay = ceil(due - loop_now(L, st));
   if (delay < 0) delay = 0;
   else if (delay > MAX_DELAY) delay = MAX_DELAY;
   ensure_open(L, st, &st->timer, st->new_timer);
@@ -112,14 +116,42 @@ static void arm_timer (lua_State *L, State *st) {
   pushref(L, st->on_timer);
   lua_call(L, 4, 0);
   st->timer_on = 1;
-  st->timer_due = first->deadline;
+  st->timer_due = due;
 }
 
 
 static void stop_timer (lua_State *L, State *st) {
-  if (st->timer_on) {
-    call_handle(L, st->timer_stop, st->timer, LUA_NOREF);
-    st->timer_on = 0;
+  call_handle(L, st->timer_stop, st->timer, LUA_NOREF);
+  st->timer_on = 0;
+}
+
+
+/*
+** RE-ENTRY (docs/semantics.md, "Re-entry"): the queue rules (rules.c) and
+** the ready and timer queues never call luv, since a luv function called
+** through Lua may run a debug hook, and the hook may call the module while
+** a queue is half updated.  Every entry point instead calls am_sync once
+** its update is complete: it brings the idle handle and the timer in line
+** with the queues.  The luv calls it makes may run a hook that changes the
+** queues again (it may even call am_sync itself), so after each call it
+** looks again, until nothing is left to do.  While the idle callback
+** resumes waiters ('draining'), it decides about the idle handle itself.
+*/
+void am_sync (lua_State *L, State *st) {
+  for (;;) {
+    int ready = am_list_first(&st->ready) != NULL;
+    if (!st->draining && ready && !st->idle_on)
+      start_idle(L, st);
+    else if (!st->draining && !ready && st->idle_on)
+      stop_idle(L, st);
+    else if (st->timers.count > 0
+             && (!st->timer_on
+                 || am_queue_first(&st->timers)->deadline < st->timer_due))
+      arm_timer(L, st);
+    else if (st->timers.count == 0 && st->timer_on)
+      stop_timer(L, st);
+    else
+      break;
   }
 }
 
@@ -135,10 +167,12 @@ static void stop_timer (lua_State *L, State *st) {
 ** half-way through a dispatch.
 */
 
-/* Schedules the resumption of a waiter made READY (waiter.c). */
-void am_schedule (lua_State *L, State *st, Waiter *w) {
+/*
+** Schedules the resumption of a waiter made READY (waiter.c); the idle
+** handle is started by am_sync.
+*/
+void am_schedule (State *st, Waiter *w) {
   am_list_append(&st->ready, w, 0);
-  if (!st->idle_on) start_idle(L, st);
 }
 
 
@@ -346,7 +380,7 @@ static int on_idle (lua_State *L) {
     }
   }
   st->draining = 0;
-  if (am_list_first(&st->ready) == NULL && st->idle_on) stop_idle(L, st);
+  am_sync(L, st);                 /* stops the idle handle if all are done */
   return 0;
 }
 
@@ -361,7 +395,7 @@ static int on_timer (lua_State *L) {
     am_queue_remove(&st->timers, w);
     am_expire(L, w);
   }
-  if (st->timers.count > 0 && !st->timer_on) arm_timer(L, st);
+  am_sync(L, st);                             /* re-arms, starts the idle */
   return 0;
 }
 
@@ -371,30 +405,38 @@ static int on_timer (lua_State *L) {
 /* {====================================================== timers */
 
 /*
-** Adds a waiter that is already in its lock's queue to the timer queue.
-** The luv timer is restarted only when this deadline is the new earliest.
+** The loop time a timed request starts from.  It calls luv, so a request
+** reads it before it decides anything (a hook may run).
 */
-void am_timer_add (lua_State *L, State *st, Waiter *w, lua_Number ms) {
-  lua_Number now = loop_now(L, st);
+lua_Number am_timer_now (lua_State *L, State *st) {
+  return loop_now(L, st);
+}
+
+
+/*
+** Adds a waiter that is already in its lock's queue to the timer queue,
+** with the deadline 'now' + 'ms'.  Calls no Lua: am_sync (re)starts the
+** luv timer when this deadline is the new earliest.
+*/
+void am_timer_add (lua_State *L, State *st, Waiter *w, lua_Number now,
+                   lua_Number ms) {
   w->deadline = now + ms;
   /* keyed by the duration the deadline holds after rounding, so that two
      durations within an ulp of 'now' share one list (arrival order) */
   if (!am_queue_push(&st->timers, w, w->deadline - now))
     luaL_error(L, "not enough memory");
-  if (!st->timer_on || w->deadline < st->timer_due)
-    arm_timer(L, st);
 }
 
 
 /*
-** Removes a waiter from the timer queue, if it is there.  The timer is
-** stopped when no deadline is left (so it never keeps the loop alive);
+** Removes a waiter from the timer queue, if it is there.  am_sync stops
+** the timer when no deadline is left (so it never keeps the loop alive);
 ** otherwise it may fire early once and is re-armed then.
 */
 void am_timer_remove (lua_State *L, State *st, Waiter *w) {
+  (void)L;
   if (!w->timed || w->t.next == NULL) return;
   am_queue_remove(&st->timers, w);
-  if (st->timers.count == 0) stop_timer(L, st);
 }
 
 /* }====================================================== */

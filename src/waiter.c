@@ -47,7 +47,7 @@ void am_waiter_ready (lua_State *L, Waiter *w, int outcome,
   w->r.token = token;
   w->outcome = (unsigned)outcome;
   w->r.state = S_READY;
-  am_schedule(L, st, w);
+  am_schedule(st, w);
 }
 
 
@@ -137,8 +137,10 @@ static void push_releaser (lua_State *L, int lockidx, Lock *lk,
 */
 static int releaser_release (lua_State *L) {
   Releaser *r = (Releaser *)am_checkself(L, AM_T_RELEASER);
-  if (released(r))
+  if (released(r)) {
     am_give_back(L, r->lock, r->weight, r->token, 0);
+    am_sync(L, r->lock->st);
+  }
   return 0;
 }
 
@@ -232,15 +234,16 @@ static int finish_request (lua_State *L, int status, lua_KContext ctx) {
 
 
 static int waiter__close (lua_State *L) {
-  am_waiter_abandon(L, (Waiter *)lua_touserdata(L, 1));
+  Waiter *w = (Waiter *)lua_touserdata(L, 1);
+  am_waiter_abandon(L, w);
+  am_sync(L, w->r.lock->st);
   return 0;
 }
 
 
 /*
 ** Pushes a NEW waiter for 'rq' (to-be-closed, just above what the
-** continuation reads).  'hands_out': it will be the releaser of its
-** grant, and keeps the lock as its user value.
+** continuation reads).
 */
 static Waiter *new_waiter (lua_State *L, const Request *rq, int timed,
                            int hands_out) {
@@ -264,10 +267,6 @@ static Waiter *new_waiter (lua_State *L, const Request *rq, int timed,
   }
   am_pushmt(L, AM_T_WAITER);
   lua_setmetatable(L, -2);
-  if (hands_out) {                        /* its future releaser's lock */
-    lua_pushvalue(L, rq->lockidx);
-    lua_setiuservalue(L, -2, 1);
-  }
   lua_toclose(L, -1);            /* coroutine.close while waiting: abandon */
   return w;
 }
@@ -282,6 +281,7 @@ int am_request (lua_State *L, Request *rq) {
   Lock *lk = rq->lock;
   Waiter *w;
   int timed, hands_out;
+  lua_Number now = 0;
   if (am_can_lock_now(lk, rq->weight, rq->priority)) {    /* fast path */
     if (rq->kind == W_UNLOCK) return 0;
     return push_grant(L, rq->lockidx, lk, rq->weight,
@@ -296,12 +296,35 @@ int am_request (lua_State *L, Request *rq) {
   lua_settop(L, rq->lockidx > rq->erridx ? rq->lockidx : rq->erridx);
   timed = (rq->wait == AM_TIMEOUT);
   hands_out = HAND_OUT_WAITERS && !timed && rq->kind == W_ACQUIRE;
+  /* RE-ENTRY (docs/semantics.md, "Re-entry"): allocate first, decide
+     after.  Both allocations below may run a collector step, and so a
+     user's finalizer, which may release this very lock: the decision
+     above is stale until it is taken again below. */
   w = new_waiter(L, rq, timed, hands_out);
   /* anchored before it is queued: if a later step raises and nothing
      catches it, the dead coroutine and its waiter stay alive while queued */
-  am_anchor(L, w);
+  am_anchor(L, w);                         /* may run the collector */
+  if (timed) now = am_timer_now(L, lk->st);    /* calls luv: a hook may run */
+  /* From here until the waiter is QUEUED nothing runs Lua code.  A keyed
+     lock may have left its set meanwhile (a finalizer released the key):
+     the request goes to the key's lock as it is now. */
+  lk = w->r.lock = am_keyed_current(L, lk, rq->lockidx);
+  if (hands_out) {                        /* its future releaser's lock */
+    lua_pushvalue(L, rq->lockidx);
+    lua_setiuservalue(L, -2, 1);
+  }
+  if (am_can_lock_now(lk, rq->weight, rq->priority)) {  /* freed meanwhile */
+    am_unanchor(L, w);            /* never queued: its __close is a no-op */
+    if (rq->kind == W_UNLOCK) {
+      am_settle(L, lk);
+      return 0;
+    }
+    return push_grant(L, rq->lockidx, lk, rq->weight,
+                      am_take(lk, rq->weight));
+  }
   am_enqueue(L, lk, w, rq->priority);      /* now QUEUED */
-  if (timed) am_timer_add(L, lk->st, w, rq->ms);
+  if (timed) am_timer_add(L, lk->st, w, now, rq->ms);
+  am_sync(L, lk->st);                      /* arms the timer */
   return lua_yieldk(L, 0, (lua_KContext)w, finish_request);
 }
 
