@@ -1,5 +1,5 @@
 /*
-** args.c: the user's arguments to requests
+** args.c: the user's arguments: self, weights, priorities, keys
 ** Argument errors have the auxlib's shape, numbered as the user wrote
 ** them, for plain, keyed and decorated locks alike (docs/semantics.md,
 ** Errors).
@@ -23,6 +23,25 @@ int am_argerror (lua_State *L, int idx, int base, const char *fname,
                  const char *msg) {
   return luaL_error(L, "bad argument #%d to '%s' (%s)", idx - base, fname,
                     msg);
+}
+
+
+/* The userdata at 'idx' if its metatable is type 't''s, or NULL. */
+void *am_testself (lua_State *L, int idx, AmType t) {
+  void *p = lua_touserdata(L, idx);
+  if (p != NULL && lua_getmetatable(L, idx)) {
+    int same = lua_rawequal(L, -1, am_mtindex(t));
+    lua_pop(L, 1);
+    if (same) return p;
+  }
+  return NULL;
+}
+
+
+/* luaL_checkudata for argument 1, with the metatable from an upvalue. */
+void *am_checkself (lua_State *L, AmType t) {
+  void *p = am_testself(L, 1, t);
+  return p ? p : luaL_checkudata(L, 1, am_tnames[t]);  /* raises */
 }
 
 

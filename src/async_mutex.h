@@ -5,8 +5,8 @@
 ** File map (prototypes below are grouped by the file that defines them):
 **   core.c             luaopen_async_mutex_core: the metatables, by name,
 **                      through one table; setErrorHandler, pending, kind
-**   args.c             the user's arguments: weights, priorities, keys,
-**                      argument errors numbered as the user wrote them
+**   args.c             the user's arguments: self, weights, priorities,
+**                      keys; argument errors numbered as the user wrote
 **   waiter.c           the life of a Waiter, every state change, and the
 **                      Releaser a grant hands out; making a request
 **   rules.c            the queue rules every lock kind shares: grant,
@@ -277,10 +277,10 @@ struct State {
 
 /* core.c */
 extern const char *const am_tnames[AM_NTYPES];
-void *am_testself (lua_State *L, int idx, AmType t);
-void *am_checkself (lua_State *L, AmType t);
 
 /* args.c */
+void *am_testself (lua_State *L, int idx, AmType t);
+void *am_checkself (lua_State *L, AmType t);
 int am_argerror (lua_State *L, int idx, int base, const char *fname,
                  const char *msg);
 lua_Integer am_optweight (lua_State *L, int idx, int base,
@@ -330,7 +330,10 @@ extern const luaL_Reg am_keyed_metamethods[];
 extern const luaL_Reg am_keyed_mutex_class[];
 extern const luaL_Reg am_keyed_semaphore_class[];
 Keyed *am_tokeyed (lua_State *L, int idx);
-Lock *am_keyed_current (lua_State *L, Lock *lk, int lockidx);
+Lock *am_keyed_recheck (lua_State *L, Lock *lk, int lockidx);
+/* The lock serving the key of 'lk' (at 'lockidx') now (keyed.c). */
+#define am_keyed_current(L,lk,lockidx)  \
+  ((lk)->keyed != NULL ? am_keyed_recheck(L, lk, lockidx) : (lk))
 int am_keyed_request (lua_State *L, Request *rq);
 void am_keyed_settle (lua_State *L, Lock *lk);
 /* After anything that may leave a keyed set's lock idle. */

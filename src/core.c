@@ -98,25 +98,6 @@ static const TypeReg types[AM_NTYPES] = {
                             am_keyed_semaphore_class},
 };
 
-/* The userdata at 'idx' if its metatable is type 't''s, or NULL. */
-void *am_testself (lua_State *L, int idx, AmType t) {
-  void *p = lua_touserdata(L, idx);
-  if (p != NULL && lua_getmetatable(L, idx)) {
-    int same = lua_rawequal(L, -1, am_mtindex(t));
-    lua_pop(L, 1);
-    if (same) return p;
-  }
-  return NULL;
-}
-
-
-/* luaL_checkudata for argument 1, with the metatable from an upvalue. */
-void *am_checkself (lua_State *L, AmType t) {
-  void *p = am_testself(L, 1, t);
-  return p ? p : luaL_checkudata(L, 1, am_tnames[t]);  /* raises */
-}
-
-
 /*
 ** Sets the functions 'l' into the table at 'idx', each with the module's
 ** upvalues, which sit at stack indices 1..AM_NUPVALUES.

@@ -85,8 +85,8 @@ static Lock *getlock (lua_State *L, Keyed *kd, int keyidx, int create) {
 ** goes back into the set.  Runs no Lua code and no collector step (raw
 ** accesses and luaL_ref only), so a decision taken after it holds.
 */
-Lock *am_keyed_current (lua_State *L, Lock *lk, int lockidx) {
-  if (lk->keyed == NULL || lk->selfref != LUA_NOREF) return lk;
+Lock *am_keyed_recheck (lua_State *L, Lock *lk, int lockidx) {
+  if (lk->selfref != LUA_NOREF) return lk;
   lua_getiuservalue(L, lockidx, 3);               /* set */
   lua_getiuservalue(L, -1, 1);                    /* set map */
   lua_getiuservalue(L, lockidx, 2);               /* set map key */
