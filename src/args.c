@@ -7,23 +7,13 @@
 
 #define LUA_LIB
 
+#include <stdarg.h>
+#include <string.h>
+
 #include "lua.h"
 #include "lauxlib.h"
 
 #include "async_mutex.h"
-
-
-/*
-** 'bad argument #n to fname (msg)'.  'base' is the stack index just
-** before the user's first argument (1 for a method: self).  Like
-** luaL_argerror, the message is positioned at the Lua code that called
-** the method (level 1 is this C function).
-*/
-int am_argerror (lua_State *L, int idx, int base, const char *fname,
-                 const char *msg) {
-  return luaL_error(L, "bad argument #%d to '%s' (%s)", idx - base, fname,
-                    msg);
-}
 
 
 /* The userdata at 'idx' if its metatable is type 't''s, or NULL. */
@@ -38,11 +28,121 @@ void *am_testself (lua_State *L, int idx, AmType t) {
 }
 
 
-/* luaL_checkudata for argument 1, with the metatable from an upvalue. */
+/*
+** luaL_checkudata for argument 1, with the metatable from an upvalue.  A
+** decorated lock of type 't' is replaced by its lock: every method but
+** the requests is the lock's own (decorated.c).
+*/
 void *am_checkself (lua_State *L, AmType t) {
   void *p = am_testself(L, 1, t);
+  if (p == NULL && am_undecorate(L, t)) p = lua_touserdata(L, 1);
   return p ? p : luaL_checkudata(L, 1, am_tnames[t]);  /* raises */
 }
+
+
+/* {====================================================== positions */
+
+/*
+** core.layer(source, wrappers): the Lua layer's chunk name, and its
+** public functions that call requests: wrappers[fn] = {name, from,
+** shift}: fn is the user's 'name', where the request's argument #n, for
+** n >= from, is argument #n + shift.
+*/
+int am_layer (lua_State *L) {
+  State *st = am_getstate(L);
+  luaL_checktype(L, 1, LUA_TSTRING);
+  luaL_checktype(L, 2, LUA_TTABLE);
+  if (st->layer_wrappers == LUA_NOREF) {
+    lua_newtable(L);                              /* weak keys: copies of */
+    lua_newtable(L);                              /* the layer come and go */
+    lua_pushliteral(L, "k");
+    lua_setfield(L, -2, "__mode");
+    lua_setmetatable(L, -2);
+    st->layer_wrappers = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_pushvalue(L, 1);
+    st->layer_source = luaL_ref(L, LUA_REGISTRYINDEX);
+  }
+  lua_rawgeti(L, LUA_REGISTRYINDEX, st->layer_wrappers);
+  lua_pushnil(L);
+  while (lua_next(L, 2) != 0) {
+    lua_pushvalue(L, -2);
+    lua_insert(L, -2);
+    lua_rawset(L, 3);                             /* wrappers[fn] = spec */
+  }
+  return 0;
+}
+
+
+/*
+** Pushes where a usage error belongs, as luaL_where does: the user's call.
+** Level 1 called the C function raising; while it is a function of the
+** Lua layer, the user called that one: go up.  The outermost public
+** function of the layer passed gives the name and the argument number
+** the user sees ('*fname', '*n').
+*/
+static void where_user (lua_State *L, const char **fname, int *n) {
+  State *st = am_getstate(L);
+  const char *source;
+  lua_Debug ar;
+  int level = 1;
+  if (st->layer_source == LUA_NOREF) {
+    luaL_where(L, 1);
+    return;
+  }
+  lua_rawgeti(L, LUA_REGISTRYINDEX, st->layer_source);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, st->layer_wrappers);
+  source = lua_tostring(L, -2);
+  while (lua_getstack(L, level, &ar)) {
+    lua_getinfo(L, "Sf", &ar);                    /* pushes the function */
+    if (strcmp(ar.source, source) != 0) {         /* the user's */
+      lua_pop(L, 1);
+      break;
+    }
+    if (lua_rawget(L, -2) == LUA_TTABLE) {        /* a public function */
+      lua_rawgeti(L, -1, 1);
+      lua_rawgeti(L, -2, 2);
+      lua_rawgeti(L, -3, 3);
+      if (fname != NULL) *fname = lua_tostring(L, -3);  /* anchored */
+      if (n != NULL && *n >= lua_tointeger(L, -2))
+        *n += (int)lua_tointeger(L, -1);
+      lua_pop(L, 3);
+    }
+    lua_pop(L, 1);
+    level++;
+  }
+  lua_pop(L, 2);
+  luaL_where(L, level);
+}
+
+
+/*
+** 'bad argument #n to fname (msg)', at the user's call.  'base' is the
+** stack index just before the user's first argument (1 for a method:
+** self).  Called directly, the position is the caller's, as in
+** luaL_argerror (none when the caller is C, such as pcall).
+*/
+int am_argerror (lua_State *L, int idx, int base, const char *fname,
+                 const char *msg) {
+  int n = idx - base;
+  where_user(L, &fname, &n);
+  lua_pushfstring(L, "%sbad argument #%d to '%s' (%s)", lua_tostring(L, -1),
+                  n, fname, msg);
+  return lua_error(L);
+}
+
+
+/* luaL_error for misuse, at the user's call. */
+int am_usage_error (lua_State *L, const char *fmt, ...) {
+  va_list argp;
+  va_start(argp, fmt);
+  where_user(L, NULL, NULL);
+  lua_pushvfstring(L, fmt, argp);
+  va_end(argp);
+  lua_concat(L, 2);
+  return lua_error(L);
+}
+
+/* }====================================================== */
 
 
 /* A weight: a positive integer (integral floats accepted), default 1. */
@@ -97,6 +197,6 @@ void am_parse_request (lua_State *L, Request *rq, const LockKind *kind) {
                               : 1;
   rq->priority = optpriority(L, idx, rq->base, rq->fname);
   if (rq->wait != AM_TRY && !lua_isyieldable(L))
-    luaL_error(L, "attempt to %s %s outside a coroutine",
+    am_usage_error(L, "attempt to %s %s outside a coroutine",
                rq->kind == W_ACQUIRE ? "acquire" : "wait for", kind->noun);
 }

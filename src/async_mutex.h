@@ -13,7 +13,9 @@
 **                      dispatch, cancel, expiry, giving a grant back
 **   mutex_semaphore.c  the Mutex and Semaphore lock kinds and methods
 **   keyed.c            KeyedMutex and KeyedSemaphore: a lock per key
-**   decorated.c        withTimeout and tryAcquire's decorated locks
+**   decorated.c        withTimeout and tryAcquire: decorated locks, whose
+**                      requests have a limit; every other method is the
+**                      lock's own
 **   scheduler.c        the ready list, the timers, the anchors of waiting
 **                      coroutines, and the luv handles that resume them
 **   queue.c            FIFO lists and priority queues of waiters
@@ -37,6 +39,12 @@
 #define AM_STATE_KEY  "async_mutex.scheduler"   /* registry key of the state */
 #define AM_KEYED_MUTEX      "async_mutex.KeyedMutex"
 #define AM_KEYED_SEMAPHORE  "async_mutex.KeyedSemaphore"
+/* Decorated locks' metatables are made per copy of the module, and not
+   registered: these are only their __name. */
+#define AM_DECORATED_MUTEX  "async_mutex.decorated Mutex"
+#define AM_DECORATED_SEMAPHORE  "async_mutex.decorated Semaphore"
+#define AM_DECORATED_KEYED_MUTEX  "async_mutex.decorated KeyedMutex"
+#define AM_DECORATED_KEYED_SEMAPHORE  "async_mutex.decorated KeyedSemaphore"
 
 /* async-mutex's exact messages; they are also the error values. */
 #define AM_E_TIMEOUT  "timeout while waiting for mutex to become available"
@@ -54,6 +62,8 @@
 typedef enum AmType {
   AM_T_MUTEX, AM_T_SEMAPHORE, AM_T_RELEASER, AM_T_WAITER,
   AM_T_KEYED_MUTEX, AM_T_KEYED_SEMAPHORE,
+  AM_T_DECORATED_MUTEX, AM_T_DECORATED_SEMAPHORE,
+  AM_T_DECORATED_KEYED_MUTEX, AM_T_DECORATED_KEYED_SEMAPHORE,
   AM_NTYPES                   /* not a type: how many there are */
 } AmType;
 
@@ -269,6 +279,7 @@ struct State {
   int idle, timer, idle_start, idle_stop, timer_start, timer_stop, now;
   int new_idle, new_timer, is_closing;
   int on_idle, on_timer, handler;
+  int layer_source, layer_wrappers;  /* the Lua layer (args.c: am_layer) */
   int anchors;                       /* keeps the anchor threads alive */
   lua_State **athreads;              /* anchor threads (scheduler.c) */
   int nathreads;
@@ -283,6 +294,8 @@ void *am_testself (lua_State *L, int idx, AmType t);
 void *am_checkself (lua_State *L, AmType t);
 int am_argerror (lua_State *L, int idx, int base, const char *fname,
                  const char *msg);
+int am_usage_error (lua_State *L, const char *fmt, ...);
+int am_layer (lua_State *L);
 lua_Integer am_optweight (lua_State *L, int idx, int base,
                           const char *fname);
 void am_checkkey (lua_State *L, int idx, int base, const char *fname);
@@ -341,8 +354,13 @@ void am_keyed_settle (lua_State *L, Lock *lk);
   ((lk)->keyed != NULL ? am_keyed_settle(L, lk) : (void)0)
 
 /* decorated.c */
+extern const AmType am_decorated_type[AM_NTYPES];
+extern const luaL_Reg am_decorated_methods[];
+int am_undecorate (lua_State *L, AmType t);
 int am_core_acquire (lua_State *L);
-int am_core_decorate (lua_State *L);
+int am_core_limit (lua_State *L);
+int am_withTimeout (lua_State *L);
+int am_tryAcquire (lua_State *L);
 
 /* scheduler.c */
 State *am_state_open (lua_State *L);

@@ -53,8 +53,11 @@ static int core_pending (lua_State *L) {
 
 static const luaL_Reg core_funcs[] = {
   {"acquire", am_core_acquire},
+  {"limit", am_core_limit},
+  {"layer", am_layer},
+  {"withTimeout", am_withTimeout},
+  {"tryAcquire", am_tryAcquire},
   {"kind", core_kind},
-  {"decorate", am_core_decorate},
   {"setErrorHandler", core_setErrorHandler},
   {"pending", core_pending},
   {NULL, NULL}
@@ -69,16 +72,24 @@ const char *const am_tnames[AM_NTYPES] = {
   [AM_T_WAITER] = AM_WAITER,
   [AM_T_KEYED_MUTEX] = AM_KEYED_MUTEX,
   [AM_T_KEYED_SEMAPHORE] = AM_KEYED_SEMAPHORE,
+  [AM_T_DECORATED_MUTEX] = AM_DECORATED_MUTEX,
+  [AM_T_DECORATED_SEMAPHORE] = AM_DECORATED_SEMAPHORE,
+  [AM_T_DECORATED_KEYED_MUTEX] = AM_DECORATED_KEYED_MUTEX,
+  [AM_T_DECORATED_KEYED_SEMAPHORE] = AM_DECORATED_KEYED_SEMAPHORE,
 };
 
 
 /*
 ** What each metatable holds, by type: metamethods, methods (the __index
 ** table) and, for public types, the functions of module[class] ('new').
+** A decorated type has the methods of the type it decorates, and its own
+** requests (decorated.c); its metatable is not registered.
 */
 typedef struct TypeReg {
-  const char *class;          /* module field, or NULL: not public */
+  const char *class;
   const luaL_Reg *metamethods, *methods, *functions;
+  int decorated;              /* a decorated type, of type 'decorates' */
+  AmType decorates;
 } TypeReg;
 
 static const TypeReg types[AM_NTYPES] = {
@@ -96,17 +107,34 @@ static const TypeReg types[AM_NTYPES] = {
                             am_keyed_metamethods,
                             am_keyed_semaphore_methods,
                             am_keyed_semaphore_class},
+  [AM_T_DECORATED_MUTEX] = {.methods = am_decorated_methods,
+                            .decorated = 1, .decorates = AM_T_MUTEX},
+  [AM_T_DECORATED_SEMAPHORE] = {.methods = am_decorated_methods,
+                                .decorated = 1,
+                                .decorates = AM_T_SEMAPHORE},
+  [AM_T_DECORATED_KEYED_MUTEX] = {.methods = am_decorated_methods,
+                                  .decorated = 1,
+                                  .decorates = AM_T_KEYED_MUTEX},
+  [AM_T_DECORATED_KEYED_SEMAPHORE] = {.methods = am_decorated_methods,
+                                      .decorated = 1,
+                                      .decorates = AM_T_KEYED_SEMAPHORE},
 };
 
 /*
 ** Sets the functions 'l' into the table at 'idx', each with the module's
-** upvalues, which sit at stack indices 1..AM_NUPVALUES.
+** upvalues, which sit at stack indices 1..AM_NUPVALUES, and 'extra' more
+** from the top of the stack (popped).
 */
-static void setfuncs (lua_State *L, int idx, const luaL_Reg *l) {
+static void setfuncs (lua_State *L, int idx, const luaL_Reg *l, int extra) {
   int i;
+  idx = lua_absindex(L, idx);
+  for (i = 1; i <= AM_NUPVALUES; i++) {
+    lua_pushvalue(L, i);
+    lua_insert(L, -1 - extra);
+  }
   lua_pushvalue(L, idx);
-  for (i = 1; i <= AM_NUPVALUES; i++) lua_pushvalue(L, i);
-  luaL_setfuncs(L, l, AM_NUPVALUES);
+  lua_insert(L, -1 - AM_NUPVALUES - extra);
+  luaL_setfuncs(L, l, AM_NUPVALUES + extra);
   lua_pop(L, 1);
 }
 
@@ -114,26 +142,61 @@ static void setfuncs (lua_State *L, int idx, const luaL_Reg *l) {
 /*
 ** Fills type 't''s metatable (at its upvalue's stack index): metamethods,
 ** an __index table of methods; module[class] = {new = ..., methods =
-** ...}.  Metatables are shared by every copy of the module in this
-** lua_State.
+** ..., self = {[metatable] = true, ...}}.  Registered metatables are
+** shared by every copy of the module in this lua_State.
 */
 static void open_type (lua_State *L, AmType t, int module) {
   const TypeReg *r = &types[t];
   int mt = 2 + t;
-  setfuncs(L, mt, r->metamethods);
-  if (r->methods == NULL) return;
+  if (r->metamethods != NULL) setfuncs(L, mt, r->metamethods, 0);
+  if (r->class == NULL) return;
   if (lua_getfield(L, mt, "__index") != LUA_TTABLE) {
     lua_pop(L, 1);
     lua_newtable(L);
     lua_pushvalue(L, -1);
     lua_setfield(L, mt, "__index");
   }
-  setfuncs(L, lua_gettop(L), r->methods);
-  lua_createtable(L, 0, 2);                 /* module[class] */
+  setfuncs(L, -1, r->methods, 0);
+  lua_createtable(L, 0, 4);                 /* module[class] */
   lua_insert(L, -2);
   lua_setfield(L, -2, "methods");
-  setfuncs(L, lua_gettop(L), r->functions);
+  setfuncs(L, -1, r->functions, 0);
+  lua_createtable(L, 0, 2);                 /* the metatables of self */
+  lua_pushvalue(L, mt);
+  lua_pushboolean(L, 1);
+  lua_rawset(L, -3);
+  lua_setfield(L, -2, "self");
   lua_setfield(L, module, r->class);
+}
+
+
+/*
+** Fills decorated type 'd''s metatable: its __index has the methods of
+** the type it decorates, and its own requests, which know their type
+** (an extra upvalue); module[class].decorated is that __index.
+*/
+static void open_decorated (lua_State *L, AmType d, AmType t, int module) {
+  int mt = 2 + d;
+  lua_getfield(L, module, types[t].class);    /* module[class] */
+  lua_newtable(L);                            /* __index */
+  lua_getfield(L, -2, "methods");
+  lua_pushnil(L);
+  while (lua_next(L, -2) != 0) {              /* copy the lock's methods */
+    lua_pushvalue(L, -2);
+    lua_insert(L, -2);
+    lua_rawset(L, -5);
+  }
+  lua_pop(L, 1);                              /* methods */
+  lua_pushinteger(L, d);
+  setfuncs(L, -2, types[d].methods, 1);
+  lua_pushvalue(L, -1);
+  lua_setfield(L, mt, "__index");
+  lua_setfield(L, -2, "decorated");
+  lua_getfield(L, -1, "self");
+  lua_pushvalue(L, mt);
+  lua_pushboolean(L, 1);
+  lua_rawset(L, -3);                          /* self[decorated mt] */
+  lua_pop(L, 2);
 }
 
 
@@ -142,12 +205,23 @@ LUAMOD_API int luaopen_async_mutex_core (lua_State *L) {
   int t, module;
   lua_settop(L, 0);
   am_state_open(L);                         /* 1: the state */
-  for (t = 0; t < AM_NTYPES; t++)           /* 2 + t: type t's metatable */
-    luaL_newmetatable(L, am_tnames[t]);
+  for (t = 0; t < AM_NTYPES; t++) {         /* 2 + t: type t's metatable */
+    if (!types[t].decorated)
+      luaL_newmetatable(L, am_tnames[t]);
+    else {                                  /* one per copy of the module */
+      lua_createtable(L, 0, 2);
+      lua_pushstring(L, am_tnames[t]);
+      lua_setfield(L, -2, "__name");
+    }
+  }
   lua_newtable(L);                          /* the module */
   module = lua_gettop(L);
-  setfuncs(L, module, core_funcs);
-  for (t = 0; t < AM_NTYPES; t++) open_type(L, (AmType)t, module);
+  setfuncs(L, module, core_funcs, 0);
+  for (t = 0; t < AM_NTYPES; t++)
+    if (!types[t].decorated) open_type(L, (AmType)t, module);
+  for (t = 0; t < AM_NTYPES; t++)
+    if (types[t].decorated)
+      open_decorated(L, (AmType)t, types[t].decorates, module);
   lua_pushliteral(L, AM_E_TIMEOUT);
   lua_setfield(L, -2, "E_TIMEOUT");
   lua_pushliteral(L, AM_E_ALREADY_LOCKED);

@@ -28,6 +28,17 @@ Keyed *am_tokeyed (lua_State *L, int idx) {
 }
 
 
+/* The keyed set at 1 (a decorated one is replaced by its set), or raises. */
+static Keyed *checkkeyed (lua_State *L) {
+  Keyed *kd = am_tokeyed(L, 1);
+  if (kd == NULL && (am_undecorate(L, AM_T_KEYED_MUTEX)
+                     || am_undecorate(L, AM_T_KEYED_SEMAPHORE)))
+    kd = am_tokeyed(L, 1);
+  luaL_argexpected(L, kd != NULL, 1, "keyed lock");
+  return kd;
+}
+
+
 #define checkkmutex(L)  ((Keyed *)am_checkself(L, AM_T_KEYED_MUTEX))
 #define checkksem(L)    ((Keyed *)am_checkself(L, AM_T_KEYED_SEMAPHORE))
 
@@ -273,9 +284,8 @@ static int ksem_waitForUnlock (lua_State *L) {
 
 /* isLocked(key): a key without a lock in use has its initial value. */
 static int keyed_isLocked (lua_State *L) {
-  Keyed *kd = am_tokeyed(L, 1);
+  Keyed *kd = checkkeyed(L);
   Lock *lk;
-  luaL_argexpected(L, kd != NULL, 1, "keyed lock");
   am_checkkey(L, 2, 1, "isLocked");
   lk = getlock(L, kd, 2, 0);
   lua_pushboolean(L, lk ? lk->kind->is_locked(lk)
@@ -323,8 +333,7 @@ static int ksem_release (lua_State *L) {
 
 /* cancel([key]): rejects the queued acquirers of one key, or of all. */
 static int keyed_cancel (lua_State *L) {
-  Keyed *kd = am_tokeyed(L, 1);
-  luaL_argexpected(L, kd != NULL, 1, "keyed lock");
+  Keyed *kd = checkkeyed(L);
   if (!lua_isnoneornil(L, 2)) {
     Lock *lk;
     am_checkkey(L, 2, 1, "cancel");
@@ -347,8 +356,7 @@ static int keyed_cancel (lua_State *L) {
 
 /* count(): how many keys have a lock in use (held or waited for). */
 static int keyed_count (lua_State *L) {
-  Keyed *kd = am_tokeyed(L, 1);
-  luaL_argexpected(L, kd != NULL, 1, "keyed lock");
+  Keyed *kd = checkkeyed(L);
   lua_pushinteger(L, kd->nkeys);
   return 1;
 }
@@ -356,9 +364,8 @@ static int keyed_count (lua_State *L) {
 
 /* waiting(key): acquirers queued for the key, and waitForUnlock waiters. */
 static int keyed_waiting (lua_State *L) {
-  Keyed *kd = am_tokeyed(L, 1);
+  Keyed *kd = checkkeyed(L);
   Lock *lk;
-  luaL_argexpected(L, kd != NULL, 1, "keyed lock");
   am_checkkey(L, 2, 1, "waiting");
   lk = getlock(L, kd, 2, 0);
   lua_pushinteger(L, lk ? (lua_Integer)lk->queue.count : 0);
@@ -369,9 +376,8 @@ static int keyed_waiting (lua_State *L) {
 
 /* keys(): a new array of the keys in use. */
 static int keyed_keys (lua_State *L) {
-  Keyed *kd = am_tokeyed(L, 1);
+  Keyed *kd = checkkeyed(L);
   lua_Integer n = 0;
-  luaL_argexpected(L, kd != NULL, 1, "keyed lock");
   lua_settop(L, 1);
   lua_getiuservalue(L, 1, 1);                     /* map */
   lua_createtable(L, (int)kd->nkeys, 0);

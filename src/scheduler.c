@@ -518,6 +518,7 @@ State *am_state_open (lua_State *L) {
   st->timer_start = st->timer_stop = st->now = LUA_NOREF;
   st->new_idle = st->new_timer = st->is_closing = LUA_NOREF;
   st->on_idle = st->on_timer = st->handler = LUA_NOREF;
+  st->layer_source = st->layer_wrappers = LUA_NOREF;
   st->anchors = LUA_NOREF;
   st->athreads = NULL;
   st->nathreads = st->nanchors = st->free_anchor = 0;
