@@ -169,6 +169,8 @@ struct Lock {
   size_t nweights, capweights;
   size_t nunlock;             /* waitForUnlock waiters in all queues */
   int is_mutex;
+  int freed;                  /* its __gc ran (only lua_close does that
+                                 to a lock in use): no more waiting */
   Keyed *keyed;               /* the keyed set serving this lock, or NULL */
   int selfref;                /* keyed: registry ref while in the set */
 };
@@ -196,6 +198,7 @@ struct State {
   size_t pending;                    /* waiters queued or ready */
   lua_Number timer_due;              /* when the luv timer fires, if on */
   int idle_on, timer_on, draining;
+  int closed;                        /* lua_close has collected the state */
   /* registry references to luv objects and our callbacks */
   int idle, timer, idle_start, idle_stop, timer_start, timer_stop, now;
   int new_idle, new_timer, is_closing;

@@ -262,8 +262,31 @@ void am_abandon (lua_State *L, Waiter *w) {
 }
 
 
+/*
+** Frees the lock's memory.  NOTE: a lock with queued waiters is collected
+** only by lua_close (each waiter's coroutine holds the lock on its stack
+** and is anchored).  Its waiters then leave every queue first, as if
+** abandoned, so that a finalizer run after this one (closing their
+** coroutine, releasing the lock) finds an empty lock, not freed memory.
+*/
+static void detach (Lock *lk, Queue *q, Waiter *w) {
+  am_queue_remove(q, w);
+  am_timer_remove(NULL, lk->st, w);
+  w->state = S_DONE;
+  am_unanchor(NULL, w);
+}
+
+
 void am_lock_free (Lock *lk) {
+  Waiter *w;
   size_t i;
+  while ((w = am_queue_first(&lk->queue)) != NULL)
+    detach(lk, &lk->queue, w);
+  for (i = 0; i < lk->nweights; i++)
+    while ((w = am_queue_first(&lk->unlock[i].queue)) != NULL)
+      detach(lk, &lk->unlock[i].queue, w);
+  lk->nunlock = 0;
+  lk->freed = 1;
   am_queue_free(&lk->queue);
   for (i = 0; i < lk->nweights; i++)
     am_queue_free(&lk->unlock[i].queue);

@@ -56,6 +56,7 @@ void am_init_lock (Lock *lk, State *st, lua_Integer value, int is_mutex) {
   lk->unlock = NULL;
   lk->nweights = lk->capweights = lk->nunlock = 0;
   lk->is_mutex = is_mutex;
+  lk->freed = 0;
   lk->keyed = NULL;
   lk->selfref = LUA_NOREF;
 }
@@ -197,7 +198,7 @@ static int lock__tostring (lua_State *L) {
 /*
 ** NOTE: a lock with waiters is never collected: each waiting coroutine
 ** holds it on its stack and is itself anchored in the registry.  So __gc
-** only frees memory, and never touches another object.
+** only frees memory (and at lua_close unlinks the waiters: lock.c).
 */
 static int lock__gc (lua_State *L) {
   am_lock_free((Lock *)lua_touserdata(L, 1));

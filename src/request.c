@@ -284,6 +284,10 @@ int am_request (lua_State *L, const Request *rq) {
     }
     return push_grant(L, rq->lockidx, lk, rq->weight, am_take(lk, rq->weight));
   }
+  if (lk->freed) {                 /* a finalizer run by lua_close */
+    am_unanchor(L, w);
+    luaL_error(L, "attempt to wait for a lock while the Lua state is closing");
+  }
   am_enqueue(L, lk, w, rq->priority);      /* now QUEUED */
   if (timed) am_timer_add(L, lk->st, w, now, rq->ms);
   am_sync(L, lk->st);                      /* arms the timer */

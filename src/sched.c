@@ -138,6 +138,7 @@ static void stop_timer (lua_State *L, State *st) {
 ** resumes waiters ('draining'), it decides about the idle handle itself.
 */
 void am_sync (lua_State *L, State *st) {
+  if (st->closed) return;                 /* lua_close: luv is going away */
   for (;;) {
     int ready = am_list_first(&st->ready) != NULL;
     if (!st->draining && ready && !st->idle_on)
@@ -243,6 +244,8 @@ void am_anchor (lua_State *L, Waiter *w) {
   State *st = w->lock->st;
   int ref = st->free_anchor;
   lua_State *A;
+  if (st->closed)                 /* a finalizer run by lua_close */
+    luaL_error(L, "attempt to wait for a lock while the Lua state is closing");
   if (ref != 0) {                             /* reuse: never allocates */
     A = ANCHOR_THREAD(st, ref);
     st->free_anchor = (int)lua_tointeger(A, ANCHOR_SLOT(ref));
@@ -278,7 +281,7 @@ void am_unanchor (lua_State *L, Waiter *w) {
   (void)L;
   if (w->ref != LUA_NOREF) {
     State *st = w->lock->st;
-    drop_anchor(st, w->ref);
+    if (!st->closed) drop_anchor(st, w->ref);   /* else: threads freed */
     w->ref = LUA_NOREF;
     st->pending--;
   }
@@ -356,6 +359,7 @@ static void report (lua_State *L, State *st, lua_State *co) {
 static int on_idle (lua_State *L) {
   State *st = (State *)lua_touserdata(L, lua_upvalueindex(UV_STATE));
   int budget = BATCH;
+  if (st->closed) return 0;
   if (st->draining) return 0;                 /* uv.run() inside a waiter */
   st->draining = 1;
   while (budget-- > 0) {
@@ -392,8 +396,10 @@ static int on_idle (lua_State *L) {
 /* Timer callback: every waiter whose deadline has passed times out. */
 static int on_timer (lua_State *L) {
   State *st = (State *)lua_touserdata(L, lua_upvalueindex(UV_STATE));
-  lua_Number now = loop_now(L, st);
+  lua_Number now;
   Waiter *w;
+  if (st->closed) return 0;
+  now = loop_now(L, st);
   st->timer_on = 0;                           /* a one-shot timer fired */
   while ((w = am_queue_first(&st->timers)) != NULL && w->u.deadline <= now) {
     am_queue_remove(&st->timers, w);
@@ -448,8 +454,21 @@ void am_timer_remove (lua_State *L, State *st, Waiter *w) {
 
 /* {====================================================== state */
 
+/*
+** NOTE: the state is collected only by lua_close (the registry holds it),
+** before luv's loop (its __gc is set after luv is loaded, and finalizers
+** run newest first).  Finalizers that run after it may still call the
+** module (docs/semantics.md, Re-entry): 'closed' makes every later
+** request to wait raise, and the module call luv no more.  The waiters
+** still in the timer queue are unlinked from it before it is freed, so
+** that a grant made then does not touch it.
+*/
 static int state__gc (lua_State *L) {
   State *st = (State *)lua_touserdata(L, 1);
+  Waiter *w;
+  st->closed = 1;
+  while ((w = am_queue_first(&st->timers)) != NULL)
+    am_queue_remove(&st->timers, w);
   am_queue_free(&st->timers);
   free(st->athreads);
   st->athreads = NULL;
@@ -517,7 +536,7 @@ State *am_state_open (lua_State *L) {
   am_queue_init(&st->timers, 1);
   st->pending = 0;
   st->timer_due = 0;
-  st->idle_on = st->timer_on = st->draining = 0;
+  st->idle_on = st->timer_on = st->draining = st->closed = 0;
   st->idle = st->timer = st->idle_start = st->idle_stop = LUA_NOREF;
   st->timer_start = st->timer_stop = st->now = LUA_NOREF;
   st->new_idle = st->new_timer = st->is_closing = LUA_NOREF;
@@ -525,15 +544,16 @@ State *am_state_open (lua_State *L) {
   st->anchors = LUA_NOREF;
   st->athreads = NULL;
   st->nathreads = st->nanchors = st->free_anchor = 0;
-  luaL_newmetatable(L, AM_STATE);
-  lua_pushcfunction(L, state__gc);
-  lua_setfield(L, -2, "__gc");
-  lua_setmetatable(L, -2);
   sti = lua_gettop(L);
   lua_newtable(L);
   st->anchors = luaL_ref(L, LUA_REGISTRYINDEX);
   require_luv(L);
   luv = lua_gettop(L);
+  /* the __gc now, after luv's (see state__gc) */
+  luaL_newmetatable(L, AM_STATE);
+  lua_pushcfunction(L, state__gc);
+  lua_setfield(L, -2, "__gc");
+  lua_setmetatable(L, sti);
   st->now = ref_field(L, luv, "now");
   st->new_idle = ref_field(L, luv, "new_idle");
   st->new_timer = ref_field(L, luv, "new_timer");
