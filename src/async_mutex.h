@@ -199,6 +199,7 @@ struct State {
   lua_Number timer_due;              /* when the luv timer fires, if on */
   int idle_on, timer_on, draining;
   int closed;                        /* lua_close has collected the state */
+  int check_idle, check_timer;       /* is the handle still open? (am_sync) */
   /* registry references to luv objects and our callbacks */
   int idle, timer, idle_start, idle_stop, timer_start, timer_stop, now;
   int new_idle, new_timer, is_closing;

@@ -65,18 +65,28 @@ static lua_Number loop_now (lua_State *L, State *st) {
 
 
 /*
+** Is our handle 'handle' (a registry reference) closed or closing?  Someone else may close
+** it (uv.walk closing every handle, say) while we believe it active: the
+** flags 'idle_on' and 'timer_on' are then false, and am_sync replaces it.
+*/
+static int handle_closed (lua_State *L, State *st, int handle) {
+  int closing;
+  pushref(L, st->is_closing);
+  pushref(L, handle);
+  lua_call(L, 1, 1);
+  closing = lua_toboolean(L, -1);
+  lua_pop(L, 1);
+  return closing;
+}
+
+
+/*
 ** A handle of ours that someone closed (a test's teardown closing every
 ** handle from uv.walk, say) is replaced by a new one: luv would run a
 ** closed handle's callback through freed references.
 */
 static void ensure_open (lua_State *L, State *st, int *handle, int ctor) {
-  int closing;
-  pushref(L, st->is_closing);
-  pushref(L, *handle);
-  lua_call(L, 1, 1);
-  closing = lua_toboolean(L, -1);
-  lua_pop(L, 1);
-  if (closing) {
+  if (handle_closed(L, st, *handle)) {
     pushref(L, ctor);
     lua_call(L, 0, 1);
     luaL_unref(L, LUA_REGISTRYINDEX, *handle);
@@ -141,6 +151,20 @@ void am_sync (lua_State *L, State *st) {
   if (st->closed) return;                 /* lua_close: luv is going away */
   for (;;) {
     int ready = am_list_first(&st->ready) != NULL;
+    /* at each new need of a handle we believe active, check that it is
+       (one luv call, only when a waiter became ready outside the idle
+       callback, or a deadline was added) */
+    if (st->check_idle && ready && st->idle_on && !st->draining) {
+      st->check_idle = 0;
+      if (handle_closed(L, st, st->idle)) st->idle_on = 0;
+      continue;
+    }
+    if (st->check_timer && st->timers.count > 0 && st->timer_on) {
+      st->check_timer = 0;
+      if (handle_closed(L, st, st->timer)) st->timer_on = 0;
+      continue;
+    }
+    st->check_idle = st->check_timer = 0;
     if (!st->draining && ready && !st->idle_on)
       start_idle(L, st);
     else if (!st->draining && !ready && st->idle_on)
@@ -177,6 +201,7 @@ void am_ready (lua_State *L, State *st, Waiter *w, int outcome) {
   am_list_append(&st->ready, w, 0);
   w->state = S_READY;
   w->outcome = (unsigned char)outcome;
+  if (!st->draining) st->check_idle = 1;
 }
 
 
@@ -388,6 +413,9 @@ static int on_idle (lua_State *L) {
     }
   }
   st->draining = 0;
+  /* a waiter resumed may have closed our handle (uv.walk): check it when
+     some are left for the next round */
+  st->check_idle = am_list_first(&st->ready) != NULL;
   am_sync(L, st);                 /* stops the idle handle if all are done */
   return 0;
 }
@@ -435,6 +463,7 @@ void am_timer_add (lua_State *L, State *st, Waiter *w, lua_Number now,
      durations within an ulp of 'now' share one list (arrival order) */
   if (!am_queue_push(&st->timers, w, w->u.deadline - now))
     luaL_error(L, "not enough memory");
+  st->check_timer = 1;
 }
 
 
@@ -537,6 +566,7 @@ State *am_state_open (lua_State *L) {
   st->pending = 0;
   st->timer_due = 0;
   st->idle_on = st->timer_on = st->draining = st->closed = 0;
+  st->check_idle = st->check_timer = 0;
   st->idle = st->timer = st->idle_start = st->idle_stop = LUA_NOREF;
   st->timer_start = st->timer_stop = st->now = LUA_NOREF;
   st->new_idle = st->new_timer = st->is_closing = LUA_NOREF;
