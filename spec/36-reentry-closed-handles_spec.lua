@@ -9,7 +9,7 @@ local function run(body)
     local am = require "async_mutex"
     local uv = require "luv"
     local function close_all() uv.walk(function(hd) if not hd:is_closing() then hd:close() end end) end
-  ]] .. body, 30)
+  ]] .. body, 10)
   assert.equal("", res.stderr)
   assert.equal(0, res.rc)
   return res.stdout
@@ -65,6 +65,34 @@ describe("a module handle closed by someone else", function()
       r()
       uv.run()
       io.write(am.pending(), " ", n, "\n")
+    ]]))
+  end)
+end)
+
+describe("uv.run() called inside a coroutine the module resumed", function()
+  it("returns when its own work is done; wake-ups due meanwhile arrive after", function()
+    assert.equal("slept true 0 2\n", run([[
+      local m = am.Mutex.new()
+      local order = {}
+      local r = coroutine.wrap(function() return m:acquire() end)()
+      local function sleep(ms)              -- a "synchronous sleep" helper
+        local t = uv.new_timer()
+        t:start(ms, 0, function() t:close() end)
+        uv.run()
+      end
+      coroutine.wrap(function()
+        local rel = m:acquire()
+        order[#order + 1] = 1
+        local s = am.Semaphore.new(0)
+        coroutine.wrap(function() s:acquire(); order[#order + 1] = 2 end)()
+        s:release()                          -- a wake-up due during the sleep
+        sleep(5)
+        io.write("slept ")
+        rel()
+      end)()
+      r()
+      uv.run()
+      io.write(tostring(order[1] == 1), " ", am.pending(), " ", #order, "\n")
     ]]))
   end)
 end)

@@ -385,7 +385,14 @@ static int on_idle (lua_State *L) {
   State *st = (State *)lua_touserdata(L, lua_upvalueindex(UV_STATE));
   int budget = BATCH;
   if (st->closed) return 0;
-  if (st->draining) return 0;                 /* uv.run() inside a waiter */
+  if (st->draining) {
+    /* uv.run() inside a coroutine we resumed: the waiters are resumed
+       once that coroutine yields back to us, not from this nested run.
+       The idle handle stops meanwhile (left active, the nested run would
+       spin and never return); the outer call restarts it (am_sync). */
+    stop_idle(L, st);
+    return 0;
+  }                 /* uv.run() inside a waiter */
   st->draining = 1;
   while (budget-- > 0) {
     Waiter *w = am_list_first(&st->ready);
