@@ -247,6 +247,8 @@ struct Lock {
   WeightWaiters *unlock;      /* sorted by weight, ascending */
   size_t nweights, capweights;
   size_t nunlock;             /* waitForUnlock waiters in all queues */
+  int freed;                  /* its __gc ran (only lua_close does that
+                                 to a lock in use): no more waiting */
   Keyed *keyed;               /* the keyed set serving this lock, or NULL */
   int selfref;                /* keyed: registry ref while in the set */
 };
@@ -275,6 +277,8 @@ struct State {
   size_t pending;                    /* waiters queued or ready */
   lua_Number timer_due;              /* when the luv timer fires, if on */
   int idle_on, timer_on, draining;
+  int closed;                        /* lua_close has collected the state */
+  int check_idle, check_timer;       /* is the handle still open? (am_sync) */
   /* registry references to luv objects and our callbacks */
   int idle, timer, idle_start, idle_stop, timer_start, timer_stop, now;
   int new_idle, new_timer, is_closing;
@@ -309,6 +313,7 @@ void am_waiter_ready (lua_State *L, Waiter *w, int outcome,
                       lua_Integer token);
 void am_waiter_resuming (Waiter *w);
 void am_waiter_abandon (lua_State *L, Waiter *w);
+void am_waiter_detach (Waiter *w);
 extern const luaL_Reg am_releaser_metamethods[];
 extern const luaL_Reg am_waiter_metamethods[];
 

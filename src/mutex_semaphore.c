@@ -251,7 +251,7 @@ static int lock__tostring (lua_State *L) {
 /*
 ** NOTE: a lock with waiters is never collected: each waiting coroutine
 ** holds it on its stack and is itself anchored in the registry.  So __gc
-** only frees memory, and never touches another object.
+** only frees memory (and at lua_close unlinks the waiters: rules.c).
 */
 static int lock__gc (lua_State *L) {
   am_lock_free((Lock *)lua_touserdata(L, 1));

@@ -242,13 +242,34 @@ void am_lock_init (Lock *lk, const LockKind *kind, State *st,
   am_queue_init(&lk->queue, 0);
   lk->unlock = NULL;
   lk->nweights = lk->capweights = lk->nunlock = 0;
+  lk->freed = 0;
   lk->keyed = NULL;
   lk->selfref = LUA_NOREF;
 }
 
 
+/*
+** Frees the lock's memory.  NOTE: a lock with queued waiters is collected
+** only by lua_close (each waiter's coroutine holds the lock on its stack
+** and is anchored).  Its waiters then leave every queue first, as if
+** abandoned (waiter.c: am_waiter_detach), so that a finalizer run after
+** this one (closing their coroutine, releasing the lock) finds an empty
+** lock, not freed memory.
+*/
 void am_lock_free (Lock *lk) {
+  Waiter *w;
   size_t i;
+  while ((w = am_queue_first(&lk->queue)) != NULL) {
+    am_queue_remove(&lk->queue, w);
+    am_waiter_detach(w);
+  }
+  for (i = 0; i < lk->nweights; i++)
+    while ((w = am_queue_first(&lk->unlock[i].queue)) != NULL) {
+      am_queue_remove(&lk->unlock[i].queue, w);
+      am_waiter_detach(w);
+    }
+  lk->nunlock = 0;
+  lk->freed = 1;
   am_queue_free(&lk->queue);
   for (i = 0; i < lk->nweights; i++)
     am_queue_free(&lk->unlock[i].queue);

@@ -9,6 +9,7 @@
 **   NEW --queued--> QUEUED --ready--> READY --resuming--> RESUMING
 **   RESUMING --(continuation)--> DONE --(hand out)--> HELD --> RELEASED
 **   QUEUED, READY --abandon--> DONE          (coroutine closed or dead)
+**   QUEUED --detach--> DONE                  (its lock freed by lua_close)
 **
 ** The other files only call these: rules.c decides outcomes (queued,
 ** ready), scheduler.c resumes (resuming), the continuation and __close
@@ -106,6 +107,18 @@ void am_waiter_abandon (lua_State *L, Waiter *w) {
     am_dispatch(L, lk);
   else if (w->outcome == O_GRANTED)
     am_give_back(L, lk, w->r.weight, w->r.token, 1);
+}
+
+/*
+** QUEUED -> DONE at lua_close, when its lock is freed (rules.c:
+** am_lock_free) with the waiter still in its queue (taken out already):
+** it leaves the timer queue and its anchor, and nothing else happens.
+*/
+void am_waiter_detach (Waiter *w) {
+  assert(w->r.state == S_QUEUED);
+  am_timer_remove(NULL, w->r.lock->st, w);
+  w->r.state = S_DONE;
+  am_unanchor(NULL, w);
 }
 
 /* }====================================================== */
@@ -321,6 +334,11 @@ int am_request (lua_State *L, Request *rq) {
     }
     return push_grant(L, rq->lockidx, lk, rq->weight,
                       am_take(lk, rq->weight));
+  }
+  if (lk->freed) {                 /* a finalizer run by lua_close */
+    am_unanchor(L, w);
+    am_usage_error(L,
+                   "attempt to wait for a lock while the Lua state is closing");
   }
   am_enqueue(L, lk, w, rq->priority);      /* now QUEUED */
   if (timed) am_timer_add(L, lk->st, w, now, rq->ms);
