@@ -308,11 +308,10 @@ void am_parse_request (lua_State *L, Request *rq, const LockKind *kind);
 /* waiter.c */
 int am_request (lua_State *L, Request *rq);
 int am_lock_request (lua_State *L, Lock *lk, Request *rq);
-void am_waiter_queued (Waiter *w);
 void am_waiter_ready (lua_State *L, Waiter *w, int outcome,
                       lua_Integer token);
 void am_waiter_resuming (Waiter *w);
-void am_waiter_abandon (lua_State *L, Waiter *w);
+int am_waiter_abandon (lua_State *L, Waiter *w);
 void am_waiter_detach (Waiter *w);
 extern const luaL_Reg am_releaser_metamethods[];
 extern const luaL_Reg am_waiter_metamethods[];

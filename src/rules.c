@@ -113,7 +113,8 @@ static void drain_unlock (lua_State *L, Lock *lk) {
 
 
 /*
-** Puts a new, anchored waiter in its queue; once linked, it is QUEUED.
+** Puts a new, anchored waiter in its queue (waiter.c then makes it
+** QUEUED).
 ** Out of memory, it raises with nothing linked, after giving back its
 ** anchor (a dead coroutine must not stay anchored) and letting a keyed
 ** lock made for it leave its set.
@@ -129,7 +130,6 @@ void am_enqueue (lua_State *L, Lock *lk, Waiter *w, lua_Number priority) {
     luaL_error(L, "not enough memory");
   }
   if (w->kind == W_UNLOCK) lk->nunlock++;
-  am_waiter_queued(w);
 }
 
 

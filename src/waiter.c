@@ -11,9 +11,9 @@
 **   QUEUED, READY --abandon--> DONE          (coroutine closed or dead)
 **   QUEUED --detach--> DONE                  (its lock freed by lua_close)
 **
-** The other files only call these: rules.c decides outcomes (queued,
-** ready), scheduler.c resumes (resuming), the continuation and __close
-** are here.
+** The other files only call these: rules.c decides outcomes (ready,
+** detach), scheduler.c resumes (resuming, or abandon when a coroutine
+** cannot be resumed); the request, the continuation and __close are here.
 */
 
 #define LUA_LIB
@@ -28,8 +28,8 @@
 
 /* {====================================================== transitions */
 
-/* NEW -> QUEUED: linked in its lock's queue (rules.c: am_enqueue). */
-void am_waiter_queued (Waiter *w) {
+/* NEW -> QUEUED: once linked in its lock's queue (rules.c: am_enqueue). */
+static void queued (Waiter *w) {
   assert(w->r.state == S_NEW);
   w->r.state = S_QUEUED;
 }
@@ -44,7 +44,7 @@ void am_waiter_ready (lua_State *L, Waiter *w, int outcome,
                       lua_Integer token) {
   State *st = w->r.lock->st;
   assert(w->r.state == S_QUEUED);
-  am_timer_remove(L, st, w);
+  if (w->timed) am_timer_remove(L, st, w);
   w->r.token = token;
   w->outcome = (unsigned)outcome;
   w->r.state = S_READY;
@@ -87,12 +87,12 @@ static int released (Releaser *r) {
 ** be resumed): it never gets the lock.  A queued request leaves the
 ** queue; a grant not yet delivered is given back (saturating: this runs
 ** from __close, and must not raise).  Either way the lock passes on.
-** In any other state, nothing to do.
+** In any other state, nothing to do.  Returns whether it did anything.
 */
-void am_waiter_abandon (lua_State *L, Waiter *w) {
+int am_waiter_abandon (lua_State *L, Waiter *w) {
   Lock *lk = w->r.lock;
   int state = w->r.state;
-  if (state != S_QUEUED && state != S_READY) return;
+  if (state != S_QUEUED && state != S_READY) return 0;
   if (state == S_QUEUED) {
     am_timer_remove(L, lk->st, w);
     am_dequeue(lk, w);
@@ -107,6 +107,7 @@ void am_waiter_abandon (lua_State *L, Waiter *w) {
     am_dispatch(L, lk);
   else if (w->outcome == O_GRANTED)
     am_give_back(L, lk, w->r.weight, w->r.token, 1);
+  return 1;
 }
 
 /*
@@ -248,8 +249,8 @@ static int finish_request (lua_State *L, int status, lua_KContext ctx) {
 
 static int waiter__close (lua_State *L) {
   Waiter *w = (Waiter *)lua_touserdata(L, 1);
-  am_waiter_abandon(L, w);
-  am_sync(L, w->r.lock->st);
+  if (am_waiter_abandon(L, w))          /* a DONE waiter: nothing to do */
+    am_sync(L, w->r.lock->st);
   return 0;
 }
 
@@ -340,7 +341,8 @@ int am_request (lua_State *L, Request *rq) {
     am_usage_error(L,
                    "attempt to wait for a lock while the Lua state is closing");
   }
-  am_enqueue(L, lk, w, rq->priority);      /* now QUEUED */
+  am_enqueue(L, lk, w, rq->priority);
+  queued(w);
   if (timed) am_timer_add(L, lk->st, w, now, rq->ms);
   am_sync(L, lk->st);                      /* arms the timer */
   return lua_yieldk(L, 0, (lua_KContext)w, finish_request);
