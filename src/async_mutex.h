@@ -172,7 +172,8 @@ struct Lock {
   int freed;                  /* its __gc ran (only lua_close does that
                                  to a lock in use): no more waiting */
   Keyed *keyed;               /* the keyed set serving this lock, or NULL */
-  int selfref;                /* keyed: registry ref while in the set */
+  int selfref;                /* keyed: 0 while in its set (and in the
+                                 state's 'keyedlocks'), else LUA_NOREF */
 };
 
 /*
@@ -205,6 +206,7 @@ struct State {
   int new_idle, new_timer, is_closing;
   int on_idle, on_timer, handler;
   int anchors;                       /* keeps the anchor threads alive */
+  int keyedlocks;                    /* weak: address -> keyed lock in a set */
   lua_State **athreads;              /* anchor threads (sched.c) */
   int nathreads;
   int nanchors, free_anchor;         /* their slots; first free one, or 0 */

@@ -45,6 +45,24 @@ static void checkkey (lua_State *L, int idx, int base, const char *fname) {
 
 
 /*
+** NOTE: the lock of a key in use is held by its set's map, and its C
+** pointer finds it again (am_settle) through the state's 'keyedlocks', a
+** table with weak values keyed by the lock's address.  Neither keeps it
+** alive: a set that nothing outside refers to is collected with its
+** locks, even with keys held (their releasers lost) or values raised.  A
+** key's waiters keep their lock, and so its set, alive: they are never
+** stranded by a collection (docs/semantics.md, Re-entry).
+*/
+static void enter_set (lua_State *L, Lock *lk, int idx) {
+  lua_rawgeti(L, LUA_REGISTRYINDEX, lk->st->keyedlocks);
+  lua_pushvalue(L, idx);
+  lua_rawsetp(L, -2, lk);
+  lua_pop(L, 1);
+  lk->selfref = 0;
+}
+
+
+/*
 ** Pushes the lock of the key at 'keyidx' (the keyed set is at index 1)
 ** and returns it; when the key has none, pushes nil and returns NULL, or
 ** with 'create' makes one, puts it in the set and returns it.
@@ -77,9 +95,8 @@ static Lock *getlock (lua_State *L, Keyed *kd, int keyidx, int create) {
     return (Lock *)lua_touserdata(L, -1);
   }
   lua_pop(L, 1);
-  lua_pushvalue(L, -1);
-  lk->selfref = luaL_ref(L, LUA_REGISTRYINDEX);   /* first: it may raise */
   lk->keyed = kd;
+  enter_set(L, lk, lua_gettop(L));                /* first: it may raise */
   kd->nkeys++;
   lua_pushvalue(L, keyidx);
   lua_pushvalue(L, -2);
@@ -111,8 +128,7 @@ Lock *am_keyed_current (lua_State *L, Lock *lk, int lockidx) {
     lua_getiuservalue(L, lockidx, 2);
     lua_pushvalue(L, lockidx);
     lua_rawset(L, -3);                            /* map[key] = lock */
-    lua_pushvalue(L, lockidx);
-    lk->selfref = luaL_ref(L, LUA_REGISTRYINDEX);
+    enter_set(L, lk, lockidx);
     lk->keyed->nkeys++;
   }
   lua_pop(L, 2);

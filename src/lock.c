@@ -308,14 +308,16 @@ void am_settle (lua_State *L, Lock *lk) {
       || lk->value != lk->keyed->value || lk->queue.count > 0
       || lk->nunlock > 0)
     return;
-  lua_rawgeti(L, LUA_REGISTRYINDEX, lk->selfref);    /* lock */
-  lua_getiuservalue(L, -1, 3);                       /* lock keyed */
-  lua_getiuservalue(L, -1, 1);                       /* lock keyed map */
+  lua_rawgeti(L, LUA_REGISTRYINDEX, lk->st->keyedlocks);  /* (keyed.c) */
+  lua_rawgetp(L, -1, lk);                            /* kl lock */
+  lua_getiuservalue(L, -1, 3);                       /* kl lock keyed */
+  lua_getiuservalue(L, -1, 1);                       /* kl lock keyed map */
   lua_getiuservalue(L, -3, 2);                       /* ... map key */
   lua_pushnil(L);
   lua_rawset(L, -3);                                 /* map[key] = nil */
-  lua_pop(L, 3);
-  luaL_unref(L, LUA_REGISTRYINDEX, lk->selfref);
+  lua_pushnil(L);
+  lua_rawsetp(L, -5, lk);                            /* kl[lk] = nil */
+  lua_pop(L, 4);
   lk->selfref = LUA_NOREF;
   lk->keyed->nkeys--;
 }

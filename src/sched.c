@@ -578,12 +578,18 @@ State *am_state_open (lua_State *L) {
   st->timer_start = st->timer_stop = st->now = LUA_NOREF;
   st->new_idle = st->new_timer = st->is_closing = LUA_NOREF;
   st->on_idle = st->on_timer = st->handler = LUA_NOREF;
-  st->anchors = LUA_NOREF;
+  st->anchors = st->keyedlocks = LUA_NOREF;
   st->athreads = NULL;
   st->nathreads = st->nanchors = st->free_anchor = 0;
   sti = lua_gettop(L);
   lua_newtable(L);
   st->anchors = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_newtable(L);                            /* keyed.c: am_keyed_enter */
+  lua_createtable(L, 0, 1);
+  lua_pushliteral(L, "v");
+  lua_setfield(L, -2, "__mode");
+  lua_setmetatable(L, -2);
+  st->keyedlocks = luaL_ref(L, LUA_REGISTRYINDEX);
   require_luv(L);
   luv = lua_gettop(L);
   /* the __gc now, after luv's (see state__gc) */
