@@ -172,7 +172,7 @@ int am_keyed_request (lua_State *L, int kind, int first, int base,
   rq.lockidx = lua_gettop(L);
   if (kind == W_ACQUIRE && mode != AM_TRY && kd->max_pending > 0
       && (lua_Integer)lk->queue.count >= kd->max_pending
-      && !am_can_lock_now(lk, rq.weight, rq.priority)) {
+      && !am_can_lock_now(lk, rq.weight, &rq.priority)) {
     lua_getiuservalue(L, 1, 3);
     return lua_error(L);
   }

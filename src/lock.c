@@ -21,8 +21,9 @@
 ** Immediate-grant rule: no queued acquirer has a priority >= ours, and
 ** the value covers the weight.  Also "could lock now" for waitForUnlock.
 */
-int am_can_lock_now (Lock *lk, lua_Integer weight, lua_Number priority) {
-  return (lk->queue.n == 0 || am_queue_firstkey(&lk->queue) < priority)
+int am_can_lock_now (Lock *lk, lua_Integer weight, const Key *priority) {
+  return (lk->queue.n == 0
+          || am_key_above(priority, am_queue_firstkey(&lk->queue)))
          && weight <= lk->value;
 }
 
@@ -94,7 +95,8 @@ static void drain_unlock (lua_State *L, Lock *lk) {
     if (lk->unlock[i].weight > lk->value) continue;
     while ((w = am_queue_first(q)) != NULL
            && (lk->queue.n == 0
-               || am_queue_firstkey(q) > am_queue_firstkey(&lk->queue))) {
+               || am_key_above(am_queue_firstkey(q),
+                               am_queue_firstkey(&lk->queue)))) {
       am_queue_remove(q, w);
       lk->nunlock--;
       am_ready(L, lk->st, w, O_GRANTED);
@@ -113,7 +115,7 @@ static void drain_unlock (lua_State *L, Lock *lk) {
 ** anchor (a dead coroutine must not stay anchored) and letting a keyed
 ** lock made for it leave its set.
 */
-void am_enqueue (lua_State *L, Lock *lk, Waiter *w, lua_Number priority) {
+void am_enqueue (lua_State *L, Lock *lk, Waiter *w, const Key *priority) {
   Queue *q = (w->kind == W_ACQUIRE) ? &lk->queue
                                     : weight_queue(lk, w->weight);
   if (q == NULL || !am_queue_push(q, w, priority)) {

@@ -42,20 +42,30 @@ lua_Integer am_optweight (lua_State *L, int idx, int base,
 }
 
 
-/* A priority: any number but NaN, default 0. */
-static lua_Number optpriority (lua_State *L, int idx, int base,
-                               const char *fname) {
+/*
+** A priority: any number but NaN, default 0; compared exactly as Lua
+** compares numbers (async_mutex.h: Key).
+*/
+static Key optpriority (lua_State *L, int idx, int base,
+                        const char *fname) {
   lua_Number p;
-  if (lua_isnoneornil(L, idx)) return 0;
+  Key k;
+  if (lua_isnoneornil(L, idx)) return am_key_number(0);
   if (lua_type(L, idx) != LUA_TNUMBER) {
     lua_pushfstring(L, "priority must be a number, got %s",
                     luaL_typename(L, idx));
     am_argerror(L, idx, base, fname, lua_tostring(L, -1));
   }
+  if (lua_isinteger(L, idx)) {
+    k.i = lua_tointeger(L, idx);
+    k.n = (lua_Number)k.i;
+    k.flt = 0;
+    return k;
+  }
   p = lua_tonumber(L, idx);
   if (p != p)
     am_argerror(L, idx, base, fname, "priority must not be NaN");
-  return p;
+  return am_key_number(p);
 }
 
 /* }====================================================== */
@@ -230,7 +240,7 @@ int am_request (lua_State *L, const Request *rq) {
   Waiter *w;
   int timed, hands_out;
   lua_Number now = 0;
-  if (am_can_lock_now(lk, rq->weight, rq->priority)) {    /* fast path */
+  if (am_can_lock_now(lk, rq->weight, &rq->priority)) {    /* fast path */
     if (rq->kind == W_UNLOCK) return 0;
     return push_grant(L, rq->lockidx, lk, rq->weight, am_take(lk, rq->weight));
   }
@@ -276,7 +286,7 @@ int am_request (lua_State *L, const Request *rq) {
     lua_pushvalue(L, rq->lockidx);
     lua_setiuservalue(L, -2, 1);
   }
-  if (am_can_lock_now(lk, rq->weight, rq->priority)) {  /* freed meanwhile */
+  if (am_can_lock_now(lk, rq->weight, &rq->priority)) {  /* freed meanwhile */
     am_unanchor(L, w);            /* never queued: its __close is a no-op */
     if (rq->kind == W_UNLOCK) {
       am_settle(L, lk);
@@ -288,7 +298,7 @@ int am_request (lua_State *L, const Request *rq) {
     am_unanchor(L, w);
     luaL_error(L, "attempt to wait for a lock while the Lua state is closing");
   }
-  am_enqueue(L, lk, w, rq->priority);      /* now QUEUED */
+  am_enqueue(L, lk, w, &rq->priority);      /* now QUEUED */
   if (timed) am_timer_add(L, lk->st, w, now, rq->ms);
   am_sync(L, lk->st);                      /* arms the timer */
   return lua_yieldk(L, 0, (lua_KContext)w, finish_request);

@@ -465,10 +465,12 @@ lua_Number am_timer_now (lua_State *L, State *st) {
 */
 void am_timer_add (lua_State *L, State *st, Waiter *w, lua_Number now,
                    lua_Number ms) {
+  Key key;
   w->u.deadline = now + ms;
   /* keyed by the duration the deadline holds after rounding, so that two
      durations within an ulp of 'now' share one list (arrival order) */
-  if (!am_queue_push(&st->timers, w, w->u.deadline - now))
+  key = am_key_number(w->u.deadline - now);
+  if (!am_queue_push(&st->timers, w, &key))
     luaL_error(L, "not enough memory");
   st->check_timer = 1;
 }
