@@ -137,3 +137,22 @@ describe("priorities", function()
     h.tick()
   end))
 end)
+
+describe("counts at math.maxinteger", function()
+  it("grants beyond maxinteger in all (setValue between them) overflow nothing", function()
+    -- a child process: under `make asan` an overflow aborts it
+    assert.equal("true\ttrue\t0\n9223372036854775807\nfalse\tsemaphore value overflow\n", run([[
+      coroutine.wrap(function()
+        local ma = math.maxinteger
+        local s = am.Semaphore.new(ma)
+        local v1, r1 = s:acquire(ma)
+        s:setValue(ma)
+        local v2, r2 = s:acquire(ma)
+        print(v1 == ma, v2 == ma, s:getValue())
+        r1()
+        print(s:getValue())
+        print(pcall(r2))
+      end)()
+    ]]))
+  end)
+end)

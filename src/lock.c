@@ -151,8 +151,11 @@ void am_dequeue (lua_State *L, Lock *lk, Waiter *w) {
 */
 lua_Integer am_take (Lock *lk, lua_Integer weight) {
   lua_Integer value = lk->value;
-  lk->value -= weight;
-  lk->held += weight;
+  lk->value -= weight;                  /* 0 < weight <= value: no overflow */
+  /* 'held' saturates: with setValue the grants out may sum beyond
+     maxinteger (it only has to stay above 0 while any is out) */
+  lk->held = weight > LUA_MAXINTEGER - lk->held ? LUA_MAXINTEGER
+                                                : lk->held + weight;
   return lk->is_mutex ? ++lk->gen : value;
 }
 
