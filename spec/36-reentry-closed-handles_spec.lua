@@ -156,3 +156,17 @@ describe("counts at math.maxinteger", function()
     ]]))
   end)
 end)
+
+describe("a keyed release that fails", function()
+  it("leaves no key in the set", function()
+    local am = require "async_mutex"
+    local ks = am.KeyedSemaphore.new(math.maxinteger)
+    for i = 1, 5 do
+      local ok, err = pcall(ks.release, ks, "k" .. i)
+      assert.is_false(ok)
+      assert.equal("semaphore value overflow", h.strip_pos(err))
+    end
+    assert.equal(0, ks:count())
+    assert.same({}, ks:keys())
+  end)
+end)

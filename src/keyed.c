@@ -315,6 +315,12 @@ static int ksem_release (lua_State *L) {
   lua_Integer weight;
   checkkey(L, 2, 1, "release");
   weight = am_optweight(L, 3, 1, "release");
+  /* a release that overflows must fail before it makes a lock for the
+     key, or the lock would stay in the set (am_release checks the rest) */
+  if (getlock(L, kd, 2, 0) == NULL && kd->value > 0
+      && weight > LUA_MAXINTEGER - kd->value)
+    luaL_error(L, "semaphore value overflow");
+  lua_pop(L, 1);
   am_release(L, getlock(L, kd, 2, 1), weight);
   am_sync(L, kd->st);
   return 0;
