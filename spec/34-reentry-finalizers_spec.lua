@@ -169,3 +169,53 @@ describe("a finalizer run by lua_close", function()
       res.stdout)
   end)
 end)
+
+describe("keyed locks and the collector", function()
+  local am = require "async_mutex"
+
+  it("collects a set that nothing refers to, with a key held or a value raised", function()
+    local function round()
+      for _ = 1, h.load(20000) do
+        local km = am.KeyedMutex.new()
+        coroutine.wrap(function() km:acquire("k") end)()    -- releaser dropped
+        am.KeyedSemaphore.new(1):release("x", 3)
+      end
+      h.gc()
+      return collectgarbage("count")
+    end
+    local first = round()
+    round()
+    local last = round()
+    -- (the sets kept alive grew it by about 9 MB a round)
+    assert.is_true(last - first < 1024, ("heap grew by %.0f KB"):format(last - first))
+    local weak = setmetatable({}, { __mode = "v" })
+    do
+      local km, ks = am.KeyedMutex.new(), am.KeyedSemaphore.new(1)
+      coroutine.wrap(function() km:acquire("k") end)()
+      ks:release("x", 3)
+      weak[1], weak[2] = km, ks
+    end
+    h.gc()
+    assert.is_nil(weak[1])
+    assert.is_nil(weak[2])
+  end)
+
+  it("keeps a set alive while a key has waiters: they are granted, never stranded", h.async(function()
+    local weak = setmetatable({}, { __mode = "v" })
+    local release, got
+    local pending = am.pending()
+    do
+      local km = am.KeyedMutex.new()
+      weak[1] = km
+      release = km:acquire("k")
+      coroutine.wrap(function() km:acquire("k")(); got = true end)()
+    end
+    h.gc()
+    assert.is_not_nil(weak[1])
+    release()
+    h.tick()
+    assert.is_true(got)
+    assert.equal(0, weak[1]:count())
+    assert.equal(pending, am.pending())
+  end))
+end)

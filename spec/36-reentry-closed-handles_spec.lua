@@ -96,3 +96,77 @@ describe("uv.run() called inside a coroutine the module resumed", function()
     ]]))
   end)
 end)
+
+describe("priorities", function()
+  local am = require "async_mutex"
+  -- Which of two acquirers queued with priorities p1 then p2 is served first.
+  local function first_of(p1, p2)
+    local m = am.Mutex.new()
+    local out = {}
+    local release = m:acquire()
+    coroutine.wrap(function() m:acquire(p1)(); out[#out + 1] = "first" end)()
+    coroutine.wrap(function() m:acquire(p2)(); out[#out + 1] = "second" end)()
+    release()
+    h.tick()
+    assert.equal(2, #out)
+    return out[1]
+  end
+
+  it("compare exactly as Lua compares numbers, beyond 2^53 too", h.async(function()
+    local mi, ma = math.mininteger, math.maxinteger
+    assert.equal("second", first_of(ma - 1, ma))
+    assert.equal("first", first_of(ma, ma - 1))
+    assert.equal("second", first_of(1 << 53, (1 << 53) + 1))
+    assert.equal("second", first_of(mi, mi + 1))
+    assert.equal("first", first_of(2.0 ^ 63, ma))          -- the float is greater
+    assert.equal("second", first_of(ma, 2.0 ^ 63))
+    assert.equal("first", first_of(1, 1.0))                 -- equal: arrival order
+    assert.equal("first", first_of(-(2.0 ^ 63), mi))
+    assert.equal("first", first_of(1.5, 1))
+    assert.equal("second", first_of(-math.huge, mi))
+  end))
+
+  it("decide immediate grants exactly too", h.async(function()
+    local s = am.Semaphore.new(1)
+    local ma = math.maxinteger
+    coroutine.wrap(function() pcall(s.acquire, s, 2, ma - 1) end)()  -- queued: value 1
+    assert.is_true(h.try_now(function() return s:acquire(1, ma) end))   -- above the head
+    s:release()
+    assert.is_false(h.try_now(function() return s:acquire(1, ma - 1) end))  -- level with it
+    s:cancel()
+    h.tick()
+  end))
+end)
+
+describe("counts at math.maxinteger", function()
+  it("grants beyond maxinteger in all (setValue between them) overflow nothing", function()
+    -- a child process: under `make asan` an overflow aborts it
+    assert.equal("true\ttrue\t0\n9223372036854775807\nfalse\tsemaphore value overflow\n", run([[
+      coroutine.wrap(function()
+        local ma = math.maxinteger
+        local s = am.Semaphore.new(ma)
+        local v1, r1 = s:acquire(ma)
+        s:setValue(ma)
+        local v2, r2 = s:acquire(ma)
+        print(v1 == ma, v2 == ma, s:getValue())
+        r1()
+        print(s:getValue())
+        print(pcall(r2))
+      end)()
+    ]]))
+  end)
+end)
+
+describe("a keyed release that fails", function()
+  it("leaves no key in the set", function()
+    local am = require "async_mutex"
+    local ks = am.KeyedSemaphore.new(math.maxinteger)
+    for i = 1, 5 do
+      local ok, err = pcall(ks.release, ks, "k" .. i)
+      assert.is_false(ok)
+      assert.equal("semaphore value overflow", h.strip_pos(err))
+    end
+    assert.equal(0, ks:count())
+    assert.same({}, ks:keys())
+  end)
+end)

@@ -463,10 +463,12 @@ lua_Number am_timer_now (lua_State *L, State *st) {
 */
 void am_timer_add (lua_State *L, State *st, Waiter *w, lua_Number now,
                    lua_Number ms) {
+  Key key;
   w->deadline = now + ms;
   /* keyed by the duration the deadline holds after rounding, so that two
      durations within an ulp of 'now' share one list (arrival order) */
-  if (!am_queue_push(&st->timers, w, w->deadline - now))
+  key = am_key_number(w->deadline - now);
+  if (!am_queue_push(&st->timers, w, &key))
     luaL_error(L, "not enough memory");
   st->check_timer = 1;
 }
@@ -577,12 +579,18 @@ State *am_state_open (lua_State *L) {
   st->new_idle = st->new_timer = st->is_closing = LUA_NOREF;
   st->on_idle = st->on_timer = st->handler = LUA_NOREF;
   st->layer_source = st->layer_wrappers = LUA_NOREF;
-  st->anchors = LUA_NOREF;
+  st->anchors = st->keyedlocks = LUA_NOREF;
   st->athreads = NULL;
   st->nathreads = st->nanchors = st->free_anchor = 0;
   sti = lua_gettop(L);
   lua_newtable(L);
   st->anchors = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_newtable(L);                            /* keyed.c: am_keyed_enter */
+  lua_createtable(L, 0, 1);
+  lua_pushliteral(L, "v");
+  lua_setfield(L, -2, "__mode");
+  lua_setmetatable(L, -2);
+  st->keyedlocks = luaL_ref(L, LUA_REGISTRYINDEX);
   require_luv(L);
   luv = lua_gettop(L);
   /* the __gc now, after luv's (see state__gc) */

@@ -296,7 +296,7 @@ int am_request (lua_State *L, Request *rq) {
   Waiter *w;
   int timed, hands_out;
   lua_Number now = 0;
-  if (am_can_lock_now(lk, rq->weight, rq->priority)) {    /* fast path */
+  if (am_can_lock_now(lk, rq->weight, &rq->priority)) {    /* fast path */
     if (rq->kind == W_UNLOCK) return 0;
     return push_grant(L, rq->lockidx, lk, rq->weight,
                       am_take(lk, rq->weight));
@@ -327,7 +327,7 @@ int am_request (lua_State *L, Request *rq) {
     lua_pushvalue(L, rq->lockidx);
     lua_setiuservalue(L, -2, 1);
   }
-  if (am_can_lock_now(lk, rq->weight, rq->priority)) {  /* freed meanwhile */
+  if (am_can_lock_now(lk, rq->weight, &rq->priority)) {  /* freed meanwhile */
     am_unanchor(L, w);            /* never queued: its __close is a no-op */
     if (rq->kind == W_UNLOCK) {
       am_settle(L, lk);
@@ -341,7 +341,7 @@ int am_request (lua_State *L, Request *rq) {
     am_usage_error(L,
                    "attempt to wait for a lock while the Lua state is closing");
   }
-  am_enqueue(L, lk, w, rq->priority);
+  am_enqueue(L, lk, w, &rq->priority);
   queued(w);
   if (timed) am_timer_add(L, lk->st, w, now, rq->ms);
   am_sync(L, lk->st);                      /* arms the timer */
