@@ -378,6 +378,7 @@ void am_keyed_settle (lua_State *L, Lock *lk);
 extern const AmType am_decorated_type[AM_NTYPES];
 extern const luaL_Reg am_decorated_methods[];
 int am_undecorate (lua_State *L, AmType t);
+int am_run_request (lua_State *L, AmType t);
 int am_core_acquire (lua_State *L);
 int am_core_limit (lua_State *L);
 int am_withTimeout (lua_State *L);

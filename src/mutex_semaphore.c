@@ -137,6 +137,20 @@ static int sem_new (lua_State *L) {
 }
 
 
+/*
+** Class.enter(self, fn, ...): the request of runExclusive (decorated.c),
+** for the Lua layer.
+*/
+static int mutex_enter (lua_State *L) {
+  return am_run_request(L, AM_T_MUTEX);
+}
+
+
+static int sem_enter (lua_State *L) {
+  return am_run_request(L, AM_T_SEMAPHORE);
+}
+
+
 /* {====================================================== Mutex */
 
 static int mutex_acquire (lua_State *L) {
@@ -288,10 +302,12 @@ const luaL_Reg am_lock_metamethods[] = {
 
 const luaL_Reg am_mutex_class[] = {
   {"new", mutex_new},
+  {"enter", mutex_enter},
   {NULL, NULL}
 };
 
 const luaL_Reg am_semaphore_class[] = {
   {"new", sem_new},
+  {"enter", sem_enter},
   {NULL, NULL}
 };
