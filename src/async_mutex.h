@@ -300,6 +300,7 @@ extern const luaL_Reg am_lock_metamethods[];
 extern const luaL_Reg am_mutex_class[];
 extern const luaL_Reg am_semaphore_class[];
 void *am_checkself (lua_State *L, int uv, const char *tname);
+lua_Integer am_checkcount (lua_State *L, int idx);
 Lock *am_tolock (lua_State *L, int idx);
 
 #endif

@@ -89,6 +89,53 @@ static int decorated_waitForUnlock (lua_State *L) {
 }
 
 
+/*
+** The other methods of decorated locks (isLocked, release, setValue, ...):
+** the lock's own C function, upvalue UV_TARGET, called in this frame with
+** the lock in place of 'self', so that its argument errors name the
+** method and point at the user's line, as on the plain lock.
+*/
+#define UV_TARGET  (UV_COUNT + 3)
+#define UV_METHOD  (UV_COUNT + 4)
+
+static int decorated_forward (lua_State *L) {
+  lua_CFunction target = lua_tocfunction(L, lua_upvalueindex(UV_TARGET));
+  int ok = lua_getmetatable(L, 1)
+           && lua_rawequal(L, -1, lua_upvalueindex(UV_DECORATED));
+  if (!ok) {
+    const char *got = luaL_getmetafield(L, 1, "__name") == LUA_TSTRING
+                      ? lua_tostring(L, -1) : luaL_typename(L, 1);
+    return luaL_error(L, "bad argument #1 to '%s' (decorated %s expected, "
+                      "got %s)", lua_tostring(L, lua_upvalueindex(UV_METHOD)),
+                      lua_tostring(L, lua_upvalueindex(UV_KINDNAME)), got);
+  }
+  lua_pop(L, 1);
+  lua_rawgeti(L, 1, 1);
+  lua_replace(L, 1);                          /* self -> its lock */
+  return target(L);
+}
+
+
+/*
+** core.forward(mt, kind, f, name): the C method 'f' of 'kind', called
+** 'name', for decorated locks.
+*/
+static int core_forward (lua_State *L) {
+  int uv;
+  luaL_checktype(L, 1, LUA_TTABLE);
+  luaL_checkstring(L, 2);
+  luaL_argexpected(L, lua_tocfunction(L, 3) != NULL, 3, "C function");
+  luaL_checkstring(L, 4);
+  for (uv = 1; uv <= UV_COUNT; uv++) am_pushupvalue(L, uv);
+  lua_pushvalue(L, 1);
+  lua_pushvalue(L, 2);
+  lua_pushvalue(L, 3);
+  lua_pushvalue(L, 4);
+  lua_pushcclosure(L, decorated_forward, UV_COUNT + 4);
+  return 1;
+}
+
+
 /* core.decorate(mt, kind): the acquire and waitForUnlock for 'mt'. */
 static int core_decorate (lua_State *L) {
   int i;
@@ -150,6 +197,7 @@ static const luaL_Reg core_funcs[] = {
   {"acquire", core_acquire},
   {"kind", core_kind},
   {"decorate", core_decorate},
+  {"forward", core_forward},
   {"setErrorHandler", core_setErrorHandler},
   {"pending", core_pending},
   {NULL, NULL}

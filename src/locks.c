@@ -82,8 +82,16 @@ static int mutex_new (lua_State *L) {
 }
 
 
+/* A count (a value): an integer, numbers only (numeric strings refused,
+   like a weight's). */
+lua_Integer am_checkcount (lua_State *L, int idx) {
+  luaL_checktype(L, idx, LUA_TNUMBER);
+  return luaL_checkinteger(L, idx);
+}
+
+
 static int sem_new (lua_State *L) {
-  lua_Integer value = luaL_checkinteger(L, 1);
+  lua_Integer value = am_checkcount(L, 1);
   lua_settop(L, 2);                         /* value, cancel_error */
   newlock(L, 0, value, 2);
   return 1;
@@ -156,7 +164,7 @@ static int sem_getValue (lua_State *L) {
 
 static int sem_setValue (lua_State *L) {
   Lock *lk = checksem(L);
-  lk->value = luaL_checkinteger(L, 2);
+  lk->value = am_checkcount(L, 2);
   am_dispatch(L, lk);
   am_sync(L, lk->st);
   return 0;

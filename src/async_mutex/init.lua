@@ -8,7 +8,7 @@ local uv = require "luv"
 
 local error, getmetatable, ipairs, pcall, rawget, setmetatable, type =
   error, getmetatable, ipairs, pcall, rawget, setmetatable, type
-local huge, max, sort = math.huge, math.max, table.sort
+local huge, max, sort, tointeger = math.huge, math.max, table.sort, math.tointeger
 local now = uv.now
 
 local kind_of = core.kind
@@ -66,6 +66,41 @@ local function check_self(self, kind, fname)
   end
 end
 
+-- The core's rules for a request's own arguments (src/request.c), checked
+-- by the wrappers before they call the core, so that an error names the
+-- wrapper and the argument as the user wrote them, at the user's line.
+-- Numbers only: a numeric string is refused, as everywhere.
+-- ('level': of the user's call, counted from the checker; default 3.)
+local function check_weight(w, n, fname, level)
+  if w ~= nil and not (type(w) == "number" and tointeger(w) and w > 0) then
+    argerror(level or 3, n, fname, "weight must be a positive integer")
+  end
+end
+
+local function check_priority(p, n, fname, level)
+  if p == nil then return end
+  if type(p) ~= "number" then
+    argerror(level or 3, n, fname, "priority must be a number, got " .. type(p))
+  end
+  if p ~= p then argerror(level or 3, n, fname, "priority must not be NaN") end
+end
+
+local function check_key(key, n, fname)
+  if key == nil then argerror(3, n, fname, "key must not be nil") end
+  if key ~= key then argerror(3, n, fname, "key must not be NaN") end
+end
+
+-- A request's weight (semaphores) and priority, arguments n and n + 1
+-- (a mutex: its priority, argument n).
+local function check_request(kind, n, fname, a, b)
+  if kind:find("Semaphore") then
+    check_weight(a, n, fname, 4)
+    check_priority(b, n + 1, fname, 4)
+  else
+    check_priority(a, n, fname, 4)
+  end
+end
+
 
 -- {========================================================== runExclusive
 -- The releaser is to-be-closed: it releases when runExclusive returns, and
@@ -93,6 +128,7 @@ local run = {}
 function run.Mutex(self, fn, priority)
   check_self(self, "Mutex", "runExclusive")
   check_fn(fn, 1)
+  check_priority(priority, 2, "runExclusive")
   local release <close> = self:acquire(priority)
   return finish(release, pcall(fn))
 end
@@ -100,20 +136,27 @@ end
 function run.Semaphore(self, fn, weight, priority)
   check_self(self, "Semaphore", "runExclusive")
   check_fn(fn, 1)
+  check_weight(weight, 2, "runExclusive")
+  check_priority(priority, 3, "runExclusive")
   local value, release <close> = self:acquire(weight, priority)
   return finish(release, pcall(fn, value))
 end
 
 function run.KeyedMutex(self, key, fn, priority)
   check_self(self, "KeyedMutex", "runExclusive")
+  check_key(key, 1, "runExclusive")
   check_fn(fn, 2)
+  check_priority(priority, 3, "runExclusive")
   local release <close> = self:acquire(key, priority)
   return finish(release, pcall(fn))
 end
 
 function run.KeyedSemaphore(self, key, fn, weight, priority)
   check_self(self, "KeyedSemaphore", "runExclusive")
+  check_key(key, 1, "runExclusive")
   check_fn(fn, 2)
+  check_weight(weight, 3, "runExclusive")
+  check_priority(priority, 4, "runExclusive")
   local value, release <close> = self:acquire(key, weight, priority)
   return finish(release, pcall(fn, value))
 end
@@ -178,9 +221,8 @@ local guard = { __close = function(self) if not self.done then release_all(self)
 -- The releaser is the last value a keyed acquire returns.
 local function releaser(a, b) return b or a end
 
-local function acquire_all(self, kind, fname, keys, ...)
-  check_self(self, kind, fname)
-  local sorted = canonical(keys, fname)
+-- Takes the keys 'sorted' (canonical), the arguments already checked.
+local function take_all(self, kind, sorted, ...)
   local lock, limit, err = self, nil, nil
   if getmetatable(self) == decorated[kind] then lock, limit, err = self[1], self[2], self[3] end
   local deadline = type(limit) == "number" and limit ~= huge and now() + limit
@@ -199,22 +241,31 @@ local function acquire_all(self, kind, fname, keys, ...)
   return all
 end
 
+local function acquire_all(self, kind, keys, ...)
+  check_self(self, kind, "acquireAll")
+  local sorted = canonical(keys, "acquireAll")
+  check_request(kind, 2, "acquireAll", ...)
+  return take_all(self, kind, sorted, ...)
+end
+
 local all = {}
 
 function all.KeyedMutex(self, keys, priority)
-  return acquire_all(self, "KeyedMutex", "acquireAll", keys, priority)
+  return acquire_all(self, "KeyedMutex", keys, priority)
 end
 
 function all.KeyedSemaphore(self, keys, weight, priority)
-  return acquire_all(self, "KeyedSemaphore", "acquireAll", keys, weight, priority)
+  return acquire_all(self, "KeyedSemaphore", keys, weight, priority)
 end
 
 local function run_all(self, kind, keys, fn, ...)
   check_self(self, kind, "runExclusiveAll")
+  local sorted = canonical(keys, "runExclusiveAll")
   if not is_callable(fn) then
     argerror(2, 2, "runExclusiveAll", "function expected, got " .. typename(fn))
   end
-  local release <close> = acquire_all(self, kind, "runExclusiveAll", keys, ...)
+  check_request(kind, 3, "runExclusiveAll", ...)
+  local release <close> = take_all(self, kind, sorted, ...)
   return finish(release, pcall(fn))
 end
 
@@ -241,13 +292,6 @@ local FORWARDED = {
                      "waiting", "keys" },
 }
 
-local function unwrap(self, kind, fname)
-  if getmetatable(self) ~= decorated[kind] then
-    argerror(3, 1, fname, ("decorated %s expected, got %s"):format(kind, typename(self)))
-  end
-  return self[1], self[2], self[3]
-end
-
 for _, kind in ipairs(KINDS) do
   -- the plain type: interpose the Lua-written methods
   local methods = core[kind].methods
@@ -268,11 +312,10 @@ for _, kind in ipairs(KINDS) do
 
   dmethods.acquire, dmethods.waitForUnlock = core.decorate(decorated[kind], kind)
 
+  -- C functions calling the lock's own in their frame: its errors name
+  -- the method and the user's line (a Lua wrapper would be named '?')
   for _, method in ipairs(FORWARDED[kind]) do
-    dmethods[method] = function(self, ...)
-      local lock = unwrap(self, kind, method)
-      return lock[method](lock, ...)
-    end
+    dmethods[method] = core.forward(decorated[kind], kind, methods[method], method)
   end
 end
 
