@@ -130,10 +130,24 @@ static int mutex_new (lua_State *L) {
 
 
 static int sem_new (lua_State *L) {
-  lua_Integer value = luaL_checkinteger(L, 1);
+  lua_Integer value = am_checkcount(L, 1);
   lua_settop(L, 2);                         /* value, cancel_error */
   newlock(L, &am_semaphore_kind, value, 2);
   return 1;
+}
+
+
+/*
+** Class.enter(self, fn, ...): the request of runExclusive (decorated.c),
+** for the Lua layer.
+*/
+static int mutex_enter (lua_State *L) {
+  return am_run_request(L, AM_T_MUTEX);
+}
+
+
+static int sem_enter (lua_State *L) {
+  return am_run_request(L, AM_T_SEMAPHORE);
 }
 
 
@@ -209,7 +223,7 @@ static int sem_getValue (lua_State *L) {
 
 static int sem_setValue (lua_State *L) {
   Lock *lk = checksem(L);
-  lk->value = luaL_checkinteger(L, 2);
+  lk->value = am_checkcount(L, 2);
   am_dispatch(L, lk);
   am_sync(L, lk->st);
   return 0;
@@ -288,10 +302,12 @@ const luaL_Reg am_lock_metamethods[] = {
 
 const luaL_Reg am_mutex_class[] = {
   {"new", mutex_new},
+  {"enter", mutex_enter},
   {NULL, NULL}
 };
 
 const luaL_Reg am_semaphore_class[] = {
   {"new", sem_new},
+  {"enter", sem_enter},
   {NULL, NULL}
 };

@@ -25,8 +25,9 @@
 ** the lock's kind can grant the weight.  Also "could lock now" for
 ** waitForUnlock.
 */
-int am_can_lock_now (Lock *lk, lua_Integer weight, lua_Number priority) {
-  return (lk->queue.n == 0 || am_queue_firstkey(&lk->queue) < priority)
+int am_can_lock_now (Lock *lk, lua_Integer weight, const Key *priority) {
+  return (lk->queue.n == 0
+          || am_key_above(priority, am_queue_firstkey(&lk->queue)))
          && lk->kind->fits(lk, weight);
 }
 
@@ -99,7 +100,8 @@ static void drain_unlock (lua_State *L, Lock *lk) {
     if (!lk->kind->fits(lk, lk->unlock[i].weight)) continue;
     while ((w = am_queue_first(q)) != NULL
            && (lk->queue.n == 0
-               || am_queue_firstkey(q) > am_queue_firstkey(&lk->queue))) {
+               || am_key_above(am_queue_firstkey(q),
+                               am_queue_firstkey(&lk->queue)))) {
       am_queue_remove(q, w);
       lk->nunlock--;
       am_waiter_ready(L, w, O_GRANTED, 0);
@@ -119,7 +121,7 @@ static void drain_unlock (lua_State *L, Lock *lk) {
 ** anchor (a dead coroutine must not stay anchored) and letting a keyed
 ** lock made for it leave its set.
 */
-void am_enqueue (lua_State *L, Lock *lk, Waiter *w, lua_Number priority) {
+void am_enqueue (lua_State *L, Lock *lk, Waiter *w, const Key *priority) {
   Queue *q = (w->kind == W_ACQUIRE) ? &lk->queue
                                     : weight_queue(lk, w->r.weight);
   if (q == NULL || !am_queue_push(q, w, priority)) {
@@ -151,7 +153,10 @@ void am_dequeue (Lock *lk, Waiter *w) {
 ** counts grants out, for keyed locks to know when a key is idle.
 */
 lua_Integer am_take (Lock *lk, lua_Integer weight) {
-  lk->held += weight;
+  /* 'held' saturates: with setValue the grants out may sum beyond
+     maxinteger (it only has to stay above 0 while any is out) */
+  lk->held = weight > LUA_MAXINTEGER - lk->held ? LUA_MAXINTEGER
+                                                : lk->held + weight;
   return lk->kind->take(lk, weight);
 }
 

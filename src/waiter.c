@@ -288,33 +288,35 @@ static Waiter *new_waiter (lua_State *L, const Request *rq, int timed,
 
 
 /*
-** acquire / waitForUnlock of 'rq->lock' (at 'rq->lockidx'), once the
-** arguments are checked: grant now, refuse now (tryAcquire), or suspend
-** the calling coroutine until the scheduler resumes it with an outcome.
+** Grants 'rq' on 'lk' now: pushes what acquire returns (waitForUnlock:
+** nothing; a keyed lock may be idle again).
 */
-int am_request (lua_State *L, Request *rq) {
+static int grant_now (lua_State *L, const Request *rq, Lock *lk) {
+  if (rq->kind == W_UNLOCK) {
+    am_settle(L, lk);
+    return 0;
+  }
+  return push_grant(L, rq->lockidx, lk, rq->weight,
+                    am_take(lk, rq->weight));
+}
+
+
+/*
+** Suspends the calling coroutine in a new waiter for 'rq', queued, until
+** the scheduler resumes it with an outcome (finish_request).
+*/
+static int suspend (lua_State *L, Request *rq) {
   Lock *lk = rq->lock;
-  Waiter *w;
-  int timed, hands_out;
+  int timed = (rq->wait == AM_TIMEOUT);
+  int hands_out = HAND_OUT_WAITERS && !timed && rq->kind == W_ACQUIRE;
   lua_Number now = 0;
-  if (am_can_lock_now(lk, rq->weight, rq->priority)) {    /* fast path */
-    if (rq->kind == W_UNLOCK) return 0;
-    return push_grant(L, rq->lockidx, lk, rq->weight,
-                      am_take(lk, rq->weight));
-  }
-  if (rq->wait == AM_TRY) {
-    am_settle(L, lk);             /* a keyed lock made for this try */
-    lua_pushvalue(L, rq->erridx);
-    return lua_error(L);
-  }
+  Waiter *w;
   /* keep what the continuation reads; the waiter goes just above */
   lua_settop(L, rq->lockidx > rq->erridx ? rq->lockidx : rq->erridx);
-  timed = (rq->wait == AM_TIMEOUT);
-  hands_out = HAND_OUT_WAITERS && !timed && rq->kind == W_ACQUIRE;
   /* RE-ENTRY (docs/semantics.md, "Re-entry"): allocate first, decide
      after.  Both allocations below may run a collector step, and so a
      user's finalizer, which may release this very lock: the decision
-     above is stale until it is taken again below. */
+     taken before is stale until it is taken again below. */
   w = new_waiter(L, rq, timed, hands_out);
   /* anchored before it is queued: if a later step raises and nothing
      catches it, the dead coroutine and its waiter stay alive while queued */
@@ -328,25 +330,37 @@ int am_request (lua_State *L, Request *rq) {
     lua_pushvalue(L, rq->lockidx);
     lua_setiuservalue(L, -2, 1);
   }
-  if (am_can_lock_now(lk, rq->weight, rq->priority)) {  /* freed meanwhile */
+  if (am_can_lock_now(lk, rq->weight, &rq->priority)) {  /* freed meanwhile */
     am_unanchor(L, w);            /* never queued: its __close is a no-op */
-    if (rq->kind == W_UNLOCK) {
-      am_settle(L, lk);
-      return 0;
-    }
-    return push_grant(L, rq->lockidx, lk, rq->weight,
-                      am_take(lk, rq->weight));
+    return grant_now(L, rq, lk);
   }
   if (lk->freed) {                 /* a finalizer run by lua_close */
     am_unanchor(L, w);
     am_usage_error(L,
                    "attempt to wait for a lock while the Lua state is closing");
   }
-  am_enqueue(L, lk, w, rq->priority);
+  am_enqueue(L, lk, w, &rq->priority);
   queued(w);
   if (timed) am_timer_add(L, lk->st, w, now, rq->ms);
   am_sync(L, lk->st);                      /* arms the timer */
   return lua_yieldk(L, 0, (lua_KContext)w, finish_request);
+}
+
+
+/*
+** acquire / waitForUnlock of 'rq->lock' (at 'rq->lockidx'), once the
+** arguments are checked: grant now, refuse now (tryAcquire), or suspend
+** the calling coroutine until the scheduler resumes it with an outcome.
+*/
+int am_request (lua_State *L, Request *rq) {
+  if (am_can_lock_now(rq->lock, rq->weight, &rq->priority))  /* fast path */
+    return grant_now(L, rq, rq->lock);
+  if (rq->wait == AM_TRY) {
+    am_settle(L, rq->lock);       /* a keyed lock made for this try */
+    lua_pushvalue(L, rq->erridx);
+    return lua_error(L);
+  }
+  return suspend(L, rq);
 }
 
 
