@@ -498,7 +498,7 @@ describe("versioned values' bad input", function()
     c = client()
     v = redis.versioned(c, "bad-input")
   end)
-  after_each(function() c:close() end)
+  after_each(function() h.run(function() c:close() end) end)
 
   local CASES = {
     { "versioned without a client", function() redis.versioned({}, "k") end,
