@@ -14,7 +14,8 @@
 --   lua5.4 bench/optimistic.lua            (from the repository root, with
 --                                           `make bench`'s LUA_PATH/LUA_CPATH)
 --   BENCH_QUICK=1 lua5.4 bench/optimistic.lua    (1 and 1,000 keys, fewer
---                                           increments: a smoke run, ~20 s)
+--                                           increments: a smoke run, ~25 s)
+--   BENCH_ROUNDS=N                          (rounds; default 3, quick 1)
 --
 -- Each approach retries with the same loop, am.optimistic with its default
 -- backoff (1 ms doubling to 100 ms, full jitter), and no bound on attempts:
@@ -39,11 +40,11 @@ local QUICK = os.getenv("BENCH_QUICK") == "1"
 local CASES = QUICK and {
   { 1, 50, 10 }, { 1000, 50, 50 }, { 1000, 1, 200 },
 } or {
-  { 1, 50, 25 }, { 10, 50, 50 }, { 100, 50, 100 }, { 1000, 50, 100 },
-  { 1, 1, 500 }, { 1000, 1, 1000 },
+  { 1, 50, 10 }, { 10, 50, 20 }, { 100, 50, 50 }, { 1000, 50, 100 },
+  { 1, 1, 250 }, { 1000, 1, 500 },
 }
 -- rounds through every approach and key set; each figure is the best round
-local ROUNDS = QUICK and 1 or 3
+local ROUNDS = tonumber(os.getenv("BENCH_ROUNDS") or "") or (QUICK and 1 or 3)
 local APPROACHES = { "optimistic", "watch", "lock" }
 local LABELS = { optimistic = "versioned:update", watch = "WATCH/MULTI/EXEC",
   lock = "SET NX lock" }
@@ -239,7 +240,17 @@ local function measure(approach, case, runid)
     lost = increments - total }
 end
 
+--- The 1-minute load average (Linux), or nil.
+local function loadavg()
+  local f = io.open("/proc/loadavg")
+  if not f then return nil end
+  local l = tonumber(f:read("a"):match("^(%S+)"))
+  f:close()
+  return l
+end
+
 local t0 = os.time()
+local load_before = loadavg()
 local runid = tostring(uv.hrtime())
 local section = {
   name = "optimistic", driver = "bench/optimistic.lua", quick = QUICK, clock = "wall",
@@ -291,6 +302,7 @@ end
 client:close()
 uv.run()
 stop_server()
+section.load = { before = load_before, after = loadavg() }
 
 local t1000                               -- 1,000 keys, 200 writers
 for _, row in ipairs(section.rows) do
@@ -305,6 +317,10 @@ target("1,000 keys: update vs a lock", t1000.ratios["lock/update"], 2)
 target("1,000 keys: update vs WATCH/MULTI", t1000.ratios["WATCH/update"], 1.5)
 if lost > 0 then section.notes[#section.notes + 1] = ("%d increments LOST"):format(lost) end
 
+if section.load.before and section.load.after then
+  print(("Load average (1 min) before the run %.2f, after %.2f."):format(
+    section.load.before, section.load.after))
+end
 print(section.title .. ":")
 print(results.markdown(section))
 print()
