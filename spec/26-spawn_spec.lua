@@ -245,3 +245,70 @@ describe("async_mutex.spawn", function()
     end
   end)
 end)
+
+describe("README's Quick start", function()
+  -- The repository root: the parent of the directory holding this file.
+  local ROOT do
+    local source = debug.getinfo(1, "S").source:gsub("^@", "")
+    ROOT = (source:match("^(.*)/[^/]*$") or ".") .. "/.."
+  end
+  local readme = h.read_file(ROOT .. "/README.md")
+  local code = readme:match("\n## Quick start\n.-\n```lua\n(.-)```\n")
+  local IO_LINE = "  am.sleep(100)                              -- simulated I/O: the lock is held across it\n"
+
+  it("prints 70, with nothing on stderr", function()
+    assert.is_string(code)
+    local r = h.subprocess(code)
+    assert.equal(0, r.rc, r.stderr)
+    assert.equal("70\n", r.stdout)
+    assert.equal("", r.stderr)
+  end)
+
+  it("with an error thrown after the I/O: reports it, leaves the mutex unlocked, runs the second withdrawal",
+    function()
+      assert.is_truthy(code:find(IO_LINE, 1, true), "the Quick start has no line " .. IO_LINE)
+      local failing = code:gsub("\n" .. IO_LINE:gsub("%p", "%%%0"), function(line)
+        return line .. '  if amount == 30 then error("I/O failed") end\n'
+      end) .. '\nprint(balance, mutex:isLocked(), am.pending())\n'
+      local r = h.subprocess(failing)
+      assert.equal(0, r.rc, r.stderr)
+      assert.equal("20\n20\tfalse\t0\n", r.stdout)  -- print(balance), then ours
+      assert.matches("^async_mutex: error in a resumed coroutine: [^\n]*:%d+: I/O failed\n"
+        .. "stack traceback:\n", r.stderr)
+    end)
+end)
+
+describe("README's Errors snippets", function()
+  local ROOT do
+    local source = debug.getinfo(1, "S").source:gsub("^@", "")
+    ROOT = (source:match("^(.*)/[^/]*$") or ".") .. "/.."
+  end
+  local section = h.read_file(ROOT .. "/README.md"):match("\n## Errors\n(.-)\n## ")
+  local snippets = {}
+  for block in (section or ""):gmatch("\n```lua\n(.-)```\n") do
+    snippets[#snippets + 1] = (block:gsub("%.%.%.", "outcomes[#outcomes + 1] = tostring(ok)"))
+  end
+
+  it("release the mutex on every path: granted, and timed out", function()
+    assert.equal(2, #snippets)
+    local r = h.subprocess(([[
+      local uv = require "luv"
+      local am = require "async_mutex"
+      local mutex = am.Mutex.new()
+      local outcomes = {}
+      local function snippets() %s
+%s end
+      am.spawn(snippets)                        -- granted at once
+      uv.run()
+      am.spawn(function()                       -- held past the timeout
+        local release <close> = mutex:acquire()
+        am.sleep(300)
+      end)
+      am.spawn(snippets)
+      uv.run()
+      print(table.concat(outcomes, " "), mutex:isLocked(), am.pending())
+    ]]):format(snippets[1], snippets[2]))
+    assert.equal(0, r.rc, r.stderr)
+    assert.equal("true false false\tfalse\t0\n", r.stdout)
+  end)
+end)

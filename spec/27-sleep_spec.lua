@@ -19,7 +19,7 @@ describe("async_mutex.sleep", function()
       assert.equal(0, n)
     end))
 
-  it("always yields, even for 0 ms: the caller goes on first, the sleeper on a later loop turn",
+  it("always yields, even for 0 ms: the caller goes on first, the sleeper from the loop",
     h.async(function()
       local log = {}
       am.spawn(function() am.sleep(0); log[#log + 1] = "sleeper" end)
@@ -78,6 +78,34 @@ describe("async_mutex.sleep", function()
       assert.equal(0, h.count_handles("uv_timer_t", true))
     end))
 
+  it("costs no more memory than a timed waiter (a withTimeout request) waiting as long",
+    h.async(function()
+      local n = h.load(10000)
+      --- Heap bytes per coroutine started by start(), while they all wait.
+      local function per_coroutine(start)
+        local cos = {}
+        h.gc()
+        local before = collectgarbage("count")
+        for i = 1, n do cos[i] = start() end
+        h.gc()
+        local after = collectgarbage("count")
+        for i = 1, n do assert(coroutine.close(cos[i])) end
+        return (after - before) * 1024 / n
+      end
+      local timed = am.withTimeout(am.Semaphore.new(0), 60000)
+      local function waiter()
+        return am.spawn(function() pcall(timed.acquire, timed) end)
+      end
+      local function sleeper()
+        return am.spawn(function() am.sleep(60000) end)
+      end
+      per_coroutine(waiter)                   -- the scheduler's tables grow here
+      local waiter_bytes = per_coroutine(waiter)
+      local sleeper_bytes = per_coroutine(sleeper)
+      assert.is_true(sleeper_bytes <= waiter_bytes,
+        ("a sleeper costs %.0f bytes, a timed waiter %.0f"):format(sleeper_bytes, waiter_bytes))
+    end))
+
   it("does not wake early when someone else resumes the sleeper", h.async(function()
     local t0 = uv.now()
     local woke_at
@@ -86,6 +114,13 @@ describe("async_mutex.sleep", function()
     assert.equal("suspended", coroutine.status(co))
     h.wait_until(function() return woke_at ~= nil end)
     assert.is_true(woke_at - t0 >= 20)
+  end))
+
+  it("keeps a sleeper that nothing else refers to alive until it wakes", h.async(function()
+    local woke = false
+    am.spawn(function() am.sleep(5); woke = true end)   -- the coroutine is dropped
+    h.gc()
+    h.wait_until(function() return woke end)
   end))
 
   it("holds a lock across the sleep when called inside runExclusive", h.async(function()

@@ -7,6 +7,7 @@
 --   server.port, server.path, server.pid
 --   server:signal("STOP") / server:signal("CONT") / server:kill()
 --   server:restart()    -- same port and socket, empty data
+--   server:launch()     -- starts it again after kill()
 --   server:stop()       -- kills it and removes its directory
 
 local uv = require "luv"
@@ -15,8 +16,10 @@ local M = {}
 local Server = {}
 Server.__index = Server
 
+-- Commands run without LD_PRELOAD: under `make asan` the sanitizer runtime
+-- is preloaded into this process, and redis-server aborts with it.
 local function sh(cmd)
-  local ok = os.execute(cmd)
+  local ok = os.execute("LD_PRELOAD= ; " .. cmd)
   return ok == true or ok == 0
 end
 
@@ -47,8 +50,9 @@ function Server:launch()
   os.remove(self.pidfile)
   local cmd = ("redis-server --port %d --bind 127.0.0.1 --unixsocket %s"
     .. " --save '' --appendonly no --daemonize yes --pidfile %s"
-    .. " --logfile %s --dir %s"):format(self.port, shquote(self.path),
-    shquote(self.pidfile), shquote(self.dir .. "/redis.log"), shquote(self.dir))
+    .. " --logfile %s --dir %s %s"):format(self.port, shquote(self.path),
+    shquote(self.pidfile), shquote(self.dir .. "/redis.log"), shquote(self.dir),
+    self.extra or "")
   assert(sh(cmd), "redis_server: cannot run redis-server")
   wait_for(function() return sh("test -S " .. shquote(self.path)) end,
     "no socket " .. self.path)
@@ -62,14 +66,15 @@ function Server:launch()
   return self
 end
 
---- Starts a server; `port` (optional) is the port to listen on.
-function M.start(port)
+--- Starts a server; `port` (optional) is the port to listen on, `extra`
+-- (optional) more command-line options ("--requirepass secret").
+function M.start(port, extra)
   local p = assert(io.popen("mktemp -d /tmp/am-redis-XXXXXX"))
   local dir = p:read("l")
   p:close()
   local self = setmetatable({
     dir = dir, path = dir .. "/redis.sock", pidfile = dir .. "/redis.pid",
-    port = port or M.free_port(),
+    port = port or M.free_port(), extra = extra,
   }, Server)
   return self:launch()
 end
@@ -83,10 +88,12 @@ end
 --- Kills the server with SIGKILL and waits until it is gone.
 function Server:kill()
   if not self.pid then return end
-  self:signal("CONT")
-  self:signal("KILL")
-  wait_for(function() return not sh(("kill -0 %d 2>/dev/null"):format(self.pid)) end,
-    "server still alive")
+  self:signal("KILL")                 -- also ends a stopped process
+  -- gone, or a zombie (a daemon's reaper may take its time)
+  wait_for(function()
+    return not sh(("s=$(awk '/^State/ {print $2}' /proc/%d/status 2>/dev/null); "
+      .. "[ -n \"$s\" ] && [ \"$s\" != Z ]"):format(self.pid))
+  end, "server still alive")
   self.pid = nil
 end
 

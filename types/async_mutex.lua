@@ -342,7 +342,7 @@ function async_mutex.spawn(fn, ...) end
 
 ---Suspends the calling coroutine for `ms` milliseconds of loop time (at
 ---least), as a timed waiter of the scheduler: no luv handle of its own.
----`sleep(0)` lets the loop turn once.  Raises outside a coroutine.
+---`sleep(0)` always yields to the loop.  Raises outside a coroutine.
 ---@async
 ---@param ms number non-negative and finite
 function async_mutex.sleep(ms) end

@@ -3,6 +3,7 @@
 -- LuaLS annotations of `require "async_mutex.redis"`, the Redis client on
 -- luv's loop (src/async_mutex/redis.lua and src/redis/).  README.md's
 -- "Redis" section is the reference.
+-- luacheck: ignore 241 (definition tables: mutated, never read)
 
 ---Where the server is: `host` (a name or a numeric address, default
 ---"127.0.0.1") and `port` (default 6379), or `path`, a unix socket.
@@ -10,6 +11,20 @@
 ---@field host? string
 ---@field port? integer
 ---@field path? string
+---@field password? string sent with AUTH on every connection
+---@field username? string with `password`: AUTH username password
+---@field db? integer sent with SELECT on every connection
+---@field connectTimeout? number ms (default 2000)
+---@field commandTimeout? number ms without a reply while calls wait (default 5000; `math.huge`: none)
+---@field reconnectDelay? number ms, the first back-off after a failed attempt (default 50)
+---@field reconnectDelayMax? number ms, the longest back-off (default 2000)
+
+---A subscription made by `client:subscribe`.
+---@class async_mutex.redis.Subscription
+local Subscription = {}
+
+---Ends the subscription (the channel is unsubscribed with its last one).
+function Subscription:unsubscribe() end
 
 ---An error reply of the server, raised by `call` and `eval`: a table with
 ---`message` (the server's text, as `tostring` gives it) and `code` (its
@@ -18,7 +33,6 @@
 
 ---One connection to a Redis server, shared by every coroutine that calls.
 ---@class async_mutex.redis.Client
--- luacheck: ignore 241 (a definition table: mutated, never read)
 local Client = {}
 
 ---Sends a command and suspends the calling coroutine until its reply.
@@ -37,6 +51,14 @@ function Client:call(...) end
 ---@param args? (string|number)[]
 ---@return any reply
 function Client:eval(script, keys, args) end
+
+---Calls `fn(message, channel)`, each time in a new coroutine, for every
+---message published on `channel`; waits until the server confirms.
+---@async
+---@param channel string
+---@param fn fun(message: string, channel: string)
+---@return async_mutex.redis.Subscription
+function Client:subscribe(channel, fn) end
 
 ---Closes the connection: calls in flight raise `E_UNAVAILABLE`; later calls
 ---are errors.
