@@ -1,7 +1,8 @@
 -- Optimistic concurrency on Redis against the two other ways to do a
 -- read-modify-write there: Redis's own optimistic transaction (WATCH, GET,
 -- MULTI, SET, EXEC on a connection of its own per coroutine) and a lock
--- (SET key NX PX, then GET and SET, then a compare-and-delete script).
+-- (SET key NX PX, then GET and SET, then a compare-and-delete script), and
+-- the module's am.RedisMutex where this checkout has it.
 -- Each run: 4 processes x 50 coroutines (and, for round trips alone, x 1),
 -- each incrementing counters drawn at random from K keys, K = 1 (every
 -- writer on one hot key) up to 1,000.
@@ -47,7 +48,13 @@ local CASES = QUICK and {
 local ROUNDS = tonumber(os.getenv("BENCH_ROUNDS") or "") or (QUICK and 1 or 3)
 local APPROACHES = { "optimistic", "watch", "lock" }
 local LABELS = { optimistic = "versioned:update", watch = "WATCH/MULTI/EXEC",
-  lock = "SET NX lock" }
+  lock = "SET NX lock", redismutex = "RedisMutex" }
+-- The module's own Redis lock, where this checkout has it.
+local HAS_REDIS_MUTEX = (function()
+  local ok, am = pcall(require, "async_mutex")
+  return ok and type(am.RedisMutex) == "table"
+end)()
+if HAS_REDIS_MUTEX then APPROACHES[#APPROACHES + 1] = "redismutex" end
 
 local function sh(cmd)
   local p = assert(io.popen(cmd))
@@ -124,6 +131,20 @@ return 0
     local v = tonumber(shared:call("GET", key)) or 0
     shared:call("SET", key, v + 1)
     shared:eval(UNLOCK, { lock }, { token })
+  end
+
+  -- am.RedisMutex: a FIFO queue in Redis, hand-off by pub/sub, no retries
+  local mutexes = {}
+  function increment.redismutex(_, key)
+    local m = mutexes[key]
+    if not m then
+      m = am.RedisMutex.new(shared, "benchlock:" .. key)
+      mutexes[key] = m
+    end
+    attempts = attempts + 1
+    local release <close> = m:acquire()
+    local v = tonumber(shared:call("GET", key)) or 0
+    shared:call("SET", key, v + 1)
   end
 
   local started, ended
@@ -262,6 +283,8 @@ local section = {
   ratios = {
     { label = "WATCH/update", num = "watch", den = "optimistic" },
     { label = "lock/update", num = "lock", den = "optimistic" },
+    HAS_REDIS_MUTEX and { label = "RedisMutex/update", num = "redismutex", den = "optimistic" }
+      or nil,
   },
   units = { us = "wall time per increment" },
 }
@@ -313,7 +336,10 @@ local function target(name, ratio, want)
     verdict = ratio and ratio >= want and "met" or "missed", name = name,
     detail = ("%s (want >= %.1fx)"):format(results.fmt_ratio(ratio), want) }
 end
-target("1,000 keys: update vs a lock", t1000.ratios["lock/update"], 2)
+target("1,000 keys: update vs a SET NX lock", t1000.ratios["lock/update"], 2)
+if HAS_REDIS_MUTEX then
+  target("1,000 keys: update vs RedisMutex", t1000.ratios["RedisMutex/update"], 2)
+end
 target("1,000 keys: update vs WATCH/MULTI", t1000.ratios["WATCH/update"], 1.5)
 if lost > 0 then section.notes[#section.notes + 1] = ("%d increments LOST"):format(lost) end
 
