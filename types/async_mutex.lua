@@ -353,7 +353,7 @@ function async_mutex.sleep(ms) end
 ---@field baseDelay? number ms: the first sleep's cap, doubled after each conflict (default 1)
 ---@field maxDelay? number ms: the cap of every sleep (default 100)
 ---@field random? fun(): number returns a number in [0, 1) (default `math.random`)
----@field sleep? fun(ms: integer) suspends the coroutine for `ms` (default: a timer on luv's loop)
+---@field sleep? fun(ms: integer) suspends the coroutine for `ms` (default `async_mutex.sleep`)
 ---@field conflictError? any raised when every attempt conflicted (default `async_mutex.E_CONFLICT`)
 
 ---Raised by `optimistic` when every attempt conflicted.

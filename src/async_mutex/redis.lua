@@ -575,4 +575,7 @@ end
 
 -- }==========================================================
 
+-- Versioned values for optimistic concurrency (docs/optimistic.md).
+M.versioned = require("async_mutex.versioned").versioned
+
 return M
