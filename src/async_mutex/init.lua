@@ -21,6 +21,7 @@ local M = {
   E_CANCELED = core.E_CANCELED,
   E_MAX_PENDING = core.E_MAX_PENDING,
   E_UNAVAILABLE = "redis server unavailable",   -- async_mutex.redis (docs/redis.md)
+  E_LOST = "lock lost: lease expired",
   setErrorHandler = core.setErrorHandler,
   pending = core.pending,
 }
@@ -283,6 +284,10 @@ end
 -- {========================================================== decorators
 
 local function decorate(fname, lock, limit, err)
+  local mt = getmetatable(lock)
+  if type(mt) == "table" and type(rawget(mt, "__decorate")) == "function" then
+    return mt.__decorate(lock, limit, err)      -- a Redis lock (redis_lock.lua)
+  end
   local kind = kind_of(lock)
   if not kind then
     argerror(3, 1, fname, "async_mutex lock expected, got " .. typename(lock))
@@ -310,5 +315,13 @@ function M.tryAcquire(lock, already_locked_error)
 end
 
 -- }==========================================================
+
+
+-- The Redis locks live in async_mutex.redis_lock, loaded on first use so
+-- that this module loads without Redis support (docs/redis-locks.md).
+local REDIS_LOCKS = { RedisMutex = true, RedisSemaphore = true, KeyedRedisMutex = true }
+setmetatable(M, { __index = function(_, name)
+  if REDIS_LOCKS[name] then return require("async_mutex.redis_lock")[name] end
+end })
 
 return M
