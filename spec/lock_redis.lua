@@ -120,54 +120,52 @@ local Child = {}
 Child.__index = Child
 
 --- Runs `code` in a new lua5.4 process with this checkout's paths; `args`
--- become its `...` (strings).  Its stdout is collected; stderr goes to a
--- file shown when it fails.
+-- become its `...` (strings).  Its stdout and stderr are collected.
 function R.child(code, args)
   local script = os.tmpname()
   local f = assert(io.open(script, "w"))
   f:write(code)
   f:close()
-  local errfile = os.tmpname()
-  local self = setmetatable({ out = {}, script = script, errfile = errfile,
+  local self = setmetatable({ out = {}, err = {}, script = script, open = 2,
                               done = false }, Child)
-  local stdout = uv.new_pipe(false)
-  local errf = assert(io.open(errfile, "w"))
+  local stdout, stderr = uv.new_pipe(false), uv.new_pipe(false)
   local argv = { script }
   for i, a in ipairs(args or {}) do argv[i + 1] = tostring(a) end
   local env = { "LUA_PATH=" .. package.path, "LUA_CPATH=" .. package.cpath,
                 "PATH=" .. (os.getenv("PATH") or "/usr/bin:/bin") }
   local handle, pid
   handle, pid = uv.spawn("lua5.4", {
-    args = argv, env = env,
-    stdio = { nil, stdout, errf },
+    args = argv, env = env, stdio = { nil, stdout, stderr },
   }, function(code_, sig)
     self.rc, self.sig = code_, sig
     handle:close()
     self:_finish()
   end)
-  errf:close()
   assert(handle, pid)
   self.pid = pid
-  stdout:read_start(function(err, data)
-    assert(not err, err)
-    if data then
-      self.out[#self.out + 1] = data
-      if self.on_data then self.on_data(data) end
-    else
-      stdout:close()
-      self.eof = true
-      self:_finish()
-    end
-  end)
+  local function reader(pipe, into, notify)
+    pipe:read_start(function(err, data)
+      assert(not err, err)
+      if data then
+        into[#into + 1] = data
+        if notify and self.on_data then self.on_data(data) end
+      else
+        pipe:close()
+        self.open = self.open - 1
+        self:_finish()
+      end
+    end)
+  end
+  reader(stdout, self.out, true)
+  reader(stderr, self.err, false)
   return self
 end
 
 function Child:_finish()
-  if self.rc == nil or not self.eof or self.done then return end
+  if self.rc == nil or self.open > 0 or self.done then return end
   self.done = true
   os.remove(self.script)
-  self.stderr = read(self.errfile) or ""
-  os.remove(self.errfile)
+  self.stderr = table.concat(self.err)
   if self.waiting then
     local co = self.waiting
     self.waiting = nil

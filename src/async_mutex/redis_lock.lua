@@ -221,7 +221,7 @@ local arm                           -- (re)starts a lease's timer
 local function renew(lease)
   local lk = lease.lock
   local sent = hrtime()
-  lease.next_renew = sent + lk.renew * NS
+  lease.next_renew = lk.renew > 0 and sent + lk.renew * NS or nil
   local ok, r = pcall(eval, lk.client, scripts.renew, lease.keys,
                       { lease.token, lk.limit, lk.ttl })
   if lease.state ~= "held" then return end
@@ -258,12 +258,18 @@ function arm(lease)
   t:start(floor(ms) + (ms % 1 > 0 and 1 or 0), 0, function() on_timer(lease) end)
 end
 
-local function new_lease(lk, name, keys, token, fence, weight, sent)
+-- 'first' is the length of the lease Redis granted: the ttl, or for a
+-- hand-off the shorter first lease (redis_scripts.lua, N:c), renewed after
+-- a third of it whatever the watchdog's setting.
+local function new_lease(lk, name, keys, token, fence, weight, sent, first)
+  local next_renew
+  if first < lk.ttl then next_renew = sent + (first // 3) * NS
+  elseif lk.renew > 0 then next_renew = sent + lk.renew * NS end
   local lease = setmetatable({
     lock = lk, name = name, keys = keys, token = token, fence = fence,
     weight = weight, state = "held",
-    valid_until = sent + (lk.ttl - drift(lk.ttl)) * NS,
-    next_renew = lk.renew > 0 and sent + lk.renew * NS or nil,
+    valid_until = sent + (first - drift(first)) * NS,
+    next_renew = next_renew,
   }, Lease)
   local holds = lk.holds[name]
   if not holds then holds = {}; lk.holds[name] = holds end
@@ -380,12 +386,14 @@ local function redis_acquire(lk, name, weight, deadline, err)
       end
     end
     if w.fence and r[1] ~= 1 then
-      r = { 1, w.fence, w.value }
+      w.done = true
+      return new_lease(lk, name, keys, token, w.fence, weight, sent,
+                       min(lk.ttl, lk.wait_ms)), w.value
     end
   end
   w.done = true
   local fence = tointeger(tonumber(r[2]))
-  return new_lease(lk, name, keys, token, fence, weight, sent),
+  return new_lease(lk, name, keys, token, fence, weight, sent, lk.ttl),
          tointeger(tonumber(r[3]))
 end
 

@@ -12,7 +12,11 @@
 --   N:q  zset   waiter token -> arrival number (the FIFO order)
 --   N:w  zset   waiter token -> deadline (server ms); a waiter that does not
 --               renew it in time is taken as dead and skipped
---   N:c  hash   waiter token -> "weight ttl channel"
+--   N:c  hash   waiter token -> "weight lease channel": 'lease' is the
+--               first lease of a hand-off, min(ttl, waiter_timeout), so that
+--               a waiter that died just before its turn holds the lock no
+--               longer than a dead waiter would block it; the new holder
+--               renews it to its ttl
 --   N:n  string the last number drawn (fences and arrival numbers)
 -- Collections that become empty vanish (Redis removes empty keys), so an
 -- idle lock leaves only N:n, which expires on its own.
@@ -141,7 +145,7 @@ end
 if ARGV[7] == 'try' then return {0} end
 redis.call('ZADD', Q, fmt(draw()), token)
 redis.call('ZADD', W, now + wait_ms, token)
-redis.call('HSET', C, token, weight .. ' ' .. ttl .. ' ' .. ARGV[6])
+redis.call('HSET', C, token, weight .. ' ' .. math.min(ttl, wait_ms) .. ' ' .. ARGV[6])
 return {0, first_end()}
 ]]
 
