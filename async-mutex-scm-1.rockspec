@@ -55,13 +55,15 @@ build = {
     -- No Lua library is linked in: the interpreter already holds the Lua core.
     ["async_mutex.core"] = {
       sources = {
+        "src/args.c",
         "src/core.c",
+        "src/decorated.c",
         "src/keyed.c",
-        "src/lock.c",
-        "src/locks.c",
+        "src/mutex_semaphore.c",
         "src/queue.c",
-        "src/request.c",
-        "src/sched.c",
+        "src/rules.c",
+        "src/scheduler.c",
+        "src/waiter.c",
       },
       incdirs = { "$(LUA_INCDIR)" },
     },
@@ -75,6 +77,8 @@ build = {
       libdirs = { "$(HIREDIS_LIBDIR)" },
     },
     ["async_mutex.redis"] = "src/async_mutex/redis.lua",
+    ["async_mutex.optimistic"] = "src/async_mutex/optimistic.lua",
+    ["async_mutex.versioned"] = "src/async_mutex/versioned.lua",
   },
   -- Installed beside the rock (luarocks show --rock-dir async-mutex): the
   -- LuaLS annotations, for editors, and the examples.

@@ -982,7 +982,7 @@ describe("bad input to keyed locks", function()
     assert.equal("bad argument #1 to 'release' " .. NAN, E(function() ks:release(0 / 0) end))
     assert.equal("bad argument #1 to 'waiting' " .. NIL, E(function() km:waiting() end))
     assert.equal("bad argument #1 to 'cancel' " .. NAN, E(function() km:cancel(0 / 0) end))
-    assert.equal("bad argument #1 to 'acquire' " .. NIL,
+    assert.equal("bad argument #1 to 'runExclusive' " .. NIL,
       E(function() km:runExclusive(nil, function() end) end))
     assert.equal("bad argument #1 to 'acquire' " .. NIL, E(function() am.withTimeout(km, 5):acquire(nil) end))
     assert.equal("bad argument #1 to 'acquire' " .. NAN, E(function() am.tryAcquire(ks):acquire(0 / 0) end))

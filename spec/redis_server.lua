@@ -16,8 +16,10 @@ local M = {}
 local Server = {}
 Server.__index = Server
 
+-- Commands run without LD_PRELOAD: under `make asan` the sanitizer runtime
+-- is preloaded into this process, and redis-server aborts with it.
 local function sh(cmd)
-  local ok = os.execute(cmd)
+  local ok = os.execute("LD_PRELOAD= ; " .. cmd)
   return ok == true or ok == 0
 end
 
@@ -86,10 +88,12 @@ end
 --- Kills the server with SIGKILL and waits until it is gone.
 function Server:kill()
   if not self.pid then return end
-  self:signal("CONT")
-  self:signal("KILL")
-  wait_for(function() return not sh(("kill -0 %d 2>/dev/null"):format(self.pid)) end,
-    "server still alive")
+  self:signal("KILL")                 -- also ends a stopped process
+  -- gone, or a zombie (a daemon's reaper may take its time)
+  wait_for(function()
+    return not sh(("s=$(awk '/^State/ {print $2}' /proc/%d/status 2>/dev/null); "
+      .. "[ -n \"$s\" ] && [ \"$s\" != Z ]"):format(self.pid))
+  end, "server still alive")
   self.pid = nil
 end
 

@@ -1,7 +1,24 @@
 /*
 ** async_mutex.h: private header of the async_mutex core
-** Structures shared by the scheduler (sched.c), the queue rules (lock.c),
-** the requests (request.c) and the Lua bindings (locks.c, core.c).
+** docs/internals.md walks through one request across these files.
+**
+** File map (prototypes below are grouped by the file that defines them):
+**   core.c             luaopen_async_mutex_core: the metatables, by name,
+**                      through one table; setErrorHandler, pending, kind
+**   args.c             the user's arguments: self, weights, priorities,
+**                      keys; argument errors numbered as the user wrote
+**   waiter.c           the life of a Waiter, every state change, and the
+**                      Releaser a grant hands out; making a request
+**   rules.c            the queue rules every lock kind shares: grant,
+**                      dispatch, cancel, expiry, giving a grant back
+**   mutex_semaphore.c  the Mutex and Semaphore lock kinds and methods
+**   keyed.c            KeyedMutex and KeyedSemaphore: a lock per key
+**   decorated.c        withTimeout and tryAcquire: decorated locks, whose
+**                      requests have a limit; every other method is the
+**                      lock's own
+**   scheduler.c        the ready list, the timers, the anchors of waiting
+**                      coroutines, and the luv handles that resume them
+**   queue.c            FIFO lists and priority queues of waiters
 */
 
 #ifndef ASYNC_MUTEX_H
@@ -22,6 +39,12 @@
 #define AM_STATE_KEY  "async_mutex.scheduler"   /* registry key of the state */
 #define AM_KEYED_MUTEX      "async_mutex.KeyedMutex"
 #define AM_KEYED_SEMAPHORE  "async_mutex.KeyedSemaphore"
+/* Decorated locks' metatables are made per copy of the module, and not
+   registered: these are only their __name. */
+#define AM_DECORATED_MUTEX  "async_mutex.decorated Mutex"
+#define AM_DECORATED_SEMAPHORE  "async_mutex.decorated Semaphore"
+#define AM_DECORATED_KEYED_MUTEX  "async_mutex.decorated KeyedMutex"
+#define AM_DECORATED_KEYED_SEMAPHORE  "async_mutex.decorated KeyedSemaphore"
 
 /* async-mutex's exact messages; they are also the error values. */
 #define AM_E_TIMEOUT  "timeout while waiting for mutex to become available"
@@ -31,16 +54,28 @@
 
 
 /*
-** Upvalues shared by every C function of the module, so the hot paths
-** check and set metatables without a registry lookup by name.
+** The module's metatables.  Every C function of the module has the same
+** upvalues: the scheduler state, then one metatable per type in this
+** order, so the hot paths check and set metatables without a registry
+** lookup by name.  core.c registers them from one table indexed by these.
 */
-enum { UV_STATE = 1, UV_MUTEX, UV_SEMAPHORE, UV_RELEASER, UV_WAITER,
-       UV_KEYED_MUTEX, UV_KEYED_SEMAPHORE };
-#define UV_COUNT  UV_KEYED_SEMAPHORE
-#define am_pushupvalue(L,uv)  lua_pushvalue(L, lua_upvalueindex(uv))
+typedef enum AmType {
+  AM_T_MUTEX, AM_T_SEMAPHORE, AM_T_RELEASER, AM_T_WAITER,
+  AM_T_KEYED_MUTEX, AM_T_KEYED_SEMAPHORE,
+  AM_T_DECORATED_MUTEX, AM_T_DECORATED_SEMAPHORE,
+  AM_T_DECORATED_KEYED_MUTEX, AM_T_DECORATED_KEYED_SEMAPHORE,
+  AM_NTYPES                   /* not a type: how many there are */
+} AmType;
+
+#define AM_STATE_UPVALUE    lua_upvalueindex(1)
+#define am_mtindex(t)       lua_upvalueindex(2 + (t))
+#define AM_NUPVALUES        (1 + AM_NTYPES)
+#define am_pushmt(L,t)      lua_pushvalue(L, am_mtindex(t))
+#define am_getstate(L)      ((State *)lua_touserdata(L, AM_STATE_UPVALUE))
 
 typedef struct Waiter Waiter;
 typedef struct Lock Lock;
+typedef struct LockKind LockKind;
 typedef struct State State;
 typedef struct Keyed Keyed;
 
@@ -88,40 +123,50 @@ typedef struct Queue {
 enum { W_ACQUIRE, W_UNLOCK };
 
 /*
-** Life of a waiter: QUEUED in its lock's queue (and maybe in the timer
-** queue), then READY in the scheduler's ready list once its outcome is
-** decided, RESUMING while the scheduler resumes it, DONE once its
+** Life of a waiter (waiter.c makes every change, and asserts the state it
+** leaves): NEW until linked in its lock's queue (and maybe the timer
+** queue): QUEUED; READY in the scheduler's ready list once its outcome is
+** decided; RESUMING while the scheduler resumes it; DONE once its
 ** coroutine has read the outcome (or was closed).  A granted acquire
-** hands its waiter out as the releaser: HELD until released, RELEASED.
+** hands a releaser out (its own waiter, or a new one): HELD until
+** released, then RELEASED.
 */
-enum { S_QUEUED, S_READY, S_RESUMING, S_DONE, S_HELD, S_RELEASED };
+enum { S_NEW, S_QUEUED, S_READY, S_RESUMING, S_DONE, S_HELD, S_RELEASED };
 
 enum { O_GRANTED, O_TIMEOUT, O_CANCELED };
 
 /* How long a request may wait. */
 enum { AM_WAIT, AM_TIMEOUT, AM_TRY };
 
+/* The token of an unscoped release (m:release()): it ends any grant. */
+#define AM_UNSCOPED  0
+
+/*
+** What a grant hands out, to be given back once: 'weight' of 'lock', and
+** the grant's token (what LockKind.take returned: a mutex's generation,
+** a semaphore's value at the grant).  User value 1 keeps the lock alive.
+*/
+typedef struct Releaser {
+  Lock *lock;
+  lua_Integer weight;
+  lua_Integer token;          /* set when granted */
+  unsigned char state;        /* S_* */
+} Releaser;
+
 /*
 ** One suspended request.  It is a userdata living on the waiting
 ** coroutine's own stack, marked to-be-closed, so 'coroutine.close' of a
 ** waiting coroutine removes it from every queue at once; the coroutine is
-** anchored (sched.c, 'ref') while the module may resume it.
+** anchored (scheduler.c, 'ref') while the module may resume it.
 **
-** Its size is most of what a waiter costs, so it is allocated in three
-** lengths: a releaser is the fields before 'q'; an untimed waiter stops
-** before 't'.  An untimed acquire's waiter carries its lock (user value
-** 1) and becomes the releaser of its grant: one object per hand-off.
+** Its size is most of what a waiter costs: an untimed waiter stops before
+** 't'.  An untimed acquire's waiter carries its lock (user value 1) and
+** becomes the releaser of its grant (its prefix 'r'): one object per
+** hand-off.
 */
 struct Waiter {
-  Lock *lock;
-  lua_Integer weight;
-  union {
-    lua_Number deadline;      /* while in the timer queue: loop time (ms) */
-    lua_Integer value;        /* once granted: semaphore value at the grant,
-                                 or the mutex grant's generation */
-  } u;
-  int ref;                    /* anchor of the coroutine (sched.c) */
-  unsigned char state;
+  Releaser r;                 /* first: a handed-out waiter is a Releaser */
+  int ref;                    /* anchor of the coroutine (scheduler.c) */
   unsigned int kind : 1;      /* W_ACQUIRE or W_UNLOCK */
   unsigned int outcome : 2;
   unsigned int timed : 1;     /* allocated with 't' (withTimeout) */
@@ -132,19 +177,26 @@ struct Waiter {
                                  READY: in the scheduler's ready list */
   Links t;                    /* timed only: in the timer queue, or
                                  t.next NULL */
+  lua_Number deadline;        /* timed only: loop time (ms) */
 };
 
-#define AM_RELEASER_SIZE   offsetof(Waiter, q)
 #define AM_UNTIMED_SIZE    offsetof(Waiter, t)
 
-/* A request being made: what, on which lock (a stack index), how long. */
+/*
+** A request being made (designated initializers at the call sites):
+** what, how long, where the user's arguments are.  args.c fills in the
+** weight and priority, the caller the lock.
+*/
 typedef struct Request {
   int kind;                   /* W_ACQUIRE or W_UNLOCK */
-  Lock *lock;                 /* the lock at stack index 'lockidx' */
-  int lockidx;
-  int mode;                   /* AM_WAIT, AM_TIMEOUT or AM_TRY */
+  int wait;                   /* AM_WAIT, AM_TIMEOUT or AM_TRY */
   lua_Number ms;              /* AM_TIMEOUT: how long */
-  int erridx;                 /* raised on timeout or refusal */
+  int erridx;                 /* raised on timeout or refusal; 0: none */
+  int first;                  /* stack index of the user's first argument */
+  int base;                   /* ... which errors number 1: 'first - base' */
+  const char *fname;          /* the function errors name */
+  Lock *lock;                 /* the lock, at stack index 'lockidx' */
+  int lockidx;
   lua_Integer weight;
   lua_Number priority;
 } Request;
@@ -156,10 +208,37 @@ typedef struct WeightWaiters {
 } WeightWaiters;
 
 /*
-** A semaphore (a mutex is a semaphore of value 1 whose release is a no-op
-** while unlocked).  User value 1 holds the cancel error.
+** What makes a lock kind: the rules of rules.c ask it what a grant takes
+** and what a release gives back; everything else (queues, priorities,
+** waitForUnlock, timeouts, the scheduler, keyed sets) is shared.
+** docs/internals.md, "How to add a lock kind".
+*/
+struct LockKind {
+  const char *name;           /* "Mutex": kind(), tostring */
+  const char *noun;           /* "a mutex": misuse errors */
+  AmType type;                /* its metatable */
+  AmType keyed_type;          /* the metatable of its keyed sets */
+  int weighted;               /* requests take a weight argument */
+  int returns_value;          /* acquire returns the token before the
+                                 releaser */
+  /* can a request of 'weight' be granted, queue aside? */
+  int (*fits) (const Lock *lk, lua_Integer weight);
+  /* takes a grant of 'weight'; returns its token */
+  lua_Integer (*take) (Lock *lk, lua_Integer weight);
+  /* gives back the grant 'token' (or AM_UNSCOPED) of 'weight': 1 when
+     given, 0 when there was nothing to give back, -1 when it would
+     overflow (never with 'saturate') */
+  int (*give_back) (Lock *lk, lua_Integer weight, lua_Integer token,
+                    int saturate);
+  /* is the lock held, as isLocked() answers */
+  int (*is_locked) (const Lock *lk);
+};
+
+/*
+** A lock of any kind.  User value 1 holds the cancel error.
 */
 struct Lock {
+  const LockKind *kind;
   State *st;
   lua_Integer value;
   lua_Integer held;           /* weight granted and not given back yet */
@@ -168,7 +247,8 @@ struct Lock {
   WeightWaiters *unlock;      /* sorted by weight, ascending */
   size_t nweights, capweights;
   size_t nunlock;             /* waitForUnlock waiters in all queues */
-  int is_mutex;
+  int freed;                  /* its __gc ran (only lua_close does that
+                                 to a lock in use): no more waiting */
   Keyed *keyed;               /* the keyed set serving this lock, or NULL */
   int selfref;                /* keyed: registry ref while in the set */
 };
@@ -179,11 +259,12 @@ struct Lock {
 ** error, 3 the error for a request beyond 'max_pending'.
 */
 struct Keyed {
+  const LockKind *kind;       /* of its locks */
   State *st;
-  lua_Integer value;          /* a new key's value (1 for mutexes) */
+  Lock fresh;                 /* what a key without a lock behaves as: a
+                                 new lock, never queued on nor granted */
   lua_Integer max_pending;    /* queued acquirers allowed per key; 0: any */
   lua_Integer nkeys;          /* keys with a lock in the map */
-  int is_mutex;
 };
 
 /*
@@ -196,15 +277,106 @@ struct State {
   size_t pending;                    /* waiters queued or ready */
   lua_Number timer_due;              /* when the luv timer fires, if on */
   int idle_on, timer_on, draining;
+  int closed;                        /* lua_close has collected the state */
+  int check_idle, check_timer;       /* is the handle still open? (am_sync) */
   /* registry references to luv objects and our callbacks */
   int idle, timer, idle_start, idle_stop, timer_start, timer_stop, now;
   int new_idle, new_timer, is_closing;
   int on_idle, on_timer, handler;
+  int layer_source, layer_wrappers;  /* the Lua layer (args.c: am_layer) */
   int anchors;                       /* keeps the anchor threads alive */
-  lua_State **athreads;              /* anchor threads (sched.c) */
+  lua_State **athreads;              /* anchor threads (scheduler.c) */
   int nathreads;
   int nanchors, free_anchor;         /* their slots; first free one, or 0 */
 };
+
+/* core.c */
+extern const char *const am_tnames[AM_NTYPES];
+
+/* args.c */
+void *am_testself (lua_State *L, int idx, AmType t);
+void *am_checkself (lua_State *L, AmType t);
+int am_argerror (lua_State *L, int idx, int base, const char *fname,
+                 const char *msg);
+int am_usage_error (lua_State *L, const char *fmt, ...);
+int am_layer (lua_State *L);
+lua_Integer am_optweight (lua_State *L, int idx, int base,
+                          const char *fname);
+void am_checkkey (lua_State *L, int idx, int base, const char *fname);
+void am_parse_request (lua_State *L, Request *rq, const LockKind *kind);
+
+/* waiter.c */
+int am_request (lua_State *L, Request *rq);
+int am_lock_request (lua_State *L, Lock *lk, Request *rq);
+void am_waiter_ready (lua_State *L, Waiter *w, int outcome,
+                      lua_Integer token);
+void am_waiter_resuming (Waiter *w);
+int am_waiter_abandon (lua_State *L, Waiter *w);
+void am_waiter_detach (Waiter *w);
+extern const luaL_Reg am_releaser_metamethods[];
+extern const luaL_Reg am_waiter_metamethods[];
+
+/* rules.c */
+int am_can_lock_now (Lock *lk, lua_Integer weight, lua_Number priority);
+void am_enqueue (lua_State *L, Lock *lk, Waiter *w, lua_Number priority);
+void am_dequeue (Lock *lk, Waiter *w);
+lua_Integer am_take (Lock *lk, lua_Integer weight);
+void am_dispatch (lua_State *L, Lock *lk);
+void am_give_back (lua_State *L, Lock *lk, lua_Integer weight,
+                   lua_Integer token, int saturate);
+void am_cancel (lua_State *L, Lock *lk);
+void am_expire (lua_State *L, Waiter *w);
+void am_lock_init (Lock *lk, const LockKind *kind, State *st,
+                   lua_Integer value);
+void am_lock_free (Lock *lk);
+
+/* mutex_semaphore.c */
+extern const LockKind am_mutex_kind;
+extern const LockKind am_semaphore_kind;
+extern const luaL_Reg am_mutex_methods[];
+extern const luaL_Reg am_semaphore_methods[];
+extern const luaL_Reg am_lock_metamethods[];
+extern const luaL_Reg am_mutex_class[];
+extern const luaL_Reg am_semaphore_class[];
+Lock *am_tolock (lua_State *L, int idx);
+
+/* keyed.c */
+extern const luaL_Reg am_keyed_mutex_methods[];
+extern const luaL_Reg am_keyed_semaphore_methods[];
+extern const luaL_Reg am_keyed_metamethods[];
+extern const luaL_Reg am_keyed_mutex_class[];
+extern const luaL_Reg am_keyed_semaphore_class[];
+Keyed *am_tokeyed (lua_State *L, int idx);
+Lock *am_keyed_recheck (lua_State *L, Lock *lk, int lockidx);
+/* The lock serving the key of 'lk' (at 'lockidx') now (keyed.c). */
+#define am_keyed_current(L,lk,lockidx)  \
+  ((lk)->keyed != NULL ? am_keyed_recheck(L, lk, lockidx) : (lk))
+int am_keyed_request (lua_State *L, Request *rq);
+void am_keyed_settle (lua_State *L, Lock *lk);
+/* After anything that may leave a keyed set's lock idle. */
+#define am_settle(L,lk)  \
+  ((lk)->keyed != NULL ? am_keyed_settle(L, lk) : (void)0)
+
+/* decorated.c */
+extern const AmType am_decorated_type[AM_NTYPES];
+extern const luaL_Reg am_decorated_methods[];
+int am_undecorate (lua_State *L, AmType t);
+int am_core_acquire (lua_State *L);
+int am_core_limit (lua_State *L);
+int am_withTimeout (lua_State *L);
+int am_tryAcquire (lua_State *L);
+
+/* scheduler.c */
+State *am_state_open (lua_State *L);
+void am_schedule (State *st, Waiter *w);
+void am_sync (lua_State *L, State *st);
+lua_Number am_timer_now (lua_State *L, State *st);
+void am_timer_add (lua_State *L, State *st, Waiter *w, lua_Number now,
+                   lua_Number ms);
+void am_timer_remove (lua_State *L, State *st, Waiter *w);
+void am_anchor (lua_State *L, Waiter *w);
+void am_unanchor (lua_State *L, Waiter *w);
+void am_report (lua_State *L, State *st, lua_State *co);
 
 /* queue.c */
 void am_list_init (Bucket *list);
@@ -218,61 +390,5 @@ int am_queue_push (Queue *q, Waiter *w, lua_Number key);
 void am_queue_remove (Queue *q, Waiter *w);
 #define am_queue_first(q)  ((q)->n ? (Waiter *)(q)->heap[0]->ends.next : NULL)
 #define am_queue_firstkey(q)  ((q)->heap[0]->key)
-
-/* sched.c */
-State *am_state_open (lua_State *L);
-void am_ready (lua_State *L, State *st, Waiter *w, int outcome);
-void am_timer_add (lua_State *L, State *st, Waiter *w, lua_Number ms);
-void am_timer_remove (lua_State *L, State *st, Waiter *w);
-void am_anchor (lua_State *L, Waiter *w);
-void am_unanchor (lua_State *L, Waiter *w);
-
-/* lock.c */
-int am_can_lock_now (Lock *lk, lua_Integer weight, lua_Number priority);
-void am_enqueue (lua_State *L, Lock *lk, Waiter *w, lua_Number priority);
-void am_dequeue (lua_State *L, Lock *lk, Waiter *w);
-void am_dispatch (lua_State *L, Lock *lk);
-void am_release (lua_State *L, Lock *lk, lua_Integer weight);
-lua_Integer am_take (Lock *lk, lua_Integer weight);
-void am_cancel (lua_State *L, Lock *lk);
-void am_expire (lua_State *L, Waiter *w);
-void am_abandon (lua_State *L, Waiter *w);
-void am_settle (lua_State *L, Lock *lk);
-void am_lock_free (Lock *lk);
-
-/* request.c */
-int am_argerror (lua_State *L, int idx, int base, const char *fname,
-                 const char *msg);
-lua_Integer am_optweight (lua_State *L, int idx, int base,
-                          const char *fname);
-void am_parse_request (lua_State *L, Request *rq, int is_mutex, int first,
-                       int base, const char *fname);
-void am_check_yieldable (lua_State *L, const Request *rq, int is_mutex);
-int am_request (lua_State *L, const Request *rq);
-int am_lock_request (lua_State *L, Lock *lk, int kind, int first, int base,
-                     const char *fname, int mode, lua_Number ms, int erridx);
-extern const luaL_Reg am_releaser_metamethods[];
-extern const luaL_Reg am_waiter_metamethods[];
-
-/* keyed.c */
-extern const luaL_Reg am_keyed_mutex_methods[];
-extern const luaL_Reg am_keyed_semaphore_methods[];
-extern const luaL_Reg am_keyed_metamethods[];
-extern const luaL_Reg am_keyed_mutex_class[];
-extern const luaL_Reg am_keyed_semaphore_class[];
-Keyed *am_tokeyed (lua_State *L, int idx);
-int am_keyed_request (lua_State *L, int kind, int first, int base,
-                      const char *fname, int mode, lua_Number ms,
-                      int erridx);
-
-/* locks.c */
-void am_init_lock (Lock *lk, State *st, lua_Integer value, int is_mutex);
-extern const luaL_Reg am_mutex_methods[];
-extern const luaL_Reg am_semaphore_methods[];
-extern const luaL_Reg am_lock_metamethods[];
-extern const luaL_Reg am_mutex_class[];
-extern const luaL_Reg am_semaphore_class[];
-void *am_checkself (lua_State *L, int uv, const char *tname);
-Lock *am_tolock (lua_State *L, int idx);
 
 #endif

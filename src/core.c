@@ -1,118 +1,25 @@
 /*
 ** core.c: luaopen_async_mutex_core, the module's only exported symbol
-** Opens the per-state scheduler, registers the lock types, and offers the
-** entry points the Lua layer composes into withTimeout and tryAcquire.
+** Opens the per-state scheduler, registers the module's metatables by
+** name from one table, and offers the few functions the Lua layer needs.
 */
 
 #define LUA_LIB
 
-#include <math.h>
-
 #include "lua.h"
 #include "lauxlib.h"
 
+#include <math.h>
+
 #include "async_mutex.h"
-
-
-#define getstate(L)  ((State *)lua_touserdata(L, lua_upvalueindex(UV_STATE)))
-
-
-/*
-** core.acquire(lock, limit, err, ...), for acquireAll, and the decorated
-** methods below: the lock's request with a limit: 'limit' is a timeout in
-** ms, or false for tryAcquire; 'err' is raised when the limit is hit.
-** The user's own arguments (...) start at index 4 and are numbered from 1
-** in errors.
-*/
-static int limited (lua_State *L, int kind, const char *fname) {
-  int mode = AM_TRY;
-  lua_Number ms = 0;
-  int keyed = am_tokeyed(L, 1) != NULL;
-  Lock *lk = keyed ? NULL : am_tolock(L, 1);
-  luaL_argexpected(L, keyed || lk != NULL, 1, "lock");
-  if (lua_type(L, 2) == LUA_TNUMBER) {
-    ms = lua_tonumber(L, 2);
-    luaL_argcheck(L, ms >= 0, 2, "timeout must be a non-negative number");
-    mode = (ms == HUGE_VAL) ? AM_WAIT : AM_TIMEOUT;
-  }
-  else
-    luaL_argexpected(L, lua_toboolean(L, 2) == 0, 2, "number or false");
-  lua_settop(L, lua_gettop(L) < 3 ? 3 : lua_gettop(L));
-  if (keyed) return am_keyed_request(L, kind, 4, 3, fname, mode, ms, 3);
-  return am_lock_request(L, lk, kind, 4, 3, fname, mode, ms, 3);
-}
-
-
-static int core_acquire (lua_State *L) {
-  return limited(L, W_ACQUIRE, "acquire");
-}
-
-
-/*
-** The acquire and waitForUnlock of decorated locks, {lock, limit, err}
-** tables.  They are C functions rather than Lua wrappers of the above: a
-** Lua frame more would make every timed waiter grow its coroutine's
-** stack, and shrink it again when its timeout error is caught (Lua does),
-** which doubled the cost of 100,000 timeouts.  Upvalues after the
-** module's: the kind's decorated metatable and the kind's name.
-*/
-#define UV_DECORATED  (UV_COUNT + 1)
-#define UV_KINDNAME   (UV_COUNT + 2)
-
-static int decorated (lua_State *L, int kind, const char *fname) {
-  int ok = lua_getmetatable(L, 1)
-           && lua_rawequal(L, -1, lua_upvalueindex(UV_DECORATED));
-  if (!ok) {
-    const char *got = luaL_getmetafield(L, 1, "__name") == LUA_TSTRING
-                      ? lua_tostring(L, -1) : luaL_typename(L, 1);
-    return luaL_error(L, "bad argument #1 to '%s' (decorated %s expected, "
-                      "got %s)", fname,
-                      lua_tostring(L, lua_upvalueindex(UV_KINDNAME)), got);
-  }
-  lua_pop(L, 1);
-  lua_rawgeti(L, 1, 1);                       /* self ... lock */
-  lua_rawgeti(L, 1, 2);                       /* self ... lock limit */
-  lua_rawgeti(L, 1, 3);                       /* self ... lock limit err */
-  lua_rotate(L, 2, 3);                        /* self lock limit err ... */
-  lua_remove(L, 1);
-  return limited(L, kind, fname);
-}
-
-
-static int decorated_acquire (lua_State *L) {
-  return decorated(L, W_ACQUIRE, "acquire");
-}
-
-
-static int decorated_waitForUnlock (lua_State *L) {
-  return decorated(L, W_UNLOCK, "waitForUnlock");
-}
-
-
-/* core.decorate(mt, kind): the acquire and waitForUnlock for 'mt'. */
-static int core_decorate (lua_State *L) {
-  int i;
-  luaL_checktype(L, 1, LUA_TTABLE);
-  luaL_checkstring(L, 2);
-  for (i = 0; i < 2; i++) {
-    int uv;
-    for (uv = 1; uv <= UV_COUNT; uv++) am_pushupvalue(L, uv);
-    lua_pushvalue(L, 1);
-    lua_pushvalue(L, 2);
-    lua_pushcclosure(L, i == 0 ? decorated_acquire : decorated_waitForUnlock,
-                     UV_COUNT + 2);
-  }
-  return 2;
-}
 
 
 /* core.kind(v): "Mutex", "Semaphore", "KeyedMutex", "KeyedSemaphore" or nil. */
 static int core_kind (lua_State *L) {
   Lock *lk = am_tolock(L, 1);
   Keyed *kd = am_tokeyed(L, 1);
-  if (lk != NULL) lua_pushstring(L, lk->is_mutex ? "Mutex" : "Semaphore");
-  else if (kd != NULL)
-    lua_pushstring(L, kd->is_mutex ? "KeyedMutex" : "KeyedSemaphore");
+  if (lk != NULL) lua_pushstring(L, lk->kind->name);
+  else if (kd != NULL) lua_pushfstring(L, "Keyed%s", kd->kind->name);
   else lua_pushnil(L);
   return 1;
 }
@@ -123,7 +30,7 @@ static int core_kind (lua_State *L) {
 ** the module resumed; fn(err, traceback).  Returns the previous handler.
 */
 static int core_setErrorHandler (lua_State *L) {
-  State *st = getstate(L);
+  State *st = am_getstate(L);
   luaL_argexpected(L, lua_isnoneornil(L, 1) || lua_isfunction(L, 1), 1,
                    "function or nil");
   lua_settop(L, 1);
@@ -139,82 +46,266 @@ static int core_setErrorHandler (lua_State *L) {
 }
 
 
+/*
+** spawn(fn, ...): runs fn(...) in a new coroutine at once, up to its first
+** yield, and returns the coroutine.  An error escaping this first run is
+** the module's to report, like one escaping a resume by the scheduler:
+** the handler or stderr hears of it, and the dead coroutine is closed so
+** its to-be-closed variables run.  Nothing is raised to the caller, who
+** may be the main chunk or a luv callback.  Callable tables are accepted,
+** as runExclusive accepts them.
+*/
+static int core_spawn (lua_State *L) {
+  State *st = am_getstate(L);
+  int n = lua_gettop(L);                      /* fn and its arguments */
+  int status, nres;
+  lua_State *co;
+  luaL_argexpected(L, lua_type(L, 1) == LUA_TFUNCTION
+                   || luaL_getmetafield(L, 1, "__call") != LUA_TNIL,
+                   1, "function");
+  lua_settop(L, n);                           /* drop the __call found */
+  co = lua_newthread(L);
+  lua_insert(L, 1);                           /* co fn ... */
+  lua_xmove(L, co, n);                        /* co; co: fn ... */
+  status = lua_resume(co, L, n - 1, &nres);
+  if (status == LUA_OK || status == LUA_YIELD)
+    lua_pop(co, nres);                        /* nobody reads them */
+  else
+    am_report(L, st, co);                     /* and closes it */
+  return 1;
+}
+
+
+/*
+** sleep(ms): a timed acquire of weight 1 on a semaphore of value 0 that
+** nobody else can reach (upvalue UV_ASLEEP): it can only time out, and a
+** timed request with no error index returns nothing when it does
+** (request.c, finish_request).  So a sleeper is a timed waiter like any
+** other: no luv handle of its own (every deadline shares the scheduler's
+** one timer), the cost of a withTimeout request that expires (less: no
+** error raised and caught), and the same fate under coroutine.close (its
+** deadline leaves the timer queue at once) and spurious resumes (ignored).
+** Written in C rather than as a pcall of a timed acquire in Lua, which
+** costs a Lua frame per sleeper and an error raised per wake-up: 100,000
+** sleepers took 1,425 bytes each with their coroutines that way, 1,369
+** as timed waiters under pcall, 1,297 this way.
+*/
+#define UV_ASLEEP  (AM_NUPVALUES + 1)
+
+static int core_sleep (lua_State *L) {
+  Request rq;
+  lua_Number ms;
+  if (lua_type(L, 1) != LUA_TNUMBER) return luaL_typeerror(L, 1, "number");
+  ms = lua_tonumber(L, 1);
+  luaL_argcheck(L, ms >= 0 && ms < HUGE_VAL, 1,
+                "ms must be a non-negative finite number");
+  if (!lua_isyieldable(L))
+    return luaL_error(L, "attempt to sleep outside a coroutine");
+  lua_settop(L, 0);
+  lua_pushvalue(L, lua_upvalueindex(UV_ASLEEP));            /* 1: the lock */
+  rq = (Request){.kind = W_ACQUIRE, .wait = AM_TIMEOUT, .ms = ms,
+                 .erridx = 0,                 /* wake up, do not raise */
+                 .first = 2, .base = 1, .fname = "sleep",
+                 .lock = am_tolock(L, 1), .lockidx = 1,
+                 .weight = 1, .priority = 0};
+  return am_request(L, &rq);
+}
+
+
+/* core.sleeper(semaphore): sleep, over that semaphore of value 0. */
+static int core_sleeper (lua_State *L) {
+  Lock *lk = am_tolock(L, 1);
+  int uv;
+  luaL_argexpected(L, lk != NULL && lk->kind == &am_semaphore_kind
+                   && lk->value == 0 && lk->queue.count == 0, 1,
+                   "unused semaphore of value 0");
+  for (uv = 1; uv <= AM_NUPVALUES; uv++) lua_pushvalue(L, lua_upvalueindex(uv));
+  lua_pushvalue(L, 1);
+  lua_pushcclosure(L, core_sleep, AM_NUPVALUES + 1);
+  return 1;
+}
+
+
 /* pending(): coroutines the module holds, queued or about to be resumed. */
 static int core_pending (lua_State *L) {
-  lua_pushinteger(L, (lua_Integer)getstate(L)->pending);
+  lua_pushinteger(L, (lua_Integer)am_getstate(L)->pending);
   return 1;
 }
 
 
 static const luaL_Reg core_funcs[] = {
-  {"acquire", core_acquire},
+  {"acquire", am_core_acquire},
+  {"limit", am_core_limit},
+  {"layer", am_layer},
+  {"withTimeout", am_withTimeout},
+  {"tryAcquire", am_tryAcquire},
   {"kind", core_kind},
-  {"decorate", core_decorate},
   {"setErrorHandler", core_setErrorHandler},
   {"pending", core_pending},
+  {"spawn", core_spawn},
+  {"sleeper", core_sleeper},
   {NULL, NULL}
 };
 
 
+/* The module's metatable names (registry keys and __name), by type. */
+const char *const am_tnames[AM_NTYPES] = {
+  [AM_T_MUTEX] = AM_MUTEX,
+  [AM_T_SEMAPHORE] = AM_SEMAPHORE,
+  [AM_T_RELEASER] = AM_RELEASER,
+  [AM_T_WAITER] = AM_WAITER,
+  [AM_T_KEYED_MUTEX] = AM_KEYED_MUTEX,
+  [AM_T_KEYED_SEMAPHORE] = AM_KEYED_SEMAPHORE,
+  [AM_T_DECORATED_MUTEX] = AM_DECORATED_MUTEX,
+  [AM_T_DECORATED_SEMAPHORE] = AM_DECORATED_SEMAPHORE,
+  [AM_T_DECORATED_KEYED_MUTEX] = AM_DECORATED_KEYED_MUTEX,
+  [AM_T_DECORATED_KEYED_SEMAPHORE] = AM_DECORATED_KEYED_SEMAPHORE,
+};
+
+
+/*
+** What each metatable holds, by type: metamethods, methods (the __index
+** table) and, for public types, the functions of module[class] ('new').
+** A decorated type has the methods of the type it decorates, and its own
+** requests (decorated.c); its metatable is not registered.
+*/
+typedef struct TypeReg {
+  const char *class;
+  const luaL_Reg *metamethods, *methods, *functions;
+  int decorated;              /* a decorated type, of type 'decorates' */
+  AmType decorates;
+} TypeReg;
+
+static const TypeReg types[AM_NTYPES] = {
+  [AM_T_MUTEX] = {"Mutex", am_lock_metamethods,
+                  am_mutex_methods, am_mutex_class},
+  [AM_T_SEMAPHORE] = {"Semaphore", am_lock_metamethods,
+                      am_semaphore_methods, am_semaphore_class},
+  [AM_T_RELEASER] = {NULL, am_releaser_metamethods,
+                     NULL, NULL},
+  [AM_T_WAITER] = {NULL, am_waiter_metamethods, NULL, NULL},
+  [AM_T_KEYED_MUTEX] = {"KeyedMutex",
+                        am_keyed_metamethods, am_keyed_mutex_methods,
+                        am_keyed_mutex_class},
+  [AM_T_KEYED_SEMAPHORE] = {"KeyedSemaphore",
+                            am_keyed_metamethods,
+                            am_keyed_semaphore_methods,
+                            am_keyed_semaphore_class},
+  [AM_T_DECORATED_MUTEX] = {.methods = am_decorated_methods,
+                            .decorated = 1, .decorates = AM_T_MUTEX},
+  [AM_T_DECORATED_SEMAPHORE] = {.methods = am_decorated_methods,
+                                .decorated = 1,
+                                .decorates = AM_T_SEMAPHORE},
+  [AM_T_DECORATED_KEYED_MUTEX] = {.methods = am_decorated_methods,
+                                  .decorated = 1,
+                                  .decorates = AM_T_KEYED_MUTEX},
+  [AM_T_DECORATED_KEYED_SEMAPHORE] = {.methods = am_decorated_methods,
+                                      .decorated = 1,
+                                      .decorates = AM_T_KEYED_SEMAPHORE},
+};
+
 /*
 ** Sets the functions 'l' into the table at 'idx', each with the module's
-** upvalues, which sit at stack indices 1..UV_COUNT.
+** upvalues, which sit at stack indices 1..AM_NUPVALUES, and 'extra' more
+** from the top of the stack (popped).
 */
-static void setfuncs (lua_State *L, int idx, const luaL_Reg *l) {
+static void setfuncs (lua_State *L, int idx, const luaL_Reg *l, int extra) {
   int i;
+  idx = lua_absindex(L, idx);
+  for (i = 1; i <= AM_NUPVALUES; i++) {
+    lua_pushvalue(L, i);
+    lua_insert(L, -1 - extra);
+  }
   lua_pushvalue(L, idx);
-  for (i = 1; i <= UV_COUNT; i++) lua_pushvalue(L, i);
-  luaL_setfuncs(L, l, UV_COUNT);
+  lua_insert(L, -1 - AM_NUPVALUES - extra);
+  luaL_setfuncs(L, l, AM_NUPVALUES + extra);
   lua_pop(L, 1);
 }
 
 
 /*
-** Registers a lock type: its metatable (at 'mt') gets the metamethods and
-** an __index table of methods; module[name] = {new = ctor, methods = ...}.
-** Metatables are shared by every copy of the module in this lua_State.
+** Fills type 't''s metatable (at its upvalue's stack index): metamethods,
+** an __index table of methods; module[class] = {new = ..., methods =
+** ..., self = {[metatable] = true, ...}}.  Registered metatables are
+** shared by every copy of the module in this lua_State.
 */
-static void open_type (lua_State *L, int mt, const char *name,
-                       const luaL_Reg *metamethods, const luaL_Reg *methods,
-                       const luaL_Reg *class) {
-  setfuncs(L, mt, metamethods);
+static void open_type (lua_State *L, AmType t, int module) {
+  const TypeReg *r = &types[t];
+  int mt = 2 + t;
+  if (r->metamethods != NULL) setfuncs(L, mt, r->metamethods, 0);
+  if (r->class == NULL) return;
   if (lua_getfield(L, mt, "__index") != LUA_TTABLE) {
     lua_pop(L, 1);
     lua_newtable(L);
     lua_pushvalue(L, -1);
     lua_setfield(L, mt, "__index");
   }
-  setfuncs(L, lua_gettop(L), methods);
-  lua_createtable(L, 0, 2);                 /* module[name] */
+  setfuncs(L, -1, r->methods, 0);
+  lua_createtable(L, 0, 4);                 /* module[class] */
   lua_insert(L, -2);
   lua_setfield(L, -2, "methods");
-  setfuncs(L, lua_gettop(L), class);
-  lua_setfield(L, -2, name);
+  setfuncs(L, -1, r->functions, 0);
+  lua_createtable(L, 0, 2);                 /* the metatables of self */
+  lua_pushvalue(L, mt);
+  lua_pushboolean(L, 1);
+  lua_rawset(L, -3);
+  lua_setfield(L, -2, "self");
+  lua_setfield(L, module, r->class);
+}
+
+
+/*
+** Fills decorated type 'd''s metatable: its __index has the methods of
+** the type it decorates, and its own requests, which know their type
+** (an extra upvalue); module[class].decorated is that __index.
+*/
+static void open_decorated (lua_State *L, AmType d, AmType t, int module) {
+  int mt = 2 + d;
+  lua_getfield(L, module, types[t].class);    /* module[class] */
+  lua_newtable(L);                            /* __index */
+  lua_getfield(L, -2, "methods");
+  lua_pushnil(L);
+  while (lua_next(L, -2) != 0) {              /* copy the lock's methods */
+    lua_pushvalue(L, -2);
+    lua_insert(L, -2);
+    lua_rawset(L, -5);
+  }
+  lua_pop(L, 1);                              /* methods */
+  lua_pushinteger(L, d);
+  setfuncs(L, -2, types[d].methods, 1);
+  lua_pushvalue(L, -1);
+  lua_setfield(L, mt, "__index");
+  lua_setfield(L, -2, "decorated");
+  lua_getfield(L, -1, "self");
+  lua_pushvalue(L, mt);
+  lua_pushboolean(L, 1);
+  lua_rawset(L, -3);                          /* self[decorated mt] */
+  lua_pop(L, 2);
 }
 
 
 __attribute__((visibility("default")))
 LUAMOD_API int luaopen_async_mutex_core (lua_State *L) {
+  int t, module;
   lua_settop(L, 0);
-  am_state_open(L);                         /* 1: state */
-  luaL_newmetatable(L, AM_MUTEX);           /* 2 */
-  luaL_newmetatable(L, AM_SEMAPHORE);       /* 3 */
-  luaL_newmetatable(L, AM_RELEASER);        /* 4 */
-  luaL_newmetatable(L, AM_WAITER);          /* 5 */
-  luaL_newmetatable(L, AM_KEYED_MUTEX);     /* 6 */
-  luaL_newmetatable(L, AM_KEYED_SEMAPHORE); /* 7 */
-  setfuncs(L, UV_RELEASER, am_releaser_metamethods);
-  setfuncs(L, UV_WAITER, am_waiter_metamethods);
-  lua_newtable(L);                          /* 8: the module */
-  setfuncs(L, 8, core_funcs);
-  open_type(L, UV_MUTEX, "Mutex", am_lock_metamethods, am_mutex_methods,
-            am_mutex_class);
-  open_type(L, UV_SEMAPHORE, "Semaphore", am_lock_metamethods,
-            am_semaphore_methods, am_semaphore_class);
-  open_type(L, UV_KEYED_MUTEX, "KeyedMutex", am_keyed_metamethods,
-            am_keyed_mutex_methods, am_keyed_mutex_class);
-  open_type(L, UV_KEYED_SEMAPHORE, "KeyedSemaphore", am_keyed_metamethods,
-            am_keyed_semaphore_methods, am_keyed_semaphore_class);
+  am_state_open(L);                         /* 1: the state */
+  for (t = 0; t < AM_NTYPES; t++) {         /* 2 + t: type t's metatable */
+    if (!types[t].decorated)
+      luaL_newmetatable(L, am_tnames[t]);
+    else {                                  /* one per copy of the module */
+      lua_createtable(L, 0, 2);
+      lua_pushstring(L, am_tnames[t]);
+      lua_setfield(L, -2, "__name");
+    }
+  }
+  lua_newtable(L);                          /* the module */
+  module = lua_gettop(L);
+  setfuncs(L, module, core_funcs, 0);
+  for (t = 0; t < AM_NTYPES; t++)
+    if (!types[t].decorated) open_type(L, (AmType)t, module);
+  for (t = 0; t < AM_NTYPES; t++)
+    if (types[t].decorated)
+      open_decorated(L, (AmType)t, types[t].decorates, module);
   lua_pushliteral(L, AM_E_TIMEOUT);
   lua_setfield(L, -2, "E_TIMEOUT");
   lua_pushliteral(L, AM_E_ALREADY_LOCKED);

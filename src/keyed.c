@@ -1,9 +1,10 @@
 /*
 ** keyed.c: KeyedMutex and KeyedSemaphore, one lock per key
 ** A key's lock is created by the first request that needs it and leaves
-** the set as soon as it is idle (lock.c: am_settle), so memory follows the
+** the set as soon as it is idle (am_keyed_settle), so memory follows the
 ** keys in use, not the keys ever seen.  Every rule of the single locks
-** applies per key: the per-key locks are ordinary Mutex/Semaphore locks.
+** applies per key: the per-key locks are ordinary locks of the set's kind
+** (any LockKind), and all of the keyed bookkeeping is in this file.
 */
 
 #define LUA_LIB
@@ -18,8 +19,8 @@
 Keyed *am_tokeyed (lua_State *L, int idx) {
   void *p = lua_touserdata(L, idx);
   if (p != NULL && lua_getmetatable(L, idx)) {
-    int ok = lua_rawequal(L, -1, lua_upvalueindex(UV_KEYED_MUTEX))
-          || lua_rawequal(L, -1, lua_upvalueindex(UV_KEYED_SEMAPHORE));
+    int ok = lua_rawequal(L, -1, am_mtindex(AM_T_KEYED_MUTEX))
+          || lua_rawequal(L, -1, am_mtindex(AM_T_KEYED_SEMAPHORE));
     lua_pop(L, 1);
     if (ok) return (Keyed *)p;
   }
@@ -27,21 +28,19 @@ Keyed *am_tokeyed (lua_State *L, int idx) {
 }
 
 
-#define checkkmutex(L)  ((Keyed *)am_checkself(L, UV_KEYED_MUTEX, \
-                                                AM_KEYED_MUTEX))
-#define checkksem(L)    ((Keyed *)am_checkself(L, UV_KEYED_SEMAPHORE, \
-                                                AM_KEYED_SEMAPHORE))
-
-
-/* A key is any value usable as a table key: not nil, not NaN. */
-static void checkkey (lua_State *L, int idx, int base, const char *fname) {
-  if (lua_isnoneornil(L, idx))
-    am_argerror(L, idx, base, fname, "key must not be nil");
-  if (lua_type(L, idx) == LUA_TNUMBER) {
-    lua_Number n = lua_tonumber(L, idx);
-    if (n != n) am_argerror(L, idx, base, fname, "key must not be NaN");
-  }
+/* The keyed set at 1 (a decorated one is replaced by its set), or raises. */
+static Keyed *checkkeyed (lua_State *L) {
+  Keyed *kd = am_tokeyed(L, 1);
+  if (kd == NULL && (am_undecorate(L, AM_T_KEYED_MUTEX)
+                     || am_undecorate(L, AM_T_KEYED_SEMAPHORE)))
+    kd = am_tokeyed(L, 1);
+  luaL_argexpected(L, kd != NULL, 1, "keyed lock");
+  return kd;
 }
+
+
+#define checkkmutex(L)  ((Keyed *)am_checkself(L, AM_T_KEYED_MUTEX))
+#define checkksem(L)    ((Keyed *)am_checkself(L, AM_T_KEYED_SEMAPHORE))
 
 
 /*
@@ -59,8 +58,8 @@ static Lock *getlock (lua_State *L, Keyed *kd, int keyidx, int create) {
   }
   lua_pop(L, 1);                                  /* map */
   lk = (Lock *)lua_newuserdatauv(L, sizeof(Lock), 3);
-  am_init_lock(lk, kd->st, kd->value, kd->is_mutex);
-  am_pushupvalue(L, kd->is_mutex ? UV_MUTEX : UV_SEMAPHORE);
+  am_lock_init(lk, kd->kind, kd->st, kd->fresh.value);
+  am_pushmt(L, kd->kind->type);
   lua_setmetatable(L, -2);
   lua_getiuservalue(L, 1, 2);
   lua_setiuservalue(L, -2, 1);                    /* its cancel error */
@@ -68,6 +67,15 @@ static Lock *getlock (lua_State *L, Keyed *kd, int keyidx, int create) {
   lua_setiuservalue(L, -2, 2);                    /* its key */
   lua_pushvalue(L, 1);
   lua_setiuservalue(L, -2, 3);                    /* its keyed set */
+  /* RE-ENTRY: the allocation may have run a finalizer that made the
+     key's lock (a tryAcquire of the key): use that one, drop ours */
+  lua_pushvalue(L, keyidx);
+  if (lua_rawget(L, -3) != LUA_TNIL) {            /* map lock existing */
+    lua_replace(L, -3);
+    lua_pop(L, 1);
+    return (Lock *)lua_touserdata(L, -1);
+  }
+  lua_pop(L, 1);
   lua_pushvalue(L, -1);
   lk->selfref = luaL_ref(L, LUA_REGISTRYINDEX);   /* first: it may raise */
   lk->keyed = kd;
@@ -81,46 +89,96 @@ static Lock *getlock (lua_State *L, Keyed *kd, int keyidx, int create) {
 
 
 /*
+** The lock serving the key of the lock 'lk' at 'lockidx' now.  Lua code
+** run since 'lk' was looked up (a finalizer at an allocation) may have
+** released the key, and the idle lock left its set: then the key's lock
+** in the set replaces 'lk' at 'lockidx', or if the key has none, 'lk'
+** goes back into the set.  Runs no Lua code and no collector step (raw
+** accesses and luaL_ref only), so a decision taken after it holds.
+*/
+Lock *am_keyed_recheck (lua_State *L, Lock *lk, int lockidx) {
+  if (lk->selfref != LUA_NOREF) return lk;
+  lua_getiuservalue(L, lockidx, 3);               /* set */
+  lua_getiuservalue(L, -1, 1);                    /* set map */
+  lua_getiuservalue(L, lockidx, 2);               /* set map key */
+  if (lua_rawget(L, -2) != LUA_TNIL) {            /* set map lock */
+    lk = (Lock *)lua_touserdata(L, -1);
+    lua_replace(L, lockidx);
+  }
+  else {
+    lua_pop(L, 1);                                /* set map */
+    lua_getiuservalue(L, lockidx, 2);
+    lua_pushvalue(L, lockidx);
+    lua_rawset(L, -3);                            /* map[key] = lock */
+    lua_pushvalue(L, lockidx);
+    lk->selfref = luaL_ref(L, LUA_REGISTRYINDEX);
+    lk->keyed->nkeys++;
+  }
+  lua_pop(L, 2);
+  return lk;
+}
+
+
+/*
 ** acquire / waitForUnlock of one key: the keyed set at 1, the key at
 ** 'first', then the lock's own arguments.  A key without a lock is free:
 ** a request that would be granted at once on a fresh lock needs one only
 ** to hold the grant.  With 'max_pending', a request that would queue
 ** behind that many acquirers raises the set's max-pending error instead.
 */
-int am_keyed_request (lua_State *L, int kind, int first, int base,
-                      const char *fname, int mode, lua_Number ms,
-                      int erridx) {
+int am_keyed_request (lua_State *L, Request *rq) {
   Keyed *kd = (Keyed *)lua_touserdata(L, 1);
-  Request rq;
+  int first = rq->first;
   Lock *lk;
-  rq.kind = kind;
-  rq.mode = mode;
-  rq.ms = ms;
-  rq.erridx = erridx;
-  checkkey(L, first, base, fname);
-  am_parse_request(L, &rq, kd->is_mutex, first + 1, base, fname);
-  am_check_yieldable(L, &rq, kd->is_mutex);
+  am_checkkey(L, first, rq->base, rq->fname);
+  rq->first = first + 1;              /* the lock's own arguments */
+  am_parse_request(L, rq, kd->kind);
   lua_settop(L, first + 2);      /* extra arguments: the lock's index fits */
   lk = getlock(L, kd, first, 0);
   if (lk == NULL) {
-    int free_now = rq.weight <= kd->value;
-    if (kind == W_UNLOCK && free_now) return 0;
-    if (mode == AM_TRY && !free_now) {
-      lua_pushvalue(L, erridx);
+    int free_now = kd->kind->fits(&kd->fresh, rq->weight);
+    if (rq->kind == W_UNLOCK && free_now) return 0;
+    if (rq->wait == AM_TRY && !free_now) {
+      lua_pushvalue(L, rq->erridx);
       return lua_error(L);
     }
     lua_pop(L, 1);
     lk = getlock(L, kd, first, 1);
   }
-  rq.lock = lk;
-  rq.lockidx = lua_gettop(L);
-  if (kind == W_ACQUIRE && mode != AM_TRY && kd->max_pending > 0
+  rq->lock = lk;
+  rq->lockidx = lua_gettop(L);
+  if (rq->kind == W_ACQUIRE && rq->wait != AM_TRY && kd->max_pending > 0
       && (lua_Integer)lk->queue.count >= kd->max_pending
-      && !am_can_lock_now(lk, rq.weight, rq.priority)) {
+      && !am_can_lock_now(lk, rq->weight, rq->priority)) {
     lua_getiuservalue(L, 1, 3);
     return lua_error(L);
   }
-  return am_request(L, &rq);
+  return am_request(L, rq);
+}
+
+
+/*
+** Called (through am_settle) after anything that may leave a keyed lock
+** idle (no grant out, no waiter, the value back to the initial one): an
+** idle lock leaves its keyed set at once, so the set holds only the keys
+** in use.  A later request for its key gets a new lock; the old one can
+** only be reached by its spent releasers.
+*/
+void am_keyed_settle (lua_State *L, Lock *lk) {
+  if (lk->selfref == LUA_NOREF || lk->held > 0
+      || lk->value != lk->keyed->fresh.value || lk->queue.count > 0
+      || lk->nunlock > 0)
+    return;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, lk->selfref);    /* lock */
+  lua_getiuservalue(L, -1, 3);                       /* lock keyed */
+  lua_getiuservalue(L, -1, 1);                       /* lock keyed map */
+  lua_getiuservalue(L, -3, 2);                       /* ... map key */
+  lua_pushnil(L);
+  lua_rawset(L, -3);                                 /* map[key] = nil */
+  lua_pop(L, 3);
+  luaL_unref(L, LUA_REGISTRYINDEX, lk->selfref);
+  lk->selfref = LUA_NOREF;
+  lk->keyed->nkeys--;
 }
 
 
@@ -143,7 +201,7 @@ static void setoption (lua_State *L, int optidx, const char *field,
 ** new([options]) / new(value [, options]); options: cancelError,
 ** maxPending (a non-negative integer, 0 = no bound), maxPendingError.
 */
-static void newkeyed (lua_State *L, int is_mutex, lua_Integer value,
+static void newkeyed (lua_State *L, const LockKind *kind, lua_Integer value,
                       int optidx) {
   Keyed *kd;
   lua_Integer max_pending = 0;
@@ -159,12 +217,12 @@ static void newkeyed (lua_State *L, int is_mutex, lua_Integer value,
     lua_pop(L, 1);
   }
   kd = (Keyed *)lua_newuserdatauv(L, sizeof(Keyed), 3);
-  kd->st = (State *)lua_touserdata(L, lua_upvalueindex(UV_STATE));
-  kd->value = value;
+  kd->kind = kind;
+  kd->st = am_getstate(L);
+  am_lock_init(&kd->fresh, kind, kd->st, value);
   kd->max_pending = max_pending;
   kd->nkeys = 0;
-  kd->is_mutex = is_mutex;
-  am_pushupvalue(L, is_mutex ? UV_KEYED_MUTEX : UV_KEYED_SEMAPHORE);
+  am_pushmt(L, kind->keyed_type);
   lua_setmetatable(L, -2);
   lua_newtable(L);
   lua_setiuservalue(L, -2, 1);                    /* map */
@@ -175,7 +233,7 @@ static void newkeyed (lua_State *L, int is_mutex, lua_Integer value,
 
 static int kmutex_new (lua_State *L) {
   lua_settop(L, 1);
-  newkeyed(L, 1, 1, 1);
+  newkeyed(L, &am_mutex_kind, 1, 1);
   return 1;
 }
 
@@ -183,7 +241,7 @@ static int kmutex_new (lua_State *L) {
 static int ksem_new (lua_State *L) {
   lua_Integer value = luaL_checkinteger(L, 1);
   lua_settop(L, 2);
-  newkeyed(L, 0, value, 2);
+  newkeyed(L, &am_semaphore_kind, value, 2);
   return 1;
 }
 
@@ -193,37 +251,45 @@ static int ksem_new (lua_State *L) {
 /* {====================================================== methods */
 
 static int kmutex_acquire (lua_State *L) {
+  Request rq = {.kind = W_ACQUIRE, .first = 2, .base = 1,
+                .fname = "acquire"};
   checkkmutex(L);
-  return am_keyed_request(L, W_ACQUIRE, 2, 1, "acquire", AM_WAIT, 0, 0);
+  return am_keyed_request(L, &rq);
 }
 
 
 static int ksem_acquire (lua_State *L) {
+  Request rq = {.kind = W_ACQUIRE, .first = 2, .base = 1,
+                .fname = "acquire"};
   checkksem(L);
-  return am_keyed_request(L, W_ACQUIRE, 2, 1, "acquire", AM_WAIT, 0, 0);
+  return am_keyed_request(L, &rq);
 }
 
 
 static int kmutex_waitForUnlock (lua_State *L) {
+  Request rq = {.kind = W_UNLOCK, .first = 2, .base = 1,
+                .fname = "waitForUnlock"};
   checkkmutex(L);
-  return am_keyed_request(L, W_UNLOCK, 2, 1, "waitForUnlock", AM_WAIT, 0, 0);
+  return am_keyed_request(L, &rq);
 }
 
 
 static int ksem_waitForUnlock (lua_State *L) {
+  Request rq = {.kind = W_UNLOCK, .first = 2, .base = 1,
+                .fname = "waitForUnlock"};
   checkksem(L);
-  return am_keyed_request(L, W_UNLOCK, 2, 1, "waitForUnlock", AM_WAIT, 0, 0);
+  return am_keyed_request(L, &rq);
 }
 
 
 /* isLocked(key): a key without a lock in use has its initial value. */
 static int keyed_isLocked (lua_State *L) {
-  Keyed *kd = am_tokeyed(L, 1);
+  Keyed *kd = checkkeyed(L);
   Lock *lk;
-  luaL_argexpected(L, kd != NULL, 1, "keyed lock");
-  checkkey(L, 2, 1, "isLocked");
+  am_checkkey(L, 2, 1, "isLocked");
   lk = getlock(L, kd, 2, 0);
-  lua_pushboolean(L, (lk ? lk->value : kd->value) <= 0);
+  lua_pushboolean(L, lk ? lk->kind->is_locked(lk)
+                        : kd->kind->is_locked(&kd->fresh));
   return 1;
 }
 
@@ -231,9 +297,9 @@ static int keyed_isLocked (lua_State *L) {
 static int ksem_getValue (lua_State *L) {
   Keyed *kd = checkksem(L);
   Lock *lk;
-  checkkey(L, 2, 1, "getValue");
+  am_checkkey(L, 2, 1, "getValue");
   lk = getlock(L, kd, 2, 0);
-  lua_pushinteger(L, lk ? lk->value : kd->value);
+  lua_pushinteger(L, (lk ? lk : &kd->fresh)->value);
   return 1;
 }
 
@@ -242,9 +308,10 @@ static int ksem_getValue (lua_State *L) {
 static int kmutex_release (lua_State *L) {
   Keyed *kd = checkkmutex(L);
   Lock *lk;
-  checkkey(L, 2, 1, "release");
+  am_checkkey(L, 2, 1, "release");
   lk = getlock(L, kd, 2, 0);
-  if (lk != NULL && lk->value <= 0) am_release(L, lk, 1);
+  if (lk != NULL) am_give_back(L, lk, 1, AM_UNSCOPED, 0);
+  am_sync(L, kd->st);
   return 0;
 }
 
@@ -256,22 +323,23 @@ static int kmutex_release (lua_State *L) {
 static int ksem_release (lua_State *L) {
   Keyed *kd = checkksem(L);
   lua_Integer weight;
-  checkkey(L, 2, 1, "release");
+  am_checkkey(L, 2, 1, "release");
   weight = am_optweight(L, 3, 1, "release");
-  am_release(L, getlock(L, kd, 2, 1), weight);
+  am_give_back(L, getlock(L, kd, 2, 1), weight, AM_UNSCOPED, 0);
+  am_sync(L, kd->st);
   return 0;
 }
 
 
 /* cancel([key]): rejects the queued acquirers of one key, or of all. */
 static int keyed_cancel (lua_State *L) {
-  Keyed *kd = am_tokeyed(L, 1);
-  luaL_argexpected(L, kd != NULL, 1, "keyed lock");
+  Keyed *kd = checkkeyed(L);
   if (!lua_isnoneornil(L, 2)) {
     Lock *lk;
-    checkkey(L, 2, 1, "cancel");
+    am_checkkey(L, 2, 1, "cancel");
     lk = getlock(L, kd, 2, 0);
     if (lk != NULL) am_cancel(L, lk);
+    am_sync(L, kd->st);
     return 0;
   }
   lua_settop(L, 1);
@@ -281,14 +349,14 @@ static int keyed_cancel (lua_State *L) {
     am_cancel(L, (Lock *)lua_touserdata(L, -1));
     lua_pop(L, 1);
   }
+  am_sync(L, kd->st);      /* after the traversal: a hook may add keys */
   return 0;
 }
 
 
 /* count(): how many keys have a lock in use (held or waited for). */
 static int keyed_count (lua_State *L) {
-  Keyed *kd = am_tokeyed(L, 1);
-  luaL_argexpected(L, kd != NULL, 1, "keyed lock");
+  Keyed *kd = checkkeyed(L);
   lua_pushinteger(L, kd->nkeys);
   return 1;
 }
@@ -296,10 +364,9 @@ static int keyed_count (lua_State *L) {
 
 /* waiting(key): acquirers queued for the key, and waitForUnlock waiters. */
 static int keyed_waiting (lua_State *L) {
-  Keyed *kd = am_tokeyed(L, 1);
+  Keyed *kd = checkkeyed(L);
   Lock *lk;
-  luaL_argexpected(L, kd != NULL, 1, "keyed lock");
-  checkkey(L, 2, 1, "waiting");
+  am_checkkey(L, 2, 1, "waiting");
   lk = getlock(L, kd, 2, 0);
   lua_pushinteger(L, lk ? (lua_Integer)lk->queue.count : 0);
   lua_pushinteger(L, lk ? (lua_Integer)lk->nunlock : 0);
@@ -309,9 +376,8 @@ static int keyed_waiting (lua_State *L) {
 
 /* keys(): a new array of the keys in use. */
 static int keyed_keys (lua_State *L) {
-  Keyed *kd = am_tokeyed(L, 1);
+  Keyed *kd = checkkeyed(L);
   lua_Integer n = 0;
-  luaL_argexpected(L, kd != NULL, 1, "keyed lock");
   lua_settop(L, 1);
   lua_getiuservalue(L, 1, 1);                     /* map */
   lua_createtable(L, (int)kd->nkeys, 0);
@@ -329,7 +395,7 @@ static int keyed__tostring (lua_State *L) {
   Keyed *kd = am_tokeyed(L, 1);
   luaL_argexpected(L, kd != NULL, 1, "keyed lock");
   lua_pushfstring(L, "%s (%I keys in use): %p",
-                  kd->is_mutex ? AM_KEYED_MUTEX : AM_KEYED_SEMAPHORE,
+                  am_tnames[kd->kind->keyed_type],
                   (LUAI_UACINT)kd->nkeys, (void *)kd);
   return 1;
 }

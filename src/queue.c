@@ -65,7 +65,7 @@ void am_list_unlink (Waiter *w, int timer) {
 */
 static int before (const Queue *q, const Bucket *a, const Bucket *b) {
   if (q->timer) {
-    lua_Number da = HEAD(a)->u.deadline, db = HEAD(b)->u.deadline;
+    lua_Number da = HEAD(a)->deadline, db = HEAD(b)->deadline;
     if (da != db) return da < db;
   }
   return a->key > b->key;

@@ -8,10 +8,11 @@ local uv = require "luv"
 
 local error, getmetatable, ipairs, pcall, rawget, setmetatable, type =
   error, getmetatable, ipairs, pcall, rawget, setmetatable, type
+local getinfo = debug.getinfo
 local huge, max, sort = math.huge, math.max, table.sort
 local now = uv.now
 
-local kind_of = core.kind
+local limit_of = core.limit
 local limited_acquire = core.acquire
 
 local M = {
@@ -21,9 +22,14 @@ local M = {
   E_CANCELED = core.E_CANCELED,
   E_MAX_PENDING = core.E_MAX_PENDING,
   E_UNAVAILABLE = "redis server unavailable",   -- async_mutex.redis (docs/redis.md)
-  E_LOST = "lock lost: lease expired",
+  E_LOST = "lock lost: lease expired",          -- docs/semantics.md, Leases and lost holds
   setErrorHandler = core.setErrorHandler,
   pending = core.pending,
+  spawn = core.spawn,
+  -- a private semaphore that nobody releases: its requests can only time out
+  sleep = core.sleeper(core.Semaphore.new(0)),
+  withTimeout = core.withTimeout,   -- decorated locks are the C core's
+  tryAcquire = core.tryAcquire,
 }
 
 local KINDS = { "Mutex", "Semaphore", "KeyedMutex", "KeyedSemaphore" }
@@ -35,9 +41,20 @@ local function typename(v)
     and mt.__name or type(v)
 end
 
--- Raises an argument error at 'level' (1 = the caller of argerror).
-local function argerror(level, n, fname, msg)
-  error(("bad argument #%d to '%s' (%s)"):format(n, fname, msg), level + 1)
+-- Usage errors belong to the user's call, the first one outside this file,
+-- with no position when that caller is C (pcall), as Lua's own argument
+-- errors.  The C core does the same for errors it raises under the
+-- functions of this file (core.layer, at the end).
+local SOURCE = getinfo(1, "S").source
+
+local function argerror(n, fname, msg)
+  local level = 2
+  repeat
+    local info = getinfo(level, "S")
+    local ours = info and info.source == SOURCE
+    if ours then level = level + 1 end
+  until not ours
+  error(("bad argument #%d to '%s' (%s)"):format(n, fname, msg), level)
 end
 
 local function is_callable(f)
@@ -46,25 +63,14 @@ local function is_callable(f)
   return type(mt) == "table" and rawget(mt, "__call") ~= nil
 end
 
-
--- A decorated lock is a table {lock, limit, err}: limit is a timeout in
--- ms (withTimeout) or false (tryAcquire).  It shares all state with the
--- lock; only the requests (acquire, waitForUnlock, runExclusive, and the
--- multi-key ones) behave differently.
-local decorated = {}
-
--- The metatables each kind's wrappers accept as self: plain and decorated.
+-- The metatables each kind's methods accept as self: the lock's and its
+-- decorated locks'.
 local accepts = {}
-
-for _, kind in ipairs(KINDS) do
-  decorated[kind] = { __name = "async_mutex.decorated " .. kind }
-  local sample = kind:find("Semaphore") and core[kind].new(1) or core[kind].new()
-  accepts[kind] = { [getmetatable(sample)] = true, [decorated[kind]] = true }
-end
+for _, kind in ipairs(KINDS) do accepts[kind] = core[kind].self end
 
 local function check_self(self, kind, fname)
   if not accepts[kind][getmetatable(self)] then
-    argerror(3, 1, fname, ("async_mutex.%s expected, got %s"):format(kind, typename(self)))
+    argerror(1, fname, ("async_mutex.%s expected, got %s"):format(kind, typename(self)))
   end
 end
 
@@ -86,7 +92,7 @@ end
 
 local function check_fn(fn, n)
   if not is_callable(fn) then
-    argerror(3, n, "runExclusive", "function expected, got " .. typename(fn))
+    argerror(n, "runExclusive", "function expected, got " .. typename(fn))
   end
 end
 
@@ -146,15 +152,15 @@ end
 
 local function canonical(keys, fname)
   if type(keys) ~= "table" then
-    argerror(3, 1, fname, "table of keys expected, got " .. typename(keys))
+    argerror(1, fname, "table of keys expected, got " .. typename(keys))
   end
   local n = #keys
-  if n == 0 then argerror(3, 1, fname, "key set must not be empty") end
+  if n == 0 then argerror(1, fname, "key set must not be empty") end
   local seen, sorted = {}, {}
   for i = 1, n do
     local key = keys[i]
-    if key == nil then argerror(3, 1, fname, ("key #%d must not be nil"):format(i)) end
-    if key ~= key then argerror(3, 1, fname, ("key #%d must not be NaN"):format(i)) end
+    if key == nil then argerror(1, fname, ("key #%d must not be nil"):format(i)) end
+    if key ~= key then argerror(1, fname, ("key #%d must not be NaN"):format(i)) end
     if not seen[key] then
       seen[key] = true
       sorted[#sorted + 1] = key
@@ -183,8 +189,8 @@ local function releaser(a, b) return b or a end
 local function acquire_all(self, kind, fname, keys, ...)
   check_self(self, kind, fname)
   local sorted = canonical(keys, fname)
-  local lock, limit, err = self, nil, nil
-  if getmetatable(self) == decorated[kind] then lock, limit, err = self[1], self[2], self[3] end
+  local lock, limit, err = limit_of(self)
+  if lock == nil then lock = self end
   local deadline = type(limit) == "number" and limit ~= huge and now() + limit
   local held <close> = setmetatable({}, guard)
   for i = 1, #sorted do
@@ -203,18 +209,21 @@ end
 
 local all = {}
 
+-- (Not tail calls: the C core finds these frames to name the user's call.)
 function all.KeyedMutex(self, keys, priority)
-  return acquire_all(self, "KeyedMutex", "acquireAll", keys, priority)
+  local release = acquire_all(self, "KeyedMutex", "acquireAll", keys, priority)
+  return release
 end
 
 function all.KeyedSemaphore(self, keys, weight, priority)
-  return acquire_all(self, "KeyedSemaphore", "acquireAll", keys, weight, priority)
+  local release = acquire_all(self, "KeyedSemaphore", "acquireAll", keys, weight, priority)
+  return release
 end
 
 local function run_all(self, kind, keys, fn, ...)
   check_self(self, kind, "runExclusiveAll")
   if not is_callable(fn) then
-    argerror(2, 2, "runExclusiveAll", "function expected, got " .. typename(fn))
+    argerror(2, "runExclusiveAll", "function expected, got " .. typename(fn))
   end
   local release <close> = acquire_all(self, kind, "runExclusiveAll", keys, ...)
   return finish(release, pcall(fn))
@@ -234,94 +243,58 @@ end
 
 
 -- {========================================================== methods
-
-local FORWARDED = {
-  Mutex = { "isLocked", "release", "cancel" },
-  Semaphore = { "isLocked", "release", "cancel", "getValue", "setValue" },
-  KeyedMutex = { "isLocked", "release", "cancel", "count", "waiting", "keys" },
-  KeyedSemaphore = { "isLocked", "release", "cancel", "getValue", "count",
-                     "waiting", "keys" },
-}
-
-local function unwrap(self, kind, fname)
-  if getmetatable(self) ~= decorated[kind] then
-    argerror(3, 1, fname, ("decorated %s expected, got %s"):format(kind, typename(self)))
-  end
-  return self[1], self[2], self[3]
-end
+-- Interposed in the method tables of each kind, plain and decorated.
 
 for _, kind in ipairs(KINDS) do
-  -- the plain type: interpose the Lua-written methods
-  local methods = core[kind].methods
-  methods.runExclusive = run[kind]
-  if is_keyed[kind] then
-    methods.acquireAll = all[kind]
-    methods.runExclusiveAll = run_all_of[kind]
-  end
-  M[kind] = { new = core[kind].new }
-
-  -- the decorated type
-  local dmethods = {
-    runExclusive = run[kind],
-    acquireAll = all[kind],
-    runExclusiveAll = run_all_of[kind],
-  }
-  decorated[kind].__index = dmethods
-
-  dmethods.acquire, dmethods.waitForUnlock = core.decorate(decorated[kind], kind)
-
-  for _, method in ipairs(FORWARDED[kind]) do
-    dmethods[method] = function(self, ...)
-      local lock = unwrap(self, kind, method)
-      return lock[method](lock, ...)
+  local class = core[kind]
+  for _, methods in ipairs({ class.methods, class.decorated }) do
+    methods.runExclusive = run[kind]
+    if is_keyed[kind] then
+      methods.acquireAll = all[kind]
+      methods.runExclusiveAll = run_all_of[kind]
     end
   end
+  M[kind] = { new = class.new }
 end
+
+-- The functions above that call requests, and how the user numbers the
+-- arguments they pass on: {name, from, shift}: the request's argument #n,
+-- n >= from, is the user's #n + shift.
+core.layer(SOURCE, {
+  [run.Mutex] = { "runExclusive", 1, 1 },
+  [run.Semaphore] = { "runExclusive", 1, 1 },
+  [run.KeyedMutex] = { "runExclusive", 2, 1 },
+  [run.KeyedSemaphore] = { "runExclusive", 2, 1 },
+  [all.KeyedMutex] = { "acquireAll", 1, 0 },
+  [all.KeyedSemaphore] = { "acquireAll", 1, 0 },
+  [run_all] = { "runExclusiveAll", 2, 1 },    -- tail-called by run_all_of
+})
 
 -- }==========================================================
 
-
--- {========================================================== decorators
-
-local function decorate(fname, lock, limit, err)
-  local mt = getmetatable(lock)
-  if type(mt) == "table" and type(rawget(mt, "__decorate")) == "function" then
-    return mt.__decorate(lock, limit, err)      -- a Redis lock (redis_lock.lua)
-  end
-  local kind = kind_of(lock)
-  if not kind then
-    argerror(3, 1, fname, "async_mutex lock expected, got " .. typename(lock))
-  end
-  return setmetatable({ lock, limit, err }, decorated[kind])
-end
-
---- withTimeout(lock, ms [, timeout_error]): the lock, whose requests raise
--- timeout_error when not granted within ms milliseconds.
-function M.withTimeout(lock, ms, timeout_error)
-  if type(ms) ~= "number" or not (ms >= 0) then
-    argerror(2, 2, "withTimeout", "timeout must be a non-negative number")
-  end
-  if timeout_error == nil then timeout_error = M.E_TIMEOUT end
-  local d = decorate("withTimeout", lock, ms, timeout_error)
-  return d                    -- not a tail call: errors name our caller
-end
-
---- tryAcquire(lock [, already_locked_error]): the lock, whose requests
--- raise already_locked_error at once when they cannot succeed now.
-function M.tryAcquire(lock, already_locked_error)
-  if already_locked_error == nil then already_locked_error = M.E_ALREADY_LOCKED end
-  local d = decorate("tryAcquire", lock, false, already_locked_error)
-  return d
-end
-
--- }==========================================================
+-- am.optimistic and am.E_CONFLICT (docs/optimistic.md)
+require("async_mutex.optimistic").install(M)
 
 
--- The Redis locks live in async_mutex.redis_lock, loaded on first use so
--- that this module loads without Redis support (docs/redis-locks.md).
+-- The Redis locks (docs/redis-locks.md) live in async_mutex.redis_lock,
+-- loaded on first use so that this module loads without Redis support.
+-- They decorate themselves: withTimeout and tryAcquire hand them to their
+-- metatable's __decorate (a tail call, so errors name the user's line).
 local REDIS_LOCKS = { RedisMutex = true, RedisSemaphore = true, KeyedRedisMutex = true }
 setmetatable(M, { __index = function(_, name)
   if REDIS_LOCKS[name] then return require("async_mutex.redis_lock")[name] end
 end })
+
+local function decorator(c_decorate, fname)
+  return function(lock, ...)
+    local mt = getmetatable(lock)
+    if type(mt) == "table" and type(rawget(mt, "__decorate")) == "function" then
+      return mt.__decorate(fname, lock, ...)
+    end
+    return c_decorate(lock, ...)
+  end
+end
+M.withTimeout = decorator(core.withTimeout, "withTimeout")
+M.tryAcquire = decorator(core.tryAcquire, "tryAcquire")
 
 return M

@@ -43,9 +43,9 @@ end
 -- be collected (its __gc ends the connection).
 
 local hooks = core.hooks
-local onpoll, status, fail = core.onpoll, core.status, core.fail
+local onpoll, status, fail, alive = core.onpoll, core.status, core.fail, core.alive
 local WEAK_K, WEAK_V = { __mode = "k" }, { __mode = "v" }
-local max, min, random, huge = math.max, math.min, math.random, math.huge
+local ceil, max, min, random, huge = math.ceil, math.max, math.min, math.random, math.huge
 local now = uv.now
 
 -- An error escaped a coroutine resumed by this module: it goes to the
@@ -89,24 +89,31 @@ local function on_timer(state)
     state.timing = false
     return
   end
-  if t - since >= limit then
+  if limit == huge then
+    state.timing = false
+  elseif t - since >= limit then
     state.timing = false
     fail(client)
   else
-    state.timer:start(limit - (t - since), 0, state.on_timer)
+    state.timer:start(ceil(limit - (t - since)), 0, state.on_timer)
   end
 end
 
 local function arm(state, connecting)
   local limit = connecting and state.connectTimeout or state.commandTimeout
-  if limit == huge then return end
+  if limit == huge then
+    if state.timer then state.timer:stop() end
+    state.timing = false
+    return
+  end
   if not state.timer then
     state.timer = uv.new_timer()
     state.on_timer = function() on_timer(state) end
   end
+  uv.update_time()            -- the loop's clock, as of now, not of its turn
   state.armed_at = now()
   state.timing = true
-  state.timer:start(limit, 0, state.on_timer)
+  state.timer:start(ceil(limit), 0, state.on_timer)
 end
 
 -- open(fd, client, state): the poll handle of a new connection.
@@ -150,16 +157,16 @@ end
 -- next one: capped exponential back-off, with jitter (half to all of it).
 function hooks.lost(state, was_connected, final)
   if state.poll then
-    if not state.poll:is_closing() then state.poll:close() end
+    if alive(state.poll) and not state.poll:is_closing() then state.poll:close() end
     state.poll = nil
   end
   if state.timer then
-    state.timer:stop()
     state.timing = false
-    if final then
-      state.timer:close()
-      state.timer = nil
+    if alive(state.timer) then
+      state.timer:stop()
+      if final then state.timer:close() end
     end
+    if final then state.timer = nil end
   end
   if was_connected then
     state.failures = 0
@@ -351,7 +358,7 @@ end
 local function restore(sub)
   if sub.closed or sub.scheduled or not next(sub.channels) then return end
   local state = sub.state
-  local delay = max(0, (state.next_attempt or 0) - now())
+  local delay = ceil(max(0, (state.next_attempt or 0) - now()))
   sub.scheduled = true
   if not sub.retry then sub.retry = uv.new_timer() end
   sub.retry:start(delay, 0, function()
@@ -401,7 +408,8 @@ local function subscriber(self)
     end
     if final then
       sub.closed = true
-      if sub.retry then sub.retry:close(); sub.retry = nil end
+      if sub.retry and alive(sub.retry) then sub.retry:close() end
+      sub.retry = nil
     else
       restore(sub)
     end

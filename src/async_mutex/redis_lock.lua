@@ -279,10 +279,14 @@ local function new_lease(lk, name, keys, token, fence, weight, sent, first)
 end
 
 -- Ends the hold: true if this call ended it, false if it had already been
--- given back or lost (docs/semantics.md, "Leases and lost holds").  The
--- release goes to Redis without waiting for its reply: it is pipelined
--- before any later request of this client, and if it cannot be delivered
--- the lease simply runs out in Redis.
+-- given back or lost (docs/semantics.md, "Leases and lost holds").  In a
+-- coroutine that can yield (<close> included) the call waits for Redis's
+-- answer, so that a client closed right after it has delivered the release,
+-- and a hold Redis no longer had is reported lost (false, onLost).  Where
+-- it cannot yield, the release is sent without waiting: it is written
+-- before any later request of this client, and if it is never delivered
+-- the lease runs out in Redis.  A release that cannot reach Redis still
+-- returns true: the hold ended here, and ends in Redis with its lease.
 local function release_lease(lease)
   if lease.state ~= "held" then return false end
   if hrtime() >= lease.valid_until then
@@ -294,8 +298,18 @@ local function release_lease(lease)
   forget(lease)
   local lk = lease.lock
   hub_unuse(lk.hub)
-  background(quiet_eval, lk.client, scripts.release, lease.keys,
-             { lease.token, lk.limit, lease.name .. ":free" })
+  local args = { lease.token, lk.limit, lease.name .. ":free" }
+  if not isyieldable() then
+    background(quiet_eval, lk.client, scripts.release, lease.keys, args)
+    return true
+  end
+  local ok, r = pcall(eval, lk.client, scripts.release, lease.keys, args)
+  if ok and r == 0 then
+    lease.state = "held"            -- so that lose() reports it
+    hub_use(lk.hub)
+    lose(lease, "refused")
+    return false
+  end
   return true
 end
 
@@ -362,10 +376,10 @@ local function redis_acquire(lk, name, weight, deadline, err)
   if r[1] ~= 1 then
     if try then error(err, 0) end
     -- Queued: wait for the hand-off.
-    w.bell = core.Semaphore.new(0, lk.cancel_error)
+    w.bell = core.Semaphore.new(0)
     hub.waiters[token] = w
-    lk.bells[w.bell] = name
-    local _ <close> = setmetatable({}, { __close = function() lk.bells[w.bell] = nil end })
+    lk.waiting[w] = true
+    local _ <close> = setmetatable({}, { __close = function() lk.waiting[w] = nil end })
     args[7] = "wait"
     if not hub.sub then
       subscribe(hub)
@@ -377,9 +391,12 @@ local function redis_acquire(lk, name, weight, deadline, err)
       local wait = refresh
       if r[2] and r[2] >= 0 then wait = min(wait, r[2] + 1) end
       if deadline then wait = min(wait, max(0, deadline - now())) end
-      local ok, e = pcall(limited, w.bell, wait, REFRESH)
-      if not ok and e ~= REFRESH then error(e, 0) end       -- canceled
+      if not w.canceled then
+        local ok, e = pcall(limited, w.bell, wait, REFRESH)
+        if not ok and e ~= REFRESH then error(e, 0) end
+      end
       if not w.fence then
+        if w.canceled then error(lk.cancel_error, 0) end
         if deadline and now() >= deadline then error(err, 0) end
         sent = hrtime()
         r = eval(client, scripts.acquire, keys, args)
@@ -401,7 +418,7 @@ end
 
 -- {========================================================== locks
 -- A lock record: client, hub, limit (1 for mutexes), options, the local
--- gate, the bells of its Redis waiters, and the holds of this process by
+-- gate, its waiters in the Redis queue, and the holds of this process by
 -- lock name (for the unscoped release).  'keyed' sets use a core KeyedMutex
 -- as gate and name each key's lock prefix .. key.
 
@@ -510,7 +527,7 @@ local function new_record(mt, client, name, limit, opts, keyed)
   lk.client, lk.hub, lk.name, lk.limit = client, get_hub(client), name, limit
   lk.gate = keyed and core.KeyedMutex.new({ cancelError = opts.cancel_error })
     or core.Mutex.new(opts.cancel_error)
-  lk.bells = {}
+  lk.waiting = {}
   lk.holds = {}
   return lk
 end
@@ -525,8 +542,11 @@ end
 -- Rejects this process's waiters of 'name' (all names when nil).
 local function cancel(lk, key, name)
   if key == nil then lk.gate:cancel() else lk.gate:cancel(key) end
-  for bell in pairs(lk.bells) do
-    if name == nil or lk.bells[bell] == name then bell:cancel() end
+  for w in pairs(lk.waiting) do
+    if name == nil or w.name == name then
+      w.canceled = true
+      w.bell:release()              -- the waiter wakes, sees 'canceled' and leaves
+    end
   end
 end
 
@@ -541,10 +561,8 @@ end
 -- channel, with the same renewal period as a waiter as a safety net.
 local function wait_for_unlock(lk, limit, err, name, weight)
   local deadline = limit == false and false or (limit and limit ~= huge and now() + limit)
-  local bell = core.Semaphore.new(0, lk.cancel_error)
-  lk.bells[bell] = name
+  local bell = core.Semaphore.new(0)
   local cleanup <close> = setmetatable({}, { __close = function(c)
-    lk.bells[bell] = nil
     if c.sub then c.sub:unsubscribe() end
   end })
   while true do
@@ -800,8 +818,19 @@ for _, mt in ipairs({ Mutex, Semaphore, Keyed }) do
   local d = { __name = "async_mutex.decorated " .. mt.__name:match("%.(.*)$") }
   d.__index = mt.__index
   decorated_of[mt] = d
-  mt.__decorate = function(lock, limit, err)
-    return setmetatable({ lock, limit, err }, d)
+  -- (fname, lock, ms, timeout_error) for withTimeout, (fname, lock,
+  -- already_locked_error) for tryAcquire; tail-called by am's decorators,
+  -- so level 2 is the user's call.
+  mt.__decorate = function(fname, lock, a, b)
+    if fname == "tryAcquire" then
+      if a == nil then a = am.E_ALREADY_LOCKED end
+      return setmetatable({ lock, false, a }, d)
+    end
+    if type(a) ~= "number" or not (a >= 0) then
+      error("bad argument #2 to 'withTimeout' (timeout must be a non-negative number)", 2)
+    end
+    if b == nil then b = am.E_TIMEOUT end
+    return setmetatable({ lock, a, b }, d)
   end
 end
 

@@ -608,6 +608,20 @@ static int core_status (lua_State *L) {
 }
 
 
+/*
+** alive(handle): false once luv has finalized the handle.  NOTE: at
+** lua_close every object is finalized, newest first, so a client's __gc
+** runs after its own poll handle's and timer's; luv then has cleared the
+** pointer its handle userdata holds, and calling a method of the handle
+** would crash (luv 1.44 dereferences it).  The Lua layer asks this first.
+*/
+static int core_alive (lua_State *L) {
+  void **p = (void **)lua_touserdata(L, 1);
+  lua_pushboolean(L, p != NULL && *p != NULL);
+  return 1;
+}
+
+
 /* state(client): the Lua layer's table */
 static int core_state (lua_State *L) {
   checkclient(L, 1);
@@ -649,6 +663,7 @@ static const luaL_Reg core_funcs[] = {
   {"drop", core_drop},
   {"status", core_status},
   {"state", core_state},
+  {"alive", core_alive},
   {"error", core_error},
   {"onpoll", client_onpoll},
   {NULL, NULL}

@@ -1,8 +1,9 @@
 /*
-** sched.c: the scheduler, per lua_State
-** Outcomes (grant, timeout, cancel) are decided synchronously by lock.c and
-** queued here in a ready list; the coroutines are resumed later, from a luv
-** idle handle, in the order the outcomes were decided.  Deadlines of timed
+** scheduler.c: the scheduler, per lua_State
+** Outcomes (grant, timeout, cancel) are decided synchronously by rules.c
+** and queued here in a ready list (waiter.c: am_waiter_ready); the
+** coroutines are resumed later, from a luv idle handle, in the order the
+** outcomes were decided.  Deadlines of timed
 ** waiters live in one queue served by a single luv timer.  Both handles are
 ** created through luv's own Lua API, so uv.walk() and luv's exit-time
 ** cleanup know them, and both are stopped whenever they have nothing to do,
@@ -65,18 +66,29 @@ static lua_Number loop_now (lua_State *L, State *st) {
 
 
 /*
+** Is our handle 'handle' (a registry reference) closed or closing?
+** Someone else may close it (uv.walk closing every handle, say) while we
+** believe it active: the flags 'idle_on' and 'timer_on' are then false,
+** and am_sync replaces it.
+*/
+static int handle_closed (lua_State *L, State *st, int handle) {
+  int closing;
+  pushref(L, st->is_closing);
+  pushref(L, handle);
+  lua_call(L, 1, 1);
+  closing = lua_toboolean(L, -1);
+  lua_pop(L, 1);
+  return closing;
+}
+
+
+/*
 ** A handle of ours that someone closed (a test's teardown closing every
 ** handle from uv.walk, say) is replaced by a new one: luv would run a
 ** closed handle's callback through freed references.
 */
 static void ensure_open (lua_State *L, State *st, int *handle, int ctor) {
-  int closing;
-  pushref(L, st->is_closing);
-  pushref(L, *handle);
-  lua_call(L, 1, 1);
-  closing = lua_toboolean(L, -1);
-  lua_pop(L, 1);
-  if (closing) {
+  if (handle_closed(L, st, *handle)) {
     pushref(L, ctor);
     lua_call(L, 0, 1);
     luaL_unref(L, LUA_REGISTRYINDEX, *handle);
@@ -98,10 +110,14 @@ static void stop_idle (lua_State *L, State *st) {
 }
 
 
-/* (Re)starts the timer for the earliest deadline. */
+/*
+** (Re)starts the timer for the earliest deadline.  The deadline is read
+** before the luv calls, which may run a hook that changes the timer
+** queue: am_sync looks again afterwards.
+*/
 static void arm_timer (lua_State *L, State *st) {
-  Waiter *first = am_queue_first(&st->timers);
-  lua_Number delay = ceil(first->u.deadline - loop_now(L, st));
+  lua_Number due = am_queue_first(&st->timers)->deadline;
+  lua_Number delay = ceil(due - loop_now(L, st));
   if (delay < 0) delay = 0;
   else if (delay > MAX_DELAY) delay = MAX_DELAY;
   ensure_open(L, st, &st->timer, st->new_timer);
@@ -112,14 +128,57 @@ static void arm_timer (lua_State *L, State *st) {
   pushref(L, st->on_timer);
   lua_call(L, 4, 0);
   st->timer_on = 1;
-  st->timer_due = first->u.deadline;
+  st->timer_due = due;
 }
 
 
 static void stop_timer (lua_State *L, State *st) {
-  if (st->timer_on) {
-    call_handle(L, st->timer_stop, st->timer, LUA_NOREF);
-    st->timer_on = 0;
+  call_handle(L, st->timer_stop, st->timer, LUA_NOREF);
+  st->timer_on = 0;
+}
+
+
+/*
+** RE-ENTRY (docs/semantics.md, "Re-entry"): the queue rules (rules.c) and
+** the ready and timer queues never call luv, since a luv function called
+** through Lua may run a debug hook, and the hook may call the module while
+** a queue is half updated.  Every entry point instead calls am_sync once
+** its update is complete: it brings the idle handle and the timer in line
+** with the queues.  The luv calls it makes may run a hook that changes the
+** queues again (it may even call am_sync itself), so after each call it
+** looks again, until nothing is left to do.  While the idle callback
+** resumes waiters ('draining'), it decides about the idle handle itself.
+*/
+void am_sync (lua_State *L, State *st) {
+  if (st->closed) return;                 /* lua_close: luv is going away */
+  for (;;) {
+    int ready = am_list_first(&st->ready) != NULL;
+    /* at each new need of a handle we believe active, check that it is
+       (one luv call, only when a waiter became ready outside the idle
+       callback, or a deadline was added) */
+    if (st->check_idle && ready && st->idle_on && !st->draining) {
+      st->check_idle = 0;
+      if (handle_closed(L, st, st->idle)) st->idle_on = 0;
+      continue;
+    }
+    if (st->check_timer && st->timers.count > 0 && st->timer_on) {
+      st->check_timer = 0;
+      if (handle_closed(L, st, st->timer)) st->timer_on = 0;
+      continue;
+    }
+    st->check_idle = st->check_timer = 0;
+    if (!st->draining && ready && !st->idle_on)
+      start_idle(L, st);
+    else if (!st->draining && !ready && st->idle_on)
+      stop_idle(L, st);
+    else if (st->timers.count > 0
+             && (!st->timer_on
+                 || am_queue_first(&st->timers)->deadline < st->timer_due))
+      arm_timer(L, st);
+    else if (st->timers.count == 0 && st->timer_on)
+      stop_timer(L, st);
+    else
+      break;
   }
 }
 
@@ -136,15 +195,12 @@ static void stop_timer (lua_State *L, State *st) {
 */
 
 /*
-** Records the outcome of a waiter that has left its lock's queue and
-** schedules its resumption.
+** Schedules the resumption of a waiter made READY (waiter.c); the idle
+** handle is started by am_sync.
 */
-void am_ready (lua_State *L, State *st, Waiter *w, int outcome) {
-  am_timer_remove(L, st, w);
+void am_schedule (State *st, Waiter *w) {
   am_list_append(&st->ready, w, 0);
-  w->state = S_READY;
-  w->outcome = (unsigned char)outcome;
-  if (!st->idle_on) start_idle(L, st);
+  if (!st->draining) st->check_idle = 1;
 }
 
 
@@ -209,9 +265,11 @@ static int new_anchor (lua_State *L, State *st) {
 
 /* Anchors the running coroutine 'L', which waits in 'w'. */
 void am_anchor (lua_State *L, Waiter *w) {
-  State *st = w->lock->st;
+  State *st = w->r.lock->st;
   int ref = st->free_anchor;
   lua_State *A;
+  if (st->closed)                 /* a finalizer run by lua_close */
+    luaL_error(L, "attempt to wait for a lock while the Lua state is closing");
   if (ref != 0) {                             /* reuse: never allocates */
     A = ANCHOR_THREAD(st, ref);
     st->free_anchor = (int)lua_tointeger(A, ANCHOR_SLOT(ref));
@@ -246,8 +304,8 @@ static void drop_anchor (State *st, int ref) {
 void am_unanchor (lua_State *L, Waiter *w) {
   (void)L;
   if (w->ref != LUA_NOREF) {
-    State *st = w->lock->st;
-    drop_anchor(st, w->ref);
+    State *st = w->r.lock->st;
+    if (!st->closed) drop_anchor(st, w->ref);   /* else: threads freed */
     w->ref = LUA_NOREF;
     st->pending--;
   }
@@ -264,9 +322,10 @@ void am_unanchor (lua_State *L, Waiter *w) {
 ** luv exit) nor stop the rest of the batch, and it must not be
 ** swallowed: pass it with its traceback to the handler set by
 ** setErrorHandler, or print it on stderr.  Then close the dead coroutine,
-** so its pending to-be-closed variables (releasers) run.
+** so its pending to-be-closed variables (releasers) run.  Also serves
+** spawn (core.c), for the coroutines it starts.
 */
-static void report (lua_State *L, State *st, lua_State *co) {
+void am_report (lua_State *L, State *st, lua_State *co) {
   const char *msg;
   int base = lua_gettop(L);
   if (lua_checkstack(co, 1)) {        /* a dead coroutine has no room left */
@@ -323,9 +382,17 @@ static void report (lua_State *L, State *st, lua_State *co) {
 ** needed from it is read first.
 */
 static int on_idle (lua_State *L) {
-  State *st = (State *)lua_touserdata(L, lua_upvalueindex(UV_STATE));
+  State *st = (State *)lua_touserdata(L, AM_STATE_UPVALUE);
   int budget = BATCH;
-  if (st->draining) return 0;                 /* uv.run() inside a waiter */
+  if (st->closed) return 0;
+  if (st->draining) {
+    /* uv.run() inside a coroutine we resumed: the waiters are resumed
+       once that coroutine yields back to us, not from this nested run.
+       The idle handle stops meanwhile (left active, the nested run would
+       spin and never return); the outer call restarts it (am_sync). */
+    stop_idle(L, st);
+    return 0;
+  }                 /* uv.run() inside a waiter */
   st->draining = 1;
   while (budget-- > 0) {
     Waiter *w = am_list_first(&st->ready);
@@ -335,40 +402,44 @@ static int on_idle (lua_State *L) {
     ref = w->ref;
     co = anchored(st, ref);
     if (lua_status(co) != LUA_YIELD) {        /* cannot run: give back */
-      am_abandon(L, w);
+      am_waiter_abandon(L, w);
       continue;
     }
-    am_list_unlink(w, 0);
+    am_waiter_resuming(w);
     w->ref = LUA_NOREF;                       /* no longer pending */
     st->pending--;
-    w->state = S_RESUMING;
     status = lua_resume(co, L, 0, &nres);     /* its slot keeps it alive */
     if (status == LUA_OK || status == LUA_YIELD) {
       lua_pop(co, nres);
       drop_anchor(st, ref);
     }
     else {
-      report(L, st, co);                      /* still in its slot */
+      am_report(L, st, co);                   /* still in its slot */
       drop_anchor(st, ref);
     }
   }
   st->draining = 0;
-  if (am_list_first(&st->ready) == NULL && st->idle_on) stop_idle(L, st);
+  /* a waiter resumed may have closed our handle (uv.walk): check it when
+     some are left for the next round */
+  st->check_idle = am_list_first(&st->ready) != NULL;
+  am_sync(L, st);                 /* stops the idle handle if all are done */
   return 0;
 }
 
 
 /* Timer callback: every waiter whose deadline has passed times out. */
 static int on_timer (lua_State *L) {
-  State *st = (State *)lua_touserdata(L, lua_upvalueindex(UV_STATE));
-  lua_Number now = loop_now(L, st);
+  State *st = (State *)lua_touserdata(L, AM_STATE_UPVALUE);
+  lua_Number now;
   Waiter *w;
+  if (st->closed) return 0;
+  now = loop_now(L, st);
   st->timer_on = 0;                           /* a one-shot timer fired */
-  while ((w = am_queue_first(&st->timers)) != NULL && w->u.deadline <= now) {
+  while ((w = am_queue_first(&st->timers)) != NULL && w->deadline <= now) {
     am_queue_remove(&st->timers, w);
     am_expire(L, w);
   }
-  if (st->timers.count > 0 && !st->timer_on) arm_timer(L, st);
+  am_sync(L, st);                             /* re-arms, starts the idle */
   return 0;
 }
 
@@ -378,30 +449,39 @@ static int on_timer (lua_State *L) {
 /* {====================================================== timers */
 
 /*
-** Adds a waiter that is already in its lock's queue to the timer queue.
-** The luv timer is restarted only when this deadline is the new earliest.
+** The loop time a timed request starts from.  It calls luv, so a request
+** reads it before it decides anything (a hook may run).
 */
-void am_timer_add (lua_State *L, State *st, Waiter *w, lua_Number ms) {
-  lua_Number now = loop_now(L, st);
-  w->u.deadline = now + ms;
-  /* keyed by the duration the deadline holds after rounding, so that two
-     durations within an ulp of 'now' share one list (arrival order) */
-  if (!am_queue_push(&st->timers, w, w->u.deadline - now))
-    luaL_error(L, "not enough memory");
-  if (!st->timer_on || w->u.deadline < st->timer_due)
-    arm_timer(L, st);
+lua_Number am_timer_now (lua_State *L, State *st) {
+  return loop_now(L, st);
 }
 
 
 /*
-** Removes a waiter from the timer queue, if it is there.  The timer is
-** stopped when no deadline is left (so it never keeps the loop alive);
+** Adds a waiter that is already in its lock's queue to the timer queue,
+** with the deadline 'now' + 'ms'.  Calls no Lua: am_sync (re)starts the
+** luv timer when this deadline is the new earliest.
+*/
+void am_timer_add (lua_State *L, State *st, Waiter *w, lua_Number now,
+                   lua_Number ms) {
+  w->deadline = now + ms;
+  /* keyed by the duration the deadline holds after rounding, so that two
+     durations within an ulp of 'now' share one list (arrival order) */
+  if (!am_queue_push(&st->timers, w, w->deadline - now))
+    luaL_error(L, "not enough memory");
+  st->check_timer = 1;
+}
+
+
+/*
+** Removes a waiter from the timer queue, if it is there.  am_sync stops
+** the timer when no deadline is left (so it never keeps the loop alive);
 ** otherwise it may fire early once and is re-armed then.
 */
 void am_timer_remove (lua_State *L, State *st, Waiter *w) {
+  (void)L;
   if (!w->timed || w->t.next == NULL) return;
   am_queue_remove(&st->timers, w);
-  if (st->timers.count == 0) stop_timer(L, st);
 }
 
 /* }====================================================== */
@@ -409,8 +489,21 @@ void am_timer_remove (lua_State *L, State *st, Waiter *w) {
 
 /* {====================================================== state */
 
+/*
+** NOTE: the state is collected only by lua_close (the registry holds it),
+** before luv's loop (its __gc is set after luv is loaded, and finalizers
+** run newest first).  Finalizers that run after it may still call the
+** module (docs/semantics.md, Re-entry): 'closed' makes every later
+** request to wait raise, and the module call luv no more.  The waiters
+** still in the timer queue are unlinked from it before it is freed, so
+** that a grant made then does not touch it.
+*/
 static int state__gc (lua_State *L) {
   State *st = (State *)lua_touserdata(L, 1);
+  Waiter *w;
+  st->closed = 1;
+  while ((w = am_queue_first(&st->timers)) != NULL)
+    am_queue_remove(&st->timers, w);
   am_queue_free(&st->timers);
   free(st->athreads);
   st->athreads = NULL;
@@ -478,23 +571,26 @@ State *am_state_open (lua_State *L) {
   am_queue_init(&st->timers, 1);
   st->pending = 0;
   st->timer_due = 0;
-  st->idle_on = st->timer_on = st->draining = 0;
+  st->idle_on = st->timer_on = st->draining = st->closed = 0;
+  st->check_idle = st->check_timer = 0;
   st->idle = st->timer = st->idle_start = st->idle_stop = LUA_NOREF;
   st->timer_start = st->timer_stop = st->now = LUA_NOREF;
   st->new_idle = st->new_timer = st->is_closing = LUA_NOREF;
   st->on_idle = st->on_timer = st->handler = LUA_NOREF;
+  st->layer_source = st->layer_wrappers = LUA_NOREF;
   st->anchors = LUA_NOREF;
   st->athreads = NULL;
   st->nathreads = st->nanchors = st->free_anchor = 0;
-  luaL_newmetatable(L, AM_STATE);
-  lua_pushcfunction(L, state__gc);
-  lua_setfield(L, -2, "__gc");
-  lua_setmetatable(L, -2);
   sti = lua_gettop(L);
   lua_newtable(L);
   st->anchors = luaL_ref(L, LUA_REGISTRYINDEX);
   require_luv(L);
   luv = lua_gettop(L);
+  /* the __gc now, after luv's (see state__gc) */
+  luaL_newmetatable(L, AM_STATE);
+  lua_pushcfunction(L, state__gc);
+  lua_setfield(L, -2, "__gc");
+  lua_setmetatable(L, sti);
   st->now = ref_field(L, luv, "now");
   st->new_idle = ref_field(L, luv, "new_idle");
   st->new_timer = ref_field(L, luv, "new_timer");

@@ -1,0 +1,227 @@
+/*
+** decorated.c: withTimeout and tryAcquire's decorated locks
+** A decorated lock is a userdata holding its lock (user value 1), a limit
+** and the error raised when the limit is hit (user value 2).  The limit
+** is a timeout in ms (withTimeout), or none at all (tryAcquire: decide
+** at once).  Its acquire and waitForUnlock are the lock's requests with
+** the limit; every other method is the lock's own, which accepts a
+** decorated lock as self (args.c: am_checkself).  docs/semantics.md,
+** Timeouts and tryAcquire.
+*/
+
+#define LUA_LIB
+
+#include <math.h>
+#include <string.h>
+
+#include "lua.h"
+#include "lauxlib.h"
+
+#include "async_mutex.h"
+
+
+typedef struct Decorated {
+  AmType type;                /* of its lock */
+  int wait;                   /* AM_TIMEOUT, AM_WAIT (no limit) or AM_TRY */
+  lua_Number ms;              /* AM_TIMEOUT: the timeout */
+} Decorated;
+
+
+/* The decorated type of each lock type; AM_T_MUTEX (0) for the others. */
+const AmType am_decorated_type[AM_NTYPES] = {
+  [AM_T_MUTEX] = AM_T_DECORATED_MUTEX,
+  [AM_T_SEMAPHORE] = AM_T_DECORATED_SEMAPHORE,
+  [AM_T_KEYED_MUTEX] = AM_T_DECORATED_KEYED_MUTEX,
+  [AM_T_KEYED_SEMAPHORE] = AM_T_DECORATED_KEYED_SEMAPHORE,
+};
+
+
+/*
+** If argument 1 is a decorated lock of type 't', replaces it by its lock
+** and returns 1; otherwise 0.
+*/
+int am_undecorate (lua_State *L, AmType t) {
+  AmType d = am_decorated_type[t];
+  if (d == AM_T_MUTEX || am_testself(L, 1, d) == NULL) return 0;
+  lua_getiuservalue(L, 1, 1);
+  lua_replace(L, 1);
+  return 1;
+}
+
+
+/* The lock types, each of which has a decorated type. */
+static const AmType lock_types[] = {AM_T_MUTEX, AM_T_SEMAPHORE,
+                                    AM_T_KEYED_MUTEX, AM_T_KEYED_SEMAPHORE};
+#define NLOCKTYPES  (sizeof(lock_types) / sizeof(lock_types[0]))
+
+
+/* The type of the lock at 'idx'; returns 0 if it is none. */
+static int locktype (lua_State *L, int idx, AmType *t) {
+  size_t i;
+  for (i = 0; i < NLOCKTYPES; i++)
+    if (am_testself(L, idx, lock_types[i]) != NULL) {
+      *t = lock_types[i];
+      return 1;
+    }
+  return 0;
+}
+
+
+/* The decorated lock at 'idx', or NULL. */
+static Decorated *todecorated (lua_State *L, int idx) {
+  size_t i;
+  for (i = 0; i < NLOCKTYPES; i++) {
+    void *d = am_testself(L, idx, am_decorated_type[lock_types[i]]);
+    if (d != NULL) return (Decorated *)d;
+  }
+  return NULL;
+}
+
+
+/* __name of the value at 'idx', or its type name. */
+static const char *typename (lua_State *L, int idx) {
+  if (luaL_getmetafield(L, idx, "__name") == LUA_TSTRING)
+    return lua_tostring(L, -1);
+  return luaL_typename(L, idx);
+}
+
+
+/*
+** Pushes a new decorated lock of the lock at 1, with the error at
+** 'erridx' (or 'dflt' when none).  'fname' names the decorator in errors.
+*/
+static void decorate (lua_State *L, const char *fname, int wait,
+                      lua_Number ms, int erridx, const char *dflt) {
+  Decorated *d;
+  AmType t;
+  if (!locktype(L, 1, &t)) {
+    lua_pushfstring(L, "async_mutex lock expected, got %s", typename(L, 1));
+    am_argerror(L, 1, 0, fname, lua_tostring(L, -1));
+  }
+  d = (Decorated *)lua_newuserdatauv(L, sizeof(Decorated), 2);
+  d->type = t;
+  d->wait = wait;
+  d->ms = ms;
+  am_pushmt(L, am_decorated_type[t]);
+  lua_setmetatable(L, -2);
+  lua_pushvalue(L, 1);
+  lua_setiuservalue(L, -2, 1);
+  if (lua_isnil(L, erridx)) lua_pushstring(L, dflt);
+  else lua_pushvalue(L, erridx);
+  lua_setiuservalue(L, -2, 2);
+}
+
+
+/*
+** withTimeout(lock, ms [, timeout_error]): the lock, whose requests raise
+** timeout_error when not granted within ms milliseconds.
+*/
+int am_withTimeout (lua_State *L) {
+  lua_Number ms = lua_tonumber(L, 2);
+  lua_settop(L, 3);
+  if (lua_type(L, 2) != LUA_TNUMBER || !(ms >= 0))
+    am_argerror(L, 2, 0, "withTimeout",
+                "timeout must be a non-negative number");
+  decorate(L, "withTimeout", ms == HUGE_VAL ? AM_WAIT : AM_TIMEOUT, ms, 3,
+           AM_E_TIMEOUT);
+  return 1;
+}
+
+
+/*
+** tryAcquire(lock [, already_locked_error]): the lock, whose requests
+** raise already_locked_error at once when they cannot succeed now.
+*/
+int am_tryAcquire (lua_State *L) {
+  lua_settop(L, 2);
+  decorate(L, "tryAcquire", AM_TRY, 0, 2, AM_E_ALREADY_LOCKED);
+  return 1;
+}
+
+
+/*
+** A request of a decorated lock: self at 1, the user's arguments after.
+** Rearranged as lock, error, arguments (numbered from 1 after the
+** error), then the lock's own request with the limit.  Upvalue after the
+** module's: the decorated type the method belongs to.
+*/
+#define DECORATED_TYPE  lua_upvalueindex(AM_NUPVALUES + 1)
+
+static int request (lua_State *L, int kind, const char *fname) {
+  AmType t = (AmType)lua_tointeger(L, DECORATED_TYPE);
+  Decorated *d = (Decorated *)am_testself(L, 1, t);
+  Request rq = {.kind = kind, .erridx = 2, .first = 3, .base = 2,
+                .fname = fname};
+  if (d == NULL) {
+    const char *name = am_tnames[t] + strlen("async_mutex.");
+    lua_pushfstring(L, "%s expected, got %s", name, typename(L, 1));
+    return am_argerror(L, 1, 0, fname, lua_tostring(L, -1));
+  }
+  rq.wait = d->wait;
+  rq.ms = d->ms;
+  lua_getiuservalue(L, 1, 2);                 /* self ... err */
+  lua_insert(L, 2);                           /* self err ... */
+  lua_getiuservalue(L, 1, 1);
+  lua_replace(L, 1);                          /* lock err ... */
+  if (d->type == AM_T_KEYED_MUTEX || d->type == AM_T_KEYED_SEMAPHORE)
+    return am_keyed_request(L, &rq);
+  return am_lock_request(L, (Lock *)lua_touserdata(L, 1), &rq);
+}
+
+
+static int decorated_acquire (lua_State *L) {
+  return request(L, W_ACQUIRE, "acquire");
+}
+
+
+static int decorated_waitForUnlock (lua_State *L) {
+  return request(L, W_UNLOCK, "waitForUnlock");
+}
+
+
+/*
+** core.limit(d): the lock, the limit (ms, math.huge, or false for a try)
+** and the error of a decorated lock d; nothing for anything else.  For
+** acquireAll, whose timeout bounds the whole acquisition.
+*/
+int am_core_limit (lua_State *L) {
+  Decorated *d = todecorated(L, 1);
+  if (d == NULL) return 0;
+  lua_getiuservalue(L, 1, 1);
+  if (d->wait == AM_TRY) lua_pushboolean(L, 0);
+  else lua_pushnumber(L, d->ms);
+  lua_getiuservalue(L, 1, 2);
+  return 3;
+}
+
+
+/*
+** core.acquire(lock, limit, err, ...), for acquireAll: the lock's
+** request with a limit: a timeout in ms, or false to decide at once.
+** The user's own arguments (...) start at index 4 and are numbered from
+** 1 in errors.
+*/
+int am_core_acquire (lua_State *L) {
+  Request rq = {.kind = W_ACQUIRE, .wait = AM_TRY, .erridx = 3, .first = 4,
+                .base = 3, .fname = "acquire"};
+  int keyed = am_tokeyed(L, 1) != NULL;
+  Lock *lk = keyed ? NULL : am_tolock(L, 1);
+  luaL_argexpected(L, keyed || lk != NULL, 1, "lock");
+  if (lua_type(L, 2) == LUA_TNUMBER) {
+    rq.ms = lua_tonumber(L, 2);
+    luaL_argcheck(L, rq.ms >= 0, 2, "timeout must be a non-negative number");
+    rq.wait = (rq.ms == HUGE_VAL) ? AM_WAIT : AM_TIMEOUT;
+  }
+  else
+    luaL_argexpected(L, lua_toboolean(L, 2) == 0, 2, "number or false");
+  lua_settop(L, lua_gettop(L) < 3 ? 3 : lua_gettop(L));
+  if (keyed) return am_keyed_request(L, &rq);
+  return am_lock_request(L, lk, &rq);
+}
+
+
+const luaL_Reg am_decorated_methods[] = {
+  {"acquire", decorated_acquire},
+  {"waitForUnlock", decorated_waitForUnlock},
+  {NULL, NULL}
+};

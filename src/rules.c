@@ -1,0 +1,279 @@
+/*
+** rules.c: the queue rules every lock kind shares (docs/semantics.md,
+** Grant rule, Dispatch, waitForUnlock, Cancel, Timeouts)
+** Every decision about a lock's queues happens here, synchronously:
+** grants, rejections and removals; waiter.c records each outcome and the
+** scheduler resumes the coroutines later.  What a grant takes and what a
+** release gives back is the lock kind's (LockKind, mutex_semaphore.c).
+** Nothing here calls Lua code (see am_sync in scheduler.c): the entry
+** points call am_sync once the change is complete.
+*/
+
+#define LUA_LIB
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "lua.h"
+#include "lauxlib.h"
+
+#include "async_mutex.h"
+
+
+/*
+** Immediate-grant rule: no queued acquirer has a priority >= ours, and
+** the lock's kind can grant the weight.  Also "could lock now" for
+** waitForUnlock.
+*/
+int am_can_lock_now (Lock *lk, lua_Integer weight, lua_Number priority) {
+  return (lk->queue.n == 0 || am_queue_firstkey(&lk->queue) < priority)
+         && lk->kind->fits(lk, weight);
+}
+
+
+/* {====================================================== unlock waiters */
+
+/* Index of the bucket for 'weight', or where it would be inserted. */
+static size_t find_weight (Lock *lk, lua_Integer weight) {
+  size_t lo = 0, hi = lk->nweights;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (lk->unlock[mid].weight < weight) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+
+/*
+** The bucket of waitForUnlock waiters of 'weight', created if needed;
+** NULL when out of memory.
+*/
+static Queue *weight_queue (Lock *lk, lua_Integer weight) {
+  size_t i = find_weight(lk, weight);
+  if (i == lk->nweights || lk->unlock[i].weight != weight) {
+    if (lk->nweights == lk->capweights) {
+      size_t cap = lk->capweights ? 2 * lk->capweights : 4;
+      WeightWaiters *a = (WeightWaiters *)realloc(lk->unlock,
+                                                  cap * sizeof(*a));
+      if (a == NULL) return NULL;
+      lk->unlock = a;
+      lk->capweights = cap;
+    }
+    memmove(lk->unlock + i + 1, lk->unlock + i,
+            (lk->nweights - i) * sizeof(*lk->unlock));
+    lk->nweights++;
+    lk->unlock[i].weight = weight;
+    am_queue_init(&lk->unlock[i].queue, 0);
+  }
+  return &lk->unlock[i].queue;
+}
+
+
+/* Drops the buckets left empty. */
+static void compact_weights (Lock *lk) {
+  size_t i, j = 0;
+  for (i = 0; i < lk->nweights; i++) {
+    if (lk->unlock[i].queue.count > 0)
+      lk->unlock[j++] = lk->unlock[i];
+    else
+      am_queue_free(&lk->unlock[i].queue);
+  }
+  lk->nweights = j;
+}
+
+
+/*
+** Resolves the waitForUnlock waiters that could lock now (docs/semantics.md,
+** waitForUnlock; the cost is P6's):
+** those whose weight the value covers and, while acquirers are queued,
+** whose priority is strictly above the head's.  Heaviest first, then in
+** queue order.  Cost depends on the registered weights, not the value.
+*/
+static void drain_unlock (lua_State *L, Lock *lk) {
+  size_t i = lk->nweights;
+  int emptied = 0;
+  while (lk->nunlock > 0 && i-- > 0) {
+    Queue *q = &lk->unlock[i].queue;
+    Waiter *w;
+    if (!lk->kind->fits(lk, lk->unlock[i].weight)) continue;
+    while ((w = am_queue_first(q)) != NULL
+           && (lk->queue.n == 0
+               || am_queue_firstkey(q) > am_queue_firstkey(&lk->queue))) {
+      am_queue_remove(q, w);
+      lk->nunlock--;
+      am_waiter_ready(L, w, O_GRANTED, 0);
+    }
+    if (q->count == 0) emptied = 1;
+  }
+  if (emptied) compact_weights(lk);
+}
+
+/* }====================================================== */
+
+
+/*
+** Puts a new, anchored waiter in its queue (waiter.c then makes it
+** QUEUED).
+** Out of memory, it raises with nothing linked, after giving back its
+** anchor (a dead coroutine must not stay anchored) and letting a keyed
+** lock made for it leave its set.
+*/
+void am_enqueue (lua_State *L, Lock *lk, Waiter *w, lua_Number priority) {
+  Queue *q = (w->kind == W_ACQUIRE) ? &lk->queue
+                                    : weight_queue(lk, w->r.weight);
+  if (q == NULL || !am_queue_push(q, w, priority)) {
+    if (q != NULL && q->count == 0 && w->kind == W_UNLOCK)
+      compact_weights(lk);
+    am_unanchor(L, w);
+    am_settle(L, lk);
+    luaL_error(L, "not enough memory");
+  }
+  if (w->kind == W_UNLOCK) lk->nunlock++;
+}
+
+
+/* Takes a QUEUED waiter out of its lock's queue (not the timer queue). */
+void am_dequeue (Lock *lk, Waiter *w) {
+  if (w->kind == W_ACQUIRE)
+    am_queue_remove(&lk->queue, w);
+  else {
+    size_t i = find_weight(lk, w->r.weight);
+    am_queue_remove(&lk->unlock[i].queue, w);
+    lk->nunlock--;
+    if (lk->unlock[i].queue.count == 0) compact_weights(lk);
+  }
+}
+
+
+/*
+** Takes a grant of 'weight'; returns its token (LockKind.take).  'held'
+** counts grants out, for keyed locks to know when a key is idle.
+*/
+lua_Integer am_take (Lock *lk, lua_Integer weight) {
+  lk->held += weight;
+  return lk->kind->take(lk, weight);
+}
+
+
+/*
+** Grants the lock to a waiter taken from the queue (docs/semantics.md,
+** Dispatch).
+*/
+static void grant (lua_State *L, Lock *lk, Waiter *w) {
+  am_waiter_ready(L, w, O_GRANTED, am_take(lk, w->r.weight));
+}
+
+
+/*
+** After the value grew or the queue shrank (docs/semantics.md, Dispatch):
+** grant strictly from the head while the kind can grant it, resolving
+** unlock waiters before each.
+*/
+void am_dispatch (lua_State *L, Lock *lk) {
+  Waiter *head;
+  drain_unlock(L, lk);
+  while ((head = am_queue_first(&lk->queue)) != NULL
+         && lk->kind->fits(lk, head->r.weight)) {
+    am_queue_remove(&lk->queue, head);
+    grant(L, lk, head);
+    drain_unlock(L, lk);
+  }
+  am_settle(L, lk);
+}
+
+
+/*
+** The one way a grant goes back: by its releaser (token), by an unscoped
+** release (AM_UNSCOPED), or abandoned undelivered ('saturate': must not
+** raise).  The kind decides what that gives back (docs/semantics.md,
+** Release and P3); if anything, the lock dispatches.  An unscoped release
+** counts as giving back a grant.
+*/
+void am_give_back (lua_State *L, Lock *lk, lua_Integer weight,
+                   lua_Integer token, int saturate) {
+  int gave = lk->kind->give_back(lk, weight, token, saturate);
+  if (gave < 0) luaL_error(L, "semaphore value overflow");
+  if (gave > 0) {
+    lk->held = lk->held > weight ? lk->held - weight : 0;
+    am_dispatch(L, lk);
+  }
+}
+
+
+/*
+** Rejects every queued acquirer, in queue order; holders keep the lock.
+** Unlock waiters are then re-evaluated against the empty queue
+** (docs/semantics.md, Cancel; P4).
+*/
+void am_cancel (lua_State *L, Lock *lk) {
+  Waiter *w;
+  while ((w = am_queue_first(&lk->queue)) != NULL) {
+    am_queue_remove(&lk->queue, w);
+    am_waiter_ready(L, w, O_CANCELED, 0);
+  }
+  drain_unlock(L, lk);
+  am_settle(L, lk);
+}
+
+
+/*
+** A waiter whose deadline passed leaves the queue at once, and the queue
+** is re-dispatched, since its removal may unblock others
+** (docs/semantics.md, Timeouts; P1).
+*/
+void am_expire (lua_State *L, Waiter *w) {
+  Lock *lk = w->r.lock;
+  am_dequeue(lk, w);
+  am_waiter_ready(L, w, O_TIMEOUT, 0);
+  if (w->kind == W_ACQUIRE) am_dispatch(L, lk);
+  else am_settle(L, lk);
+}
+
+
+/* A new lock of 'kind', of value 'value' (1 for a mutex). */
+void am_lock_init (Lock *lk, const LockKind *kind, State *st,
+                   lua_Integer value) {
+  lk->kind = kind;
+  lk->st = st;
+  lk->value = value;
+  lk->held = 0;
+  lk->gen = 0;
+  am_queue_init(&lk->queue, 0);
+  lk->unlock = NULL;
+  lk->nweights = lk->capweights = lk->nunlock = 0;
+  lk->freed = 0;
+  lk->keyed = NULL;
+  lk->selfref = LUA_NOREF;
+}
+
+
+/*
+** Frees the lock's memory.  NOTE: a lock with queued waiters is collected
+** only by lua_close (each waiter's coroutine holds the lock on its stack
+** and is anchored).  Its waiters then leave every queue first, as if
+** abandoned (waiter.c: am_waiter_detach), so that a finalizer run after
+** this one (closing their coroutine, releasing the lock) finds an empty
+** lock, not freed memory.
+*/
+void am_lock_free (Lock *lk) {
+  Waiter *w;
+  size_t i;
+  while ((w = am_queue_first(&lk->queue)) != NULL) {
+    am_queue_remove(&lk->queue, w);
+    am_waiter_detach(w);
+  }
+  for (i = 0; i < lk->nweights; i++)
+    while ((w = am_queue_first(&lk->unlock[i].queue)) != NULL) {
+      am_queue_remove(&lk->unlock[i].queue, w);
+      am_waiter_detach(w);
+    }
+  lk->nunlock = 0;
+  lk->freed = 1;
+  am_queue_free(&lk->queue);
+  for (i = 0; i < lk->nweights; i++)
+    am_queue_free(&lk->unlock[i].queue);
+  free(lk->unlock);
+  lk->unlock = NULL;
+  lk->nweights = lk->capweights = 0;
+}

@@ -1,0 +1,377 @@
+/*
+** waiter.c: the life of a request, and the releaser it hands out
+** A request is granted at once when the queue rules allow it (without
+** yielding), refused at once for tryAcquire, and otherwise suspends the
+** calling coroutine in a Waiter until the scheduler resumes it with an
+** outcome.  Every change of a Waiter's state is made here, by one small
+** function per transition that asserts the state it leaves:
+**
+**   NEW --queued--> QUEUED --ready--> READY --resuming--> RESUMING
+**   RESUMING --(continuation)--> DONE --(hand out)--> HELD --> RELEASED
+**   QUEUED, READY --abandon--> DONE          (coroutine closed or dead)
+**   QUEUED --detach--> DONE                  (its lock freed by lua_close)
+**
+** The other files only call these: rules.c decides outcomes (ready,
+** detach), scheduler.c resumes (resuming, or abandon when a coroutine
+** cannot be resumed); the request, the continuation and __close are here.
+*/
+
+#define LUA_LIB
+
+#include <assert.h>
+
+#include "lua.h"
+#include "lauxlib.h"
+
+#include "async_mutex.h"
+
+
+/* {====================================================== transitions */
+
+/* NEW -> QUEUED: once linked in its lock's queue (rules.c: am_enqueue). */
+static void queued (Waiter *w) {
+  assert(w->r.state == S_NEW);
+  w->r.state = S_QUEUED;
+}
+
+
+/*
+** QUEUED -> READY: its outcome is decided and it has left its lock's
+** queue; it leaves the timer queue and joins the scheduler's ready list.
+** A grant records its token (what the releaser will give back).
+*/
+void am_waiter_ready (lua_State *L, Waiter *w, int outcome,
+                      lua_Integer token) {
+  State *st = w->r.lock->st;
+  assert(w->r.state == S_QUEUED);
+  if (w->timed) am_timer_remove(L, st, w);
+  w->r.token = token;
+  w->outcome = (unsigned)outcome;
+  w->r.state = S_READY;
+  am_schedule(st, w);
+}
+
+
+/* READY -> RESUMING: out of the ready list; the scheduler resumes it. */
+void am_waiter_resuming (Waiter *w) {
+  assert(w->r.state == S_READY);
+  am_list_unlink(w, 0);
+  w->r.state = S_RESUMING;
+}
+
+
+/* RESUMING -> DONE: the continuation has read the outcome. */
+static void done (Waiter *w) {
+  assert(w->r.state == S_RESUMING);
+  w->r.state = S_DONE;
+}
+
+
+/* DONE -> HELD: an untimed acquire's waiter becomes its releaser. */
+static void held (Waiter *w) {
+  assert(w->r.state == S_DONE && w->kind == W_ACQUIRE && !w->timed);
+  w->r.state = S_HELD;
+}
+
+
+/* HELD -> RELEASED; returns whether it was HELD (releases once). */
+static int released (Releaser *r) {
+  if (r->state != S_HELD) return 0;
+  r->state = S_RELEASED;
+  return 1;
+}
+
+
+/*
+** QUEUED or READY -> DONE: the waiting coroutine was closed (or cannot
+** be resumed): it never gets the lock.  A queued request leaves the
+** queue; a grant not yet delivered is given back (saturating: this runs
+** from __close, and must not raise).  Either way the lock passes on.
+** In any other state, nothing to do.  Returns whether it did anything.
+*/
+int am_waiter_abandon (lua_State *L, Waiter *w) {
+  Lock *lk = w->r.lock;
+  int state = w->r.state;
+  if (state != S_QUEUED && state != S_READY) return 0;
+  if (state == S_QUEUED) {
+    am_timer_remove(L, lk->st, w);
+    am_dequeue(lk, w);
+  }
+  else
+    am_list_unlink(w, 0);               /* from the ready list */
+  w->r.state = S_DONE;
+  am_unanchor(L, w);
+  if (w->kind != W_ACQUIRE)
+    am_settle(L, lk);
+  else if (state == S_QUEUED)
+    am_dispatch(L, lk);
+  else if (w->outcome == O_GRANTED)
+    am_give_back(L, lk, w->r.weight, w->r.token, 1);
+  return 1;
+}
+
+/*
+** QUEUED -> DONE at lua_close, when its lock is freed (rules.c:
+** am_lock_free) with the waiter still in its queue (taken out already):
+** it leaves the timer queue and its anchor, and nothing else happens.
+*/
+void am_waiter_detach (Waiter *w) {
+  assert(w->r.state == S_QUEUED);
+  am_timer_remove(NULL, w->r.lock->st, w);
+  w->r.state = S_DONE;
+  am_unanchor(NULL, w);
+}
+
+/* }====================================================== */
+
+
+/* {====================================================== releaser */
+
+/* Pushes a new releaser of 'weight' of the lock at 'lockidx'. */
+static void push_releaser (lua_State *L, int lockidx, Lock *lk,
+                           lua_Integer weight, lua_Integer token) {
+  Releaser *r = (Releaser *)lua_newuserdatauv(L, sizeof(Releaser), 1);
+  r->lock = lk;
+  r->weight = weight;
+  r->token = token;
+  r->state = S_HELD;
+  am_pushmt(L, AM_T_RELEASER);
+  lua_setmetatable(L, -2);
+  lua_pushvalue(L, lockidx);
+  lua_setiuservalue(L, -2, 1);
+}
+
+
+/*
+** Releases once; later calls, and arguments, are ignored.  A mutex
+** releaser only ends its own grant: it is a no-op once 'release()' has
+** unlocked the mutex, even if someone else holds it since
+** (docs/semantics.md, Release and P3).  Serves __call and __close (on
+** scope exit, error, or coroutine.close).
+*/
+static int releaser_release (lua_State *L) {
+  Releaser *r = (Releaser *)am_checkself(L, AM_T_RELEASER);
+  if (released(r)) {
+    am_give_back(L, r->lock, r->weight, r->token, 0);
+    am_sync(L, r->lock->st);
+  }
+  return 0;
+}
+
+
+static int releaser__tostring (lua_State *L) {
+  Releaser *r = (Releaser *)am_checkself(L, AM_T_RELEASER);
+  lua_pushfstring(L, "%s (%s): %p", AM_RELEASER,
+                  r->state == S_HELD ? "held" : "released", (void *)r);
+  return 1;
+}
+
+
+/*
+** Pushes what a granted acquire returns (the token first, for kinds that
+** return it, then a new releaser); returns how many values.
+*/
+static int push_grant (lua_State *L, int lockidx, Lock *lk,
+                       lua_Integer weight, lua_Integer token) {
+  if (!lk->kind->returns_value) {
+    push_releaser(L, lockidx, lk, weight, token);
+    return 1;
+  }
+  lua_pushinteger(L, token);
+  push_releaser(L, lockidx, lk, weight, token);
+  return 2;
+}
+
+/* }====================================================== */
+
+
+/* {====================================================== the request */
+
+/*
+** Returns the grant of an untimed acquire, whose waiter (at 'widx', the
+** top, to-be-closed) becomes its releaser.  The waiter's slot is closed
+** first, while the waiter's __close (a no-op once DONE) still serves it:
+** as a releaser, it would release.  Needs lua_closeslot (on 5.4.4 a
+** lua_settop that closes a slot may leave a dangling stack top).  It came
+** with Lua 5.4.3, but headers before 5.4.4 all give release number 0, so
+** 5.4.0-5.4.3 keep handing out a fresh releaser.
+*/
+#if LUA_VERSION_RELEASE_NUM >= 50403
+#define HAND_OUT_WAITERS  1
+
+static int hand_out_waiter (lua_State *L, Waiter *w, int widx) {
+  lua_pushvalue(L, widx);
+  lua_closeslot(L, widx);
+  held(w);
+  am_pushmt(L, AM_T_RELEASER);
+  lua_setmetatable(L, -2);
+  if (!w->r.lock->kind->returns_value) return 1;
+  lua_pushinteger(L, w->r.token);
+  lua_insert(L, -2);
+  return 2;
+}
+#else
+#define HAND_OUT_WAITERS  0
+#endif
+
+
+/*
+** Continuation of a suspended request, run when the coroutine is resumed.
+** A resume by anyone but the scheduler (the waiter is not RESUMING) is
+** ignored: the coroutine goes back to waiting.  Otherwise deliver the
+** outcome: results of the grant, or the error value itself (level 0).
+*/
+static int finish_request (lua_State *L, int status, lua_KContext ctx) {
+  Waiter *w = (Waiter *)ctx;
+  int widx = (w->lockidx > w->erridx ? w->lockidx : w->erridx) + 1;
+  (void)status;
+  if (w->r.state != S_RESUMING) {         /* the waiter back on top */
+    lua_settop(L, widx);
+    return lua_yieldk(L, 0, ctx, finish_request);
+  }
+  done(w);
+  switch (w->outcome) {
+    case O_GRANTED:
+      if (w->kind == W_UNLOCK) return 0;
+#if HAND_OUT_WAITERS
+      if (!w->timed) return hand_out_waiter(L, w, widx);
+#endif
+      return push_grant(L, w->lockidx, w->r.lock, w->r.weight, w->r.token);
+    case O_TIMEOUT:
+      if (w->erridx == 0) return 0;       /* a sleep (core.c) is over */
+      lua_pushvalue(L, w->erridx);
+      return lua_error(L);
+    default:
+      lua_getiuservalue(L, w->lockidx, 1);  /* the lock's cancel error */
+      return lua_error(L);
+  }
+}
+
+
+static int waiter__close (lua_State *L) {
+  Waiter *w = (Waiter *)lua_touserdata(L, 1);
+  if (am_waiter_abandon(L, w))          /* a DONE waiter: nothing to do */
+    am_sync(L, w->r.lock->st);
+  return 0;
+}
+
+
+/*
+** Pushes a NEW waiter for 'rq' (to-be-closed, just above what the
+** continuation reads).
+*/
+static Waiter *new_waiter (lua_State *L, const Request *rq, int timed,
+                           int hands_out) {
+  Waiter *w = (Waiter *)lua_newuserdatauv(L, timed ? sizeof(Waiter)
+                                                   : AM_UNTIMED_SIZE,
+                                          hands_out);
+  w->r.lock = rq->lock;
+  w->r.weight = rq->weight;
+  w->r.token = 0;
+  w->r.state = S_NEW;
+  w->ref = LUA_NOREF;
+  w->kind = (unsigned)rq->kind;
+  w->outcome = O_GRANTED;
+  w->timed = (unsigned)timed;
+  w->lockidx = (unsigned char)rq->lockidx;
+  w->erridx = (unsigned char)rq->erridx;
+  w->q.prev = w->q.next = NULL;
+  if (timed) {
+    w->t.prev = w->t.next = NULL;
+    w->deadline = 0;
+  }
+  am_pushmt(L, AM_T_WAITER);
+  lua_setmetatable(L, -2);
+  lua_toclose(L, -1);            /* coroutine.close while waiting: abandon */
+  return w;
+}
+
+
+/*
+** acquire / waitForUnlock of 'rq->lock' (at 'rq->lockidx'), once the
+** arguments are checked: grant now, refuse now (tryAcquire), or suspend
+** the calling coroutine until the scheduler resumes it with an outcome.
+*/
+int am_request (lua_State *L, Request *rq) {
+  Lock *lk = rq->lock;
+  Waiter *w;
+  int timed, hands_out;
+  lua_Number now = 0;
+  if (am_can_lock_now(lk, rq->weight, rq->priority)) {    /* fast path */
+    if (rq->kind == W_UNLOCK) return 0;
+    return push_grant(L, rq->lockidx, lk, rq->weight,
+                      am_take(lk, rq->weight));
+  }
+  if (rq->wait == AM_TRY) {
+    am_settle(L, lk);             /* a keyed lock made for this try */
+    lua_pushvalue(L, rq->erridx);
+    return lua_error(L);
+  }
+  /* keep what the continuation reads; the waiter goes just above */
+  lua_settop(L, rq->lockidx > rq->erridx ? rq->lockidx : rq->erridx);
+  timed = (rq->wait == AM_TIMEOUT);
+  hands_out = HAND_OUT_WAITERS && !timed && rq->kind == W_ACQUIRE;
+  /* RE-ENTRY (docs/semantics.md, "Re-entry"): allocate first, decide
+     after.  Both allocations below may run a collector step, and so a
+     user's finalizer, which may release this very lock: the decision
+     above is stale until it is taken again below. */
+  w = new_waiter(L, rq, timed, hands_out);
+  /* anchored before it is queued: if a later step raises and nothing
+     catches it, the dead coroutine and its waiter stay alive while queued */
+  am_anchor(L, w);                         /* may run the collector */
+  if (timed) now = am_timer_now(L, lk->st);    /* calls luv: a hook may run */
+  /* From here until the waiter is QUEUED nothing runs Lua code.  A keyed
+     lock may have left its set meanwhile (a finalizer released the key):
+     the request goes to the key's lock as it is now. */
+  lk = w->r.lock = am_keyed_current(L, lk, rq->lockidx);
+  if (hands_out) {                        /* its future releaser's lock */
+    lua_pushvalue(L, rq->lockidx);
+    lua_setiuservalue(L, -2, 1);
+  }
+  if (am_can_lock_now(lk, rq->weight, rq->priority)) {  /* freed meanwhile */
+    am_unanchor(L, w);            /* never queued: its __close is a no-op */
+    if (rq->kind == W_UNLOCK) {
+      am_settle(L, lk);
+      return 0;
+    }
+    return push_grant(L, rq->lockidx, lk, rq->weight,
+                      am_take(lk, rq->weight));
+  }
+  if (lk->freed) {                 /* a finalizer run by lua_close */
+    am_unanchor(L, w);
+    am_usage_error(L,
+                   "attempt to wait for a lock while the Lua state is closing");
+  }
+  am_enqueue(L, lk, w, rq->priority);
+  queued(w);
+  if (timed) am_timer_add(L, lk->st, w, now, rq->ms);
+  am_sync(L, lk->st);                      /* arms the timer */
+  return lua_yieldk(L, 0, (lua_KContext)w, finish_request);
+}
+
+
+/*
+** The request of a plain lock 'lk' at index 1: parses the user's
+** arguments, then requests.
+*/
+int am_lock_request (lua_State *L, Lock *lk, Request *rq) {
+  rq->lock = lk;
+  rq->lockidx = 1;
+  am_parse_request(L, rq, lk->kind);
+  return am_request(L, rq);
+}
+
+/* }====================================================== */
+
+
+const luaL_Reg am_releaser_metamethods[] = {
+  {"__call", releaser_release},
+  {"__close", releaser_release},
+  {"__tostring", releaser__tostring},
+  {NULL, NULL}
+};
+
+const luaL_Reg am_waiter_metamethods[] = {
+  {"__close", waiter__close},
+  {NULL, NULL}
+};
