@@ -17,8 +17,10 @@ local uv = require "luv"
 
 local R = {}
 
+-- Without LD_PRELOAD: under `make asan` the sanitizer runtime is preloaded
+-- into this process, and redis-server and redis-cli abort with it.
 local function sh(cmd)
-  local ok = os.execute(cmd)
+  local ok = os.execute("LD_PRELOAD= ; " .. cmd)
   return ok
 end
 
@@ -95,7 +97,7 @@ end
 
 --- redis-cli against this server; returns its output.
 function Server:cli(args)
-  local p = assert(io.popen(("redis-cli -s %s %s 2>&1"):format(self.path, args)))
+  local p = assert(io.popen(("LD_PRELOAD= redis-cli -s %s %s 2>&1"):format(self.path, args)))
   local out = p:read("a")
   p:close()
   return out
@@ -133,6 +135,11 @@ function R.child(code, args)
   for i, a in ipairs(args or {}) do argv[i + 1] = tostring(a) end
   local env = { "LUA_PATH=" .. package.path, "LUA_CPATH=" .. package.cpath,
                 "PATH=" .. (os.getenv("PATH") or "/usr/bin:/bin") }
+  for _, name in ipairs({ "LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS",
+                          "LSAN_OPTIONS", "AM_GC_STRESS", "AM_STRESS_SCALE" }) do
+    local v = os.getenv(name)             -- make asan, make gcstress: children too
+    if v then env[#env + 1] = name .. "=" .. v end
+  end
   local handle, pid
   handle, pid = uv.spawn("lua5.4", {
     args = argv, env = env, stdio = { nil, stdout, stderr },

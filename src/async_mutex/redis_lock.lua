@@ -356,8 +356,12 @@ local Pending = {
     if hub.waiters[w.token] == w then hub.waiters[w.token] = nil end
     if w.done then return end
     hub_unuse(hub)
-    background(quiet_eval, w.client, scripts.release, w.keys,
-               { w.token, w.limit, w.name .. ":free" })
+    local args = { w.token, w.limit, w.name .. ":free" }
+    if isyieldable() then             -- the error waits until Redis has it
+      quiet_eval(w.client, scripts.release, w.keys, args)
+    else                              -- coroutine.close: cannot wait
+      background(quiet_eval, w.client, scripts.release, w.keys, args)
+    end
   end,
 }
 
