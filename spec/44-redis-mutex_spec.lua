@@ -203,6 +203,26 @@ describe("RedisMutex hand-off between processes", function()
     a:close(); b:close()
   end))
 
+  it("wakes every waiter by its message, even one read before the reply that queued it", h.async(function()
+    -- waiterTimeout of 10 minutes: no safety-net request within the
+    -- test's deadline, so each of the 400 hand-offs must come by pub/sub
+    local name = fresh_name()
+    local clients, done = {}, 0
+    for i = 1, 2 do
+      clients[i] = server:client()
+      local m = am.RedisMutex.new(clients[i], name, { waiterTimeout = 600000 })
+      h.spawn(function()
+        for _ = 1, 200 do
+          local release = m:acquire()    -- no yield while held: the other
+          release()                      -- process is granted at once
+        end
+        done = done + 1
+      end)
+    end
+    h.wait_until(function() return done == 2 end, 20000)
+    for i = 1, 2 do clients[i]:close() end
+  end, { deadline = 30000 }))
+
   it("never lets two holders in: 4 clients x 2 coroutines x 100 sections", h.async(function()
     local name = fresh_name()
     local inside, max_inside, done, last_fence, ordered = 0, 0, 0, 0, true

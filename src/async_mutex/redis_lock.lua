@@ -297,19 +297,21 @@ local function release_lease(lease)
   stop_timer(lease)
   forget(lease)
   local lk = lease.lock
-  hub_unuse(lk.hub)
   local args = { lease.token, lk.limit, lease.name .. ":free" }
   if not isyieldable() then
+    hub_unuse(lk.hub)
     background(quiet_eval, lk.client, scripts.release, lease.keys, args)
     return true
   end
+  -- The hub stays in use until the answer, so that a coroutine that
+  -- acquires again at once keeps the subscription.
   local ok, r = pcall(eval, lk.client, scripts.release, lease.keys, args)
   if ok and r == 0 then
     lease.state = "held"            -- so that lose() reports it
-    hub_use(lk.hub)
     lose(lease, "refused")
     return false
   end
+  hub_unuse(lk.hub)
   return true
 end
 
@@ -375,13 +377,15 @@ local function redis_acquire(lk, name, weight, deadline, err)
   hub_use(hub)
   local w <close> = setmetatable({ hub = hub, client = client, keys = keys,
     token = token, limit = lk.limit, name = name, done = false }, Pending)
+  -- Known to the hub before the request goes out: the hand-off message
+  -- comes on the other connection and may be read before the reply.
+  w.bell = core.Semaphore.new(0)
+  if not try then hub.waiters[token] = w end
   local sent = hrtime()
   local r = eval(client, scripts.acquire, keys, args)
   if r[1] ~= 1 then
     if try then error(err, 0) end
     -- Queued: wait for the hand-off.
-    w.bell = core.Semaphore.new(0)
-    hub.waiters[token] = w
     lk.waiting[w] = true
     local _ <close> = setmetatable({}, { __close = function() lk.waiting[w] = nil end })
     args[7] = "wait"
