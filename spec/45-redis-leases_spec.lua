@@ -184,6 +184,48 @@ describe("the server paused (SIGSTOP) past the TTL while held", function()
   end))
 end)
 
+describe("the server restarted mid-contention", function()
+  it("fails the calls in flight with E_UNAVAILABLE, then serves everyone again, one at a time", h.async(function()
+    local s = R.server()
+    local name = "restart"
+    local inside, max_inside, unavailable, sections = 0, 0, 0, 0
+    local clients, stop, finished = {}, false, 0
+    for i = 1, 3 do
+      clients[i] = s:client()
+      local m = am.RedisMutex.new(clients[i], name, { ttl = 2000 })
+      h.spawn(function()
+        while not stop do
+          local ok, release = pcall(m.acquire, m)
+          if ok then
+            inside = inside + 1
+            max_inside = math.max(max_inside, inside)
+            h.sleep(1)
+            inside = inside - 1
+            sections = sections + 1
+            release()
+          else
+            assert.equal(am.E_UNAVAILABLE, release)
+            unavailable = unavailable + 1
+            h.sleep(10)
+          end
+        end
+        finished = finished + 1
+      end)
+    end
+    h.wait_until(function() return sections >= 30 end, 5000)
+    s:kill()
+    h.wait_until(function() return unavailable >= 3 end, 5000)
+    s:start()
+    local after = sections
+    h.wait_until(function() return sections >= after + 30 end, 10000)
+    stop = true
+    h.wait_until(function() return finished == 3 end, 5000)
+    assert.equal(1, max_inside)
+    for i = 1, 3 do clients[i]:close() end
+    s:stop()
+  end, { deadline = 30000 }))
+end)
+
 describe("Redis unavailable", function()
   it("makes acquire raise E_UNAVAILABLE at once, holding nothing", h.async(function()
     local s = R.server()
