@@ -295,6 +295,10 @@ async_mutex.E_MAX_PENDING = "too many pending requests for this key"
 ---(refused, lost or timed-out connection); the same as `redis.E_UNAVAILABLE`.
 async_mutex.E_UNAVAILABLE = "redis server unavailable"
 
+---Raised by `check()` and `runExclusive` once a lease-based hold (a Redis
+---lock whose lease could not be renewed) was lost.
+async_mutex.E_LOST = "lock lost: lease expired"
+
 async_mutex.Mutex = Mutex
 async_mutex.Semaphore = Semaphore
 async_mutex.KeyedMutex = KeyedMutex
