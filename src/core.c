@@ -107,7 +107,7 @@ static int core_sleep (lua_State *L) {
                  .erridx = 0,                 /* wake up, do not raise */
                  .first = 2, .base = 1, .fname = "sleep",
                  .lock = am_tolock(L, 1), .lockidx = 1,
-                 .weight = 1, .priority = 0};
+                 .weight = 1, .priority = {0, 0, 0}};
   return am_request(L, &rq);
 }
 
