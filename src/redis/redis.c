@@ -292,6 +292,17 @@ static int connect_now (lua_State *L, int i, Client *cl) {
 */
 static int ensure_connection (lua_State *L, int i, Client *cl) {
   int ok;
+  if (cl->c != NULL && !cl->connecting && cl->head == cl->tail
+      && !cl->in_poll && !cl->subscriber) {
+    /* idle, so unwatched: a connection the server ended meanwhile (a
+       restart, an idle timeout) is readable now; replace it rather than
+       fail this call */
+    struct pollfd p;
+    p.fd = cl->c->fd;
+    p.events = POLLIN;
+    p.revents = 0;
+    if (poll(&p, 1, 0) == 1) disconnect(L, i, cl, 0, 0, FINAL_NOT);
+  }
   if (cl->c != NULL) return 1;
   lua_getiuservalue(L, i, UV_STATE);
   callhook(L, "attempt", 1, 1);
