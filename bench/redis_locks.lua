@@ -1,7 +1,8 @@
 -- The Redis locks' section of `make bench`: RedisMutex against node-redlock 5
 -- (on ioredis; `cd bench/redis_locks/node && npm install` first, otherwise
 -- its rows are left out), with redlock's default retry delay (200 ms) and
--- with 10 ms, all against one redis-server started here on loopback,
+-- with 10 ms, and the seed's recipe (SET NX PX, a compare-and-delete
+-- script, 200 ms polling) on our own client, all against one redis-server started here on loopback,
 -- unpinned, each side in its own processes, in one run (the ratios are what
 -- counts on a shared machine).  BENCH_QUICK=1 runs a tenth of the work.
 --
@@ -108,9 +109,9 @@ local have_node = io.open(NODE_DIR .. "/node_modules/redlock/package.json") ~= n
 local NODE = "cd '" .. NODE_DIR .. "' && node bench.js "
 
 local rows = {}
-local function row(name, ours, default, tuned, unit, better)
+local function row(name, ours, default, tuned, unit, better, seed)
   rows[#rows + 1] = { name = name, ours = ours, default = default, tuned = tuned,
-                      unit = unit, better = better }
+                      unit = unit, better = better, seed = seed }
 end
 
 io.stderr:write("bench/redis_locks: ", QUICK and "quick" or "full",
@@ -121,8 +122,9 @@ for _, conc in ipairs({ 1, 50 }) do
   local n = math.floor((conc == 1 and 20000 or 50000) * SCALE)
   local ours = rate(json(sh(ENV .. WORKER .. ("cycles %d %d %d"):format(port, n, conc))))
   local peer = have_node and rate(json(sh(NODE .. ("cycles %d %d %d default"):format(port, n, conc))))
+  local seed = conc == 1 and rate(json(sh(ENV .. WORKER .. ("seed_cycles %d %d"):format(port, n))))
   row(("cycles/s, %d %s"):format(conc, conc == 1 and "coroutine" or "coroutines, distinct keys"),
-      ours, peer, nil, "/s", "higher")
+      ours, peer, nil, "/s", "higher", seed or nil)
 end
 
 -- cross-process hand-off
@@ -139,8 +141,13 @@ do
     tuned = handoffs(parallel({ NODE .. ("pingpong %d %d A 10"):format(port, n // 4),
                                 NODE .. ("pingpong %d %d B 10"):format(port, n // 4) }))
   end
-  row("hand-off p50, ms", percentile(ours, 0.5), percentile(def, 0.5), percentile(tuned, 0.5), "ms", "lower")
-  row("hand-off p99, ms", percentile(ours, 0.99), percentile(def, 0.99), percentile(tuned, 0.99), "ms", "lower")
+  local ns = QUICK and 10 or 40
+  local seed = handoffs(parallel({ ENV .. WORKER .. ("seed_pingpong %d %d A"):format(port, ns),
+                                   ENV .. WORKER .. ("seed_pingpong %d %d B"):format(port, ns) }))
+  row("hand-off p50, ms", percentile(ours, 0.5), percentile(def, 0.5), percentile(tuned, 0.5), "ms", "lower",
+      percentile(seed, 0.5))
+  row("hand-off p99, ms", percentile(ours, 0.99), percentile(def, 0.99), percentile(tuned, 0.99), "ms", "lower",
+      percentile(seed, 0.99))
 end
 
 -- one key, 4 processes
@@ -190,15 +197,17 @@ local function fmt(v)
   if v >= 100 then return ("%.0f"):format(v) end
   return ("%.2f"):format(v)
 end
-print(("| %-58s | %12s | %18s | %18s |"):format("Redis locks", "async_mutex",
-  "redlock (200 ms)", "redlock (10 ms)"))
-print("|" .. ("-"):rep(60) .. "|" .. ("-"):rep(14) .. "|" .. ("-"):rep(20) .. "|" .. ("-"):rep(20) .. "|")
+print(("| %-58s | %12s | %18s | %18s | %18s |"):format("Redis locks", "async_mutex",
+  "redlock (200 ms)", "redlock (10 ms)", "seed (SET NX PX)"))
+print("|" .. ("-"):rep(60) .. "|" .. ("-"):rep(14) .. "|" .. ("-"):rep(20) .. "|" .. ("-"):rep(20)
+  .. "|" .. ("-"):rep(20) .. "|")
 for _, r in ipairs(rows) do
   local function ratio(peer)
     if not (peer and r.ours and peer > 0 and r.ours > 0) then return fmt(peer) end
     local x = r.better == "higher" and r.ours / peer or peer / r.ours
     return ("%s (%.1fx)"):format(fmt(peer), x)
   end
-  print(("| %-58s | %12s | %18s | %18s |"):format(r.name, fmt(r.ours), ratio(r.default), ratio(r.tuned)))
+  print(("| %-58s | %12s | %18s | %18s | %18s |"):format(r.name, fmt(r.ours), ratio(r.default),
+    ratio(r.tuned), ratio(r.seed)))
 end
 print("(x: how many times better async_mutex is on that row, in this run)")

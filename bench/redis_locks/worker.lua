@@ -4,6 +4,7 @@
 --   worker.lua contend  PORT MS ID       sections on one key for MS ms; prints counts and waits
 --   worker.lua lost     PORT             how late onLost comes after the lease's local end
 --   worker.lua refused  PORT             how fast acquire fails on a port nobody listens on
+--   worker.lua seed_cycles PORT N / seed_pingpong PORT N ID: the seed's SET NX PX recipe
 -- Prints one JSON line at the end (except pingpong).
 
 local uv = require "luv"
@@ -21,6 +22,42 @@ local function json(t)
 end
 
 local modes = {}
+
+-- The seed's recipe on this client: SET key token NX PX ttl, a script that
+-- deletes the key only if it holds our token, and 200 ms sleeps between
+-- tries.  Returns the release function.
+local SEED_RELEASE = [[
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+]]
+local seed_n = 0
+local function seed_acquire(key)
+  seed_n = seed_n + 1
+  local token = ("%d:%d:%d"):format(uv.os_getpid(), seed_n, hr())
+  while client:call("SET", key, token, "NX", "PX", 30000) == nil do
+    am.sleep(200)
+  end
+  return function() client:eval(SEED_RELEASE, { key }, { token }) end
+end
+
+function modes.seed_cycles(n)
+  n = tonumber(n)
+  local t0 = hr()
+  for _ = 1, n do seed_acquire("bench:seed:cycles")() end
+  json { ops = n, seconds = (hr() - t0) / 1e9 }
+end
+
+function modes.seed_pingpong(n, id)
+  local out = {}
+  for _ = 1, tonumber(n) do
+    local release = seed_acquire("bench:seed:pingpong")
+    out[#out + 1] = ("G %s %d"):format(id, hr())
+    am.sleep(1)
+    out[#out + 1] = ("R %s %d"):format(id, hr())
+    release()
+  end
+  print(table.concat(out, "\n"))
+end
 
 function modes.cycles(n, conc)
   n, conc = tonumber(n), tonumber(conc)
