@@ -15,7 +15,7 @@
 --   lua5.4 bench/optimistic.lua            (from the repository root, with
 --                                           `make bench`'s LUA_PATH/LUA_CPATH)
 --   BENCH_QUICK=1 lua5.4 bench/optimistic.lua    (1 and 1,000 keys, fewer
---                                           increments: a smoke run, ~25 s)
+--                                           increments: a smoke run, ~40 s)
 --   BENCH_ROUNDS=N                          (rounds; default 3, quick 1)
 --
 -- Each approach retries with the same loop, am.optimistic with its default
