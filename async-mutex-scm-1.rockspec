@@ -58,6 +58,7 @@ build = {
         "src/mutex_semaphore.c",
         "src/queue.c",
         "src/rules.c",
+        "src/rwlock.c",
         "src/scheduler.c",
         "src/waiter.c",
       },

@@ -12,6 +12,8 @@
 **   rules.c            the queue rules every lock kind shares: grant,
 **                      dispatch, cancel, expiry, giving a grant back
 **   mutex_semaphore.c  the Mutex and Semaphore lock kinds and methods
+**   rwlock.c           the RWLock kind: shared reads, exclusive writes;
+**                      a write releaser's downgrade
 **   keyed.c            KeyedMutex and KeyedSemaphore: a lock per key
 **   decorated.c        withTimeout and tryAcquire: decorated locks, whose
 **                      requests have a limit; every other method is the
@@ -39,12 +41,14 @@
 #define AM_STATE_KEY  "async_mutex.scheduler"   /* registry key of the state */
 #define AM_KEYED_MUTEX      "async_mutex.KeyedMutex"
 #define AM_KEYED_SEMAPHORE  "async_mutex.KeyedSemaphore"
+#define AM_RWLOCK     "async_mutex.RWLock"
 /* Decorated locks' metatables are made per copy of the module, and not
    registered: these are only their __name. */
 #define AM_DECORATED_MUTEX  "async_mutex.decorated Mutex"
 #define AM_DECORATED_SEMAPHORE  "async_mutex.decorated Semaphore"
 #define AM_DECORATED_KEYED_MUTEX  "async_mutex.decorated KeyedMutex"
 #define AM_DECORATED_KEYED_SEMAPHORE  "async_mutex.decorated KeyedSemaphore"
+#define AM_DECORATED_RWLOCK  "async_mutex.decorated RWLock"
 
 /* async-mutex's exact messages; they are also the error values. */
 #define AM_E_TIMEOUT  "timeout while waiting for mutex to become available"
@@ -64,6 +68,7 @@ typedef enum AmType {
   AM_T_KEYED_MUTEX, AM_T_KEYED_SEMAPHORE,
   AM_T_DECORATED_MUTEX, AM_T_DECORATED_SEMAPHORE,
   AM_T_DECORATED_KEYED_MUTEX, AM_T_DECORATED_KEYED_SEMAPHORE,
+  AM_T_RWLOCK, AM_T_DECORATED_RWLOCK,
   AM_NTYPES                   /* not a type: how many there are */
 } AmType;
 
@@ -195,6 +200,8 @@ typedef struct Request {
   int first;                  /* stack index of the user's first argument */
   int base;                   /* ... which errors number 1: 'first - base' */
   const char *fname;          /* the function errors name */
+  lua_Integer mode;           /* unweighted kinds: the weight the method
+                                 asks for (rwlock.c), or 0: 1 */
   Lock *lock;                 /* the lock, at stack index 'lockidx' */
   int lockidx;
   lua_Integer weight;
@@ -311,6 +318,9 @@ void am_waiter_resuming (Waiter *w);
 void am_waiter_abandon (lua_State *L, Waiter *w);
 extern const luaL_Reg am_releaser_metamethods[];
 extern const luaL_Reg am_waiter_metamethods[];
+extern const luaL_Reg am_releaser_methods[];
+void am_push_releaser (lua_State *L, int lockidx, Lock *lk,
+                       lua_Integer weight, lua_Integer token);
 
 /* rules.c */
 int am_can_lock_now (Lock *lk, lua_Integer weight, lua_Number priority);
@@ -325,6 +335,18 @@ void am_expire (lua_State *L, Waiter *w);
 void am_lock_init (Lock *lk, const LockKind *kind, State *st,
                    lua_Integer value);
 void am_lock_free (Lock *lk);
+
+/* rwlock.c */
+/* An RWLock request's weight: what 'held' counts, and the mode. */
+#define AM_RW_READ   1
+#define AM_RW_WRITE  2
+extern const LockKind am_rwlock_kind;
+extern const luaL_Reg am_rwlock_methods[];
+extern const luaL_Reg am_rwlock_metamethods[];
+extern const luaL_Reg am_rwlock_class[];
+extern const luaL_Reg am_decorated_rwlock_methods[];
+int am_rw_downgrade (lua_State *L);
+int am_rw_upgrade (lua_State *L);
 
 /* mutex_semaphore.c */
 extern const LockKind am_mutex_kind;
@@ -361,6 +383,8 @@ int am_core_acquire (lua_State *L);
 int am_core_limit (lua_State *L);
 int am_withTimeout (lua_State *L);
 int am_tryAcquire (lua_State *L);
+int am_decorated_request (lua_State *L, int kind, const char *fname,
+                          lua_Integer mode);
 
 /* scheduler.c */
 State *am_state_open (lua_State *L);

@@ -33,6 +33,7 @@ const AmType am_decorated_type[AM_NTYPES] = {
   [AM_T_SEMAPHORE] = AM_T_DECORATED_SEMAPHORE,
   [AM_T_KEYED_MUTEX] = AM_T_DECORATED_KEYED_MUTEX,
   [AM_T_KEYED_SEMAPHORE] = AM_T_DECORATED_KEYED_SEMAPHORE,
+  [AM_T_RWLOCK] = AM_T_DECORATED_RWLOCK,
 };
 
 
@@ -51,7 +52,8 @@ int am_undecorate (lua_State *L, AmType t) {
 
 /* The lock types, each of which has a decorated type. */
 static const AmType lock_types[] = {AM_T_MUTEX, AM_T_SEMAPHORE,
-                                    AM_T_KEYED_MUTEX, AM_T_KEYED_SEMAPHORE};
+                                    AM_T_KEYED_MUTEX, AM_T_KEYED_SEMAPHORE,
+                                    AM_T_RWLOCK};
 #define NLOCKTYPES  (sizeof(lock_types) / sizeof(lock_types[0]))
 
 
@@ -143,15 +145,17 @@ int am_tryAcquire (lua_State *L) {
 ** A request of a decorated lock: self at 1, the user's arguments after.
 ** Rearranged as lock, error, arguments (numbered from 1 after the
 ** error), then the lock's own request with the limit.  Upvalue after the
-** module's: the decorated type the method belongs to.
+** module's: the decorated type the method belongs to.  'mode': what an
+** unweighted kind's method asks for (Request.mode).
 */
 #define DECORATED_TYPE  lua_upvalueindex(AM_NUPVALUES + 1)
 
-static int request (lua_State *L, int kind, const char *fname) {
+int am_decorated_request (lua_State *L, int kind, const char *fname,
+                          lua_Integer mode) {
   AmType t = (AmType)lua_tointeger(L, DECORATED_TYPE);
   Decorated *d = (Decorated *)am_testself(L, 1, t);
   Request rq = {.kind = kind, .erridx = 2, .first = 3, .base = 2,
-                .fname = fname};
+                .fname = fname, .mode = mode};
   if (d == NULL) {
     const char *name = am_tnames[t] + strlen("async_mutex.");
     lua_pushfstring(L, "%s expected, got %s", name, typename(L, 1));
@@ -170,12 +174,12 @@ static int request (lua_State *L, int kind, const char *fname) {
 
 
 static int decorated_acquire (lua_State *L) {
-  return request(L, W_ACQUIRE, "acquire");
+  return am_decorated_request(L, W_ACQUIRE, "acquire", 0);
 }
 
 
 static int decorated_waitForUnlock (lua_State *L) {
-  return request(L, W_UNLOCK, "waitForUnlock");
+  return am_decorated_request(L, W_UNLOCK, "waitForUnlock", 0);
 }
 
 

@@ -114,7 +114,7 @@ void am_waiter_abandon (lua_State *L, Waiter *w) {
 /* {====================================================== releaser */
 
 /* Pushes a new releaser of 'weight' of the lock at 'lockidx'. */
-static void push_releaser (lua_State *L, int lockidx, Lock *lk,
+void am_push_releaser (lua_State *L, int lockidx, Lock *lk,
                            lua_Integer weight, lua_Integer token) {
   Releaser *r = (Releaser *)lua_newuserdatauv(L, sizeof(Releaser), 1);
   r->lock = lk;
@@ -160,11 +160,11 @@ static int releaser__tostring (lua_State *L) {
 static int push_grant (lua_State *L, int lockidx, Lock *lk,
                        lua_Integer weight, lua_Integer token) {
   if (!lk->kind->returns_value) {
-    push_releaser(L, lockidx, lk, weight, token);
+    am_push_releaser(L, lockidx, lk, weight, token);
     return 1;
   }
   lua_pushinteger(L, token);
-  push_releaser(L, lockidx, lk, weight, token);
+  am_push_releaser(L, lockidx, lk, weight, token);
   return 2;
 }
 
@@ -347,6 +347,13 @@ const luaL_Reg am_releaser_metamethods[] = {
   {"__call", releaser_release},
   {"__close", releaser_release},
   {"__tostring", releaser__tostring},
+  {NULL, NULL}
+};
+
+/* Methods of a releaser; each checks that its lock kind offers it. */
+const luaL_Reg am_releaser_methods[] = {
+  {"downgrade", am_rw_downgrade},
+  {"upgrade", am_rw_upgrade},
   {NULL, NULL}
 };
 

@@ -12,6 +12,7 @@
 ---| async_mutex.Semaphore
 ---| async_mutex.KeyedMutex
 ---| async_mutex.KeyedSemaphore
+---| async_mutex.RWLock
 
 ---Called with the error and its traceback when a coroutine resumed by the
 ---module dies with an error.
@@ -23,6 +24,11 @@
 ---Only its first call counts, and it only ends its own hold.
 ---@class async_mutex.Releaser
 ---@operator call: nil
+---A readers-writer lock's write hold becomes a read hold, atomically; returns
+---the read hold's releaser (this one is spent).
+---@field downgrade fun(self: async_mutex.Releaser): async_mutex.Releaser
+---Not offered (two upgraders would deadlock): always raises.
+---@field upgrade fun(self: async_mutex.Releaser)
 
 ---Releases every key taken by `acquireAll`: callable once and to-be-closed,
 ---like `async_mutex.Releaser`.
@@ -272,6 +278,72 @@ function KeyedSemaphore:waiting(key) end
 function KeyedSemaphore:keys() end
 
 
+---A readers-writer lock: readers share it, a writer holds it alone; one
+---queue in priority then arrival order, granted from its head.
+---@class async_mutex.RWLock
+local RWLock = {}
+
+---Creates an unlocked readers-writer lock.
+---@param cancel_error? any default `async_mutex.E_CANCELED`
+---@return async_mutex.RWLock
+function RWLock.new(cancel_error) end
+
+---Suspends until a read hold is granted (shared with other readers).
+---@async
+---@param priority? number higher first (default 0)
+---@return async_mutex.Releaser release
+function RWLock:acquireRead(priority) end
+
+---Suspends until the write hold is granted (exclusive).
+---@async
+---@param priority? number
+---@return async_mutex.Releaser release
+function RWLock:acquireWrite(priority) end
+
+---The same as `acquireWrite`: an RWLock stands where a Mutex is expected.
+---@async
+---@param priority? number
+---@return async_mutex.Releaser release
+function RWLock:acquire(priority) end
+
+---Calls `fn()` holding a read hold; returns its results.
+---@async
+---@param fn fun(): ...
+---@param priority? number
+---@return any ...
+function RWLock:runShared(fn, priority) end
+
+---Calls `fn()` holding the write hold; returns its results.
+---@async
+---@param fn fun(): ...
+---@param priority? number
+---@return any ...
+function RWLock:runExclusive(fn, priority) end
+
+---Suspends until a write could be granted, without acquiring.
+---@async
+---@param priority? number
+function RWLock:waitForUnlock(priority) end
+
+---`true` while a reader or a writer holds it.
+---@return boolean
+function RWLock:isLocked() end
+
+---`true` while a writer holds it.
+---@return boolean
+function RWLock:isWriteLocked() end
+
+---How many readers hold it.
+---@return integer
+function RWLock:readers() end
+
+---Ends the write hold; does nothing while readers or nobody hold it.
+function RWLock:release() end
+
+---Rejects every queued reader and writer with the cancel error.
+function RWLock:cancel() end
+
+
 ---@class async_mutex
 local async_mutex = {}
 
@@ -295,6 +367,7 @@ async_mutex.Mutex = Mutex
 async_mutex.Semaphore = Semaphore
 async_mutex.KeyedMutex = KeyedMutex
 async_mutex.KeyedSemaphore = KeyedSemaphore
+async_mutex.RWLock = RWLock
 
 ---A lock sharing all state with `lock`, whose requests raise
 ---`timeout_error` (default `async_mutex.E_TIMEOUT`) when not granted within

@@ -27,7 +27,7 @@ local M = {
   tryAcquire = core.tryAcquire,
 }
 
-local KINDS = { "Mutex", "Semaphore", "KeyedMutex", "KeyedSemaphore" }
+local KINDS = { "Mutex", "Semaphore", "KeyedMutex", "KeyedSemaphore", "RWLock" }
 local is_keyed = { KeyedMutex = true, KeyedSemaphore = true }
 
 local function typename(v)
@@ -119,6 +119,23 @@ function run.KeyedSemaphore(self, key, fn, weight, priority)
   check_fn(fn, 2)
   local value, release <close> = self:acquire(key, weight, priority)
   return finish(release, pcall(fn, value))
+end
+
+-- An RWLock stands wherever a Mutex is expected: its runExclusive writes.
+function run.RWLock(self, fn, priority)
+  check_self(self, "RWLock", "runExclusive")
+  check_fn(fn, 1)
+  local release <close> = self:acquireWrite(priority)
+  return finish(release, pcall(fn))
+end
+
+local function run_shared(self, fn, priority)
+  check_self(self, "RWLock", "runShared")
+  if not is_callable(fn) then
+    argerror(1, "runShared", "function expected, got " .. typename(fn))
+  end
+  local release <close> = self:acquireRead(priority)
+  return finish(release, pcall(fn))
 end
 
 -- }==========================================================
@@ -244,6 +261,7 @@ for _, kind in ipairs(KINDS) do
   local class = core[kind]
   for _, methods in ipairs({ class.methods, class.decorated }) do
     methods.runExclusive = run[kind]
+    if kind == "RWLock" then methods.runShared = run_shared end
     if is_keyed[kind] then
       methods.acquireAll = all[kind]
       methods.runExclusiveAll = run_all_of[kind]
@@ -260,6 +278,8 @@ core.layer(SOURCE, {
   [run.Semaphore] = { "runExclusive", 1, 1 },
   [run.KeyedMutex] = { "runExclusive", 2, 1 },
   [run.KeyedSemaphore] = { "runExclusive", 2, 1 },
+  [run.RWLock] = { "runExclusive", 1, 1 },
+  [run_shared] = { "runShared", 1, 1 },
   [all.KeyedMutex] = { "acquireAll", 1, 0 },
   [all.KeyedSemaphore] = { "acquireAll", 1, 0 },
   [run_all] = { "runExclusiveAll", 2, 1 },    -- tail-called by run_all_of
