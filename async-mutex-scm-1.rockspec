@@ -57,6 +57,7 @@ build = {
         "src/keyed.c",
         "src/mutex_semaphore.c",
         "src/queue.c",
+        "src/reentrant.c",
         "src/rules.c",
         "src/rwlock.c",
         "src/scheduler.c",

@@ -14,6 +14,7 @@
 **   mutex_semaphore.c  the Mutex and Semaphore lock kinds and methods
 **   rwlock.c           the RWLock kind: shared reads, exclusive writes;
 **                      a write releaser's downgrade
+**   reentrant.c        the ReentrantMutex kind: its holder re-enters
 **   keyed.c            KeyedMutex and KeyedSemaphore: a lock per key
 **   decorated.c        withTimeout and tryAcquire: decorated locks, whose
 **                      requests have a limit; every other method is the
@@ -42,6 +43,7 @@
 #define AM_KEYED_MUTEX      "async_mutex.KeyedMutex"
 #define AM_KEYED_SEMAPHORE  "async_mutex.KeyedSemaphore"
 #define AM_RWLOCK     "async_mutex.RWLock"
+#define AM_REENTRANT_MUTEX  "async_mutex.ReentrantMutex"
 /* Decorated locks' metatables are made per copy of the module, and not
    registered: these are only their __name. */
 #define AM_DECORATED_MUTEX  "async_mutex.decorated Mutex"
@@ -49,6 +51,7 @@
 #define AM_DECORATED_KEYED_MUTEX  "async_mutex.decorated KeyedMutex"
 #define AM_DECORATED_KEYED_SEMAPHORE  "async_mutex.decorated KeyedSemaphore"
 #define AM_DECORATED_RWLOCK  "async_mutex.decorated RWLock"
+#define AM_DECORATED_REENTRANT_MUTEX  "async_mutex.decorated ReentrantMutex"
 
 /* async-mutex's exact messages; they are also the error values. */
 #define AM_E_TIMEOUT  "timeout while waiting for mutex to become available"
@@ -69,6 +72,7 @@ typedef enum AmType {
   AM_T_DECORATED_MUTEX, AM_T_DECORATED_SEMAPHORE,
   AM_T_DECORATED_KEYED_MUTEX, AM_T_DECORATED_KEYED_SEMAPHORE,
   AM_T_RWLOCK, AM_T_DECORATED_RWLOCK,
+  AM_T_REENTRANT_MUTEX, AM_T_DECORATED_REENTRANT_MUTEX,
   AM_NTYPES                   /* not a type: how many there are */
 } AmType;
 
@@ -239,6 +243,9 @@ struct LockKind {
                     int saturate);
   /* is the lock held, as isLocked() answers */
   int (*is_locked) (const Lock *lk);
+  /* reentrant kinds (reentrant.c): the coroutine holding the lock
+     ('Lock.owner') is granted again at once, past the queue */
+  int reentrant;
 };
 
 /*
@@ -256,6 +263,8 @@ struct Lock {
   size_t nunlock;             /* waitForUnlock waiters in all queues */
   Keyed *keyed;               /* the keyed set serving this lock, or NULL */
   int selfref;                /* keyed: registry ref while in the set */
+  const lua_State *owner;     /* reentrant kinds: the holding coroutine
+                                 (anchored: user value 2), or NULL */
 };
 
 /*
@@ -347,6 +356,15 @@ extern const luaL_Reg am_rwlock_class[];
 extern const luaL_Reg am_decorated_rwlock_methods[];
 int am_rw_downgrade (lua_State *L);
 int am_rw_upgrade (lua_State *L);
+
+/* reentrant.c */
+extern const LockKind am_reentrant_kind;
+extern const luaL_Reg am_reentrant_methods[];
+extern const luaL_Reg am_reentrant_metamethods[];
+extern const luaL_Reg am_reentrant_class[];
+extern const luaL_Reg am_decorated_reentrant_methods[];
+int am_reenters (lua_State *L, Lock *lk, const Request *rq);
+void am_reentrant_owned (lua_State *L, Lock *lk, int lockidx);
 
 /* mutex_semaphore.c */
 extern const LockKind am_mutex_kind;

@@ -12,8 +12,8 @@
 #include "async_mutex.h"
 
 
-/* core.kind(v): "Mutex", "Semaphore", "RWLock", "KeyedMutex",
-   "KeyedSemaphore" or nil. */
+/* core.kind(v): "Mutex", "Semaphore", "RWLock", "ReentrantMutex",
+   "KeyedMutex", "KeyedSemaphore" or nil. */
 static int core_kind (lua_State *L) {
   Lock *lk = am_tolock(L, 1);
   Keyed *kd = am_tokeyed(L, 1);
@@ -79,6 +79,8 @@ const char *const am_tnames[AM_NTYPES] = {
   [AM_T_DECORATED_KEYED_SEMAPHORE] = AM_DECORATED_KEYED_SEMAPHORE,
   [AM_T_RWLOCK] = AM_RWLOCK,
   [AM_T_DECORATED_RWLOCK] = AM_DECORATED_RWLOCK,
+  [AM_T_REENTRANT_MUTEX] = AM_REENTRANT_MUTEX,
+  [AM_T_DECORATED_REENTRANT_MUTEX] = AM_DECORATED_REENTRANT_MUTEX,
 };
 
 
@@ -125,6 +127,11 @@ static const TypeReg types[AM_NTYPES] = {
                    am_rwlock_methods, am_rwlock_class},
   [AM_T_DECORATED_RWLOCK] = {.methods = am_decorated_rwlock_methods,
                              .decorated = 1, .decorates = AM_T_RWLOCK},
+  [AM_T_REENTRANT_MUTEX] = {"ReentrantMutex", am_reentrant_metamethods,
+                            am_reentrant_methods, am_reentrant_class},
+  [AM_T_DECORATED_REENTRANT_MUTEX] = {
+    .methods = am_decorated_reentrant_methods, .decorated = 1,
+    .decorates = AM_T_REENTRANT_MUTEX},
 };
 
 /*

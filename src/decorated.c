@@ -34,6 +34,7 @@ const AmType am_decorated_type[AM_NTYPES] = {
   [AM_T_KEYED_MUTEX] = AM_T_DECORATED_KEYED_MUTEX,
   [AM_T_KEYED_SEMAPHORE] = AM_T_DECORATED_KEYED_SEMAPHORE,
   [AM_T_RWLOCK] = AM_T_DECORATED_RWLOCK,
+  [AM_T_REENTRANT_MUTEX] = AM_T_DECORATED_REENTRANT_MUTEX,
 };
 
 
@@ -53,7 +54,7 @@ int am_undecorate (lua_State *L, AmType t) {
 /* The lock types, each of which has a decorated type. */
 static const AmType lock_types[] = {AM_T_MUTEX, AM_T_SEMAPHORE,
                                     AM_T_KEYED_MUTEX, AM_T_KEYED_SEMAPHORE,
-                                    AM_T_RWLOCK};
+                                    AM_T_RWLOCK, AM_T_REENTRANT_MUTEX};
 #define NLOCKTYPES  (sizeof(lock_types) / sizeof(lock_types[0]))
 
 

@@ -244,6 +244,7 @@ void am_lock_init (Lock *lk, const LockKind *kind, State *st,
   lk->nweights = lk->capweights = lk->nunlock = 0;
   lk->keyed = NULL;
   lk->selfref = LUA_NOREF;
+  lk->owner = NULL;
 }
 
 

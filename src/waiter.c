@@ -219,6 +219,8 @@ static int finish_request (lua_State *L, int status, lua_KContext ctx) {
   switch (w->outcome) {
     case O_GRANTED:
       if (w->kind == W_UNLOCK) return 0;
+      if (w->r.lock->kind->reentrant)      /* its holder, from now on */
+        am_reentrant_owned(L, w->r.lock, w->lockidx);
 #if HAND_OUT_WAITERS
       if (!w->timed) return hand_out_waiter(L, w, widx);
 #endif
@@ -272,6 +274,14 @@ static Waiter *new_waiter (lua_State *L, const Request *rq, int timed,
 }
 
 
+/* Grants 'rq' now, to the running coroutine; pushes what it returns. */
+static int grant_now (lua_State *L, const Request *rq, Lock *lk) {
+  lua_Integer token = am_take(lk, rq->weight);
+  if (lk->kind->reentrant) am_reentrant_owned(L, lk, rq->lockidx);
+  return push_grant(L, rq->lockidx, lk, rq->weight, token);
+}
+
+
 /*
 ** acquire / waitForUnlock of 'rq->lock' (at 'rq->lockidx'), once the
 ** arguments are checked: grant now, refuse now (tryAcquire), or suspend
@@ -282,10 +292,12 @@ int am_request (lua_State *L, Request *rq) {
   Waiter *w;
   int timed, hands_out;
   lua_Number now = 0;
-  if (am_can_lock_now(lk, rq->weight, rq->priority)) {    /* fast path */
-    if (rq->kind == W_UNLOCK) return 0;
+  if (lk->kind->reentrant && am_reenters(L, lk, rq))  /* its holder */
     return push_grant(L, rq->lockidx, lk, rq->weight,
                       am_take(lk, rq->weight));
+  if (am_can_lock_now(lk, rq->weight, rq->priority)) {    /* fast path */
+    if (rq->kind == W_UNLOCK) return 0;
+    return grant_now(L, rq, lk);
   }
   if (rq->wait == AM_TRY) {
     am_settle(L, lk);             /* a keyed lock made for this try */
@@ -319,8 +331,7 @@ int am_request (lua_State *L, Request *rq) {
       am_settle(L, lk);
       return 0;
     }
-    return push_grant(L, rq->lockidx, lk, rq->weight,
-                      am_take(lk, rq->weight));
+    return grant_now(L, rq, lk);
   }
   am_enqueue(L, lk, w, rq->priority);      /* now QUEUED */
   if (timed) am_timer_add(L, lk->st, w, now, rq->ms);

@@ -13,6 +13,7 @@
 ---| async_mutex.KeyedMutex
 ---| async_mutex.KeyedSemaphore
 ---| async_mutex.RWLock
+---| async_mutex.ReentrantMutex
 
 ---Called with the error and its traceback when a coroutine resumed by the
 ---module dies with an error.
@@ -344,6 +345,51 @@ function RWLock:release() end
 function RWLock:cancel() end
 
 
+---A mutex its holder (the coroutine it was granted to) may acquire again
+---without waiting, one level per acquire.
+---@class async_mutex.ReentrantMutex
+local ReentrantMutex = {}
+
+---Creates an unlocked reentrant mutex.
+---@param cancel_error? any default `async_mutex.E_CANCELED`
+---@return async_mutex.ReentrantMutex
+function ReentrantMutex.new(cancel_error) end
+
+---The holder: granted at once as one more level.  Others: waits as for a
+---Mutex.
+---@async
+---@param priority? number higher first (default 0)
+---@return async_mutex.Releaser release ends this level only
+function ReentrantMutex:acquire(priority) end
+
+---Acquires (re-enters for the holder), calls `fn()`, releases that level.
+---@async
+---@param fn fun(): ...
+---@param priority? number
+---@return any ...
+function ReentrantMutex:runExclusive(fn, priority) end
+
+---Suspends until the mutex is free; raises when called by its holder.
+---@async
+---@param priority? number
+function ReentrantMutex:waitForUnlock(priority) end
+
+---`true` while held.
+---@return boolean
+function ReentrantMutex:isLocked() end
+
+---The levels held (0 when free).
+---@return integer
+function ReentrantMutex:depth() end
+
+---`true` when the running coroutine holds it.
+---@return boolean
+function ReentrantMutex:isHeldByMe() end
+
+---Rejects every queued request with the cancel error.
+function ReentrantMutex:cancel() end
+
+
 ---@class async_mutex
 local async_mutex = {}
 
@@ -368,6 +414,7 @@ async_mutex.Semaphore = Semaphore
 async_mutex.KeyedMutex = KeyedMutex
 async_mutex.KeyedSemaphore = KeyedSemaphore
 async_mutex.RWLock = RWLock
+async_mutex.ReentrantMutex = ReentrantMutex
 
 ---A lock sharing all state with `lock`, whose requests raise
 ---`timeout_error` (default `async_mutex.E_TIMEOUT`) when not granted within

@@ -27,7 +27,8 @@ local M = {
   tryAcquire = core.tryAcquire,
 }
 
-local KINDS = { "Mutex", "Semaphore", "KeyedMutex", "KeyedSemaphore", "RWLock" }
+local KINDS = { "Mutex", "Semaphore", "KeyedMutex", "KeyedSemaphore", "RWLock",
+  "ReentrantMutex" }
 local is_keyed = { KeyedMutex = true, KeyedSemaphore = true }
 
 local function typename(v)
@@ -119,6 +120,14 @@ function run.KeyedSemaphore(self, key, fn, weight, priority)
   check_fn(fn, 2)
   local value, release <close> = self:acquire(key, weight, priority)
   return finish(release, pcall(fn, value))
+end
+
+-- The holder's nested runExclusive re-enters (a new level of its hold).
+function run.ReentrantMutex(self, fn, priority)
+  check_self(self, "ReentrantMutex", "runExclusive")
+  check_fn(fn, 1)
+  local release <close> = self:acquire(priority)
+  return finish(release, pcall(fn))
 end
 
 -- An RWLock stands wherever a Mutex is expected: its runExclusive writes.
@@ -279,6 +288,7 @@ core.layer(SOURCE, {
   [run.KeyedMutex] = { "runExclusive", 2, 1 },
   [run.KeyedSemaphore] = { "runExclusive", 2, 1 },
   [run.RWLock] = { "runExclusive", 1, 1 },
+  [run.ReentrantMutex] = { "runExclusive", 1, 1 },
   [run_shared] = { "runShared", 1, 1 },
   [all.KeyedMutex] = { "acquireAll", 1, 0 },
   [all.KeyedSemaphore] = { "acquireAll", 1, 0 },
