@@ -119,3 +119,103 @@ for _, gcmode in ipairs({ "generational", "incremental" }) do
     end
   end)
 end
+
+describe("a finalizer run by lua_close", function()
+  -- G's finalizer uses the module at exit; 'first' creates G before the
+  -- module is loaded, so that it runs after the module's own finalizers.
+  local function script(first)
+    local g = [[
+      local G = {}
+      setmetatable(G, { __gc = function()
+        local out = {}
+        local ok, err = pcall(coroutine.wrap(function() G.m:acquire() end))
+        out[#out + 1] = tostring(ok) .. " " .. tostring(err):gsub("^.-:%d+: ", "")
+        G.m:release()
+        G.s:cancel()
+        coroutine.close(G.co)
+        io.write(table.concat(out, ", "), "\n")
+      end })
+    ]]
+    return (first and g or "") .. [[
+      local am = require "async_mutex"
+      local uv = require "luv"
+    ]] .. (first and "" or g) .. [[
+      G.am, G.m, G.s = am, am.Mutex.new(), am.Semaphore.new(0)
+      coroutine.wrap(function() G.m:acquire() end)()
+      coroutine.wrap(function() G.m:acquire()() end)()   -- an anchor used, then freed
+      G.m:release(); uv.run()
+      coroutine.wrap(function() G.m:acquire() end)()
+      coroutine.wrap(function() local d = am.withTimeout(G.m, 60000); pcall(d.acquire, d) end)()
+      coroutine.wrap(function() pcall(G.s.acquire, G.s) end)()
+      G.co = coroutine.create(function() G.s:waitForUnlock() end)
+      coroutine.resume(G.co)
+      print("bye", am.pending())
+    ]]
+  end
+
+  it("after the module's own: a request to wait raises, releases and closes are safe", function()
+    local res = h.subprocess(script(true))
+    assert.equal("", res.stderr)
+    assert.equal(0, res.rc)
+    assert.equal("bye\t3\nfalse attempt to wait for a lock while the Lua state is closing\n",
+      res.stdout)
+  end)
+
+  it("before the module's own, after the lock's: the same", function()
+    local res = h.subprocess(script(false))
+    assert.equal("", res.stderr)
+    assert.equal(0, res.rc)
+    assert.equal("bye\t3\nfalse attempt to wait for a lock while the Lua state is closing\n",
+      res.stdout)
+  end)
+end)
+
+describe("keyed locks and the collector", function()
+  local am = require "async_mutex"
+
+  it("collects a set that nothing refers to, with a key held or a value raised", function()
+    local function round()
+      for _ = 1, h.load(20000) do
+        local km = am.KeyedMutex.new()
+        coroutine.wrap(function() km:acquire("k") end)()    -- releaser dropped
+        am.KeyedSemaphore.new(1):release("x", 3)
+      end
+      h.gc()
+      return collectgarbage("count")
+    end
+    local first = round()
+    round()
+    local last = round()
+    -- (the sets kept alive grew it by about 9 MB a round)
+    assert.is_true(last - first < 1024, ("heap grew by %.0f KB"):format(last - first))
+    local weak = setmetatable({}, { __mode = "v" })
+    do
+      local km, ks = am.KeyedMutex.new(), am.KeyedSemaphore.new(1)
+      coroutine.wrap(function() km:acquire("k") end)()
+      ks:release("x", 3)
+      weak[1], weak[2] = km, ks
+    end
+    h.gc()
+    assert.is_nil(weak[1])
+    assert.is_nil(weak[2])
+  end)
+
+  it("keeps a set alive while a key has waiters: they are granted, never stranded", h.async(function()
+    local weak = setmetatable({}, { __mode = "v" })
+    local release, got
+    local pending = am.pending()
+    do
+      local km = am.KeyedMutex.new()
+      weak[1] = km
+      release = km:acquire("k")
+      coroutine.wrap(function() km:acquire("k")(); got = true end)()
+    end
+    h.gc()
+    assert.is_not_nil(weak[1])
+    release()
+    h.tick()
+    assert.is_true(got)
+    assert.equal(0, weak[1]:count())
+    assert.equal(pending, am.pending())
+  end))
+end)

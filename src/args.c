@@ -158,11 +158,21 @@ lua_Integer am_optweight (lua_State *L, int idx, int base,
 }
 
 
-/* A priority: any number but NaN, default 0. */
-static lua_Number optpriority (lua_State *L, int idx, int base,
-                               const char *fname) {
+/*
+** A priority: any number but NaN, default 0; compared exactly as Lua
+** compares numbers (async_mutex.h: Key).
+*/
+static Key optpriority (lua_State *L, int idx, int base,
+                        const char *fname) {
   lua_Number p;
-  if (lua_isnoneornil(L, idx)) return 0;
+  Key k;
+  if (lua_isnoneornil(L, idx)) return am_key_number(0);
+  if (lua_isinteger(L, idx)) {
+    k.i = lua_tointeger(L, idx);
+    k.n = (lua_Number)k.i;
+    k.flt = 0;
+    return k;
+  }
   if (lua_type(L, idx) != LUA_TNUMBER) {
     lua_pushfstring(L, "priority must be a number, got %s",
                     luaL_typename(L, idx));
@@ -171,7 +181,7 @@ static lua_Number optpriority (lua_State *L, int idx, int base,
   p = lua_tonumber(L, idx);
   if (p != p)
     am_argerror(L, idx, base, fname, "priority must not be NaN");
-  return p;
+  return am_key_number(p);
 }
 
 

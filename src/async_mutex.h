@@ -98,13 +98,28 @@ typedef struct Links {
 } Links;
 
 /*
+** A queue key: a priority, compared exactly as Lua compares numbers
+** (an integer is not rounded to a double: maxinteger - 1 < maxinteger),
+** or a timer's duration.  Canonical: 'flt' is 0 for an integer 'i' (a
+** float with an integer's value counts as that integer) and 'n' is 'i' as
+** a double; 'flt' is 1 for any other float 'n', and 'i' is 0.  Order: by
+** 'n', then 'flt' (at an equal 'n' only 2^63 can be both, and the float
+** is the greater), then 'i'.
+*/
+typedef struct Key {
+  lua_Number n;
+  lua_Integer i;
+  int flt;
+} Key;
+
+/*
 ** A FIFO list of waiters sharing one key: a priority in a lock's queue, a
 ** duration in the timer queue.  'ends.next' is the head, 'ends.prev' the
 ** tail.  The scheduler's ready list is a bucket of its own.
 */
 typedef struct Bucket {
   Links ends;
-  lua_Number key;
+  Key key;
   uint32_t pos;               /* position in its queue's heap */
 } Bucket;
 
@@ -209,7 +224,7 @@ typedef struct Request {
   Lock *lock;                 /* the lock, at stack index 'lockidx' */
   int lockidx;
   lua_Integer weight;
-  lua_Number priority;
+  Key priority;
 } Request;
 
 /* waitForUnlock waiters that asked for one weight. */
@@ -261,8 +276,11 @@ struct Lock {
   WeightWaiters *unlock;      /* sorted by weight, ascending */
   size_t nweights, capweights;
   size_t nunlock;             /* waitForUnlock waiters in all queues */
+  int freed;                  /* its __gc ran (only lua_close does that
+                                 to a lock in use): no more waiting */
   Keyed *keyed;               /* the keyed set serving this lock, or NULL */
-  int selfref;                /* keyed: registry ref while in the set */
+  int selfref;                /* keyed: 0 while in its set (and in the
+                                 state's 'keyedlocks'), else LUA_NOREF */
   const lua_State *owner;     /* reentrant kinds: the holding coroutine
                                  (anchored: user value 2), or NULL */
 };
@@ -291,12 +309,15 @@ struct State {
   size_t pending;                    /* waiters queued or ready */
   lua_Number timer_due;              /* when the luv timer fires, if on */
   int idle_on, timer_on, draining;
+  int closed;                        /* lua_close has collected the state */
+  int check_idle, check_timer;       /* is the handle still open? (am_sync) */
   /* registry references to luv objects and our callbacks */
   int idle, timer, idle_start, idle_stop, timer_start, timer_stop, now;
   int new_idle, new_timer, is_closing;
   int on_idle, on_timer, handler;
   int layer_source, layer_wrappers;  /* the Lua layer (args.c: am_layer) */
   int anchors;                       /* keeps the anchor threads alive */
+  int keyedlocks;                    /* weak: address -> keyed lock in a set */
   lua_State **athreads;              /* anchor threads (scheduler.c) */
   int nathreads;
   int nanchors, free_anchor;         /* their slots; first free one, or 0 */
@@ -320,11 +341,11 @@ void am_parse_request (lua_State *L, Request *rq, const LockKind *kind);
 /* waiter.c */
 int am_request (lua_State *L, Request *rq);
 int am_lock_request (lua_State *L, Lock *lk, Request *rq);
-void am_waiter_queued (Waiter *w);
 void am_waiter_ready (lua_State *L, Waiter *w, int outcome,
                       lua_Integer token);
 void am_waiter_resuming (Waiter *w);
-void am_waiter_abandon (lua_State *L, Waiter *w);
+int am_waiter_abandon (lua_State *L, Waiter *w);
+void am_waiter_detach (Waiter *w);
 extern const luaL_Reg am_releaser_metamethods[];
 extern const luaL_Reg am_waiter_metamethods[];
 extern const luaL_Reg am_releaser_methods[];
@@ -332,8 +353,8 @@ void am_push_releaser (lua_State *L, int lockidx, Lock *lk,
                        lua_Integer weight, lua_Integer token);
 
 /* rules.c */
-int am_can_lock_now (Lock *lk, lua_Integer weight, lua_Number priority);
-void am_enqueue (lua_State *L, Lock *lk, Waiter *w, lua_Number priority);
+int am_can_lock_now (Lock *lk, lua_Integer weight, const Key *priority);
+void am_enqueue (lua_State *L, Lock *lk, Waiter *w, const Key *priority);
 void am_dequeue (Lock *lk, Waiter *w);
 lua_Integer am_take (Lock *lk, lua_Integer weight);
 void am_dispatch (lua_State *L, Lock *lk);
@@ -397,6 +418,7 @@ void am_keyed_settle (lua_State *L, Lock *lk);
 extern const AmType am_decorated_type[AM_NTYPES];
 extern const luaL_Reg am_decorated_methods[];
 int am_undecorate (lua_State *L, AmType t);
+int am_run_request (lua_State *L, AmType t);
 int am_core_acquire (lua_State *L);
 int am_core_limit (lua_State *L);
 int am_withTimeout (lua_State *L);
@@ -423,9 +445,11 @@ void am_list_unlink (Waiter *w, int timer);
   (((uintptr_t)(list)->ends.next & 1) ? NULL : (Waiter *)(list)->ends.next)
 void am_queue_init (Queue *q, int timer);
 void am_queue_free (Queue *q);
-int am_queue_push (Queue *q, Waiter *w, lua_Number key);
+int am_key_above (const Key *a, const Key *b);
+Key am_key_number (lua_Number n);
+int am_queue_push (Queue *q, Waiter *w, const Key *key);
 void am_queue_remove (Queue *q, Waiter *w);
 #define am_queue_first(q)  ((q)->n ? (Waiter *)(q)->heap[0]->ends.next : NULL)
-#define am_queue_firstkey(q)  ((q)->heap[0]->key)
+#define am_queue_firstkey(q)  (&(q)->heap[0]->key)
 
 #endif

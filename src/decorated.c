@@ -185,6 +185,47 @@ static int decorated_waitForUnlock (lua_State *L) {
 
 
 /*
+** The request of runExclusive(self, fn, ...) on a Mutex or Semaphore
+** ('t'), plain or decorated: checks self and fn, then acquires, with the
+** arguments numbered as runExclusive's (fn is #1).  One C call where the
+** Lua layer would make three.  Returns what acquire returns.
+*/
+int am_run_request (lua_State *L, AmType t) {
+  Request rq = {.kind = W_ACQUIRE, .first = 2, .base = 0,
+                .fname = "runExclusive"};
+  Decorated *d = NULL;
+  void *lk = am_testself(L, 1, t);
+  if (lk == NULL && (d = (Decorated *)am_testself(L, 1,
+                                                  am_decorated_type[t]))
+                    == NULL) {
+    lua_pushfstring(L, "%s expected, got %s", am_tnames[t], typename(L, 1));
+    return am_argerror(L, 1, 0, "runExclusive", lua_tostring(L, -1));
+  }
+  if (lua_type(L, 2) != LUA_TFUNCTION) {
+    if (luaL_getmetafield(L, 2, "__call") == LUA_TNIL) {
+      lua_pushfstring(L, "function expected, got %s", typename(L, 2));
+      return am_argerror(L, 2, 1, "runExclusive", lua_tostring(L, -1));
+    }
+    lua_pop(L, 1);
+  }
+  lua_remove(L, 2);                           /* self ... */
+  if (d != NULL) {
+    rq.wait = d->wait;
+    rq.ms = d->ms;
+    rq.erridx = 2;
+    rq.first = 3;
+    rq.base = 1;
+    lua_getiuservalue(L, 1, 2);               /* self ... err */
+    lua_insert(L, 2);                         /* self err ... */
+    lua_getiuservalue(L, 1, 1);
+    lua_replace(L, 1);                        /* lock err ... */
+    lk = lua_touserdata(L, 1);
+  }
+  return am_lock_request(L, (Lock *)lk, &rq);
+}
+
+
+/*
 ** core.limit(d): the lock, the limit (ms, math.huge, or false for a try)
 ** and the error of a decorated lock d; nothing for anything else.  For
 ** acquireAll, whose timeout bounds the whole acquisition.

@@ -44,6 +44,24 @@ static Keyed *checkkeyed (lua_State *L) {
 
 
 /*
+** NOTE: the lock of a key in use is held by its set's map, and its C
+** pointer finds it again (am_settle) through the state's 'keyedlocks', a
+** table with weak values keyed by the lock's address.  Neither keeps it
+** alive: a set that nothing outside refers to is collected with its
+** locks, even with keys held (their releasers lost) or values raised.  A
+** key's waiters keep their lock, and so its set, alive: they are never
+** stranded by a collection (docs/semantics.md, Re-entry).
+*/
+static void enter_set (lua_State *L, Lock *lk, int idx) {
+  lua_rawgeti(L, LUA_REGISTRYINDEX, lk->st->keyedlocks);
+  lua_pushvalue(L, idx);
+  lua_rawsetp(L, -2, lk);
+  lua_pop(L, 1);
+  lk->selfref = 0;
+}
+
+
+/*
 ** Pushes the lock of the key at 'keyidx' (the keyed set is at index 1)
 ** and returns it; when the key has none, pushes nil and returns NULL, or
 ** with 'create' makes one, puts it in the set and returns it.
@@ -76,9 +94,8 @@ static Lock *getlock (lua_State *L, Keyed *kd, int keyidx, int create) {
     return (Lock *)lua_touserdata(L, -1);
   }
   lua_pop(L, 1);
-  lua_pushvalue(L, -1);
-  lk->selfref = luaL_ref(L, LUA_REGISTRYINDEX);   /* first: it may raise */
   lk->keyed = kd;
+  enter_set(L, lk, lua_gettop(L));                /* first: it may raise */
   kd->nkeys++;
   lua_pushvalue(L, keyidx);
   lua_pushvalue(L, -2);
@@ -110,8 +127,7 @@ Lock *am_keyed_recheck (lua_State *L, Lock *lk, int lockidx) {
     lua_getiuservalue(L, lockidx, 2);
     lua_pushvalue(L, lockidx);
     lua_rawset(L, -3);                            /* map[key] = lock */
-    lua_pushvalue(L, lockidx);
-    lk->selfref = luaL_ref(L, LUA_REGISTRYINDEX);
+    enter_set(L, lk, lockidx);
     lk->keyed->nkeys++;
   }
   lua_pop(L, 2);
@@ -149,7 +165,7 @@ int am_keyed_request (lua_State *L, Request *rq) {
   rq->lockidx = lua_gettop(L);
   if (rq->kind == W_ACQUIRE && rq->wait != AM_TRY && kd->max_pending > 0
       && (lua_Integer)lk->queue.count >= kd->max_pending
-      && !am_can_lock_now(lk, rq->weight, rq->priority)) {
+      && !am_can_lock_now(lk, rq->weight, &rq->priority)) {
     lua_getiuservalue(L, 1, 3);
     return lua_error(L);
   }
@@ -169,14 +185,16 @@ void am_keyed_settle (lua_State *L, Lock *lk) {
       || lk->value != lk->keyed->fresh.value || lk->queue.count > 0
       || lk->nunlock > 0)
     return;
-  lua_rawgeti(L, LUA_REGISTRYINDEX, lk->selfref);    /* lock */
-  lua_getiuservalue(L, -1, 3);                       /* lock keyed */
-  lua_getiuservalue(L, -1, 1);                       /* lock keyed map */
+  lua_rawgeti(L, LUA_REGISTRYINDEX, lk->st->keyedlocks);
+  lua_rawgetp(L, -1, lk);                            /* kl lock */
+  lua_getiuservalue(L, -1, 3);                       /* kl lock keyed */
+  lua_getiuservalue(L, -1, 1);                       /* kl lock keyed map */
   lua_getiuservalue(L, -3, 2);                       /* ... map key */
   lua_pushnil(L);
   lua_rawset(L, -3);                                 /* map[key] = nil */
-  lua_pop(L, 3);
-  luaL_unref(L, LUA_REGISTRYINDEX, lk->selfref);
+  lua_pushnil(L);
+  lua_rawsetp(L, -5, lk);                            /* kl[lk] = nil */
+  lua_pop(L, 4);
   lk->selfref = LUA_NOREF;
   lk->keyed->nkeys--;
 }
@@ -325,6 +343,12 @@ static int ksem_release (lua_State *L) {
   lua_Integer weight;
   am_checkkey(L, 2, 1, "release");
   weight = am_optweight(L, 3, 1, "release");
+  /* a release that overflows must fail before it makes a lock for the
+     key, or the lock would stay in the set (am_give_back checks the rest) */
+  if (getlock(L, kd, 2, 0) == NULL && kd->fresh.value > 0
+      && weight > LUA_MAXINTEGER - kd->fresh.value)
+    luaL_error(L, "semaphore value overflow");
+  lua_pop(L, 1);
   am_give_back(L, getlock(L, kd, 2, 1), weight, AM_UNSCOPED, 0);
   am_sync(L, kd->st);
   return 0;

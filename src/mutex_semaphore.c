@@ -139,6 +139,20 @@ static int sem_new (lua_State *L) {
 }
 
 
+/*
+** Class.enter(self, fn, ...): the request of runExclusive (decorated.c),
+** for the Lua layer.
+*/
+static int mutex_enter (lua_State *L) {
+  return am_run_request(L, AM_T_MUTEX);
+}
+
+
+static int sem_enter (lua_State *L) {
+  return am_run_request(L, AM_T_SEMAPHORE);
+}
+
+
 /* {====================================================== Mutex */
 
 static int mutex_acquire (lua_State *L) {
@@ -253,7 +267,7 @@ static int lock__tostring (lua_State *L) {
 /*
 ** NOTE: a lock with waiters is never collected: each waiting coroutine
 ** holds it on its stack and is itself anchored in the registry.  So __gc
-** only frees memory, and never touches another object.
+** only frees memory (and at lua_close unlinks the waiters: rules.c).
 */
 static int lock__gc (lua_State *L) {
   am_lock_free((Lock *)lua_touserdata(L, 1));
@@ -290,10 +304,12 @@ const luaL_Reg am_lock_metamethods[] = {
 
 const luaL_Reg am_mutex_class[] = {
   {"new", mutex_new},
+  {"enter", mutex_enter},
   {NULL, NULL}
 };
 
 const luaL_Reg am_semaphore_class[] = {
   {"new", sem_new},
+  {"enter", sem_enter},
   {NULL, NULL}
 };

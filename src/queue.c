@@ -58,6 +58,38 @@ void am_list_unlink (Waiter *w, int timer) {
 
 #define HEAD(b)  ((Waiter *)(b)->ends.next)
 
+/* Is key 'a' above 'b' (async_mutex.h: Key)? */
+int am_key_above (const Key *a, const Key *b) {
+  if (a->n != b->n) return a->n > b->n;
+  if (a->flt != b->flt) return a->flt;
+  return a->i > b->i;
+}
+
+
+static int key_equal (const Key *a, const Key *b) {
+  return a->n == b->n && a->flt == b->flt && a->i == b->i;
+}
+
+
+/* The key of a float 'n' (not NaN): an integer if it has an integer's value. */
+Key am_key_number (lua_Number n) {
+  Key k;
+  lua_Integer i;
+  if (n == 0) n = 0;                          /* -0 is 0 */
+  if (lua_numbertointeger(n, &i) && (lua_Number)i == n) {
+    k.n = n;
+    k.i = i;
+    k.flt = 0;
+  }
+  else {
+    k.n = n;
+    k.i = 0;
+    k.flt = 1;
+  }
+  return k;
+}
+
+
 /*
 ** Does bucket 'a' come before 'b'?  Queue: higher priority first.  Timers:
 ** earlier head deadline first; on a tie the longer duration, whose head
@@ -68,7 +100,7 @@ static int before (const Queue *q, const Bucket *a, const Bucket *b) {
     lua_Number da = HEAD(a)->deadline, db = HEAD(b)->deadline;
     if (da != db) return da < db;
   }
-  return a->key > b->key;
+  return am_key_above(&a->key, &b->key);
 }
 
 
@@ -122,11 +154,11 @@ static void heap_remove (Queue *q, Bucket *b) {
 
 /* {====================================================== bucket hash */
 
-/* Keys are numbers, never NaN; 0 and -0 are one key. */
-static uint32_t hash_key (lua_Number key) {
+/* Keys are canonical (async_mutex.h: Key): equal keys, equal fields. */
+static uint32_t hash_key (const Key *key) {
   uint64_t x;
-  if (key == 0) key = 0;
-  memcpy(&x, &key, sizeof(x));
+  memcpy(&x, &key->n, sizeof(x));
+  x ^= (uint64_t)key->i;
   x ^= x >> 33;
   x *= 0xff51afd7ed558ccdu;
   x ^= x >> 33;
@@ -134,19 +166,19 @@ static uint32_t hash_key (lua_Number key) {
 }
 
 
-static Bucket *find (const Queue *q, lua_Number key) {
+static Bucket *find (const Queue *q, const Key *key) {
   uint32_t mask = q->hcap - 1, i;
   Bucket *b;
   if (q->n == 0) return NULL;
-  if (q->heap[0]->key == key) return q->heap[0];      /* the usual case */
+  if (key_equal(&q->heap[0]->key, key)) return q->heap[0];  /* usual case */
   for (i = hash_key(key) & mask; (b = q->slot[i]) != NULL; i = (i + 1) & mask)
-    if (b->key == key) return b;
+    if (key_equal(&b->key, key)) return b;
   return NULL;
 }
 
 
 static void hash_insert (Queue *q, Bucket *b) {
-  uint32_t mask = q->hcap - 1, i = hash_key(b->key) & mask;
+  uint32_t mask = q->hcap - 1, i = hash_key(&b->key) & mask;
   while (q->slot[i] != NULL) i = (i + 1) & mask;
   q->slot[i] = b;
 }
@@ -154,10 +186,10 @@ static void hash_insert (Queue *q, Bucket *b) {
 
 /* Linear probing deletion: shift back the entries the hole would hide. */
 static void hash_remove (Queue *q, Bucket *b) {
-  uint32_t mask = q->hcap - 1, i = hash_key(b->key) & mask, j;
+  uint32_t mask = q->hcap - 1, i = hash_key(&b->key) & mask, j;
   while (q->slot[i] != b) i = (i + 1) & mask;
   for (j = (i + 1) & mask; q->slot[j] != NULL; j = (j + 1) & mask) {
-    uint32_t home = hash_key(q->slot[j]->key) & mask;
+    uint32_t home = hash_key(&q->slot[j]->key) & mask;
     /* may slot[j] move to i? only if its home is not in (i, j] */
     if ((j > i) ? (home <= i || home > j) : (home <= i && home > j)) {
       q->slot[i] = q->slot[j];
@@ -245,17 +277,15 @@ void am_queue_free (Queue *q) {
 ** Appends 'w' to the list of 'key' (normalized: -0 is 0).  Returns 0,
 ** with nothing changed, when out of memory.
 */
-int am_queue_push (Queue *q, Waiter *w, lua_Number key) {
-  Bucket *b;
-  if (key == 0) key = 0;
-  b = find(q, key);
+int am_queue_push (Queue *q, Waiter *w, const Key *key) {
+  Bucket *b = find(q, key);
   if (b != NULL)
     am_list_append(b, w, q->timer);
   else {
     if (!reserve(q)) return 0;
     b = q->spare;
     q->spare = NULL;
-    b->key = key;
+    b->key = *key;
     am_list_init(b);
     am_list_append(b, w, q->timer);     /* first: the heap orders by it */
     hash_insert(q, b);

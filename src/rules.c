@@ -25,8 +25,9 @@
 ** the lock's kind can grant the weight.  Also "could lock now" for
 ** waitForUnlock.
 */
-int am_can_lock_now (Lock *lk, lua_Integer weight, lua_Number priority) {
-  return (lk->queue.n == 0 || am_queue_firstkey(&lk->queue) < priority)
+int am_can_lock_now (Lock *lk, lua_Integer weight, const Key *priority) {
+  return (lk->queue.n == 0
+          || am_key_above(priority, am_queue_firstkey(&lk->queue)))
          && lk->kind->fits(lk, weight);
 }
 
@@ -99,7 +100,8 @@ static void drain_unlock (lua_State *L, Lock *lk) {
     if (!lk->kind->fits(lk, lk->unlock[i].weight)) continue;
     while ((w = am_queue_first(q)) != NULL
            && (lk->queue.n == 0
-               || am_queue_firstkey(q) > am_queue_firstkey(&lk->queue))) {
+               || am_key_above(am_queue_firstkey(q),
+                               am_queue_firstkey(&lk->queue)))) {
       am_queue_remove(q, w);
       lk->nunlock--;
       am_waiter_ready(L, w, O_GRANTED, 0);
@@ -113,12 +115,13 @@ static void drain_unlock (lua_State *L, Lock *lk) {
 
 
 /*
-** Puts a new, anchored waiter in its queue; once linked, it is QUEUED.
+** Puts a new, anchored waiter in its queue (waiter.c then makes it
+** QUEUED).
 ** Out of memory, it raises with nothing linked, after giving back its
 ** anchor (a dead coroutine must not stay anchored) and letting a keyed
 ** lock made for it leave its set.
 */
-void am_enqueue (lua_State *L, Lock *lk, Waiter *w, lua_Number priority) {
+void am_enqueue (lua_State *L, Lock *lk, Waiter *w, const Key *priority) {
   Queue *q = (w->kind == W_ACQUIRE) ? &lk->queue
                                     : weight_queue(lk, w->r.weight);
   if (q == NULL || !am_queue_push(q, w, priority)) {
@@ -129,7 +132,6 @@ void am_enqueue (lua_State *L, Lock *lk, Waiter *w, lua_Number priority) {
     luaL_error(L, "not enough memory");
   }
   if (w->kind == W_UNLOCK) lk->nunlock++;
-  am_waiter_queued(w);
 }
 
 
@@ -151,7 +153,10 @@ void am_dequeue (Lock *lk, Waiter *w) {
 ** counts grants out, for keyed locks to know when a key is idle.
 */
 lua_Integer am_take (Lock *lk, lua_Integer weight) {
-  lk->held += weight;
+  /* 'held' saturates: with setValue the grants out may sum beyond
+     maxinteger (it only has to stay above 0 while any is out) */
+  lk->held = weight > LUA_MAXINTEGER - lk->held ? LUA_MAXINTEGER
+                                                : lk->held + weight;
   return lk->kind->take(lk, weight);
 }
 
@@ -242,14 +247,35 @@ void am_lock_init (Lock *lk, const LockKind *kind, State *st,
   am_queue_init(&lk->queue, 0);
   lk->unlock = NULL;
   lk->nweights = lk->capweights = lk->nunlock = 0;
+  lk->freed = 0;
   lk->keyed = NULL;
   lk->selfref = LUA_NOREF;
   lk->owner = NULL;
 }
 
 
+/*
+** Frees the lock's memory.  NOTE: a lock with queued waiters is collected
+** only by lua_close (each waiter's coroutine holds the lock on its stack
+** and is anchored).  Its waiters then leave every queue first, as if
+** abandoned (waiter.c: am_waiter_detach), so that a finalizer run after
+** this one (closing their coroutine, releasing the lock) finds an empty
+** lock, not freed memory.
+*/
 void am_lock_free (Lock *lk) {
+  Waiter *w;
   size_t i;
+  while ((w = am_queue_first(&lk->queue)) != NULL) {
+    am_queue_remove(&lk->queue, w);
+    am_waiter_detach(w);
+  }
+  for (i = 0; i < lk->nweights; i++)
+    while ((w = am_queue_first(&lk->unlock[i].queue)) != NULL) {
+      am_queue_remove(&lk->unlock[i].queue, w);
+      am_waiter_detach(w);
+    }
+  lk->nunlock = 0;
+  lk->freed = 1;
   am_queue_free(&lk->queue);
   for (i = 0; i < lk->nweights; i++)
     am_queue_free(&lk->unlock[i].queue);

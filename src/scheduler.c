@@ -1,8 +1,9 @@
 /*
 ** scheduler.c: the scheduler, per lua_State
 ** Outcomes (grant, timeout, cancel) are decided synchronously by rules.c
-** and queued here in a ready list (waiter.c: am_waiter_ready); the coroutines are resumed later, from a luv
-** idle handle, in the order the outcomes were decided.  Deadlines of timed
+** and queued here in a ready list (waiter.c: am_waiter_ready); the
+** coroutines are resumed later, from a luv idle handle, in the order the
+** outcomes were decided.  Deadlines of timed
 ** waiters live in one queue served by a single luv timer.  Both handles are
 ** created through luv's own Lua API, so uv.walk() and luv's exit-time
 ** cleanup know them, and both are stopped whenever they have nothing to do,
@@ -65,18 +66,29 @@ static lua_Number loop_now (lua_State *L, State *st) {
 
 
 /*
+** Is our handle 'handle' (a registry reference) closed or closing?
+** Someone else may close it (uv.walk closing every handle, say) while we
+** believe it active: the flags 'idle_on' and 'timer_on' are then false,
+** and am_sync replaces it.
+*/
+static int handle_closed (lua_State *L, State *st, int handle) {
+  int closing;
+  pushref(L, st->is_closing);
+  pushref(L, handle);
+  lua_call(L, 1, 1);
+  closing = lua_toboolean(L, -1);
+  lua_pop(L, 1);
+  return closing;
+}
+
+
+/*
 ** A handle of ours that someone closed (a test's teardown closing every
 ** handle from uv.walk, say) is replaced by a new one: luv would run a
 ** closed handle's callback through freed references.
 */
 static void ensure_open (lua_State *L, State *st, int *handle, int ctor) {
-  int closing;
-  pushref(L, st->is_closing);
-  pushref(L, *handle);
-  lua_call(L, 1, 1);
-  closing = lua_toboolean(L, -1);
-  lua_pop(L, 1);
-  if (closing) {
+  if (handle_closed(L, st, *handle)) {
     pushref(L, ctor);
     lua_call(L, 0, 1);
     luaL_unref(L, LUA_REGISTRYINDEX, *handle);
@@ -138,8 +150,23 @@ static void stop_timer (lua_State *L, State *st) {
 ** resumes waiters ('draining'), it decides about the idle handle itself.
 */
 void am_sync (lua_State *L, State *st) {
+  if (st->closed) return;                 /* lua_close: luv is going away */
   for (;;) {
     int ready = am_list_first(&st->ready) != NULL;
+    /* at each new need of a handle we believe active, check that it is
+       (one luv call, only when a waiter became ready outside the idle
+       callback, or a deadline was added) */
+    if (st->check_idle && ready && st->idle_on && !st->draining) {
+      st->check_idle = 0;
+      if (handle_closed(L, st, st->idle)) st->idle_on = 0;
+      continue;
+    }
+    if (st->check_timer && st->timers.count > 0 && st->timer_on) {
+      st->check_timer = 0;
+      if (handle_closed(L, st, st->timer)) st->timer_on = 0;
+      continue;
+    }
+    st->check_idle = st->check_timer = 0;
     if (!st->draining && ready && !st->idle_on)
       start_idle(L, st);
     else if (!st->draining && !ready && st->idle_on)
@@ -173,6 +200,7 @@ void am_sync (lua_State *L, State *st) {
 */
 void am_schedule (State *st, Waiter *w) {
   am_list_append(&st->ready, w, 0);
+  if (!st->draining) st->check_idle = 1;
 }
 
 
@@ -240,6 +268,8 @@ void am_anchor (lua_State *L, Waiter *w) {
   State *st = w->r.lock->st;
   int ref = st->free_anchor;
   lua_State *A;
+  if (st->closed)                 /* a finalizer run by lua_close */
+    luaL_error(L, "attempt to wait for a lock while the Lua state is closing");
   if (ref != 0) {                             /* reuse: never allocates */
     A = ANCHOR_THREAD(st, ref);
     st->free_anchor = (int)lua_tointeger(A, ANCHOR_SLOT(ref));
@@ -275,7 +305,7 @@ void am_unanchor (lua_State *L, Waiter *w) {
   (void)L;
   if (w->ref != LUA_NOREF) {
     State *st = w->r.lock->st;
-    drop_anchor(st, w->ref);
+    if (!st->closed) drop_anchor(st, w->ref);   /* else: threads freed */
     w->ref = LUA_NOREF;
     st->pending--;
   }
@@ -353,7 +383,15 @@ static void report (lua_State *L, State *st, lua_State *co) {
 static int on_idle (lua_State *L) {
   State *st = (State *)lua_touserdata(L, AM_STATE_UPVALUE);
   int budget = BATCH;
-  if (st->draining) return 0;                 /* uv.run() inside a waiter */
+  if (st->closed) return 0;
+  if (st->draining) {
+    /* uv.run() inside a coroutine we resumed: the waiters are resumed
+       once that coroutine yields back to us, not from this nested run.
+       The idle handle stops meanwhile (left active, the nested run would
+       spin and never return); the outer call restarts it (am_sync). */
+    stop_idle(L, st);
+    return 0;
+  }                 /* uv.run() inside a waiter */
   st->draining = 1;
   while (budget-- > 0) {
     Waiter *w = am_list_first(&st->ready);
@@ -380,6 +418,9 @@ static int on_idle (lua_State *L) {
     }
   }
   st->draining = 0;
+  /* a waiter resumed may have closed our handle (uv.walk): check it when
+     some are left for the next round */
+  st->check_idle = am_list_first(&st->ready) != NULL;
   am_sync(L, st);                 /* stops the idle handle if all are done */
   return 0;
 }
@@ -388,8 +429,10 @@ static int on_idle (lua_State *L) {
 /* Timer callback: every waiter whose deadline has passed times out. */
 static int on_timer (lua_State *L) {
   State *st = (State *)lua_touserdata(L, AM_STATE_UPVALUE);
-  lua_Number now = loop_now(L, st);
+  lua_Number now;
   Waiter *w;
+  if (st->closed) return 0;
+  now = loop_now(L, st);
   st->timer_on = 0;                           /* a one-shot timer fired */
   while ((w = am_queue_first(&st->timers)) != NULL && w->deadline <= now) {
     am_queue_remove(&st->timers, w);
@@ -420,11 +463,14 @@ lua_Number am_timer_now (lua_State *L, State *st) {
 */
 void am_timer_add (lua_State *L, State *st, Waiter *w, lua_Number now,
                    lua_Number ms) {
+  Key key;
   w->deadline = now + ms;
   /* keyed by the duration the deadline holds after rounding, so that two
      durations within an ulp of 'now' share one list (arrival order) */
-  if (!am_queue_push(&st->timers, w, w->deadline - now))
+  key = am_key_number(w->deadline - now);
+  if (!am_queue_push(&st->timers, w, &key))
     luaL_error(L, "not enough memory");
+  st->check_timer = 1;
 }
 
 
@@ -444,8 +490,21 @@ void am_timer_remove (lua_State *L, State *st, Waiter *w) {
 
 /* {====================================================== state */
 
+/*
+** NOTE: the state is collected only by lua_close (the registry holds it),
+** before luv's loop (its __gc is set after luv is loaded, and finalizers
+** run newest first).  Finalizers that run after it may still call the
+** module (docs/semantics.md, Re-entry): 'closed' makes every later
+** request to wait raise, and the module call luv no more.  The waiters
+** still in the timer queue are unlinked from it before it is freed, so
+** that a grant made then does not touch it.
+*/
 static int state__gc (lua_State *L) {
   State *st = (State *)lua_touserdata(L, 1);
+  Waiter *w;
+  st->closed = 1;
+  while ((w = am_queue_first(&st->timers)) != NULL)
+    am_queue_remove(&st->timers, w);
   am_queue_free(&st->timers);
   free(st->athreads);
   st->athreads = NULL;
@@ -513,24 +572,32 @@ State *am_state_open (lua_State *L) {
   am_queue_init(&st->timers, 1);
   st->pending = 0;
   st->timer_due = 0;
-  st->idle_on = st->timer_on = st->draining = 0;
+  st->idle_on = st->timer_on = st->draining = st->closed = 0;
+  st->check_idle = st->check_timer = 0;
   st->idle = st->timer = st->idle_start = st->idle_stop = LUA_NOREF;
   st->timer_start = st->timer_stop = st->now = LUA_NOREF;
   st->new_idle = st->new_timer = st->is_closing = LUA_NOREF;
   st->on_idle = st->on_timer = st->handler = LUA_NOREF;
   st->layer_source = st->layer_wrappers = LUA_NOREF;
-  st->anchors = LUA_NOREF;
+  st->anchors = st->keyedlocks = LUA_NOREF;
   st->athreads = NULL;
   st->nathreads = st->nanchors = st->free_anchor = 0;
-  luaL_newmetatable(L, AM_STATE);
-  lua_pushcfunction(L, state__gc);
-  lua_setfield(L, -2, "__gc");
-  lua_setmetatable(L, -2);
   sti = lua_gettop(L);
   lua_newtable(L);
   st->anchors = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_newtable(L);                            /* keyed.c: am_keyed_enter */
+  lua_createtable(L, 0, 1);
+  lua_pushliteral(L, "v");
+  lua_setfield(L, -2, "__mode");
+  lua_setmetatable(L, -2);
+  st->keyedlocks = luaL_ref(L, LUA_REGISTRYINDEX);
   require_luv(L);
   luv = lua_gettop(L);
+  /* the __gc now, after luv's (see state__gc) */
+  luaL_newmetatable(L, AM_STATE);
+  lua_pushcfunction(L, state__gc);
+  lua_setfield(L, -2, "__gc");
+  lua_setmetatable(L, sti);
   st->now = ref_field(L, luv, "now");
   st->new_idle = ref_field(L, luv, "new_idle");
   st->new_timer = ref_field(L, luv, "new_timer");

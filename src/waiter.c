@@ -9,10 +9,11 @@
 **   NEW --queued--> QUEUED --ready--> READY --resuming--> RESUMING
 **   RESUMING --(continuation)--> DONE --(hand out)--> HELD --> RELEASED
 **   QUEUED, READY --abandon--> DONE          (coroutine closed or dead)
+**   QUEUED --detach--> DONE                  (its lock freed by lua_close)
 **
-** The other files only call these: rules.c decides outcomes (queued,
-** ready), scheduler.c resumes (resuming), the continuation and __close
-** are here.
+** The other files only call these: rules.c decides outcomes (ready,
+** detach), scheduler.c resumes (resuming, or abandon when a coroutine
+** cannot be resumed); the request, the continuation and __close are here.
 */
 
 #define LUA_LIB
@@ -27,8 +28,8 @@
 
 /* {====================================================== transitions */
 
-/* NEW -> QUEUED: linked in its lock's queue (rules.c: am_enqueue). */
-void am_waiter_queued (Waiter *w) {
+/* NEW -> QUEUED: once linked in its lock's queue (rules.c: am_enqueue). */
+static void queued (Waiter *w) {
   assert(w->r.state == S_NEW);
   w->r.state = S_QUEUED;
 }
@@ -43,7 +44,7 @@ void am_waiter_ready (lua_State *L, Waiter *w, int outcome,
                       lua_Integer token) {
   State *st = w->r.lock->st;
   assert(w->r.state == S_QUEUED);
-  am_timer_remove(L, st, w);
+  if (w->timed) am_timer_remove(L, st, w);
   w->r.token = token;
   w->outcome = (unsigned)outcome;
   w->r.state = S_READY;
@@ -86,12 +87,12 @@ static int released (Releaser *r) {
 ** be resumed): it never gets the lock.  A queued request leaves the
 ** queue; a grant not yet delivered is given back (saturating: this runs
 ** from __close, and must not raise).  Either way the lock passes on.
-** In any other state, nothing to do.
+** In any other state, nothing to do.  Returns whether it did anything.
 */
-void am_waiter_abandon (lua_State *L, Waiter *w) {
+int am_waiter_abandon (lua_State *L, Waiter *w) {
   Lock *lk = w->r.lock;
   int state = w->r.state;
-  if (state != S_QUEUED && state != S_READY) return;
+  if (state != S_QUEUED && state != S_READY) return 0;
   if (state == S_QUEUED) {
     am_timer_remove(L, lk->st, w);
     am_dequeue(lk, w);
@@ -106,6 +107,19 @@ void am_waiter_abandon (lua_State *L, Waiter *w) {
     am_dispatch(L, lk);
   else if (w->outcome == O_GRANTED)
     am_give_back(L, lk, w->r.weight, w->r.token, 1);
+  return 1;
+}
+
+/*
+** QUEUED -> DONE at lua_close, when its lock is freed (rules.c:
+** am_lock_free) with the waiter still in its queue (taken out already):
+** it leaves the timer queue and its anchor, and nothing else happens.
+*/
+void am_waiter_detach (Waiter *w) {
+  assert(w->r.state == S_QUEUED);
+  am_timer_remove(NULL, w->r.lock->st, w);
+  w->r.state = S_DONE;
+  am_unanchor(NULL, w);
 }
 
 /* }====================================================== */
@@ -237,8 +251,8 @@ static int finish_request (lua_State *L, int status, lua_KContext ctx) {
 
 static int waiter__close (lua_State *L) {
   Waiter *w = (Waiter *)lua_touserdata(L, 1);
-  am_waiter_abandon(L, w);
-  am_sync(L, w->r.lock->st);
+  if (am_waiter_abandon(L, w))          /* a DONE waiter: nothing to do */
+    am_sync(L, w->r.lock->st);
   return 0;
 }
 
@@ -295,7 +309,7 @@ int am_request (lua_State *L, Request *rq) {
   if (lk->kind->reentrant && am_reenters(L, lk, rq))  /* its holder */
     return push_grant(L, rq->lockidx, lk, rq->weight,
                       am_take(lk, rq->weight));
-  if (am_can_lock_now(lk, rq->weight, rq->priority)) {    /* fast path */
+  if (am_can_lock_now(lk, rq->weight, &rq->priority)) {    /* fast path */
     if (rq->kind == W_UNLOCK) return 0;
     return grant_now(L, rq, lk);
   }
@@ -325,7 +339,7 @@ int am_request (lua_State *L, Request *rq) {
     lua_pushvalue(L, rq->lockidx);
     lua_setiuservalue(L, -2, 1);
   }
-  if (am_can_lock_now(lk, rq->weight, rq->priority)) {  /* freed meanwhile */
+  if (am_can_lock_now(lk, rq->weight, &rq->priority)) {  /* freed meanwhile */
     am_unanchor(L, w);            /* never queued: its __close is a no-op */
     if (rq->kind == W_UNLOCK) {
       am_settle(L, lk);
@@ -333,7 +347,13 @@ int am_request (lua_State *L, Request *rq) {
     }
     return grant_now(L, rq, lk);
   }
-  am_enqueue(L, lk, w, rq->priority);      /* now QUEUED */
+  if (lk->freed) {                 /* a finalizer run by lua_close */
+    am_unanchor(L, w);
+    am_usage_error(L,
+                   "attempt to wait for a lock while the Lua state is closing");
+  }
+  am_enqueue(L, lk, w, &rq->priority);
+  queued(w);
   if (timed) am_timer_add(L, lk->st, w, now, rq->ms);
   am_sync(L, lk->st);                      /* arms the timer */
   return lua_yieldk(L, 0, (lua_KContext)w, finish_request);

@@ -39,30 +39,36 @@ holder()
 ]])
 f:close()
 
--- calls[name] over one run of k cycles; file[name] for functions of src/.
+-- calls[name] and edges["caller>callee"] over one run of k cycles;
+-- file[name] for functions of src/.
 local file = {}
 local function calls(k)
   local out = os.tmpname()
   sh(("LUA_PATH='src/?.lua;src/?/init.lua;;' LUA_CPATH='%s/?.so;;' valgrind --tool=callgrind "
     .. "--compress-strings=no --compress-pos=no --callgrind-out-file=%s lua5.4 %s %d "
     .. ">/dev/null 2>&1"):format(build, out, script, k))
-  local t, fl, cfn = {}, nil, nil
+  local t, e, fl, fn, cfn = {}, {}, nil, nil, nil
   for line in io.lines(out) do
     local key, val = line:match("^(%a+)=(.*)$")
     if key == "fl" then fl = val
     elseif key == "fn" then
+      fn = val
       local src = fl and fl:match("/src/([%w_]+%.c)$")
       if src then file[val] = src end
     elseif key == "cfn" then cfn = val
     elseif key == "calls" and cfn then
-      t[cfn] = (t[cfn] or 0) + tonumber(val:match("^%d+"))
+      local n = tonumber(val:match("^%d+"))
+      t[cfn] = (t[cfn] or 0) + n
+      local edge = fn .. ">" .. cfn
+      e[edge] = (e[edge] or 0) + n
     end
   end
   os.remove(out)
-  return t
+  return t, e
 end
 
-local a, b = calls(1), calls(11)
+local a, ea = calls(1)
+local b, eb = calls(11)
 os.remove(script)
 local rows, files, total = {}, {}, 0
 for name, n in pairs(b) do
@@ -80,4 +86,17 @@ end)
 for _, r in ipairs(rows) do print(("%-20s %-28s %g"):format(r[1], r[2], r[3])) end
 local nfiles = 0
 for _ in pairs(files) do nfiles = nfiles + 1 end
-print(("%d functions in %d files entered, %g calls, per cycle"):format(#rows, nfiles, total))
+-- hops: calls from a function of one file of src/ into another file's
+local hops = 0
+for edge, n in pairs(eb) do
+  local from, to = edge:match("^(.*)>(.*)$")
+  if file[from] and file[to] and file[from] ~= file[to] then
+    local per = (n - (ea[edge] or 0)) / 10
+    if per >= 1 and os.getenv("HOPS_EDGES") then
+      print(("  %s:%s -> %s:%s  %g"):format(file[from], from, file[to], to, per))
+    end
+    hops = hops + per
+  end
+end
+print(("%d functions in %d files entered, %g calls, %g of them from one file into another, per cycle")
+  :format(#rows, nfiles, total, hops))

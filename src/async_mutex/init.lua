@@ -94,17 +94,17 @@ end
 
 local run = {}
 
+-- A Mutex's or Semaphore's runExclusive checks self and fn and acquires in
+-- one C call (Class.enter), numbering arguments as runExclusive does.
+local enter_mutex, enter_semaphore = core.Mutex.enter, core.Semaphore.enter
+
 function run.Mutex(self, fn, priority)
-  check_self(self, "Mutex", "runExclusive")
-  check_fn(fn, 1)
-  local release <close> = self:acquire(priority)
+  local release <close> = enter_mutex(self, fn, priority)
   return finish(release, pcall(fn))
 end
 
 function run.Semaphore(self, fn, weight, priority)
-  check_self(self, "Semaphore", "runExclusive")
-  check_fn(fn, 1)
-  local value, release <close> = self:acquire(weight, priority)
+  local value, release <close> = enter_semaphore(self, fn, weight, priority)
   return finish(release, pcall(fn, value))
 end
 
@@ -281,10 +281,9 @@ end
 
 -- The functions above that call requests, and how the user numbers the
 -- arguments they pass on: {name, from, shift}: the request's argument #n,
--- n >= from, is the user's #n + shift.
+-- n >= from, is the user's #n + shift.  (run.Mutex and run.Semaphore's
+-- request numbers them as the user does.)
 core.layer(SOURCE, {
-  [run.Mutex] = { "runExclusive", 1, 1 },
-  [run.Semaphore] = { "runExclusive", 1, 1 },
   [run.KeyedMutex] = { "runExclusive", 2, 1 },
   [run.KeyedSemaphore] = { "runExclusive", 2, 1 },
   [run.RWLock] = { "runExclusive", 1, 1 },
