@@ -14,7 +14,8 @@ LDFLAGS  ?= -O2 -flto
 # No -llua5.4: the interpreter that loads the module already holds the Lua core.
 SOFLAGS   = -shared
 
-DEB_PKGS  = lua5.4 liblua5.4-dev lua-luv lua-luv-dev lua-busted luarocks libuv1-dev
+DEB_PKGS  = lua5.4 liblua5.4-dev lua-luv lua-luv-dev lua-busted luarocks libuv1-dev \
+            redis-server libhiredis-dev
 
 # BUILD is where objects and the module go; sanitizer builds use their own.
 BUILD    ?= build
@@ -37,6 +38,25 @@ $(MODULE): $(OBJS) | $(BUILD)/async_mutex
 	$(CC) $(SOFLAGS) $(LDFLAGS) -o $@ $(OBJS)
 
 $(BUILD)/obj $(BUILD)/async_mutex:
+	mkdir -p $@
+
+# async_mutex.redis_core (docs/redis.md): a shared object of its own, built
+# only where hiredis's headers are, so that async_mutex builds without them.
+HIREDIS_H    = $(wildcard /usr/include/hiredis/hiredis.h)
+REDIS_SRCS   = $(wildcard src/redis/*.c)
+REDIS_OBJS   = $(patsubst src/redis/%.c,$(BUILD)/obj/redis/%.o,$(REDIS_SRCS))
+REDIS_MODULE = $(BUILD)/async_mutex/redis_core.so
+ifneq ($(HIREDIS_H),)
+all: $(REDIS_MODULE)
+endif
+
+$(BUILD)/obj/redis/%.o: src/redis/%.c $(wildcard src/redis/*.h) | $(BUILD)/obj/redis
+	$(CC) $(ALLFLAGS) -c $< -o $@
+
+$(REDIS_MODULE): $(REDIS_OBJS) | $(BUILD)/async_mutex
+	$(CC) $(SOFLAGS) $(LDFLAGS) -o $@ $(REDIS_OBJS) -lhiredis
+
+$(BUILD)/obj/redis:
 	mkdir -p $@
 
 # $(call install_debs,PACKAGES): installs the Debian packages that are
@@ -148,6 +168,10 @@ bench: deps
 	@$(MAKE) --no-print-directory all
 	$(RUNENV) BENCH_JSON=$(BENCH_JSON) $(LUA) bench/run.lua
 	$(LUA) bench/chart.lua $(BENCH_JSON) $(BENCH_SVG)
+ifneq ($(HIREDIS_H),)
+	$(RUNENV) $(LUA) bench/redis/run.lua
+	$(RUNENV) $(LUA) bench/optimistic.lua
+endif
 
 # Model-based random testing: N generated sequences, each run against the
 # module and the model of docs/semantics.md (spec/fuzz/), in J child processes

@@ -40,6 +40,10 @@ loop.  The releaser is also a to-be-closed value:
   labels = { "coroutine", "mutex", "semaphore", "luv", "libuv", "async" },
 }
 
+external_dependencies = {
+  HIREDIS = { header = "hiredis/hiredis.h" },
+}
+
 dependencies = {
   "lua >= 5.4",
   "luv >= 1.30",                        -- Debian: lua-luv (see above)
@@ -66,6 +70,17 @@ build = {
       incdirs = { "$(LUA_INCDIR)" },
     },
     async_mutex = "src/async_mutex/init.lua",
+    -- The Redis client (docs/redis.md): hiredis from the system (Debian:
+    -- libhiredis-dev).
+    ["async_mutex.redis_core"] = {
+      sources = { "src/redis/redis.c", "src/redis/reply.c" },
+      libraries = { "hiredis" },
+      incdirs = { "$(LUA_INCDIR)", "$(HIREDIS_INCDIR)" },
+      libdirs = { "$(HIREDIS_LIBDIR)" },
+    },
+    ["async_mutex.redis"] = "src/async_mutex/redis.lua",
+    ["async_mutex.optimistic"] = "src/async_mutex/optimistic.lua",
+    ["async_mutex.versioned"] = "src/async_mutex/versioned.lua",
   },
   -- Installed beside the rock (luarocks show --rock-dir async-mutex): the
   -- LuaLS annotations, for editors, and the examples.

@@ -3,8 +3,9 @@
 -- The releaser returned by acquire() is a to-be-closed value, so
 -- `local release <close> = mutex:acquire()` releases the mutex when the block
 -- ends normally, when an error leaves it, and when a coroutine suspended
--- inside it is closed.  (Calling release() yourself is fine too: the releaser
--- is idempotent.)
+-- inside it is closed, which am.spawn does to a coroutine that dies with an
+-- error.  (Calling release() yourself is fine too: the releaser is
+-- idempotent.)
 --
 --   make && lua5.4 examples/close_guard.lua
 
@@ -15,28 +16,17 @@ package.cpath = "build/?.so;" .. package.cpath
 local uv = require "luv"
 local am = require "async_mutex"
 
---- Suspends the running coroutine for `ms` milliseconds of loop time.
-local function sleep(ms)
-  local co = coroutine.running()
-  local timer = uv.new_timer()
-  timer:start(ms, 0, function()
-    timer:close()
-    assert(coroutine.resume(co))
-  end)
-  coroutine.yield()
-end
-
 local mutex = am.Mutex.new()
 
 local function update(fail)
   local release <close> = mutex:acquire()
   print("  got the lock")
-  sleep(20)
+  am.sleep(20)
   if fail then error("disk full", 0) end
   print("  update written")
 end                                     -- release() runs here, in all cases
 
-coroutine.wrap(function()
+am.spawn(function()
   print("1. normal exit:")
   update(false)
   print(("  after the block, locked: %s"):format(mutex:isLocked()))
@@ -46,13 +36,21 @@ coroutine.wrap(function()
   print(("  caught %q (ok = %s), locked: %s"):format(err, ok, mutex:isLocked()))
 
   print("3. coroutine closed while holding the lock:")
-  local stuck = coroutine.create(function()
+  local stuck = am.spawn(function()
     local release <close> = mutex:acquire()
     coroutine.yield()                   -- waits for an event that never comes
   end)
-  coroutine.resume(stuck)
   print(("  suspended with the lock, locked: %s"):format(mutex:isLocked()))
   coroutine.close(stuck)
   print(("  after coroutine.close, locked: %s"):format(mutex:isLocked()))
-end)()
+
+  print("4. error nobody catches, in a spawned coroutine:")
+  local previous = am.setErrorHandler(function(message)
+    print(("  reported %q, locked: %s"):format(message, mutex:isLocked()))
+  end)
+  am.spawn(update, true)                -- reported, then closed: released
+  am.sleep(50)
+  print(("  after the report, locked: %s"):format(mutex:isLocked()))
+  am.setErrorHandler(previous)
+end)
 uv.run()

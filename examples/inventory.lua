@@ -59,30 +59,16 @@ local MAX_UNSENT = 64 * 1024     -- bytes of replies a client may leave unread
 local CUSTOMERS, ORDERS_EACH = 40, 10                           -- 400 requests
 local CONNECTIONS = 8
 
---- Resumes `co`; if that kills it, prints the error and closes `co` (so that
--- its <close> variables run).
+--- Resumes `co`, a coroutine waiting for an I/O event of ours (a reply, a
+-- connection); if that kills it, prints the error and closes `co` (so that
+-- its <close> variables run), as am.spawn and the module do for the
+-- coroutines they resume.
 local function resume(co, ...)
   local ok, err = coroutine.resume(co, ...)
   if not ok then
     io.stderr:write(debug.traceback(co, err), "\n")
     coroutine.close(co)
   end
-end
-
---- Calls fn(...) in a new coroutine, at once.
-local function spawn(fn, ...)
-  resume(coroutine.create(fn), ...)
-end
-
---- Suspends the running coroutine for `ms` milliseconds of loop time.
-local function sleep(ms)
-  local co = coroutine.running()
-  local timer = uv.new_timer()
-  timer:start(ms, 0, function()
-    timer:close()
-    resume(co)
-  end)
-  coroutine.yield()
 end
 
 --- Returns a function to call with each chunk read from a stream.  It calls
@@ -122,12 +108,12 @@ local use_lock = true
 for item, n in pairs(INITIAL) do stock[item] = n end
 
 local function db_read(item)
-  sleep(1)
+  am.sleep(1)
   return stock[item]
 end
 
 local function db_write(item, n)
-  sleep(1)
+  am.sleep(1)
   stock[item] = n
 end
 
@@ -276,7 +262,7 @@ local function serve(conn)
     while busy < MAX_BUSY and first <= last do
       local line = waiting[first]
       waiting[first], first = nil, first + 1
-      spawn(function()
+      am.spawn(function()
         busy = busy + 1
         send(answer(line))
         busy = busy - 1
@@ -399,7 +385,7 @@ local function round(conns, mode, title)
   local left_running = CUSTOMERS
   local me = coroutine.running()
   for customer = 1, CUSTOMERS do
-    spawn(function()
+    am.spawn(function()
       local conn = conns[customer % #conns + 1]
       for _ = 1, ORDERS_EACH do
         local text
@@ -462,7 +448,7 @@ end
 --- Opens the connections, runs both rounds, closes them; then done(ok).
 local function run_client(port, done)
   local conns, ready = {}, 0
-  spawn(function()
+  am.spawn(function()
     local me = coroutine.running()
     for i = 1, CONNECTIONS do
       conns[i] = connect(port, function()

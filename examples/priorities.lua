@@ -13,25 +13,13 @@ package.cpath = "build/?.so;" .. package.cpath
 local uv = require "luv"
 local am = require "async_mutex"
 
---- Suspends the running coroutine for `ms` milliseconds of loop time.
-local function sleep(ms)
-  local co = coroutine.running()
-  local timer = uv.new_timer()
-  timer:start(ms, 0, function()
-    timer:close()
-    assert(coroutine.resume(co))
-  end)
-  coroutine.yield()
-end
-
 local mutex = am.Mutex.new()
 
-coroutine.wrap(function()
-  local release = mutex:acquire()
+am.spawn(function()
+  local release <close> = mutex:acquire()   -- released when this function ends
   print("holder: busy for 50 ms while the others queue up")
-  sleep(50)
-  release()
-end)()
+  am.sleep(50)
+end)
 
 local requests = {                      -- in arrival order
   { "nightly backup", 0 },
@@ -43,11 +31,11 @@ local requests = {                      -- in arrival order
 for _, request in ipairs(requests) do
   local name, priority = request[1], request[2]
   print(("queued: %s (priority %d)"):format(name, priority))
-  coroutine.wrap(function()
+  am.spawn(function()
     mutex:runExclusive(function()
       print(("served: %s (priority %d)"):format(name, priority))
-      sleep(10)
+      am.sleep(10)
     end, priority)
-  end)()
+  end)
 end
 uv.run()

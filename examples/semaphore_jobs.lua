@@ -13,17 +13,6 @@ package.cpath = "build/?.so;" .. package.cpath
 local uv = require "luv"
 local am = require "async_mutex"
 
---- Suspends the running coroutine for `ms` milliseconds of loop time.
-local function sleep(ms)
-  local co = coroutine.running()
-  local timer = uv.new_timer()
-  timer:start(ms, 0, function()
-    timer:close()
-    assert(coroutine.resume(co))
-  end)
-  coroutine.yield()
-end
-
 local MAX_JOBS = 3
 local durations = { 60, 20, 40, 30, 50, 10, 30, 20 }   -- milliseconds
 local slots = am.Semaphore.new(MAX_JOBS)
@@ -35,7 +24,7 @@ local function job(i)
     most = math.max(most, running)
     print(("job %d starts (permits free: %d, running: %d)")
       :format(i, free, running))
-    sleep(durations[i])
+    am.sleep(durations[i])
     running = running - 1
     print(("job %d done"):format(i))
   end)
@@ -47,6 +36,6 @@ local function job(i)
 end
 
 for i = 1, #durations do
-  coroutine.wrap(job)(i)                -- the first three start at once
+  am.spawn(job, i)                      -- the first three start at once
 end
 uv.run()

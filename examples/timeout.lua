@@ -13,26 +13,15 @@ package.cpath = "build/?.so;" .. package.cpath
 local uv = require "luv"
 local am = require "async_mutex"
 
---- Suspends the running coroutine for `ms` milliseconds of loop time.
-local function sleep(ms)
-  local co = coroutine.running()
-  local timer = uv.new_timer()
-  timer:start(ms, 0, function()
-    timer:close()
-    assert(coroutine.resume(co))
-  end)
-  coroutine.yield()
-end
-
 local mutex = am.Mutex.new()
 
-coroutine.wrap(function()
+am.spawn(function()
   mutex:runExclusive(function()
     print("slow task: holding the lock for 150 ms")
-    sleep(150)
+    am.sleep(150)
   end)
   print("slow task: released the lock")
-end)()
+end)
 
 local function try_with(ms)
   local impatient = am.withTimeout(mutex, ms)  -- same lock, bounded waits
@@ -45,6 +34,6 @@ local function try_with(ms)
   end
 end
 
-coroutine.wrap(try_with)(50)
-coroutine.wrap(try_with)(500)
+am.spawn(try_with, 50)
+am.spawn(try_with, 500)
 uv.run()

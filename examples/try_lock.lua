@@ -13,17 +13,6 @@ package.cpath = "build/?.so;" .. package.cpath
 local uv = require "luv"
 local am = require "async_mutex"
 
---- Suspends the running coroutine for `ms` milliseconds of loop time.
-local function sleep(ms)
-  local co = coroutine.running()
-  local timer = uv.new_timer()
-  timer:start(ms, 0, function()
-    timer:close()
-    assert(coroutine.resume(co))
-  end)
-  coroutine.yield()
-end
-
 local mutex = am.Mutex.new()
 local try_mutex = am.tryAcquire(mutex)  -- same lock, never waits
 
@@ -31,7 +20,7 @@ local function refresh(who)
   local ok, err = pcall(function()
     local release <close> = try_mutex:acquire()   -- raises if taken
     print(who .. ": refreshing the cache")
-    sleep(50)
+    am.sleep(50)
     print(who .. ": cache refreshed")
   end)
   if not ok then
@@ -40,11 +29,11 @@ local function refresh(who)
   end
 end
 
-coroutine.wrap(refresh)("A")
-coroutine.wrap(refresh)("B")
-coroutine.wrap(refresh)("C")
-coroutine.wrap(function()
-  sleep(100)                            -- well after A has finished
+am.spawn(refresh, "A")
+am.spawn(refresh, "B")
+am.spawn(refresh, "C")
+am.spawn(function()
+  am.sleep(100)                         -- well after A has finished
   refresh("D")
-end)()
+end)
 uv.run()

@@ -13,35 +13,24 @@ package.cpath = "build/?.so;" .. package.cpath
 local uv = require "luv"
 local am = require "async_mutex"
 
---- Suspends the running coroutine for `ms` milliseconds of loop time.
-local function sleep(ms)
-  local co = coroutine.running()
-  local timer = uv.new_timer()
-  timer:start(ms, 0, function()
-    timer:close()
-    assert(coroutine.resume(co))
-  end)
-  coroutine.yield()
-end
-
 local mutex = am.Mutex.new()
 local schema = 1
 
-coroutine.wrap(function()
+am.spawn(function()
   mutex:runExclusive(function()
     print("migration: upgrading the schema (holding the lock)")
-    sleep(60)
+    am.sleep(60)
     schema = 2
     print("migration: done")
   end)
-end)()
+end)
 
 for i = 1, 3 do
-  coroutine.wrap(function()
+  am.spawn(function()
     print(("reader %d: waiting for the migration"):format(i))
     mutex:waitForUnlock()
     print(("reader %d: reads schema v%d (mutex locked: %s)")
       :format(i, schema, mutex:isLocked()))
-  end)()
+  end)
 end
 uv.run()

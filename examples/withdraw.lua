@@ -17,22 +17,11 @@ local am = require "async_mutex"
 
 local IO_MS = 50                        -- a simulated database round trip
 
---- Suspends the running coroutine for `ms` milliseconds of loop time.
-local function sleep(ms)
-  local co = coroutine.running()
-  local timer = uv.new_timer()
-  timer:start(ms, 0, function()
-    timer:close()
-    assert(coroutine.resume(co))
-  end)
-  coroutine.yield()
-end
-
 local balance
 
 local function withdraw(amount)
   local current = balance               -- read
-  sleep(IO_MS)                          -- other coroutines run here
+  am.sleep(IO_MS)                       -- other coroutines run here
   if current >= amount then
     balance = current - amount          -- write
     print(("  withdraw %d: accepted, balance %d"):format(amount, balance))
@@ -44,8 +33,8 @@ end
 
 print("Without a lock:")
 balance = 100
-coroutine.wrap(withdraw)(30)            -- two customers, at the same time
-coroutine.wrap(withdraw)(80)
+am.spawn(withdraw, 30)                  -- two customers, at the same time
+am.spawn(withdraw, 80)
 uv.run()                                -- returns when both are done
 print(("  final balance %d: 110 withdrawn from 100, an update was lost")
   :format(balance))
@@ -56,6 +45,6 @@ local mutex = am.Mutex.new()
 local function safe_withdraw(amount)
   mutex:runExclusive(function() withdraw(amount) end)
 end
-coroutine.wrap(safe_withdraw)(30)
-coroutine.wrap(safe_withdraw)(80)       -- waits until the first one is done
+am.spawn(safe_withdraw, 30)
+am.spawn(safe_withdraw, 80)             -- waits until the first one is done
 uv.run()

@@ -3,13 +3,15 @@ local h = require "helpers"
 local am = require "async_mutex"
 
 describe("require 'async_mutex'", function()
-  it("exports Mutex.new, Semaphore.new, withTimeout, tryAcquire, setErrorHandler and pending as functions", function()
+  it("exports Mutex.new, Semaphore.new, withTimeout, tryAcquire, setErrorHandler, pending, spawn and sleep as functions", function()
     assert.is_function(am.Mutex.new)
     assert.is_function(am.Semaphore.new)
     assert.is_function(am.withTimeout)
     assert.is_function(am.tryAcquire)
     assert.is_function(am.setErrorHandler)
     assert.is_function(am.pending)
+    assert.is_function(am.spawn)
+    assert.is_function(am.sleep)
   end)
 
   it("exports async-mutex's three error strings verbatim", function()

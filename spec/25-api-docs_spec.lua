@@ -39,6 +39,7 @@ local RECEIVERS = {
 -- a table lists their fields.
 local OPTIONS = {
   ["async_mutex.KeyedOptions"] = "### `am.KeyedMutex.new([options])`",
+  ["async_mutex.OptimisticOptions"] = "### `am.optimistic(fn [, options])`",
 }
 
 -- The tags of LuaLS annotations (LuaCATS).

@@ -436,6 +436,7 @@ void am_timer_add (lua_State *L, State *st, Waiter *w, lua_Number now,
 void am_timer_remove (lua_State *L, State *st, Waiter *w);
 void am_anchor (lua_State *L, Waiter *w);
 void am_unanchor (lua_State *L, Waiter *w);
+void am_report (lua_State *L, State *st, lua_State *co);
 
 /* queue.c */
 void am_list_init (Bucket *list);

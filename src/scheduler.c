@@ -322,9 +322,10 @@ void am_unanchor (lua_State *L, Waiter *w) {
 ** luv exit) nor stop the rest of the batch, and it must not be
 ** swallowed: pass it with its traceback to the handler set by
 ** setErrorHandler, or print it on stderr.  Then close the dead coroutine,
-** so its pending to-be-closed variables (releasers) run.
+** so its pending to-be-closed variables (releasers) run.  Also serves
+** spawn (core.c), for the coroutines it starts.
 */
-static void report (lua_State *L, State *st, lua_State *co) {
+void am_report (lua_State *L, State *st, lua_State *co) {
   const char *msg;
   int base = lua_gettop(L);
   if (lua_checkstack(co, 1)) {        /* a dead coroutine has no room left */
@@ -413,7 +414,7 @@ static int on_idle (lua_State *L) {
       drop_anchor(st, ref);
     }
     else {
-      report(L, st, co);                      /* still in its slot */
+      am_report(L, st, co);                   /* still in its slot */
       drop_anchor(st, ref);
     }
   }

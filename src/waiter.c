@@ -240,6 +240,7 @@ static int finish_request (lua_State *L, int status, lua_KContext ctx) {
 #endif
       return push_grant(L, w->lockidx, w->r.lock, w->r.weight, w->r.token);
     case O_TIMEOUT:
+      if (w->erridx == 0) return 0;       /* a sleep (core.c) is over */
       lua_pushvalue(L, w->erridx);
       return lua_error(L);
     default:

@@ -409,6 +409,10 @@ async_mutex.E_CANCELED = "request for lock canceled"
 ---Raised when a keyed lock's `maxPending` bound is reached.
 async_mutex.E_MAX_PENDING = "too many pending requests for this key"
 
+---Raised by `async_mutex.redis` calls that the server cannot answer
+---(refused, lost or timed-out connection); the same as `redis.E_UNAVAILABLE`.
+async_mutex.E_UNAVAILABLE = "redis server unavailable"
+
 async_mutex.Mutex = Mutex
 async_mutex.Semaphore = Semaphore
 async_mutex.KeyedMutex = KeyedMutex
@@ -445,5 +449,46 @@ function async_mutex.setErrorHandler(handler) end
 ---about to be resumed).
 ---@return integer
 function async_mutex.pending() end
+
+---Starts `fn(...)` in a new coroutine at once (it runs up to its first
+---yield) and returns the coroutine.  An error escaping it, there or after a
+---wake-up by the module, goes to the error handler (`setErrorHandler`) or
+---stderr, never to the caller; the dead coroutine is closed, so its
+---to-be-closed variables (releasers) run.
+---@param fn async fun(...): ...
+---@param ... any
+---@return thread
+function async_mutex.spawn(fn, ...) end
+
+---Suspends the calling coroutine for `ms` milliseconds of loop time (at
+---least), as a timed waiter of the scheduler: no luv handle of its own.
+---`sleep(0)` always yields to the loop.  Raises outside a coroutine.
+---@async
+---@param ms number non-negative and finite
+function async_mutex.sleep(ms) end
+
+---The options of `async_mutex.optimistic`.
+---@class async_mutex.OptimisticOptions
+---@field maxAttempts? integer calls of `fn` at most (default 10; `math.huge`: no bound)
+---@field baseDelay? number ms: the first sleep's cap, doubled after each conflict (default 1)
+---@field maxDelay? number ms: the cap of every sleep (default 100)
+---@field random? fun(): number returns a number in [0, 1) (default `math.random`)
+---@field sleep? fun(ms: integer) suspends the coroutine for `ms` (default: a timer on luv's loop)
+---@field conflictError? any raised when every attempt conflicted (default `async_mutex.E_CONFLICT`)
+
+---Raised by `optimistic` when every attempt conflicted.
+async_mutex.E_CONFLICT = "optimistic update gave up: too many conflicts"
+
+---Calls `fn(attempt)` (1, 2, ...) until it returns `true`, and returns what
+---`fn` returned after `true`.  `fn` reads, computes and tries one
+---conditional write; it returns `false` when the write lost to another
+---writer, and the loop sleeps (capped exponential backoff, full jitter) and
+---calls it again, up to `maxAttempts` times, then raises `conflictError`.
+---An error raised by `fn` propagates at once.  Call it in a coroutine.
+---@async
+---@param fn fun(attempt: integer): boolean, ...
+---@param options? async_mutex.OptimisticOptions
+---@return any ...
+function async_mutex.optimistic(fn, options) end
 
 return async_mutex

@@ -21,8 +21,12 @@ local M = {
   E_ALREADY_LOCKED = core.E_ALREADY_LOCKED,
   E_CANCELED = core.E_CANCELED,
   E_MAX_PENDING = core.E_MAX_PENDING,
+  E_UNAVAILABLE = "redis server unavailable",   -- async_mutex.redis (docs/redis.md)
   setErrorHandler = core.setErrorHandler,
   pending = core.pending,
+  spawn = core.spawn,
+  -- a private semaphore that nobody releases: its requests can only time out
+  sleep = core.sleeper(core.Semaphore.new(0)),
   withTimeout = core.withTimeout,   -- decorated locks are the C core's
   tryAcquire = core.tryAcquire,
 }
@@ -295,5 +299,8 @@ core.layer(SOURCE, {
 })
 
 -- }==========================================================
+
+-- am.optimistic and am.E_CONFLICT (docs/optimistic.md)
+require("async_mutex.optimistic").install(M)
 
 return M

@@ -1,0 +1,257 @@
+-- async_mutex.redis: the client against a real redis-server started for this
+-- file (docs/redis.md).
+
+local uv = require "luv"
+local h = require "helpers"
+local redis_server = require "redis_server"
+local redis = require "async_mutex.redis"
+local am = require "async_mutex"
+
+local server
+
+setup(function() server = redis_server.start() end)
+teardown(function() if server then server:stop() end end)
+
+local function client(opts)
+  opts = opts or {}
+  if not opts.path then opts.port = opts.port or server.port end
+  return redis.connect(opts)
+end
+
+describe("redis.connect", function()
+  it("connects over TCP and over a unix socket", h.async(function()
+    local tcp, unix = client(), client({ path = server.path })
+    assert.equal("PONG", tcp:call("PING"))
+    assert.equal("PONG", unix:call("PING"))
+    tcp:close(); unix:close()
+  end))
+
+  it("resolves a host name with luv's getaddrinfo", h.async(function()
+    local c = client({ host = "localhost" })
+    assert.equal("PONG", c:call("PING"))
+    c:close()
+  end))
+
+  it("refuses bad options with argument errors", function()
+    assert.equal("bad argument #1 to 'connect' (table expected, got nil)",
+      h.error_of(function() redis.connect() end))
+    assert.equal("bad argument #1 to 'connect' (port must be an integer from 1 to 65535)",
+      h.error_of(function() redis.connect({ port = 0 }) end))
+    assert.equal("bad argument #1 to 'connect' (host must be a string, got number)",
+      h.error_of(function() redis.connect({ host = 1 }) end))
+    assert.equal("bad argument #1 to 'connect' (path must be a string, got boolean)",
+      h.error_of(function() redis.connect({ path = true }) end))
+  end)
+
+  it("keeps no active handle while idle, so uv.run() returns", function()
+    local c
+    h.run(function()
+      c = client()
+      assert.equal("OK", c:call("SET", "idle", "1"))
+    end)
+    assert.same({}, h.active_handles())
+    assert.is_true(h.run_loop(1000))
+    c:close()
+  end)
+end)
+
+describe("client:call", function()
+  it("returns every reply type as a Lua value", h.async(function()
+    local c = client()
+    assert.equal("OK", c:call("SET", "s", "value"))
+    assert.equal("value", c:call("GET", "s"))
+    assert.is_nil(c:call("GET", "missing"))
+    assert.equal(1, c:call("INCR", "i"))
+    assert.equal("integer", math.type(c:call("INCR", "i")))
+    local t = c:call("MGET", "s", "missing", "s")
+    assert.same({ "value", nil, "value", n = 3 }, t)
+    assert.same({ n = 0 }, c:call("LRANGE", "nothing", 0, -1))
+    c:close()
+  end))
+
+  it("writes integers without .0 and floats exactly", h.async(function()
+    local c = client()
+    assert.equal("OK", c:call("SET", "n", 42))
+    assert.equal("42", c:call("GET", "n"))
+    assert.equal("OK", c:call("SET", "n", 3.0))
+    assert.equal("3", c:call("GET", "n"))
+    assert.equal("OK", c:call("SET", "n", 0.1))
+    assert.equal(0.1, tonumber(c:call("GET", "n")))
+    c:close()
+  end))
+
+  it("is binary safe (NUL bytes, 10 MB values)", h.async(function()
+    local c = client()
+    local nul = "a\0b\0\r\n"
+    assert.equal("OK", c:call("SET", "bin\0key", nul))
+    assert.equal(nul, c:call("GET", "bin\0key"))
+    local big = ("0123456789"):rep(1024 * 1024)
+    assert.equal("OK", c:call("SET", "big", big))
+    assert.equal(big, c:call("GET", "big"))
+    c:close()
+  end))
+
+  it("raises an error reply as an async_mutex.redis.Error with its code", h.async(function()
+    local c = client()
+    c:call("SET", "str", "x")
+    local ok, err = pcall(c.call, c, "LPUSH", "str", "y")
+    assert.is_false(ok)
+    assert.equal("async_mutex.redis.Error", getmetatable(err).__name)
+    assert.equal("WRONGTYPE", err.code)
+    assert.equal("WRONGTYPE Operation against a key holding the wrong kind of value",
+      err.message)
+    assert.equal(err.message, tostring(err))
+    ok, err = pcall(c.call, c, "NOSUCHCOMMAND")
+    assert.is_false(ok)
+    assert.equal("ERR", err.code)
+    assert.matches("^ERR unknown command", err.message)
+    assert.equal("PONG", c:call("PING"))     -- the connection goes on
+    c:close()
+  end))
+
+  it("answers 100,000 calls from 1,000 coroutines on one connection, each its own",
+    h.async(function()
+      local c = client()
+      local n, per = 1000, h.load(100000) // 1000
+      local done, wrong = 0, 0
+      for i = 1, n do
+        h.spawn(function()
+          for j = 1, per do
+            local v = ("%d:%d"):format(i, j)
+            if c:call("ECHO", v) ~= v then wrong = wrong + 1 end
+          end
+          done = done + 1
+        end)
+      end
+      h.wait_until(function() return done == n end, 60000)
+      assert.equal(0, wrong)
+      assert.equal(0, c:pending())
+      c:close()
+    end, { deadline = 120000 }))
+
+  it("raises E_UNAVAILABLE at once when the connection is refused", h.async(function()
+    local c = redis.connect({ port = redis_server.free_port() })
+    local t0 = uv.hrtime()
+    local ok, err = pcall(c.call, c, "PING")
+    assert.is_false(ok)
+    assert.equal(redis.E_UNAVAILABLE, err)
+    assert.equal(am.E_UNAVAILABLE, err)
+    assert.equal("redis server unavailable", err)
+    if not h.SLOW then assert.is_true(h.ms_since(t0) < 100) end
+    c:close()
+  end))
+
+  it("discards the reply of a coroutine closed while waiting", h.async(function()
+    local c = client()
+    local co = h.spawn(function() c:call("SET", "closed", "1") end)
+    assert.equal("suspended", coroutine.status(co))
+    assert.is_true(coroutine.close(co))
+    assert.equal("next", c:call("ECHO", "next"))
+    c:close()
+  end))
+
+  it("refuses bad input with errors at the caller", h.async(function()
+    local c = client()
+    assert.equal("bad argument #2 to 'call' (string or number expected, got table)",
+      h.error_of(function() c:call("SET", {}) end))
+    assert.equal("bad argument #1 to 'call' (string or number expected, got no value)",
+      h.error_of(function() c:call() end))
+    assert.equal("bad argument #3 to 'call' (number must not be NaN)",
+      h.error_of(function() c:call("SET", "k", 0 / 0) end))
+    assert.equal(0, c:pending())
+    c:close()
+    local ok, err = pcall(c.call, c, "PING")
+    assert.is_false(ok)
+    assert.matches("attempt to use a closed redis client", err)
+  end))
+
+  it("raises outside a coroutine", function()
+    local c = redis.connect({ port = server.port })
+    assert.equal("attempt to call redis outside a coroutine",
+      h.error_of(function() c:call("PING") end))
+    c:close()
+  end)
+end)
+
+describe("client:eval", function()
+  it("runs a script with keys and args, by EVALSHA once it is known", h.async(function()
+    local c = client()
+    local script = "return {KEYS[1], ARGV[1], ARGV[2]}"
+    assert.same({ "k", "a", "42", n = 3 }, c:eval(script, { "k" }, { "a", 42 }))
+    local before = c:call("INFO", "commandstats")
+    assert.same({ "k", "b", "1", n = 3 }, c:eval(script, { "k" }, { "b", 1 }))
+    local after = c:call("INFO", "commandstats")
+    local function calls(info, cmd)
+      return tonumber(info:match("cmdstat_" .. cmd .. ":calls=(%d+)") or 0)
+    end
+    assert.equal(calls(before, "evalsha") + 1, calls(after, "evalsha"))
+    c:close()
+  end))
+
+  it("falls back to EVAL when the server forgot the script (NOSCRIPT)", h.async(function()
+    local c = client()
+    local script = "return 'flushed ' .. ARGV[1]"
+    assert.equal("flushed 1", c:eval(script, {}, { 1 }))
+    assert.equal("OK", c:call("SCRIPT", "FLUSH"))
+    assert.equal("flushed 2", c:eval(script, nil, { 2 }))
+    c:close()
+  end))
+
+  it("raises script errors as Errors", h.async(function()
+    local c = client()
+    local ok, err = pcall(c.eval, c, "return redis.call('NOPE')")
+    assert.is_false(ok)
+    assert.equal("async_mutex.redis.Error", getmetatable(err).__name)
+    assert.equal("ERR", err.code)
+    ok, err = pcall(c.eval, c, "return redis.error_reply('MINE went wrong')")
+    assert.is_false(ok)
+    assert.equal("MINE", err.code)
+    c:close()
+  end))
+
+  it("refuses bad input", h.async(function()
+    local c = client()
+    assert.equal("bad argument #1 to 'eval' (string expected, got nil)",
+      h.error_of(function() c:eval() end))
+    assert.equal("bad argument #2 to 'eval' (table of keys expected, got string)",
+      h.error_of(function() c:eval("return 1", "k") end))
+    assert.equal("bad argument #3 to 'eval' (args[2] must be a string or number, got table)",
+      h.error_of(function() c:eval("return 1", {}, { 1, {} }) end))
+    c:close()
+  end))
+end)
+
+describe("client:close", function()
+  it("raises E_UNAVAILABLE in every call in flight", h.async(function()
+    local c = client()
+    c:call("PING")
+    local errs = {}
+    for i = 1, 10 do
+      h.spawn(function()
+        local ok, err = pcall(c.call, c, "BLPOP", "never", 0)
+        errs[i] = not ok and err
+      end)
+    end
+    assert.equal(10, c:pending())
+    c:close()
+    for i = 1, 10 do assert.equal(redis.E_UNAVAILABLE, errs[i]) end
+    c:close()                                  -- twice is harmless
+  end))
+
+  it("lets an unreferenced client be collected, closing its connection", function()
+    local c
+    h.run(function()
+      c = client()
+      c:call("PING")
+    end)
+    local weak = setmetatable({ c }, { __mode = "v" })
+    c = nil
+    h.gc()
+    assert.is_nil(weak[1])
+    assert.same({}, h.active_handles())
+    -- the poll handle's close completes in the loop: a luv handle whose
+    -- close is still pending at exit is freed before its close callback
+    assert.is_true(h.run_loop(1000))
+    assert.equal(0, h.count_handles("uv_poll_t"))
+  end)
+end)

@@ -1,0 +1,140 @@
+-- async_mutex.redis: subscriptions, on the client's second connection
+-- (docs/redis.md, Pub/sub), against a real redis-server.
+
+local h = require "helpers"
+local redis_server = require "redis_server"
+local redis = require "async_mutex.redis"
+
+local server
+
+setup(function() server = redis_server.start() end)
+teardown(function() if server then server:stop() end end)
+
+local function client(opts)
+  opts = opts or {}
+  opts.port = server.port
+  return redis.connect(opts)
+end
+
+describe("client:subscribe", function()
+  it("delivers messages to fn(message, channel) once the server confirmed", h.async(function()
+    local c = client()
+    local got = {}
+    local sub = c:subscribe("news", function(message, channel)
+      got[#got + 1] = channel .. "=" .. message
+    end)
+    assert.equal(1, c:call("PUBLISH", "news", "one"))
+    assert.equal(1, c:call("PUBLISH", "news", "two\0bin"))
+    h.wait_until(function() return #got == 2 end)
+    assert.same({ "news=one", "news=two\0bin" }, got)
+    sub:unsubscribe()
+    c:close()
+  end))
+
+  it("shares one connection between subscriptions, and a channel between callbacks",
+    h.async(function()
+      local c = client()
+      local a, b, d = 0, 0, 0
+      local s1 = c:subscribe("x", function() a = a + 1 end)
+      local s2 = c:subscribe("x", function() b = b + 1 end)
+      local s3 = c:subscribe("y", function() d = d + 1 end)
+      assert.equal(1, h.count_handles("uv_poll_t"))   -- the call connection is not open yet
+      assert.equal(1, c:call("PUBLISH", "x", "m"))    -- one subscriber connection
+      assert.equal(1, c:call("PUBLISH", "y", "m"))
+      h.wait_until(function() return a == 1 and b == 1 and d == 1 end)
+      s1:unsubscribe()
+      assert.equal(1, c:call("PUBLISH", "x", "m"))
+      h.wait_until(function() return b == 2 end)
+      assert.equal(1, a)
+      s2:unsubscribe(); s3:unsubscribe()
+      s2:unsubscribe()                                 -- twice: nothing
+      h.wait_until(function() return c:call("PUBLISH", "x", "m") == 0 end)
+      c:close()
+    end))
+
+  it("runs each callback in a coroutine of its own, which may call Redis", h.async(function()
+    local c = client()
+    local seen
+    local sub = c:subscribe("ask", function(message)
+      seen = c:call("ECHO", "re:" .. message)
+    end)
+    c:call("PUBLISH", "ask", "q")
+    h.wait_until(function() return seen ~= nil end)
+    assert.equal("re:q", seen)
+    sub:unsubscribe()
+    c:close()
+  end))
+
+  it("keeps the loop alive while subscribed, and lets it end after", function()
+    local uv = require "luv"
+    local c, active_then
+    local ended = h.run(function()
+      c = client()
+      local sub = c:subscribe("alive", function() end)
+      local t = uv.new_timer()
+      t:start(50, 0, function()       -- the loop still runs: the subscription
+        t:close()
+        active_then = #h.active_handles()
+        sub:unsubscribe()
+      end)
+      return true
+    end)
+    assert.is_true(ended)
+    assert.equal(2, active_then)      -- the subscriber's poll handle, and t
+    assert.same({}, h.active_handles())
+    c:close()
+  end)
+
+  it("reports an error in a callback to the error handler, and goes on", h.async(function()
+    local c = client()
+    local errors, got = {}, 0
+    local am = require "async_mutex"
+    local prev = am.setErrorHandler(function(err) errors[#errors + 1] = err end)
+    local sub = c:subscribe("bad", function(m)
+      got = got + 1
+      if m == "boom" then error("boom", 0) end
+    end)
+    c:call("PUBLISH", "bad", "boom")
+    c:call("PUBLISH", "bad", "fine")
+    h.wait_until(function() return got == 2 end)
+    am.setErrorHandler(prev)
+    assert.same({ "boom" }, errors)
+    sub:unsubscribe()
+    c:close()
+  end))
+
+  it("ends with close(): subscriptions stop, the handles close", h.async(function()
+    local c = client()
+    c:subscribe("closing", function() end)
+    c:close()
+    assert.same({}, h.active_handles())
+    assert.equal("attempt to use a closed redis client",
+      h.error_of(function() c:subscribe("closing", function() end) end))
+  end))
+
+  it("refuses bad input", h.async(function()
+    local c = client()
+    assert.equal("bad argument #1 to 'subscribe' (string expected, got number)",
+      h.error_of(function() c:subscribe(1, function() end) end))
+    assert.equal("bad argument #2 to 'subscribe' (function expected, got nil)",
+      h.error_of(function() c:subscribe("ch") end))
+    assert.equal("bad argument #1 to 'subscribe' (async_mutex.redis.Client expected, got table)",
+      h.error_of(function() c.subscribe({}, "ch", print) end))
+    c:close()
+  end))
+
+  it("raises outside a coroutine", function()
+    local c = client()
+    assert.equal("attempt to subscribe outside a coroutine",
+      h.error_of(function() c:subscribe("ch", print) end))
+    c:close()
+  end)
+
+  it("raises E_UNAVAILABLE when the server cannot be reached", h.async(function()
+    local c = redis.connect({ port = redis_server.free_port() })
+    local ok, err = pcall(c.subscribe, c, "nobody", print)
+    assert.is_false(ok)
+    assert.equal(redis.E_UNAVAILABLE, err)
+    c:close()
+  end))
+end)

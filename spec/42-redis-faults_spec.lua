@@ -1,0 +1,217 @@
+-- async_mutex.redis under faults, with real servers killed (SIGKILL),
+-- paused (SIGSTOP) and restarted (docs/redis.md, Failures; Timeouts and
+-- back-off): every call ends exactly once, with E_UNAVAILABLE when the
+-- server cannot answer, and the client recovers.
+
+local uv = require "luv"
+local h = require "helpers"
+local redis_server = require "redis_server"
+local redis = require "async_mutex.redis"
+
+local server
+
+before_each(function() server = redis_server.start() end)
+after_each(function() if server then server:stop() end end)
+
+-- Starts n coroutines that each call c:call(...) once; returns the record
+-- of their outcomes: r.done, r.ok, r.errs (error -> count).
+local function callers(c, n, ...)
+  local r = { done = 0, ok = 0, errs = {} }
+  local args = table.pack(...)
+  for _ = 1, n do
+    h.spawn(function()
+      local ok, err = pcall(c.call, c, table.unpack(args, 1, args.n))
+      r.done = r.done + 1
+      if ok then r.ok = r.ok + 1
+      else r.errs[tostring(err)] = (r.errs[tostring(err)] or 0) + 1 end
+    end)
+  end
+  return r
+end
+
+describe("a server killed with SIGKILL", function()
+  it("fails each of 1,000 calls in flight with E_UNAVAILABLE; the next call reconnects",
+    h.async(function()
+      local c = redis.connect({ port = server.port, commandTimeout = math.huge })
+      assert.equal("PONG", c:call("PING"))
+      server:signal("STOP")                  -- the calls stay unanswered
+      local n = h.load(1000)
+      local r = callers(c, n, "INCR", "counter")
+      h.sleep(10)                            -- written: in the server's socket
+      assert.equal(n, c:pending())
+      assert.equal(0, r.done)
+      local walked = 0
+      uv.walk(function() walked = walked + 1 end)   -- uv.walk is safe meanwhile
+      assert.is_true(walked > 0)
+      server:kill()
+      h.wait_until(function() return r.done == n end, 5000)
+      assert.same({ [redis.E_UNAVAILABLE] = n }, r.errs)
+      assert.equal(0, c:pending())
+      server:launch()
+      assert.equal("PONG", c:call("PING"))
+      c:close()
+    end, { deadline = 20000 }))
+
+  it("fails a call written after the loss, and the one after succeeds", h.async(function()
+    local c = redis.connect({ port = server.port })
+    assert.equal("PONG", c:call("PING"))
+    server:restart()
+    -- the old connection's end is seen by the next call (nothing watches
+    -- an idle connection), which fails; then a new connection is opened
+    local ok, err = pcall(c.call, c, "PING")
+    if not ok then assert.equal(redis.E_UNAVAILABLE, err) end
+    assert.equal("PONG", c:call("PING"))
+    c:close()
+  end))
+end)
+
+describe("a server stopped with SIGSTOP", function()
+  it("makes waiting calls raise E_UNAVAILABLE after commandTimeout", h.async(function()
+    local c = redis.connect({ port = server.port, commandTimeout = 200 })
+    local t0 = uv.hrtime()                   -- before the last reply
+    assert.equal("PONG", c:call("PING"))
+    server:signal("STOP")
+    local r = callers(c, 10, "PING")
+    h.wait_until(function() return r.done == 10 end, 5000)
+    assert.same({ [redis.E_UNAVAILABLE] = 10 }, r.errs)
+    -- not before commandTimeout has passed since the last reply (1 ms: the
+    -- loop clock counts whole milliseconds)
+    assert.is_true(h.ms_since(t0) >= 199)
+    server:signal("CONT")
+    assert.equal("PONG", c:call("PING"))      -- a new connection
+    c:close()
+  end))
+
+  it("keeps calls that get replies alive: the timeout counts from the last reply",
+    h.async(function()
+      local c = redis.connect({ port = server.port, commandTimeout = 300 })
+      local stop = false
+      local n = 0
+      h.spawn(function()
+        while not stop do
+          c:call("PING")
+          n = n + 1
+          h.sleep(20)
+        end
+      end)
+      h.sleep(700)                             -- longer than commandTimeout
+      stop = true
+      h.wait_until(function() return c:pending() == 0 end)
+      assert.is_true(n > 5)
+      c:close()
+    end))
+end)
+
+describe("a connection that cannot be made", function()
+  it("raises E_UNAVAILABLE when refused, then backs off before trying again",
+    h.async(function()
+      local port = redis_server.free_port()
+      local c = redis.connect({ port = port, reconnectDelay = 300, reconnectDelayMax = 300 })
+      local ok, err = pcall(c.call, c, "PING")
+      assert.is_false(ok)
+      assert.equal(redis.E_UNAVAILABLE, err)
+      local other = redis_server.start(port)
+      -- within the back-off: no attempt, at once
+      local polls = h.count_handles("uv_poll_t")
+      ok, err = pcall(c.call, c, "PING")
+      assert.is_false(ok)
+      assert.equal(redis.E_UNAVAILABLE, err)
+      assert.equal(polls, h.count_handles("uv_poll_t"))
+      h.sleep(320)
+      assert.equal("PONG", c:call("PING"))
+      c:close()
+      other:stop()
+    end))
+
+  it("raises E_UNAVAILABLE within connectTimeout when nobody answers", h.async(function()
+    -- an address no packet comes back from: the attempt hangs (or, with no
+    -- route, fails at once)
+    local c = redis.connect({ host = "10.255.255.1", port = 6379, connectTimeout = 100 })
+    local r = callers(c, 3, "PING")
+    h.wait_until(function() return r.done == 3 end, 3000)
+    assert.same({ [redis.E_UNAVAILABLE] = 3 }, r.errs)
+    c:close()
+  end))
+end)
+
+describe("AUTH and SELECT", function()
+  it("are sent on every connection", h.async(function()
+    local secured = redis_server.start(nil, "--requirepass s3cret")
+    local c = redis.connect({ port = secured.port, password = "s3cret", db = 3 })
+    assert.equal("OK", c:call("SET", "where", "db3"))
+    secured:restart()
+    pcall(c.call, c, "PING")                   -- the lost connection
+    assert.equal("PONG", c:call("PING"))      -- AUTH again, SELECT again
+    assert.equal("OK", c:call("SET", "where", "db3 again"))
+    local d = redis.connect({ port = secured.port, password = "s3cret" })
+    assert.is_nil(d:call("GET", "where"))     -- db 0
+    assert.equal("OK", d:call("SELECT", 3))
+    assert.equal("db3 again", d:call("GET", "where"))
+    c:close(); d:close()
+    secured:stop()
+  end))
+
+  it("raise a refused AUTH in the calls, as the server's error", h.async(function()
+    local secured = redis_server.start(nil, "--requirepass s3cret")
+    local c = redis.connect({ port = secured.port, password = "wrong" })
+    local ok, err = pcall(c.call, c, "PING")
+    assert.is_false(ok)
+    assert.equal("WRONGPASS", err.code)
+    c:close()
+    secured:stop()
+  end))
+
+  it("refuse bad options", function()
+    assert.equal("bad argument #1 to 'connect' (db must be a non-negative integer)",
+      h.error_of(function() redis.connect({ db = -1 }) end))
+    assert.equal("bad argument #1 to 'connect' (password must be a string, got number)",
+      h.error_of(function() redis.connect({ password = 1 }) end))
+    assert.equal("bad argument #1 to 'connect' (username needs a password)",
+      h.error_of(function() redis.connect({ username = "u" }) end))
+    assert.equal("bad argument #1 to 'connect' (commandTimeout must be a non-negative number)",
+      h.error_of(function() redis.connect({ commandTimeout = -1 }) end))
+  end)
+end)
+
+describe("subscriptions across a server restart", function()
+  it("are subscribed again once the server is back", h.async(function()
+    local c = redis.connect({ port = server.port, reconnectDelay = 20, reconnectDelayMax = 50 })
+    local got = {}
+    local sub = c:subscribe("survive", function(m) got[#got + 1] = m end)
+    assert.equal(1, c:call("PUBLISH", "survive", "before"))
+    h.wait_until(function() return #got == 1 end)
+    server:kill()
+    h.sleep(100)                               -- attempts fail meanwhile
+    server:launch()
+    h.wait_until(function()
+      local ok, n = pcall(c.call, c, "PUBLISH", "survive", "after")
+      return ok and n == 1
+    end, 3000)
+    h.wait_until(function() return got[#got] == "after" end)
+    sub:unsubscribe()
+    c:close()
+  end))
+end)
+
+describe("a client collected with calls in flight", function()
+  it("closes its connection and handles; nothing is resumed", function()
+    local weak = setmetatable({}, { __mode = "v" })
+    h.run(function()
+      weak[1] = redis.connect({ port = server.port, commandTimeout = math.huge })
+      assert.equal("PONG", weak[1]:call("PING"))
+    end)
+    server:signal("STOP")
+    local resumed = 0
+    for _ = 1, 10 do
+      h.spawn(function() pcall(weak[1].call, weak[1], "PING"); resumed = resumed + 1 end)
+    end
+    assert.equal(10, weak[1]:pending())
+    assert.equal(1, #h.active_handles())        -- the poll handle, reading
+    h.gc()
+    assert.is_nil(weak[1])
+    assert.same({}, h.active_handles())
+    assert.is_true(h.run_loop(1000))
+    assert.equal(0, resumed)
+    server:signal("CONT")
+  end)
+end)

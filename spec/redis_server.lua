@@ -1,0 +1,112 @@
+-- A throw-away redis-server for the Redis specs: a real server, listening on
+-- a free loopback port and on a unix socket in a temporary directory, with
+-- no persistence.  Stopped by its PID (spec teardown), also when the spec
+-- fails; faults are made with real signals (kill -9, SIGSTOP).
+--
+--   local server = require("redis_server").start()
+--   server.port, server.path, server.pid
+--   server:signal("STOP") / server:signal("CONT") / server:kill()
+--   server:restart()    -- same port and socket, empty data
+--   server:launch()     -- starts it again after kill()
+--   server:stop()       -- kills it and removes its directory
+
+local uv = require "luv"
+
+local M = {}
+local Server = {}
+Server.__index = Server
+
+-- Commands run without LD_PRELOAD: under `make asan` the sanitizer runtime
+-- is preloaded into this process, and redis-server aborts with it.
+local function sh(cmd)
+  local ok = os.execute("LD_PRELOAD= ; " .. cmd)
+  return ok == true or ok == 0
+end
+
+local function shquote(s)
+  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
+end
+
+--- A loopback port nobody listens on right now.
+function M.free_port()
+  local tcp = uv.new_tcp()
+  assert(tcp:bind("127.0.0.1", 0))
+  local port = tcp:getsockname().port
+  tcp:close()
+  uv.run("nowait")
+  return port
+end
+
+local function wait_for(pred, what)
+  for _ = 1, 500 do
+    if pred() then return end
+    uv.sleep(10)
+  end
+  error("redis_server: " .. what .. " after 5 s", 3)
+end
+
+function Server:launch()
+  os.remove(self.path)
+  os.remove(self.pidfile)
+  local cmd = ("redis-server --port %d --bind 127.0.0.1 --unixsocket %s"
+    .. " --save '' --appendonly no --daemonize yes --pidfile %s"
+    .. " --logfile %s --dir %s %s"):format(self.port, shquote(self.path),
+    shquote(self.pidfile), shquote(self.dir .. "/redis.log"), shquote(self.dir),
+    self.extra or "")
+  assert(sh(cmd), "redis_server: cannot run redis-server")
+  wait_for(function() return sh("test -S " .. shquote(self.path)) end,
+    "no socket " .. self.path)
+  wait_for(function()
+    local f = io.open(self.pidfile)
+    if not f then return false end
+    self.pid = tonumber(f:read("a"))
+    f:close()
+    return self.pid ~= nil
+  end, "no pid file")
+  return self
+end
+
+--- Starts a server; `port` (optional) is the port to listen on, `extra`
+-- (optional) more command-line options ("--requirepass secret").
+function M.start(port, extra)
+  local p = assert(io.popen("mktemp -d /tmp/am-redis-XXXXXX"))
+  local dir = p:read("l")
+  p:close()
+  local self = setmetatable({
+    dir = dir, path = dir .. "/redis.sock", pidfile = dir .. "/redis.pid",
+    port = port or M.free_port(), extra = extra,
+  }, Server)
+  return self:launch()
+end
+
+--- Sends signal `sig` ("STOP", "CONT", "KILL", ...) to the server.
+function Server:signal(sig)
+  assert(self.pid, "redis_server: not running")
+  sh(("kill -%s %d 2>/dev/null"):format(sig, self.pid))
+end
+
+--- Kills the server with SIGKILL and waits until it is gone.
+function Server:kill()
+  if not self.pid then return end
+  self:signal("KILL")                 -- also ends a stopped process
+  -- gone, or a zombie (a daemon's reaper may take its time)
+  wait_for(function()
+    return not sh(("s=$(awk '/^State/ {print $2}' /proc/%d/status 2>/dev/null); "
+      .. "[ -n \"$s\" ] && [ \"$s\" != Z ]"):format(self.pid))
+  end, "server still alive")
+  self.pid = nil
+end
+
+--- Starts it again (after kill) on the same port and socket.
+function Server:restart()
+  self:kill()
+  return self:launch()
+end
+
+--- Kills it and removes its directory.
+function Server:stop()
+  self:kill()
+  sh("rm -rf " .. shquote(self.dir))
+end
+
+return M

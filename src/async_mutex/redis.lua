@@ -1,0 +1,550 @@
+--- async_mutex.redis: a Redis client on luv's loop, driven by hiredis.
+-- The C part (async_mutex.redis_core) owns the connection, the FIFO of
+-- waiting coroutines and the yield and resume of `call`; this layer
+-- resolves host names with luv, gives the C part its luv poll handles
+-- (through luv's Lua API), and composes calls into `eval`.
+-- See docs/redis.md.
+
+local core = require "async_mutex.redis_core"
+local uv = require "luv"
+
+local error, getmetatable, ipairs, pairs, pcall, rawget, setmetatable, tostring, type =
+  error, getmetatable, ipairs, pairs, pcall, rawget, setmetatable, tostring, type
+local running, yield, resume, isyieldable =
+  coroutine.running, coroutine.yield, coroutine.resume, coroutine.isyieldable
+local mtype, unpack, traceback = math.type, table.unpack, debug.traceback
+local next = next
+
+local M = {
+  E_UNAVAILABLE = core.E_UNAVAILABLE,
+}
+
+local Client = core.Client               -- the methods of every client
+
+local function typename(v)
+  local mt = getmetatable(v)
+  return type(mt) == "table" and type(rawget(mt, "__name")) == "string"
+    and mt.__name or type(v)
+end
+
+-- Raises an argument error at 'level' (1 = the caller of argerror).
+local function argerror(level, n, fname, msg)
+  error(("bad argument #%d to '%s' (%s)"):format(n, fname, msg), level + 1)
+end
+
+
+-- {========================================================== hooks
+-- What the C part calls (docs/redis.md): the poll handle of each
+-- connection and the client's timer, made and driven through luv's Lua
+-- API; the back-off between connection attempts; the messages of a
+-- subscriber; the report of an error escaping a coroutine it resumed.
+-- `state` is the client's table (its C user value); callbacks hold the
+-- client through the weak state.ref, so that an unreferenced client can
+-- be collected (its __gc ends the connection).
+
+local hooks = core.hooks
+local onpoll, status, fail, alive = core.onpoll, core.status, core.fail, core.alive
+local WEAK_K, WEAK_V = { __mode = "k" }, { __mode = "v" }
+local ceil, max, min, random, huge = math.ceil, math.max, math.min, math.random, math.huge
+local now = uv.now
+
+-- An error escaped a coroutine resumed by this module: it goes to the
+-- handler set with async_mutex.setErrorHandler, as the locks' do.
+function hooks.report(err, tb)
+  local am = package.loaded.async_mutex
+  local handler
+  if type(am) == "table" and am.setErrorHandler then
+    handler = am.setErrorHandler(nil)
+    am.setErrorHandler(handler)
+  end
+  if handler then
+    local ok, herr = pcall(handler, err, tb)
+    if ok then return end
+    tb = tb .. "\nand in the error handler: " .. tostring(herr)
+  end
+  io.stderr:write("async_mutex.redis: error in a resumed coroutine: ", tb, "\n")
+end
+local report = hooks.report
+
+-- Runs fn(...) in a coroutine of its own; an error is reported.
+local function spawn(fn, ...)
+  local co = coroutine.create(fn)
+  local ok, err = resume(co, ...)
+  if not ok then report(err, traceback(co, tostring(err))) end
+end
+
+-- The timer: while connecting, fails the attempt after connectTimeout;
+-- while calls wait, fails the connection when no reply came for
+-- commandTimeout ms (then every waiting call raises E_UNAVAILABLE).
+local function on_timer(state)
+  local client = state.ref[1]
+  if not client then return end
+  local st, t = status(client), now()
+  local limit, since
+  if st == "connecting" then
+    limit, since = state.connectTimeout, state.armed_at
+  elseif st == "connected" and client:pending() > 0 then
+    limit, since = state.commandTimeout, max(state.armed_at, state.progress_at)
+  else
+    state.timing = false
+    return
+  end
+  if limit == huge then
+    state.timing = false
+  elseif t - since >= limit then
+    state.timing = false
+    fail(client)
+  else
+    state.timer:start(ceil(limit - (t - since)), 0, state.on_timer)
+  end
+end
+
+local function arm(state, connecting)
+  local limit = connecting and state.connectTimeout or state.commandTimeout
+  if limit == huge then
+    if state.timer then state.timer:stop() end
+    state.timing = false
+    return
+  end
+  if not state.timer then
+    state.timer = uv.new_timer()
+    state.on_timer = function() on_timer(state) end
+  end
+  uv.update_time()            -- the loop's clock, as of now, not of its turn
+  state.armed_at = now()
+  state.timing = true
+  state.timer:start(ceil(limit), 0, state.on_timer)
+end
+
+-- open(fd, client, state): the poll handle of a new connection.
+function hooks.open(fd, client, state)
+  if not state.ref then state.ref = setmetatable({ client }, WEAK_V) end
+  local ref = state.ref
+  state.poll = uv.new_socket_poll(fd)
+  state.on_poll = function(err, events)
+    local c = ref[1]
+    if c and onpoll(c, err, events) > 0 then state.progress_at = now() end
+  end
+  state.progress_at = 0
+end
+
+-- watch(state, events): what the poll handle watches ("r", "w", "rw";
+-- nil: nothing), and the timer with it.
+function hooks.watch(state, events)
+  local poll = state.poll
+  if events then
+    poll:start(events, state.on_poll)
+    if not state.timing then arm(state, events == "w" and status(state.ref[1]) == "connecting") end
+  else
+    poll:stop()
+    if state.timing then
+      state.timer:stop()
+      state.timing = false
+    end
+  end
+end
+
+function hooks.connected(state)
+  state.failures = 0
+  state.next_attempt = 0
+  arm(state, false)
+  if state.on_connected then state.on_connected() end
+end
+
+-- lost(state, was_connected, final): the connection ended (final:
+-- "close" or "gc" when the client itself ends).  A connection that had
+-- been established may be retried at once; a failed attempt delays the
+-- next one: capped exponential back-off, with jitter (half to all of it).
+function hooks.lost(state, was_connected, final)
+  if state.poll then
+    if alive(state.poll) and not state.poll:is_closing() then state.poll:close() end
+    state.poll = nil
+  end
+  if state.timer then
+    state.timing = false
+    if alive(state.timer) then
+      state.timer:stop()
+      if final then state.timer:close() end
+    end
+    if final then state.timer = nil end
+  end
+  if was_connected then
+    state.failures = 0
+    state.next_attempt = 0
+  elseif not final then
+    local f = (state.failures or 0) + 1
+    state.failures = f
+    local delay = min(state.reconnectDelayMax, state.reconnectDelay * 2 ^ (f - 1))
+    state.next_attempt = now() + delay * (0.5 + 0.5 * random())
+  end
+  if state.on_lost then state.on_lost(was_connected, final) end
+  if final and state.sub and not state.sub.closed then
+    if final == "gc" then core.drop(state.sub.client) else state.sub.client:close() end
+  end
+end
+
+-- attempt(state): whether a new connection may be tried now.
+function hooks.attempt(state)
+  return now() >= (state.next_attempt or 0)
+end
+
+function hooks.message(state, reply)
+  if state.on_message then state.on_message(reply) end
+end
+
+-- }==========================================================
+
+
+-- {========================================================== connect
+
+-- The numeric address of `host`: at once when it is one already; else
+-- by luv's asynchronous getaddrinfo when called in a coroutine (which
+-- waits), or its synchronous form outside one.  IPv4 is preferred.
+local function resolve(host)
+  local hints = { socktype = "stream", numerichost = true }
+  local res = uv.getaddrinfo(host, nil, hints)
+  if not res then
+    hints.numerichost = nil
+    local co, main = running()
+    if main or not isyieldable() then
+      res = uv.getaddrinfo(host, nil, hints)
+    else
+      local done, waiting = false, false
+      uv.getaddrinfo(host, nil, hints, function(_, r)
+        res, done = r, true
+        if waiting then
+          local ok, err = resume(co)
+          if not ok then report(err, traceback(co, tostring(err))) end
+        end
+      end)
+      if not done then
+        waiting = true
+        yield()
+      end
+    end
+  end
+  if type(res) ~= "table" or not res[1] then return nil end
+  for _, a in ipairs(res) do
+    if a.family == "inet" then return a.addr end
+  end
+  return res[1].addr
+end
+
+local DEFAULTS = {
+  connectTimeout = 2000, commandTimeout = 5000,
+  reconnectDelay = 50, reconnectDelayMax = 2000,
+}
+
+local function check_ms(options, name)
+  local v = options[name]
+  if v == nil then return DEFAULTS[name] end
+  if type(v) ~= "number" or not (v >= 0) then
+    argerror(3, 1, "connect", name .. " must be a non-negative number")
+  end
+  return v
+end
+
+local function check_string(options, name)
+  local v = options[name]
+  if v ~= nil and type(v) ~= "string" then
+    argerror(3, 1, "connect", ("%s must be a string, got %s"):format(name, typename(v)))
+  end
+  return v
+end
+
+--- Creates a client for the server at `options.host`/`options.port` or
+-- at the unix socket `options.path`.  Connects at the first call.
+function M.connect(options)
+  if type(options) ~= "table" then
+    argerror(2, 1, "connect", "table expected, got " .. typename(options))
+  end
+  local state = {}
+  for name in pairs(DEFAULTS) do state[name] = check_ms(options, name) end
+  local password = check_string(options, "password")
+  local username = check_string(options, "username")
+  if username and not password then
+    argerror(2, 1, "connect", "username needs a password")
+  end
+  local db = options.db
+  if db ~= nil and (mtype(db) ~= "integer" or db < 0) then
+    argerror(2, 1, "connect", "db must be a non-negative integer")
+  end
+  local path = check_string(options, "path")
+  local host, port
+  if path == nil then
+    host, port = options.host, options.port
+    if host == nil then host = "127.0.0.1" end
+    if port == nil then port = 6379 end
+    if type(host) ~= "string" then
+      argerror(2, 1, "connect", "host must be a string, got " .. typename(host))
+    end
+    if mtype(port) == "float" and port == port // 1 then port = port // 1 end
+    if mtype(port) ~= "integer" or port < 1 or port > 65535 then
+      argerror(2, 1, "connect", "port must be an integer from 1 to 65535")
+    end
+  end
+  -- sent first on every connection (docs/redis.md, Connection)
+  local setup = {}
+  if password then
+    setup[#setup + 1] = username and { "AUTH", username, password } or { "AUTH", password }
+  end
+  if db and db ~= 0 then setup[#setup + 1] = { "SELECT", tostring(db) } end
+  state.setup = setup
+  if path then
+    state.path = path
+  else
+    state.host = resolve(host)
+    if not state.host then error(M.E_UNAVAILABLE, 0) end
+    state.port = port
+  end
+  local client = core.new(state)
+  state.ref = setmetatable({ client }, WEAK_V)
+  return client
+end
+
+-- }==========================================================
+
+
+-- {========================================================== pub/sub
+-- Subscriptions live on a second connection of the client, opened by the
+-- first subscribe and shared by all (docs/redis.md, Pub/sub).  Its
+-- state: sub.client (a core client in subscriber mode), sub.channels
+-- (channel -> list of Subscriptions), sub.waiting (channel -> coroutines
+-- waiting for the server's confirmation).  After a lost connection the
+-- confirmed channels are subscribed again, with the client's back-off.
+
+local Subscription = { __name = "async_mutex.redis.Subscription" }
+Subscription.__index = Subscription
+
+local is_client do
+  local mt = getmetatable(core.new({}))
+  is_client = function(v) return getmetatable(v) == mt end
+end
+
+local function check_client(self, fname)
+  if not is_client(self) then
+    argerror(3, 1, fname, "async_mutex.redis.Client expected, got " .. typename(self))
+  end
+end
+
+local function is_callable(f)
+  if type(f) == "function" then return true end
+  local mt = getmetatable(f)
+  return type(mt) == "table" and rawget(mt, "__call") ~= nil
+end
+
+-- Resumes every coroutine waiting for `channel`'s confirmation.
+local function confirm(sub, channel, ok, err)
+  local list = sub.waiting[channel]
+  if not list then return end
+  sub.waiting[channel] = nil
+  for _, co in ipairs(list) do
+    if coroutine.status(co) == "suspended" then
+      local done, e = resume(co, ok, err)
+      if not done then report(e, traceback(co, tostring(e))) end
+    end
+  end
+end
+
+local function channel_list(sub)
+  local list = {}
+  for channel in pairs(sub.channels) do list[#list + 1] = channel end
+  table.sort(list)
+  return list
+end
+
+-- Subscribes again to every channel (after a lost connection), now or
+-- when the back-off allows; tries again while it fails.
+local function restore(sub)
+  if sub.closed or sub.scheduled or not next(sub.channels) then return end
+  local state = sub.state
+  local delay = ceil(max(0, (state.next_attempt or 0) - now()))
+  sub.scheduled = true
+  if not sub.retry then sub.retry = uv.new_timer() end
+  sub.retry:start(delay, 0, function()
+    sub.scheduled = false
+    if sub.closed or not next(sub.channels) then return end
+    if status(sub.client) ~= "idle" then return end
+    if not core.send(sub.client, "SUBSCRIBE", unpack(channel_list(sub))) then
+      restore(sub)
+    end
+  end)
+end
+
+local function on_message(sub, reply)
+  if type(reply) ~= "table" then return end
+  local kind = reply[1]
+  if kind == "message" then
+    local list = sub.channels[reply[2]]
+    if not list then return end
+    for _, s in ipairs({ unpack(list) }) do
+      if s.active then spawn(s.fn, reply[3], reply[2]) end
+    end
+  elseif kind == "subscribe" then
+    confirm(sub, reply[2], true)
+  end
+end
+
+local function subscriber(self)
+  local state = core.state(self)
+  local sub = state.sub
+  if sub then return sub end
+  local sstate = {
+    host = state.host, port = state.port, path = state.path, setup = state.setup,
+    connectTimeout = state.connectTimeout, commandTimeout = state.commandTimeout,
+    reconnectDelay = state.reconnectDelay, reconnectDelayMax = state.reconnectDelayMax,
+  }
+  sub = { state = sstate, channels = {}, waiting = {} }
+  sub.client = core.new(sstate, true)
+  sstate.ref = setmetatable({ sub.client }, WEAK_V)
+  sstate.on_message = function(reply) on_message(sub, reply) end
+  sstate.on_lost = function(_, final)
+    -- calls waiting for a confirmation fail; confirmed channels come back
+    local waiting = sub.waiting
+    sub.waiting = {}
+    for channel, list in pairs(waiting) do
+      sub.waiting[channel] = list
+      confirm(sub, channel, false, M.E_UNAVAILABLE)
+    end
+    if final then
+      sub.closed = true
+      if sub.retry and alive(sub.retry) then sub.retry:close() end
+      sub.retry = nil
+    else
+      restore(sub)
+    end
+  end
+  state.sub = sub
+  return sub
+end
+
+--- Subscribes fn(message, channel) to `channel`; waits (in a coroutine)
+-- until the server confirms, unless the channel is subscribed already.
+-- Returns a Subscription (sub:unsubscribe()).
+function Client.subscribe(self, channel, fn)
+  check_client(self, "subscribe")
+  if type(channel) ~= "string" then
+    argerror(2, 1, "subscribe", "string expected, got " .. typename(channel))
+  end
+  if not is_callable(fn) then
+    argerror(2, 2, "subscribe", "function expected, got " .. typename(fn))
+  end
+  if status(self) == "closed" then
+    error("attempt to use a closed redis client", 2)
+  end
+  local co, main = running()
+  if main or not isyieldable() then
+    error("attempt to subscribe outside a coroutine", 2)
+  end
+  local sub = subscriber(self)
+  local s = setmetatable({ channel = channel, fn = fn, active = true, sub = sub }, Subscription)
+  local list = sub.channels[channel]
+  if list and not sub.waiting[channel] then            -- confirmed already
+    list[#list + 1] = s
+    return s
+  end
+  if not list then
+    list = {}
+    sub.channels[channel] = list
+    if not core.send(sub.client, "SUBSCRIBE", channel) then
+      sub.channels[channel] = nil
+      error(M.E_UNAVAILABLE, 0)
+    end
+    core.listen(sub.client, true)
+  end
+  list[#list + 1] = s
+  local waiting = sub.waiting[channel] or {}
+  sub.waiting[channel] = waiting
+  waiting[#waiting + 1] = co
+  local ok, err = yield()
+  if not ok then
+    s:unsubscribe()
+    error(err, 0)
+  end
+  return s
+end
+
+--- Ends this subscription; the channel is unsubscribed when it was its
+-- last one.  Never waits; calling it twice does nothing.
+function Subscription.unsubscribe(self)
+  if getmetatable(self) ~= Subscription then
+    argerror(2, 1, "unsubscribe", "async_mutex.redis.Subscription expected, got "
+      .. typename(self))
+  end
+  if not self.active then return end
+  self.active = false
+  local sub, channel = self.sub, self.channel
+  local list = sub.channels[channel]
+  if not list then return end
+  for i = #list, 1, -1 do
+    if list[i] == self then table.remove(list, i) end
+  end
+  if #list > 0 then return end
+  sub.channels[channel] = nil
+  if status(sub.client) == "connected" or status(sub.client) == "connecting" then
+    core.send(sub.client, "UNSUBSCRIBE", channel)
+  end
+  if not next(sub.channels) then core.listen(sub.client, false) end
+end
+
+-- }==========================================================
+
+
+-- {========================================================== eval
+
+-- script -> its SHA1 as the server computed it (SCRIPT LOAD)
+local shas = setmetatable({}, WEAK_K)
+
+local function check_list(list, n, what)
+  if list == nil then return 0 end
+  if type(list) ~= "table" then
+    argerror(3, n, "eval", ("table of %s expected, got %s"):format(what, typename(list)))
+  end
+  local len = #list
+  for i = 1, len do
+    local t = type(list[i])
+    if t ~= "string" and t ~= "number" then
+      argerror(3, n, "eval", ("%s[%d] must be a string or number, got %s"):format(
+        what, i, typename(list[i])))
+    end
+  end
+  return len
+end
+
+local function is_noscript(err)
+  return getmetatable(err) == getmetatable(core.error("NOSCRIPT x"))
+    and err.code == "NOSCRIPT"
+end
+
+--- Runs a Lua script on the server: EVALSHA, and EVAL when the server
+-- does not know the script (NOSCRIPT: restarted, flushed).
+function Client.eval(self, script, keys, args)
+  if type(script) ~= "string" then
+    argerror(2, 1, "eval", "string expected, got " .. typename(script))
+  end
+  local nk = check_list(keys, 2, "keys")
+  local na = check_list(args, 3, "args")
+  local argv = { "EVALSHA", false, nk }
+  for i = 1, nk do argv[3 + i] = keys[i] end
+  for i = 1, na do argv[3 + nk + i] = args[i] end
+  local n = 3 + nk + na
+  local sha = shas[script]
+  if sha then
+    argv[2] = sha
+    local res = table.pack(pcall(self.call, self, unpack(argv, 1, n)))
+    if res[1] then return res[2] end
+    if not is_noscript(res[2]) then error(res[2], 0) end
+  end
+  argv[1], argv[2] = "EVAL", script
+  local reply = self:call(unpack(argv, 1, n))
+  if not sha then
+    -- the next time: EVALSHA with the SHA1 the server computes
+    local ok, s = pcall(self.call, self, "SCRIPT", "LOAD", script)
+    if ok then shas[script] = s end
+  end
+  return reply
+end
+
+-- }==========================================================
+
+return M

@@ -1,0 +1,261 @@
+--- async_mutex.versioned: versioned values on Redis, for optimistic
+-- concurrency (docs/optimistic.md, Versioned values on Redis).
+--
+--   local v = redis.versioned(client, "stock:42")
+--   local value, version = v:get()          -- nil, 0 when absent
+--   v:set("7", version)                     -- the new version, or false
+--   v:delete(version)                       -- likewise
+--   v:update(function(value, version) return tonumber(value or 0) - 1 end)
+--
+-- A versioned value is one Redis hash holding two fields, `value` (a
+-- string) and `version` (an integer that only grows).  Each operation is
+-- one Lua script run by the server, so the comparison of versions and the
+-- write are one atomic step: nothing partial is ever written.  A deletion
+-- removes the value and keeps the hash, with its version incremented (a
+-- tombstone), so that a version number is never reused and a writer
+-- holding a version read before the deletion is refused (no ABA).
+
+local am = require "async_mutex"
+local optimistic = require "async_mutex.optimistic"
+
+local error, getmetatable, rawget, select, setmetatable, tonumber, tostring, type =
+  error, getmetatable, rawget, select, setmetatable, tonumber, tostring, type
+local isyieldable = coroutine.isyieldable
+local huge, mtype, tointeger = math.huge, math.type, math.tointeger
+
+local M = {}
+
+local function typename(v)
+  local mt = getmetatable(v)
+  return type(mt) == "table" and type(rawget(mt, "__name")) == "string"
+    and mt.__name or type(v)
+end
+
+local function is_callable(f)
+  if type(f) == "function" then return true end
+  local mt = getmetatable(f)
+  return type(mt) == "table" and rawget(mt, "__call") ~= nil
+end
+
+-- Raises an argument error at 'level' (1 = the caller of argerror).
+local function argerror(level, n, fname, msg)
+  error(("bad argument #%d to '%s' (%s)"):format(n, fname, msg), level + 1)
+end
+
+
+-- {========================================================== scripts
+-- Redis runs its scripts in Lua 5.1: numbers are doubles (versions are
+-- exact up to 2^53), HGET of a missing field gives false, a script
+-- returning false gives a nil reply (our "conflict"), a number an integer
+-- reply.  Every script first reads the version the same way: absent is 0;
+-- a version field that is not a non-negative integer means the key was
+-- not written by these scripts, and is refused with a WRONGTYPE error.
+
+local PRELUDE = [[
+local function current()
+  local v = redis.call('HGET', KEYS[1], 'version')
+  if not v then return 0 end
+  local n = tonumber(v)
+  if not n or n < 0 or n % 1 ~= 0 then
+    return nil
+  end
+  return n
+end
+local NOT_VERSIONED = 'WRONGTYPE key holds a hash that is not a versioned value'
+]]
+
+-- get: {version, value} (value absent: a one-element array).
+local GET = PRELUDE .. [[
+local version = current()
+if not version then return redis.error_reply(NOT_VERSIONED) end
+local value = redis.call('HGET', KEYS[1], 'value')
+return { version, value }
+]]
+
+-- set(value, expected): the new version, or nil on a conflict.
+local SET = PRELUDE .. [[
+local version = current()
+if not version then return redis.error_reply(NOT_VERSIONED) end
+if version ~= tonumber(ARGV[2]) then return false end
+redis.call('HSET', KEYS[1], 'value', ARGV[1], 'version', version + 1)
+return version + 1
+]]
+
+-- delete(expected): the version after it, or nil on a conflict.  Deleting
+-- what holds no value changes nothing and returns the version as it is.
+local DELETE = PRELUDE .. [[
+local version = current()
+if not version then return redis.error_reply(NOT_VERSIONED) end
+if version ~= tonumber(ARGV[1]) then return false end
+if redis.call('HEXISTS', KEYS[1], 'value') == 0 then return version end
+redis.call('HDEL', KEYS[1], 'value')
+redis.call('HSET', KEYS[1], 'version', version + 1)
+return version + 1
+]]
+
+M.scripts = { get = GET, set = SET, delete = DELETE }
+
+-- }==========================================================
+
+
+-- {========================================================== checks
+
+local Versioned = {}
+local meta = {
+  __name = "async_mutex.redis.Versioned",
+  __index = Versioned,
+  __tostring = function(self)
+    return ("async_mutex.redis.Versioned: %s"):format(self.key)
+  end,
+}
+
+local function check_self(self, fname)
+  if getmetatable(self) ~= meta then
+    argerror(3, 1, fname, "async_mutex.redis.Versioned expected, got " .. typename(self))
+  end
+end
+
+-- The string stored for `value`, or nil.  Numbers are converted as Lua
+-- writes them ("42", "2.0", "0.1", "1e+300"), with more digits when that
+-- form would not read back as the same number (1/3); NaN and infinities
+-- have no such form and are refused.
+local function to_value(value)
+  local t = type(value)
+  if t == "string" then return value end
+  if t ~= "number" then return nil end
+  if mtype(value) == "integer" then return tostring(value) end
+  if value ~= value or value == huge or value == -huge then return nil end
+  local s = tostring(value)
+  if tonumber(s) == value then return s end
+  for digits = 15, 17 do
+    s = ("%." .. digits .. "g"):format(value)
+    if tonumber(s) == value then return s end
+  end
+end
+
+local function check_value(value, n, fname)
+  local s = to_value(value)
+  if not s then
+    argerror(3, n, fname, "string or finite number expected, got " .. typename(value))
+  end
+  return s
+end
+
+local function check_version(version, n, fname)
+  local v = type(version) == "number" and tointeger(version)
+  if not v or v < 0 then
+    argerror(3, n, fname, "version must be a non-negative integer")
+  end
+  return v
+end
+
+-- }==========================================================
+
+
+-- {========================================================== operations
+
+-- The raw operations: no checks of their own (the methods and update
+-- check first).  get reads with HMGET, one command and so one atomic read,
+-- cheaper for the server than a script; only when the version field is
+-- not a non-negative integer does it run the GET script, for the server's
+-- WRONGTYPE error reply that the other operations raise too.
+local function get(self)
+  local reply = self.client:call("HMGET", self.key, "value", "version")
+  local value, version = reply[1], reply[2]
+  if version == nil then return value, 0 end
+  local n = tointeger(tonumber(version))
+  if n and n >= 0 and ("%d"):format(n) == version then return value, n end
+  reply = self.client:eval(GET, { self.key })  -- raises for a bad version field
+  return reply[2], reply[1]
+end
+
+local function set(self, value, version)
+  local v = self.client:eval(SET, { self.key }, { value, version })
+  return v or false
+end
+
+local function delete(self, version)
+  local v = self.client:eval(DELETE, { self.key }, { version })
+  return v or false
+end
+
+--- v:get(): the value (a string, nil when absent) and its version (0 when
+-- the key was never written).
+function Versioned.get(self)
+  check_self(self, "get")
+  local value, version = get(self)
+  return value, version
+end
+
+--- v:set(value, expected_version): writes value if the stored version is
+-- still expected_version; returns the new version, or false.
+function Versioned.set(self, value, expected_version)
+  check_self(self, "set")
+  local s = check_value(value, 1, "set")
+  local version = check_version(expected_version, 2, "set")
+  local v = set(self, s, version)
+  return v
+end
+
+--- v:delete(expected_version): removes the value if the stored version is
+-- still expected_version; returns the version after it, or false.
+function Versioned.delete(self, expected_version)
+  check_self(self, "delete")
+  local version = check_version(expected_version, 1, "delete")
+  local v = delete(self, version)
+  return v
+end
+
+-- What fn returned that is not a value: reported by update at its
+-- caller's line, after the loop.
+local BAD_RESULT = {}
+
+--- v:update(fn [, options]): am.optimistic around get and set.
+-- fn(value, version, attempt) returns the new value (or raises to give
+-- up); returns the value written and its version.
+function Versioned.update(self, ...)
+  check_self(self, "update")
+  local fn, options = ...
+  if not is_callable(fn) then
+    argerror(2, 1, "update", ("function expected, got %s")
+      :format(select("#", ...) == 0 and "no value" or typename(fn)))
+  end
+  local complaint = optimistic.check_options(options)
+  if complaint then argerror(2, 2, "update", complaint) end
+  if not isyieldable() then
+    error("attempt to update a versioned value outside a coroutine", 2)
+  end
+  local value, version = am.optimistic(function(attempt)
+    local old, old_version = get(self)
+    local new = fn(old, old_version, attempt)
+    local s = to_value(new)
+    if not s then return true, BAD_RESULT, new end
+    local v = set(self, s, old_version)
+    if not v then return false end
+    return true, s, v
+  end, options)
+  if value == BAD_RESULT then
+    error(("update: fn must return a string or finite number, got %s")
+      :format(typename(version)), 2)
+  end
+  return value, version
+end
+
+-- }==========================================================
+
+
+--- versioned(client, key): the versioned value stored at `key`.
+function M.versioned(client, key)
+  if typename(client) ~= "async_mutex.redis.Client" then
+    argerror(2, 1, "versioned", "async_mutex.redis.Client expected, got " .. typename(client))
+  end
+  if type(key) ~= "string" then
+    argerror(2, 2, "versioned", "string expected, got " .. typename(key))
+  end
+  local v = setmetatable({ client = client, key = key }, meta)
+  return v
+end
+
+M.Versioned = Versioned
+
+return M

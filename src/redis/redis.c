@@ -1,0 +1,699 @@
+/*
+** redis.c: async_mutex.redis_core, a Redis connection on luv's loop.
+** hiredis connects, formats commands and parses replies; the socket is
+** watched by a luv poll handle made through luv's Lua API (the hooks
+** given by src/async_mutex/redis.lua), never by hiredis's bundled
+** adapters.  Calls from any number of coroutines are appended to one
+** output buffer, written together, and answered in order: a FIFO of
+** waiting coroutines pairs each reply with its caller.
+** See docs/redis.md.
+*/
+#define _POSIX_C_SOURCE 200809L
+#define LUA_LIB
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+
+#include <hiredis/hiredis.h>
+#include <hiredis/sds.h>
+
+#include "lua.h"
+#include "lauxlib.h"
+
+#include "redis.h"
+
+
+/* the client's user values */
+#define UV_STATE    1   /* the Lua layer's table: address, options, poll */
+#define UV_WAITERS  2   /* FIFO of waiting coroutines: [head, tail) */
+
+/* poll events */
+#define EV_R  1
+#define EV_W  2
+
+typedef struct Client {
+  redisContext *c;      /* NULL: no connection */
+  int connecting;       /* connect() in progress on c */
+  int events;           /* events the poll handle is started with */
+  int in_poll;          /* inside onpoll: writes wait for its end */
+  int closed;           /* close() was called: no more calls */
+  int subscriber;       /* a pub/sub connection: replies go to hooks.message */
+  int listening;        /* a subscriber with subscriptions: always reading */
+  unsigned gen;         /* counts connections: tells a new one from c */
+  lua_Integer head, tail;
+} Client;
+
+/* index of the hooks table: every Lua-callable function's upvalue */
+#define HOOKS  lua_upvalueindex(1)
+
+
+static Client *checkclient (lua_State *L, int i) {
+  return (Client *)luaL_checkudata(L, i, AM_REDIS_CLIENT);
+}
+
+
+/* Pushes the client's state table field `name` (client at index i). */
+static int getstatefield (lua_State *L, int i, const char *name) {
+  lua_getiuservalue(L, i, UV_STATE);
+  lua_getfield(L, -1, name);
+  lua_remove(L, -2);
+  return lua_type(L, -1);
+}
+
+
+/* Calls hooks[name] with the n values on top and `nres` results. */
+static void callhook (lua_State *L, const char *name, int n, int nres) {
+  lua_getfield(L, HOOKS, name);
+  lua_insert(L, -(n + 1));
+  lua_call(L, n, nres);
+}
+
+
+/*
+** Tells the Lua layer what the connection needs watched (hooks.watch):
+** writable while connecting or while output waits, readable while
+** replies are due (or a subscriber listens); nil when nothing, so an idle
+** client keeps no active handle.  The Lua layer also runs the connect and
+** command timeouts on it.
+*/
+static void update_poll (lua_State *L, int i, Client *cl) {
+  int want = 0;
+  if (cl->c != NULL) {
+    if (cl->connecting) want = EV_W;
+    else {
+      if (cl->tail > cl->head || cl->listening) want |= EV_R;
+      if (sdslen(cl->c->obuf) > 0) want |= EV_W;
+    }
+  }
+  if (want == cl->events) return;
+  lua_getiuservalue(L, i, UV_STATE);
+  if (want == 0) lua_pushnil(L);
+  else lua_pushstring(L, want == EV_R ? "r" : want == EV_W ? "w" : "rw");
+  callhook(L, "watch", 2, 0);
+  cl->events = want;
+}
+
+
+/*
+** Writes what the output buffer holds, as far as the socket takes it.
+** send() with MSG_NOSIGNAL, not hiredis's write(): a lost connection
+** must be an error here, not a SIGPIPE that kills the process.  Returns
+** 0 on a broken connection.
+*/
+static int flush (Client *cl) {
+  redisContext *c = cl->c;
+  while (sdslen(c->obuf) > 0) {
+    ssize_t n = send(c->fd, c->obuf, sdslen(c->obuf), MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return errno == EAGAIN || errno == EWOULDBLOCK;
+    }
+    sdsrange(c->obuf, n, -1);
+  }
+  return 1;
+}
+
+
+/*
+** Resumes coroutine co with `nargs` values moved from L's top.  An error
+** escaping co is handed to hooks.report with its traceback (a luv
+** callback must not raise); its results, if it ended, are dropped.
+*/
+static void resume (lua_State *L, lua_State *co, int nargs) {
+  int nres, status;
+  if (lua_status(co) != LUA_YIELD) {        /* closed meanwhile */
+    lua_pop(L, nargs);
+    return;
+  }
+  lua_xmove(L, co, nargs);
+  status = lua_resume(co, L, nargs, &nres);
+  if (status == LUA_OK || status == LUA_YIELD)
+    lua_pop(co, nres);
+  else {
+    const char *msg;
+    lua_xmove(co, L, 1);                          /* error */
+    msg = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+    if (msg == NULL)
+      msg = lua_pushfstring(L, "(error object is a %s value)",
+                            luaL_typename(L, -1));
+    else lua_pushvalue(L, -1);
+    luaL_traceback(L, co, msg, 0);               /* err msg tb */
+    lua_remove(L, -2);                           /* err tb */
+    callhook(L, "report", 2, 0);
+  }
+}
+
+
+/*
+** Ends the connection: tells the Lua layer (hooks.lost closes the poll
+** handle; `final` is FINAL_CLOSE or FINAL_GC when the client itself
+** ends), closes the socket, then
+** resumes every waiting coroutine with (false, error) in call order; the
+** error is the value at index `err`, or E_UNAVAILABLE when `err` is 0.
+** The FIFO is detached first, so that a resumed coroutine's new call
+** starts a new connection.  `resume_them` is 0 from __gc.
+*/
+#define FINAL_NOT    0
+#define FINAL_CLOSE  1
+#define FINAL_GC     2
+
+static void pushfinal (lua_State *L, int final) {
+  if (final == FINAL_NOT) lua_pushnil(L);
+  else lua_pushstring(L, final == FINAL_CLOSE ? "close" : "gc");
+}
+
+static void disconnect (lua_State *L, int i, Client *cl, int err,
+                        int resume_them, int final) {
+  lua_Integer head = cl->head, tail = cl->tail, k;
+  if (err < 0) err = lua_gettop(L) + err + 1;
+  if (cl->c != NULL) {
+    int was_connected = !cl->connecting;
+    lua_getiuservalue(L, i, UV_STATE);
+    lua_pushboolean(L, was_connected);
+    pushfinal(L, final);
+    callhook(L, "lost", 3, 0);
+    redisFree(cl->c);
+    cl->c = NULL;
+  }
+  else if (final) {
+    lua_getiuservalue(L, i, UV_STATE);
+    lua_pushboolean(L, 0);
+    pushfinal(L, final);
+    callhook(L, "lost", 3, 0);
+  }
+  cl->connecting = 0;
+  cl->events = 0;
+  if (head == tail) return;
+  lua_getiuservalue(L, i, UV_WAITERS);          /* the old FIFO */
+  lua_newtable(L);
+  lua_setiuservalue(L, i, UV_WAITERS);
+  cl->head = cl->tail = 0;
+  if (!resume_them) {
+    lua_pop(L, 1);
+    return;
+  }
+  for (k = head; k < tail; k++) {
+    lua_rawgeti(L, -1, k);
+    if (lua_type(L, -1) == LUA_TTHREAD && lua_tothread(L, -1) != L) {
+      lua_State *co = lua_tothread(L, -1);
+      lua_pushboolean(L, 0);
+      if (err) lua_pushvalue(L, err);
+      else lua_pushliteral(L, AM_E_UNAVAILABLE);
+      resume(L, co, 2);
+    }
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+}
+
+
+/*
+** Opens a connection to the address in the state table (host = a
+** numeric address, resolved by the Lua layer, and port; or path), and
+** its poll handle (hooks.open); then queues the set-up commands of
+** state.setup (AUTH, SELECT), each with a `true` in the FIFO in place of
+** a coroutine.  Returns 0 if the attempt failed at once (hooks.lost has
+** been told).
+*/
+static int connect_now (lua_State *L, int i, Client *cl) {
+  redisContext *c;
+  lua_Integer k;
+  if (getstatefield(L, i, "path") == LUA_TSTRING)
+    c = redisConnectUnixNonBlock(lua_tostring(L, -1));
+  else {
+    getstatefield(L, i, "host");
+    getstatefield(L, i, "port");
+    c = redisConnectNonBlock(lua_tostring(L, -2), (int)lua_tointeger(L, -1));
+    lua_pop(L, 2);
+  }
+  lua_pop(L, 1);
+  if (c == NULL || c->err) {
+    if (c != NULL) redisFree(c);
+    lua_getiuservalue(L, i, UV_STATE);
+    lua_pushboolean(L, 0);
+    lua_pushnil(L);
+    callhook(L, "lost", 3, 0);
+    return 0;
+  }
+  cl->c = c;
+  cl->gen++;
+  cl->connecting = 1;
+  cl->events = 0;
+  lua_pushinteger(L, c->fd);
+  lua_pushvalue(L, i);
+  lua_getiuservalue(L, i, UV_STATE);
+  callhook(L, "open", 3, 0);                   /* sets state.poll */
+  if (getstatefield(L, i, "setup") == LUA_TTABLE) {
+    int setup = lua_gettop(L);
+    lua_getiuservalue(L, i, UV_WAITERS);              /* setup FIFO */
+    for (k = 1; lua_rawgeti(L, setup, k) == LUA_TTABLE; k++) {
+      int cmd = lua_gettop(L), n;
+      const char *argv[4];
+      size_t argl[4];
+      for (n = 0; n < 4 && lua_rawgeti(L, cmd, n + 1) == LUA_TSTRING; n++)
+        argv[n] = lua_tolstring(L, -1, &argl[n]);
+      lua_settop(L, cmd - 1);      /* the strings stay anchored in setup */
+      redisAppendCommandArgv(c, n, argv, argl);
+      lua_pushboolean(L, 1);
+      lua_rawseti(L, setup + 1, cl->tail++);
+    }
+    lua_settop(L, setup - 1);
+  }
+  else lua_pop(L, 1);
+  return 1;
+}
+
+
+/*
+** Makes sure there is a connection (or an attempt under way): asks
+** hooks.attempt whether the back-off allows one now.  Returns 0 when not
+** (the caller raises E_UNAVAILABLE).
+*/
+static int ensure_connection (lua_State *L, int i, Client *cl) {
+  int ok;
+  if (cl->c != NULL) return 1;
+  lua_getiuservalue(L, i, UV_STATE);
+  callhook(L, "attempt", 1, 1);
+  ok = lua_toboolean(L, -1);
+  lua_pop(L, 1);
+  return ok && connect_now(L, i, cl);
+}
+
+
+/* {====================================================== call */
+
+/* call's continuation: resumed with (true, reply) or (false, error). */
+static int call_k (lua_State *L, int status, lua_KContext ctx) {
+  (void)status; (void)ctx;
+  if (lua_toboolean(L, -2)) return 1;
+  return lua_error(L);                          /* the value, unchanged */
+}
+
+
+/*
+** Turns argument i into the string hiredis sends: strings as they are,
+** integers in decimal, floats in the shortest form that reads back the
+** same ("%.17g" at most; 3.0 as "3").  Leaves the string at index i.
+*/
+static void argstring (lua_State *L, int i) {
+  int t = lua_type(L, i);
+  if (t == LUA_TSTRING) return;
+  if (t == LUA_TNUMBER && lua_isinteger(L, i)) {
+    lua_tostring(L, i);                         /* converts in place */
+    return;
+  }
+  if (t == LUA_TNUMBER) {
+    char buf[64];
+    lua_Number x = lua_tonumber(L, i);
+    luaL_argcheck(L, x == x, i, "number must not be NaN");
+    snprintf(buf, sizeof buf, "%.15g", (double)x);
+    if (strtod(buf, NULL) != (double)x)
+      snprintf(buf, sizeof buf, "%.17g", (double)x);
+    lua_pushstring(L, buf);
+    lua_replace(L, i);
+    return;
+  }
+  luaL_typeerror(L, i, "string or number");
+}
+
+
+/*
+** Appends the command made of the arguments from index 2 on to the
+** output buffer (converting them first: a bad one raises, changing
+** nothing).  Returns 0 if no connection could be had (E_UNAVAILABLE).
+*/
+static int append (lua_State *L, Client *cl) {
+  int n = lua_gettop(L) - 1, k;
+  const char *sv[16];
+  size_t lv[16];
+  const char **argv = sv;
+  size_t *argl = lv;
+  if (n < 1) luaL_typeerror(L, 2, "string or number");
+  for (k = 2; k <= n + 1; k++) argstring(L, k);
+  if (n > 16) {
+    argv = (const char **)lua_newuserdatauv(L, n * sizeof(char *), 0);
+    argl = (size_t *)lua_newuserdatauv(L, n * sizeof(size_t), 0);
+  }
+  for (k = 0; k < n; k++) argv[k] = lua_tolstring(L, k + 2, &argl[k]);
+  if (!ensure_connection(L, 1, cl)) return 0;
+  if (redisAppendCommandArgv(cl->c, n, argv, argl) != REDIS_OK)
+    luaL_error(L, "not enough memory");
+  return 1;
+}
+
+
+/*
+** client:call(command, ...): sends the command and suspends the calling
+** coroutine until its reply; returns the reply, or raises the Error of
+** an error reply, or E_UNAVAILABLE if the connection fails first.
+*/
+static int client_call (lua_State *L) {
+  Client *cl = checkclient(L, 1);
+  int ismain;
+  if (cl->closed)
+    return luaL_error(L, "attempt to use a closed redis client");
+  ismain = lua_pushthread(L);
+  lua_pop(L, 1);
+  if (ismain || !lua_isyieldable(L))
+    return luaL_error(L, "attempt to call redis outside a coroutine");
+  if (!append(L, cl)) {
+    lua_pushliteral(L, AM_E_UNAVAILABLE);
+    return lua_error(L);
+  }
+  lua_getiuservalue(L, 1, UV_WAITERS);
+  lua_pushthread(L);
+  lua_rawseti(L, -2, cl->tail++);
+  lua_pop(L, 1);
+  /* alone in flight: write now (the poll's next turn would cost a loop
+     iteration); otherwise the batch goes at the end of onpoll, or when
+     the socket is writable */
+  if (!cl->in_poll && !cl->connecting && cl->tail - cl->head == 1)
+    flush(cl);              /* a failure shows as a readable end of file */
+  update_poll(L, 1, cl);
+  return lua_yieldk(L, 0, 0, call_k);
+}
+
+/* }====================================================== */
+
+
+/*
+** onpoll(client, err, events): the poll handle's callback.  Completes
+** the connect, reads and parses what arrived, resumes each waiter with
+** its reply in call order (a subscriber hands each reply to
+** hooks.message instead), then writes the calls those coroutines made
+** meanwhile in one go.  A poll error, end of file or protocol error ends
+** the connection (E_UNAVAILABLE for every call still waiting); so does
+** an error reply to a set-up command (AUTH, SELECT), with that error.
+** Returns the number of replies delivered.
+*/
+static int client_onpoll (lua_State *L) {
+  Client *cl = checkclient(L, 1);
+  const char *ev = luaL_optstring(L, 3, "");
+  int broken = 0, nready = 0, r, err = 0;
+  redisContext *c = cl->c;
+  unsigned gen = cl->gen;
+  void *reply;
+  lua_settop(L, 3);
+  if (c == NULL) return 0;                      /* a stale event */
+  if (!lua_isnil(L, 2)) broken = 1;
+  else if (cl->connecting) {
+    int soerr = 0;
+    socklen_t len = sizeof soerr;
+    if (getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &soerr, &len) < 0 || soerr)
+      broken = 1;
+    else {
+      cl->connecting = 0;
+      lua_getiuservalue(L, 1, UV_STATE);
+      callhook(L, "connected", 1, 0);
+    }
+  }
+  else if (strchr(ev, 'r') != NULL && redisBufferRead(c) != REDIS_OK)
+    broken = 1;
+  /* the replies that arrived, with their callers: {co|false, ok, reply}... */
+  lua_newtable(L);                               /* 4: ready */
+  lua_getiuservalue(L, 1, UV_WAITERS);           /* 5 */
+  while (!cl->connecting && (r = redisGetReply(c, &reply)) == REDIS_OK
+         && reply != NULL) {
+    redisReply *rp = (redisReply *)reply;
+    int t = LUA_TNIL;                      /* what the FIFO's head holds */
+    if (cl->head < cl->tail) {
+      t = lua_rawgeti(L, 5, cl->head);              /* co or true */
+      if (t == LUA_TBOOLEAN || !cl->subscriber) {
+        lua_pushnil(L);
+        lua_rawseti(L, 5, cl->head++);
+      }
+      else {                       /* a subscriber's message: FIFO stays */
+        lua_pop(L, 1);
+        t = LUA_TNIL;
+      }
+    }
+    if (t == LUA_TBOOLEAN) {                /* a set-up command's reply */
+      lua_pop(L, 1);
+      if (rp->type == REDIS_REPLY_ERROR) {          /* AUTH, SELECT failed */
+        amr_pushreply(L, rp);
+        freeReplyObject(reply);
+        err = lua_gettop(L);
+        broken = 1;
+        break;
+      }
+      freeReplyObject(reply);
+      continue;
+    }
+    if (t == LUA_TNIL) {
+      if (!cl->subscriber) {          /* nobody asked for it: dropped */
+        freeReplyObject(reply);
+        continue;
+      }
+      lua_pushboolean(L, 0);                        /* no coroutine */
+    }
+    lua_rawseti(L, 4, ++nready);
+    lua_pushboolean(L, rp->type != REDIS_REPLY_ERROR);
+    lua_rawseti(L, 4, ++nready);
+    amr_pushreply(L, rp);
+    lua_rawseti(L, 4, ++nready);
+    freeReplyObject(reply);
+  }
+  if (c->err) broken = 1;                       /* a protocol error */
+  cl->in_poll = 1;
+  for (r = 1; r <= nready; r += 3) {
+    if (lua_rawgeti(L, 4, r) == LUA_TTHREAD) {
+      lua_rawgeti(L, 4, r + 1);
+      lua_rawgeti(L, 4, r + 2);
+      resume(L, lua_tothread(L, -3), 2);
+      lua_pop(L, 1);
+    }
+    else {                                      /* a subscriber's message */
+      lua_pop(L, 1);
+      lua_getiuservalue(L, 1, UV_STATE);
+      lua_rawgeti(L, 4, r + 2);
+      callhook(L, "message", 2, 0);
+    }
+  }
+  cl->in_poll = 0;
+  if (cl->c != c || cl->gen != gen) {   /* closed by a resumed coroutine */
+    lua_pushinteger(L, nready / 3);
+    return 1;
+  }
+  if (!broken && !cl->connecting && !flush(cl)) broken = 1;
+  if (broken) disconnect(L, 1, cl, err, 1, FINAL_NOT);
+  else update_poll(L, 1, cl);
+  lua_pushinteger(L, nready / 3);
+  return 1;
+}
+
+
+/*
+** client:close(): ends the connection; every waiting call raises
+** E_UNAVAILABLE; later calls raise "attempt to use a closed redis client".
+*/
+static int client_close (lua_State *L) {
+  Client *cl = checkclient(L, 1);
+  if (cl->closed) return 0;
+  cl->closed = 1;
+  disconnect(L, 1, cl, 0, 1, FINAL_CLOSE);
+  return 0;
+}
+
+
+/*
+** NOTE: a client is collected only when its waiting coroutines are
+** unreachable too (they are anchored in its FIFO and hold it on their
+** stacks): __gc closes the connection and resumes nobody.
+*/
+static int client__gc (lua_State *L) {
+  Client *cl = (Client *)lua_touserdata(L, 1);
+  if (!cl->closed) {
+    cl->closed = 1;
+    disconnect(L, 1, cl, 0, 0, FINAL_GC);
+  }
+  return 0;
+}
+
+
+static int client__tostring (lua_State *L) {
+  Client *cl = checkclient(L, 1);
+  lua_pushfstring(L, "%s (%s): %p", AM_REDIS_CLIENT,
+                  cl->closed ? "closed" : cl->c ? "connected" : "idle",
+                  (void *)cl);
+  return 1;
+}
+
+
+/* client:pending(): calls sent or queued whose reply has not come. */
+static int client_pending (lua_State *L) {
+  Client *cl = checkclient(L, 1);
+  lua_pushinteger(L, cl->tail - cl->head);
+  return 1;
+}
+
+
+/* {====================================================== for the Lua layer */
+
+/* new(state [, subscriber]): a client with no connection. */
+static int core_new (lua_State *L) {
+  Client *cl;
+  int subscriber = lua_toboolean(L, 2);
+  luaL_checktype(L, 1, LUA_TTABLE);
+  lua_settop(L, 1);
+  cl = (Client *)lua_newuserdatauv(L, sizeof(Client), 2);
+  memset(cl, 0, sizeof *cl);
+  cl->subscriber = subscriber;
+  lua_pushvalue(L, 1);
+  lua_setiuservalue(L, -2, UV_STATE);
+  lua_newtable(L);
+  lua_setiuservalue(L, -2, UV_WAITERS);
+  luaL_setmetatable(L, AM_REDIS_CLIENT);
+  return 1;
+}
+
+
+/*
+** send(client, ...): a subscriber's command (SUBSCRIBE, ...), sent with
+** no caller waiting; connects first if needed.  Returns false when no
+** connection can be had now.
+*/
+static int core_send (lua_State *L) {
+  Client *cl = checkclient(L, 1);
+  if (cl->closed) luaL_error(L, "BUG: send on a closed client");
+  if (!append(L, cl)) {
+    lua_pushboolean(L, 0);
+    return 1;
+  }
+  if (!cl->in_poll && !cl->connecting) flush(cl);
+  update_poll(L, 1, cl);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+
+/* listen(client, on): whether a subscriber keeps reading when idle. */
+static int core_listen (lua_State *L) {
+  Client *cl = checkclient(L, 1);
+  cl->listening = lua_toboolean(L, 2);
+  update_poll(L, 1, cl);
+  return 0;
+}
+
+
+/* fail(client): a timeout ended the connection (E_UNAVAILABLE). */
+static int core_fail (lua_State *L) {
+  Client *cl = checkclient(L, 1);
+  disconnect(L, 1, cl, 0, 1, FINAL_NOT);
+  return 0;
+}
+
+
+/* drop(client): a subscriber whose client was collected: closes it
+   without resuming anyone (see client__gc) */
+static int core_drop (lua_State *L) {
+  Client *cl = checkclient(L, 1);
+  if (!cl->closed) {
+    cl->closed = 1;
+    disconnect(L, 1, cl, 0, 0, FINAL_GC);
+  }
+  return 0;
+}
+
+
+/* status(client): "connecting", "connected", "idle" or "closed" */
+static int core_status (lua_State *L) {
+  Client *cl = checkclient(L, 1);
+  lua_pushstring(L, cl->closed ? "closed" : cl->c == NULL ? "idle"
+                 : cl->connecting ? "connecting" : "connected");
+  return 1;
+}
+
+
+/*
+** alive(handle): false once luv has finalized the handle.  NOTE: at
+** lua_close every object is finalized, newest first, so a client's __gc
+** runs after its own poll handle's and timer's; luv then has cleared the
+** pointer its handle userdata holds, and calling a method of the handle
+** would crash (luv 1.44 dereferences it).  The Lua layer asks this first.
+*/
+static int core_alive (lua_State *L) {
+  void **p = (void **)lua_touserdata(L, 1);
+  lua_pushboolean(L, p != NULL && *p != NULL);
+  return 1;
+}
+
+
+/* state(client): the Lua layer's table */
+static int core_state (lua_State *L) {
+  checkclient(L, 1);
+  lua_getiuservalue(L, 1, UV_STATE);
+  return 1;
+}
+
+
+/* error(message): the Error value an error reply makes */
+static int core_error (lua_State *L) {
+  size_t len;
+  const char *msg = luaL_checklstring(L, 1, &len);
+  amr_pusherror(L, msg, len);
+  return 1;
+}
+
+/* }====================================================== */
+
+
+static const luaL_Reg client_methods[] = {
+  {"call", client_call},
+  {"close", client_close},
+  {"pending", client_pending},
+  {NULL, NULL}
+};
+
+static const luaL_Reg client_metamethods[] = {
+  {"__gc", client__gc},
+  {"__close", client_close},
+  {"__tostring", client__tostring},
+  {NULL, NULL}
+};
+
+static const luaL_Reg core_funcs[] = {
+  {"new", core_new},
+  {"send", core_send},
+  {"listen", core_listen},
+  {"fail", core_fail},
+  {"drop", core_drop},
+  {"status", core_status},
+  {"state", core_state},
+  {"alive", core_alive},
+  {"error", core_error},
+  {"onpoll", client_onpoll},
+  {NULL, NULL}
+};
+
+
+/*
+** The module table: the functions above, E_UNAVAILABLE, hooks (filled
+** by the Lua layer: open, watch, connected, lost, attempt, message,
+** report) and Client (the methods table, which the Lua layer extends).
+*/
+__attribute__((visibility("default")))
+LUAMOD_API int luaopen_async_mutex_redis_core (lua_State *L) {
+  amr_openerror(L);
+  lua_newtable(L);                              /* module */
+  lua_newtable(L);                              /* hooks */
+  luaL_newmetatable(L, AM_REDIS_CLIENT);
+  lua_pushvalue(L, -2);
+  luaL_setfuncs(L, client_metamethods, 1);
+  lua_newtable(L);                              /* methods */
+  lua_pushvalue(L, -3);
+  luaL_setfuncs(L, client_methods, 1);
+  lua_pushvalue(L, -1);
+  lua_setfield(L, -3, "__index");
+  lua_setfield(L, -4, "Client");               /* module.Client */
+  lua_pop(L, 1);                                /* metatable */
+  lua_pushvalue(L, -1);
+  lua_setfield(L, -3, "hooks");
+  luaL_setfuncs(L, core_funcs, 1);              /* hooks as upvalue */
+  lua_pushliteral(L, AM_E_UNAVAILABLE);
+  lua_setfield(L, -2, "E_UNAVAILABLE");
+  return 1;
+}

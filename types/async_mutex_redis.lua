@@ -1,0 +1,83 @@
+---@meta async_mutex.redis
+
+-- LuaLS annotations of `require "async_mutex.redis"`, the Redis client on
+-- luv's loop (src/async_mutex/redis.lua and src/redis/).  README.md's
+-- "Redis" section is the reference.
+-- luacheck: ignore 241 (definition tables: mutated, never read)
+
+---Where the server is: `host` (a name or a numeric address, default
+---"127.0.0.1") and `port` (default 6379), or `path`, a unix socket.
+---@class async_mutex.redis.Options
+---@field host? string
+---@field port? integer
+---@field path? string
+---@field password? string sent with AUTH on every connection
+---@field username? string with `password`: AUTH username password
+---@field db? integer sent with SELECT on every connection
+---@field connectTimeout? number ms (default 2000)
+---@field commandTimeout? number ms without a reply while calls wait (default 5000; `math.huge`: none)
+---@field reconnectDelay? number ms, the first back-off after a failed attempt (default 50)
+---@field reconnectDelayMax? number ms, the longest back-off (default 2000)
+
+---A subscription made by `client:subscribe`.
+---@class async_mutex.redis.Subscription
+local Subscription = {}
+
+---Ends the subscription (the channel is unsubscribed with its last one).
+function Subscription:unsubscribe() end
+
+---An error reply of the server, raised by `call` and `eval`: a table with
+---`message` (the server's text, as `tostring` gives it) and `code` (its
+---first word when in capitals, such as "WRONGTYPE" or "NOSCRIPT", else "ERR").
+---@class async_mutex.redis.Error
+
+---One connection to a Redis server, shared by every coroutine that calls.
+---@class async_mutex.redis.Client
+local Client = {}
+
+---Sends a command and suspends the calling coroutine until its reply.
+---Raises an `async_mutex.redis.Error` for an error reply and
+---`async_mutex.E_UNAVAILABLE` when the server cannot be reached.
+---@async
+---@param ... string|number the command and its arguments
+---@return any reply string, integer, nil, or a table with field n
+function Client:call(...) end
+
+---Runs a Lua script on the server (EVALSHA, EVAL when the server does not
+---know it).
+---@async
+---@param script string
+---@param keys? (string|number)[]
+---@param args? (string|number)[]
+---@return any reply
+function Client:eval(script, keys, args) end
+
+---Calls `fn(message, channel)`, each time in a new coroutine, for every
+---message published on `channel`; waits until the server confirms.
+---@async
+---@param channel string
+---@param fn fun(message: string, channel: string)
+---@return async_mutex.redis.Subscription
+function Client:subscribe(channel, fn) end
+
+---Closes the connection: calls in flight raise `E_UNAVAILABLE`; later calls
+---are errors.
+function Client:close() end
+
+---Calls sent or queued whose reply has not come yet.
+---@return integer
+function Client:pending() end
+
+
+---@class async_mutex.redis
+local redis = {}
+
+---Raised by calls the server cannot answer (also `async_mutex.E_UNAVAILABLE`).
+redis.E_UNAVAILABLE = "redis server unavailable"
+
+---A client for the server at `options`; it connects at its first call.
+---@param options async_mutex.redis.Options
+---@return async_mutex.redis.Client
+function redis.connect(options) end
+
+return redis
