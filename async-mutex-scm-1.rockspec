@@ -59,6 +59,7 @@ build = {
         "src/core.c",
         "src/decorated.c",
         "src/keyed.c",
+        "src/lease.c",
         "src/mutex_semaphore.c",
         "src/queue.c",
         "src/reentrant.c",

@@ -15,6 +15,7 @@
 **   rwlock.c           the RWLock kind: shared reads, exclusive writes;
 **                      a write releaser's downgrade
 **   reentrant.c        the ReentrantMutex kind: its holder re-enters
+**   lease.c            leased holds: their releasers, their expiry
 **   keyed.c            KeyedMutex and KeyedSemaphore: a lock per key
 **   decorated.c        withTimeout and tryAcquire: decorated locks, whose
 **                      requests have a limit; every other method is the
@@ -58,6 +59,7 @@
 #define AM_E_ALREADY_LOCKED  "mutex already locked"
 #define AM_E_CANCELED "request for lock canceled"
 #define AM_E_MAX_PENDING  "too many pending requests for this key"
+#define AM_E_LOST     "lock lost: lease expired"
 
 
 /*
@@ -143,8 +145,9 @@ typedef struct Queue {
   int timer;
 } Queue;
 
-/* What a waiter waits for. */
-enum { W_ACQUIRE, W_UNLOCK };
+/* What a waiter waits for; W_LEASE: a leased hold's releaser, in the
+   timer queue until its lease ends (lease.c). */
+enum { W_ACQUIRE, W_UNLOCK, W_LEASE };
 
 /*
 ** Life of a waiter (waiter.c makes every change, and asserts the state it
@@ -155,7 +158,8 @@ enum { W_ACQUIRE, W_UNLOCK };
 ** hands a releaser out (its own waiter, or a new one): HELD until
 ** released, then RELEASED.
 */
-enum { S_NEW, S_QUEUED, S_READY, S_RESUMING, S_DONE, S_HELD, S_RELEASED };
+enum { S_NEW, S_QUEUED, S_READY, S_RESUMING, S_DONE, S_HELD, S_RELEASED,
+       S_LOST };                /* a leased hold that ran out (lease.c) */
 
 enum { O_GRANTED, O_TIMEOUT, O_CANCELED };
 
@@ -175,6 +179,8 @@ typedef struct Releaser {
   lua_Integer weight;
   lua_Integer token;          /* set when granted */
   unsigned char state;        /* S_* */
+  unsigned char lease;        /* a leased hold's: a Waiter of kind W_LEASE,
+                                 user value 2 its lost error (lease.c) */
 } Releaser;
 
 /*
@@ -191,9 +197,13 @@ typedef struct Releaser {
 struct Waiter {
   Releaser r;                 /* first: a handed-out waiter is a Releaser */
   int ref;                    /* anchor of the coroutine (scheduler.c) */
-  unsigned int kind : 1;      /* W_ACQUIRE or W_UNLOCK */
+  unsigned int kind : 2;      /* W_ACQUIRE, W_UNLOCK or W_LEASE */
   unsigned int outcome : 2;
   unsigned int timed : 1;     /* allocated with 't' (withTimeout) */
+  unsigned int leased : 1;    /* its grant is leased ('lease'); allocated
+                                 with 't' */
+  unsigned int lease_from_request : 1;
+  unsigned char lostidx;      /* stack index of the lost error, or 0 */
   unsigned char lockidx;      /* stack index of the lock in the waiting frame */
   unsigned char erridx;       /* stack index of the timeout error, or 0; the
                                  waiter itself is just above both */
@@ -202,6 +212,8 @@ struct Waiter {
   Links t;                    /* timed only: in the timer queue, or
                                  t.next NULL */
   lua_Number deadline;        /* timed only: loop time (ms) */
+  lua_Number lease;           /* leased: the lease (ms), or its end (loop
+                                 time) when counted from the request */
 };
 
 #define AM_UNTIMED_SIZE    offsetof(Waiter, t)
@@ -219,6 +231,9 @@ typedef struct Request {
   int first;                  /* stack index of the user's first argument */
   int base;                   /* ... which errors number 1: 'first - base' */
   const char *fname;          /* the function errors name */
+  lua_Number lease;           /* withLease: the lease (ms), or 0 */
+  int lease_from_request;
+  int lostidx;                /* the lost error of a lease */
   lua_Integer mode;           /* unweighted kinds: the weight the method
                                  asks for (rwlock.c), or 0: 1 */
   Lock *lock;                 /* the lock, at stack index 'lockidx' */
@@ -387,6 +402,14 @@ extern const luaL_Reg am_decorated_reentrant_methods[];
 int am_reenters (lua_State *L, Lock *lk, const Request *rq);
 void am_reentrant_owned (lua_State *L, Lock *lk, int lockidx);
 
+/* lease.c */
+int am_push_lease (lua_State *L, int lockidx, int lostidx, Lock *lk,
+                   lua_Integer weight, lua_Integer token, lua_Number now,
+                   lua_Number end);
+void am_lease_end (lua_State *L, Releaser *r);
+void am_lease_lost (lua_State *L, Waiter *w);
+int am_releaser_check (lua_State *L);
+
 /* mutex_semaphore.c */
 extern const LockKind am_mutex_kind;
 extern const LockKind am_semaphore_kind;
@@ -423,6 +446,7 @@ int am_core_acquire (lua_State *L);
 int am_core_limit (lua_State *L);
 int am_withTimeout (lua_State *L);
 int am_tryAcquire (lua_State *L);
+int am_withLease (lua_State *L);
 int am_decorated_request (lua_State *L, int kind, const char *fname,
                           lua_Integer mode);
 

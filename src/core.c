@@ -140,6 +140,7 @@ static const luaL_Reg core_funcs[] = {
   {"layer", am_layer},
   {"withTimeout", am_withTimeout},
   {"tryAcquire", am_tryAcquire},
+  {"withLease", am_withLease},
   {"kind", core_kind},
   {"setErrorHandler", core_setErrorHandler},
   {"pending", core_pending},
@@ -335,5 +336,7 @@ LUAMOD_API int luaopen_async_mutex_core (lua_State *L) {
   lua_setfield(L, -2, "E_CANCELED");
   lua_pushliteral(L, AM_E_MAX_PENDING);
   lua_setfield(L, -2, "E_MAX_PENDING");
+  lua_pushliteral(L, AM_E_LOST);
+  lua_setfield(L, -2, "E_LOST");
   return 1;
 }

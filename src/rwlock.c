@@ -187,6 +187,8 @@ int am_rw_downgrade (lua_State *L) {
   if (lk->kind != &am_rwlock_kind || r->weight != AM_RW_WRITE)
     return am_usage_error(L, "attempt to downgrade a releaser that is not "
                              "a readers-writer lock's write hold");
+  if (r->lease)
+    return am_usage_error(L, "attempt to downgrade a leased write hold");
   if (r->state != S_HELD || lk->value != WRITTEN || r->token != lk->gen)
     return am_usage_error(L, "attempt to downgrade a write hold that has "
                              "ended");

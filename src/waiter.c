@@ -135,6 +135,7 @@ void am_push_releaser (lua_State *L, int lockidx, Lock *lk,
   r->weight = weight;
   r->token = token;
   r->state = S_HELD;
+  r->lease = 0;
   am_pushmt(L, AM_T_RELEASER);
   lua_setmetatable(L, -2);
   lua_pushvalue(L, lockidx);
@@ -143,7 +144,8 @@ void am_push_releaser (lua_State *L, int lockidx, Lock *lk,
 
 
 /*
-** Releases once; later calls, and arguments, are ignored.  A mutex
+** Releases once, returning true; later calls (and a lost hold's, lease.c)
+** return false, and arguments are ignored (docs/lockkinds.md, Leases).  A mutex
 ** releaser only ends its own grant: it is a no-op once 'release()' has
 ** unlocked the mutex, even if someone else holds it since
 ** (docs/semantics.md, Release and P3).  Serves __call and __close (on
@@ -151,18 +153,23 @@ void am_push_releaser (lua_State *L, int lockidx, Lock *lk,
 */
 static int releaser_release (lua_State *L) {
   Releaser *r = (Releaser *)am_checkself(L, AM_T_RELEASER);
-  if (released(r)) {
-    am_give_back(L, r->lock, r->weight, r->token, 0);
-    am_sync(L, r->lock->st);
+  if (!released(r)) {                   /* given back already, or lost */
+    lua_pushboolean(L, 0);
+    return 1;
   }
-  return 0;
+  if (r->lease) am_lease_end(L, r);     /* out of the timer queue */
+  am_give_back(L, r->lock, r->weight, r->token, 0);
+  am_sync(L, r->lock->st);
+  lua_pushboolean(L, 1);
+  return 1;
 }
 
 
 static int releaser__tostring (lua_State *L) {
   Releaser *r = (Releaser *)am_checkself(L, AM_T_RELEASER);
   lua_pushfstring(L, "%s (%s): %p", AM_RELEASER,
-                  r->state == S_HELD ? "held" : "released", (void *)r);
+                  r->state == S_HELD ? "held"
+                  : r->state == S_LOST ? "lost" : "released", (void *)r);
   return 1;
 }
 
@@ -182,10 +189,34 @@ static int push_grant (lua_State *L, int lockidx, Lock *lk,
   return 2;
 }
 
+/*
+** push_grant for a leased grant: the releaser is a lease's, whose lease
+** ends at 'end' (loop time).
+*/
+static int push_leased_grant (lua_State *L, int lockidx, int lostidx,
+                              Lock *lk, lua_Integer weight,
+                              lua_Integer token, lua_Number now,
+                              lua_Number end) {
+  int n = 1;
+  if (lk->kind->returns_value) {
+    lua_pushinteger(L, token);
+    n = 2;
+  }
+  am_push_lease(L, lockidx, lostidx, lk, weight, token, now, end);
+  return n;
+}
+
 /* }====================================================== */
 
 
 /* {====================================================== the request */
+
+/* The highest stack index a waiting request keeps (the waiter goes just
+   above). */
+static int top_kept (int lockidx, int erridx, int lostidx) {
+  int top = lockidx > erridx ? lockidx : erridx;
+  return top > lostidx ? top : lostidx;
+}
 
 /*
 ** Returns the grant of an untimed acquire, whose waiter (at 'widx', the
@@ -223,7 +254,7 @@ static int hand_out_waiter (lua_State *L, Waiter *w, int widx) {
 */
 static int finish_request (lua_State *L, int status, lua_KContext ctx) {
   Waiter *w = (Waiter *)ctx;
-  int widx = (w->lockidx > w->erridx ? w->lockidx : w->erridx) + 1;
+  int widx = top_kept(w->lockidx, w->erridx, w->lostidx) + 1;
   (void)status;
   if (w->r.state != S_RESUMING) {         /* the waiter back on top */
     lua_settop(L, widx);
@@ -235,6 +266,13 @@ static int finish_request (lua_State *L, int status, lua_KContext ctx) {
       if (w->kind == W_UNLOCK) return 0;
       if (w->r.lock->kind->reentrant)      /* its holder, from now on */
         am_reentrant_owned(L, w->r.lock, w->lockidx);
+      if (w->leased) {                     /* the lease starts (or ran) */
+        lua_Number now = am_timer_now(L, w->r.lock->st);
+        return push_leased_grant(L, w->lockidx, w->lostidx, w->r.lock,
+                                 w->r.weight, w->r.token, now,
+                                 w->lease_from_request ? w->lease
+                                                       : now + w->lease);
+      }
 #if HAND_OUT_WAITERS
       if (!w->timed) return hand_out_waiter(L, w, widx);
 #endif
@@ -264,13 +302,19 @@ static int waiter__close (lua_State *L) {
 */
 static Waiter *new_waiter (lua_State *L, const Request *rq, int timed,
                            int hands_out) {
-  Waiter *w = (Waiter *)lua_newuserdatauv(L, timed ? sizeof(Waiter)
-                                                   : AM_UNTIMED_SIZE,
+  int leased = rq->lease > 0 && rq->kind == W_ACQUIRE;
+  Waiter *w = (Waiter *)lua_newuserdatauv(L, (timed || leased)
+                                             ? sizeof(Waiter)
+                                             : AM_UNTIMED_SIZE,
                                           hands_out);
   w->r.lock = rq->lock;
   w->r.weight = rq->weight;
   w->r.token = 0;
   w->r.state = S_NEW;
+  w->r.lease = 0;
+  w->leased = (unsigned)leased;
+  w->lease_from_request = (unsigned)(rq->lease_from_request != 0);
+  w->lostidx = (unsigned char)rq->lostidx;
   w->ref = LUA_NOREF;
   w->kind = (unsigned)rq->kind;
   w->outcome = O_GRANTED;
@@ -278,9 +322,10 @@ static Waiter *new_waiter (lua_State *L, const Request *rq, int timed,
   w->lockidx = (unsigned char)rq->lockidx;
   w->erridx = (unsigned char)rq->erridx;
   w->q.prev = w->q.next = NULL;
-  if (timed) {
+  if (timed || leased) {
     w->t.prev = w->t.next = NULL;
     w->deadline = 0;
+    w->lease = rq->lease;
   }
   am_pushmt(L, AM_T_WAITER);
   lua_setmetatable(L, -2);
@@ -289,10 +334,17 @@ static Waiter *new_waiter (lua_State *L, const Request *rq, int timed,
 }
 
 
-/* Grants 'rq' now, to the running coroutine; pushes what it returns. */
-static int grant_now (lua_State *L, const Request *rq, Lock *lk) {
+/*
+** Grants 'rq' now, to the running coroutine; pushes what it returns.  A
+** leased grant's lease starts at 'now' (read before deciding).
+*/
+static int grant_now (lua_State *L, const Request *rq, Lock *lk,
+                      lua_Number now) {
   lua_Integer token = am_take(lk, rq->weight);
   if (lk->kind->reentrant) am_reentrant_owned(L, lk, rq->lockidx);
+  if (rq->lease > 0)
+    return push_leased_grant(L, rq->lockidx, rq->lostidx, lk, rq->weight,
+                             token, now, now + rq->lease);
   return push_grant(L, rq->lockidx, lk, rq->weight, token);
 }
 
@@ -307,12 +359,14 @@ int am_request (lua_State *L, Request *rq) {
   Waiter *w;
   int timed, hands_out;
   lua_Number now = 0;
+  if (rq->lease > 0 && rq->kind == W_ACQUIRE)   /* the clock, first */
+    now = am_timer_now(L, lk->st);
   if (lk->kind->reentrant && am_reenters(L, lk, rq))  /* its holder */
     return push_grant(L, rq->lockidx, lk, rq->weight,
                       am_take(lk, rq->weight));
   if (am_can_lock_now(lk, rq->weight, &rq->priority)) {    /* fast path */
     if (rq->kind == W_UNLOCK) return 0;
-    return grant_now(L, rq, lk);
+    return grant_now(L, rq, lk, now);
   }
   if (rq->wait == AM_TRY) {
     am_settle(L, lk);             /* a keyed lock made for this try */
@@ -320,9 +374,10 @@ int am_request (lua_State *L, Request *rq) {
     return lua_error(L);
   }
   /* keep what the continuation reads; the waiter goes just above */
-  lua_settop(L, rq->lockidx > rq->erridx ? rq->lockidx : rq->erridx);
+  lua_settop(L, top_kept(rq->lockidx, rq->erridx, rq->lostidx));
   timed = (rq->wait == AM_TIMEOUT);
-  hands_out = HAND_OUT_WAITERS && !timed && rq->kind == W_ACQUIRE;
+  hands_out = HAND_OUT_WAITERS && !timed && rq->kind == W_ACQUIRE
+              && !(rq->lease > 0);
   /* RE-ENTRY (docs/semantics.md, "Re-entry"): allocate first, decide
      after.  Both allocations below may run a collector step, and so a
      user's finalizer, which may release this very lock: the decision
@@ -331,7 +386,10 @@ int am_request (lua_State *L, Request *rq) {
   /* anchored before it is queued: if a later step raises and nothing
      catches it, the dead coroutine and its waiter stay alive while queued */
   am_anchor(L, w);                         /* may run the collector */
-  if (timed) now = am_timer_now(L, lk->st);    /* calls luv: a hook may run */
+  if (timed || (rq->lease > 0 && rq->kind == W_ACQUIRE))
+    now = am_timer_now(L, lk->st);         /* calls luv: a hook may run */
+  if (w->leased && w->lease_from_request)
+    w->lease = now + rq->lease;            /* the lease's end */
   /* From here until the waiter is QUEUED nothing runs Lua code.  A keyed
      lock may have left its set meanwhile (a finalizer released the key):
      the request goes to the key's lock as it is now. */
@@ -346,7 +404,7 @@ int am_request (lua_State *L, Request *rq) {
       am_settle(L, lk);
       return 0;
     }
-    return grant_now(L, rq, lk);
+    return grant_now(L, rq, lk, now);
   }
   if (lk->freed) {                 /* a finalizer run by lua_close */
     am_unanchor(L, w);
@@ -384,6 +442,7 @@ const luaL_Reg am_releaser_metamethods[] = {
 
 /* Methods of a releaser; each checks that its lock kind offers it. */
 const luaL_Reg am_releaser_methods[] = {
+  {"check", am_releaser_check},
   {"downgrade", am_rw_downgrade},
   {"upgrade", am_rw_upgrade},
   {NULL, NULL}

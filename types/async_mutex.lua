@@ -30,6 +30,9 @@
 ---@field downgrade fun(self: async_mutex.Releaser): async_mutex.Releaser
 ---Not offered (two upgraders would deadlock): always raises.
 ---@field upgrade fun(self: async_mutex.Releaser)
+---Raises the lost error once a lease ended the hold; otherwise `true` while
+---the hold is in place, `false` once given back.
+---@field check fun(self: async_mutex.Releaser): boolean
 
 ---Releases every key taken by `acquireAll`: callable once and to-be-closed,
 ---like `async_mutex.Releaser`.
@@ -409,6 +412,10 @@ async_mutex.E_CANCELED = "request for lock canceled"
 ---Raised when a keyed lock's `maxPending` bound is reached.
 async_mutex.E_MAX_PENDING = "too many pending requests for this key"
 
+---Raised by `releaser:check()` (and `runExclusive`) once a lease ended the
+---hold.
+async_mutex.E_LOST = "lock lost: lease expired"
+
 ---Raised by `async_mutex.redis` calls that the server cannot answer
 ---(refused, lost or timed-out connection); the same as `redis.E_UNAVAILABLE`.
 async_mutex.E_UNAVAILABLE = "redis server unavailable"
@@ -438,6 +445,21 @@ function async_mutex.withTimeout(lock, ms, timeout_error) end
 ---@param already_locked_error? any
 ---@return L
 function async_mutex.tryAcquire(lock, already_locked_error) end
+
+---The options of `withLease`.
+---@class async_mutex.LeaseOptions
+---@field fromRequest? boolean count the lease from the request, not the grant
+
+---A lock sharing all state with `lock`, whose holds last at most `ms`
+---milliseconds; then the hold is lost (`releaser:check()` raises
+---`lost_error`, default `async_mutex.E_LOST`).
+---@generic L: async_mutex.Lock
+---@param lock L
+---@param ms number positive and finite
+---@param lost_error? any
+---@param options? async_mutex.LeaseOptions
+---@return L
+function async_mutex.withLease(lock, ms, lost_error, options) end
 
 ---Sets the handler of errors in coroutines the module resumes (`nil`: print
 ---the traceback on stderr); returns the previous one.

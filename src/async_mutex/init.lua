@@ -21,6 +21,7 @@ local M = {
   E_ALREADY_LOCKED = core.E_ALREADY_LOCKED,
   E_CANCELED = core.E_CANCELED,
   E_MAX_PENDING = core.E_MAX_PENDING,
+  E_LOST = core.E_LOST,             -- docs/lockkinds.md, Leases
   E_UNAVAILABLE = "redis server unavailable",   -- async_mutex.redis (docs/redis.md)
   setErrorHandler = core.setErrorHandler,
   pending = core.pending,
@@ -29,6 +30,7 @@ local M = {
   sleep = core.sleeper(core.Semaphore.new(0)),
   withTimeout = core.withTimeout,   -- decorated locks are the C core's
   tryAcquire = core.tryAcquire,
+  withLease = core.withLease,
 }
 
 local KINDS = { "Mutex", "Semaphore", "KeyedMutex", "KeyedSemaphore", "RWLock",
@@ -82,11 +84,16 @@ end
 -- coroutine closes nothing until the coroutine is closed), then re-raised
 -- unchanged (level 0).
 
+-- A hold lost while fn ran (a lease ran out) raises the lost error once
+-- fn returns (releaser:check(), lease.c); fn's results are dropped.
+local check_hold = debug.getregistry()["async_mutex.Releaser"].__index.check
+
 local function finish(release, ok, ...)
   if not ok then
     release()
     error((...), 0)
   end
+  if type(release) == "userdata" then check_hold(release) end
   return ...
 end
 
