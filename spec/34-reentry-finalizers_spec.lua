@@ -36,6 +36,15 @@ end
 
 local TRIALS = 3000          -- about 0.1 s a case
 
+-- Under the default (generational) collector, these trials run a finalizer
+-- inside the request a dozen times or more, always the same for a given
+-- build; the incremental one hits it rarely, so it only checks for harm.
+local function proves(hits, gcmode)
+  if gcmode == "generational" then
+    assert.is_true(hits > 0, "no finalizer ran inside acquire: the test proves nothing")
+  end
+end
+
 for _, gcmode in ipairs({ "generational", "incremental" }) do
   describe("a finalizer run by a request's own allocation (" .. gcmode .. ")", function()
     it("that releases the mutex waited for: the waiter is granted, not stranded", function()
@@ -63,7 +72,7 @@ for _, gcmode in ipairs({ "generational", "incremental" }) do
           if am.pending() ~= 0 then v("pending " .. am.pending()) end
         end
       ]]):format(TRIALS), gcmode)
-      assert.is_true(hits > 0, "no finalizer ran inside acquire: the test proves nothing")
+      proves(hits, gcmode)
       assert.equal(0, nbad, first)
     end)
 
@@ -116,7 +125,7 @@ for _, gcmode in ipairs({ "generational", "incremental" }) do
             end
           end
         ]]):format(tostring(what:find("tryAcquire") ~= nil), TRIALS), gcmode)
-        assert.is_true(hits > 0, "no finalizer ran inside acquire: the test proves nothing")
+        proves(hits, gcmode)
         assert.equal(0, nbad, first)
       end)
     end

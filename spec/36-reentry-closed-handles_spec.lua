@@ -170,3 +170,81 @@ describe("a keyed release that fails", function()
     assert.same({}, ks:keys())
   end)
 end)
+
+describe("usage errors through decorators and wrappers", function()
+  local am = require "async_mutex"
+  -- The message and the line it points at (this file's, the caller's).
+  local function err_of(fn)
+    local ok, err = pcall(fn)
+    assert.is_false(ok)
+    local file, line, msg = err:match("^(.-):(%d+): (.*)$")
+    assert.is_not_nil(file, err)
+    assert.truthy(file:find("36%-reentry"), "error not at the caller's line: " .. err)
+    return msg, tonumber(line)
+  end
+
+  it("name the method, the argument and the caller's line", h.async(function()
+    local s, m = am.Semaphore.new(1), am.Mutex.new()
+    local km, ks = am.KeyedMutex.new(), am.KeyedSemaphore.new(2)
+    local f = function() end
+    local cases = {
+      { function() am.withTimeout(s, 5):setValue(1.5) end,
+        "bad argument #1 to 'setValue' (number has no integer representation)" },
+      { function() am.tryAcquire(s):setValue() end,
+        "bad argument #1 to 'setValue' (number expected, got no value)" },
+      { function() am.withTimeout(s, 5):release(0) end,
+        "bad argument #1 to 'release' (weight must be a positive integer)" },
+      { function() am.withTimeout(km, 5):isLocked() end,
+        "bad argument #1 to 'isLocked' (key must not be nil)" },
+      { function() am.withTimeout(s, 5).getValue(m) end,
+        "bad argument #1 to 'getValue' (async_mutex.Semaphore expected, got async_mutex.Mutex)" },
+      { function() m:runExclusive(f, "x") end,
+        "bad argument #2 to 'runExclusive' (priority must be a number, got string)" },
+      { function() s:runExclusive(f, 1.5) end,
+        "bad argument #2 to 'runExclusive' (weight must be a positive integer)" },
+      { function() s:runExclusive(f, 1, 0 / 0) end,
+        "bad argument #3 to 'runExclusive' (priority must not be NaN)" },
+      { function() km:runExclusive("k", f, "x") end,
+        "bad argument #3 to 'runExclusive' (priority must be a number, got string)" },
+      { function() ks:runExclusive("k", f, "2") end,
+        "bad argument #3 to 'runExclusive' (weight must be a positive integer)" },
+      { function() km:runExclusiveAll({ 1 }, f, "x") end,
+        "bad argument #3 to 'runExclusiveAll' (priority must be a number, got string)" },
+      { function() km:runExclusiveAll({}, f) end,
+        "bad argument #1 to 'runExclusiveAll' (key set must not be empty)" },
+      { function() ks:runExclusiveAll({ 1 }, f, 0) end,
+        "bad argument #3 to 'runExclusiveAll' (weight must be a positive integer)" },
+      { function() km:acquireAll({ 1 }, "x") end,
+        "bad argument #2 to 'acquireAll' (priority must be a number, got string)" },
+      { function() ks:acquireAll({ 1 }, 1, "x") end,
+        "bad argument #3 to 'acquireAll' (priority must be a number, got string)" },
+      { function() am.withTimeout(ks, 5):acquireAll({ 1 }, 1.5) end,
+        "bad argument #2 to 'acquireAll' (weight must be a positive integer)" },
+    }
+    for _, case in ipairs(cases) do
+      local line = debug.getinfo(case[1], "S").linedefined
+      local msg, at = err_of(case[1])
+      assert.equal(case[2], msg)
+      assert.equal(line, at)
+    end
+    assert.equal(1, s:getValue())
+    assert.is_false(m:isLocked())
+    assert.equal(0, km:count())
+    assert.equal(0, ks:count())
+  end))
+
+  it("refuse numeric strings wherever a number is expected", h.async(function()
+    local s = am.Semaphore.new(1)
+    assert.equal("bad argument #1 to 'setValue' (number expected, got string)",
+      (err_of(function() s:setValue("3") end)))
+    assert.equal("bad argument #1 to 'new' (number expected, got string)",
+      (err_of(function() am.Semaphore.new("5") end)))
+    assert.equal("bad argument #1 to 'new' (number expected, got string)",
+      (err_of(function() am.KeyedSemaphore.new("5") end)))
+    assert.equal("bad argument #1 to 'acquire' (weight must be a positive integer)",
+      (err_of(function() s:acquire("2") end)))
+    assert.equal("bad argument #1 to 'release' (weight must be a positive integer)",
+      (err_of(function() s:release("2") end)))
+    assert.equal(1, s:getValue())
+  end))
+end)

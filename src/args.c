@@ -159,6 +159,16 @@ lua_Integer am_optweight (lua_State *L, int idx, int base,
 
 
 /*
+** A count (a value): an integer, numbers only (numeric strings refused,
+** like a weight's).
+*/
+lua_Integer am_checkcount (lua_State *L, int idx) {
+  luaL_checktype(L, idx, LUA_TNUMBER);
+  return luaL_checkinteger(L, idx);
+}
+
+
+/*
 ** A priority: any number but NaN, default 0; compared exactly as Lua
 ** compares numbers (async_mutex.h: Key).
 */

@@ -350,6 +350,7 @@ int am_usage_error (lua_State *L, const char *fmt, ...);
 int am_layer (lua_State *L);
 lua_Integer am_optweight (lua_State *L, int idx, int base,
                           const char *fname);
+lua_Integer am_checkcount (lua_State *L, int idx);
 void am_checkkey (lua_State *L, int idx, int base, const char *fname);
 void am_parse_request (lua_State *L, Request *rq, const LockKind *kind);
 

@@ -257,7 +257,7 @@ static int kmutex_new (lua_State *L) {
 
 
 static int ksem_new (lua_State *L) {
-  lua_Integer value = luaL_checkinteger(L, 1);
+  lua_Integer value = am_checkcount(L, 1);
   lua_settop(L, 2);
   newkeyed(L, &am_semaphore_kind, value, 2);
   return 1;

@@ -132,7 +132,7 @@ static int mutex_new (lua_State *L) {
 
 
 static int sem_new (lua_State *L) {
-  lua_Integer value = luaL_checkinteger(L, 1);
+  lua_Integer value = am_checkcount(L, 1);
   lua_settop(L, 2);                         /* value, cancel_error */
   newlock(L, &am_semaphore_kind, value, 2);
   return 1;
@@ -225,7 +225,7 @@ static int sem_getValue (lua_State *L) {
 
 static int sem_setValue (lua_State *L) {
   Lock *lk = checksem(L);
-  lk->value = luaL_checkinteger(L, 2);
+  lk->value = am_checkcount(L, 2);
   am_dispatch(L, lk);
   am_sync(L, lk->st);
   return 0;

@@ -558,17 +558,8 @@ static void require_luv (lua_State *L) {
 }
 
 
-/*
-** Returns the state of this lua_State, creating it (and the luv handles)
-** on first use, and pushes the state userdata.
-*/
-State *am_state_open (lua_State *L) {
-  State *st;
-  int sti, luv;
-  if (lua_getfield(L, LUA_REGISTRYINDEX, AM_STATE_KEY) == LUA_TUSERDATA)
-    return (State *)lua_touserdata(L, -1);
-  lua_pop(L, 1);
-  st = (State *)lua_newuserdatauv(L, sizeof(State), 0);
+/* A new state, every field valid, nothing allocated yet. */
+static void init_state (State *st) {
   am_list_init(&st->ready);
   am_queue_init(&st->timers, 1);
   st->pending = 0;
@@ -583,22 +574,14 @@ State *am_state_open (lua_State *L) {
   st->anchors = st->keyedlocks = LUA_NOREF;
   st->athreads = NULL;
   st->nathreads = st->nanchors = st->free_anchor = 0;
-  sti = lua_gettop(L);
-  lua_newtable(L);
-  st->anchors = luaL_ref(L, LUA_REGISTRYINDEX);
-  lua_newtable(L);                            /* keyed.c: am_keyed_enter */
-  lua_createtable(L, 0, 1);
-  lua_pushliteral(L, "v");
-  lua_setfield(L, -2, "__mode");
-  lua_setmetatable(L, -2);
-  st->keyedlocks = luaL_ref(L, LUA_REGISTRYINDEX);
-  require_luv(L);
-  luv = lua_gettop(L);
-  /* the __gc now, after luv's (see state__gc) */
-  luaL_newmetatable(L, AM_STATE);
-  lua_pushcfunction(L, state__gc);
-  lua_setfield(L, -2, "__gc");
-  lua_setmetatable(L, sti);
+}
+
+
+/*
+** The luv functions and handles the state uses (luv's module table at
+** 'luv'), and our callbacks, with the state (at 'sti') as upvalue.
+*/
+static void open_luv (lua_State *L, State *st, int sti, int luv) {
   st->now = ref_field(L, luv, "now");
   st->new_idle = ref_field(L, luv, "new_idle");
   st->new_timer = ref_field(L, luv, "new_timer");
@@ -619,6 +602,38 @@ State *am_state_open (lua_State *L) {
   lua_pushvalue(L, sti);
   lua_pushcclosure(L, on_timer, 1);
   st->on_timer = luaL_ref(L, LUA_REGISTRYINDEX);
+}
+
+
+/*
+** Returns the state of this lua_State, creating it (and the luv handles)
+** on first use, and pushes the state userdata.
+*/
+State *am_state_open (lua_State *L) {
+  State *st;
+  int sti, luv;
+  if (lua_getfield(L, LUA_REGISTRYINDEX, AM_STATE_KEY) == LUA_TUSERDATA)
+    return (State *)lua_touserdata(L, -1);
+  lua_pop(L, 1);
+  st = (State *)lua_newuserdatauv(L, sizeof(State), 0);
+  init_state(st);
+  sti = lua_gettop(L);
+  lua_newtable(L);
+  st->anchors = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_newtable(L);                            /* keyed.c: enter_set */
+  lua_createtable(L, 0, 1);
+  lua_pushliteral(L, "v");
+  lua_setfield(L, -2, "__mode");
+  lua_setmetatable(L, -2);
+  st->keyedlocks = luaL_ref(L, LUA_REGISTRYINDEX);
+  require_luv(L);
+  luv = lua_gettop(L);
+  /* the __gc now, after luv's (see state__gc) */
+  luaL_newmetatable(L, AM_STATE);
+  lua_pushcfunction(L, state__gc);
+  lua_setfield(L, -2, "__gc");
+  lua_setmetatable(L, sti);
+  open_luv(L, st, sti, luv);
   lua_settop(L, sti);
   lua_pushvalue(L, sti);
   lua_setfield(L, LUA_REGISTRYINDEX, AM_STATE_KEY);

@@ -145,7 +145,8 @@ void am_push_releaser (lua_State *L, int lockidx, Lock *lk,
 
 /*
 ** Releases once, returning true; later calls (and a lost hold's, lease.c)
-** return false, and arguments are ignored (docs/lockkinds.md, Leases).  A mutex
+** return false, and arguments are ignored (docs/lockkinds.md, Leases).
+** A mutex
 ** releaser only ends its own grant: it is a no-op once 'release()' has
 ** unlocked the mutex, even if someone else holds it since
 ** (docs/semantics.md, Release and P3).  Serves __call and __close (on
@@ -335,12 +336,18 @@ static Waiter *new_waiter (lua_State *L, const Request *rq, int timed,
 
 
 /*
-** Grants 'rq' now, to the running coroutine; pushes what it returns.  A
+** Grants 'rq' on 'lk' now, to the running coroutine: pushes what acquire
+** returns (waitForUnlock: nothing; a keyed lock may be idle again).  A
 ** leased grant's lease starts at 'now' (read before deciding).
 */
 static int grant_now (lua_State *L, const Request *rq, Lock *lk,
                       lua_Number now) {
-  lua_Integer token = am_take(lk, rq->weight);
+  lua_Integer token;
+  if (rq->kind == W_UNLOCK) {
+    am_settle(L, lk);
+    return 0;
+  }
+  token = am_take(lk, rq->weight);
   if (lk->kind->reentrant) am_reentrant_owned(L, lk, rq->lockidx);
   if (rq->lease > 0)
     return push_leased_grant(L, rq->lockidx, rq->lostidx, lk, rq->weight,
@@ -350,45 +357,30 @@ static int grant_now (lua_State *L, const Request *rq, Lock *lk,
 
 
 /*
-** acquire / waitForUnlock of 'rq->lock' (at 'rq->lockidx'), once the
-** arguments are checked: grant now, refuse now (tryAcquire), or suspend
-** the calling coroutine until the scheduler resumes it with an outcome.
+** Suspends the calling coroutine in a new waiter for 'rq', queued, until
+** the scheduler resumes it with an outcome (finish_request).
 */
-int am_request (lua_State *L, Request *rq) {
+static int suspend (lua_State *L, Request *rq) {
   Lock *lk = rq->lock;
-  Waiter *w;
-  int timed, hands_out;
+  int timed = (rq->wait == AM_TIMEOUT);
+  int leased = rq->lease > 0 && rq->kind == W_ACQUIRE;
+  int hands_out = HAND_OUT_WAITERS && !timed && !leased
+                  && rq->kind == W_ACQUIRE;
   lua_Number now = 0;
-  if (rq->lease > 0 && rq->kind == W_ACQUIRE)   /* the clock, first */
-    now = am_timer_now(L, lk->st);
-  if (lk->kind->reentrant && am_reenters(L, lk, rq))  /* its holder */
-    return push_grant(L, rq->lockidx, lk, rq->weight,
-                      am_take(lk, rq->weight));
-  if (am_can_lock_now(lk, rq->weight, &rq->priority)) {    /* fast path */
-    if (rq->kind == W_UNLOCK) return 0;
-    return grant_now(L, rq, lk, now);
-  }
-  if (rq->wait == AM_TRY) {
-    am_settle(L, lk);             /* a keyed lock made for this try */
-    lua_pushvalue(L, rq->erridx);
-    return lua_error(L);
-  }
+  Waiter *w;
   /* keep what the continuation reads; the waiter goes just above */
   lua_settop(L, top_kept(rq->lockidx, rq->erridx, rq->lostidx));
-  timed = (rq->wait == AM_TIMEOUT);
-  hands_out = HAND_OUT_WAITERS && !timed && rq->kind == W_ACQUIRE
-              && !(rq->lease > 0);
   /* RE-ENTRY (docs/semantics.md, "Re-entry"): allocate first, decide
      after.  Both allocations below may run a collector step, and so a
      user's finalizer, which may release this very lock: the decision
-     above is stale until it is taken again below. */
+     taken before is stale until it is taken again below. */
   w = new_waiter(L, rq, timed, hands_out);
   /* anchored before it is queued: if a later step raises and nothing
      catches it, the dead coroutine and its waiter stay alive while queued */
   am_anchor(L, w);                         /* may run the collector */
-  if (timed || (rq->lease > 0 && rq->kind == W_ACQUIRE))
+  if (timed || leased)
     now = am_timer_now(L, lk->st);         /* calls luv: a hook may run */
-  if (w->leased && w->lease_from_request)
+  if (leased && rq->lease_from_request)
     w->lease = now + rq->lease;            /* the lease's end */
   /* From here until the waiter is QUEUED nothing runs Lua code.  A keyed
      lock may have left its set meanwhile (a finalizer released the key):
@@ -400,10 +392,6 @@ int am_request (lua_State *L, Request *rq) {
   }
   if (am_can_lock_now(lk, rq->weight, &rq->priority)) {  /* freed meanwhile */
     am_unanchor(L, w);            /* never queued: its __close is a no-op */
-    if (rq->kind == W_UNLOCK) {
-      am_settle(L, lk);
-      return 0;
-    }
     return grant_now(L, rq, lk, now);
   }
   if (lk->freed) {                 /* a finalizer run by lua_close */
@@ -416,6 +404,28 @@ int am_request (lua_State *L, Request *rq) {
   if (timed) am_timer_add(L, lk->st, w, now, rq->ms);
   am_sync(L, lk->st);                      /* arms the timer */
   return lua_yieldk(L, 0, (lua_KContext)w, finish_request);
+}
+
+
+/*
+** acquire / waitForUnlock of 'rq->lock' (at 'rq->lockidx'), once the
+** arguments are checked: grant now, refuse now (tryAcquire), or suspend
+** the calling coroutine until the scheduler resumes it with an outcome.
+*/
+int am_request (lua_State *L, Request *rq) {
+  lua_Number now = 0;
+  if (rq->lease > 0 && rq->kind == W_ACQUIRE)   /* the clock, first */
+    now = am_timer_now(L, rq->lock->st);
+  if (rq->lock->kind->reentrant && am_reenters(L, rq->lock, rq))
+    return grant_now(L, rq, rq->lock, now);     /* its holder, once more */
+  if (am_can_lock_now(rq->lock, rq->weight, &rq->priority))  /* fast path */
+    return grant_now(L, rq, rq->lock, now);
+  if (rq->wait == AM_TRY) {
+    am_settle(L, rq->lock);       /* a keyed lock made for this try */
+    lua_pushvalue(L, rq->erridx);
+    return lua_error(L);
+  }
+  return suspend(L, rq);
 }
 
 
