@@ -184,3 +184,4 @@ SEED ?=
 .PHONY: fuzz
 fuzz: all
 	$(RUNENV) $(LUA) spec/fuzz/runner.lua fuzz $(N) $(J) $(SEED)
+	$(RUNENV) $(LUA) spec/fuzz/reentrancy.lua fuzz $(N) $(J) $(SEED)
