@@ -172,6 +172,7 @@ bench: deps
 ifneq ($(HIREDIS_H),)
 	$(RUNENV) $(LUA) bench/redis/run.lua
 	$(RUNENV) $(LUA) bench/optimistic.lua
+	$(RUNENV) $(LUA) bench/redis_locks.lua
 endif
 
 # Model-based random testing: N generated sequences, each run against the

@@ -1,7 +1,8 @@
 -- Optimistic concurrency on Redis against the two other ways to do a
 -- read-modify-write there: Redis's own optimistic transaction (WATCH, GET,
 -- MULTI, SET, EXEC on a connection of its own per coroutine) and a lock
--- (SET key NX PX, then GET and SET, then a compare-and-delete script).
+-- (SET key NX PX, then GET and SET, then a compare-and-delete script), and
+-- the module's am.RedisMutex where this checkout has it.
 -- Each run: 4 processes x 50 coroutines (and, for round trips alone, x 1),
 -- each incrementing counters drawn at random from K keys, K = 1 (every
 -- writer on one hot key) up to 1,000.
@@ -14,7 +15,8 @@
 --   lua5.4 bench/optimistic.lua            (from the repository root, with
 --                                           `make bench`'s LUA_PATH/LUA_CPATH)
 --   BENCH_QUICK=1 lua5.4 bench/optimistic.lua    (1 and 1,000 keys, fewer
---                                           increments: a smoke run, ~20 s)
+--                                           increments: a smoke run, ~25 s)
+--   BENCH_ROUNDS=N                          (rounds; default 3, quick 1)
 --
 -- Each approach retries with the same loop, am.optimistic with its default
 -- backoff (1 ms doubling to 100 ms, full jitter), and no bound on attempts:
@@ -39,14 +41,20 @@ local QUICK = os.getenv("BENCH_QUICK") == "1"
 local CASES = QUICK and {
   { 1, 50, 10 }, { 1000, 50, 50 }, { 1000, 1, 200 },
 } or {
-  { 1, 50, 25 }, { 10, 50, 50 }, { 100, 50, 100 }, { 1000, 50, 100 },
-  { 1, 1, 500 }, { 1000, 1, 1000 },
+  { 1, 50, 10 }, { 10, 50, 20 }, { 100, 50, 50 }, { 1000, 50, 100 },
+  { 1, 1, 250 }, { 1000, 1, 500 },
 }
 -- rounds through every approach and key set; each figure is the best round
-local ROUNDS = QUICK and 1 or 3
+local ROUNDS = tonumber(os.getenv("BENCH_ROUNDS") or "") or (QUICK and 1 or 3)
 local APPROACHES = { "optimistic", "watch", "lock" }
 local LABELS = { optimistic = "versioned:update", watch = "WATCH/MULTI/EXEC",
-  lock = "SET NX lock" }
+  lock = "SET NX lock", redismutex = "RedisMutex" }
+-- The module's own Redis lock, where this checkout has it.
+local HAS_REDIS_MUTEX = (function()
+  local ok, am = pcall(require, "async_mutex")
+  return ok and type(am.RedisMutex) == "table"
+end)()
+if HAS_REDIS_MUTEX then APPROACHES[#APPROACHES + 1] = "redismutex" end
 
 local function sh(cmd)
   local p = assert(io.popen(cmd))
@@ -123,6 +131,20 @@ return 0
     local v = tonumber(shared:call("GET", key)) or 0
     shared:call("SET", key, v + 1)
     shared:eval(UNLOCK, { lock }, { token })
+  end
+
+  -- am.RedisMutex: a FIFO queue in Redis, hand-off by pub/sub, no retries
+  local mutexes = {}
+  function increment.redismutex(_, key)
+    local m = mutexes[key]
+    if not m then
+      m = am.RedisMutex.new(shared, "benchlock:" .. key)
+      mutexes[key] = m
+    end
+    attempts = attempts + 1
+    local release <close> = m:acquire()
+    local v = tonumber(shared:call("GET", key)) or 0
+    shared:call("SET", key, v + 1)
   end
 
   local started, ended
@@ -239,7 +261,17 @@ local function measure(approach, case, runid)
     lost = increments - total }
 end
 
+--- The 1-minute load average (Linux), or nil.
+local function loadavg()
+  local f = io.open("/proc/loadavg")
+  if not f then return nil end
+  local l = tonumber(f:read("a"):match("^(%S+)"))
+  f:close()
+  return l
+end
+
 local t0 = os.time()
+local load_before = loadavg()
 local runid = tostring(uv.hrtime())
 local section = {
   name = "optimistic", driver = "bench/optimistic.lua", quick = QUICK, clock = "wall",
@@ -251,6 +283,8 @@ local section = {
   ratios = {
     { label = "WATCH/update", num = "watch", den = "optimistic" },
     { label = "lock/update", num = "lock", den = "optimistic" },
+    HAS_REDIS_MUTEX and { label = "RedisMutex/update", num = "redismutex", den = "optimistic" }
+      or nil,
   },
   units = { us = "wall time per increment" },
 }
@@ -291,6 +325,7 @@ end
 client:close()
 uv.run()
 stop_server()
+section.load = { before = load_before, after = loadavg() }
 
 local t1000                               -- 1,000 keys, 200 writers
 for _, row in ipairs(section.rows) do
@@ -301,10 +336,17 @@ local function target(name, ratio, want)
     verdict = ratio and ratio >= want and "met" or "missed", name = name,
     detail = ("%s (want >= %.1fx)"):format(results.fmt_ratio(ratio), want) }
 end
-target("1,000 keys: update vs a lock", t1000.ratios["lock/update"], 2)
+target("1,000 keys: update vs a SET NX lock", t1000.ratios["lock/update"], 2)
+if HAS_REDIS_MUTEX then
+  target("1,000 keys: update vs RedisMutex", t1000.ratios["RedisMutex/update"], 2)
+end
 target("1,000 keys: update vs WATCH/MULTI", t1000.ratios["WATCH/update"], 1.5)
 if lost > 0 then section.notes[#section.notes + 1] = ("%d increments LOST"):format(lost) end
 
+if section.load.before and section.load.after then
+  print(("Load average (1 min) before the run %.2f, after %.2f."):format(
+    section.load.before, section.load.after))
+end
 print(section.title .. ":")
 print(results.markdown(section))
 print()

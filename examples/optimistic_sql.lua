@@ -20,30 +20,19 @@ local am = require "async_mutex"
 
 local IO_MS = 5                         -- a simulated database round trip
 
---- Suspends the running coroutine for `ms` milliseconds of loop time.
-local function sleep(ms)
-  local co = coroutine.running()
-  local timer = uv.new_timer()
-  timer:start(ms, 0, function()
-    timer:close()
-    assert(coroutine.resume(co))
-  end)
-  coroutine.yield()
-end
-
 -- {========================================================== the "database"
 local items = {}
 
 -- SELECT stock, version FROM items WHERE id = ?
 local function select_item(id)
-  sleep(IO_MS)
+  am.sleep(IO_MS)
   local row = items[id]
   return row.stock, row.version
 end
 
 -- UPDATE items SET stock = ? WHERE id = ?   (no condition: last write wins)
 local function update_blind(id, stock)
-  sleep(IO_MS)
+  am.sleep(IO_MS)
   items[id].stock = stock
   return 1                                -- rows affected
 end
@@ -51,7 +40,7 @@ end
 -- UPDATE items SET stock = ?, version = version + 1
 --  WHERE id = ? AND version = ?
 local function update_versioned(id, stock, version)
-  sleep(IO_MS)
+  am.sleep(IO_MS)
   local row = items[id]
   if row.version ~= version then return 0 end
   row.stock, row.version = stock, row.version + 1
@@ -66,12 +55,12 @@ local function run(title, buy)
   local sold = 0
   print(title)
   for customer = 1, CUSTOMERS do
-    coroutine.wrap(function()
+    am.spawn(function()
       local result, attempts = buy()
       if result == "bought" then sold = sold + 1 end
       print(("  customer %d: %s%s"):format(customer, result,
         attempts and (" (attempt %d)"):format(attempts) or ""))
-    end)()
+    end)
   end
   uv.run()                                -- returns when every customer is done
   print(("  sold %d, stock left %d: %s"):format(sold, items[42].stock,

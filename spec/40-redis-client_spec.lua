@@ -32,6 +32,17 @@ describe("redis.connect", function()
     c:close()
   end))
 
+  it("raises E_UNAVAILABLE for a host name that does not resolve", function()
+    local ok, err = pcall(redis.connect, { host = "no-such-host.invalid" })
+    assert.is_false(ok)
+    assert.equal(redis.E_UNAVAILABLE, err)
+    h.run(function()                           -- in a coroutine: asynchronously
+      ok, err = pcall(redis.connect, { host = "no-such-host.invalid" })
+    end)
+    assert.is_false(ok)
+    assert.equal(redis.E_UNAVAILABLE, err)
+  end)
+
   it("refuses bad options with argument errors", function()
     assert.equal("bad argument #1 to 'connect' (table expected, got nil)",
       h.error_of(function() redis.connect() end))
@@ -112,7 +123,8 @@ describe("client:call", function()
   it("answers 100,000 calls from 1,000 coroutines on one connection, each its own",
     h.async(function()
       local c = client()
-      local n, per = 1000, h.load(100000) // 1000
+      local n = h.load(1000)                  -- 1,000 (fewer when slowed down)
+      local per = h.load(100000) // n
       local done, wrong = 0, 0
       for i = 1, n do
         h.spawn(function()
@@ -217,6 +229,8 @@ describe("client:eval", function()
       h.error_of(function() c:eval("return 1", "k") end))
     assert.equal("bad argument #3 to 'eval' (args[2] must be a string or number, got table)",
       h.error_of(function() c:eval("return 1", {}, { 1, {} }) end))
+    assert.equal("bad argument #1 to 'eval' (async_mutex.redis.Client expected, got table)",
+      h.error_of(function() c.eval({}, "return 1") end))
     c:close()
   end))
 end)

@@ -80,7 +80,7 @@ describe("client:subscribe", function()
       return true
     end)
     assert.is_true(ended)
-    assert.equal(2, active_then)      -- the subscriber's poll handle, and t
+    assert.equal(1, active_then)      -- the subscriber's poll handle (t is closing)
     assert.same({}, h.active_handles())
     c:close()
   end)
@@ -112,6 +112,24 @@ describe("client:subscribe", function()
       h.error_of(function() c:subscribe("closing", function() end) end))
   end))
 
+  it("ends with the client when the client is collected", function()
+    local weak = setmetatable({}, { __mode = "v" })
+    local c = client()
+    local subscribed = false
+    coroutine.wrap(function()
+      c:subscribe("gone", function() end)
+      subscribed = true
+    end)()
+    h.run_loop(200)                     -- the subscription keeps it running
+    assert.is_true(subscribed)
+    assert.equal(1, #h.active_handles())   -- the subscriber's poll handle
+    weak[1], c = c, nil
+    h.gc()
+    assert.is_nil(weak[1])
+    assert.same({}, h.active_handles())
+    assert.is_true(h.run_loop(1000))
+  end)
+
   it("refuses bad input", h.async(function()
     local c = client()
     assert.equal("bad argument #1 to 'subscribe' (string expected, got number)",
@@ -120,6 +138,10 @@ describe("client:subscribe", function()
       h.error_of(function() c:subscribe("ch") end))
     assert.equal("bad argument #1 to 'subscribe' (async_mutex.redis.Client expected, got table)",
       h.error_of(function() c.subscribe({}, "ch", print) end))
+    local sub = c:subscribe("ch", print)
+    assert.equal("bad argument #1 to 'unsubscribe' (async_mutex.redis.Subscription expected, got table)",
+      h.error_of(function() sub.unsubscribe({}) end))
+    sub:unsubscribe()
     c:close()
   end))
 

@@ -69,7 +69,7 @@ end
 --- Starts a server; `port` (optional) is the port to listen on, `extra`
 -- (optional) more command-line options ("--requirepass secret").
 function M.start(port, extra)
-  local p = assert(io.popen("mktemp -d /tmp/am-redis-XXXXXX"))
+  local p = assert(io.popen("LD_PRELOAD= mktemp -d /tmp/am-redis-XXXXXX"))
   local dir = p:read("l")
   p:close()
   local self = setmetatable({

@@ -412,13 +412,13 @@ async_mutex.E_CANCELED = "request for lock canceled"
 ---Raised when a keyed lock's `maxPending` bound is reached.
 async_mutex.E_MAX_PENDING = "too many pending requests for this key"
 
----Raised by `releaser:check()` (and `runExclusive`) once a lease ended the
----hold.
-async_mutex.E_LOST = "lock lost: lease expired"
-
 ---Raised by `async_mutex.redis` calls that the server cannot answer
 ---(refused, lost or timed-out connection); the same as `redis.E_UNAVAILABLE`.
 async_mutex.E_UNAVAILABLE = "redis server unavailable"
+
+---Raised by `check()` and `runExclusive` once a lease-based hold was lost
+---(`withLease` ran out, or a Redis lock's lease could not be renewed).
+async_mutex.E_LOST = "lock lost: lease expired"
 
 async_mutex.Mutex = Mutex
 async_mutex.Semaphore = Semaphore
@@ -495,7 +495,7 @@ function async_mutex.sleep(ms) end
 ---@field baseDelay? number ms: the first sleep's cap, doubled after each conflict (default 1)
 ---@field maxDelay? number ms: the cap of every sleep (default 100)
 ---@field random? fun(): number returns a number in [0, 1) (default `math.random`)
----@field sleep? fun(ms: integer) suspends the coroutine for `ms` (default: a timer on luv's loop)
+---@field sleep? fun(ms: integer) suspends the coroutine for `ms` (default `async_mutex.sleep`)
 ---@field conflictError? any raised when every attempt conflicted (default `async_mutex.E_CONFLICT`)
 
 ---Raised by `optimistic` when every attempt conflicted.

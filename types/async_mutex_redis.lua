@@ -80,4 +80,11 @@ redis.E_UNAVAILABLE = "redis server unavailable"
 ---@return async_mutex.redis.Client
 function redis.connect(options) end
 
+---The versioned value stored at `key` (a hash: value and version), for
+---optimistic concurrency: see `async_mutex.redis.Versioned`.
+---@param client async_mutex.redis.Client
+---@param key string
+---@return async_mutex.redis.Versioned
+function redis.versioned(client, key) end
+
 return redis

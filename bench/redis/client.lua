@@ -4,6 +4,8 @@
 --   lua5.4 bench/redis/client.lua set PORT N CONCURRENCY
 --   lua5.4 bench/redis/client.lua refused PORT N        (ms to E_UNAVAILABLE)
 --   lua5.4 bench/redis/client.lua killed PORT PIDFILE N (ms from SIGKILL)
+--   lua5.4 bench/redis/client.lua memory PORT PIDFILE N (bytes per waiting
+--     call, and per waiting lock acquirer, beyond a suspended coroutine)
 
 local uv = require "luv"
 local redis = require "async_mutex.redis"
@@ -56,6 +58,35 @@ elseif what == "refused" then
     out({ mean_ms = total / n, max_ms = worst })
   end)()
   uv.run()
+elseif what == "memory" then
+  local am = require "async_mutex"
+  local pidfile, n = arg[3], tonumber(arg[4])
+  local function measure(body)
+    collectgarbage(); collectgarbage()
+    local before = collectgarbage("count")
+    local keep = {}
+    for i = 1, n do
+      keep[i] = coroutine.create(body)
+      coroutine.resume(keep[i])
+    end
+    collectgarbage(); collectgarbage()
+    return (collectgarbage("count") - before) * 1024 / n, keep
+  end
+  local bare = measure(function() coroutine.yield() end)
+  local m = am.Mutex.new()
+  coroutine.wrap(function() m:acquire() end)()           -- held for good
+  local lock = measure(function() m:acquire() end)
+  local c = redis.connect({ port = port, commandTimeout = math.huge })
+  coroutine.wrap(function() c:call("PING") end)()
+  uv.run()
+  local f = assert(io.open(pidfile))
+  local pid = f:read("n")
+  f:close()
+  os.execute("kill -STOP " .. pid)                      -- no reply comes
+  local call = measure(function() pcall(c.call, c, "GET", "k") end)
+  os.execute("kill -CONT " .. pid)
+  out({ call_bytes = call - bare, lock_bytes = lock - bare })
+  os.exit(0)
 elseif what == "killed" then
   local pidfile, n = arg[3], tonumber(arg[4])
   local f = assert(io.open(pidfile))

@@ -4,7 +4,7 @@
 -- on libuv (hiredis_uv.c), all against one redis-server started here on
 -- loopback, unpinned, each in its own process, in one run.  Then how fast
 -- E_UNAVAILABLE comes: a refused connection; calls in flight when the
--- server is killed.  Prints a table and the targets of docs/redis.md's
+-- server is killed; and the memory a waiting call takes.  Prints a table and the targets of docs/redis.md's
 -- benchmark note; BENCH_QUICK=1 runs a tenth of the requests.
 --
 --   lua5.4 bench/redis/run.lua          (from the checkout, after make)
@@ -66,6 +66,8 @@ end
 
 local refused = json(sh(ENV .. LUA .. " bench/redis/client.lua refused "
   .. redis_server.free_port() .. " " .. (QUICK and 20 or 200)))
+local memory = json(sh(ENV .. LUA .. " bench/redis/client.lua memory " .. port
+  .. " '" .. server.pidfile .. "' 10000"))
 local killed = json(sh(ENV .. LUA .. " bench/redis/client.lua killed " .. port
   .. " '" .. server.pidfile .. "' 1000"))
 server.pid = nil                      -- killed by the scenario
@@ -88,5 +90,7 @@ print(("E_UNAVAILABLE, connection refused: mean %.3f ms, max %.3f ms"):format(
   refused and refused.mean_ms or -1, refused and refused.max_ms or -1))
 print(("E_UNAVAILABLE, server killed with 1,000 calls in flight: all failed %.3f ms after the kill"):format(
   killed and killed.ms_after_kill or -1))
+print(("memory of a waiting call, beyond its suspended coroutine: %.0f bytes (a waiting lock acquirer: %.0f)"):format(
+  memory and memory.call_bytes or -1, memory and memory.lock_bytes or -1))
 print("targets: 1 in flight >= 0.8x redis-benchmark -c 1 and >= 1.1x ioredis;"
   .. " 50 in flight >= 3x ioredis and >= 0.7x C; refused <= 5 ms; killed <= 10 ms")

@@ -21,8 +21,8 @@ local M = {
   E_ALREADY_LOCKED = core.E_ALREADY_LOCKED,
   E_CANCELED = core.E_CANCELED,
   E_MAX_PENDING = core.E_MAX_PENDING,
-  E_LOST = core.E_LOST,             -- docs/lockkinds.md, Leases
   E_UNAVAILABLE = "redis server unavailable",   -- async_mutex.redis (docs/redis.md)
+  E_LOST = "lock lost: lease expired",          -- docs/semantics.md, Leases and lost holds
   setErrorHandler = core.setErrorHandler,
   pending = core.pending,
   spawn = core.spawn,
@@ -309,5 +309,27 @@ core.layer(SOURCE, {
 
 -- am.optimistic and am.E_CONFLICT (docs/optimistic.md)
 require("async_mutex.optimistic").install(M)
+
+
+-- The Redis locks (docs/redis-locks.md) live in async_mutex.redis_lock,
+-- loaded on first use so that this module loads without Redis support.
+-- They decorate themselves: withTimeout and tryAcquire hand them to their
+-- metatable's __decorate (a tail call, so errors name the user's line).
+local REDIS_LOCKS = { RedisMutex = true, RedisSemaphore = true, KeyedRedisMutex = true }
+setmetatable(M, { __index = function(_, name)
+  if REDIS_LOCKS[name] then return require("async_mutex.redis_lock")[name] end
+end })
+
+local function decorator(c_decorate, fname)
+  return function(lock, ...)
+    local mt = getmetatable(lock)
+    if type(mt) == "table" and type(rawget(mt, "__decorate")) == "function" then
+      return mt.__decorate(fname, lock, ...)
+    end
+    return c_decorate(lock, ...)
+  end
+end
+M.withTimeout = decorator(core.withTimeout, "withTimeout")
+M.tryAcquire = decorator(core.tryAcquire, "tryAcquire")
 
 return M

@@ -5,21 +5,18 @@
 -- am.optimistic(fn [, options]) calls fn(attempt); fn reads, computes and
 -- tries one conditional write, and returns true (and any results) when the
 -- write went through, false when it lost to another writer.  On false the
--- loop sleeps on luv's loop (capped exponential backoff with full jitter)
--- and calls fn again, up to options.maxAttempts times, then raises
--- E_CONFLICT.  An error raised by fn propagates at once: nothing is
+-- loop sleeps on luv's loop with am.sleep (capped exponential backoff with
+-- full jitter) and calls fn again, up to options.maxAttempts times, then
+-- raises E_CONFLICT.  An error raised by fn propagates at once: nothing is
 -- retried.  docs/optimistic.md explains the choices.
 --
 -- init.lua installs it: require("async_mutex.optimistic").install(am).
 
-local uv = require "luv"
-
-local coroutine, error, select, getmetatable, pairs, rawget, setmetatable, tostring, type =
-  coroutine, error, select, getmetatable, pairs, rawget, setmetatable, tostring, type
+local coroutine, error, select, getmetatable, pairs, rawget, tostring, type =
+  coroutine, error, select, getmetatable, pairs, rawget, tostring, type
 local pack, unpack = table.pack, table.unpack
 local floor, huge, min, mtype, random =
   math.floor, math.huge, math.min, math.type, math.random
-local io_stderr, traceback = io.stderr, debug.traceback
 
 local M = {}
 
@@ -40,39 +37,6 @@ local function is_callable(f)
   local mt = getmetatable(f)
   return type(mt) == "table" and rawget(mt, "__call") ~= nil
 end
-
--- {========================================================== sleeping
--- The default sleep.  A luv timer resumes the coroutine; if the coroutine
--- is closed while it sleeps (coroutine.close, or a to-be-closed owner),
--- the <close> guard closes the timer, so nothing fires later and no handle
--- is left.  The coroutine is resumed from the timer callback (the main
--- thread); an error it then dies with is printed with its traceback and
--- the coroutine is closed, as the module does for the coroutines it resumes
--- (README, Conventions), instead of escaping into luv, which would exit.
-
-local guard = {
-  __close = function(g)
-    if not g.timer:is_closing() then g.timer:close() end
-  end,
-}
-
-local function timer_sleep(ms)
-  local co = coroutine.running()
-  local timer = uv.new_timer()
-  local _ <close> = setmetatable({ timer = timer }, guard)
-  timer:start(ms, 0, function()
-    timer:close()
-    local ok, err = coroutine.resume(co)
-    if not ok then
-      io_stderr:write(traceback(co, tostring(err)), "\n")
-      coroutine.close(co)
-    end
-  end)
-  coroutine.yield()
-end
-
--- }==========================================================
-
 
 -- {========================================================== options
 
@@ -180,7 +144,7 @@ function M.install(am)
       error(("bad argument #1 to 'optimistic' (function expected, got %s)")
         :format(select("#", ...) == 0 and "no value" or typename(fn)), 2)
     end
-    local o, complaint = read_options(options, am.sleep or timer_sleep)
+    local o, complaint = read_options(options, am.sleep)
     if not o then
       error(("bad argument #2 to 'optimistic' (%s)"):format(complaint), 2)
     end

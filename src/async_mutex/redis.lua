@@ -73,6 +73,11 @@ local function spawn(fn, ...)
   if not ok then report(err, traceback(co, tostring(err))) end
 end
 
+-- Whether calls wait for replies (a subscriber: also confirmations).
+local function busy(state, client)
+  return client:pending() > 0 or (state.waiting ~= nil and next(state.waiting()) ~= nil)
+end
+
 -- The timer: while connecting, fails the attempt after connectTimeout;
 -- while calls wait, fails the connection when no reply came for
 -- commandTimeout ms (then every waiting call raises E_UNAVAILABLE).
@@ -83,7 +88,7 @@ local function on_timer(state)
   local limit, since
   if st == "connecting" then
     limit, since = state.connectTimeout, state.armed_at
-  elseif st == "connected" and client:pending() > 0 then
+  elseif st == "connected" and busy(state, client) then
     limit, since = state.commandTimeout, max(state.armed_at, state.progress_at)
   else
     state.timing = false
@@ -123,7 +128,14 @@ function hooks.open(fd, client, state)
   state.poll = uv.new_socket_poll(fd)
   state.on_poll = function(err, events)
     local c = ref[1]
-    if c and onpoll(c, err, events) > 0 then state.progress_at = now() end
+    if c and onpoll(c, err, events) > 0 then
+      state.progress_at = now()
+      -- a subscriber stays readable when idle: its timer stops here
+      if state.waiting and state.timing and not busy(state, c) then
+        state.timer:stop()
+        state.timing = false
+      end
+    end
   end
   state.progress_at = 0
 end
@@ -134,7 +146,11 @@ function hooks.watch(state, events)
   local poll = state.poll
   if events then
     poll:start(events, state.on_poll)
-    if not state.timing then arm(state, events == "w" and status(state.ref[1]) == "connecting") end
+    if not state.timing then
+      local client = state.ref[1]
+      local connecting = status(client) == "connecting"
+      if connecting or busy(state, client) then arm(state, connecting) end
+    end
   else
     poll:stop()
     if state.timing then
@@ -147,7 +163,11 @@ end
 function hooks.connected(state)
   state.failures = 0
   state.next_attempt = 0
-  arm(state, false)
+  if busy(state, state.ref[1]) then arm(state, false)
+  elseif state.timing then
+    state.timer:stop()
+    state.timing = false
+  end
   if state.on_connected then state.on_connected() end
 end
 
@@ -398,13 +418,19 @@ local function subscriber(self)
   sub.client = core.new(sstate, true)
   sstate.ref = setmetatable({ sub.client }, WEAK_V)
   sstate.on_message = function(reply) on_message(sub, reply) end
+  sstate.waiting = function() return sub.waiting end
   sstate.on_lost = function(_, final)
-    -- calls waiting for a confirmation fail; confirmed channels come back
+    -- calls waiting for a confirmation fail (but a finalizer resumes
+    -- nobody: they are garbage too); confirmed channels come back
     local waiting = sub.waiting
     sub.waiting = {}
     for channel, list in pairs(waiting) do
-      sub.waiting[channel] = list
-      confirm(sub, channel, false, M.E_UNAVAILABLE)
+      if final ~= "gc" then
+        sub.waiting[channel] = list
+        confirm(sub, channel, false, M.E_UNAVAILABLE)
+      end
+      local subs = sub.channels[channel]
+      if subs and #subs == 0 then sub.channels[channel] = nil end
     end
     if final then
       sub.closed = true
@@ -511,14 +537,16 @@ local function check_list(list, n, what)
   return len
 end
 
+local ERROR_MT = getmetatable(core.error("NOSCRIPT x"))
+
 local function is_noscript(err)
-  return getmetatable(err) == getmetatable(core.error("NOSCRIPT x"))
-    and err.code == "NOSCRIPT"
+  return getmetatable(err) == ERROR_MT and err.code == "NOSCRIPT"
 end
 
 --- Runs a Lua script on the server: EVALSHA, and EVAL when the server
 -- does not know the script (NOSCRIPT: restarted, flushed).
 function Client.eval(self, script, keys, args)
+  check_client(self, "eval")
   if type(script) ~= "string" then
     argerror(2, 1, "eval", "string expected, got " .. typename(script))
   end
@@ -546,5 +574,8 @@ function Client.eval(self, script, keys, args)
 end
 
 -- }==========================================================
+
+-- Versioned values for optimistic concurrency (docs/optimistic.md).
+M.versioned = require("async_mutex.versioned").versioned
 
 return M

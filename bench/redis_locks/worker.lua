@@ -1,0 +1,145 @@
+-- One process of the Redis locks' benchmark (bench/redis_locks.lua).
+--   worker.lua cycles   PORT N CONC      N acquire+release cycles, CONC coroutines on distinct keys
+--   worker.lua pingpong PORT N ID        N sections on one key; prints "G t" and "R t" (uv.hrtime)
+--   worker.lua contend  PORT MS ID       sections on one key for MS ms; prints counts and waits
+--   worker.lua lost     PORT             how late onLost comes after the lease's local end
+--   worker.lua refused  PORT             how fast acquire fails on a port nobody listens on
+--   worker.lua seed_cycles PORT N / seed_pingpong PORT N ID: the seed's SET NX PX recipe
+-- Prints one JSON line at the end (except pingpong).
+
+local uv = require "luv"
+local am = require "async_mutex"
+local redis = require "async_mutex.redis"
+
+local mode, port = arg[1], tonumber(arg[2])
+local client = redis.connect { host = "127.0.0.1", port = port }
+local hr = uv.hrtime
+
+local function json(t)
+  local parts = {}
+  for k, v in pairs(t) do parts[#parts + 1] = ('"%s": %s'):format(k, tostring(v)) end
+  print("{" .. table.concat(parts, ", ") .. "}")
+end
+
+local modes = {}
+
+-- The seed's recipe on this client: SET key token NX PX ttl, a script that
+-- deletes the key only if it holds our token, and 200 ms sleeps between
+-- tries.  Returns the release function.
+local SEED_RELEASE = [[
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+]]
+local seed_n = 0
+local function seed_acquire(key)
+  seed_n = seed_n + 1
+  local token = ("%d:%d:%d"):format(uv.os_getpid(), seed_n, hr())
+  while client:call("SET", key, token, "NX", "PX", 30000) == nil do
+    am.sleep(200)
+  end
+  return function() client:eval(SEED_RELEASE, { key }, { token }) end
+end
+
+function modes.seed_cycles(n)
+  n = tonumber(n)
+  local t0 = hr()
+  for _ = 1, n do seed_acquire("bench:seed:cycles")() end
+  json { ops = n, seconds = (hr() - t0) / 1e9 }
+end
+
+function modes.seed_pingpong(n, id)
+  local out = {}
+  for _ = 1, tonumber(n) do
+    local release = seed_acquire("bench:seed:pingpong")
+    out[#out + 1] = ("G %s %d"):format(id, hr())
+    am.sleep(1)
+    out[#out + 1] = ("R %s %d"):format(id, hr())
+    release()
+  end
+  print(table.concat(out, "\n"))
+end
+
+function modes.cycles(n, conc)
+  n, conc = tonumber(n), tonumber(conc)
+  local each = n // conc
+  local left = conc
+  local done = coroutine.running()
+  local t0 = hr()
+  for c = 1, conc do
+    am.spawn(function()
+      local m = am.RedisMutex.new(client, "bench:cycles:" .. c)
+      for _ = 1, each do
+        local release = m:acquire()
+        release()
+      end
+      left = left - 1
+      if left == 0 then coroutine.resume(done) end
+    end)
+  end
+  if left > 0 then coroutine.yield() end
+  json { ops = each * conc, seconds = (hr() - t0) / 1e9 }
+end
+
+function modes.pingpong(n, id)
+  n = tonumber(n)
+  local m = am.RedisMutex.new(client, "bench:pingpong")
+  local out = {}
+  for _ = 1, n do
+    local release = m:acquire()
+    out[#out + 1] = ("G %s %d"):format(id, hr())
+    am.sleep(1)                       -- let the other process queue
+    out[#out + 1] = ("R %s %d"):format(id, hr())
+    release()
+  end
+  print(table.concat(out, "\n"))
+end
+
+function modes.contend(ms, id)
+  ms = tonumber(ms)
+  local m = am.RedisMutex.new(client, "bench:contend")
+  local count, max_wait, waits = 0, 0, {}
+  local stop = hr() + ms * 1e6
+  while hr() < stop do
+    local t = hr()
+    local release = m:acquire()
+    local w = (hr() - t) / 1e6
+    waits[#waits + 1] = w
+    if w > max_wait then max_wait = w end
+    count = count + 1
+    release()
+  end
+  table.sort(waits)
+  json { id = id, count = count, max_wait_ms = max_wait,
+         p50_wait_ms = waits[(#waits + 1) // 2] or 0 }
+end
+
+function modes.lost()
+  local lates = {}
+  for _ = 1, 5 do
+    local lost_at
+    local m = am.RedisMutex.new(client, "bench:lost", { ttl = 100, renewInterval = 0,
+      onLost = function() lost_at = hr() end })
+    local sent = hr()
+    m:acquire()
+    while not lost_at do am.sleep(5) end
+    lates[#lates + 1] = (lost_at - sent) / 1e6 - (100 - 3)     -- ttl minus drift allowance
+  end
+  table.sort(lates)
+  json { lost_late_ms_max = lates[#lates], lost_late_ms_p50 = lates[3] }
+end
+
+function modes.refused()
+  local dead = redis.connect { host = "127.0.0.1", port = port }
+  local m = am.RedisMutex.new(dead, "bench:refused")
+  local t = hr()
+  local ok, err = pcall(m.acquire, m)
+  assert(not ok and err == am.E_UNAVAILABLE)
+  json { refused_ms = (hr() - t) / 1e6 }
+  dead:close()
+end
+
+am.spawn(function()
+  modes[mode](table.unpack(arg, 3))
+  client:close()
+end)
+uv.run()

@@ -1,0 +1,117 @@
+-- Four processes sell the same item, kept in Redis as a versioned value,
+-- with no lock: each sale is versioned:update, a read and a write that only
+-- goes through if nobody wrote in between (else it reads again and
+-- retries).  However the sales interleave, exactly the stock is sold.
+--
+--   make && lua5.4 examples/optimistic_stock.lua
+--
+-- It starts a throw-away redis-server in a temporary directory (stopped at
+-- the end), puts 100 units of stock:42 there, and starts four seller
+-- processes (this script with the argument "sell"), each running 25
+-- coroutines that sell one unit at a time until none is left.
+
+-- Find the module in this checkout (src/, build/); harmless once installed.
+package.path = "src/?.lua;src/?/init.lua;" .. package.path
+package.cpath = "build/?.so;" .. package.cpath
+
+local uv = require "luv"
+local am = require "async_mutex"
+local redis = require "async_mutex.redis"
+
+local STOCK, SELLERS, COROUTINES = 100, 4, 25
+local SOLD_OUT = setmetatable({}, { __name = "sold out" })
+
+--- Runs fn in a coroutine on the loop until the loop is idle.
+local function run(fn)
+  am.spawn(fn)
+  uv.run()
+end
+
+-- {========================================================== a seller
+-- lua5.4 examples/optimistic_stock.lua sell SOCKET ID
+local function sell(socket, id)
+  local client = redis.connect({ path = socket })
+  local stock = redis.versioned(client, "stock:42")
+  local sold, attempts = 0, 0
+  for _ = 1, COROUTINES do
+    am.spawn(function()
+      while true do
+        local ok, err = pcall(stock.update, stock, function(value)
+          attempts = attempts + 1
+          local left = tonumber(value)
+          if left < 1 then error(SOLD_OUT) end    -- give up: nothing is written
+          return left - 1
+        end, { maxAttempts = math.huge })
+        if not ok then
+          if err == SOLD_OUT then break end
+          error(err, 0)
+        end
+        sold = sold + 1
+      end
+    end)
+  end
+  uv.run()
+  client:close()
+  uv.run()
+  print(("process %s sold %d (%d attempts)"):format(id, sold, attempts))
+end
+-- }==========================================================
+
+if arg[1] == "sell" then return sell(arg[2], arg[3]) end
+
+-- {========================================================== the shop
+local function sh(cmd)
+  local p = assert(io.popen(cmd))
+  local out = p:read("a")
+  p:close()
+  return out
+end
+
+local dir = sh("mktemp -d /tmp/optimistic-stock-XXXXXX"):gsub("\n$", "")
+local socket = dir .. "/redis.sock"
+sh(("redis-server --port 0 --unixsocket %s/redis.sock --save '' --appendonly no"
+  .. " --daemonize yes --pidfile %s/redis.pid --logfile %s/redis.log --dir %s")
+  :format(dir, dir, dir, dir))
+
+local function stop_server()
+  sh(("kill $(cat %s/redis.pid) 2>/dev/null; rm -rf %s"):format(dir, dir))
+end
+
+local ok, err = pcall(function()
+  for _ = 1, 500 do                       -- wait for the socket (5 s at most)
+    if os.execute("test -S " .. socket) then break end
+    uv.sleep(10)
+  end
+
+  run(function()
+    local client = redis.connect({ path = socket })
+    assert(redis.versioned(client, "stock:42"):set(STOCK, 0))
+    client:close()
+  end)
+  print(("stock:42 holds %d units; %d processes x %d coroutines sell them")
+    :format(STOCK, SELLERS, COROUTINES))
+
+  local sellers = {}
+  for i = 1, SELLERS do
+    sellers[i] = assert(io.popen(("lua5.4 %s sell %s %d"):format(arg[0], socket, i)))
+  end
+  local sold = 0
+  for i = 1, SELLERS do
+    local line = sellers[i]:read("a")
+    assert(sellers[i]:close(), "seller " .. i .. " failed")
+    io.write(line)
+    sold = sold + tonumber(line:match("sold (%d+)"))
+  end
+
+  run(function()
+    local client = redis.connect({ path = socket })
+    local left, version = redis.versioned(client, "stock:42"):get()
+    client:close()
+    left = tonumber(left)
+    print(("sold %d of %d, stock left %d, version %d: %s"):format(sold, STOCK, left,
+      version, sold + left == STOCK and left == 0 and "nothing oversold" or "WRONG"))
+  end)
+end)
+stop_server()
+if not ok then error(err, 0) end
+-- }==========================================================

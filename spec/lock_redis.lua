@@ -1,0 +1,252 @@
+-- Helpers of the Redis lock specs (44-47): a real redis-server per spec, and
+-- child lua5.4 processes that take the locks too.
+--
+--   local R = require "lock_redis"
+--   local server = R.server()          -- started at once; server:stop() in teardown
+--   local client = server:client()     -- async_mutex.redis client on its socket
+--   local child = R.child(code, args)  -- a lua5.4 process, spawned with uv.spawn
+--   local rc, out = child:wait()       -- in a coroutine: its exit code and stdout
+--
+-- A server listens on a unix socket in a temporary directory (no port to
+-- collide with) and on a free loopback port; it is stopped by the PID in its
+-- pidfile, also when a spec fails (call server:stop() from teardown).
+-- server:pause() / resume() send SIGSTOP / SIGCONT, kill() SIGKILL, and
+-- start() starts it again on the same socket and port, empty.
+
+local uv = require "luv"
+
+local R = {}
+
+-- Without LD_PRELOAD: under `make asan` the sanitizer runtime is preloaded
+-- into this process, and redis-server and redis-cli abort with it.
+local function sh(cmd)
+  local ok = os.execute("LD_PRELOAD= ; " .. cmd)
+  return ok
+end
+
+local function read(path)
+  local f = io.open(path, "r")
+  if not f then return nil end
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
+local function free_port()
+  local tcp = uv.new_tcp()
+  assert(tcp:bind("127.0.0.1", 0))
+  local port = tcp:getsockname().port
+  tcp:close()
+  return port
+end
+
+local Server = {}
+Server.__index = Server
+
+--- Starts (again) the server; waits until it answers.
+function Server:start()
+  local cmd = ("redis-server --port %d --bind 127.0.0.1 --unixsocket %s --save '' "
+    .. "--appendonly no --daemonize yes --pidfile %s --logfile %s --dir %s"):format(
+    self.port, self.path, self.pidfile, self.logfile, self.dir)
+  assert(sh(cmd), "could not start redis-server")
+  for _ = 1, 500 do
+    if sh(("redis-cli -s %s ping >/dev/null 2>&1"):format(self.path)) then
+      self.pid = tonumber(read(self.pidfile))
+      if self.pid then return self end
+    end
+    uv.sleep(5)
+  end
+  error("redis-server did not start: " .. (read(self.logfile) or "no log"))
+end
+
+local function signal(self, sig)
+  if self.pid then sh(("kill -%s %d 2>/dev/null"):format(sig, self.pid)) end
+end
+
+function Server:pause() signal(self, "STOP") end
+function Server:resume() signal(self, "CONT") end
+
+--- SIGKILL, and wait until the process is gone.
+function Server:kill()
+  if not self.pid then return end
+  signal(self, "CONT")
+  signal(self, "KILL")
+  for _ = 1, 400 do                   -- gone, or a zombie nobody reaps
+    local stat = read(("/proc/%d/stat"):format(self.pid))
+    if not stat or stat:match("^%d+ %b() (%a)") == "Z" then break end
+    uv.sleep(2)
+  end
+  self.pid = nil
+  os.remove(self.pidfile)
+end
+
+--- Stops the server for good and removes its directory.
+function Server:stop()
+  self:kill()
+  sh(("rm -rf '%s'"):format(self.dir))
+end
+
+--- A client of this server (over its unix socket unless opts.tcp).
+function Server:client(opts)
+  local redis = require "async_mutex.redis"
+  local o = { path = self.path }
+  if opts and opts.tcp then o = { host = "127.0.0.1", port = self.port } end
+  for k, v in pairs(opts or {}) do if k ~= "tcp" then o[k] = v end end
+  return redis.connect(o)
+end
+
+--- redis-cli against this server; returns its output.
+function Server:cli(args)
+  local p = assert(io.popen(("LD_PRELOAD= redis-cli -s %s %s 2>&1"):format(self.path, args)))
+  local out = p:read("a")
+  p:close()
+  return out
+end
+
+--- A fresh redis-server.
+function R.server()
+  local dir = os.tmpname()
+  os.remove(dir)
+  assert(sh(("mkdir -p '%s'"):format(dir)))
+  local self = setmetatable({
+    dir = dir, path = dir .. "/redis.sock", pidfile = dir .. "/redis.pid",
+    logfile = dir .. "/redis.log", port = free_port(),
+  }, Server)
+  return self:start()
+end
+
+
+-- {========================================================== children
+
+local Child = {}
+Child.__index = Child
+
+--- Runs `code` in a new lua5.4 process with this checkout's paths; `args`
+-- become its `...` (strings).  Its stdout and stderr are collected.
+function R.child(code, args)
+  local script = os.tmpname()
+  local f = assert(io.open(script, "w"))
+  f:write(code)
+  f:close()
+  local self = setmetatable({ out = {}, err = {}, script = script, open = 2,
+                              done = false }, Child)
+  local stdout, stderr = uv.new_pipe(false), uv.new_pipe(false)
+  local argv = { script }
+  for i, a in ipairs(args or {}) do argv[i + 1] = tostring(a) end
+  local env = { "LUA_PATH=" .. package.path, "LUA_CPATH=" .. package.cpath,
+                "PATH=" .. (os.getenv("PATH") or "/usr/bin:/bin") }
+  for _, name in ipairs({ "LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS",
+                          "LSAN_OPTIONS", "AM_GC_STRESS", "AM_STRESS_SCALE" }) do
+    local v = os.getenv(name)             -- make asan, make gcstress: children too
+    if v then env[#env + 1] = name .. "=" .. v end
+  end
+  local handle, pid
+  handle, pid = uv.spawn("lua5.4", {
+    args = argv, env = env, stdio = { nil, stdout, stderr },
+  }, function(code_, sig)
+    self.rc, self.sig = code_, sig
+    handle:close()
+    self:_finish()
+  end)
+  assert(handle, pid)
+  self.pid = pid
+  local function reader(pipe, into, notify)
+    pipe:read_start(function(err, data)
+      assert(not err, err)
+      if data then
+        into[#into + 1] = data
+        if notify and self.on_data then self.on_data(data) end
+      else
+        pipe:close()
+        self.open = self.open - 1
+        self:_finish()
+      end
+    end)
+  end
+  reader(stdout, self.out, true)
+  reader(stderr, self.err, false)
+  return self
+end
+
+function Child:_finish()
+  if self.rc == nil or self.open > 0 or self.done then return end
+  self.done = true
+  os.remove(self.script)
+  self.stderr = table.concat(self.err)
+  if self.waiting then
+    local co = self.waiting
+    self.waiting = nil
+    assert(coroutine.resume(co))
+  end
+end
+
+--- In a coroutine: waits for the process to end; returns its exit code, its
+-- stdout and its stderr.
+function Child:wait()
+  if not self.done then
+    self.waiting = coroutine.running()
+    coroutine.yield()
+  end
+  return self.rc, table.concat(self.out), self.stderr, self.sig
+end
+
+function Child:kill(sig)
+  if not self.done then uv.kill(self.pid, sig or "sigkill") end
+end
+
+--- Waits (in a coroutine) until the child's stdout contains `pattern`.
+function Child:wait_for(pattern, ms)
+  local co = coroutine.running()
+  local t = uv.new_timer()
+  local found = false
+  local function check()
+    if not found and table.concat(self.out):find(pattern) then
+      found = true
+      t:stop()
+      t:close()
+      self.on_data = nil
+      assert(coroutine.resume(co, true))
+      return true
+    end
+  end
+  self.on_data = check
+  t:start(ms or 10000, 0, function()
+    if found then return end
+    found = true
+    t:close()
+    self.on_data = nil
+    assert(coroutine.resume(co, false))
+  end)
+  if check() then return true end
+  return coroutine.yield()
+end
+
+-- }==========================================================
+
+--- The prologue of a child script: the module, luv, a client of the server
+-- whose socket is the first argument, and main(fn) running fn in a
+-- coroutine then the loop (exit code 0 on success, 1 on error).
+R.PROLOGUE = [[
+local am = require "async_mutex"
+local redis = require "async_mutex.redis"
+local uv = require "luv"
+local SOCK = ...
+local ARGS = { select(2, ...) }
+local client = redis.connect { path = SOCK }
+local function main(fn)
+  local failed
+  local co = coroutine.create(function()
+    local ok, err = xpcall(fn, debug.traceback)
+    if not ok then failed = err end
+    client:close()
+  end)
+  local ok, err = coroutine.resume(co)
+  if not ok then failed = err end
+  uv.run()
+  if failed then io.stderr:write(tostring(failed), "\n"); os.exit(1) end
+  io.stdout:flush()
+  os.exit(0)
+end
+]]
+
+return R

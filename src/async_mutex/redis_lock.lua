@@ -1,0 +1,852 @@
+--- async_mutex.redis_lock: RedisMutex, RedisSemaphore and KeyedRedisMutex,
+-- locks shared by every process that talks to one Redis server, with the
+-- API of the local locks.  The rules are in docs/redis-locks.md; the
+-- lease vocabulary (E_LOST, releasers returning booleans, check) is the
+-- one of docs/semantics.md, "Leases and lost holds".
+--
+-- Each lock has two halves:
+-- * a local gate (a core Mutex, or a core KeyedMutex for keyed sets): the
+--   coroutines of this process that want the lock queue there, by priority
+--   then arrival, and only the gate's holder talks to Redis.  So the
+--   process holds at most one place in the Redis queue per lock name, and
+--   withTimeout, tryAcquire and cancel work on the local queue as usual;
+-- * the state in Redis, changed only by the scripts of
+--   async_mutex.redis_scripts: holders with leases, a FIFO queue of
+--   processes, a counter for fencing tokens.  A release hands the lock to
+--   the queue's head and wakes its process with one PUBLISH on the
+--   process's channel (one per client, see 'hub' below).
+-- The gate is released as soon as Redis granted (or refused) the lock, so
+-- the next local coroutine joins the Redis queue at once, behind the
+-- processes that came before it.
+
+local am = require "async_mutex"
+local core = require "async_mutex.core"
+local scripts = require "async_mutex.redis_scripts"
+local uv = require "luv"
+
+local error, getmetatable, ipairs, pairs, pcall, rawget, setmetatable,
+      tonumber, tostring, type =
+  error, getmetatable, ipairs, pairs, pcall, rawget, setmetatable,
+  tonumber, tostring, type
+local co_create, co_resume, isyieldable =
+  coroutine.create, coroutine.resume, coroutine.isyieldable
+local huge, min, max, floor, tointeger = math.huge, math.min, math.max, math.floor, math.tointeger
+local format, srep = string.format, string.rep
+local hrtime, now = uv.hrtime, uv.now
+local limited = core.acquire
+
+local E_LOST = am.E_LOST
+
+local M = {}
+
+local function typename(v)
+  local mt = getmetatable(v)
+  return type(mt) == "table" and type(rawget(mt, "__name")) == "string"
+    and mt.__name or type(v)
+end
+
+-- Raises an argument error at 'level' (1 = the caller of argerror).
+local function argerror(level, n, fname, msg)
+  error(format("bad argument #%d to '%s' (%s)", n, fname, msg), level + 1)
+end
+
+local function is_callable(f)
+  if type(f) == "function" then return true end
+  local mt = getmetatable(f)
+  return type(mt) == "table" and rawget(mt, "__call") ~= nil
+end
+
+-- A fresh 128-bit token from the system's cryptographic source, as 32 hex
+-- digits: /dev/urandom read through a buffered file (one read(2) serves
+-- 256 tokens; uv.random costs a getrandom(2) call each, about 8 us here),
+-- or uv.random where /dev/urandom cannot be opened.
+local HEX = srep("%02x", 16)
+local urandom = io.open("/dev/urandom", "rb")
+local function random_hex()
+  local bytes = urandom and urandom:read(16)
+  if not bytes or #bytes ~= 16 then bytes = uv.random(16) end
+  return format(HEX, bytes:byte(1, 16))
+end
+
+-- Runs fn(...) in a coroutine of its own and returns at its first yield:
+-- requests whose result nobody waits for (releases, withdrawals,
+-- renewals).  Errors are dropped: each caller says why that is safe.
+local function background(fn, ...)
+  local co = co_create(fn)
+  co_resume(co, ...)
+end
+
+local function eval(client, script, keys, args)
+  return client:eval(script, keys, args)
+end
+
+local function quiet_eval(client, script, keys, args)
+  pcall(client.eval, client, script, keys, args)
+end
+
+
+-- {========================================================== hub
+-- One hub per client: the channel on which this process's waiters are told
+-- of hand-offs, one subscription to it for every lock of the client, and
+-- the waiters by token.  The subscription exists while a lock of the client
+-- is held or waited for (so that an idle client keeps no handle active and
+-- uv.run() can return); it is dropped one loop turn after the last use.
+
+local hubs = setmetatable({}, { __mode = "k" })
+
+local function on_message(hub, message)
+  local token, fence, value = message:match("^(%S+) (%d+) (%-?%d+)$")
+  local w = token and hub.waiters[token]
+  if w and not w.fence then
+    w.fence, w.value = tointeger(tonumber(fence)), tointeger(tonumber(value))
+    w.bell:release()                -- the waiter's coroutine is resumed by the core
+  end
+end
+
+local function get_hub(client)
+  local hub = hubs[client]
+  if not hub then
+    local id = random_hex()
+    hub = { client = client, id = id, channel = "async_mutex:" .. id,
+            waiters = {}, users = 0, sub = nil, sub_gate = core.Mutex.new(),
+            idle_timer = nil }
+    hubs[client] = hub
+  end
+  return hub
+end
+
+local function unsubscribe_if_idle(hub)
+  if hub.users == 0 and hub.sub then
+    local sub = hub.sub
+    hub.sub = nil
+    sub:unsubscribe()               -- never waits
+  end
+end
+
+local function hub_use(hub)
+  hub.users = hub.users + 1
+end
+
+local function hub_unuse(hub)
+  hub.users = hub.users - 1
+  if hub.users == 0 and hub.sub then
+    local t = hub.idle_timer
+    if not t then
+      t = uv.new_timer()
+      hub.idle_timer = t
+    end
+    t:start(0, 0, function()
+      t:close()
+      hub.idle_timer = nil
+      unsubscribe_if_idle(hub)
+    end)
+  end
+end
+
+-- Makes sure this process is subscribed to the hub's channel; yields for
+-- the subscription when there is none yet.
+local function subscribe(hub)
+  if hub.sub then return end
+  local release <close> = hub.sub_gate:acquire()
+  if hub.sub then return end
+  hub.sub = hub.client:subscribe(hub.channel, function(message)
+    on_message(hub, message)
+  end)
+end
+
+-- }==========================================================
+
+
+-- {========================================================== leases
+-- A lease is the releaser of one grant: callable and to-be-closed, with
+-- check() and the fencing token.  Its validity is kept on the local
+-- monotonic clock: it ends 'ttl' minus a drift allowance after the request
+-- that last set it was sent.  One timer per lease fires at the next
+-- renewal or at the end of validity, whichever comes first.
+
+local Lease = { __name = "async_mutex.RedisReleaser" }
+local lease_methods = {}
+Lease.__index = lease_methods
+
+local NS = 1e6                      -- hrtime units (ns) per ms
+
+local function drift(ttl) return ttl // 100 + 2 end
+
+local report                        -- reports an error of onLost
+
+local function stop_timer(lease)
+  local t = lease.timer
+  if t then
+    lease.timer = nil
+    t:stop()
+    t:close()
+  end
+end
+
+local function forget(lease)
+  local holds = lease.lock.holds[lease.name]
+  if holds then
+    for i = 1, #holds do
+      if holds[i] == lease then table.remove(holds, i); break end
+    end
+    if #holds == 0 then lease.lock.holds[lease.name] = nil end
+  end
+end
+
+-- The hold is lost: tell the holder's onLost, and give the lock back in
+-- Redis in case the server still has it (the script touches only our own
+-- token, so this can never end a later holder's grant).
+local function lose(lease, reason)
+  if lease.state ~= "held" then return end
+  lease.state = "lost"
+  stop_timer(lease)
+  forget(lease)
+  local lk = lease.lock
+  hub_unuse(lk.hub)
+  background(quiet_eval, lk.client, scripts.release, lease.keys,
+             { lease.token, lk.limit, lease.name .. ":free" })
+  if lk.on_lost then
+    local ok, err = pcall(lk.on_lost, { name = lease.name, fence = lease.fence,
+                                        reason = reason, releaser = lease })
+    if not ok then report(err) end
+  end
+end
+
+function report(err)
+  io.stderr:write("async_mutex: error in onLost: ", tostring(err), "\n")
+end
+
+local arm                           -- (re)starts a lease's timer
+
+local function renew(lease)
+  local lk = lease.lock
+  local sent = hrtime()
+  lease.next_renew = lk.renew > 0 and sent + lk.renew * NS or nil
+  local ok, r = pcall(eval, lk.client, scripts.renew, lease.keys,
+                      { lease.token, lk.limit, lk.ttl })
+  if lease.state ~= "held" then return end
+  if ok and r == 1 then
+    lease.valid_until = max(lease.valid_until, sent + (lk.ttl - drift(lk.ttl)) * NS)
+    arm(lease)
+  elseif ok then
+    lose(lease, "refused")          -- Redis no longer has our token
+  end                               -- unreachable: try again at the next turn
+end
+
+local function on_timer(lease)
+  if lease.state ~= "held" then return end
+  local t = hrtime()
+  if t >= lease.valid_until then
+    return lose(lease, "expired")
+  end
+  if lease.next_renew and t >= lease.next_renew then
+    background(renew, lease)
+  end
+  arm(lease)
+end
+
+function arm(lease)
+  if lease.state ~= "held" then return end
+  local due = lease.valid_until
+  if lease.next_renew and lease.next_renew < due then due = lease.next_renew end
+  local ms = max(0, (due - hrtime()) / NS)
+  local t = lease.timer
+  if not t then
+    t = uv.new_timer()
+    lease.timer = t
+  end
+  t:start(floor(ms) + (ms % 1 > 0 and 1 or 0), 0, function() on_timer(lease) end)
+end
+
+-- 'first' is the length of the lease Redis granted: the ttl, or for a
+-- hand-off the shorter first lease (redis_scripts.lua, N:c), renewed after
+-- a third of it whatever the watchdog's setting.
+local function new_lease(lk, name, keys, token, fence, weight, sent, first)
+  local next_renew
+  if first < lk.ttl then next_renew = sent + (first // 3) * NS
+  elseif lk.renew > 0 then next_renew = sent + lk.renew * NS end
+  local lease = setmetatable({
+    lock = lk, name = name, keys = keys, token = token, fence = fence,
+    weight = weight, state = "held",
+    valid_until = sent + (first - drift(first)) * NS,
+    next_renew = next_renew,
+  }, Lease)
+  local holds = lk.holds[name]
+  if not holds then holds = {}; lk.holds[name] = holds end
+  holds[#holds + 1] = lease
+  arm(lease)
+  return lease
+end
+
+-- Ends the hold: true if this call ended it, false if it had already been
+-- given back or lost (docs/semantics.md, "Leases and lost holds").  In a
+-- coroutine that can yield (<close> included) the call waits for Redis's
+-- answer, so that a client closed right after it has delivered the release,
+-- and a hold Redis no longer had is reported lost (false, onLost).  Where
+-- it cannot yield, the release is sent without waiting: it is written
+-- before any later request of this client, and if it is never delivered
+-- the lease runs out in Redis.  A release that cannot reach Redis still
+-- returns true: the hold ended here, and ends in Redis with its lease.
+local function release_lease(lease)
+  if lease.state ~= "held" then return false end
+  if hrtime() >= lease.valid_until then
+    lose(lease, "expired")
+    return false
+  end
+  lease.state = "released"
+  stop_timer(lease)
+  forget(lease)
+  local lk = lease.lock
+  local args = { lease.token, lk.limit, lease.name .. ":free" }
+  if not isyieldable() then
+    hub_unuse(lk.hub)
+    background(quiet_eval, lk.client, scripts.release, lease.keys, args)
+    return true
+  end
+  -- The hub stays in use until the answer, so that a coroutine that
+  -- acquires again at once keeps the subscription.
+  local ok, r = pcall(eval, lk.client, scripts.release, lease.keys, args)
+  if ok and r == 0 then
+    lease.state = "held"            -- so that lose() reports it
+    lose(lease, "refused")
+    return false
+  end
+  hub_unuse(lk.hub)
+  return true
+end
+
+Lease.__call = release_lease
+Lease.__close = release_lease
+
+--- releaser:check(): raises the lost error if the hold was lost; true while
+-- it is held, false once it was given back.
+function lease_methods.check(lease)
+  if getmetatable(lease) ~= Lease then
+    argerror(2, 1, "check", "async_mutex.RedisReleaser expected, got " .. typename(lease))
+  end
+  if lease.state == "held" and hrtime() >= lease.valid_until then
+    lose(lease, "expired")
+  end
+  if lease.state == "lost" then error(lease.lock.lost_error, 0) end
+  return lease.state == "held"
+end
+
+function Lease.__tostring(lease)
+  return format("async_mutex.RedisReleaser (%s, fence %d, %s)", lease.name,
+                lease.fence, lease.state)
+end
+
+-- }==========================================================
+
+
+-- {========================================================== acquire
+-- The Redis half of an acquisition, run by the holder of the local gate:
+-- one ACQUIRE request grants at once or queues this process; a queued
+-- waiter then sleeps on a private core Semaphore (its "bell"), rung by the
+-- hand-off message, and wakes every waiterTimeout/3 to renew its place
+-- (which also catches a lost message).  'limit' is nil (no bound), a
+-- deadline in loop time, or false (a try); 'err' is raised when it is hit.
+
+local REFRESH = setmetatable({}, { __name = "async_mutex.refresh" })
+
+-- The waiter's cleanup when its acquisition does not complete (error,
+-- timeout, cancel, coroutine closed): leave the Redis queue, or give back
+-- a grant that arrived too late.
+local Pending = {
+  __close = function(w)
+    local hub = w.hub
+    if hub.waiters[w.token] == w then hub.waiters[w.token] = nil end
+    if w.done then return end
+    hub_unuse(hub)
+    local args = { w.token, w.limit, w.name .. ":free" }
+    if isyieldable() then             -- the error waits until Redis has it
+      quiet_eval(w.client, scripts.release, w.keys, args)
+    else                              -- coroutine.close: cannot wait
+      background(quiet_eval, w.client, scripts.release, w.keys, args)
+    end
+  end,
+}
+
+local function redis_acquire(lk, name, weight, deadline, err)
+  local client, hub = lk.client, lk.hub
+  local keys = scripts.keys(name)
+  local token = hub.id .. ":" .. random_hex()
+  local try = deadline == false
+  local args = { token, lk.limit, weight, lk.ttl, lk.wait_ms, hub.channel,
+                 try and "try" or "wait" }
+  hub_use(hub)
+  local w <close> = setmetatable({ hub = hub, client = client, keys = keys,
+    token = token, limit = lk.limit, name = name, done = false }, Pending)
+  -- Known to the hub before the request goes out: the hand-off message
+  -- comes on the other connection and may be read before the reply.
+  w.bell = core.Semaphore.new(0)
+  if not try then hub.waiters[token] = w end
+  local sent = hrtime()
+  local r = eval(client, scripts.acquire, keys, args)
+  if r[1] ~= 1 then
+    if try then error(err, 0) end
+    -- Queued: wait for the hand-off.
+    lk.waiting[w] = true
+    local _ <close> = setmetatable({}, { __close = function() lk.waiting[w] = nil end })
+    args[7] = "wait"
+    if not hub.sub then
+      subscribe(hub)
+      sent = hrtime()               -- a hand-off before we listened: ask again
+      r = eval(client, scripts.acquire, keys, args)
+    end
+    local refresh = max(1, lk.wait_ms // 3)
+    while r[1] ~= 1 and not w.fence do
+      local wait = refresh
+      if r[2] and r[2] >= 0 then wait = min(wait, r[2] + 1) end
+      if deadline then wait = min(wait, max(0, deadline - now())) end
+      if not w.canceled then
+        local ok, e = pcall(limited, w.bell, wait, REFRESH)
+        if not ok and e ~= REFRESH then error(e, 0) end
+      end
+      if not w.fence then
+        if w.canceled then error(lk.cancel_error, 0) end
+        if deadline and now() >= deadline then error(err, 0) end
+        sent = hrtime()
+        r = eval(client, scripts.acquire, keys, args)
+      end
+    end
+    if w.fence and r[1] ~= 1 then
+      w.done = true
+      return new_lease(lk, name, keys, token, w.fence, weight, sent,
+                       min(lk.ttl, lk.wait_ms)), w.value
+    end
+  end
+  w.done = true
+  local fence = tointeger(tonumber(r[2]))
+  return new_lease(lk, name, keys, token, fence, weight, sent, lk.ttl),
+         tointeger(tonumber(r[3]))
+end
+
+-- }==========================================================
+
+-- {========================================================== locks
+-- A lock record: client, hub, limit (1 for mutexes), options, the local
+-- gate, its waiters in the Redis queue, and the holds of this process by
+-- lock name (for the unscoped release).  'keyed' sets use a core KeyedMutex
+-- as gate and name each key's lock prefix .. key.
+
+local Mutex = { __name = "async_mutex.RedisMutex" }
+local Semaphore = { __name = "async_mutex.RedisSemaphore" }
+local Keyed = { __name = "async_mutex.KeyedRedisMutex" }
+
+local decorated_of = {}             -- plain metatable -> decorated metatable
+
+-- Returns the lock record and its limit, error of a plain or decorated lock
+-- (nil limit: no bound; a number: ms; false: a try).
+local function check_self(self, mt, fname)
+  local smt = getmetatable(self)
+  if smt == mt then return self, nil, nil end
+  if smt == decorated_of[mt] then return self[1], self[2], self[3] end
+  argerror(3, 1, fname, mt.__name .. " expected, got " .. typename(self))
+end
+
+local function check_priority(p, n, fname)
+  if p ~= nil and (type(p) ~= "number" or p ~= p) then
+    argerror(3, n, fname, "priority must be a number")
+  end
+end
+
+local function check_key(key, n, fname)
+  local t = type(key)
+  if t == "string" then return key end
+  if t == "number" and key == key and key ~= huge and key ~= -huge then
+    local i = tointeger(key)
+    return i and format("%d", i) or format("%.17g", key)
+  end
+  argerror(3, n, fname, "key must be a string or a finite number, got " .. typename(key))
+end
+
+local function check_yieldable(what)
+  if not isyieldable() then
+    error(format("attempt to %s outside a coroutine", what), 3)
+  end
+end
+
+-- The whole acquisition: the local gate (with the decorator's bound),
+-- then Redis with what is left of it.
+local function acquire(lk, limit, err, key, name, weight, priority)
+  local deadline
+  if limit == false then
+    deadline = false
+  elseif limit and limit ~= huge then
+    deadline = now() + limit
+  end
+  local gate = lk.gate
+  local gate_release
+  if limit == nil then
+    if key ~= nil then gate_release = gate:acquire(key, priority)
+    else gate_release = gate:acquire(priority) end
+  elseif key ~= nil then
+    gate_release = limited(gate, limit, err, key, priority)
+  else
+    gate_release = limited(gate, limit, err, priority)
+  end
+  local _ <close> = gate_release
+  return redis_acquire(lk, name, weight, deadline, err)
+end
+
+local function options_of(opts, n, fname)
+  if opts == nil then opts = {} end
+  if type(opts) ~= "table" then
+    argerror(3, n, fname, "options must be a table, got " .. typename(opts))
+  end
+  local function int(field, default, least)
+    local v = opts[field]
+    if v == nil then return default end
+    if type(v) ~= "number" or tointeger(v) == nil or v < least then
+      argerror(4, n, fname, format("options.%s must be an integer >= %d", field, least))
+    end
+    return tointeger(v)
+  end
+  local ttl = int("ttl", 30000, 10)
+  local o = {
+    ttl = ttl,
+    renew = int("renewInterval", ttl // 3, 0),
+    wait_ms = int("waiterTimeout", 3000, 10),
+    on_lost = opts.onLost,
+    cancel_error = opts.cancelError,
+    lost_error = opts.lostError,
+  }
+  if o.renew >= ttl then
+    argerror(3, n, fname, "options.renewInterval must be below options.ttl")
+  end
+  if o.on_lost ~= nil and not is_callable(o.on_lost) then
+    argerror(3, n, fname, "options.onLost must be callable")
+  end
+  if o.cancel_error == nil then o.cancel_error = am.E_CANCELED end
+  if o.lost_error == nil then o.lost_error = E_LOST end
+  return o
+end
+
+local function check_client(client, fname)
+  local ok = pcall(function() return is_callable(client.eval) and is_callable(client.subscribe) end)
+  if not ok or not (is_callable(client.eval) and is_callable(client.subscribe)) then
+    argerror(3, 1, fname, "redis client expected, got " .. typename(client))
+  end
+end
+
+local function new_record(mt, client, name, limit, opts, keyed)
+  local lk = setmetatable(opts, mt)
+  lk.client, lk.hub, lk.name, lk.limit = client, get_hub(client), name, limit
+  lk.gate = keyed and core.KeyedMutex.new({ cancelError = opts.cancel_error })
+    or core.Mutex.new(opts.cancel_error)
+  lk.waiting = {}
+  lk.holds = {}
+  return lk
+end
+
+-- Unscoped release of the oldest hold of this process on 'name'.
+local function release_name(lk, name)
+  local holds = lk.holds[name]
+  if not holds then return false end
+  return release_lease(holds[1])
+end
+
+-- Rejects this process's waiters of 'name' (all names when nil).
+local function cancel(lk, key, name)
+  if key == nil then lk.gate:cancel() else lk.gate:cancel(key) end
+  for w in pairs(lk.waiting) do
+    if name == nil or w.name == name then
+      w.canceled = true
+      w.bell:release()              -- the waiter wakes, sees 'canceled' and leaves
+    end
+  end
+end
+
+-- The state in Redis: weight held, queue length.
+local function state(lk, name)
+  local r = eval(lk.client, scripts.state, scripts.keys(name), { lk.limit })
+  return r[1], r[2]
+end
+
+-- waitForUnlock: until a request like this one could be granted at once
+-- (room for 'weight', nobody queued).  Waits on the lock's ":free"
+-- channel, with the same renewal period as a waiter as a safety net.
+local function wait_for_unlock(lk, limit, err, name, weight)
+  local deadline = limit == false and false or (limit and limit ~= huge and now() + limit)
+  local bell = core.Semaphore.new(0)
+  local cleanup <close> = setmetatable({}, { __close = function(c)
+    if c.sub then c.sub:unsubscribe() end
+  end })
+  while true do
+    local used, queued = state(lk, name)
+    if queued == 0 and used + weight <= lk.limit then return end
+    if deadline == false then error(err, 0) end
+    if not cleanup.sub then
+      cleanup.sub = lk.client:subscribe(name .. ":free", function() bell:release() end)
+    else
+      local wait = max(1, lk.wait_ms // 3)
+      if deadline then wait = min(wait, max(0, deadline - now())) end
+      local ok, e = pcall(limited, bell, wait, REFRESH)
+      if not ok and e ~= REFRESH then error(e, 0) end
+      if deadline and now() >= deadline then error(err, 0) end
+    end
+  end
+end
+
+local function finish(lk, release, ok, ...)
+  if not ok then
+    release()
+    error((...), 0)
+  end
+  if not release() and release.state == "lost" then error(lk.lost_error, 0) end
+  return ...
+end
+
+local function check_fn(fn, n)
+  if not is_callable(fn) then
+    argerror(3, n, "runExclusive", "function expected, got " .. typename(fn))
+  end
+end
+
+-- RedisMutex ------------------------------------------------------------
+
+local mutex = {}
+Mutex.__index = mutex
+
+--- RedisMutex.new(client, name [, options])
+function M.new_mutex(client, name, opts)
+  check_client(client, "new")
+  if type(name) ~= "string" or name == "" then
+    argerror(2, 2, "new", "lock name must be a non-empty string, got " .. typename(name))
+  end
+  local o = options_of(opts, 3, "new")
+  local lk = new_record(Mutex, client, name, 1, o, false)
+  return lk
+end
+
+function mutex.acquire(self, priority)
+  local lk, limit, err = check_self(self, Mutex, "acquire")
+  check_priority(priority, 1, "acquire")
+  check_yieldable("acquire a Redis lock")
+  local release = acquire(lk, limit, err, nil, lk.name, 1, priority)
+  return release
+end
+
+function mutex.runExclusive(self, fn, priority)
+  local lk, limit, err = check_self(self, Mutex, "runExclusive")
+  check_fn(fn, 1)
+  check_priority(priority, 2, "runExclusive")
+  check_yieldable("acquire a Redis lock")
+  local release <close> = acquire(lk, limit, err, nil, lk.name, 1, priority)
+  return finish(lk, release, pcall(fn))
+end
+
+function mutex.waitForUnlock(self, priority)
+  local lk, limit, err = check_self(self, Mutex, "waitForUnlock")
+  check_priority(priority, 1, "waitForUnlock")
+  check_yieldable("wait for a Redis lock")
+  wait_for_unlock(lk, limit, err, lk.name, 1)
+end
+
+function mutex.isLocked(self)
+  local lk = check_self(self, Mutex, "isLocked")
+  check_yieldable("ask Redis")
+  local used = state(lk, lk.name)
+  return used >= 1
+end
+
+function mutex.release(self)
+  local lk = check_self(self, Mutex, "release")
+  return release_name(lk, lk.name)
+end
+
+function mutex.cancel(self)
+  local lk = check_self(self, Mutex, "cancel")
+  cancel(lk, nil, nil)
+end
+
+function Mutex.__tostring(lk)
+  return format("async_mutex.RedisMutex (%s)", lk.name)
+end
+
+-- RedisSemaphore --------------------------------------------------------
+
+local semaphore = {}
+Semaphore.__index = semaphore
+
+local function check_weight(lk, w, n, fname)
+  if w == nil then return 1 end
+  local i = type(w) == "number" and tointeger(w)
+  if not i or i < 1 then argerror(3, n, fname, "weight must be a positive integer") end
+  if i > lk.limit then argerror(3, n, fname, "weight must not exceed the semaphore's limit") end
+  return i
+end
+
+--- RedisSemaphore.new(client, name, limit [, options])
+function M.new_semaphore(client, name, limit, opts)
+  check_client(client, "new")
+  if type(name) ~= "string" or name == "" then
+    argerror(2, 2, "new", "lock name must be a non-empty string, got " .. typename(name))
+  end
+  if type(limit) ~= "number" or tointeger(limit) == nil or limit < 1 then
+    argerror(2, 3, "new", "limit must be a positive integer")
+  end
+  local o = options_of(opts, 4, "new")
+  return new_record(Semaphore, client, name, tointeger(limit), o, false)
+end
+
+function semaphore.acquire(self, weight, priority)
+  local lk, limit, err = check_self(self, Semaphore, "acquire")
+  weight = check_weight(lk, weight, 1, "acquire")
+  check_priority(priority, 2, "acquire")
+  check_yieldable("acquire a Redis lock")
+  local release, value = acquire(lk, limit, err, nil, lk.name, weight, priority)
+  return value, release
+end
+
+function semaphore.runExclusive(self, fn, weight, priority)
+  local lk, limit, err = check_self(self, Semaphore, "runExclusive")
+  check_fn(fn, 1)
+  weight = check_weight(lk, weight, 2, "runExclusive")
+  check_priority(priority, 3, "runExclusive")
+  check_yieldable("acquire a Redis lock")
+  local release <close>, value = acquire(lk, limit, err, nil, lk.name, weight, priority)
+  return finish(lk, release, pcall(fn, value))
+end
+
+function semaphore.waitForUnlock(self, weight, priority)
+  local lk, limit, err = check_self(self, Semaphore, "waitForUnlock")
+  weight = check_weight(lk, weight, 1, "waitForUnlock")
+  check_priority(priority, 2, "waitForUnlock")
+  check_yieldable("wait for a Redis lock")
+  wait_for_unlock(lk, limit, err, lk.name, weight)
+end
+
+function semaphore.isLocked(self)
+  local lk = check_self(self, Semaphore, "isLocked")
+  check_yieldable("ask Redis")
+  local used = state(lk, lk.name)
+  return used >= lk.limit
+end
+
+--- getValue(): the room left (limit minus the weight held, in Redis).
+function semaphore.getValue(self)
+  local lk = check_self(self, Semaphore, "getValue")
+  check_yieldable("ask Redis")
+  local used = state(lk, lk.name)
+  return lk.limit - used
+end
+
+function semaphore.release(self)
+  local lk = check_self(self, Semaphore, "release")
+  return release_name(lk, lk.name)
+end
+
+function semaphore.cancel(self)
+  local lk = check_self(self, Semaphore, "cancel")
+  cancel(lk, nil, nil)
+end
+
+function Semaphore.__tostring(lk)
+  return format("async_mutex.RedisSemaphore (%s, %d)", lk.name, lk.limit)
+end
+
+-- KeyedRedisMutex -------------------------------------------------------
+
+local keyed = {}
+Keyed.__index = keyed
+
+--- KeyedRedisMutex.new(client, prefix [, options])
+function M.new_keyed(client, prefix, opts)
+  check_client(client, "new")
+  if type(prefix) ~= "string" then
+    argerror(2, 2, "new", "key prefix must be a string, got " .. typename(prefix))
+  end
+  local o = options_of(opts, 3, "new")
+  return new_record(Keyed, client, prefix, 1, o, true)
+end
+
+function keyed.acquire(self, key, priority)
+  local lk, limit, err = check_self(self, Keyed, "acquire")
+  local k = check_key(key, 1, "acquire")
+  check_priority(priority, 2, "acquire")
+  check_yieldable("acquire a Redis lock")
+  local release = acquire(lk, limit, err, key, lk.name .. k, 1, priority)
+  return release
+end
+
+function keyed.runExclusive(self, key, fn, priority)
+  local lk, limit, err = check_self(self, Keyed, "runExclusive")
+  local k = check_key(key, 1, "runExclusive")
+  check_fn(fn, 2)
+  check_priority(priority, 3, "runExclusive")
+  check_yieldable("acquire a Redis lock")
+  local release <close> = acquire(lk, limit, err, key, lk.name .. k, 1, priority)
+  return finish(lk, release, pcall(fn))
+end
+
+function keyed.waitForUnlock(self, key, priority)
+  local lk, limit, err = check_self(self, Keyed, "waitForUnlock")
+  local k = check_key(key, 1, "waitForUnlock")
+  check_priority(priority, 2, "waitForUnlock")
+  check_yieldable("wait for a Redis lock")
+  wait_for_unlock(lk, limit, err, lk.name .. k, 1)
+end
+
+function keyed.isLocked(self, key)
+  local lk = check_self(self, Keyed, "isLocked")
+  local k = check_key(key, 1, "isLocked")
+  check_yieldable("ask Redis")
+  local used = state(lk, lk.name .. k)
+  return used >= 1
+end
+
+function keyed.release(self, key)
+  local lk = check_self(self, Keyed, "release")
+  local k = check_key(key, 1, "release")
+  return release_name(lk, lk.name .. k)
+end
+
+function keyed.cancel(self, key)
+  local lk = check_self(self, Keyed, "cancel")
+  if key == nil then return cancel(lk, nil, nil) end
+  local k = check_key(key, 1, "cancel")
+  cancel(lk, key, lk.name .. k)
+end
+
+function Keyed.__tostring(lk)
+  return format("async_mutex.KeyedRedisMutex (%s*)", lk.name)
+end
+
+-- }==========================================================
+
+
+-- {========================================================== decorators
+-- am.withTimeout and am.tryAcquire hand Redis locks to mt.__decorate: the
+-- decorated lock is {lock, limit, err} (as for local locks) whose methods
+-- are the plain ones, which read the bound from it.
+
+for _, mt in ipairs({ Mutex, Semaphore, Keyed }) do
+  local d = { __name = "async_mutex.decorated " .. mt.__name:match("%.(.*)$") }
+  d.__index = mt.__index
+  decorated_of[mt] = d
+  -- (fname, lock, ms, timeout_error) for withTimeout, (fname, lock,
+  -- already_locked_error) for tryAcquire; tail-called by am's decorators,
+  -- so level 2 is the user's call.
+  mt.__decorate = function(fname, lock, a, b)
+    if fname == "tryAcquire" then
+      if a == nil then a = am.E_ALREADY_LOCKED end
+      return setmetatable({ lock, false, a }, d)
+    end
+    if type(a) ~= "number" or not (a >= 0) then
+      error("bad argument #2 to 'withTimeout' (timeout must be a non-negative number)", 2)
+    end
+    if b == nil then b = am.E_TIMEOUT end
+    return setmetatable({ lock, a, b }, d)
+  end
+end
+
+-- }==========================================================
+
+M.RedisMutex = { new = M.new_mutex }
+M.RedisSemaphore = { new = M.new_semaphore }
+M.KeyedRedisMutex = { new = M.new_keyed }
+M.new_mutex, M.new_semaphore, M.new_keyed = nil, nil, nil
+
+return M
