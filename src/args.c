@@ -176,7 +176,12 @@ static Key optpriority (lua_State *L, int idx, int base,
                         const char *fname) {
   lua_Number p;
   Key k;
-  if (lua_isnoneornil(L, idx)) return am_key_number(0);
+  if (lua_isnoneornil(L, idx)) {           /* the integer 0 */
+    k.n = 0;
+    k.i = 0;
+    k.flt = 0;
+    return k;
+  }
   if (lua_isinteger(L, idx)) {
     k.i = lua_tointeger(L, idx);
     k.n = (lua_Number)k.i;

@@ -97,10 +97,21 @@ static void ensure_open (lua_State *L, State *st, int *handle, int ctor) {
 }
 
 
+/*
+** RE-ENTRY: a hook run at the call of start may close the handle before
+** start runs; libuv would then keep a closed handle in its loop (freed
+** later: use after free).  So the handle is checked again after start,
+** and one found closed is stopped (out of the loop) and replaced by
+** am_sync's next round.
+*/
 static void start_idle (lua_State *L, State *st) {
   ensure_open(L, st, &st->idle, st->new_idle);
   call_handle(L, st->idle_start, st->idle, st->on_idle);
   st->idle_on = 1;
+  if (handle_closed(L, st, st->idle)) {
+    call_handle(L, st->idle_stop, st->idle, LUA_NOREF);
+    st->idle_on = 0;
+  }
 }
 
 
@@ -129,6 +140,10 @@ static void arm_timer (lua_State *L, State *st) {
   lua_call(L, 4, 0);
   st->timer_on = 1;
   st->timer_due = due;
+  if (handle_closed(L, st, st->timer)) {      /* as in start_idle */
+    call_handle(L, st->timer_stop, st->timer, LUA_NOREF);
+    st->timer_on = 0;
+  }
 }
 
 

@@ -110,6 +110,7 @@ int am_waiter_abandon (lua_State *L, Waiter *w) {
   return 1;
 }
 
+
 /*
 ** QUEUED -> DONE at lua_close, when its lock is freed (rules.c:
 ** am_lock_free) with the waiter still in its queue (taken out already):

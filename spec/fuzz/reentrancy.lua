@@ -62,6 +62,10 @@ local KEYS = { "a", "b", 1 }
 -- artifacts of this fuzzer; so hooks are left out unless the variable is
 -- set (AM_REENTRY_EXCLUDE= includes everything).  The hook cases known
 -- to have failed are regression tests in spec/35-reentry-hooks_spec.lua.
+-- KNOWN too, without hooks: a long run (seeds from 1000000) reported "two
+-- holders of Mutex" (a tryAcquire holder, then a plain acquire granted) at
+-- seed 1000315, after 315 sequences; not yet diagnosed (the holder
+-- bookkeeping here is conservative about unscoped releases, see 'held').
 local EXCLUDE = {}
 for word in (os.getenv("AM_REENTRY_EXCLUDE") or "hook"):gmatch("[%w_]+") do
   EXCLUDE[word] = true
