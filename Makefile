@@ -168,6 +168,7 @@ bench: deps
 	@$(MAKE) --no-print-directory all
 	$(RUNENV) BENCH_JSON=$(BENCH_JSON) $(LUA) bench/run.lua
 	$(LUA) bench/chart.lua $(BENCH_JSON) $(BENCH_SVG)
+	$(RUNENV) $(LUA) bench/lockkinds.lua
 ifneq ($(HIREDIS_H),)
 	$(RUNENV) $(LUA) bench/redis/run.lua
 	$(RUNENV) $(LUA) bench/optimistic.lua

@@ -32,6 +32,7 @@ local INTERNAL = {
 local RECEIVERS = {
   ["async_mutex.KeyedMutex"] = { "km", "keyed" },
   ["async_mutex.KeyedSemaphore"] = { "ks", "keyed" },
+  ["async_mutex.ReentrantMutex"] = { "rm" },
 }
 
 -- Option tables: their annotation class, and the README heading under which

@@ -173,6 +173,26 @@ describe("the fuzz model", function()
     assert.are.same({ "got 1 -", "enter 2 -", "handler raise#2", "enter 3 -", "done 3" }, w.log)
     assert.are.equal(1, w.locks[1].value)
   end)
+
+  it("RWLock: readers share, a reader queues behind a waiting writer, readers at the head enter together", function()
+    local RW = { { kind = "rw" } }
+    local w = run(RW, {
+      spawn(1, 1, "acquire", 1), spawn(2, 1, "acquire", 1),    -- two readers at once
+      spawn(3, 1, "acquire", 2),                                -- a writer waits
+      spawn(4, 1, "acquire", 1), spawn(5, 1, "acquire", 1),    -- readers behind it
+      spawn(6, 1, "wait"),
+      { op = "call_rel", id = 1 }, { op = "call_rel", id = 2 }, TURN,
+    })
+    assert.are.same({ "got 1 -", "got 2 -", "got 3 -" }, w.log)
+    assert.are.equal(-1, w.locks[1].value)
+    local w2 = run(RW, {
+      spawn(1, 1, "acquire", 2), spawn(2, 1, "acquire", 1), spawn(3, 1, "acquire", 1),
+      spawn(4, 1, "acquire", 2), { op = "unscoped", lock = 1 }, TURN,
+    })
+    assert.are.same({ "got 1 -", "got 2 -", "got 3 -" }, w2.log)
+    assert.are.equal(2, w2.locks[1].value)
+    assert.are.equal("queued", w2.actors[4].state)
+  end)
 end)
 
 describe("async_mutex against the model", function()

@@ -219,7 +219,7 @@ void am_checkkey (lua_State *L, int idx, int base, const char *fname) {
 void am_parse_request (lua_State *L, Request *rq, const LockKind *kind) {
   int idx = rq->first;
   rq->weight = kind->weighted ? am_optweight(L, idx++, rq->base, rq->fname)
-                              : 1;
+                              : rq->mode ? rq->mode : 1;
   rq->priority = optpriority(L, idx, rq->base, rq->fname);
   if (rq->wait != AM_TRY && !lua_isyieldable(L))
     am_usage_error(L, "attempt to %s %s outside a coroutine",

@@ -12,6 +12,10 @@
 **   rules.c            the queue rules every lock kind shares: grant,
 **                      dispatch, cancel, expiry, giving a grant back
 **   mutex_semaphore.c  the Mutex and Semaphore lock kinds and methods
+**   rwlock.c           the RWLock kind: shared reads, exclusive writes;
+**                      a write releaser's downgrade
+**   reentrant.c        the ReentrantMutex kind: its holder re-enters
+**   lease.c            leased holds: their releasers, their expiry
 **   keyed.c            KeyedMutex and KeyedSemaphore: a lock per key
 **   decorated.c        withTimeout and tryAcquire: decorated locks, whose
 **                      requests have a limit; every other method is the
@@ -39,18 +43,23 @@
 #define AM_STATE_KEY  "async_mutex.scheduler"   /* registry key of the state */
 #define AM_KEYED_MUTEX      "async_mutex.KeyedMutex"
 #define AM_KEYED_SEMAPHORE  "async_mutex.KeyedSemaphore"
+#define AM_RWLOCK     "async_mutex.RWLock"
+#define AM_REENTRANT_MUTEX  "async_mutex.ReentrantMutex"
 /* Decorated locks' metatables are made per copy of the module, and not
    registered: these are only their __name. */
 #define AM_DECORATED_MUTEX  "async_mutex.decorated Mutex"
 #define AM_DECORATED_SEMAPHORE  "async_mutex.decorated Semaphore"
 #define AM_DECORATED_KEYED_MUTEX  "async_mutex.decorated KeyedMutex"
 #define AM_DECORATED_KEYED_SEMAPHORE  "async_mutex.decorated KeyedSemaphore"
+#define AM_DECORATED_RWLOCK  "async_mutex.decorated RWLock"
+#define AM_DECORATED_REENTRANT_MUTEX  "async_mutex.decorated ReentrantMutex"
 
 /* async-mutex's exact messages; they are also the error values. */
 #define AM_E_TIMEOUT  "timeout while waiting for mutex to become available"
 #define AM_E_ALREADY_LOCKED  "mutex already locked"
 #define AM_E_CANCELED "request for lock canceled"
 #define AM_E_MAX_PENDING  "too many pending requests for this key"
+#define AM_E_LOST     "lock lost: lease expired"
 
 
 /*
@@ -64,6 +73,8 @@ typedef enum AmType {
   AM_T_KEYED_MUTEX, AM_T_KEYED_SEMAPHORE,
   AM_T_DECORATED_MUTEX, AM_T_DECORATED_SEMAPHORE,
   AM_T_DECORATED_KEYED_MUTEX, AM_T_DECORATED_KEYED_SEMAPHORE,
+  AM_T_RWLOCK, AM_T_DECORATED_RWLOCK,
+  AM_T_REENTRANT_MUTEX, AM_T_DECORATED_REENTRANT_MUTEX,
   AM_NTYPES                   /* not a type: how many there are */
 } AmType;
 
@@ -134,8 +145,9 @@ typedef struct Queue {
   int timer;
 } Queue;
 
-/* What a waiter waits for. */
-enum { W_ACQUIRE, W_UNLOCK };
+/* What a waiter waits for; W_LEASE: a leased hold's releaser, in the
+   timer queue until its lease ends (lease.c). */
+enum { W_ACQUIRE, W_UNLOCK, W_LEASE };
 
 /*
 ** Life of a waiter (waiter.c makes every change, and asserts the state it
@@ -146,7 +158,8 @@ enum { W_ACQUIRE, W_UNLOCK };
 ** hands a releaser out (its own waiter, or a new one): HELD until
 ** released, then RELEASED.
 */
-enum { S_NEW, S_QUEUED, S_READY, S_RESUMING, S_DONE, S_HELD, S_RELEASED };
+enum { S_NEW, S_QUEUED, S_READY, S_RESUMING, S_DONE, S_HELD, S_RELEASED,
+       S_LOST };                /* a leased hold that ran out (lease.c) */
 
 enum { O_GRANTED, O_TIMEOUT, O_CANCELED };
 
@@ -166,6 +179,8 @@ typedef struct Releaser {
   lua_Integer weight;
   lua_Integer token;          /* set when granted */
   unsigned char state;        /* S_* */
+  unsigned char lease;        /* a leased hold's: a Waiter of kind W_LEASE,
+                                 user value 2 its lost error (lease.c) */
 } Releaser;
 
 /*
@@ -182,9 +197,13 @@ typedef struct Releaser {
 struct Waiter {
   Releaser r;                 /* first: a handed-out waiter is a Releaser */
   int ref;                    /* anchor of the coroutine (scheduler.c) */
-  unsigned int kind : 1;      /* W_ACQUIRE or W_UNLOCK */
+  unsigned int kind : 2;      /* W_ACQUIRE, W_UNLOCK or W_LEASE */
   unsigned int outcome : 2;
   unsigned int timed : 1;     /* allocated with 't' (withTimeout) */
+  unsigned int leased : 1;    /* its grant is leased ('lease'); allocated
+                                 with 't' */
+  unsigned int lease_from_request : 1;
+  unsigned char lostidx;      /* stack index of the lost error, or 0 */
   unsigned char lockidx;      /* stack index of the lock in the waiting frame */
   unsigned char erridx;       /* stack index of the timeout error, or 0; the
                                  waiter itself is just above both */
@@ -193,6 +212,8 @@ struct Waiter {
   Links t;                    /* timed only: in the timer queue, or
                                  t.next NULL */
   lua_Number deadline;        /* timed only: loop time (ms) */
+  lua_Number lease;           /* leased: the lease (ms), or its end (loop
+                                 time) when counted from the request */
 };
 
 #define AM_UNTIMED_SIZE    offsetof(Waiter, t)
@@ -210,6 +231,11 @@ typedef struct Request {
   int first;                  /* stack index of the user's first argument */
   int base;                   /* ... which errors number 1: 'first - base' */
   const char *fname;          /* the function errors name */
+  lua_Number lease;           /* withLease: the lease (ms), or 0 */
+  int lease_from_request;
+  int lostidx;                /* the lost error of a lease */
+  lua_Integer mode;           /* unweighted kinds: the weight the method
+                                 asks for (rwlock.c), or 0: 1 */
   Lock *lock;                 /* the lock, at stack index 'lockidx' */
   int lockidx;
   lua_Integer weight;
@@ -247,6 +273,9 @@ struct LockKind {
                     int saturate);
   /* is the lock held, as isLocked() answers */
   int (*is_locked) (const Lock *lk);
+  /* reentrant kinds (reentrant.c): the coroutine holding the lock
+     ('Lock.owner') is granted again at once, past the queue */
+  int reentrant;
 };
 
 /*
@@ -267,6 +296,8 @@ struct Lock {
   Keyed *keyed;               /* the keyed set serving this lock, or NULL */
   int selfref;                /* keyed: 0 while in its set (and in the
                                  state's 'keyedlocks'), else LUA_NOREF */
+  const lua_State *owner;     /* reentrant kinds: the holding coroutine
+                                 (anchored: user value 2), or NULL */
 };
 
 /*
@@ -333,6 +364,9 @@ int am_waiter_abandon (lua_State *L, Waiter *w);
 void am_waiter_detach (Waiter *w);
 extern const luaL_Reg am_releaser_metamethods[];
 extern const luaL_Reg am_waiter_metamethods[];
+extern const luaL_Reg am_releaser_methods[];
+void am_push_releaser (lua_State *L, int lockidx, Lock *lk,
+                       lua_Integer weight, lua_Integer token);
 
 /* rules.c */
 int am_can_lock_now (Lock *lk, lua_Integer weight, const Key *priority);
@@ -347,6 +381,35 @@ void am_expire (lua_State *L, Waiter *w);
 void am_lock_init (Lock *lk, const LockKind *kind, State *st,
                    lua_Integer value);
 void am_lock_free (Lock *lk);
+
+/* rwlock.c */
+/* An RWLock request's weight: what 'held' counts, and the mode. */
+#define AM_RW_READ   1
+#define AM_RW_WRITE  2
+extern const LockKind am_rwlock_kind;
+extern const luaL_Reg am_rwlock_methods[];
+extern const luaL_Reg am_rwlock_metamethods[];
+extern const luaL_Reg am_rwlock_class[];
+extern const luaL_Reg am_decorated_rwlock_methods[];
+int am_rw_downgrade (lua_State *L);
+int am_rw_upgrade (lua_State *L);
+
+/* reentrant.c */
+extern const LockKind am_reentrant_kind;
+extern const luaL_Reg am_reentrant_methods[];
+extern const luaL_Reg am_reentrant_metamethods[];
+extern const luaL_Reg am_reentrant_class[];
+extern const luaL_Reg am_decorated_reentrant_methods[];
+int am_reenters (lua_State *L, Lock *lk, const Request *rq);
+void am_reentrant_owned (lua_State *L, Lock *lk, int lockidx);
+
+/* lease.c */
+int am_push_lease (lua_State *L, int lockidx, int lostidx, Lock *lk,
+                   lua_Integer weight, lua_Integer token, lua_Number now,
+                   lua_Number end);
+void am_lease_end (lua_State *L, Releaser *r);
+void am_lease_lost (lua_State *L, Waiter *w);
+int am_releaser_check (lua_State *L);
 
 /* mutex_semaphore.c */
 extern const LockKind am_mutex_kind;
@@ -384,6 +447,9 @@ int am_core_acquire (lua_State *L);
 int am_core_limit (lua_State *L);
 int am_withTimeout (lua_State *L);
 int am_tryAcquire (lua_State *L);
+int am_withLease (lua_State *L);
+int am_decorated_request (lua_State *L, int kind, const char *fname,
+                          lua_Integer mode);
 
 /* scheduler.c */
 State *am_state_open (lua_State *L);

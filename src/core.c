@@ -14,7 +14,8 @@
 #include "async_mutex.h"
 
 
-/* core.kind(v): "Mutex", "Semaphore", "KeyedMutex", "KeyedSemaphore" or nil. */
+/* core.kind(v): "Mutex", "Semaphore", "RWLock", "ReentrantMutex",
+   "KeyedMutex", "KeyedSemaphore" or nil. */
 static int core_kind (lua_State *L) {
   Lock *lk = am_tolock(L, 1);
   Keyed *kd = am_tokeyed(L, 1);
@@ -139,6 +140,7 @@ static const luaL_Reg core_funcs[] = {
   {"layer", am_layer},
   {"withTimeout", am_withTimeout},
   {"tryAcquire", am_tryAcquire},
+  {"withLease", am_withLease},
   {"kind", core_kind},
   {"setErrorHandler", core_setErrorHandler},
   {"pending", core_pending},
@@ -160,6 +162,10 @@ const char *const am_tnames[AM_NTYPES] = {
   [AM_T_DECORATED_SEMAPHORE] = AM_DECORATED_SEMAPHORE,
   [AM_T_DECORATED_KEYED_MUTEX] = AM_DECORATED_KEYED_MUTEX,
   [AM_T_DECORATED_KEYED_SEMAPHORE] = AM_DECORATED_KEYED_SEMAPHORE,
+  [AM_T_RWLOCK] = AM_RWLOCK,
+  [AM_T_DECORATED_RWLOCK] = AM_DECORATED_RWLOCK,
+  [AM_T_REENTRANT_MUTEX] = AM_REENTRANT_MUTEX,
+  [AM_T_DECORATED_REENTRANT_MUTEX] = AM_DECORATED_REENTRANT_MUTEX,
 };
 
 
@@ -182,7 +188,7 @@ static const TypeReg types[AM_NTYPES] = {
   [AM_T_SEMAPHORE] = {"Semaphore", am_lock_metamethods,
                       am_semaphore_methods, am_semaphore_class},
   [AM_T_RELEASER] = {NULL, am_releaser_metamethods,
-                     NULL, NULL},
+                     am_releaser_methods, NULL},
   [AM_T_WAITER] = {NULL, am_waiter_metamethods, NULL, NULL},
   [AM_T_KEYED_MUTEX] = {"KeyedMutex",
                         am_keyed_metamethods, am_keyed_mutex_methods,
@@ -202,6 +208,15 @@ static const TypeReg types[AM_NTYPES] = {
   [AM_T_DECORATED_KEYED_SEMAPHORE] = {.methods = am_decorated_methods,
                                       .decorated = 1,
                                       .decorates = AM_T_KEYED_SEMAPHORE},
+  [AM_T_RWLOCK] = {"RWLock", am_rwlock_metamethods,
+                   am_rwlock_methods, am_rwlock_class},
+  [AM_T_DECORATED_RWLOCK] = {.methods = am_decorated_rwlock_methods,
+                             .decorated = 1, .decorates = AM_T_RWLOCK},
+  [AM_T_REENTRANT_MUTEX] = {"ReentrantMutex", am_reentrant_metamethods,
+                            am_reentrant_methods, am_reentrant_class},
+  [AM_T_DECORATED_REENTRANT_MUTEX] = {
+    .methods = am_decorated_reentrant_methods, .decorated = 1,
+    .decorates = AM_T_REENTRANT_MUTEX},
 };
 
 /*
@@ -233,7 +248,14 @@ static void open_type (lua_State *L, AmType t, int module) {
   const TypeReg *r = &types[t];
   int mt = 2 + t;
   if (r->metamethods != NULL) setfuncs(L, mt, r->metamethods, 0);
-  if (r->class == NULL) return;
+  if (r->class == NULL) {                   /* private: methods only */
+    if (r->methods != NULL) {
+      lua_newtable(L);
+      setfuncs(L, -1, r->methods, 0);
+      lua_setfield(L, mt, "__index");
+    }
+    return;
+  }
   if (lua_getfield(L, mt, "__index") != LUA_TTABLE) {
     lua_pop(L, 1);
     lua_newtable(L);
@@ -314,5 +336,7 @@ LUAMOD_API int luaopen_async_mutex_core (lua_State *L) {
   lua_setfield(L, -2, "E_CANCELED");
   lua_pushliteral(L, AM_E_MAX_PENDING);
   lua_setfield(L, -2, "E_MAX_PENDING");
+  lua_pushliteral(L, AM_E_LOST);
+  lua_setfield(L, -2, "E_LOST");
   return 1;
 }

@@ -20,10 +20,17 @@
 #include "async_mutex.h"
 
 
+/*
+** User values: 1 the lock, 2 the timeout (or refusal) error, 3 the lost
+** error of a lease.  Decorators compose: a decorated lock decorated again
+** keeps the limit or the lease it does not replace.
+*/
 typedef struct Decorated {
   AmType type;                /* of its lock */
   int wait;                   /* AM_TIMEOUT, AM_WAIT (no limit) or AM_TRY */
   lua_Number ms;              /* AM_TIMEOUT: the timeout */
+  lua_Number lease;           /* withLease: how long a hold lasts; 0: none */
+  int lease_from_request;     /* ... counted from the request */
 } Decorated;
 
 
@@ -33,6 +40,8 @@ const AmType am_decorated_type[AM_NTYPES] = {
   [AM_T_SEMAPHORE] = AM_T_DECORATED_SEMAPHORE,
   [AM_T_KEYED_MUTEX] = AM_T_DECORATED_KEYED_MUTEX,
   [AM_T_KEYED_SEMAPHORE] = AM_T_DECORATED_KEYED_SEMAPHORE,
+  [AM_T_RWLOCK] = AM_T_DECORATED_RWLOCK,
+  [AM_T_REENTRANT_MUTEX] = AM_T_DECORATED_REENTRANT_MUTEX,
 };
 
 
@@ -51,7 +60,8 @@ int am_undecorate (lua_State *L, AmType t) {
 
 /* The lock types, each of which has a decorated type. */
 static const AmType lock_types[] = {AM_T_MUTEX, AM_T_SEMAPHORE,
-                                    AM_T_KEYED_MUTEX, AM_T_KEYED_SEMAPHORE};
+                                    AM_T_KEYED_MUTEX, AM_T_KEYED_SEMAPHORE,
+                                    AM_T_RWLOCK, AM_T_REENTRANT_MUTEX};
 #define NLOCKTYPES  (sizeof(lock_types) / sizeof(lock_types[0]))
 
 
@@ -87,28 +97,46 @@ static const char *typename (lua_State *L, int idx) {
 
 
 /*
-** Pushes a new decorated lock of the lock at 1, with the error at
-** 'erridx' (or 'dflt' when none).  'fname' names the decorator in errors.
+** Pushes a new decorated lock of the lock at 1, a copy of it when it is
+** decorated already, and returns it.  'fname' names the decorator in
+** errors.
 */
-static void decorate (lua_State *L, const char *fname, int wait,
-                      lua_Number ms, int erridx, const char *dflt) {
-  Decorated *d;
+static Decorated *decorate (lua_State *L, const char *fname) {
+  Decorated *d, *from = todecorated(L, 1);
   AmType t;
-  if (!locktype(L, 1, &t)) {
+  if (from == NULL && !locktype(L, 1, &t)) {
     lua_pushfstring(L, "async_mutex lock expected, got %s", typename(L, 1));
     am_argerror(L, 1, 0, fname, lua_tostring(L, -1));
   }
-  d = (Decorated *)lua_newuserdatauv(L, sizeof(Decorated), 2);
-  d->type = t;
-  d->wait = wait;
-  d->ms = ms;
-  am_pushmt(L, am_decorated_type[t]);
+  d = (Decorated *)lua_newuserdatauv(L, sizeof(Decorated), 3);
+  if (from != NULL) {
+    *d = *from;
+    for (t = 1; t <= 3; t++) {
+      lua_getiuservalue(L, 1, (int)t);
+      lua_setiuservalue(L, -2, (int)t);
+    }
+  }
+  else {
+    d->type = t;
+    d->wait = AM_WAIT;
+    d->ms = 0;
+    d->lease = 0;
+    d->lease_from_request = 0;
+    lua_pushvalue(L, 1);
+    lua_setiuservalue(L, -2, 1);
+  }
+  am_pushmt(L, am_decorated_type[d->type]);
   lua_setmetatable(L, -2);
-  lua_pushvalue(L, 1);
-  lua_setiuservalue(L, -2, 1);
-  if (lua_isnil(L, erridx)) lua_pushstring(L, dflt);
-  else lua_pushvalue(L, erridx);
-  lua_setiuservalue(L, -2, 2);
+  return d;
+}
+
+
+/* Sets user value 'n' of the decorated lock on top: the value at 'idx',
+   or 'dflt' when it is nil. */
+static void set_error (lua_State *L, int n, int idx, const char *dflt) {
+  if (lua_isnil(L, idx)) lua_pushstring(L, dflt);
+  else lua_pushvalue(L, idx);
+  lua_setiuservalue(L, -2, n);
 }
 
 
@@ -117,13 +145,16 @@ static void decorate (lua_State *L, const char *fname, int wait,
 ** timeout_error when not granted within ms milliseconds.
 */
 int am_withTimeout (lua_State *L) {
+  Decorated *d;
   lua_Number ms = lua_tonumber(L, 2);
   lua_settop(L, 3);
   if (lua_type(L, 2) != LUA_TNUMBER || !(ms >= 0))
     am_argerror(L, 2, 0, "withTimeout",
                 "timeout must be a non-negative number");
-  decorate(L, "withTimeout", ms == HUGE_VAL ? AM_WAIT : AM_TIMEOUT, ms, 3,
-           AM_E_TIMEOUT);
+  d = decorate(L, "withTimeout");
+  d->wait = ms == HUGE_VAL ? AM_WAIT : AM_TIMEOUT;
+  d->ms = ms;
+  set_error(L, 2, 3, AM_E_TIMEOUT);
   return 1;
 }
 
@@ -133,9 +164,74 @@ int am_withTimeout (lua_State *L) {
 ** raise already_locked_error at once when they cannot succeed now.
 */
 int am_tryAcquire (lua_State *L) {
+  Decorated *d;
   lua_settop(L, 2);
-  decorate(L, "tryAcquire", AM_TRY, 0, 2, AM_E_ALREADY_LOCKED);
+  d = decorate(L, "tryAcquire");
+  d->wait = AM_TRY;
+  set_error(L, 2, 2, AM_E_ALREADY_LOCKED);
   return 1;
+}
+
+
+/*
+** withLease(lock, ms [, lost_error [, options]]): the lock, whose holds
+** last at most ms milliseconds (lease.c); options.fromRequest counts them
+** from the request instead of the grant.
+*/
+int am_withLease (lua_State *L) {
+  Decorated *d;
+  lua_Number ms = lua_tonumber(L, 2);
+  int from_request = 0;
+  lua_settop(L, 4);
+  if (lua_type(L, 2) != LUA_TNUMBER || !(ms > 0) || ms == HUGE_VAL)
+    am_argerror(L, 2, 0, "withLease",
+                "lease must be a positive finite number");
+  if (!lua_isnil(L, 4)) {
+    if (lua_type(L, 4) != LUA_TTABLE) {
+      lua_pushfstring(L, "options must be a table, got %s",
+                      luaL_typename(L, 4));
+      am_argerror(L, 4, 0, "withLease", lua_tostring(L, -1));
+    }
+    lua_getfield(L, 4, "fromRequest");
+    from_request = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+  }
+  if (am_testself(L, 1, AM_T_REENTRANT_MUTEX) != NULL
+      || am_testself(L, 1, AM_T_DECORATED_REENTRANT_MUTEX) != NULL)
+    am_argerror(L, 1, 0, "withLease",
+                "a ReentrantMutex cannot be leased (its levels are one "
+                "hold)");
+  d = decorate(L, "withLease");
+  d->lease = ms;
+  d->lease_from_request = from_request;
+  set_error(L, 3, 3, AM_E_LOST);
+  return 1;
+}
+
+
+/*
+** Rearranges a decorated request (self at 1, the user's arguments from
+** 'rq->first') as lock, error, [lost error,] arguments, and gives 'rq' the
+** decorated lock's limit and lease.  Returns the lock.
+*/
+static void *undecorate (lua_State *L, Decorated *d, Request *rq) {
+  rq->wait = d->wait;
+  rq->ms = d->ms;
+  rq->erridx = 2;
+  if (d->lease > 0) {
+    rq->lease = d->lease;
+    rq->lease_from_request = d->lease_from_request;
+    rq->lostidx = 3;
+    lua_getiuservalue(L, 1, 3);               /* self ... lost */
+    lua_insert(L, 2);                         /* self lost ... */
+    rq->first++;
+    rq->base++;
+  }
+  lua_getiuservalue(L, 1, 2);                 /* self [lost] ... err */
+  lua_insert(L, 2);                           /* self err [lost] ... */
+  lua_getiuservalue(L, 1, 1);
+  lua_replace(L, 1);                          /* lock err [lost] ... */
+  return lua_touserdata(L, 1);
 }
 
 
@@ -143,26 +239,23 @@ int am_tryAcquire (lua_State *L) {
 ** A request of a decorated lock: self at 1, the user's arguments after.
 ** Rearranged as lock, error, arguments (numbered from 1 after the
 ** error), then the lock's own request with the limit.  Upvalue after the
-** module's: the decorated type the method belongs to.
+** module's: the decorated type the method belongs to.  'mode': what an
+** unweighted kind's method asks for (Request.mode).
 */
 #define DECORATED_TYPE  lua_upvalueindex(AM_NUPVALUES + 1)
 
-static int request (lua_State *L, int kind, const char *fname) {
+int am_decorated_request (lua_State *L, int kind, const char *fname,
+                          lua_Integer mode) {
   AmType t = (AmType)lua_tointeger(L, DECORATED_TYPE);
   Decorated *d = (Decorated *)am_testself(L, 1, t);
   Request rq = {.kind = kind, .erridx = 2, .first = 3, .base = 2,
-                .fname = fname};
+                .fname = fname, .mode = mode};
   if (d == NULL) {
     const char *name = am_tnames[t] + strlen("async_mutex.");
     lua_pushfstring(L, "%s expected, got %s", name, typename(L, 1));
     return am_argerror(L, 1, 0, fname, lua_tostring(L, -1));
   }
-  rq.wait = d->wait;
-  rq.ms = d->ms;
-  lua_getiuservalue(L, 1, 2);                 /* self ... err */
-  lua_insert(L, 2);                           /* self err ... */
-  lua_getiuservalue(L, 1, 1);
-  lua_replace(L, 1);                          /* lock err ... */
+  undecorate(L, d, &rq);
   if (d->type == AM_T_KEYED_MUTEX || d->type == AM_T_KEYED_SEMAPHORE)
     return am_keyed_request(L, &rq);
   return am_lock_request(L, (Lock *)lua_touserdata(L, 1), &rq);
@@ -170,12 +263,12 @@ static int request (lua_State *L, int kind, const char *fname) {
 
 
 static int decorated_acquire (lua_State *L) {
-  return request(L, W_ACQUIRE, "acquire");
+  return am_decorated_request(L, W_ACQUIRE, "acquire", 0);
 }
 
 
 static int decorated_waitForUnlock (lua_State *L) {
-  return request(L, W_UNLOCK, "waitForUnlock");
+  return am_decorated_request(L, W_UNLOCK, "waitForUnlock", 0);
 }
 
 
@@ -205,16 +298,9 @@ int am_run_request (lua_State *L, AmType t) {
   }
   lua_remove(L, 2);                           /* self ... */
   if (d != NULL) {
-    rq.wait = d->wait;
-    rq.ms = d->ms;
-    rq.erridx = 2;
     rq.first = 3;
     rq.base = 1;
-    lua_getiuservalue(L, 1, 2);               /* self ... err */
-    lua_insert(L, 2);                         /* self err ... */
-    lua_getiuservalue(L, 1, 1);
-    lua_replace(L, 1);                        /* lock err ... */
-    lk = lua_touserdata(L, 1);
+    lk = undecorate(L, d, &rq);
   }
   return am_lock_request(L, (Lock *)lk, &rq);
 }
@@ -230,7 +316,7 @@ int am_core_limit (lua_State *L) {
   if (d == NULL) return 0;
   lua_getiuservalue(L, 1, 1);
   if (d->wait == AM_TRY) lua_pushboolean(L, 0);
-  else lua_pushnumber(L, d->ms);
+  else lua_pushnumber(L, d->wait == AM_WAIT ? HUGE_VAL : d->ms);
   lua_getiuservalue(L, 1, 2);
   return 3;
 }

@@ -95,10 +95,12 @@ const LockKind am_semaphore_kind = {
 /* }====================================================== */
 
 
-/* The Mutex or Semaphore at 'idx', or NULL. */
+/* The Mutex, Semaphore, RWLock or ReentrantMutex at 'idx', or NULL. */
 Lock *am_tolock (lua_State *L, int idx) {
   Lock *lk = (Lock *)am_testself(L, idx, AM_T_MUTEX);
-  return lk ? lk : (Lock *)am_testself(L, idx, AM_T_SEMAPHORE);
+  if (lk == NULL) lk = (Lock *)am_testself(L, idx, AM_T_SEMAPHORE);
+  if (lk == NULL) lk = (Lock *)am_testself(L, idx, AM_T_RWLOCK);
+  return lk ? lk : (Lock *)am_testself(L, idx, AM_T_REENTRANT_MUTEX);
 }
 
 

@@ -229,6 +229,10 @@ void am_cancel (lua_State *L, Lock *lk) {
 */
 void am_expire (lua_State *L, Waiter *w) {
   Lock *lk = w->r.lock;
+  if (w->kind == W_LEASE) {               /* a lease ran out (lease.c) */
+    am_lease_lost(L, w);
+    return;
+  }
   am_dequeue(lk, w);
   am_waiter_ready(L, w, O_TIMEOUT, 0);
   if (w->kind == W_ACQUIRE) am_dispatch(L, lk);
@@ -250,6 +254,7 @@ void am_lock_init (Lock *lk, const LockKind *kind, State *st,
   lk->freed = 0;
   lk->keyed = NULL;
   lk->selfref = LUA_NOREF;
+  lk->owner = NULL;
 }
 
 

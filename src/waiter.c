@@ -129,13 +129,14 @@ void am_waiter_detach (Waiter *w) {
 /* {====================================================== releaser */
 
 /* Pushes a new releaser of 'weight' of the lock at 'lockidx'. */
-static void push_releaser (lua_State *L, int lockidx, Lock *lk,
+void am_push_releaser (lua_State *L, int lockidx, Lock *lk,
                            lua_Integer weight, lua_Integer token) {
   Releaser *r = (Releaser *)lua_newuserdatauv(L, sizeof(Releaser), 1);
   r->lock = lk;
   r->weight = weight;
   r->token = token;
   r->state = S_HELD;
+  r->lease = 0;
   am_pushmt(L, AM_T_RELEASER);
   lua_setmetatable(L, -2);
   lua_pushvalue(L, lockidx);
@@ -144,7 +145,9 @@ static void push_releaser (lua_State *L, int lockidx, Lock *lk,
 
 
 /*
-** Releases once; later calls, and arguments, are ignored.  A mutex
+** Releases once, returning true; later calls (and a lost hold's, lease.c)
+** return false, and arguments are ignored (docs/lockkinds.md, Leases).
+** A mutex
 ** releaser only ends its own grant: it is a no-op once 'release()' has
 ** unlocked the mutex, even if someone else holds it since
 ** (docs/semantics.md, Release and P3).  Serves __call and __close (on
@@ -152,18 +155,23 @@ static void push_releaser (lua_State *L, int lockidx, Lock *lk,
 */
 static int releaser_release (lua_State *L) {
   Releaser *r = (Releaser *)am_checkself(L, AM_T_RELEASER);
-  if (released(r)) {
-    am_give_back(L, r->lock, r->weight, r->token, 0);
-    am_sync(L, r->lock->st);
+  if (!released(r)) {                   /* given back already, or lost */
+    lua_pushboolean(L, 0);
+    return 1;
   }
-  return 0;
+  if (r->lease) am_lease_end(L, r);     /* out of the timer queue */
+  am_give_back(L, r->lock, r->weight, r->token, 0);
+  am_sync(L, r->lock->st);
+  lua_pushboolean(L, 1);
+  return 1;
 }
 
 
 static int releaser__tostring (lua_State *L) {
   Releaser *r = (Releaser *)am_checkself(L, AM_T_RELEASER);
   lua_pushfstring(L, "%s (%s): %p", AM_RELEASER,
-                  r->state == S_HELD ? "held" : "released", (void *)r);
+                  r->state == S_HELD ? "held"
+                  : r->state == S_LOST ? "lost" : "released", (void *)r);
   return 1;
 }
 
@@ -175,18 +183,42 @@ static int releaser__tostring (lua_State *L) {
 static int push_grant (lua_State *L, int lockidx, Lock *lk,
                        lua_Integer weight, lua_Integer token) {
   if (!lk->kind->returns_value) {
-    push_releaser(L, lockidx, lk, weight, token);
+    am_push_releaser(L, lockidx, lk, weight, token);
     return 1;
   }
   lua_pushinteger(L, token);
-  push_releaser(L, lockidx, lk, weight, token);
+  am_push_releaser(L, lockidx, lk, weight, token);
   return 2;
+}
+
+/*
+** push_grant for a leased grant: the releaser is a lease's, whose lease
+** ends at 'end' (loop time).
+*/
+static int push_leased_grant (lua_State *L, int lockidx, int lostidx,
+                              Lock *lk, lua_Integer weight,
+                              lua_Integer token, lua_Number now,
+                              lua_Number end) {
+  int n = 1;
+  if (lk->kind->returns_value) {
+    lua_pushinteger(L, token);
+    n = 2;
+  }
+  am_push_lease(L, lockidx, lostidx, lk, weight, token, now, end);
+  return n;
 }
 
 /* }====================================================== */
 
 
 /* {====================================================== the request */
+
+/* The highest stack index a waiting request keeps (the waiter goes just
+   above). */
+static int top_kept (int lockidx, int erridx, int lostidx) {
+  int top = lockidx > erridx ? lockidx : erridx;
+  return top > lostidx ? top : lostidx;
+}
 
 /*
 ** Returns the grant of an untimed acquire, whose waiter (at 'widx', the
@@ -224,7 +256,7 @@ static int hand_out_waiter (lua_State *L, Waiter *w, int widx) {
 */
 static int finish_request (lua_State *L, int status, lua_KContext ctx) {
   Waiter *w = (Waiter *)ctx;
-  int widx = (w->lockidx > w->erridx ? w->lockidx : w->erridx) + 1;
+  int widx = top_kept(w->lockidx, w->erridx, w->lostidx) + 1;
   (void)status;
   if (w->r.state != S_RESUMING) {         /* the waiter back on top */
     lua_settop(L, widx);
@@ -234,6 +266,15 @@ static int finish_request (lua_State *L, int status, lua_KContext ctx) {
   switch (w->outcome) {
     case O_GRANTED:
       if (w->kind == W_UNLOCK) return 0;
+      if (w->r.lock->kind->reentrant)      /* its holder, from now on */
+        am_reentrant_owned(L, w->r.lock, w->lockidx);
+      if (w->leased) {                     /* the lease starts (or ran) */
+        lua_Number now = am_timer_now(L, w->r.lock->st);
+        return push_leased_grant(L, w->lockidx, w->lostidx, w->r.lock,
+                                 w->r.weight, w->r.token, now,
+                                 w->lease_from_request ? w->lease
+                                                       : now + w->lease);
+      }
 #if HAND_OUT_WAITERS
       if (!w->timed) return hand_out_waiter(L, w, widx);
 #endif
@@ -263,13 +304,19 @@ static int waiter__close (lua_State *L) {
 */
 static Waiter *new_waiter (lua_State *L, const Request *rq, int timed,
                            int hands_out) {
-  Waiter *w = (Waiter *)lua_newuserdatauv(L, timed ? sizeof(Waiter)
-                                                   : AM_UNTIMED_SIZE,
+  int leased = rq->lease > 0 && rq->kind == W_ACQUIRE;
+  Waiter *w = (Waiter *)lua_newuserdatauv(L, (timed || leased)
+                                             ? sizeof(Waiter)
+                                             : AM_UNTIMED_SIZE,
                                           hands_out);
   w->r.lock = rq->lock;
   w->r.weight = rq->weight;
   w->r.token = 0;
   w->r.state = S_NEW;
+  w->r.lease = 0;
+  w->leased = (unsigned)leased;
+  w->lease_from_request = (unsigned)(rq->lease_from_request != 0);
+  w->lostidx = (unsigned char)rq->lostidx;
   w->ref = LUA_NOREF;
   w->kind = (unsigned)rq->kind;
   w->outcome = O_GRANTED;
@@ -277,9 +324,10 @@ static Waiter *new_waiter (lua_State *L, const Request *rq, int timed,
   w->lockidx = (unsigned char)rq->lockidx;
   w->erridx = (unsigned char)rq->erridx;
   w->q.prev = w->q.next = NULL;
-  if (timed) {
+  if (timed || leased) {
     w->t.prev = w->t.next = NULL;
     w->deadline = 0;
+    w->lease = rq->lease;
   }
   am_pushmt(L, AM_T_WAITER);
   lua_setmetatable(L, -2);
@@ -289,16 +337,23 @@ static Waiter *new_waiter (lua_State *L, const Request *rq, int timed,
 
 
 /*
-** Grants 'rq' on 'lk' now: pushes what acquire returns (waitForUnlock:
-** nothing; a keyed lock may be idle again).
+** Grants 'rq' on 'lk' now, to the running coroutine: pushes what acquire
+** returns (waitForUnlock: nothing; a keyed lock may be idle again).  A
+** leased grant's lease starts at 'now' (read before deciding).
 */
-static int grant_now (lua_State *L, const Request *rq, Lock *lk) {
+static int grant_now (lua_State *L, const Request *rq, Lock *lk,
+                      lua_Number now) {
+  lua_Integer token;
   if (rq->kind == W_UNLOCK) {
     am_settle(L, lk);
     return 0;
   }
-  return push_grant(L, rq->lockidx, lk, rq->weight,
-                    am_take(lk, rq->weight));
+  token = am_take(lk, rq->weight);
+  if (lk->kind->reentrant) am_reentrant_owned(L, lk, rq->lockidx);
+  if (rq->lease > 0)
+    return push_leased_grant(L, rq->lockidx, rq->lostidx, lk, rq->weight,
+                             token, now, now + rq->lease);
+  return push_grant(L, rq->lockidx, lk, rq->weight, token);
 }
 
 
@@ -309,11 +364,13 @@ static int grant_now (lua_State *L, const Request *rq, Lock *lk) {
 static int suspend (lua_State *L, Request *rq) {
   Lock *lk = rq->lock;
   int timed = (rq->wait == AM_TIMEOUT);
-  int hands_out = HAND_OUT_WAITERS && !timed && rq->kind == W_ACQUIRE;
+  int leased = rq->lease > 0 && rq->kind == W_ACQUIRE;
+  int hands_out = HAND_OUT_WAITERS && !timed && !leased
+                  && rq->kind == W_ACQUIRE;
   lua_Number now = 0;
   Waiter *w;
   /* keep what the continuation reads; the waiter goes just above */
-  lua_settop(L, rq->lockidx > rq->erridx ? rq->lockidx : rq->erridx);
+  lua_settop(L, top_kept(rq->lockidx, rq->erridx, rq->lostidx));
   /* RE-ENTRY (docs/semantics.md, "Re-entry"): allocate first, decide
      after.  Both allocations below may run a collector step, and so a
      user's finalizer, which may release this very lock: the decision
@@ -322,7 +379,10 @@ static int suspend (lua_State *L, Request *rq) {
   /* anchored before it is queued: if a later step raises and nothing
      catches it, the dead coroutine and its waiter stay alive while queued */
   am_anchor(L, w);                         /* may run the collector */
-  if (timed) now = am_timer_now(L, lk->st);    /* calls luv: a hook may run */
+  if (timed || leased)
+    now = am_timer_now(L, lk->st);         /* calls luv: a hook may run */
+  if (leased && rq->lease_from_request)
+    w->lease = now + rq->lease;            /* the lease's end */
   /* From here until the waiter is QUEUED nothing runs Lua code.  A keyed
      lock may have left its set meanwhile (a finalizer released the key):
      the request goes to the key's lock as it is now. */
@@ -333,7 +393,7 @@ static int suspend (lua_State *L, Request *rq) {
   }
   if (am_can_lock_now(lk, rq->weight, &rq->priority)) {  /* freed meanwhile */
     am_unanchor(L, w);            /* never queued: its __close is a no-op */
-    return grant_now(L, rq, lk);
+    return grant_now(L, rq, lk, now);
   }
   if (lk->freed) {                 /* a finalizer run by lua_close */
     am_unanchor(L, w);
@@ -354,8 +414,13 @@ static int suspend (lua_State *L, Request *rq) {
 ** the calling coroutine until the scheduler resumes it with an outcome.
 */
 int am_request (lua_State *L, Request *rq) {
+  lua_Number now = 0;
+  if (rq->lease > 0 && rq->kind == W_ACQUIRE)   /* the clock, first */
+    now = am_timer_now(L, rq->lock->st);
+  if (rq->lock->kind->reentrant && am_reenters(L, rq->lock, rq))
+    return grant_now(L, rq, rq->lock, now);     /* its holder, once more */
   if (am_can_lock_now(rq->lock, rq->weight, &rq->priority))  /* fast path */
-    return grant_now(L, rq, rq->lock);
+    return grant_now(L, rq, rq->lock, now);
   if (rq->wait == AM_TRY) {
     am_settle(L, rq->lock);       /* a keyed lock made for this try */
     lua_pushvalue(L, rq->erridx);
@@ -383,6 +448,14 @@ const luaL_Reg am_releaser_metamethods[] = {
   {"__call", releaser_release},
   {"__close", releaser_release},
   {"__tostring", releaser__tostring},
+  {NULL, NULL}
+};
+
+/* Methods of a releaser; each checks that its lock kind offers it. */
+const luaL_Reg am_releaser_methods[] = {
+  {"check", am_releaser_check},
+  {"downgrade", am_rw_downgrade},
+  {"upgrade", am_rw_upgrade},
   {NULL, NULL}
 };
 

@@ -12,6 +12,8 @@
 ---| async_mutex.Semaphore
 ---| async_mutex.KeyedMutex
 ---| async_mutex.KeyedSemaphore
+---| async_mutex.RWLock
+---| async_mutex.ReentrantMutex
 
 ---Called with the error and its traceback when a coroutine resumed by the
 ---module dies with an error.
@@ -23,6 +25,14 @@
 ---Only its first call counts, and it only ends its own hold.
 ---@class async_mutex.Releaser
 ---@operator call: nil
+---A readers-writer lock's write hold becomes a read hold, atomically; returns
+---the read hold's releaser (this one is spent).
+---@field downgrade fun(self: async_mutex.Releaser): async_mutex.Releaser
+---Not offered (two upgraders would deadlock): always raises.
+---@field upgrade fun(self: async_mutex.Releaser)
+---Raises the lost error once a lease ended the hold; otherwise `true` while
+---the hold is in place, `false` once given back.
+---@field check fun(self: async_mutex.Releaser): boolean
 
 ---Releases every key taken by `acquireAll`: callable once and to-be-closed,
 ---like `async_mutex.Releaser`.
@@ -272,6 +282,117 @@ function KeyedSemaphore:waiting(key) end
 function KeyedSemaphore:keys() end
 
 
+---A readers-writer lock: readers share it, a writer holds it alone; one
+---queue in priority then arrival order, granted from its head.
+---@class async_mutex.RWLock
+local RWLock = {}
+
+---Creates an unlocked readers-writer lock.
+---@param cancel_error? any default `async_mutex.E_CANCELED`
+---@return async_mutex.RWLock
+function RWLock.new(cancel_error) end
+
+---Suspends until a read hold is granted (shared with other readers).
+---@async
+---@param priority? number higher first (default 0)
+---@return async_mutex.Releaser release
+function RWLock:acquireRead(priority) end
+
+---Suspends until the write hold is granted (exclusive).
+---@async
+---@param priority? number
+---@return async_mutex.Releaser release
+function RWLock:acquireWrite(priority) end
+
+---The same as `acquireWrite`: an RWLock stands where a Mutex is expected.
+---@async
+---@param priority? number
+---@return async_mutex.Releaser release
+function RWLock:acquire(priority) end
+
+---Calls `fn()` holding a read hold; returns its results.
+---@async
+---@param fn fun(): ...
+---@param priority? number
+---@return any ...
+function RWLock:runShared(fn, priority) end
+
+---Calls `fn()` holding the write hold; returns its results.
+---@async
+---@param fn fun(): ...
+---@param priority? number
+---@return any ...
+function RWLock:runExclusive(fn, priority) end
+
+---Suspends until a write could be granted, without acquiring.
+---@async
+---@param priority? number
+function RWLock:waitForUnlock(priority) end
+
+---`true` while a reader or a writer holds it.
+---@return boolean
+function RWLock:isLocked() end
+
+---`true` while a writer holds it.
+---@return boolean
+function RWLock:isWriteLocked() end
+
+---How many readers hold it.
+---@return integer
+function RWLock:readers() end
+
+---Ends the write hold; does nothing while readers or nobody hold it.
+function RWLock:release() end
+
+---Rejects every queued reader and writer with the cancel error.
+function RWLock:cancel() end
+
+
+---A mutex its holder (the coroutine it was granted to) may acquire again
+---without waiting, one level per acquire.
+---@class async_mutex.ReentrantMutex
+local ReentrantMutex = {}
+
+---Creates an unlocked reentrant mutex.
+---@param cancel_error? any default `async_mutex.E_CANCELED`
+---@return async_mutex.ReentrantMutex
+function ReentrantMutex.new(cancel_error) end
+
+---The holder: granted at once as one more level.  Others: waits as for a
+---Mutex.
+---@async
+---@param priority? number higher first (default 0)
+---@return async_mutex.Releaser release ends this level only
+function ReentrantMutex:acquire(priority) end
+
+---Acquires (re-enters for the holder), calls `fn()`, releases that level.
+---@async
+---@param fn fun(): ...
+---@param priority? number
+---@return any ...
+function ReentrantMutex:runExclusive(fn, priority) end
+
+---Suspends until the mutex is free; raises when called by its holder.
+---@async
+---@param priority? number
+function ReentrantMutex:waitForUnlock(priority) end
+
+---`true` while held.
+---@return boolean
+function ReentrantMutex:isLocked() end
+
+---The levels held (0 when free).
+---@return integer
+function ReentrantMutex:depth() end
+
+---`true` when the running coroutine holds it.
+---@return boolean
+function ReentrantMutex:isHeldByMe() end
+
+---Rejects every queued request with the cancel error.
+function ReentrantMutex:cancel() end
+
+
 ---@class async_mutex
 local async_mutex = {}
 
@@ -295,14 +416,16 @@ async_mutex.E_MAX_PENDING = "too many pending requests for this key"
 ---(refused, lost or timed-out connection); the same as `redis.E_UNAVAILABLE`.
 async_mutex.E_UNAVAILABLE = "redis server unavailable"
 
----Raised by `check()` and `runExclusive` once a lease-based hold (a Redis
----lock whose lease could not be renewed) was lost.
+---Raised by `check()` and `runExclusive` once a lease-based hold was lost
+---(`withLease` ran out, or a Redis lock's lease could not be renewed).
 async_mutex.E_LOST = "lock lost: lease expired"
 
 async_mutex.Mutex = Mutex
 async_mutex.Semaphore = Semaphore
 async_mutex.KeyedMutex = KeyedMutex
 async_mutex.KeyedSemaphore = KeyedSemaphore
+async_mutex.RWLock = RWLock
+async_mutex.ReentrantMutex = ReentrantMutex
 
 ---A lock sharing all state with `lock`, whose requests raise
 ---`timeout_error` (default `async_mutex.E_TIMEOUT`) when not granted within
@@ -322,6 +445,21 @@ function async_mutex.withTimeout(lock, ms, timeout_error) end
 ---@param already_locked_error? any
 ---@return L
 function async_mutex.tryAcquire(lock, already_locked_error) end
+
+---The options of `withLease`.
+---@class async_mutex.LeaseOptions
+---@field fromRequest? boolean count the lease from the request, not the grant
+
+---A lock sharing all state with `lock`, whose holds last at most `ms`
+---milliseconds; then the hold is lost (`releaser:check()` raises
+---`lost_error`, default `async_mutex.E_LOST`).
+---@generic L: async_mutex.Lock
+---@param lock L
+---@param ms number positive and finite
+---@param lost_error? any
+---@param options? async_mutex.LeaseOptions
+---@return L
+function async_mutex.withLease(lock, ms, lost_error, options) end
 
 ---Sets the handler of errors in coroutines the module resumes (`nil`: print
 ---the traceback on stderr); returns the previous one.

@@ -1,7 +1,7 @@
 -- Seeded generator of random operation sequences for the model-based tests.
 --
 -- A sequence is a plain table, printable as a Lua literal and replayable:
---   { seed = n, locks = { {kind = "mutex"|"sema", value = n, cancel = label}, ... },
+--   { seed = n, locks = { {kind = "mutex"|"sema"|"rw", value = n, cancel = label}, ... },
 --     ops = { {op = "spawn", id = n, lock = i, method = ..., w = n, p = n,
 --              plan = ..., deco = ..., nilargs = bool}, ...  } }
 -- Op kinds: spawn, finish, raise, close, call_rel, unscoped, setValue, cancel,
@@ -77,13 +77,16 @@ function gen.sequence(seed, opts)
   local max_ops = opts.max_ops or 40
   local errs = { "cerr1", "cerr2", "serr" }   -- cerr*: tables, serr: a string
   local locks = {}
-  local shape = r.weighted({ { 3, "m" }, { 4, "s" }, { 3, "ms" } })
+  local shape = r.weighted({ { 3, "m" }, { 4, "s" }, { 3, "ms" }, { 3, "r" }, { 2, "mr" } })
   if shape:find("m") then
     locks[#locks + 1] = { kind = "mutex", cancel = r.chance(0.25) and r.pick(errs) or nil }
   end
   if shape:find("s") then
     locks[#locks + 1] = { kind = "sema", value = r.int(-1, 3),
                           cancel = r.chance(0.25) and r.pick(errs) or nil }
+  end
+  if shape:find("r") then
+    locks[#locks + 1] = { kind = "rw", cancel = r.chance(0.25) and r.pick(errs) or nil }
   end
   local w = model.new(locks)
   local clock = 0
@@ -110,7 +113,8 @@ function gen.sequence(seed, opts)
       local method = r.weighted({ { 4, "acquire" }, { 2, "tbc" }, { 4, "runex" }, { 3, "wait" } })
       local op = {
         op = "spawn", id = next_id, lock = li, method = method,
-        w = lock.kind == "sema" and r.weighted({ { 6, 1 }, { 3, 2 }, { 1, 3 } }) or 1,
+        w = lock.kind == "sema" and r.weighted({ { 6, 1 }, { 3, 2 }, { 1, 3 } })
+          or lock.kind == "rw" and r.weighted({ { 3, 1 }, { 2, 2 } }) or 1,
         p = r.pick(PRIOS), deco = gen_deco(r, errs), nilargs = r.chance(0.3),
       }
       if method == "runex" then

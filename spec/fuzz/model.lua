@@ -8,7 +8,7 @@
 -- coroutines the runner spawns), so that it can predict the exact log of
 -- events the real run produces, in order.
 --
--- A world holds locks (Mutex or Semaphore), actors, and the FIFO of
+-- A world holds locks (Mutex, Semaphore or RWLock), actors, and the FIFO of
 -- settlements that the module resumes on the next loop turn.  Time comes from
 -- outside: the runner passes the luv loop time of every operation that may
 -- start a timer and of every loop turn.
@@ -39,13 +39,18 @@
 -- * a waiting coroutine resumed by someone else ("poke") goes on waiting;
 -- * the settlements made while the module resumes a batch are resumed in the
 --   same loop turn (opts.drain = "all"; "snapshot" defers them to the next).
+--
+-- An RWLock ("rw", docs/lockkinds.md, RWLock) is the same queue with another
+-- "fits": its value is the number of readers, or -1 while a writer holds it;
+-- an actor's weight is its mode, 1 to read and 2 to write (waitForUnlock
+-- waits as a write).  Its unscoped release ends a write only.
 
 local model = {}
 
 local World = {}
 World.__index = World
 
---- Creates a world.  lock_specs: list of {kind = "mutex"|"sema", value = n,
+--- Creates a world.  lock_specs: list of {kind = "mutex"|"sema"|"rw", value = n,
 -- cancel = label|nil}.  opts.drain: "all" (default: a loop turn also resumes
 -- the settlements made while it resumes) or "snapshot" (only those queued
 -- before the turn started).  opts.close_runex_releases: closing a coroutine suspended in a
@@ -67,7 +72,7 @@ function model.new(lock_specs, opts)
     w.locks[i] = {
       index = i,
       kind = spec.kind,
-      value = spec.kind == "mutex" and 1 or spec.value,
+      value = spec.kind == "mutex" and 1 or spec.kind == "rw" and 0 or spec.value,
       cancel = spec.cancel or "E_CANCELED",
       queue = {},         -- acquirers, priority descending, FIFO among equals
       waiters = {},       -- weight -> list of waitForUnlock waiters, same order
@@ -103,14 +108,26 @@ local function remove_from(list, e)
   return false
 end
 
+-- Can the lock grant `weight`, queue aside?  A Semaphore or Mutex: the
+-- value covers it.  An RWLock: a read while no writer holds, a write while
+-- nobody holds.
+local function fits(lock, weight)
+  if lock.kind == "rw" then
+    if weight == 2 then return lock.value == 0 end
+    return lock.value >= 0
+  end
+  return weight <= lock.value
+end
+model.fits = fits
+
 -- docs/semantics.md, Grant rule: for acquire and waitForUnlock alike.
 local function can_lock_now(lock, weight, prio)
-  return (#lock.queue == 0 or lock.queue[1].prio < prio) and weight <= lock.value
+  return (#lock.queue == 0 or lock.queue[1].prio < prio) and fits(lock, weight)
 end
 model.can_lock_now = can_lock_now
 
 local function value_text(lock, v)
-  if lock.kind == "mutex" then return "-" end
+  if lock.kind ~= "sema" then return "-" end
   return tostring(v)
 end
 
@@ -128,15 +145,27 @@ local function check_mutex(w, lock)
   if lock.kind == "mutex" and lock.value ~= 0 and lock.value ~= 1 then
     violation(w, ("mutex %d has value %d (two holders)"):format(lock.index, lock.value))
   end
+  if lock.kind == "rw" and lock.value < -1 then
+    violation(w, ("rwlock %d has value %d (two writers)"):format(lock.index, lock.value))
+  end
 end
 
 -- Ownership passes: value before the decrement is handed out.
 local function grant(w, lock, actor)
   local prev = lock.value
-  lock.value = lock.value - actor.w
+  if lock.kind == "rw" then
+    if actor.w == 2 and lock.value ~= 0 or lock.value < 0 then
+      violation(w, ("rwlock %d granted mode %d at value %d"):format(lock.index, actor.w, lock.value))
+    end
+    lock.value = actor.w == 2 and -1 or lock.value + 1
+  else
+    lock.value = lock.value - actor.w
+  end
   check_mutex(w, lock)
   actor.rel = { lock = lock, weight = actor.w, called = false }
-  if lock.kind == "mutex" then lock.holder = actor.rel end   -- the grant that holds it
+  if lock.kind == "mutex" or lock.kind == "rw" and actor.w == 2 then
+    lock.holder = actor.rel                  -- the grant that holds it
+  end
   return prev
 end
 
@@ -151,7 +180,7 @@ local function drain(w, lock)
   table.sort(weights, function(a, b) return a > b end)
   local head = lock.queue[1]
   for _, weight in ipairs(weights) do
-    if weight <= lock.value then
+    if fits(lock, weight) then
       local keep = {}
       for _, e in ipairs(lock.waiters[weight]) do
         if head == nil or e.prio > head.prio then
@@ -169,7 +198,7 @@ end
 -- it fits.
 local function dispatch(w, lock)
   drain(w, lock)
-  while #lock.queue > 0 and lock.queue[1].weight <= lock.value do
+  while #lock.queue > 0 and fits(lock, lock.queue[1].weight) do
     local e = table.remove(lock.queue, 1)
     local prev = grant(w, lock, e.actor)
     settle(w, e.actor, "grant", prev)
@@ -187,6 +216,14 @@ local function release_rel(w, rel)
   if lock.kind == "mutex" then
     if lock.value <= 0 and lock.holder == rel then
       lock.value = lock.value + 1
+      dispatch(w, lock)
+    end
+  elseif lock.kind == "rw" then
+    if rel.weight == 1 and lock.value > 0 then
+      lock.value = lock.value - 1
+      dispatch(w, lock)
+    elseif rel.weight == 2 and lock.value == -1 and lock.holder == rel then
+      lock.value = 0
       dispatch(w, lock)
     end
   else
@@ -270,7 +307,8 @@ function World:spawn(op, now)
   local lock = self.locks[op.lock]
   local a = {
     id = op.id, lock = op.lock, method = op.method,
-    w = lock.kind == "mutex" and 1 or op.w, p = op.p,
+    w = lock.kind == "mutex" and 1 or lock.kind == "rw" and op.method == "wait" and 2
+      or op.w, p = op.p,
     plan = op.plan, deco = op.deco, state = "new",
   }
   if self.actors[a.id] then
@@ -379,6 +417,11 @@ function World:unscoped(li, weight)
   if lock.kind == "mutex" then
     if lock.value <= 0 then
       lock.value = lock.value + 1
+      dispatch(self, lock)
+    end
+  elseif lock.kind == "rw" then             -- rw:release() ends a write only
+    if lock.value == -1 then
+      lock.value = 0
       dispatch(self, lock)
     end
   else

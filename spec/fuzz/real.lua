@@ -194,6 +194,8 @@ function Run:open()
     local lock
     if spec.kind == "mutex" then
       if e ~= nil then lock = am.Mutex.new(e) else lock = am.Mutex.new() end
+    elseif spec.kind == "rw" then
+      if e ~= nil then lock = am.RWLock.new(e) else lock = am.RWLock.new() end
     else
       if e ~= nil then lock = am.Semaphore.new(spec.value, e) else lock = am.Semaphore.new(spec.value) end
     end
@@ -306,7 +308,7 @@ local function acquire_body(ev, rec, obj, args)
   local id = rec.id
   return function()
     rec.phase = "module"
-    local r = table.pack(pcall(obj.acquire, obj, table.unpack(args, 1, args.n)))
+    local r = table.pack(pcall(obj[rec.acquire], obj, table.unpack(args, 1, args.n)))
     returned_from_module(ev, rec)
     if not r[1] then
       ev:emit(("err %d %s"):format(id, ev:label(r[2])))
@@ -361,12 +363,12 @@ local function runex_body(ev, rec, obj, args)
   return function()
     rec.phase = "module"
     if plan == "raise_unprot" then
-      obj.runExclusive(obj, body, table.unpack(args, 1, args.n))
+      obj[rec.run](obj, body, table.unpack(args, 1, args.n))
       ev:emit(("done %d UNEXPECTED"):format(id))
       rec.phase = "dead"
       return
     end
-    local r = table.pack(pcall(obj.runExclusive, obj, body, table.unpack(args, 1, args.n)))
+    local r = table.pack(pcall(obj[rec.run], obj, body, table.unpack(args, 1, args.n)))
     if rec.phase == "module" then returned_from_module(ev, rec) end
     if r[1] then
       local good = r.n == 4 and r[2] == id and r[3] == nil and r[4] == "r"
@@ -400,9 +402,13 @@ function Run:died(id, co, e)
 end
 
 function Run:spawn(op)
-  local sema = self.seq.locks[op.lock].kind == "sema"
+  local kind = self.seq.locks[op.lock].kind
+  local sema = kind == "sema"
+  local read = kind == "rw" and op.w == 1     -- an RWLock: op.w is the mode
   local rec = {
     id = op.id, method = op.method, plan = op.plan, sema = sema,
+    acquire = kind ~= "rw" and "acquire" or read and "acquireRead" or "acquireWrite",
+    run = read and "runShared" or "runExclusive",
     phase = "new", outcomes = 0, raise_obj = setmetatable({}, { __name = "raise" }),
   }
   self.events.labels[rec.raise_obj] = "raise#" .. op.id

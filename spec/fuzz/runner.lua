@@ -145,9 +145,18 @@ local function compare_locks(t)
     local lock, m = t.run.locks[li], t.w.locks[li]
     local ok, locked = pcall(lock.isLocked, lock)
     if not ok then fail(("lock %d: isLocked raised %s"):format(li, tostring(locked))) end
-    if locked ~= (m.value <= 0) then
+    local m_locked = m.value <= 0
+    if spec.kind == "rw" then m_locked = m.value ~= 0 end
+    if locked ~= m_locked then
       fail(("lock %d: isLocked() is %s, the model says %s (value %d)"):format(
-        li, tostring(locked), tostring(m.value <= 0), m.value))
+        li, tostring(locked), tostring(m_locked), m.value))
+    end
+    if spec.kind == "rw" then
+      local readers, written = lock:readers(), lock:isWriteLocked()
+      if readers ~= math.max(m.value, 0) or written ~= (m.value == -1) then
+        fail(("lock %d: readers() %d and isWriteLocked() %s, the model says value %d"):format(
+          li, readers, tostring(written), m.value))
+      end
     end
     if spec.kind == "sema" then
       local v = lock:getValue()

@@ -30,9 +30,11 @@ local M = {
   sleep = core.sleeper(core.Semaphore.new(0)),
   withTimeout = core.withTimeout,   -- decorated locks are the C core's
   tryAcquire = core.tryAcquire,
+  withLease = core.withLease,
 }
 
-local KINDS = { "Mutex", "Semaphore", "KeyedMutex", "KeyedSemaphore" }
+local KINDS = { "Mutex", "Semaphore", "KeyedMutex", "KeyedSemaphore", "RWLock",
+  "ReentrantMutex" }
 local is_keyed = { KeyedMutex = true, KeyedSemaphore = true }
 
 local function typename(v)
@@ -82,11 +84,16 @@ end
 -- coroutine closes nothing until the coroutine is closed), then re-raised
 -- unchanged (level 0).
 
+-- A hold lost while fn ran (a lease ran out) raises the lost error once
+-- fn returns (releaser:check(), lease.c); fn's results are dropped.
+local check_hold = debug.getregistry()["async_mutex.Releaser"].__index.check
+
 local function finish(release, ok, ...)
   if not ok then
     release()
     error((...), 0)
   end
+  if type(release) == "userdata" then check_hold(release) end
   return ...
 end
 
@@ -124,6 +131,31 @@ function run.KeyedSemaphore(self, key, fn, weight, priority)
   check_fn(fn, 2)
   local value, release <close> = self:acquire(key, weight, priority)
   return finish(release, pcall(fn, value))
+end
+
+-- The holder's nested runExclusive re-enters (a new level of its hold).
+function run.ReentrantMutex(self, fn, priority)
+  check_self(self, "ReentrantMutex", "runExclusive")
+  check_fn(fn, 1)
+  local release <close> = self:acquire(priority)
+  return finish(release, pcall(fn))
+end
+
+-- An RWLock stands wherever a Mutex is expected: its runExclusive writes.
+function run.RWLock(self, fn, priority)
+  check_self(self, "RWLock", "runExclusive")
+  check_fn(fn, 1)
+  local release <close> = self:acquireWrite(priority)
+  return finish(release, pcall(fn))
+end
+
+local function run_shared(self, fn, priority)
+  check_self(self, "RWLock", "runShared")
+  if not is_callable(fn) then
+    argerror(1, "runShared", "function expected, got " .. typename(fn))
+  end
+  local release <close> = self:acquireRead(priority)
+  return finish(release, pcall(fn))
 end
 
 -- }==========================================================
@@ -249,6 +281,7 @@ for _, kind in ipairs(KINDS) do
   local class = core[kind]
   for _, methods in ipairs({ class.methods, class.decorated }) do
     methods.runExclusive = run[kind]
+    if kind == "RWLock" then methods.runShared = run_shared end
     if is_keyed[kind] then
       methods.acquireAll = all[kind]
       methods.runExclusiveAll = run_all_of[kind]
@@ -264,6 +297,9 @@ end
 core.layer(SOURCE, {
   [run.KeyedMutex] = { "runExclusive", 2, 1 },
   [run.KeyedSemaphore] = { "runExclusive", 2, 1 },
+  [run.RWLock] = { "runExclusive", 1, 1 },
+  [run.ReentrantMutex] = { "runExclusive", 1, 1 },
+  [run_shared] = { "runShared", 1, 1 },
   [all.KeyedMutex] = { "acquireAll", 1, 0 },
   [all.KeyedSemaphore] = { "acquireAll", 1, 0 },
   [run_all] = { "runExclusiveAll", 2, 1 },    -- tail-called by run_all_of

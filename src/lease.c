@@ -1,0 +1,99 @@
+/*
+** lease.c: leased holds (am.withLease): a hold that lasts at most so long
+** A leased grant's releaser is a Waiter of kind W_LEASE in the scheduler's
+** timer queue (the one heap that serves timeouts: O(log n) a hold), with
+** its lease's end as deadline.  The timer queue holds it by address, so it
+** is anchored in the registry ('ref') while it is there.  Released in
+** time, it leaves the queue; when its deadline passes first, the hold is
+** lost: given back at once (the lock passes on, woken from the loop as
+** ever), its releaser then returns false and its check() raises the lost
+** error (user value 2).  docs/lockkinds.md, Leases.
+*/
+
+#define LUA_LIB
+
+#include "lua.h"
+#include "lauxlib.h"
+
+#include "async_mutex.h"
+
+
+/*
+** Pushes the releaser of a leased grant of 'weight' of 'lk' (at
+** 'lockidx'), with the lost error at 'lostidx' (0: E_LOST), whose lease
+** ends at 'end' (loop time; 'now' is the loop time now).  Returns 1.
+*/
+int am_push_lease (lua_State *L, int lockidx, int lostidx, Lock *lk,
+                   lua_Integer weight, lua_Integer token, lua_Number now,
+                   lua_Number end) {
+  Waiter *w = (Waiter *)lua_newuserdatauv(L, sizeof(Waiter), 2);
+  w->r.lock = lk;
+  w->r.weight = weight;
+  w->r.token = token;
+  w->r.state = S_HELD;
+  w->r.lease = 1;
+  w->ref = LUA_NOREF;
+  w->kind = W_LEASE;
+  w->outcome = O_GRANTED;
+  w->timed = 1;
+  w->leased = 0;
+  w->lease_from_request = 0;
+  w->lostidx = 0;
+  w->lockidx = w->erridx = 0;
+  w->q.prev = w->q.next = NULL;
+  w->t.prev = w->t.next = NULL;
+  w->deadline = 0;
+  w->lease = 0;
+  am_pushmt(L, AM_T_RELEASER);
+  lua_setmetatable(L, -2);
+  lua_pushvalue(L, lockidx);
+  lua_setiuservalue(L, -2, 1);
+  if (lostidx == 0) lua_pushliteral(L, AM_E_LOST);
+  else lua_pushvalue(L, lostidx);
+  lua_setiuservalue(L, -2, 2);
+  lua_pushvalue(L, -1);
+  w->ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  am_timer_add(L, lk->st, w, now, end > now ? end - now : 0);
+  am_sync(L, lk->st);                       /* arms the timer */
+  return 1;
+}
+
+
+/* A leased releaser given back in time: its lease ends. */
+void am_lease_end (lua_State *L, Releaser *r) {
+  Waiter *w = (Waiter *)r;
+  am_timer_remove(L, r->lock->st, w);
+  luaL_unref(L, LUA_REGISTRYINDEX, w->ref);
+  w->ref = LUA_NOREF;
+}
+
+
+/*
+** The lease of a held releaser ran out (the scheduler took it out of the
+** timer queue): the hold is lost and given back (saturating: nothing may
+** raise in a timer callback), and the releaser's anchor dropped.
+*/
+void am_lease_lost (lua_State *L, Waiter *w) {
+  int ref = w->ref;
+  if (w->r.state != S_HELD) return;       /* BUG guard */
+  w->r.state = S_LOST;
+  w->ref = LUA_NOREF;
+  am_give_back(L, w->r.lock, w->r.weight, w->r.token, 1);
+  luaL_unref(L, LUA_REGISTRYINDEX, ref);  /* last: it may be collected */
+}
+
+
+/*
+** releaser:check(): raises the lost error (level 0) once the hold was
+** lost; otherwise true while the hold is in place, false once given back.
+** An ordinary releaser's never raises.
+*/
+int am_releaser_check (lua_State *L) {
+  Releaser *r = (Releaser *)am_checkself(L, AM_T_RELEASER);
+  if (r->state == S_LOST) {
+    lua_getiuservalue(L, 1, 2);
+    return lua_error(L);
+  }
+  lua_pushboolean(L, r->state == S_HELD);
+  return 1;
+}
