@@ -12,6 +12,9 @@
 ---| async_mutex.Semaphore
 ---| async_mutex.KeyedMutex
 ---| async_mutex.KeyedSemaphore
+---| async_mutex.RedisMutex
+---| async_mutex.RedisSemaphore
+---| async_mutex.KeyedRedisMutex
 
 ---Called with the error and its traceback when a coroutine resumed by the
 ---module dies with an error.
@@ -303,6 +306,14 @@ async_mutex.Mutex = Mutex
 async_mutex.Semaphore = Semaphore
 async_mutex.KeyedMutex = KeyedMutex
 async_mutex.KeyedSemaphore = KeyedSemaphore
+
+-- The Redis locks (types/redis_lock.lua), loaded on first use.
+---@type async_mutex.RedisMutex
+async_mutex.RedisMutex = nil
+---@type async_mutex.RedisSemaphore
+async_mutex.RedisSemaphore = nil
+---@type async_mutex.KeyedRedisMutex
+async_mutex.KeyedRedisMutex = nil
 
 ---A lock sharing all state with `lock`, whose requests raise
 ---`timeout_error` (default `async_mutex.E_TIMEOUT`) when not granted within
