@@ -6,9 +6,11 @@
 -- the fields of each module of MODULES, every metatable the C code registers
 -- under "async_mutex.*" (all types made in C, present or to come), and the
 -- metatables made in Lua that objects reached through the API carry
--- (decorated locks, multi-key releasers).  A new module is one line in
--- MODULES; a module that cannot be required here (not built, or its C
--- library missing) is left out.  A new public type made in C is picked up
+-- (decorated locks, multi-key releasers, the Redis locks and their
+-- releasers).  A new module is one line in MODULES; a module that cannot be
+-- required here (not built, or its C library missing) is left out.  A
+-- module whose fields another one serves on first use (`into`) is checked
+-- as part of that one.  A new public type made in C is picked up
 -- by itself; a private one goes in INTERNAL.
 
 local am = require "async_mutex"
@@ -18,6 +20,7 @@ local h = require "helpers"
 local MODULES = {
   { name = "async_mutex", readme = "am" },
   { name = "async_mutex.redis", readme = "redis" },
+  { name = "async_mutex.redis_lock", readme = "am", into = "async_mutex" },
 }
 
 -- Metatables the C code registers that no user ever holds.
@@ -33,6 +36,10 @@ local RECEIVERS = {
   ["async_mutex.KeyedMutex"] = { "km", "keyed" },
   ["async_mutex.KeyedSemaphore"] = { "ks", "keyed" },
   ["async_mutex.ReentrantMutex"] = { "rm" },
+  ["async_mutex.RedisMutex"] = { "rm" },
+  ["async_mutex.RedisSemaphore"] = { "rs" },
+  ["async_mutex.KeyedRedisMutex"] = { "krm" },
+  ["async_mutex.RedisReleaser"] = { "releaser" },
 }
 
 -- Option tables: their annotation class, and the README heading under which
@@ -40,6 +47,13 @@ local RECEIVERS = {
 local OPTIONS = {
   ["async_mutex.KeyedOptions"] = "### `am.KeyedMutex.new([options])`",
   ["async_mutex.OptimisticOptions"] = "### `am.optimistic(fn [, options])`",
+  ["async_mutex.RedisLockOptions"] = "### `am.RedisMutex.new(client, name [, options])`",
+}
+
+-- The public fields of objects made in Lua whose other fields are private
+-- state (README.md writes them `receiver.field`).
+local FIELDS = {
+  ["async_mutex.RedisReleaser"] = { "fence" },
 }
 
 -- The tags of LuaLS annotations (LuaCATS).
@@ -76,7 +90,9 @@ end
 -- and a list of convention problems.
 local function read_annotations()
   local classes, aliases, files, problems = {}, {}, {}, {}
-  local ls = assert(io.popen(("cd '%s' && find types -name '*.lua' | sort"):format(ROOT)))
+  -- (LD_PRELOAD emptied: under `make asan` the preloaded sanitizer runtime
+  -- makes find and sort abort at exit)
+  local ls = assert(io.popen(("LD_PRELOAD= ; cd '%s' && find types -name '*.lua' | sort"):format(ROOT)))
   for file in ls:lines() do files[file] = h.read_file(ROOT .. "/" .. file) end
   ls:close()
 
@@ -167,6 +183,43 @@ end
 
 -- {========================================================== the API
 
+--- The types made in Lua by the Redis locks, as {class, __index, what}
+-- records, found once: the locks and their decorated forms are made without
+-- a server; a releaser comes from a grant by a redis-server started here.
+-- Empty when the Redis client cannot be loaded.
+local redis_found
+local function redis_types()
+  if redis_found then return redis_found end
+  redis_found = {}
+  local ok, R = pcall(require, "lock_redis")
+  if not ok or not pcall(require, "async_mutex.redis_lock") then return redis_found end
+  local function add(lock, what)
+    local mt = getmetatable(lock)
+    redis_found[#redis_found + 1] = { mt.__name, rawget(mt, "__index"), what }
+    for _, decorated in ipairs({ am.withTimeout(lock, 10), am.tryAcquire(lock) }) do
+      redis_found[#redis_found + 1] = { mt.__name, getmetatable(decorated).__index,
+        "decorated " .. mt.__name }
+    end
+  end
+  local server = R.server()
+  local body_ok, err = pcall(h.run, function()
+    local client = server:client()
+    local m = am.RedisMutex.new(client, "spec25")
+    add(m, "a RedisMutex")
+    add(am.RedisSemaphore.new(client, "spec25s", 2), "a RedisSemaphore")
+    add(am.KeyedRedisMutex.new(client, "spec25:"), "a KeyedRedisMutex")
+    local release = m:acquire()
+    local mt = getmetatable(release)
+    redis_found[#redis_found + 1] = { mt.__name, rawget(mt, "__index"),
+      "a Redis lock's releaser", release }
+    release()
+    client:close()
+  end)
+  server:stop()
+  assert(body_ok, err)
+  return redis_found
+end
+
 --- Everything public, as { class = ..., name = ... (nil: the class
 -- itself), docs = {...}, what = ... } records; the classes seen (name ->
 -- set of members); the modules loaded.
@@ -198,16 +251,21 @@ local function public_names()
     local ok, mod = pcall(require, m.name)
     if ok then
       loaded[#loaded + 1] = m.name
+      local owner = m.into or m.name
       for _, key in ipairs(sorted_keys(mod)) do
         local value, ref = mod[key], m.readme .. "." .. key
+        if m.into then
+          assert(require(m.into)[key] == value,
+            m.into .. "." .. key .. " is not " .. m.name .. "." .. key)
+        end
         if type(value) == "function" then
-          add(m.name, key, { ref .. "(" }, "module " .. m.name)
+          add(owner, key, { ref .. "(" }, "module " .. m.name)
         else
-          add(m.name, key, { ref .. " ", ref .. "`", ref .. "." }, "module " .. m.name)
+          add(owner, key, { ref .. " ", ref .. "`", ref .. "." }, "module " .. m.name)
         end
         if type(value) == "table" then   -- a class: its constructors
           for _, static in ipairs(sorted_keys(value)) do
-            add(m.name .. "." .. key, static, { ref .. "." .. static .. "(" },
+            add(owner .. "." .. key, static, { ref .. "." .. static .. "(" },
               "module " .. m.name)
           end
         end
@@ -242,6 +300,19 @@ local function public_names()
   local mt = getmetatable(release)
   methods(mt.__name, rawget(mt, "__index"), "acquireAll's releaser")
   release()
+
+  -- the Redis locks, their decorated forms and their releasers (taken from
+  -- a redis-server of this file's own)
+  for _, entry in ipairs(redis_types()) do
+    local class, index, what, object = entry[1], entry[2], entry[3], entry[4]
+    methods(class, index, what)
+    for _, field in ipairs(object and FIELDS[class] or {}) do
+      assert(rawget(object, field) ~= nil, class .. " has no field " .. field)
+      local docs = {}
+      for i, r in ipairs(RECEIVERS[class]) do docs[i] = r .. "." .. field end
+      add(class, field, docs, what)
+    end
+  end
   return names, seen, loaded
 end
 

@@ -1,7 +1,8 @@
 -- Redis locks across real processes: child lua5.4 processes spawned with
 -- uv.spawn take the same lock (docs/redis-locks.md, "Guarantees").  Mutual
 -- exclusion is checked on a file every holder writes to; the FIFO order on
--- the fencing tokens; dead holders and dead waiters by SIGKILL.
+-- the fencing tokens, and that no waiter waits more than one turn of the
+-- queue on a log kept in Redis; dead holders and dead waiters by SIGKILL.
 
 local am = require "async_mutex"
 local h = require "helpers"
@@ -19,6 +20,13 @@ end
 
 -- A child that runs COUNT sections of the lock NAME, each writing
 -- "B pid fence" and "E pid fence" lines to FILE around a loop turn.
+-- It also appends to the Redis list NAME:log "W pid" once its request is in
+-- the Redis queue, and "G pid" once granted: the "W" is sent on the same
+-- connection right after the acquire's script (by a timer of the next loop
+-- turn, when acquire has sent it and yielded), so Redis runs it after the
+-- request was queued (or granted); "G" is sent after the "W" was answered.
+-- A process's first section is not in the log: its first acquire also
+-- subscribes and may load the script, so the "W" could overtake it.
 local SECTIONS = R.PROLOGUE .. [[
 local name, file, count = ARGS[1], ARGS[2], tonumber(ARGS[3])
 main(function()
@@ -26,8 +34,24 @@ main(function()
   local f = assert(io.open(file, "a"))
   f:setvbuf("no")
   local pid = uv.os_getpid()
-  for _ = 1, count do
+  local log = name .. ":log"
+  for k = 1, count do
+    local logged = am.Semaphore.new(0)
+    if k > 1 then
+      local t = uv.new_timer()
+      t:start(0, 0, function()
+        t:close()
+        am.spawn(function()
+          client:call("RPUSH", log, ("W %d"):format(pid))
+          logged:release()
+        end)
+      end)
+    end
     local release <close> = m:acquire()
+    if k > 1 then
+      logged:acquire()
+      client:call("RPUSH", log, ("G %d"):format(pid))
+    end
     f:write(("B %d %d\n"):format(pid, release.fence))
     local t = uv.new_timer()               -- one loop turn inside the section
     local co = coroutine.running()
@@ -78,6 +102,34 @@ local function exclusion(procs, total)
     assert.equal(each, c)
   end
   assert.equal(procs, n)
+
+  -- No process waits more than one turn of the queue: between a process's
+  -- "W" (its request already queued) and its "G", the other processes are
+  -- granted at most once each (the one holding when it queued, and those
+  -- ahead of it), so at most procs - 1 grants.
+  local c = server:client()
+  local log = c:call("LRANGE", name .. ":log", 0, -1)
+  c:call("DEL", name .. ":log")
+  c:close()
+  assert.equal(2 * (each - 1) * procs, log.n)
+  local grants, since, longest = 0, {}, 0
+  for i = 1, log.n do
+    local kind, pid = log[i]:match("^([WG]) (%d+)$")
+    assert(kind, log[i])
+    if kind == "W" then
+      assert(since[pid] == nil, "two requests of " .. pid .. " at once")
+      since[pid] = grants
+    else
+      assert(since[pid], "a grant of " .. pid .. " before its request")
+      local others = grants - since[pid]
+      assert(others <= procs - 1, ("process %s waited while %d others were granted (%d processes)")
+        :format(pid, others, procs))
+      if others > longest then longest = others end
+      since[pid] = nil
+      grants = grants + 1
+    end
+  end
+  assert(longest <= procs - 1)
 end
 
 describe("mutual exclusion across processes", function()

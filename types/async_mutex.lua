@@ -14,6 +14,9 @@
 ---| async_mutex.KeyedSemaphore
 ---| async_mutex.RWLock
 ---| async_mutex.ReentrantMutex
+---| async_mutex.RedisMutex
+---| async_mutex.RedisSemaphore
+---| async_mutex.KeyedRedisMutex
 
 ---Called with the error and its traceback when a coroutine resumed by the
 ---module dies with an error.
@@ -426,6 +429,14 @@ async_mutex.KeyedMutex = KeyedMutex
 async_mutex.KeyedSemaphore = KeyedSemaphore
 async_mutex.RWLock = RWLock
 async_mutex.ReentrantMutex = ReentrantMutex
+
+-- The Redis locks (types/redis_lock.lua), loaded on first use.
+---@type async_mutex.RedisMutex
+async_mutex.RedisMutex = nil
+---@type async_mutex.RedisSemaphore
+async_mutex.RedisSemaphore = nil
+---@type async_mutex.KeyedRedisMutex
+async_mutex.KeyedRedisMutex = nil
 
 ---A lock sharing all state with `lock`, whose requests raise
 ---`timeout_error` (default `async_mutex.E_TIMEOUT`) when not granted within
