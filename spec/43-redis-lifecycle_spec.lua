@@ -147,4 +147,26 @@ go(function() print(c:call("PING")); c:close() end)
 uv.run()
 ]]), "PONG\n")
   end)
+  it("a RedisMutex released from main code, then the script ends", function()
+    clean_exit(child([[
+local am = require "async_mutex"
+local m = am.RedisMutex.new(c, "spec43:" .. PORT)
+local release
+go(function() release = m:acquire() print("acquired") end)
+while not release do uv.run("once") end
+release()
+c:close()
+]]), "acquired\n")
+  end)
+
+  it("a RedisMutex released from main code, the client left open", function()
+    clean_exit(child([[
+local am = require "async_mutex"
+local m = am.RedisMutex.new(c, "spec43b:" .. PORT)
+local release
+go(function() release = m:acquire() print("acquired") end)
+while not release do uv.run("once") end
+release()
+]]), "acquired\n")
+  end)
 end)
