@@ -169,4 +169,13 @@ while not release do uv.run("once") end
 release()
 ]]), "acquired\n")
   end)
+  it("close() then os.exit(0, true) inside a coroutine the loop resumed", function()
+    local r = child([[
+go(function() print(c:call("PING")); c:close(); os.exit(0, true) end)
+uv.run()
+]])
+    assert.equal("", r.stderr)
+    assert.equal(0, r.rc, "exit status " .. tostring(r.rc) .. " (" .. tostring(r.how) .. ")")
+    assert.equal("PONG\n", r.stdout)
+  end)
 end)
