@@ -48,6 +48,31 @@ local WEAK_K, WEAK_V = { __mode = "k" }, { __mode = "v" }
 local ceil, max, min, random, huge = math.ceil, math.max, math.min, math.random, math.huge
 local now = uv.now
 
+-- close_handle(h): closes a luv handle, safely even when the script ends
+-- before the loop runs again (docs/redis.md, "Closing and exiting").  A
+-- handle whose close is still pending at lua_close is freed by luv's
+-- finalizer while libuv still queues it, and luv's own loop finalizer then
+-- runs its close callback on freed memory (a segfault).  So each pending
+-- close is anchored by a guard object, newer than the handle: at lua_close
+-- finalizers run newest first, and a guard still pending runs the loop
+-- once (uv.run "nowait"), which completes every pending close before any
+-- handle is finalized.  Guards are referenced until their close completes,
+-- so no ordinary collection ever runs that finalizer.
+local pending = {}
+local GUARD = { __gc = function(guard)
+  if pending[guard] then
+    pending = {}
+    uv.run("nowait")
+  end
+end }
+
+local function close_handle(h)
+  if not alive(h) or h:is_closing() then return end
+  local guard = setmetatable({}, GUARD)
+  pending[guard] = true
+  h:close(function() pending[guard] = nil end)
+end
+
 -- An error escaped a coroutine resumed by this module: it goes to the
 -- handler set with async_mutex.setErrorHandler, as the locks' do.
 function hooks.report(err, tb)
@@ -177,14 +202,14 @@ end
 -- next one: capped exponential back-off, with jitter (half to all of it).
 function hooks.lost(state, was_connected, final)
   if state.poll then
-    if alive(state.poll) and not state.poll:is_closing() then state.poll:close() end
+    close_handle(state.poll)
     state.poll = nil
   end
   if state.timer then
     state.timing = false
     if alive(state.timer) then
       state.timer:stop()
-      if final then state.timer:close() end
+      if final then close_handle(state.timer) end
     end
     if final then state.timer = nil end
   end
@@ -434,7 +459,7 @@ local function subscriber(self)
     end
     if final then
       sub.closed = true
-      if sub.retry and alive(sub.retry) then sub.retry:close() end
+      if sub.retry then close_handle(sub.retry) end
       sub.retry = nil
     else
       restore(sub)

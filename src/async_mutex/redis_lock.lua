@@ -24,6 +24,25 @@ local core = require "async_mutex.core"
 local scripts = require "async_mutex.redis_scripts"
 local uv = require "luv"
 
+-- close_handle(t): closes a luv handle so that the script may end before
+-- the loop runs again: a guard object, newer than the handle and kept
+-- until the close completes, runs the loop once at lua_close before luv
+-- frees the handle (docs/redis.md, "Closing and exiting").
+local pending_close = {}
+local CLOSE_GUARD = { __gc = function(guard)
+  if pending_close[guard] then
+    pending_close = {}
+    uv.run("nowait")
+  end
+end }
+
+local function close_handle(t)
+  if t:is_closing() then return end
+  local guard = setmetatable({}, CLOSE_GUARD)
+  pending_close[guard] = true
+  t:close(function() pending_close[guard] = nil end)
+end
+
 local error, getmetatable, ipairs, pairs, pcall, rawget, setmetatable,
       tonumber, tostring, type =
   error, getmetatable, ipairs, pairs, pcall, rawget, setmetatable,
@@ -136,7 +155,7 @@ local function hub_unuse(hub)
       hub.idle_timer = t
     end
     t:start(0, 0, function()
-      t:close()
+      close_handle(t)
       hub.idle_timer = nil
       unsubscribe_if_idle(hub)
     end)
@@ -179,7 +198,7 @@ local function stop_timer(lease)
   if t then
     lease.timer = nil
     t:stop()
-    t:close()
+    close_handle(t)
   end
 end
 
