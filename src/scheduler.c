@@ -89,10 +89,25 @@ static int handle_closed (lua_State *L, State *st, int handle) {
 */
 static void ensure_open (lua_State *L, State *st, int *handle, int ctor) {
   if (handle_closed(L, st, *handle)) {
+    pushref(L, *handle);                      /* the closed one */
     pushref(L, ctor);
-    lua_call(L, 0, 1);
+    lua_call(L, 0, 1);                        /* closed new */
+    /* RE-ENTRY: the call may run a finalizer that made (and started) a
+       new handle already; two would both run (one never stopped): keep
+       that one, close ours */
+    pushref(L, *handle);
+    if (!lua_rawequal(L, -1, -3)) {
+      lua_pop(L, 1);
+      lua_getfield(L, -1, "close");
+      lua_insert(L, -2);
+      lua_call(L, 1, 0);
+      lua_pop(L, 1);
+      return;
+    }
+    lua_pop(L, 1);
     luaL_unref(L, LUA_REGISTRYINDEX, *handle);
     *handle = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_pop(L, 1);
   }
 }
 
