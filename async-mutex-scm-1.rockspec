@@ -82,6 +82,9 @@ build = {
     ["async_mutex.redis"] = "src/async_mutex/redis.lua",
     ["async_mutex.optimistic"] = "src/async_mutex/optimistic.lua",
     ["async_mutex.versioned"] = "src/async_mutex/versioned.lua",
+    ["async_mutex.redis_lock"] = "src/async_mutex/redis_lock.lua",
+    ["async_mutex.redis_scripts"] = "src/async_mutex/redis_scripts.lua",
+    ["async_mutex.checks"] = "src/async_mutex/checks.lua",
   },
   -- Installed beside the rock (luarocks show --rock-dir async-mutex): the
   -- LuaLS annotations, for editors, and the examples.

@@ -1,5 +1,6 @@
 -- Keeps async-mutex-scm-1.rockspec in step with the tree: the builtin build
--- lists its C sources one by one, so a new src/*.c must be added there too.
+-- lists its C sources and Lua modules one by one, so a new src/*.c or
+-- src/async_mutex/*.lua must be added there too.
 
 local ROOT do
   local source = debug.getinfo(1, "S").source:gsub("^@", "")
@@ -26,6 +27,20 @@ describe("async-mutex-scm-1.rockspec", function()
     ls:close()
     table.sort(present)
     assert.are.same(present, listed)
+  end)
+
+  it("installs every Lua module of src/async_mutex/ under its name", function()
+    local modules = load_rockspec().build.modules
+    local ls = assert(io.popen("cd '" .. ROOT .. "' && ls src/async_mutex/*.lua"))
+    local count = 0
+    for file in ls:lines() do
+      local name = file:match("^src/async_mutex/(.*)%.lua$")
+      name = name == "init" and "async_mutex" or "async_mutex." .. name
+      assert.are.equal(file, modules[name], name .. " is not in the rockspec")
+      count = count + 1
+    end
+    ls:close()
+    assert.is_true(count >= 7)
   end)
 
   it("installs the Lua layer as async_mutex", function()

@@ -12,11 +12,15 @@
 --
 -- init.lua installs it: require("async_mutex.optimistic").install(am).
 
-local coroutine, error, select, getmetatable, pairs, rawget, tostring, type =
-  coroutine, error, select, getmetatable, pairs, rawget, tostring, type
+local coroutine, error, select, pairs, tostring, type =
+  coroutine, error, select, pairs, tostring, type
 local pack, unpack = table.pack, table.unpack
 local floor, huge, min, mtype, random =
   math.floor, math.huge, math.min, math.type, math.random
+
+local checks = require "async_mutex.checks"
+local typename, is_callable =
+  checks.typename, checks.is_callable
 
 local M = {}
 
@@ -26,17 +30,6 @@ M.E_CONFLICT = "optimistic update gave up: too many conflicts"
 -- The defaults: 10 attempts, sleeps capped by 1, 2, 4, ... ms and by 100 ms.
 local DEFAULTS = { maxAttempts = 10, baseDelay = 1, maxDelay = 100 }
 
-local function typename(v)
-  local mt = getmetatable(v)
-  return type(mt) == "table" and type(rawget(mt, "__name")) == "string"
-    and mt.__name or type(v)
-end
-
-local function is_callable(f)
-  if type(f) == "function" then return true end
-  local mt = getmetatable(f)
-  return type(mt) == "table" and rawget(mt, "__call") ~= nil
-end
 
 -- {========================================================== options
 

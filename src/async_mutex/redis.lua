@@ -8,8 +8,8 @@
 local core = require "async_mutex.redis_core"
 local uv = require "luv"
 
-local error, getmetatable, ipairs, pairs, pcall, rawget, setmetatable, tostring, type =
-  error, getmetatable, ipairs, pairs, pcall, rawget, setmetatable, tostring, type
+local error, getmetatable, ipairs, pairs, pcall, setmetatable, tostring, type =
+  error, getmetatable, ipairs, pairs, pcall, setmetatable, tostring, type
 local running, yield, resume, isyieldable =
   coroutine.running, coroutine.yield, coroutine.resume, coroutine.isyieldable
 local mtype, unpack, traceback = math.type, table.unpack, debug.traceback
@@ -19,18 +19,11 @@ local M = {
   E_UNAVAILABLE = core.E_UNAVAILABLE,
 }
 
+local checks = require "async_mutex.checks"
+local typename, is_callable, argerror =
+  checks.typename, checks.is_callable, checks.argerror
+
 local Client = core.Client               -- the methods of every client
-
-local function typename(v)
-  local mt = getmetatable(v)
-  return type(mt) == "table" and type(rawget(mt, "__name")) == "string"
-    and mt.__name or type(v)
-end
-
--- Raises an argument error at 'level' (1 = the caller of argerror).
-local function argerror(level, n, fname, msg)
-  error(("bad argument #%d to '%s' (%s)"):format(n, fname, msg), level + 1)
-end
 
 
 -- {========================================================== hooks
@@ -372,11 +365,6 @@ local function check_client(self, fname)
   end
 end
 
-local function is_callable(f)
-  if type(f) == "function" then return true end
-  local mt = getmetatable(f)
-  return type(mt) == "table" and rawget(mt, "__call") ~= nil
-end
 
 -- Resumes every coroutine waiting for `channel`'s confirmation.
 local function confirm(sub, channel, ok, err)

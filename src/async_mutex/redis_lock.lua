@@ -43,9 +43,9 @@ local function close_handle(t)
   t:close(function() pending_close[guard] = nil end)
 end
 
-local error, getmetatable, ipairs, pairs, pcall, rawget, setmetatable,
+local error, getmetatable, ipairs, pairs, pcall, setmetatable,
       tonumber, tostring, type =
-  error, getmetatable, ipairs, pairs, pcall, rawget, setmetatable,
+  error, getmetatable, ipairs, pairs, pcall, setmetatable,
   tonumber, tostring, type
 local co_create, co_resume, isyieldable =
   coroutine.create, coroutine.resume, coroutine.isyieldable
@@ -56,24 +56,12 @@ local limited = core.acquire
 
 local E_LOST = am.E_LOST
 
+local checks = require "async_mutex.checks"
+local typename, is_callable, argerror =
+  checks.typename, checks.is_callable, checks.argerror
+
 local M = {}
 
-local function typename(v)
-  local mt = getmetatable(v)
-  return type(mt) == "table" and type(rawget(mt, "__name")) == "string"
-    and mt.__name or type(v)
-end
-
--- Raises an argument error at 'level' (1 = the caller of argerror).
-local function argerror(level, n, fname, msg)
-  error(format("bad argument #%d to '%s' (%s)", n, fname, msg), level + 1)
-end
-
-local function is_callable(f)
-  if type(f) == "function" then return true end
-  local mt = getmetatable(f)
-  return type(mt) == "table" and rawget(mt, "__call") ~= nil
-end
 
 -- A fresh 128-bit token from the system's cryptographic source, as 32 hex
 -- digits: /dev/urandom read through a buffered file (one read(2) serves

@@ -18,29 +18,16 @@
 local am = require "async_mutex"
 local optimistic = require "async_mutex.optimistic"
 
-local error, getmetatable, rawget, select, setmetatable, tonumber, tostring, type =
-  error, getmetatable, rawget, select, setmetatable, tonumber, tostring, type
+local error, getmetatable, select, setmetatable, tonumber, tostring, type =
+  error, getmetatable, select, setmetatable, tonumber, tostring, type
 local isyieldable = coroutine.isyieldable
 local huge, mtype, tointeger = math.huge, math.type, math.tointeger
 
+local checks = require "async_mutex.checks"
+local typename, is_callable, argerror =
+  checks.typename, checks.is_callable, checks.argerror
+
 local M = {}
-
-local function typename(v)
-  local mt = getmetatable(v)
-  return type(mt) == "table" and type(rawget(mt, "__name")) == "string"
-    and mt.__name or type(v)
-end
-
-local function is_callable(f)
-  if type(f) == "function" then return true end
-  local mt = getmetatable(f)
-  return type(mt) == "table" and rawget(mt, "__call") ~= nil
-end
-
--- Raises an argument error at 'level' (1 = the caller of argerror).
-local function argerror(level, n, fname, msg)
-  error(("bad argument #%d to '%s' (%s)"):format(n, fname, msg), level + 1)
-end
 
 
 -- {========================================================== scripts
