@@ -12,16 +12,9 @@ local server
 setup(function() server = R.server() end)
 teardown(function() if server then server:stop() end end)
 
--- The number of processes queued in Redis for the lock 'name'.
-local function queued(client, name)
-  return client:call("ZCARD", name .. ":q")
-end
+local queued = R.queued
 
-local n = 0
-local function fresh_name()
-  n = n + 1
-  return "spec44:" .. n
-end
+local fresh_name = R.namer("spec44")
 
 describe("RedisMutex.new", function()
   it("makes a lock that is free in Redis", h.async(function()

@@ -13,11 +13,7 @@ local server
 setup(function() server = R.server() end)
 teardown(function() if server then server:stop() end end)
 
-local n = 0
-local function fresh_name()
-  n = n + 1
-  return "spec45:" .. n
-end
+local fresh_name = R.namer("spec45")
 
 -- The tokens holding 'name' in Redis.
 local function holders(client, name)

@@ -14,9 +14,7 @@ local server
 setup(function() server = R.server() end)
 teardown(function() if server then server:stop() end end)
 
-local function queued(client, name)
-  return client:call("ZCARD", name .. ":q")
-end
+local queued = R.queued
 
 -- A child that runs COUNT sections of the lock NAME, each writing
 -- "B pid fence" and "E pid fence" lines to FILE around a loop turn.

@@ -11,15 +11,9 @@ local server
 setup(function() server = R.server() end)
 teardown(function() if server then server:stop() end end)
 
-local function queued(client, name)
-  return client:call("ZCARD", name .. ":q")
-end
+local queued = R.queued
 
-local n = 0
-local function fresh_name()
-  n = n + 1
-  return "spec47:" .. n
-end
+local fresh_name = R.namer("spec47")
 
 describe("RedisSemaphore", function()
   it("admits `limit` holders across processes and queues the next", h.async(function()

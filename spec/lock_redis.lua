@@ -249,4 +249,18 @@ local function main(fn)
 end
 ]]
 
+-- The number of processes queued in Redis for the lock 'name'.
+function R.queued(client, name)
+  return client:call("ZCARD", name .. ":q")
+end
+
+-- A function returning a new lock name at each call: prefix:1, prefix:2, ...
+function R.namer(prefix)
+  local n = 0
+  return function()
+    n = n + 1
+    return prefix .. ":" .. n
+  end
+end
+
 return R
