@@ -565,6 +565,15 @@ function Client.eval(self, script, keys, args)
   end
   local nk = check_list(keys, 2, "keys")
   local na = check_list(args, 3, "args")
+  -- call's own misuse errors, here at eval's caller's line (call would
+  -- raise them at this file's)
+  if status(self) == "closed" then
+    error("attempt to use a closed redis client", 2)
+  end
+  local _, main = running()
+  if main or not isyieldable() then
+    error("attempt to call redis outside a coroutine", 2)
+  end
   local argv = { "EVALSHA", false, nk }
   for i = 1, nk do argv[3 + i] = keys[i] end
   for i = 1, na do argv[3 + nk + i] = args[i] end

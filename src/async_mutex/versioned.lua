@@ -17,10 +17,11 @@
 
 local am = require "async_mutex"
 local optimistic = require "async_mutex.optimistic"
+local status = require("async_mutex.redis_core").status
 
 local error, getmetatable, select, setmetatable, tonumber, tostring, type =
   error, getmetatable, select, setmetatable, tonumber, tostring, type
-local isyieldable = coroutine.isyieldable
+local isyieldable, running = coroutine.isyieldable, coroutine.running
 local huge, mtype, tointeger = math.huge, math.type, math.tointeger
 
 local checks = require "async_mutex.checks"
@@ -102,6 +103,19 @@ local function check_self(self, fname)
   end
 end
 
+-- The misuse errors of every method, at its caller's line (a client call
+-- would raise them at this file's): a closed client, or not in a
+-- coroutine ("attempt to <verb> a versioned value outside a coroutine").
+local function check_usable(self, verb)
+  if status(self.client) == "closed" then
+    error("attempt to use a closed redis client", 3)
+  end
+  local _, main = running()
+  if main or not isyieldable() then
+    error(("attempt to %s a versioned value outside a coroutine"):format(verb), 3)
+  end
+end
+
 -- The string stored for `value`, or nil.  Numbers are converted as Lua
 -- writes them ("42", "2.0", "0.1", "1e+300"), with more digits when that
 -- form would not read back as the same number (1/3); NaN and infinities
@@ -170,6 +184,7 @@ end
 -- the key was never written).
 function Versioned.get(self)
   check_self(self, "get")
+  check_usable(self, "get")
   local value, version = get(self)
   return value, version
 end
@@ -180,6 +195,7 @@ function Versioned.set(self, value, expected_version)
   check_self(self, "set")
   local s = check_value(value, 1, "set")
   local version = check_version(expected_version, 2, "set")
+  check_usable(self, "set")
   local v = set(self, s, version)
   return v
 end
@@ -189,6 +205,7 @@ end
 function Versioned.delete(self, expected_version)
   check_self(self, "delete")
   local version = check_version(expected_version, 1, "delete")
+  check_usable(self, "delete")
   local v = delete(self, version)
   return v
 end
@@ -209,9 +226,7 @@ function Versioned.update(self, ...)
   end
   local complaint = optimistic.check_options(options)
   if complaint then argerror(2, 2, "update", complaint) end
-  if not isyieldable() then
-    error("attempt to update a versioned value outside a coroutine", 2)
-  end
+  check_usable(self, "update")
   local value, version = am.optimistic(function(attempt)
     local old, old_version = get(self)
     local new = fn(old, old_version, attempt)
