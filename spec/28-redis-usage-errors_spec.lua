@@ -2,7 +2,8 @@
 -- am.optimistic) are raised at the user's line, as spec 37 asserts for the
 -- locks: "file:line: " of the line that called the module, whatever the
 -- module calls in between (eval calls call, a versioned value's methods call
--- the client), with the exact message README.md lists.
+-- the client), with the exact message README.md lists.  A misspelt option
+-- is an error too, never a default silently kept.
 local h = require "helpers"
 local am = require "async_mutex"
 local redis = require "async_mutex.redis"
@@ -66,6 +67,9 @@ local function bad_arguments(c)
     { function() redis.connect({ commandTimeout = 0 / 0 }) end,
       OPT .. "(commandTimeout must be a non-negative number)" },
     { function() redis.connect({ db = 1.5 }) end, OPT .. "(db must be a non-negative integer)" },
+    { function() redis.connect({ commandTimout = math.huge }) end,
+      OPT .. "(unknown option 'commandTimout')" },
+    { function() redis.connect({ [1] = "127.0.0.1" }) end, OPT .. "(unknown option '1')" },
     { function() c.call("PING") end,
       "bad argument #1 to 'call' (async_mutex.redis.Client expected, got string)" },
     { function() c:call("SET", {}, 1) end,

@@ -273,6 +273,13 @@ local DEFAULTS = {
   reconnectDelay = 50, reconnectDelayMax = 2000,
 }
 
+-- Every option connect knows: a misspelt one (`commandTimout`) is an
+-- error, not a default silently kept.
+local OPTIONS = {
+  host = true, port = true, path = true, password = true, username = true, db = true,
+}
+for name in pairs(DEFAULTS) do OPTIONS[name] = true end
+
 local function check_ms(options, name)
   local v = options[name]
   if v == nil then return DEFAULTS[name] end
@@ -295,6 +302,11 @@ end
 function M.connect(options)
   if type(options) ~= "table" then
     argerror(2, 1, "connect", "table expected, got " .. typename(options))
+  end
+  for k in pairs(options) do
+    if not OPTIONS[k] then
+      argerror(2, 1, "connect", ("unknown option '%s'"):format(tostring(k)))
+    end
   end
   local state = {}
   for name in pairs(DEFAULTS) do state[name] = check_ms(options, name) end
