@@ -85,6 +85,28 @@ describe("client:subscribe", function()
     c:close()
   end)
 
+  it("never subscribes a coroutine closed while it waits for the confirmation", function()
+    local c = client()
+    local calls = 0
+    local co = coroutine.create(function()
+      c:subscribe("closed-early", function() calls = calls + 1 end)
+    end)
+    assert.is_true(coroutine.resume(co))
+    assert.equal("suspended", coroutine.status(co))   -- waiting for the server
+    assert.is_true(coroutine.close(co))
+    local published
+    -- h.run fails on its deadline if the subscription kept the loop alive
+    h.run(function()
+      h.sleep(50)
+      published = c:call("PUBLISH", "closed-early", "m")
+      h.sleep(50)
+    end)
+    assert.equal(0, published)
+    assert.equal(0, calls)
+    assert.same({}, h.active_handles())
+    c:close()
+  end)
+
   it("reports an error in a callback to the error handler, and goes on", h.async(function()
     local c = client()
     local errors, got = {}, 0

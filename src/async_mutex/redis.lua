@@ -507,7 +507,19 @@ function Client.subscribe(self, channel, fn)
   local waiting = sub.waiting[channel] or {}
   sub.waiting[channel] = waiting
   waiting[#waiting + 1] = co
+  -- A coroutine closed (coroutine.close) while it waits never gets its
+  -- subscription: it ends here, or fn would be called for ever with
+  -- nobody holding the subscription to end it, and the loop never return.
+  local settled = false
+  local _ <close> = setmetatable({}, { __close = function()
+    if settled then return end
+    for i = #waiting, 1, -1 do
+      if waiting[i] == co then table.remove(waiting, i) end
+    end
+    s:unsubscribe()
+  end })
   local ok, err = yield()
+  settled = true
   if not ok then
     s:unsubscribe()
     error(err, 0)
