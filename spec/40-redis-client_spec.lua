@@ -32,6 +32,21 @@ describe("redis.connect", function()
     c:close()
   end))
 
+  it("resumes nothing when the coroutine is closed while the name resolves", function()
+    local am = require "async_mutex"
+    local errors = {}
+    local prev = am.setErrorHandler(function(err) errors[#errors + 1] = tostring(err) end)
+    local co = coroutine.create(function() client({ host = "localhost" }) end)
+    assert.is_true(coroutine.resume(co))
+    local waited = coroutine.status(co) == "suspended"
+    assert.is_true(coroutine.close(co))
+    local ended = h.run_loop(1000)       -- getaddrinfo's callback comes
+    am.setErrorHandler(prev)
+    assert.is_true(waited)
+    assert.is_true(ended)
+    assert.same({}, errors)
+  end)
+
   it("raises E_UNAVAILABLE for a host name that does not resolve", function()
     local ok, err = pcall(redis.connect, { host = "no-such-host.invalid" })
     assert.is_false(ok)

@@ -250,7 +250,9 @@ local function resolve(host)
       local done, waiting = false, false
       uv.getaddrinfo(host, nil, hints, function(_, r)
         res, done = r, true
-        if waiting then
+        -- (a coroutine closed meanwhile is dead: nothing to resume)
+        if waiting and coroutine.status(co) == "suspended" then
+          waiting = false
           local ok, err = resume(co)
           if not ok then report(err, traceback(co, tostring(err))) end
         end
@@ -258,6 +260,7 @@ local function resolve(host)
       if not done then
         waiting = true
         yield()
+        waiting = false
       end
     end
   end
