@@ -18,11 +18,12 @@ local function shell_quote(s)
   return "'" .. s:gsub("'", "'\\''") .. "'"
 end
 
---- Runs examples/<name>.lua; returns exit code, stdout, stderr, milliseconds.
-local function run_example(name)
+--- Runs examples/<name>.lua with the arguments `args` (a string, already
+-- quoted); returns exit code, stdout, stderr, milliseconds.
+local function run_example(name, args)
   local err_file = os.tmpname()
-  local command = ("cd %s && exec timeout %d %s examples/%s.lua 2>%s")
-    :format(shell_quote(ROOT), TIME_LIMIT, LUA, name, shell_quote(err_file))
+  local command = ("cd %s && exec timeout %d %s examples/%s.lua %s 2>%s")
+    :format(shell_quote(ROOT), TIME_LIMIT, LUA, name, args or "", shell_quote(err_file))
   local started = uv.hrtime()
   local pipe = assert(io.popen(command, "r"))
   local out = pipe:read("a")
@@ -192,5 +193,16 @@ describe("examples/inventory.lua", function()
     assert(sold, out)
     assert.equal(500, tonumber(sold) + tonumber(left))
     assert(h.SLOW or elapsed < 2000, ("took %.0f ms"):format(elapsed))
+  end)
+end)
+
+describe("examples/redis_orders.lua", function()
+  -- (the run against a server: spec/46-redis-processes_spec.lua)
+  it("says so in one line and exits 1 when no server is at the address", function()
+    local port = require("redis_server").free_port()
+    local code, out, err = run_example("redis_orders", "127.0.0.1 " .. port)
+    assert.equal(1, code)
+    assert.equal("", out)
+    assert.equal(("no Redis server at 127.0.0.1:%d\n"):format(port), err)
   end)
 end)
