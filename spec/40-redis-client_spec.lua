@@ -114,6 +114,28 @@ describe("client:call", function()
     c:close()
   end))
 
+  it("shares its one connection: another coroutine's command joins a MULTI (README)",
+    h.async(function()
+      local am = require "async_mutex"
+      local c = client()
+      c:call("DEL", "tx:count", "tx:other")
+      local in_multi, joined = am.Semaphore.new(0), am.Semaphore.new(0)
+      local reply
+      h.spawn(function()
+        in_multi:acquire()
+        reply = c:call("SET", "tx:other", "1")    -- between the MULTI and the EXEC
+        joined:release()
+      end)
+      assert.equal("OK", c:call("MULTI"))
+      assert.equal("QUEUED", c:call("INCR", "tx:count"))
+      in_multi:release()
+      joined:acquire()
+      assert.equal("QUEUED", reply)
+      assert.equal("OK", c:call("DISCARD"))
+      assert.is_nil(c:call("GET", "tx:other"))    -- dropped with the transaction
+      c:close()
+    end))
+
   it("is binary safe (NUL bytes, 10 MB values)", h.async(function()
     local c = client()
     local nul = "a\0b\0\r\n"
