@@ -198,6 +198,35 @@ describe("client:call", function()
     c:close()
   end))
 
+  it("closes a coroutine that dies after it was resumed with a reply or an error: "
+    .. "its <close> releasers run (README, Conventions)", h.async(function()
+    local am = require "async_mutex"
+    local c = client()
+    local m = am.Mutex.new()
+    local reported = {}
+    h.with_handler(function(err) reported[#reported + 1] = tostring(err) end, function()
+      am.spawn(function()
+        local release <close> = m:acquire()
+        c:call("PING")                        -- resumed with the reply
+        error("after the reply", 0)
+      end)
+      h.wait_until(function() return #reported == 1 end)
+      assert.is_false(m:isLocked())
+      local blocked = client({ commandTimeout = math.huge })
+      am.spawn(function()
+        local release <close> = m:acquire()
+        blocked:call("BLPOP", "spec40:nothing", 0)   -- resumed by close()
+      end)
+      h.tick()
+      assert.is_true(m:isLocked())
+      blocked:close()                          -- E_UNAVAILABLE escapes it
+      h.wait_until(function() return #reported == 2 end)
+      assert.is_false(m:isLocked())
+    end)
+    assert.same({ "after the reply", redis.E_UNAVAILABLE }, reported)
+    c:close()
+  end))
+
   it("discards the reply of a coroutine closed while waiting", h.async(function()
     local c = client()
     local co = h.spawn(function() c:call("SET", "closed", "1") end)

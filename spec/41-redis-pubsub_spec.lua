@@ -107,6 +107,34 @@ describe("client:subscribe", function()
     c:close()
   end)
 
+  it("closes a callback's coroutine, or subscribe's, that dies with an error: its <close> "
+    .. "releasers run", h.async(function()
+    local am = require "async_mutex"
+    local c = client()
+    local m = am.Mutex.new()
+    local reported, sub = {}, nil
+    h.with_handler(function(err) reported[#reported + 1] = tostring(err) end, function()
+      sub = c:subscribe("dies", function()
+        local release <close> = m:acquire()
+        c:call("PING")                        -- resumed by the reply
+        error("in the callback", 0)
+      end)
+      c:call("PUBLISH", "dies", "m")
+      h.wait_until(function() return #reported == 1 end)
+      assert.is_false(m:isLocked())
+      am.spawn(function()
+        local release <close> = m:acquire()
+        c:subscribe("confirmed", function() end)   -- resumed by the confirmation
+        error("after subscribe", 0)
+      end)
+      h.wait_until(function() return #reported == 2 end)
+      assert.is_false(m:isLocked())
+    end)
+    assert.same({ "in the callback", "after subscribe" }, reported)
+    sub:unsubscribe()
+    c:close()
+  end))
+
   it("reports an error in a callback to the error handler, and goes on", h.async(function()
     local c = client()
     local errors, got = {}, 0

@@ -8,8 +8,8 @@
 local core = require "async_mutex.redis_core"
 local uv = require "luv"
 
-local error, getmetatable, ipairs, pairs, pcall, setmetatable, tostring, type =
-  error, getmetatable, ipairs, pairs, pcall, setmetatable, tostring, type
+local error, getmetatable, ipairs, pairs, pcall, rawequal, setmetatable, tostring, type =
+  error, getmetatable, ipairs, pairs, pcall, rawequal, setmetatable, tostring, type
 local running, yield, resume, isyieldable =
   coroutine.running, coroutine.yield, coroutine.resume, coroutine.isyieldable
 local mtype, unpack, traceback = math.type, table.unpack, debug.traceback
@@ -89,6 +89,20 @@ local function spawn(fn, ...)
   local co = coroutine.create(fn)
   local ok, err = resume(co, ...)
   if not ok then report(err, traceback(co, tostring(err))) end
+end
+
+-- Resumes co with ...; an error escaping it is reported, after co is
+-- closed so that its pending to-be-closed variables (releasers) run, as
+-- for every coroutine the module resumes (README, Conventions).
+local function resume_reporting(co, ...)
+  local ok, err = resume(co, ...)
+  if ok then return end
+  local tb = traceback(co, tostring(err))
+  local closed, cerr = coroutine.close(co)
+  if not closed and not rawequal(cerr, err) then
+    tb = tb .. "\nand closing the coroutine: " .. tostring(cerr)
+  end
+  report(err, tb)
 end
 
 -- Whether calls wait for replies (a subscriber: also confirmations).
@@ -253,8 +267,7 @@ local function resolve(host)
         -- (a coroutine closed meanwhile is dead: nothing to resume)
         if waiting and coroutine.status(co) == "suspended" then
           waiting = false
-          local ok, err = resume(co)
-          if not ok then report(err, traceback(co, tostring(err))) end
+          resume_reporting(co)
         end
       end)
       if not done then
@@ -387,10 +400,7 @@ local function confirm(sub, channel, ok, err)
   if not list then return end
   sub.waiting[channel] = nil
   for _, co in ipairs(list) do
-    if coroutine.status(co) == "suspended" then
-      local done, e = resume(co, ok, err)
-      if not done then report(e, traceback(co, tostring(e))) end
-    end
+    if coroutine.status(co) == "suspended" then resume_reporting(co, ok, err) end
   end
 end
 
