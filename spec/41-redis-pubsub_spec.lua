@@ -107,6 +107,20 @@ describe("client:subscribe", function()
     c:close()
   end)
 
+  it("calls a callable table as fn", h.async(function()
+    local c = client()
+    local got
+    local fn = setmetatable({}, { __call = function(_, message, channel)
+      got = channel .. "=" .. message
+    end })
+    local sub = c:subscribe("callable", fn)
+    c:call("PUBLISH", "callable", "m")
+    h.wait_until(function() return got ~= nil end)
+    assert.equal("callable=m", got)
+    sub:unsubscribe()
+    c:close()
+  end))
+
   it("closes a callback's coroutine, or subscribe's, that dies with an error: its <close> "
     .. "releasers run", h.async(function()
     local am = require "async_mutex"

@@ -84,13 +84,6 @@ function hooks.report(err, tb)
 end
 local report = hooks.report
 
--- Runs fn(...) in a coroutine of its own; an error is reported.
-local function spawn(fn, ...)
-  local co = coroutine.create(fn)
-  local ok, err = resume(co, ...)
-  if not ok then report(err, traceback(co, tostring(err))) end
-end
-
 -- Resumes co with ...; an error escaping it is reported, after co is
 -- closed so that its pending to-be-closed variables (releasers) run, as
 -- for every coroutine the module resumes (README, Conventions).
@@ -436,7 +429,8 @@ local function on_message(sub, reply)
     local list = sub.channels[reply[2]]
     if not list then return end
     for _, s in ipairs({ unpack(list) }) do
-      if s.active then spawn(s.fn, reply[3], reply[2]) end
+      -- (am.spawn: a callable table too; a dead coroutine closed)
+      if s.active then require("async_mutex").spawn(s.fn, reply[3], reply[2]) end
     end
   elseif kind == "subscribe" then
     confirm(sub, reply[2], true)
