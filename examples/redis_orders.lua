@@ -61,12 +61,12 @@ local function worker()
 end
 
 local function parent()
-  local reached, err = pcall(client.call, client, "DEL", STOCK)
-  if not reached and err == redis.E_UNAVAILABLE then
+  local reached, why = pcall(client.call, client, "DEL", STOCK)
+  if not reached and why == redis.E_UNAVAILABLE then
     error(("no Redis server at %s%s"):format(where or "127.0.0.1",
       (where or ""):match("^unix:") and "" or ":" .. (port or "6379")), 0)
   end
-  assert(reached, err)
+  assert(reached, why)
   client:call("HSET", STOCK, "units", UNITS, "fence", 0)
   print(("stock: %d units, %d worker processes"):format(UNITS, WORKERS))
   -- each worker that ends gives one unit back; the parent waits for all

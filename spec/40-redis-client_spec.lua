@@ -33,7 +33,6 @@ describe("redis.connect", function()
   end))
 
   it("resumes nothing when the coroutine is closed while the name resolves", function()
-    local am = require "async_mutex"
     local errors = {}
     local prev = am.setErrorHandler(function(err) errors[#errors + 1] = tostring(err) end)
     local co = coroutine.create(function() client({ host = "localhost" }) end)
@@ -116,7 +115,6 @@ describe("client:call", function()
 
   it("shares its one connection: another coroutine's command joins a MULTI (README)",
     h.async(function()
-      local am = require "async_mutex"
       local c = client()
       c:call("DEL", "tx:count", "tx:other")
       local in_multi, joined = am.Semaphore.new(0), am.Semaphore.new(0)
@@ -200,7 +198,6 @@ describe("client:call", function()
 
   it("closes a coroutine that dies after it was resumed with a reply or an error: "
     .. "its <close> releasers run (README, Conventions)", h.async(function()
-    local am = require "async_mutex"
     local c = client()
     local m = am.Mutex.new()
     local reported = {}
