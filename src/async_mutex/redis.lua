@@ -289,10 +289,19 @@ local OPTIONS = {
 }
 for name in pairs(DEFAULTS) do OPTIONS[name] = true end
 
+-- The timeouts must be positive: 0 would fail every connection or every
+-- call at once (a user meaning "no timeout" writes math.huge).  The
+-- back-off delays may be 0 (retry at once).
+local POSITIVE = { connectTimeout = true, commandTimeout = true }
+
 local function check_ms(options, name)
   local v = options[name]
   if v == nil then return DEFAULTS[name] end
-  if type(v) ~= "number" or not (v >= 0) then
+  if POSITIVE[name] then
+    if type(v) ~= "number" or not (v > 0) then
+      argerror(3, 1, "connect", name .. " must be a positive number (math.huge: no timeout)")
+    end
+  elseif type(v) ~= "number" or not (v >= 0) then
     argerror(3, 1, "connect", name .. " must be a non-negative number")
   end
   return v
