@@ -72,6 +72,8 @@ local function bad_arguments(c)
       OPT .. "(connectTimeout must be a positive number (math.huge: no timeout))" },
     { function() redis.connect({ reconnectDelay = -1 }) end,
       OPT .. "(reconnectDelay must be a non-negative number)" },
+    { function() redis.connect({ path = "/tmp/redis.sock", port = 6379 }) end,
+      OPT .. "(path excludes host and port)" },
     { function() redis.connect({ db = 1.5 }) end, OPT .. "(db must be a non-negative integer)" },
     { function() redis.connect({ commandTimout = math.huge }) end,
       OPT .. "(unknown option 'commandTimout')" },

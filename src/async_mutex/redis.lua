@@ -339,6 +339,10 @@ function M.connect(options)
   end
   local path = check_string(options, "path")
   local host, port
+  if path ~= nil and (options.host ~= nil or options.port ~= nil) then
+    -- one address: which of the two the user meant cannot be guessed
+    argerror(2, 1, "connect", "path excludes host and port")
+  end
   if path == nil then
     host, port = options.host, options.port
     if host == nil then host = "127.0.0.1" end
