@@ -7,6 +7,7 @@
 
 local core = require "async_mutex.redis_core"
 local uv = require "luv"
+local am_spawn = require("async_mutex").spawn
 
 local error, getmetatable, ipairs, pairs, pcall, rawequal, setmetatable, tostring, type =
   error, getmetatable, ipairs, pairs, pcall, rawequal, setmetatable, tostring, type
@@ -443,7 +444,7 @@ local function on_message(sub, reply)
     if not list then return end
     for _, s in ipairs({ unpack(list) }) do
       -- (am.spawn: a callable table too; a dead coroutine closed)
-      if s.active then require("async_mutex").spawn(s.fn, reply[3], reply[2]) end
+      if s.active then am_spawn(s.fn, reply[3], reply[2]) end
     end
   elseif kind == "subscribe" then
     confirm(sub, reply[2], true)
