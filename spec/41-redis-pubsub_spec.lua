@@ -216,6 +216,21 @@ describe("client:subscribe", function()
     c:close()
   end)
 
+  it("raises E_UNAVAILABLE when the subscriber connection fails before the confirmation "
+    .. "(a wrong password), and leaves nothing running", function()
+    local secured = redis_server.start(nil, "--requirepass s3cret")
+    local ok, err
+    local body_ok, body_err = pcall(h.run, function()
+      local c = redis.connect({ port = secured.port, password = "wrong" })
+      ok, err = pcall(c.subscribe, c, "locked-out", function() end)
+      c:close()
+    end)
+    secured:stop()
+    assert(body_ok, body_err)
+    assert.is_false(ok)
+    assert.equal(redis.E_UNAVAILABLE, err)
+  end)
+
   it("raises E_UNAVAILABLE when the server cannot be reached", h.async(function()
     local c = redis.connect({ port = redis_server.free_port() })
     local ok, err = pcall(c.subscribe, c, "nobody", print)

@@ -170,6 +170,11 @@ end
 -- nil: nothing), and the timer with it.
 function hooks.watch(state, events)
   local poll = state.poll
+  -- The connection is ending: hooks.lost has closed its poll handle, and
+  -- a subscriber's on_lost resumes the coroutines waiting in subscribe
+  -- (which unsubscribe, or subscribe again) before the C side is done;
+  -- nothing is left to watch, and the C side forgets these events.
+  if not poll then return end
   if events then
     poll:start(events, state.on_poll)
     if not state.timing then
