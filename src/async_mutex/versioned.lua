@@ -35,14 +35,19 @@ local M = {}
 -- Redis runs its scripts in Lua 5.1: numbers are doubles (versions are
 -- exact up to 2^53), HGET of a missing field gives false, a script
 -- returning false gives a nil reply (our "conflict"), a number an integer
--- reply.  Every script first reads the version the same way: absent is 0;
--- a version field that is not a non-negative integer means the key was
--- not written by these scripts, and is refused with a WRONGTYPE error.
+-- reply.  Every script first reads the version the same way: a key that
+-- does not exist is at version 0; a version field that is absent from a
+-- hash that exists (another program's hash), or is not a non-negative
+-- integer, means the key was not written by these scripts, and is refused
+-- with a WRONGTYPE error rather than written into.
 
 local PRELUDE = [[
 local function current()
   local v = redis.call('HGET', KEYS[1], 'version')
-  if not v then return 0 end
+  if not v then
+    if redis.call('EXISTS', KEYS[1]) == 1 then return nil end
+    return 0
+  end
   local n = tonumber(v)
   if not n or n < 0 or n % 1 ~= 0 then
     return nil
@@ -158,13 +163,15 @@ end
 -- The raw operations: no checks of their own (the methods and update
 -- check first).  get reads with HMGET, one command and so one atomic read,
 -- cheaper for the server than a script; only when the version field is
--- not a non-negative integer does it run the GET script, for the server's
--- WRONGTYPE error reply that the other operations raise too.
+-- not a non-negative integer, or absent beside a value, does it run the
+-- GET script, for the server's WRONGTYPE error reply that the other
+-- operations raise too.  (Both fields absent: a key never written, or
+-- another program's hash, which set refuses; a read of it is nil, 0.)
 local function get(self)
   local reply = self.client:call("HMGET", self.key, "value", "version")
   local value, version = reply[1], reply[2]
-  if version == nil then return value, 0 end
-  local n = tointeger(tonumber(version))
+  if version == nil and value == nil then return nil, 0 end
+  local n = version and tointeger(tonumber(version))
   if n and n >= 0 and ("%d"):format(n) == version then return value, n end
   reply = self.client:eval(GET, { self.key })  -- raises for a bad version field
   return reply[2], reply[1]
