@@ -206,3 +206,37 @@ describe("examples/redis_orders.lua", function()
     assert.equal(("no Redis server at 127.0.0.1:%d\n"):format(port), err)
   end)
 end)
+
+describe("every example", function()
+  -- README: the examples find the module in the checkout they belong to,
+  -- wherever they are run from (no LUA_PATH, another directory)
+  it("runs from any directory, with no LUA_PATH, and prints what it prints from the root",
+    function()
+      local from_root = select(2, run_example("withdraw"))
+      local pwd = assert(io.popen(("cd %s && pwd"):format(shell_quote(ROOT))))
+      local root = pwd:read("l")
+      pwd:close()
+      for _, dir in ipairs({ "/", root .. "/examples" }) do
+        local p = assert(io.popen(("cd %s && env -u LUA_PATH -u LUA_CPATH -u LUA_PATH_5_4 "
+          .. "-u LUA_CPATH_5_4 timeout %d %s %s/examples/withdraw.lua 2>&1")
+          :format(shell_quote(dir), TIME_LIMIT, LUA, shell_quote(root))))
+        local out = p:read("a")
+        local _, _, code = p:close()
+        assert.equal(0, code, out)
+        assert.equal(from_root, out)
+      end
+    end)
+
+  it("finds the module beside itself the same way", function()
+    local ls = assert(io.popen(("ls %s/examples/*.lua"):format(shell_quote(ROOT))))
+    local n = 0
+    for file in ls:lines() do
+      n = n + 1
+      local text = h.read_file(file)
+      assert.truthy(text:find('\nlocal root = ((arg and arg[0] or ""):match("^(.*)/[^/]*$") '
+        .. 'or ".") .. "/.."\n', 1, true), file)
+    end
+    ls:close()
+    assert.is_true(n > 0)
+  end)
+end)
