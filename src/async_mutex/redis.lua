@@ -297,7 +297,8 @@ for name in pairs(DEFAULTS) do OPTIONS[name] = true end
 
 -- The timeouts must be positive: 0 would fail every connection or every
 -- call at once (a user meaning "no timeout" writes math.huge).  The
--- back-off delays may be 0 (retry at once).
+-- back-off delays may be 0 (retry at once), but must be finite: an
+-- infinite one would end every attempt to reconnect after one failure.
 local POSITIVE = { connectTimeout = true, commandTimeout = true }
 
 local function check_ms(options, name)
@@ -307,8 +308,8 @@ local function check_ms(options, name)
     if type(v) ~= "number" or not (v > 0) then
       argerror(3, 1, "connect", name .. " must be a positive number (math.huge: no timeout)")
     end
-  elseif type(v) ~= "number" or not (v >= 0) then
-    argerror(3, 1, "connect", name .. " must be a non-negative number")
+  elseif type(v) ~= "number" or not (v >= 0) or v == huge then
+    argerror(3, 1, "connect", name .. " must be a non-negative finite number")
   end
   return v
 end
