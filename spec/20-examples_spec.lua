@@ -207,6 +207,16 @@ describe("examples/redis_orders.lua", function()
   end)
 end)
 
+describe("examples/optimistic_stock.lua", function()
+  -- (the whole sale against a server: spec/49-versioned_spec.lua)
+  it("exits 1 when a seller's sales fail (no server at the socket)", function()
+    local code, out, err = run_example("optimistic_stock", "sell /nonexistent/redis.sock 1")
+    assert.equal(1, code)
+    assert.equal("process 1 sold 0 (0 attempts)\n", out)
+    assert.matches("redis server unavailable", err, 1, true)
+  end)
+end)
+
 describe("every example", function()
   -- README: the examples find the module in the checkout they belong to,
   -- wherever they are run from (no LUA_PATH, another directory)
