@@ -75,6 +75,19 @@ describe("examples/withdraw.lua", function()
   end)
 end)
 
+describe("README's \"The problem\"", function()
+  it("shows exactly what examples/withdraw.lua prints (`make demo`)", function()
+    local section = h.read_file(ROOT .. "/README.md"):match("\n## The problem\n(.-)\n## ")
+    assert.is_string(section)
+    local shown = {}
+    for block in section:gmatch("\n```\n(.-)```\n") do shown[#shown + 1] = block end
+    assert.equal(2, #shown)
+    local code, out = run_example("withdraw")
+    assert.equal(0, code)
+    assert.equal(table.concat(shown), out)
+  end)
+end)
+
 describe("examples/semaphore_jobs.lua", function()
   it("never runs more than three jobs at once and runs them all", function()
     local out = check("semaphore_jobs", {
