@@ -388,13 +388,17 @@ local function redis_acquire(lk, name, weight, deadline, err)
   -- comes on the other connection and may be read before the reply.
   w.bell = core.Semaphore.new(0)
   if not try then hub.waiters[token] = w end
+  -- Known to cancel() before the request goes out too: while it is in
+  -- flight this waiter is in neither the gate's queue nor the loop below,
+  -- and a cancel() then would miss it (it would later be granted).
+  if not try then lk.waiting[w] = true end
+  local _ <close> = setmetatable({}, { __close = function() lk.waiting[w] = nil end })
   local sent = hrtime()
   local r = eval(client, scripts.acquire, keys, args)
   if r[1] ~= 1 then
     if try then error(err, 0) end
+    if w.canceled then error(lk.cancel_error, 0) end
     -- Queued: wait for the hand-off.
-    lk.waiting[w] = true
-    local _ <close> = setmetatable({}, { __close = function() lk.waiting[w] = nil end })
     args[7] = "wait"
     if not hub.sub then
       subscribe(hub)
