@@ -16,8 +16,11 @@
 */
 
 #define LUA_LIB
+#define _POSIX_C_SOURCE 199309L     /* clock_gettime */
 
 #include <stdio.h>
+#include <time.h>
+#include <string.h>
 
 #include "lua.h"
 #include "lauxlib.h"
@@ -28,9 +31,43 @@
 int am_debug_on = 0;
 
 
-/* Hooks, by their index in the hook table (async_mutex.debug: HOOKS). */
+/*
+** The time a grant is recorded at, in ms: the clock of the loop's time
+** (libuv reads CLOCK_MONOTONIC for uv.now(), in ms), read now rather than
+** cached at the loop's last turn, and without a call into luv.
+*/
+static lua_Number clock_ms (void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (lua_Number)ts.tv_sec * 1e3 + (lua_Number)ts.tv_nsec / 1e6;
+}
+
+
+/*
+** The hook table (async_mutex.debug: hook_table): the Lua hooks, then the
+** tables the hot paths update from C, then flags.
+**
+** An owner record is a table with the fields R_* (async_mutex.debug reads
+** them by number), in two chains: the records of its lock (from
+** T_BYLOCK[lock], through R_NEXT_LOCK) and those of its holder (from
+** T_HELDBY[coroutine], through R_NEXT_CO).  Keyed by the lock and the
+** coroutine, which a pair or a hand-off reuses, the two tables are
+** updated in place: a chain per key rather than a set keyed by releaser,
+** whose fresh key at each grant would make the table grow and rehash.
+** Both hold their keys strongly: a lock whose releaser was dropped (the
+** forgotten release) stays in the report with its holder.
+*/
 enum { H_REQUEST = 1, H_GRANTED, H_WAITING, H_RELEASED, H_UNSCOPED,
-       H_CREATED };
+       H_CREATED,
+       T_BYLOCK,              /* lock -> its first record */
+       T_HELDBY,              /* coroutine -> its first record */
+       F_TRACEBACK,           /* true: a traceback per grant */
+       F_LUA,                 /* true: call the granted and released hooks */
+       T_WAITING };           /* coroutine -> what it waits for (weak) */
+
+enum { R_LOCK = 1, R_RELEASER, R_HOLDER, R_SINCE, R_FN, R_LINE, R_WEIGHT,
+       R_WHERE, R_NEXT_LOCK, R_NEXT_CO, R_NFIELDS = 14 };
+
 
 
 /*
@@ -62,6 +99,22 @@ static void call_hook (lua_State *L, int nargs) {
 
 
 /*
+** Does the running coroutine hold anything, as recorded?  (The hook table
+** at 'D'.)  One that holds nothing can neither close a wait-for cycle
+** (nobody waits for it) nor record a lockdep edge: its requests and waits
+** need no Lua.
+*/
+static int holds_any (lua_State *L, int D) {
+  int any;
+  lua_rawgeti(L, D, T_HELDBY);
+  lua_pushthread(L);
+  any = lua_rawget(L, -2) == LUA_TTABLE;
+  lua_pop(L, 2);
+  return any;
+}
+
+
+/*
 ** Before a request (acquire or waitForUnlock of the lock at
 ** rq->lockidx) decides anything: the hook records lockdep's edges and
 ** looks for the deadlock the request would close if it waited.  It may
@@ -73,7 +126,16 @@ void am_dbg_request (lua_State *L, const Request *rq) {
   Lock *lk = rq->lock;
   int would_wait;
   if (rq->erridx == 0 && rq->wait == AM_TIMEOUT) return;     /* sleep */
-  if (!lua_checkstack(L, 8) || !push_hook(L, lk->st, H_REQUEST)) return;
+  if (rq->wait == AM_TRY) return;       /* never waits: never deadlocks */
+  if (!lua_checkstack(L, 8) || lk->st->dbg == LUA_NOREF || lk->st->closed)
+    return;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, lk->st->dbg);
+  if (!holds_any(L, lua_gettop(L))) {
+    lua_pop(L, 1);
+    return;
+  }
+  lua_rawgeti(L, -1, H_REQUEST);
+  lua_remove(L, -2);
   would_wait = !(lk->kind->reentrant && lk->owner == L && lk->value <= 0)
                && !am_can_lock_now(lk, rq->weight, &rq->priority);
   lua_pushvalue(L, rq->lockidx);
@@ -89,34 +151,191 @@ void am_dbg_request (lua_State *L, const Request *rq) {
 
 
 /*
+** The level of the user's frame that made the request: the first Lua
+** frame above the request's C function that is not the Lua layer's
+** (runExclusive and the like); 0 if none.
+*/
+static int user_level (lua_State *L, State *st, lua_Debug *ar) {
+  const char *layer = NULL;
+  int level;
+  if (st->layer_source != LUA_NOREF) {
+    lua_rawgeti(L, LUA_REGISTRYINDEX, st->layer_source);
+    layer = lua_tostring(L, -1);          /* anchored by the registry */
+    lua_pop(L, 1);
+  }
+  for (level = 1; lua_getstack(L, level, ar); level++) {
+    lua_getinfo(L, "S", ar);
+    if (ar->what[0] != 'C' && (layer == NULL || strcmp(ar->source, layer) != 0))
+      return level;
+  }
+  return 0;
+}
+
+
+/* Pushes the record at 'rec' (absolute) on the chain map[key]. */
+static void push_chain (lua_State *L, int map, int key, int rec, int link) {
+  lua_pushvalue(L, key);
+  lua_rawget(L, map);
+  lua_rawseti(L, rec, link);
+  lua_pushvalue(L, key);
+  lua_pushvalue(L, rec);
+  lua_rawset(L, map);
+}
+
+
+/*
+** Unlinks from the chain map[key] (through field 'link') the record that
+** is the value at 'v' ('field' 0), or whose field 'field' is; pushes it,
+** or returns 0, pushing nothing.  Indices absolute.  The head is the
+** usual case: the latest hold of the lock or coroutine.
+*/
+static int unlink_chain (lua_State *L, int map, int key, int link,
+                         int field, int v) {
+  int base = lua_gettop(L), prev = 0;
+  lua_pushvalue(L, key);
+  lua_rawget(L, map);
+  while (lua_type(L, -1) == LUA_TTABLE) {
+    int node = lua_gettop(L), hit;
+    if (field == 0) hit = lua_rawequal(L, node, v);
+    else {
+      lua_rawgeti(L, node, field);
+      hit = lua_rawequal(L, -1, v);
+      lua_pop(L, 1);
+    }
+    if (hit) {
+      if (prev == 0) {
+        lua_pushvalue(L, key);
+        lua_rawgeti(L, node, link);
+        lua_rawset(L, map);                   /* map[key] = its next */
+      }
+      else {
+        lua_rawgeti(L, node, link);
+        lua_rawseti(L, prev, link);
+      }
+      if (node != base + 1) {
+        lua_replace(L, base + 1);
+        lua_settop(L, base + 1);
+      }
+      return 1;
+    }
+    prev = node;
+    lua_rawgeti(L, node, link);
+  }
+  lua_settop(L, base);
+  return 0;
+}
+
+
+/*
 ** A grant was delivered to the running coroutine: its releaser is on
-** top, the lock at 'lockidx'.
+** top, the lock at 'lockidx'.  Its owner record is made here, in C (the
+** cost of debug mode is mostly this): the lock, the releaser, the holder,
+** the loop time, the acquire site (function and line; a traceback with
+** the option), the weight; indexed by releaser, lock and holder.  The Lua
+** hook runs only when it has work (a key's lock, a long-hold check).
 */
 void am_dbg_granted (lua_State *L, State *st, int lockidx) {
   int top = lua_gettop(L);
-  if (!lua_checkstack(L, 4) || !push_hook(L, st, H_GRANTED)) return;
+  int D, rec, co, level;
+  lua_Debug ar;
+  Releaser *r = (Releaser *)lua_touserdata(L, top);
+  Lock *lk = r != NULL ? r->lock : NULL;
+  if (lk == NULL || st->dbg == LUA_NOREF || st->closed
+      || !lua_checkstack(L, 12))
+    return;
+  lockidx = lua_absindex(L, lockidx);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, st->dbg);
+  D = lua_gettop(L);
+  lua_createtable(L, R_NFIELDS, 0);
+  rec = D + 1;
   lua_pushvalue(L, lockidx);
-  lua_pushvalue(L, top);                  /* the releaser */
-  call_hook(L, 2);
+  lua_rawseti(L, rec, R_LOCK);
+  lua_pushvalue(L, top);
+  lua_rawseti(L, rec, R_RELEASER);
+  lua_pushthread(L);
+  co = lua_gettop(L);
+  lua_pushvalue(L, co);
+  lua_rawseti(L, rec, R_HOLDER);
+  lua_pushnumber(L, clock_ms());
+  lua_rawseti(L, rec, R_SINCE);
+  lua_pushinteger(L, r->weight);
+  lua_rawseti(L, rec, R_WEIGHT);
+  level = user_level(L, st, &ar);
+  if (level > 0) {
+    lua_getinfo(L, "fl", &ar);                /* pushes the function */
+    lua_rawseti(L, rec, R_FN);
+    lua_pushinteger(L, ar.currentline);
+    lua_rawseti(L, rec, R_LINE);
+    if (lua_rawgeti(L, D, F_TRACEBACK) == LUA_TBOOLEAN && lua_toboolean(L, -1)) {
+      luaL_traceback(L, L, NULL, level);
+      lua_rawseti(L, rec, R_WHERE);
+    }
+    lua_pop(L, 1);
+  }
+  lua_rawgeti(L, D, T_BYLOCK);
+  push_chain(L, lua_gettop(L), lockidx, rec, R_NEXT_LOCK);
+  lua_pop(L, 1);
+  lua_rawgeti(L, D, T_HELDBY);
+  push_chain(L, lua_gettop(L), co, rec, R_NEXT_CO);
+  lua_pop(L, 1);
+  lua_rawgeti(L, D, T_WAITING);             /* it waits no more */
+  lua_pushvalue(L, co);
+  lua_pushnil(L);
+  lua_rawset(L, -3);
+  lua_pop(L, 1);
+  if (lk->keyed != NULL
+      || (lua_rawgeti(L, D, F_LUA) == LUA_TBOOLEAN && lua_toboolean(L, -1))) {
+    lua_rawgeti(L, D, H_GRANTED);
+    lua_pushvalue(L, rec);
+    call_hook(L, 1);
+  }
+  lua_settop(L, top);
 }
 
 
 /* The running coroutine waits in the waiter at 'widx' for the lock at
-   'lockidx' (queued already). */
+   'lockidx' (queued already): recorded if it holds anything. */
 void am_dbg_waiting (lua_State *L, State *st, int lockidx, int widx) {
-  if (!lua_checkstack(L, 4) || !push_hook(L, st, H_WAITING)) return;
+  if (!lua_checkstack(L, 6) || st->dbg == LUA_NOREF || st->closed) return;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, st->dbg);
+  if (!holds_any(L, lua_gettop(L))) {       /* nobody can wait for it */
+    lua_pop(L, 1);
+    return;
+  }
+  lua_pop(L, 1);
+  push_hook(L, st, H_WAITING);
   lua_pushvalue(L, lockidx);
   lua_pushvalue(L, widx);
   call_hook(L, 2);
 }
 
 
-/* The releaser at 'idx' was given back, lost or downgraded. */
+/* The releaser at 'idx' was given back, lost or downgraded: its record
+   ends (in C, as it was made). */
 void am_dbg_released (lua_State *L, State *st, int idx) {
+  int top = lua_gettop(L);
+  int D, rec;
   idx = lua_absindex(L, idx);
-  if (!lua_checkstack(L, 3) || !push_hook(L, st, H_RELEASED)) return;
-  lua_pushvalue(L, idx);
-  call_hook(L, 1);
+  if (st->dbg == LUA_NOREF || st->closed || !lua_checkstack(L, 12)) return;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, st->dbg);
+  D = lua_gettop(L);
+  lua_rawgeti(L, D, T_BYLOCK);
+  lua_getiuservalue(L, idx, 1);             /* its lock */
+  if (unlink_chain(L, D + 1, D + 2, R_NEXT_LOCK, R_RELEASER, idx)) {
+    rec = lua_gettop(L);
+    lua_rawgeti(L, D, T_HELDBY);
+    lua_rawgeti(L, rec, R_HOLDER);
+    unlink_chain(L, rec + 1, rec + 2, R_NEXT_CO, 0, rec);
+    lua_settop(L, rec);
+    lua_pushnil(L);                           /* ended: no releaser */
+    lua_rawseti(L, rec, R_RELEASER);
+    if (lua_rawgeti(L, D, F_LUA) == LUA_TBOOLEAN && lua_toboolean(L, -1)) {
+      lua_rawgeti(L, D, H_RELEASED);
+      lua_pushvalue(L, rec);
+      call_hook(L, 1);
+    }
+  }
+  lua_settop(L, top);
 }
 
 
@@ -232,6 +451,13 @@ static int dbg_waiter (lua_State *L) {
 }
 
 
+/* core.dbg_now(): the clock of the owner records' 'since' (clock_ms). */
+static int dbg_now (lua_State *L) {
+  lua_pushnumber(L, clock_ms());
+  return 1;
+}
+
+
 /* core.dbg_kind(v): "lock", "keyed", "decorated" (with its lock) or nil. */
 static int dbg_kind (lua_State *L) {
   if (am_tolock(L, 1) != NULL) lua_pushliteral(L, "lock");
@@ -253,6 +479,7 @@ const luaL_Reg am_debug_funcs[] = {
   {"dbg_releaser", dbg_releaser},
   {"dbg_waiter", dbg_waiter},
   {"dbg_kind", dbg_kind},
+  {"dbg_now", dbg_now},
   {NULL, NULL}
 };
 

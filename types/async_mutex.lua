@@ -532,11 +532,14 @@ async_mutex.E_DEADLOCK = "deadlock: the request would wait for ever"
 ---A lock, a keyed lock or a decorated lock, as `async_mutex.debug` takes it.
 ---@alias async_mutex.AnyLock async_mutex.Lock|async_mutex.KeyedMutex|async_mutex.KeyedSemaphore
 
+---Hears debug mode's reports: what kind, the text, and its facts as a table.
+---@alias async_mutex.DebugReportHandler fun(kind: "deadlock"|"inversion"|"long-hold", text: string, info: table)
+
 ---The options of `async_mutex.debug.enable`.
 ---@class async_mutex.DebugOptions
 ---@field traceback? boolean capture a traceback at each grant (`where` of a hold)
 ---@field holdWarning? number ms: a hold lasting longer is reported once
----@field onReport? fun(kind: "deadlock"|"inversion"|"long-hold", text: string, info: table) hears every report (default: stderr)
+---@field onReport? async_mutex.DebugReportHandler hears every report (default: stderr)
 
 ---One hold, as `async_mutex.debug.holds()` returns it.
 ---@class async_mutex.DebugHold

@@ -24,7 +24,7 @@ local running, status = coroutine.running, coroutine.status
 local concat, sort = table.concat, table.sort
 local floor, max = math.floor, math.max
 local format = string.format
-local now = uv.now
+local now                         -- the records' clock: core.dbg_now (install)
 
 local AM_TRY = 2                  -- Request.wait of a tryAcquire (async_mutex.h)
 local RW_WRITE = 2                -- an RWLock request's weight for a write
@@ -41,20 +41,29 @@ local OURS = { [OWN] = true }
 local CANONICAL = {}
 
 local opts                        -- the options while on, else nil
-local holds = {}                  -- releaser -> owner record
-local bylock = {}                 -- lock -> { [releaser] = record }
-local heldby = {}                 -- coroutine -> { [releaser] = record }
+local bylock = {}                 -- lock -> its first owner record (src/debug.c)
+local heldby = {}                 -- coroutine -> its first owner record
+-- An owner record's fields (made by src/debug.c: R_*), then this module's.
+-- A record is in two chains: its lock's and its holder's.
+local LOCK, REL, HOLDER, SINCE, FN, LINE, WEIGHT, WHERE = 1, 2, 3, 4, 5, 6, 7, 8
+-- An ended record has no releaser any more (REL nil).
+local NEXT_LOCK, NEXT_CO = 9, 10
+local SITE, CLASS, CANON, WARNED = 11, 12, 13, 14
 local WEAKK, WEAKV = { __mode = "k" }, { __mode = "v" }
 local waiting = setmetatable({}, WEAKK)     -- coroutine -> { waiter =, lock = } (weak)
 local names = setmetatable({}, WEAKK)       -- lock or keyed set -> name
 local created = setmetatable({}, WEAKK)     -- lock or keyed set -> creation site
 local classof = setmetatable({}, WEAKK)     -- lock -> its class id (a cache)
-local keyedof = setmetatable({}, WEAKK)     -- lock -> is it a key's lock (a cache)
 -- lockdep: classes by id, edges[from][to] = edge; cycles reported, by key
 local classes, nclasses = {}, 0
 local edges, nedges = {}, 0
 local reported = {}
-local timer, timer_on             -- long holds
+local timer, timer_on             -- long holds (the state's one timer: get_timer)
+
+local function stop_timer()
+  if not timer:is_closing() then timer:stop() end
+  timer_on = false
+end
 
 
 -- {========================================================== sites
@@ -114,8 +123,8 @@ end
 -- lock itself (made before debug mode was on).  One class for all the keys of a
 -- keyed set.  Returns the class id and its label.
 local function class_of(lock)
-  local id = classof[lock]
-  if id then return id end
+  local cached = classof[lock]
+  if cached then return cached end
   local info = lock_info(lock)
   local obj = info.object
   local id, lab
@@ -144,32 +153,64 @@ local function live(r)
   return (core.dbg_releaser(r))
 end
 
-local function drop(rec)
-  local r = rec.releaser
-  holds[r] = nil
-  local l = bylock[rec.lock]
-  if l then
-    l[r] = nil
-    if next(l) == nil then bylock[rec.lock] = nil end
+--- "file:line" of a record's acquire (made lazily from its function).
+local function site_of(rec)
+  local site = rec[SITE]
+  if not site then
+    local fn = rec[FN]
+    site = fn and (getinfo(fn, "S").short_src .. ":" .. tostring(rec[LINE])) or "?"
+    rec[SITE] = site
   end
-  local c = heldby[rec.holder]
-  if c then
-    c[r] = nil
-    if next(c) == nil then heldby[rec.holder] = nil end
-  end
-  if timer_on and next(holds) == nil then
-    timer:stop()
-    timer_on = false
+  return site
+end
+
+--- Unlinks 'rec' from the chain map[key] through field 'link'.
+local function unlink(map, key, link, rec)
+  local node, prev = map[key], nil
+  while node do
+    if node == rec then
+      if prev then prev[link] = node[link] else map[key] = node[link] end
+      node[link] = nil
+      return
+    end
+    prev, node = node, node[link]
   end
 end
 
---- The records of the holds of 'lock' still in place (others dropped).
-local function holders_of(lock)
-  local l, out = bylock[lock], {}
-  if l then
-    for r, rec in pairs(l) do
-      if live(r) then out[#out + 1] = rec else drop(rec) end
+local function drop(rec)
+  unlink(bylock, rec[LOCK], NEXT_LOCK, rec)
+  unlink(heldby, rec[HOLDER], NEXT_CO, rec)
+  rec[REL] = nil
+  if timer_on and next(bylock) == nil then stop_timer() end
+end
+
+--- The records in place now (a copy: what a hook does meanwhile, such as
+-- a report handler that releases, cannot upset the traversal), others
+-- dropped; of 'lock' only, when given.
+local function records(lock)
+  local out, dead = {}, nil
+  local function walk(node)
+    while node do
+      if live(node[REL]) then out[#out + 1] = node
+      else dead = dead or {}; dead[#dead + 1] = node end
+      node = node[NEXT_LOCK]
     end
+  end
+  if lock ~= nil then walk(bylock[lock])
+  else for _, head in pairs(bylock) do walk(head) end end
+  if dead then for _, rec in ipairs(dead) do drop(rec) end end
+  return out
+end
+local holders_of = records
+
+--- The records of coroutine 'co' (a copy), or nil when it holds nothing.
+local function held_by(co)
+  local node = heldby[co]
+  if not node then return nil end
+  local out = {}
+  while node do
+    out[#out + 1] = node
+    node = node[NEXT_CO]
   end
   return out
 end
@@ -221,13 +262,13 @@ end
 
 --- One hold, as holds() returns it.
 local function view(rec, info)
-  info = info or lock_info(rec.lock)
+  info = info or lock_info(rec[LOCK])
   local mode
-  if info.kind == "RWLock" then mode = rec.weight == RW_WRITE and "write" or "read" end
+  if info.kind == "RWLock" then mode = rec[WEIGHT] == RW_WRITE and "write" or "read" end
   return {
-    lock = info.object, kind = info.kind, key = info.key, name = label(rec.lock, info),
-    holder = rec.holder, since = rec.since, where = rec.where or rec.site,
-    site = rec.site, waiters = info.waiters, weight = rec.weight, mode = mode,
+    lock = info.object, kind = info.kind, key = info.key, name = label(rec[LOCK], info),
+    holder = rec[HOLDER], since = rec[SINCE], where = rec[WHERE] and rec[WHERE]:gsub("^\n", "") or site_of(rec),
+    site = site_of(rec), waiters = info.waiters, weight = rec[WEIGHT], mode = mode,
   }
 end
 
@@ -252,10 +293,9 @@ local function check_long()
   local limit = opts and opts.holdWarning
   if not limit then return end
   local t = now()
-  for r, rec in pairs(holds) do
-    if not live(r) then drop(rec)
-    elseif not rec.warned and t - rec.since >= limit then
-      rec.warned = true
+  for _, rec in ipairs(records()) do
+    if rec[REL] ~= nil and not rec[WARNED] and t - rec[SINCE] >= limit then
+      rec[WARNED] = true
       local v = view(rec)
       emit("long-hold", "async_mutex.debug: long hold (over " .. limit .. " ms): "
         .. hold_text(v, t), v)
@@ -263,11 +303,31 @@ local function check_long()
   end
 end
 
-local function start_timer()
-  if not timer or timer:is_closing() then
-    timer = uv.new_timer()
-    timer:unref()                 -- never keeps uv.run() going
+--- The long-hold timer: one per Lua state, kept in the registry and never
+-- closed by us (only stopped), so that no copy of this module can drop it
+-- while luv still has it in its loop (a handle collected there is freed
+-- under libuv's feet).  One that someone else closed (uv.walk) is replaced,
+-- and kept referenced too.
+local REG = debug.getregistry()
+local TIMER_KEY = "async_mutex.debug timer"
+
+local function get_timer()
+  local t = REG[TIMER_KEY]
+  if not t or t:is_closing() then
+    if t then
+      local old = REG[TIMER_KEY .. "s closed"] or {}
+      old[#old + 1] = t
+      REG[TIMER_KEY .. "s closed"] = old
+    end
+    t = uv.new_timer()
+    t:unref()                     -- never keeps uv.run() going
+    REG[TIMER_KEY] = t
   end
+  return t
+end
+
+local function start_timer()
+  timer = get_timer()
   local every = max(1, floor(opts.holdWarning / 4))
   timer:start(every, every, check_long)
   timer_on = true
@@ -287,12 +347,12 @@ local function could_proceed(lock, weight, doomed)
   local kind, value, held = core.dbg_lock(lock)
   local inside, writer_inside, outside, recorded = false, false, 0, 0
   for _, rec in ipairs(recs) do
-    recorded = recorded + rec.weight
-    if doomed[rec.holder] then
+    recorded = recorded + rec[WEIGHT]
+    if doomed[rec[HOLDER]] then
       inside = true
-      if rec.weight == RW_WRITE then writer_inside = true end
+      if rec[WEIGHT] == RW_WRITE then writer_inside = true end
     else
-      outside = outside + rec.weight
+      outside = outside + rec[WEIGHT]
     end
   end
   if kind == "RWLock" then
@@ -313,7 +373,7 @@ local function doomed_set(R, lock, weight)
   local i = 1
   while i <= #order do
     for _, rec in ipairs(holders_of(want[order[i]][1])) do
-      local h = rec.holder
+      local h = rec[HOLDER]
       if not want[h] then
         local l, w = waits_for(h)
         if l then
@@ -350,8 +410,8 @@ local function deadlock_report(R, lock, members, doomed)
   for n, m in ipairs(members) do
     local holders = {}
     for _, rec in ipairs(holders_of(m.lock)) do
-      if doomed[rec.holder] then
-        holders[#holders + 1] = format("%s (acquired at %s)", describe_thread(rec.holder), rec.site)
+      if doomed[rec[HOLDER]] then
+        holders[#holders + 1] = format("%s (acquired at %s)", describe_thread(rec[HOLDER]), site_of(rec))
       end
     end
     local tb = thread_traceback(m.coroutine)
@@ -400,29 +460,30 @@ local function report_once(key, kind, text, info)
   emit(kind, text, info)
 end
 
---- The running coroutine 'co', holding 'held', requests 'lock' at 'site'.
-local function lockdep(co, held, lock, site)
+--- The running coroutine, holding 'held' (its records), requests 'lock' at
+-- 'site'.
+local function lockdep(held, lock, site)
   local cb, binfo = class_of(lock), nil
   local canonical
-  for r, rec in pairs(held) do
-    if rec.lock ~= lock and live(r) then
-      local ca = rec.class
-      if not ca then ca = class_of(rec.lock); rec.class = ca end
+  for _, rec in ipairs(held) do
+    if rec[REL] ~= nil and rec[LOCK] ~= lock and live(rec[REL]) then
+      local ca = rec[CLASS]
+      if not ca then ca = class_of(rec[LOCK]); rec[CLASS] = ca end
       if ca == cb then
         if canonical == nil then canonical = from_canonical() end
-        if not (canonical and rec.canonical) then
+        if not (canonical and rec[CANON]) then
           binfo = binfo or lock_info(lock)
           local what = binfo.set ~= nil
             and "two keys of one keyed lock taken by separate nested acquires (use acquireAll)"
             or "two locks of one class taken nested (name them apart if their order is fixed)"
           report_once("nest:" .. cb, "inversion", format(
             "async_mutex.debug: possible deadlock: %s\n  %s: %s (acquired at %s)\n  then %s (acquired at %s)",
-            what, classes[cb], label(rec.lock), rec.site, label(lock, binfo), site),
-            { kind = "inversion", classes = { classes[cb] }, sites = { rec.site, site } })
+            what, classes[cb], label(rec[LOCK]), site_of(rec), label(lock, binfo), site),
+            { kind = "inversion", classes = { classes[cb] }, sites = { site_of(rec), site } })
         end
       elseif not (edges[ca] and edges[ca][cb]) then
         local back = path(cb, ca)
-        local e = { from = ca, to = cb, from_site = rec.site, to_site = site }
+        local e = { from = ca, to = cb, from_site = site_of(rec), to_site = site }
         edges[ca] = edges[ca] or {}
         edges[ca][cb] = e
         nedges = nedges + 1
@@ -456,8 +517,8 @@ end
 local function on_request(lock, weight, unlock, would_wait, wait)
   if wait == AM_TRY then return end         -- never waits: never deadlocks
   local co = running()
-  local held = heldby[co]
-  if held and not unlock then lockdep(co, held, lock, (user_frame())) end
+  local held = not unlock and held_by(co)
+  if held then lockdep(held, lock, (user_frame())) end
   if would_wait then
     local members, doomed = doomed_set(co, lock, weight)
     if members then
@@ -468,28 +529,10 @@ local function on_request(lock, weight, unlock, would_wait, wait)
   end
 end
 
-local function on_granted(lock, r)
-  local co = running()
-  local _, weight = core.dbg_releaser(r)
-  local site, level = user_frame()
-  local rec = {
-    lock = lock, releaser = r, holder = co, since = now(), weight = weight,
-    site = site, where = opts.traceback and level and traceback("", level):gsub("^\n", "") or nil,
-  }
-  local keyed = keyedof[lock]
-  if keyed == nil then
-    keyed = select("#", core.dbg_lock(lock)) > 5
-    keyedof[lock] = keyed
-  end
-  if keyed then rec.canonical = from_canonical() end
-  holds[r] = rec
-  local l = bylock[lock]
-  if not l then l = {}; bylock[lock] = l end
-  l[r] = rec
-  local c = heldby[co]
-  if not c then c = {}; heldby[co] = c end
-  c[r] = rec
-  waiting[co] = nil
+-- The record was made by the C core (src/debug.c); this runs for a key's
+-- lock (was it taken by acquireAll?) and while long holds are checked.
+local function on_granted(rec)
+  if select("#", core.dbg_lock(rec[LOCK])) > 5 then rec[CANON] = from_canonical() end
   if opts.holdWarning and not timer_on then start_timer() end
 end
 
@@ -497,9 +540,9 @@ local function on_waiting(lock, w)
   waiting[running()] = setmetatable({ waiter = w, lock = lock }, WEAKV)
 end
 
-local function on_released(r)
-  local rec = holds[r]
-  if rec then drop(rec) end
+-- The record was dropped by the C core; the check stops with the last.
+local function on_released()
+  if timer_on and next(bylock) == nil then stop_timer() end
 end
 
 local function on_unscoped(lock)
@@ -510,7 +553,14 @@ local function on_created(obj)
   created[obj] = (user_frame())
 end
 
-local HOOKS = { on_request, on_granted, on_waiting, on_released, on_unscoped, on_created }
+--- The table core.debug() takes (src/debug.c: its layout): the hooks, the
+-- tables the C core updates, the flags.
+local function hook_table()
+  return { on_request, on_granted, on_waiting, on_released, on_unscoped, on_created,
+           bylock, heldby, opts.traceback,
+           opts.holdWarning ~= nil,         -- the Lua hooks have work
+           waiting }
+end
 
 -- }==========================================================
 
@@ -542,13 +592,10 @@ local function check_lock(fname, v)
 end
 
 local function clear()
-  holds, bylock, heldby = {}, {}, {}
+  bylock, heldby = {}, {}
   waiting = setmetatable({}, WEAKK)
   classes, nclasses, edges, nedges, reported = {}, 0, {}, 0, {}
-  if timer then
-    if not timer:is_closing() then timer:close() end
-    timer, timer_on = nil, false
-  end
+  if timer then stop_timer() end
 end
 
 --- enable([options]): debug mode on.  options.traceback: capture a traceback
@@ -573,9 +620,9 @@ function M.enable(options)
     argerror(1, "enable", "onReport must be a function")
   end
   opts = { traceback = tb == true, holdWarning = hw, onReport = on }
-  core.debug(HOOKS)
-  if timer_on and not hw then timer:stop(); timer_on = false
-  elseif hw and next(holds) ~= nil then start_timer() end
+  core.debug(hook_table())
+  if timer_on and not hw then stop_timer()
+  elseif hw and next(bylock) ~= nil then start_timer() end
 end
 
 --- disable(): debug mode off; every record and lockdep's graph are dropped.
@@ -609,12 +656,9 @@ end
 function M.holds(lock)
   local only = lock ~= nil and check_lock("holds", lock) or nil
   local out = {}
-  for r, rec in pairs(holds) do
-    if not live(r) then drop(rec)
-    else
-      local info = lock_info(rec.lock)
-      if only == nil or info.object == only then out[#out + 1] = view(rec, info) end
-    end
+  for _, rec in ipairs(records()) do
+    local info = lock_info(rec[LOCK])
+    if only == nil or info.object == only then out[#out + 1] = view(rec, info) end
   end
   sort(out, function(a, b)
     if a.since ~= b.since then return a.since < b.since end
@@ -628,7 +672,7 @@ function M.report(lock)
   if lock ~= nil then check_lock("report", lock) end
   local t = now()
   local list = M.holds(lock)
-  local lines = { format("async_mutex debug report (debug mode %s, loop time %d ms): %d hold%s",
+  local lines = { format("async_mutex debug report (debug mode %s, clock %d ms): %d hold%s",
     opts and "on" or "off", floor(t), #list, #list == 1 and "" or "s") }
   for _, v in ipairs(list) do lines[#lines + 1] = hold_text(v, t) end
   lines[#lines + 1] = format("lockdep: %d classes, %d edges", nclasses, nedges)
@@ -642,6 +686,7 @@ end
 -- layer's chunk 'source' and its functions 'canonical' (acquireAll's).
 function M.install(am, c, source, canonical)
   core = c
+  now = c.dbg_now
   E_DEADLOCK = c.E_DEADLOCK
   OURS[source] = true
   for _, f in ipairs(canonical) do CANONICAL[f] = true end
