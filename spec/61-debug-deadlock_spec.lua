@@ -114,6 +114,15 @@ describe("self-deadlock", function()
     assert.equal(0, k:count())
   end))
 
+  it("a write of a KeyedRWLock key requested while holding a read of it", h.async(function()
+    local k = am.KeyedRWLock.new()
+    local rd = k:acquireRead("doc")
+    assert.equal(am.E_DEADLOCK, select(2, pcall(k.acquireWrite, k, "doc")))
+    local other = k:acquireWrite("other")     -- another key: no deadlock
+    other(); rd()
+    assert.equal(0, k:count())
+  end))
+
   it("a key refused leaves no lock behind in its set", h.async(function()
     local k = am.KeyedSemaphore.new(1)
     local _, r = k:acquire("x")
@@ -247,6 +256,27 @@ describe("wait-for cycles", function()
     go(t1); go(t2)
     assert.is_false(t2.ok)
     assert.equal(am.E_DEADLOCK, t2.err)
+    h.wait_until(function() return t1.done end)
+  end))
+
+  it("a KeyedRWLock read in the cycle: a write waits for a reader that waits for the writer", h.async(function()
+    local k = am.KeyedRWLock.new()
+    local m = am.Mutex.new()
+    local t1 = { }
+    t1.co = h.spawn(function()
+      local rd = k:acquireRead("doc"); coroutine.yield()
+      local r = m:acquire(); r(); rd()
+      t1.done = true
+    end)
+    local t2 = { }
+    t2.co = h.spawn(function()
+      local r = m:acquire(); coroutine.yield()
+      t2.ok, t2.err = pcall(k.acquireWrite, k, "doc")
+      r()
+    end)
+    go(t1); go(t2)
+    assert.equal(am.E_DEADLOCK, t2.err)
+    assert.matches("KeyedRWLock created at " .. THIS .. ":%d+ key doc", first_deadlock().text)
     h.wait_until(function() return t1.done end)
   end))
 

@@ -264,7 +264,7 @@ end
 local function view(rec, info)
   info = info or lock_info(rec[LOCK])
   local mode
-  if info.kind == "RWLock" then mode = rec[WEIGHT] == RW_WRITE and "write" or "read" end
+  if info.kind:find("RWLock$") then mode = rec[WEIGHT] == RW_WRITE and "write" or "read" end
   return {
     lock = info.object, kind = info.kind, key = info.key, name = label(rec[LOCK], info),
     holder = rec[HOLDER], since = rec[SINCE], where = rec[WHERE] and rec[WHERE]:gsub("^\n", "") or site_of(rec),
