@@ -65,6 +65,7 @@ local function close_handle(h)
   pending[guard] = true
   h:close(function() pending[guard] = nil end)
 end
+core.close_handle = close_handle   -- the Redis locks' timers too: one owner
 
 -- An error escaped a coroutine resumed by this module: it goes to the
 -- handler set with async_mutex.setErrorHandler, as the locks' do.
@@ -358,6 +359,7 @@ local is_client do
   local mt = getmetatable(core.new({}))
   is_client = function(v) return getmetatable(v) == mt end
 end
+core.is_client = is_client
 
 local function check_client(self, fname)
   if not is_client(self) then
@@ -556,6 +558,31 @@ local function is_noscript(err)
   return getmetatable(err) == ERROR_MT and err.code == "NOSCRIPT"
 end
 
+local script_call = core.script
+
+-- Runs `script` with the lists `keys` and `args` (checked by the caller):
+-- EVALSHA, and EVAL when the server does not know the script (NOSCRIPT:
+-- restarted, flushed).  The one owner of that rule: client:eval and the
+-- Redis locks (async_mutex.redis_lock, through core.run_script) use it.
+local function run_script(self, script, keys, args)
+  local sha = shas[script]
+  if sha then
+    local ok, res = pcall(script_call, self, "EVALSHA", sha, keys, args)
+    if ok then return res end
+    if not is_noscript(res) then error(res, 0) end
+  end
+  local reply = script_call(self, "EVAL", script, keys, args)
+  if not sha then
+    -- the next time: EVALSHA with the SHA1 the server computes
+    local ok, s = pcall(self.call, self, "SCRIPT", "LOAD", script)
+    if ok then shas[script] = s end
+  end
+  return reply
+end
+core.run_script = run_script
+
+local NONE = {}
+
 --- Runs a Lua script on the server: EVALSHA, and EVAL when the server
 -- does not know the script (NOSCRIPT: restarted, flushed).
 function Client.eval(self, script, keys, args)
@@ -563,27 +590,9 @@ function Client.eval(self, script, keys, args)
   if type(script) ~= "string" then
     argerror(2, 1, "eval", "string expected, got " .. typename(script))
   end
-  local nk = check_list(keys, 2, "keys")
-  local na = check_list(args, 3, "args")
-  local argv = { "EVALSHA", false, nk }
-  for i = 1, nk do argv[3 + i] = keys[i] end
-  for i = 1, na do argv[3 + nk + i] = args[i] end
-  local n = 3 + nk + na
-  local sha = shas[script]
-  if sha then
-    argv[2] = sha
-    local res = table.pack(pcall(self.call, self, unpack(argv, 1, n)))
-    if res[1] then return res[2] end
-    if not is_noscript(res[2]) then error(res[2], 0) end
-  end
-  argv[1], argv[2] = "EVAL", script
-  local reply = self:call(unpack(argv, 1, n))
-  if not sha then
-    -- the next time: EVALSHA with the SHA1 the server computes
-    local ok, s = pcall(self.call, self, "SCRIPT", "LOAD", script)
-    if ok then shas[script] = s end
-  end
-  return reply
+  check_list(keys, 2, "keys")
+  check_list(args, 3, "args")
+  return run_script(self, script, keys or NONE, args or NONE)
 end
 
 -- }==========================================================

@@ -36,6 +36,14 @@
 #define EV_R  1
 #define EV_W  2
 
+/*
+** Output that waits for the end of a poll callback is written as soon as
+** it reaches this size: the server starts on the first calls while the
+** callback resumes the other callers (with 50 calls in flight, replies
+** and requests then overlap instead of alternating in whole batches).
+*/
+#define FLUSH_AT  2048
+
 typedef struct Client {
   redisContext *c;      /* NULL: no connection */
   int connecting;       /* connect() in progress on c */
@@ -404,7 +412,33 @@ static int client_call (lua_State *L) {
       flush(cl);            /* a failure shows as a readable end of file */
     update_poll(L, 1, cl);
   }
+  else if (!cl->connecting && sdslen(cl->c->obuf) >= FLUSH_AT)
+    flush(cl);              /* a failure: onpoll's own flush sees it */
   return lua_yieldk(L, 0, 0, call_k);
+}
+
+/*
+** script(client, command, script, keys, args): client:call(command,
+** script, #keys, keys..., args...) with the keys and args taken from their
+** lists here, so that a script's caller (client:eval, the Redis locks)
+** builds no argument list in Lua.
+*/
+static int core_script (lua_State *L) {
+  lua_Integer nk, na, k;
+  checkclient(L, 1);
+  luaL_checktype(L, 4, LUA_TTABLE);
+  luaL_checktype(L, 5, LUA_TTABLE);
+  nk = luaL_len(L, 4);
+  na = luaL_len(L, 5);
+  lua_settop(L, 5);
+  luaL_checkstack(L, (int)(nk + na + 4), "too many arguments");
+  lua_pushvalue(L, 2);
+  lua_pushvalue(L, 3);
+  lua_pushinteger(L, nk);
+  for (k = 1; k <= nk; k++) lua_rawgeti(L, 4, k);
+  for (k = 1; k <= na; k++) lua_rawgeti(L, 5, k);
+  for (k = 0; k < 4; k++) lua_remove(L, 2);   /* client command script n ... */
+  return client_call(L);
 }
 
 /* }====================================================== */
@@ -711,6 +745,7 @@ static const luaL_Reg core_funcs[] = {
   {"alive", core_alive},
   {"error", core_error},
   {"onpoll", client_onpoll},
+  {"script", core_script},
   {NULL, NULL}
 };
 
