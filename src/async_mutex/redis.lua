@@ -36,7 +36,7 @@ local Client = core.Client               -- the methods of every client
 -- be collected (its __gc ends the connection).
 
 local hooks = core.hooks
-local onpoll, status, fail, alive = core.onpoll, core.status, core.fail, core.alive
+local status, fail, alive, progress = core.status, core.fail, core.alive, core.progress
 local WEAK_K, WEAK_V = { __mode = "k" }, { __mode = "v" }
 local ceil, max, min, random, huge = math.ceil, math.max, math.min, math.random, math.huge
 local now = uv.now
@@ -108,7 +108,7 @@ local function on_timer(state)
   if st == "connecting" then
     limit, since = state.connectTimeout, state.armed_at
   elseif st == "connected" and busy(state, client) then
-    limit, since = state.commandTimeout, max(state.armed_at, state.progress_at)
+    limit, since = state.commandTimeout, max(state.armed_at, progress(client))
   else
     state.timing = false
     return
@@ -140,42 +140,36 @@ local function arm(state, connecting)
   state.timer:start(ceil(limit), 0, state.on_timer)
 end
 
--- open(fd, client, state): the poll handle of a new connection.
+-- open(fd, client, state): the poll handle of a new connection, made by
+-- luv (so that uv.walk and luv's exit handle it as any other); the C part
+-- starts and stops it with a callback of its own.
 function hooks.open(fd, client, state)
   if not state.ref then state.ref = setmetatable({ client }, WEAK_V) end
-  local ref = state.ref
   state.poll = uv.new_socket_poll(fd)
-  state.on_poll = function(err, events)
-    local c = ref[1]
-    if c and onpoll(c, err, events) > 0 then
-      state.progress_at = now()
-      -- a subscriber stays readable when idle: its timer stops here
-      if state.waiting and state.timing and not busy(state, c) then
-        state.timer:stop()
-        state.timing = false
-      end
-    end
-  end
-  state.progress_at = 0
+  return state.poll
 end
 
--- watch(state, events): what the poll handle watches ("r", "w", "rw";
--- nil: nothing), and the timer with it.
+-- progress(state): replies came to a subscriber, which stays readable when
+-- idle: its timer stops once no confirmation is awaited.
+function hooks.progress(state)
+  if state.timing and not busy(state, state.ref[1]) then
+    state.timer:stop()
+    state.timing = false
+  end
+end
+
+-- watch(state, events): what the poll handle now watches ("r", "w", "rw";
+-- nil: nothing): the timer runs while something is awaited.
 function hooks.watch(state, events)
-  local poll = state.poll
   if events then
-    poll:start(events, state.on_poll)
     if not state.timing then
       local client = state.ref[1]
       local connecting = status(client) == "connecting"
       if connecting or busy(state, client) then arm(state, connecting) end
     end
-  else
-    poll:stop()
-    if state.timing then
-      state.timer:stop()
-      state.timing = false
-    end
+  elseif state.timing then
+    state.timer:stop()
+    state.timing = false
   end
 end
 
@@ -406,14 +400,35 @@ local function restore(sub)
   end)
 end
 
+-- Callbacks that never yield (the Redis locks' hand-off messages, see
+-- async_mutex.redis_lock) are called directly, not in a coroutine of their
+-- own: they are on the path of every hand-off.  Errors are reported alike.
+local direct = setmetatable({}, WEAK_K)
+core.direct_callbacks = direct
+
+local function deliver(s, message, channel)
+  local fn = s.fn
+  if direct[fn] then
+    local ok, err = pcall(fn, message, channel)
+    if not ok then report(err, traceback(tostring(err))) end
+  else
+    spawn(fn, message, channel)
+  end
+end
+
 local function on_message(sub, reply)
   if type(reply) ~= "table" then return end
   local kind = reply[1]
   if kind == "message" then
     local list = sub.channels[reply[2]]
     if not list then return end
+    if #list == 1 then               -- the usual case: no copy needed
+      local s = list[1]
+      if s.active then deliver(s, reply[3], reply[2]) end
+      return
+    end
     for _, s in ipairs({ unpack(list) }) do
-      if s.active then spawn(s.fn, reply[3], reply[2]) end
+      if s.active then deliver(s, reply[3], reply[2]) end
     end
   elseif kind == "subscribe" then
     confirm(sub, reply[2], true)
