@@ -49,9 +49,9 @@ describe("the acquire script's short path (a lock with no holder and no queue)",
   it("queues a newcomer behind a waiter whose holder's lease ended unnoticed", h.async(function()
     local c = server:client()
     local name = fresh_name()
-    assert.equal(1, acquire(c, name, "holder", 10)[1])
+    assert.equal(1, acquire(c, name, "holder", 500)[1])
     assert.equal(0, acquire(c, name, "waiter", 30000)[1])     -- queued
-    h.sleep(30)                              -- the holder's lease ends; no script ran
+    h.sleep(600)                             -- the holder's lease ends; no script ran
     assert.equal(0, acquire(c, name, "newcomer", 30000)[1])   -- behind the waiter
     assert.is_truthy(c:call("ZSCORE", name .. ":h", "waiter"))
     assert.is_nil(c:call("ZSCORE", name .. ":h", "holder"))
@@ -138,6 +138,24 @@ describe("RedisMutex on the short paths", function()
     coroutine.yield()
     assert.is_false(m:isLocked())
     c:close()
+  end))
+end)
+
+describe("cancel() while the first request of an acquire is in flight", function()
+  it("rejects the request once Redis queued it, and takes it out of the queue", h.async(function()
+    local a, b = server:client(), server:client()
+    local name = fresh_name()
+    local ra = am.RedisMutex.new(a, name):acquire()
+    local mb = am.RedisMutex.new(b, name, { cancelError = "stop" })
+    local outcome
+    h.spawn(function() outcome = select(2, pcall(mb.acquire, mb)) end)
+    assert.equal(1, b:pending())          -- the acquire request, not answered yet
+    mb:cancel()
+    h.wait_until(function() return outcome ~= nil end)
+    assert.equal("stop", outcome)
+    assert.equal(0, a:call("ZCARD", name .. ":q"))
+    assert.is_true(ra())
+    a:close(); b:close()
   end))
 end)
 

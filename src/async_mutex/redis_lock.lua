@@ -156,9 +156,13 @@ local function subscribe(hub)
   if hub.sub then return end
   local release <close> = hub.sub_gate:acquire()
   if hub.sub then return end
-  hub.sub = hub.client:subscribe(hub.channel, function(message)
-    on_message(hub, message)
-  end)
+  local fn = hub.on_message
+  if not fn then
+    fn = function(message) on_message(hub, message) end
+    rcore.direct_callbacks[fn] = true       -- it never yields: no coroutine
+    hub.on_message = fn
+  end
+  hub.sub = hub.client:subscribe(hub.channel, fn)
 end
 
 -- }==========================================================
@@ -410,16 +414,19 @@ local function redis_acquire(lk, name, weight, deadline, err)
   local w <close> = setmetatable({ hub = hub, client = client, keys = keys,
     token = token, limit = lk.s_limit, free = free, done = false }, Pending)
   -- Known to the hub before the request goes out: the hand-off message
-  -- comes on the other connection and may be read before the reply.  The
-  -- waiter's bell (a core Semaphore) is made only when it has to sleep.
-  if not try then hub.waiters[token] = w end
+  -- comes on the other connection and may be read before the reply; and
+  -- to cancel(), which may come before the reply too.  The waiter's bell
+  -- (a core Semaphore) is made only when it has to sleep.
+  if not try then
+    hub.waiters[token] = w
+    w.name, w.lk = name, lk
+    lk.waiting[w] = true
+  end
   local sent = hrtime()
   local r = eval(client, scripts.acquire, keys, args)
   if r[1] ~= 1 then
     if try then error(err, 0) end
     -- Queued: wait for the hand-off.  Later requests ask again.
-    w.name, w.lk = name, lk
-    lk.waiting[w] = true
     args[7] = "again"
     if not hub.sub then
       subscribe(hub)

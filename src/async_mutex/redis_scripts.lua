@@ -38,18 +38,17 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local function fmt(x) return string.format('%.0f', x) end
 
--- The next number for this lock (fences and arrival numbers): N:n is
--- incremented; when it does not exist (new, expired an hour after it was
--- made, or lost with a restart) it starts at the server's time in us.
--- Every number drawn before is below that time: the counter started at an
--- earlier time and grows by one per draw, and draws are more than a
--- microsecond apart (as long as the server's clock does not go back).
+-- The next number for this lock (fences and arrival numbers):
+-- max(last + 1, server time in us).  It grows with every grant and
+-- arrival; and because it keeps up with the clock, a counter that lost its
+-- last values (N:n expired, a restart without persistence, the last second
+-- of an append-only file, a replica promoted before it had them) still
+-- goes on above every number drawn before, as long as the server's clock
+-- does not go back.
 local function draw()
-  local v = redis.call('INCR', N)
-  if v == 1 then
-    v = tonumber(t[1]) * 1000000 + tonumber(t[2])
-    redis.call('SET', N, fmt(v), 'PX', 3600000)
-  end
+  local last = tonumber(redis.call('GET', N) or '0')
+  local v = math.max(last + 1, tonumber(t[1]) * 1000000 + tonumber(t[2]))
+  redis.call('SET', N, fmt(v), 'PX', 3600000)
   return v
 end
 
@@ -150,12 +149,10 @@ M.acquire = [[
 -- even made, as grant() would (fence: draw(); value: the limit).
 if ARGV[7] ~= 'again' and redis.call('EXISTS', KEYS[1], KEYS[3]) == 0 then
   local t = redis.call('TIME')
-  local fence = redis.call('INCR', KEYS[6])
-  if fence == 1 then
-    fence = tonumber(t[1]) * 1000000 + tonumber(t[2])
-    redis.call('SET', KEYS[6], string.format('%.0f', fence), 'PX', 3600000)
-  end
-  fence = string.format('%.0f', fence)
+  local last = tonumber(redis.call('GET', KEYS[6]) or '0')
+  local fence = string.format('%.0f',
+    math.max(last + 1, tonumber(t[1]) * 1000000 + tonumber(t[2])))
+  redis.call('SET', KEYS[6], fence, 'PX', 3600000)
   redis.call('ZADD', KEYS[1], tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
     + tonumber(ARGV[4]), ARGV[1])
   redis.call('HSET', KEYS[2], ARGV[1], ARGV[3] .. ' ' .. fence .. ' ' .. ARGV[2])
