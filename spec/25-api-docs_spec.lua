@@ -36,6 +36,7 @@ local RECEIVERS = {
   ["async_mutex.KeyedMutex"] = { "km", "keyed" },
   ["async_mutex.KeyedSemaphore"] = { "ks", "keyed" },
   ["async_mutex.ReentrantMutex"] = { "rm" },
+  ["async_mutex.KeyedRWLock"] = { "krw" },
   ["async_mutex.RedisMutex"] = { "rm" },
   ["async_mutex.RedisSemaphore"] = { "rs" },
   ["async_mutex.KeyedRedisMutex"] = { "krm" },

@@ -16,7 +16,8 @@
 **                      a write releaser's downgrade
 **   reentrant.c        the ReentrantMutex kind: its holder re-enters
 **   lease.c            leased holds: their releasers, their expiry
-**   keyed.c            KeyedMutex and KeyedSemaphore: a lock per key
+**   keyed.c            KeyedMutex, KeyedSemaphore and KeyedRWLock: a
+**                      lock per key
 **   decorated.c        withTimeout and tryAcquire: decorated locks, whose
 **                      requests have a limit; every other method is the
 **                      lock's own
@@ -45,6 +46,7 @@
 #define AM_KEYED_SEMAPHORE  "async_mutex.KeyedSemaphore"
 #define AM_RWLOCK     "async_mutex.RWLock"
 #define AM_REENTRANT_MUTEX  "async_mutex.ReentrantMutex"
+#define AM_KEYED_RWLOCK     "async_mutex.KeyedRWLock"
 /* Decorated locks' metatables are made per copy of the module, and not
    registered: these are only their __name. */
 #define AM_DECORATED_MUTEX  "async_mutex.decorated Mutex"
@@ -53,6 +55,7 @@
 #define AM_DECORATED_KEYED_SEMAPHORE  "async_mutex.decorated KeyedSemaphore"
 #define AM_DECORATED_RWLOCK  "async_mutex.decorated RWLock"
 #define AM_DECORATED_REENTRANT_MUTEX  "async_mutex.decorated ReentrantMutex"
+#define AM_DECORATED_KEYED_RWLOCK  "async_mutex.decorated KeyedRWLock"
 
 /* async-mutex's exact messages; they are also the error values. */
 #define AM_E_TIMEOUT  "timeout while waiting for mutex to become available"
@@ -75,6 +78,7 @@ typedef enum AmType {
   AM_T_DECORATED_KEYED_MUTEX, AM_T_DECORATED_KEYED_SEMAPHORE,
   AM_T_RWLOCK, AM_T_DECORATED_RWLOCK,
   AM_T_REENTRANT_MUTEX, AM_T_DECORATED_REENTRANT_MUTEX,
+  AM_T_KEYED_RWLOCK, AM_T_DECORATED_KEYED_RWLOCK,
   AM_NTYPES                   /* not a type: how many there are */
 } AmType;
 
@@ -386,11 +390,15 @@ void am_lock_free (Lock *lk);
 /* An RWLock request's weight: what 'held' counts, and the mode. */
 #define AM_RW_READ   1
 #define AM_RW_WRITE  2
+#define AM_RW_WRITTEN  (-1)     /* an RWLock's value while a writer holds it */
 extern const LockKind am_rwlock_kind;
 extern const luaL_Reg am_rwlock_methods[];
 extern const luaL_Reg am_rwlock_metamethods[];
 extern const luaL_Reg am_rwlock_class[];
 extern const luaL_Reg am_decorated_rwlock_methods[];
+extern const luaL_Reg am_keyed_rwlock_methods[];
+extern const luaL_Reg am_keyed_rwlock_class[];
+extern const luaL_Reg am_decorated_keyed_rwlock_methods[];
 int am_rw_downgrade (lua_State *L);
 int am_rw_upgrade (lua_State *L);
 
@@ -444,6 +452,8 @@ extern const luaL_Reg am_decorated_methods[];
 int am_undecorate (lua_State *L, AmType t);
 int am_run_request (lua_State *L, AmType t);
 int am_core_acquire (lua_State *L);
+int am_core_acquire_read (lua_State *L);
+int am_core_acquire_write (lua_State *L);
 int am_core_limit (lua_State *L);
 int am_withTimeout (lua_State *L);
 int am_tryAcquire (lua_State *L);

@@ -17,7 +17,7 @@
 #include "async_mutex.h"
 
 
-#define WRITTEN  (-1)               /* the value while a writer holds it */
+#define WRITTEN  AM_RW_WRITTEN     /* the value while a writer holds it */
 
 
 /* {====================================================== the kind */
@@ -70,7 +70,7 @@ const LockKind am_rwlock_kind = {
   .name = "RWLock",
   .noun = "a readers-writer lock",
   .type = AM_T_RWLOCK,
-  .keyed_type = AM_T_RWLOCK,          /* no keyed form yet */
+  .keyed_type = AM_T_KEYED_RWLOCK,
   .weighted = 0,
   .returns_value = 0,
   .fits = rw_fits,

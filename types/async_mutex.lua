@@ -14,6 +14,7 @@
 ---| async_mutex.KeyedSemaphore
 ---| async_mutex.RWLock
 ---| async_mutex.ReentrantMutex
+---| async_mutex.KeyedRWLock
 ---| async_mutex.RedisMutex
 ---| async_mutex.RedisSemaphore
 ---| async_mutex.KeyedRedisMutex
@@ -351,6 +352,133 @@ function RWLock:release() end
 function RWLock:cancel() end
 
 
+---One readers-writer lock per key (the rules of `RWLock`, per key), created
+---when first needed and gone when idle.  `acquire`, `runExclusive` and
+---`acquireAll` write, so it stands where a `KeyedMutex` is expected.
+---@class async_mutex.KeyedRWLock
+local KeyedRWLock = {}
+
+---@param options? async_mutex.KeyedOptions
+---@return async_mutex.KeyedRWLock
+function KeyedRWLock.new(options) end
+
+---Suspends until a read hold of `key` is granted (shared with its readers).
+---@async
+---@param key any
+---@param priority? number
+---@return async_mutex.Releaser release
+function KeyedRWLock:acquireRead(key, priority) end
+
+---Suspends until the write hold of `key` is granted (exclusive).
+---@async
+---@param key any
+---@param priority? number
+---@return async_mutex.Releaser release
+function KeyedRWLock:acquireWrite(key, priority) end
+
+---The same as `acquireWrite`.
+---@async
+---@param key any
+---@param priority? number
+---@return async_mutex.Releaser release
+function KeyedRWLock:acquire(key, priority) end
+
+---Reads every key of `keys`, all or nothing, in one canonical order.
+---@async
+---@param keys any[]
+---@param priority? number
+---@return async_mutex.MultiReleaser release
+function KeyedRWLock:acquireAllRead(keys, priority) end
+
+---Writes every key of `keys`, all or nothing, in one canonical order.
+---@async
+---@param keys any[]
+---@param priority? number
+---@return async_mutex.MultiReleaser release
+function KeyedRWLock:acquireAllWrite(keys, priority) end
+
+---The same as `acquireAllWrite`.
+---@async
+---@param keys any[]
+---@param priority? number
+---@return async_mutex.MultiReleaser release
+function KeyedRWLock:acquireAll(keys, priority) end
+
+---Calls `fn()` holding a read hold of `key`; returns its results.
+---@async
+---@param key any
+---@param fn fun(): ...
+---@param priority? number
+---@return any ...
+function KeyedRWLock:runShared(key, fn, priority) end
+
+---Calls `fn()` holding the write hold of `key`; returns its results.
+---@async
+---@param key any
+---@param fn fun(): ...
+---@param priority? number
+---@return any ...
+function KeyedRWLock:runExclusive(key, fn, priority) end
+
+---Calls `fn()` reading every key of `keys`.
+---@async
+---@param keys any[]
+---@param fn fun(): ...
+---@param priority? number
+---@return any ...
+function KeyedRWLock:runSharedAll(keys, fn, priority) end
+
+---Calls `fn()` writing every key of `keys`.
+---@async
+---@param keys any[]
+---@param fn fun(): ...
+---@param priority? number
+---@return any ...
+function KeyedRWLock:runExclusiveAll(keys, fn, priority) end
+
+---Suspends until a write of `key` could be granted, without acquiring.
+---@async
+---@param key any
+---@param priority? number
+function KeyedRWLock:waitForUnlock(key, priority) end
+
+---`true` while a reader or a writer holds `key`.
+---@param key any
+---@return boolean
+function KeyedRWLock:isLocked(key) end
+
+---`true` while a writer holds `key`.
+---@param key any
+---@return boolean
+function KeyedRWLock:isWriteLocked(key) end
+
+---How many readers hold `key`.
+---@param key any
+---@return integer
+function KeyedRWLock:readers(key) end
+
+---Ends the write hold of `key`; does nothing while readers or nobody hold it.
+---@param key any
+function KeyedRWLock:release(key) end
+
+---Rejects the queued readers and writers of `key`, or of every key.
+---@param key? any
+function KeyedRWLock:cancel(key) end
+
+---How many keys have a lock in use (held or waited on).
+---@return integer
+function KeyedRWLock:count() end
+
+---@param key any
+---@return integer acquirers queued for `key`
+---@return integer waiters its `waitForUnlock` waiters
+function KeyedRWLock:waiting(key) end
+
+---A new array of the keys in use.
+---@return any[]
+function KeyedRWLock:keys() end
+
+
 ---A mutex its holder (the coroutine it was granted to) may acquire again
 ---without waiting, one level per acquire.
 ---@class async_mutex.ReentrantMutex
@@ -429,6 +557,7 @@ async_mutex.KeyedMutex = KeyedMutex
 async_mutex.KeyedSemaphore = KeyedSemaphore
 async_mutex.RWLock = RWLock
 async_mutex.ReentrantMutex = ReentrantMutex
+async_mutex.KeyedRWLock = KeyedRWLock
 
 -- The Redis locks (types/redis_lock.lua), loaded on first use.
 ---@type async_mutex.RedisMutex
