@@ -60,6 +60,7 @@ build = {
       sources = {
         "src/args.c",
         "src/core.c",
+        "src/debug.c",
         "src/decorated.c",
         "src/keyed.c",
         "src/lease.c",
@@ -78,7 +79,7 @@ build = {
     -- libhiredis-dev).
     ["async_mutex.redis_core"] = {
       sources = { "src/redis/redis.c", "src/redis/reply.c" },
-      libraries = { "hiredis" },
+      libraries = { "hiredis", "uv" },
       incdirs = { "$(LUA_INCDIR)", "$(HIREDIS_INCDIR)" },
       libdirs = { "$(HIREDIS_LIBDIR)" },
     },
@@ -88,6 +89,7 @@ build = {
     ["async_mutex.redis_lock"] = "src/async_mutex/redis_lock.lua",
     ["async_mutex.redis_scripts"] = "src/async_mutex/redis_scripts.lua",
     ["async_mutex.checks"] = "src/async_mutex/checks.lua",
+    ["async_mutex.debug"] = "src/async_mutex/debug.lua",
   },
   -- Installed beside the rock (luarocks show --rock-dir async-mutex): the
   -- LuaLS annotations, for editors, and the examples.

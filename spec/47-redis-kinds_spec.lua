@@ -281,26 +281,6 @@ describe("cancel on a Redis lock", function()
   end))
 end)
 
-describe("cancel on a Redis lock, with the request in flight", function()
-  it("rejects a waiter whose request to Redis has not been answered yet", h.async(function()
-    local a, b = server:client(), server:client()
-    local name = fresh_name()
-    local ra = am.RedisMutex.new(a, name):acquire()
-    local mb = am.RedisMutex.new(b, name, { cancelError = "stop" })
-    local outcome
-    h.spawn(function() outcome = select(2, pcall(mb.acquire, mb)) end)
-    assert.equal(1, b:pending())               -- its request is in flight
-    mb:cancel()
-    h.wait_until(function() return outcome ~= nil end)
-    assert.equal("stop", outcome)
-    b:call("PING")
-    assert.equal(0, queued(a, name))           -- it left the Redis queue
-    assert.is_true(ra:check())
-    ra()
-    a:close(); b:close()
-  end))
-end)
-
 describe("waitForUnlock on a Redis lock", function()
   it("returns once the other process releases, taking nothing", h.async(function()
     local a, b = server:client(), server:client()
