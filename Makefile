@@ -169,6 +169,7 @@ bench: deps
 	$(RUNENV) BENCH_JSON=$(BENCH_JSON) $(LUA) bench/run.lua
 	$(LUA) bench/chart.lua $(BENCH_JSON) $(BENCH_SVG)
 	$(RUNENV) $(LUA) bench/lockkinds.lua
+	$(RUNENV) $(LUA) bench/debug.lua
 ifneq ($(HIREDIS_H),)
 	$(RUNENV) $(LUA) bench/redis/run.lua
 	$(RUNENV) $(LUA) bench/optimistic.lua
