@@ -223,7 +223,11 @@ local function forget(lease)
     for i = 1, #holds do
       if holds[i] == lease then table.remove(holds, i); break end
     end
-    if #holds == 0 then lease.lock.holds[lease.name] = nil end
+    -- a plain lock keeps its empty list for the next grant (one table
+    -- less per acquisition); a keyed set's key gives its list up
+    if #holds == 0 and lease.name ~= lease.lock.name then
+      lease.lock.holds[lease.name] = nil
+    end
   end
 end
 
@@ -626,7 +630,7 @@ end
 -- Unscoped release of the oldest hold of this process on 'name'.
 local function release_name(lk, name)
   local holds = lk.holds[name]
-  if not holds then return false end
+  if not holds or not holds[1] then return false end
   return release_lease(holds[1])
 end
 
