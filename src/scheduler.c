@@ -311,7 +311,7 @@ void am_anchor (lua_State *L, Waiter *w) {
   lua_pushthread(L);
   lua_xmove(L, A, 1);                         /* into the room above */
   lua_replace(A, ANCHOR_SLOT(ref));
-  w->ref = ref;
+  w->r.ref = ref;
   st->pending++;
 }
 
@@ -333,10 +333,10 @@ static void drop_anchor (State *st, int ref) {
 
 void am_unanchor (lua_State *L, Waiter *w) {
   (void)L;
-  if (w->ref != LUA_NOREF) {
+  if (w->r.ref != LUA_NOREF) {
     State *st = w->r.lock->st;
-    if (!st->closed) drop_anchor(st, w->ref);   /* else: threads freed */
-    w->ref = LUA_NOREF;
+    if (!st->closed) drop_anchor(st, w->r.ref);   /* else: threads freed */
+    w->r.ref = LUA_NOREF;
     st->pending--;
   }
 }
@@ -429,14 +429,14 @@ static int on_idle (lua_State *L) {
     lua_State *co;
     int nres, status, ref;
     if (w == NULL) break;
-    ref = w->ref;
+    ref = w->r.ref;
     co = anchored(st, ref);
     if (lua_status(co) != LUA_YIELD) {        /* cannot run: give back */
       am_waiter_abandon(L, w);
       continue;
     }
     am_waiter_resuming(w);
-    w->ref = LUA_NOREF;                       /* no longer pending */
+    w->r.ref = LUA_NOREF;                       /* no longer pending */
     st->pending--;
     status = lua_resume(co, L, 0, &nres);     /* its slot keeps it alive */
     if (status == LUA_OK || status == LUA_YIELD) {
@@ -512,7 +512,7 @@ void am_timer_add (lua_State *L, State *st, Waiter *w, lua_Number now,
 */
 void am_timer_remove (lua_State *L, State *st, Waiter *w) {
   (void)L;
-  if (!w->timed || w->t.next == NULL) return;
+  if (!w->r.timed || w->t.next == NULL) return;
   am_queue_remove(&st->timers, w);
 }
 
