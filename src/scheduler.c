@@ -243,8 +243,11 @@ void am_schedule (State *st, Waiter *w) {
 ** stack slot costs a fraction of a table access, and a thread's stack is
 ** dense: no hash part, no rehash.
 */
+/* A thread's stack grows by doubling, so its last chunk may hold up to
+   twice the slots in use: small chunks keep that waste, and so an
+   anchor's cost, near one slot (16 bytes) a waiting coroutine. */
 #ifndef ANCHOR_BITS
-#define ANCHOR_BITS      16      /* `make asan` uses 3: chunks cross often */
+#define ANCHOR_BITS      10      /* `make asan` uses 3: chunks cross often */
 #endif
 #define ANCHOR_CHUNK     (1 << ANCHOR_BITS)
 #define ANCHOR_THREAD(st,ref)  ((st)->athreads[((ref) - 1) >> ANCHOR_BITS])
@@ -260,6 +263,11 @@ static void add_anchor_thread (lua_State *L, State *st) {
   lua_State *T;
   lua_rawgeti(L, LUA_REGISTRYINDEX, st->anchors);
   T = lua_newthread(L);
+  /* the chunks after the first at their full size at once: grown by
+     doubling, a chunk's stack would end with up to twice the slots it
+     holds (the first grows, so that a few waits cost a few slots) */
+  if (t > 0 && !lua_checkstack(T, ANCHOR_CHUNK + 2))
+    luaL_error(L, "not enough memory");
   if (st->nathreads == t) {
     lua_State **a = (lua_State **)realloc(st->athreads,
                                           (t + 1) * sizeof(*a));

@@ -361,6 +361,7 @@ static int suspend (lua_State *L, Request *rq) {
   int leased = rq->lease > 0 && rq->kind == W_ACQUIRE;
   int hands_out = HAND_OUT_WAITERS && !timed && !leased
                   && rq->kind == W_ACQUIRE;
+  int clocked;
   lua_Number now = 0;
   Waiter *w;
   /* keep what the continuation reads; the waiter goes just above */
@@ -373,10 +374,14 @@ static int suspend (lua_State *L, Request *rq) {
   /* anchored before it is queued: if a later step raises and nothing
      catches it, the dead coroutine and its waiter stay alive while queued */
   am_anchor(L, w);                         /* may run the collector */
-  if (timed || leased)
+  /* the clock, if the wait needs it (a lease counted from the grant
+     reads it when the grant comes) */
+  clocked = timed || (leased && rq->lease_from_request);
+  if (clocked)
     now = am_timer_now(L, lk->st);         /* calls luv: a hook may run */
   if (leased && rq->lease_from_request)
     w->lease = now + rq->lease;            /* the lease's end */
+ decide:
   /* From here until the waiter is QUEUED nothing runs Lua code.  A keyed
      lock may have left its set meanwhile (a finalizer released the key):
      the request goes to the key's lock as it is now. */
@@ -386,6 +391,11 @@ static int suspend (lua_State *L, Request *rq) {
     lua_setiuservalue(L, -2, 1);
   }
   if (am_can_lock_now(lk, rq->weight, &rq->priority)) {  /* freed meanwhile */
+    if (leased && !clocked) {     /* its lease starts now: the clock (Lua) */
+      now = am_timer_now(L, lk->st);
+      clocked = 1;
+      goto decide;                             /* then decide again */
+    }
     am_unanchor(L, w);            /* never queued: its __close is a no-op */
     return grant_now(L, rq, lk, now);
   }
@@ -409,8 +419,15 @@ static int suspend (lua_State *L, Request *rq) {
 */
 int am_request (lua_State *L, Request *rq) {
   lua_Number now = 0;
-  if (rq->lease > 0 && rq->kind == W_ACQUIRE)   /* the clock, first */
+  if (rq->lease > 0 && rq->kind == W_ACQUIRE
+      && am_can_lock_now(rq->lock, rq->weight, &rq->priority)) {
+    /* a grant now starts its lease: the clock first (it calls luv, so a
+       hook may run and change the lock), then decide again below.  A
+       request that waits reads it only if it must (suspend), so that the
+       clock's Lua call leaves no frame behind in a waiting coroutine. */
     now = am_timer_now(L, rq->lock->st);
+    rq->lock = am_keyed_current(L, rq->lock, rq->lockidx);
+  }
   if (rq->lock->kind->reentrant && am_reenters(L, rq->lock, rq))
     return grant_now(L, rq, rq->lock, now);     /* its holder, once more */
   if (am_can_lock_now(rq->lock, rq->weight, &rq->priority))  /* fast path */
