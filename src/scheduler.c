@@ -24,9 +24,11 @@
 
 
 /*
-** How many coroutines one idle callback may resume.  Waiters made ready
-** while the batch runs (a hand-off chain) join the same batch, so a chain
-** costs no loop iteration per link; the budget lets I/O in between.
+** How many coroutines one idle callback may resume beyond those ready
+** when it starts (all of which it resumes: the readers an RWLock grants
+** together run in one iteration).  Waiters made ready while the batch
+** runs (a hand-off chain) join the same batch, so a chain costs no loop
+** iteration per link; the budget lets I/O in between.
 */
 #define BATCH  1024
 
@@ -419,9 +421,22 @@ void am_report (lua_State *L, State *st, lua_State *co) {
 ** state.  'w' may be collected once its coroutine runs, so everything
 ** needed from it is read first.
 */
+/* How many waiters the ready list holds (O(n): once a batch, which
+   resumes them all). */
+static size_t count_ready (State *st) {
+  size_t n = 0;
+  void *p = st->ready.ends.next;
+  while (!((uintptr_t)p & 1)) {               /* a tag: back at the list */
+    n++;
+    p = ((Waiter *)p)->q.next;
+  }
+  return n;
+}
+
+
 static int on_idle (lua_State *L) {
   State *st = (State *)lua_touserdata(L, AM_STATE_UPVALUE);
-  int budget = BATCH;
+  size_t budget;
   if (st->closed) return 0;
   if (st->draining) {
     /* uv.run() inside a coroutine we resumed: the waiters are resumed
@@ -432,6 +447,7 @@ static int on_idle (lua_State *L) {
     return 0;
   }                 /* uv.run() inside a waiter */
   st->draining = 1;
+  budget = count_ready(st) + BATCH;
   while (budget-- > 0) {
     Waiter *w = am_list_first(&st->ready);
     lua_State *co;
