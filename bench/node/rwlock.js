@@ -11,7 +11,8 @@
 // yields to the loop once).  All are started inside the clock on both
 // sides, as am.spawn starts the coroutines there.  The clock is the
 // process's CPU time (user + system), as os.clock() on the Lua side; wall
-// time too.
+// time too.  Best of 3 rounds in one process (the JIT warm after the
+// first), as the Lua side takes the best of 3.
 "use strict";
 
 const { RWLock } = require("async-rwlock");
@@ -46,9 +47,20 @@ async function readMostly(nco, rounds) {
     })().catch((err) => { console.error(err); process.exit(1); });
   }
   await all;
+  return [cpu() - c0, wall() - w0];
+}
+
+async function main(nco, rounds) {
+  let bestCpu = Infinity, bestWall = Infinity, firstCpu;
+  for (let i = 0; i < 3; i++) {
+    const [c, w] = await readMostly(nco, rounds);
+    if (i === 0) firstCpu = c;
+    bestCpu = Math.min(bestCpu, c);
+    bestWall = Math.min(bestWall, w);
+  }
   process.stdout.write(JSON.stringify({
-    scenario: "readmostly", kind, coroutines: nco, rounds,
-    cpu_s: cpu() - c0, wall_s: wall() - w0,
+    scenario: "readmostly", kind, coroutines: nco, rounds, cpu_s: bestCpu, wall_s: bestWall,
+    first_cpu_s: firstCpu,
   }) + "\n");
 }
 
@@ -56,4 +68,4 @@ if (scenario !== "readmostly") {
   console.error("usage: node bench/node/rwlock.js readmostly rwlock|mutex [NCO] [ROUNDS]");
   process.exit(2);
 }
-readMostly(Number(ncoArg) || 1000, Number(roundsArg) || 10);
+main(Number(ncoArg) || 1000, Number(roundsArg) || 10);

@@ -640,9 +640,10 @@ function World:turn(T)
   end)
   local timers = {}                        -- leases not yet due stay
   for _, e in ipairs(self.timers) do
-    if e.rel.called or e.rel.lost then     -- released in time: left the queue
-    elseif e.due <= T then due[#due + 1] = e
-    else timers[#timers + 1] = e end
+    if not (e.rel.called or e.rel.lost) then  -- else released in time: gone
+      if e.due <= T then due[#due + 1] = e
+      else timers[#timers + 1] = e end
+    end
   end
   self.timers = timers
   table.sort(due, function(x, y)
