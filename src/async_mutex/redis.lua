@@ -7,9 +7,10 @@
 
 local core = require "async_mutex.redis_core"
 local uv = require "luv"
+local am_spawn = require("async_mutex").spawn
 
-local error, getmetatable, ipairs, pairs, pcall, setmetatable, tostring, type =
-  error, getmetatable, ipairs, pairs, pcall, setmetatable, tostring, type
+local error, getmetatable, ipairs, pairs, pcall, rawequal, setmetatable, tostring, type =
+  error, getmetatable, ipairs, pairs, pcall, rawequal, setmetatable, tostring, type
 local running, yield, resume, isyieldable =
   coroutine.running, coroutine.yield, coroutine.resume, coroutine.isyieldable
 local mtype, unpack, traceback = math.type, table.unpack, debug.traceback
@@ -84,11 +85,18 @@ function hooks.report(err, tb)
 end
 local report = hooks.report
 
--- Runs fn(...) in a coroutine of its own; an error is reported.
-local function spawn(fn, ...)
-  local co = coroutine.create(fn)
+-- Resumes co with ...; an error escaping it is reported, after co is
+-- closed so that its pending to-be-closed variables (releasers) run, as
+-- for every coroutine the module resumes (README, Conventions).
+local function resume_reporting(co, ...)
   local ok, err = resume(co, ...)
-  if not ok then report(err, traceback(co, tostring(err))) end
+  if ok then return end
+  local tb = traceback(co, tostring(err))
+  local closed, cerr = coroutine.close(co)
+  if not closed and not rawequal(cerr, err) then
+    tb = tb .. "\nand closing the coroutine: " .. tostring(cerr)
+  end
+  report(err, tb)
 end
 
 -- Whether calls wait for replies (a subscriber: also confirmations).
@@ -162,6 +170,11 @@ end
 -- nil: nothing), and the timer with it.
 function hooks.watch(state, events)
   local poll = state.poll
+  -- The connection is ending: hooks.lost has closed its poll handle, and
+  -- a subscriber's on_lost resumes the coroutines waiting in subscribe
+  -- (which unsubscribe, or subscribe again) before the C side is done;
+  -- nothing is left to watch, and the C side forgets these events.
+  if not poll then return end
   if events then
     poll:start(events, state.on_poll)
     if not state.timing then
@@ -250,14 +263,16 @@ local function resolve(host)
       local done, waiting = false, false
       uv.getaddrinfo(host, nil, hints, function(_, r)
         res, done = r, true
-        if waiting then
-          local ok, err = resume(co)
-          if not ok then report(err, traceback(co, tostring(err))) end
+        -- (a coroutine closed meanwhile is dead: nothing to resume)
+        if waiting and coroutine.status(co) == "suspended" then
+          waiting = false
+          resume_reporting(co)
         end
       end)
       if not done then
         waiting = true
         yield()
+        waiting = false
       end
     end
   end
@@ -273,11 +288,28 @@ local DEFAULTS = {
   reconnectDelay = 50, reconnectDelayMax = 2000,
 }
 
+-- Every option connect knows: a misspelt one (`commandTimout`) is an
+-- error, not a default silently kept.
+local OPTIONS = {
+  host = true, port = true, path = true, password = true, username = true, db = true,
+}
+for name in pairs(DEFAULTS) do OPTIONS[name] = true end
+
+-- The timeouts must be positive: 0 would fail every connection or every
+-- call at once (a user meaning "no timeout" writes math.huge).  The
+-- back-off delays may be 0 (retry at once), but must be finite: an
+-- infinite one would end every attempt to reconnect after one failure.
+local POSITIVE = { connectTimeout = true, commandTimeout = true }
+
 local function check_ms(options, name)
   local v = options[name]
   if v == nil then return DEFAULTS[name] end
-  if type(v) ~= "number" or not (v >= 0) then
-    argerror(3, 1, "connect", name .. " must be a non-negative number")
+  if POSITIVE[name] then
+    if type(v) ~= "number" or not (v > 0) then
+      argerror(3, 1, "connect", name .. " must be a positive number (math.huge: no timeout)")
+    end
+  elseif type(v) ~= "number" or not (v >= 0) or v == huge then
+    argerror(3, 1, "connect", name .. " must be a non-negative finite number")
   end
   return v
 end
@@ -296,6 +328,11 @@ function M.connect(options)
   if type(options) ~= "table" then
     argerror(2, 1, "connect", "table expected, got " .. typename(options))
   end
+  for k in pairs(options) do
+    if not OPTIONS[k] then
+      argerror(2, 1, "connect", ("unknown option '%s'"):format(tostring(k)))
+    end
+  end
   local state = {}
   for name in pairs(DEFAULTS) do state[name] = check_ms(options, name) end
   local password = check_string(options, "password")
@@ -309,6 +346,10 @@ function M.connect(options)
   end
   local path = check_string(options, "path")
   local host, port
+  if path ~= nil and (options.host ~= nil or options.port ~= nil) then
+    -- one address: which of the two the user meant cannot be guessed
+    argerror(2, 1, "connect", "path excludes host and port")
+  end
   if path == nil then
     host, port = options.host, options.port
     if host == nil then host = "127.0.0.1" end
@@ -372,10 +413,7 @@ local function confirm(sub, channel, ok, err)
   if not list then return end
   sub.waiting[channel] = nil
   for _, co in ipairs(list) do
-    if coroutine.status(co) == "suspended" then
-      local done, e = resume(co, ok, err)
-      if not done then report(e, traceback(co, tostring(e))) end
-    end
+    if coroutine.status(co) == "suspended" then resume_reporting(co, ok, err) end
   end
 end
 
@@ -411,7 +449,8 @@ local function on_message(sub, reply)
     local list = sub.channels[reply[2]]
     if not list then return end
     for _, s in ipairs({ unpack(list) }) do
-      if s.active then spawn(s.fn, reply[3], reply[2]) end
+      -- (am.spawn: a callable table too; a dead coroutine closed)
+      if s.active then am_spawn(s.fn, reply[3], reply[2]) end
     end
   elseif kind == "subscribe" then
     confirm(sub, reply[2], true)
@@ -495,7 +534,19 @@ function Client.subscribe(self, channel, fn)
   local waiting = sub.waiting[channel] or {}
   sub.waiting[channel] = waiting
   waiting[#waiting + 1] = co
+  -- A coroutine closed (coroutine.close) while it waits never gets its
+  -- subscription: it ends here, or fn would be called for ever with
+  -- nobody holding the subscription to end it, and the loop never return.
+  local settled = false
+  local _ <close> = setmetatable({}, { __close = function()
+    if settled then return end
+    for i = #waiting, 1, -1 do
+      if waiting[i] == co then table.remove(waiting, i) end
+    end
+    s:unsubscribe()
+  end })
   local ok, err = yield()
+  settled = true
   if not ok then
     s:unsubscribe()
     error(err, 0)
@@ -565,6 +616,15 @@ function Client.eval(self, script, keys, args)
   end
   local nk = check_list(keys, 2, "keys")
   local na = check_list(args, 3, "args")
+  -- call's own misuse errors, here at eval's caller's line (call would
+  -- raise them at this file's)
+  if status(self) == "closed" then
+    error("attempt to use a closed redis client", 2)
+  end
+  local _, main = running()
+  if main or not isyieldable() then
+    error("attempt to call redis outside a coroutine", 2)
+  end
   local argv = { "EVALSHA", false, nk }
   for i = 1, nk do argv[3 + i] = keys[i] end
   for i = 1, na do argv[3 + nk + i] = args[i] end

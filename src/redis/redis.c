@@ -122,7 +122,9 @@ static int flush (Client *cl) {
 /*
 ** Resumes coroutine co with `nargs` values moved from L's top.  An error
 ** escaping co is handed to hooks.report with its traceback (a luv
-** callback must not raise); its results, if it ended, are dropped.
+** callback must not raise), after co is closed, so that its pending
+** to-be-closed variables (releasers) run, as the locks' scheduler does
+** (am_report); its results, if it ended, are dropped.
 */
 static void resume (lua_State *L, lua_State *co, int nargs) {
   int nres, status;
@@ -144,6 +146,17 @@ static void resume (lua_State *L, lua_State *co, int nargs) {
     else lua_pushvalue(L, -1);
     luaL_traceback(L, co, msg, 0);               /* err msg tb */
     lua_remove(L, -2);                           /* err tb */
+    /* an errored thread resets with its own error; another one on top
+       means one of its __close handlers failed too */
+    if (lua_resetthread(co) != LUA_OK && lua_gettop(co) > 0) {
+      lua_xmove(co, L, 1);                       /* err tb err2 */
+      if (!lua_rawequal(L, -3, -1))
+        fprintf(stderr,
+                "async_mutex.redis: error closing a dead coroutine: %s\n",
+                lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "?");
+      lua_pop(L, 1);
+    }
+    lua_settop(co, 0);
     callhook(L, "report", 2, 0);
   }
 }
