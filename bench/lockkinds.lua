@@ -5,10 +5,13 @@
 --
 -- Rows:
 -- * read-mostly: 1,000 coroutines, 95% reads and 5% writes, each hold
---   yielding once to the loop: RWLock (reads shared) against Mutex (every
---   hold exclusive).  CPU time and loop turns.
--- * reader batch: 10,000 readers queued behind a writer, released at once:
---   loop turns until all have entered, CPU time.
+--   yielding once to the loop (am.sleep(0)): RWLock (reads shared) against
+--   Mutex (every hold exclusive), a pure-Lua RW lock (bench/lua_rwlock.lua)
+--   and, when Node and `npm ci` in bench/node are there, async-rwlock
+--   1.1.1 (bench/node/rwlock.js).  CPU time (best of 3) and loop turns;
+--   then holds of 1 ms (am.sleep(1)), in wall time.
+-- * reader batch: 10,000 and 100,000 readers queued behind a writer,
+--   released at once: loop turns until all have entered, CPU time.
 -- * uncontended acquireRead + release, and ReentrantMutex nested acquire +
 --   release, against a Mutex pair.
 -- * leased acquire + release (a timer-heap entry each) against a Mutex pair.
