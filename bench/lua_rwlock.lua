@@ -13,43 +13,16 @@
 --   writer holds or waits, a writer only when nobody holds or waits;
 -- * a release grants from the head: every reader at the head together, or
 --   one writer; the granted coroutines are resumed later, from a luv idle
---   handle, in grant order (the ones readied meanwhile in the same batch);
+--   handle, in grant order (the ones readied meanwhile in the same batch),
+--   by the scheduler of the pure-Lua mutex (bench/lua_mutex.lua);
 -- * a releaser is a closure that releases once.
 -- No priorities, timeouts or cancel: the benchmark uses none.
 
-local uv = require "luv"
+-- The pure-Lua mutex's scheduler: wake(w, true) resumes w.co later, from
+-- its luv idle handle, in order.
+local wake = require("lua_mutex").wake
 
-local resume, yield, running = coroutine.resume, coroutine.yield, coroutine.running
-
--- The scheduler: coroutines to resume, in order.
-local ready, nready, spare = {}, 0, {}
-local idle = uv.new_idle()
-local started = false
-
-local function on_idle()
-  repeat
-    local batch, n = ready, nready
-    ready, nready = spare, 0
-    for i = 1, n do
-      local co = batch[i]
-      batch[i] = nil
-      local ok, err = resume(co)
-      if not ok then io.stderr:write(debug.traceback(co, tostring(err)), "\n") end
-    end
-    spare = batch
-  until nready == 0
-  idle:stop()
-  started = false
-end
-
-local function wake(co)
-  nready = nready + 1
-  ready[nready] = co
-  if not started then
-    started = true
-    idle:start(on_idle)
-  end
-end
+local yield, running = coroutine.yield, coroutine.running
 
 local RWLock = {}
 RWLock.__index = RWLock
@@ -74,7 +47,7 @@ local function dispatch(self)
     end
     q[self.head] = nil
     self.head = self.head + 1
-    wake(w.co)
+    wake(w, true)
   end
 end
 
