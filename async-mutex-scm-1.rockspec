@@ -60,6 +60,7 @@ build = {
       sources = {
         "src/args.c",
         "src/core.c",
+        "src/debug.c",
         "src/decorated.c",
         "src/keyed.c",
         "src/lease.c",
@@ -88,6 +89,7 @@ build = {
     ["async_mutex.redis_lock"] = "src/async_mutex/redis_lock.lua",
     ["async_mutex.redis_scripts"] = "src/async_mutex/redis_scripts.lua",
     ["async_mutex.checks"] = "src/async_mutex/checks.lua",
+    ["async_mutex.debug"] = "src/async_mutex/debug.lua",
   },
   -- Installed beside the rock (luarocks show --rock-dir async-mutex): the
   -- LuaLS annotations, for editors, and the examples.

@@ -240,3 +240,29 @@ describe("every example", function()
     assert.is_true(n > 0)
   end)
 end)
+
+describe("examples/deadlock.lua", function()
+  it("reports the ABBA inversion before anything hangs, raises E_DEADLOCK when the "
+    .. "transfers collide, and the fixed order reports nothing", function()
+    local out = check("deadlock", {
+      "1. One transfer at a time (a test suite):",
+      "  transfer A -> B: 10 done",
+      "[debug: inversion]",
+      "async_mutex.debug: possible deadlock: lock order inversion (lockdep), locks taken in a cycle of orders:",
+      "  transfer B -> A: 5 done",
+      "2. Both at once (production):",
+      "[debug: deadlock]",
+      "  transfer B -> A failed: deadlock: the request would wait for ever",
+      "  transfer A -> B: 10 done",
+      "3. Fixed, both at once:",
+      "  transfer A -> B: 10 done",
+      "  transfer B -> A: 5 done",
+      "balances: A 80, B 120",
+    })
+    assert.matches('Mutex "account B" %(acquired at examples/deadlock%.lua:%d+%)\n'
+      .. '    %-> Mutex "account A" %(acquired at examples/deadlock%.lua:%d+%)', out)
+    assert.is_nil(out:find("unexpected", 1, true))
+    local _, inversions = out:gsub("%[debug: inversion%]", "")
+    assert.equal(1, inversions)
+  end)
+end)

@@ -24,6 +24,8 @@
 **   scheduler.c        the ready list, the timers, the anchors of waiting
 **                      coroutines, and the luv handles that resume them
 **   queue.c            FIFO lists and priority queues of waiters
+**   debug.c            debug mode's hooks into the Lua module
+**                      async_mutex.debug, and what it may read
 */
 
 #ifndef ASYNC_MUTEX_H
@@ -63,6 +65,8 @@
 #define AM_E_CANCELED "request for lock canceled"
 #define AM_E_MAX_PENDING  "too many pending requests for this key"
 #define AM_E_LOST     "lock lost: lease expired"
+/* raised by debug mode at a request that would wait for ever (debug.c) */
+#define AM_E_DEADLOCK "deadlock: the request would wait for ever"
 
 
 /*
@@ -356,6 +360,8 @@ struct State {
   int layer_source, layer_wrappers;  /* the Lua layer (args.c: am_layer) */
   int anchors;                       /* keeps the anchor threads alive */
   int keyedlocks;                    /* weak: address -> keyed lock in a set */
+  int dbg;                           /* debug mode's hooks (debug.c), or
+                                        LUA_NOREF: off */
   lua_State **athreads;              /* anchor threads (scheduler.c) */
   int nathreads;
   int nanchors, free_anchor;         /* their slots; first free one, or 0 */
@@ -491,6 +497,23 @@ void am_timer_remove (lua_State *L, State *st, Waiter *w);
 void am_anchor (lua_State *L, Waiter *w);
 void am_unanchor (lua_State *L, Waiter *w);
 void am_report (lua_State *L, State *st, lua_State *co);
+
+/* debug.c: debug mode (docs/debug.md).  Each hook site tests the global
+   'am_debug_on' (states with debug mode on) and nothing else when off. */
+extern int am_debug_on;
+#if defined(__GNUC__)
+#define am_debugging()  __builtin_expect(am_debug_on != 0, 0)
+#else
+#define am_debugging()  (am_debug_on != 0)
+#endif
+extern const luaL_Reg am_debug_funcs[];
+int am_core_debug (lua_State *L);
+void am_dbg_request (lua_State *L, const Request *rq);
+void am_dbg_granted (lua_State *L, State *st, int lockidx);
+void am_dbg_waiting (lua_State *L, State *st, int lockidx, int widx);
+void am_dbg_released (lua_State *L, State *st, int idx);
+void am_dbg_unscoped (lua_State *L, State *st, int idx);
+void am_dbg_created (lua_State *L, State *st);
 
 /* queue.c */
 void am_list_init (Bucket *list);

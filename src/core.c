@@ -333,6 +333,7 @@ LUAMOD_API int luaopen_async_mutex_core (lua_State *L) {
   lua_newtable(L);                          /* the module */
   module = lua_gettop(L);
   setfuncs(L, module, core_funcs, 0);
+  setfuncs(L, module, am_debug_funcs, 0);
   for (t = 0; t < AM_NTYPES; t++)
     if (!types[t].decorated) open_type(L, (AmType)t, module);
   for (t = 0; t < AM_NTYPES; t++)
@@ -348,5 +349,7 @@ LUAMOD_API int luaopen_async_mutex_core (lua_State *L) {
   lua_setfield(L, -2, "E_MAX_PENDING");
   lua_pushliteral(L, AM_E_LOST);
   lua_setfield(L, -2, "E_LOST");
+  lua_pushliteral(L, AM_E_DEADLOCK);
+  lua_setfield(L, -2, "E_DEADLOCK");
   return 1;
 }

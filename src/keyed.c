@@ -249,6 +249,7 @@ static void newkeyed (lua_State *L, const LockKind *kind, lua_Integer value,
   lua_setiuservalue(L, -2, 1);                    /* map */
   setoption(L, optidx, "cancelError", AM_E_CANCELED, 2);
   setoption(L, optidx, "maxPendingError", AM_E_MAX_PENDING, 3);
+  if (am_debugging()) am_dbg_created(L, kd->st);
 }
 
 
@@ -340,6 +341,7 @@ static int kmutex_release (lua_State *L) {
   lk = getlock(L, kd, 2, 0);
   if (lk != NULL) am_give_back(L, lk, 1, AM_UNSCOPED, 0);
   am_sync(L, kd->st);
+  if (am_debugging() && lk != NULL) am_dbg_unscoped(L, kd->st, -1);
   return 0;
 }
 
@@ -491,6 +493,7 @@ static int krw_release (lua_State *L) {
   lk = getlock(L, kd, 2, 0);
   if (lk != NULL) am_give_back(L, lk, AM_RW_WRITE, AM_UNSCOPED, 0);
   am_sync(L, kd->st);
+  if (am_debugging() && lk != NULL) am_dbg_unscoped(L, kd->st, -1);
   return 0;
 }
 

@@ -653,4 +653,74 @@ async_mutex.E_CONFLICT = "optimistic update gave up: too many conflicts"
 ---@return any ...
 function async_mutex.optimistic(fn, options) end
 
+---Raised by debug mode (`async_mutex.debug`) in a request that would wait
+---for ever: it would wait for a lock its own coroutine holds, or close a
+---cycle of waiting coroutines.  Nothing is queued.
+async_mutex.E_DEADLOCK = "deadlock: the request would wait for ever"
+
+---A lock, a keyed lock or a decorated lock, as `async_mutex.debug` takes it.
+---@alias async_mutex.AnyLock async_mutex.Lock|async_mutex.KeyedMutex|async_mutex.KeyedSemaphore
+
+---Hears debug mode's reports: what kind, the text, and its facts as a table.
+---@alias async_mutex.DebugReportHandler fun(kind: "deadlock"|"inversion"|"long-hold", text: string, info: table)
+
+---The options of `async_mutex.debug.enable`.
+---@class async_mutex.DebugOptions
+---@field traceback? boolean capture a traceback at each grant (`where` of a hold)
+---@field holdWarning? number ms: a hold lasting longer is reported once
+---@field onReport? async_mutex.DebugReportHandler hears every report (default: stderr)
+
+---One hold, as `async_mutex.debug.holds()` returns it.
+---@class async_mutex.DebugHold
+---@field lock async_mutex.AnyLock the lock (a key's: its keyed lock)
+---@field kind string `"Mutex"`, `"KeyedMutex"`, `"RWLock"`, ...
+---@field key any the key, for a keyed lock
+---@field name string the lock's name in reports
+---@field holder thread the coroutine the grant was delivered to
+---@field since number loop time of the grant (ms, `uv.now()`)
+---@field where string the traceback at the acquire (`traceback` option), else `site`
+---@field site string `"file:line"` of the acquire
+---@field waiters integer acquirers and `waitForUnlock` waiters queued on the lock
+---@field weight integer the weight granted
+---@field mode? "read"|"write" an RWLock hold's mode
+
+---Debug mode: owner records, deadlocks caught as they close, lock-order
+---validation, long holds (docs/debug.md).  Off by default; on with
+---`enable` or `ASYNC_MUTEX_DEBUG=1` at require time.
+---@class async_mutex.debug
+local debug_mode = {}
+
+---Turns debug mode on (again: replaces the options, keeps the records).
+---@param options? async_mutex.DebugOptions
+function debug_mode.enable(options) end
+
+---Turns debug mode off and drops every record and lockdep's graph.
+function debug_mode.disable() end
+
+---Whether debug mode is on.
+---@return boolean
+function debug_mode.isEnabled() end
+
+---Names a lock (or keyed lock) in reports; a named lock is its own lockdep
+---class.  Works while off too.  Returns `lock`.
+---@generic L: async_mutex.AnyLock
+---@param lock L
+---@param name string
+---@return L
+function debug_mode.name(lock, name) end
+
+---The holds in place, oldest first (of `lock` only, when given).
+---@param lock? async_mutex.AnyLock
+---@return async_mutex.DebugHold[]
+function debug_mode.holds(lock) end
+
+---The text to read when the server hangs: each held lock, for how long, its
+---holder's current traceback, where it was acquired, how many wait; then
+---lockdep's class and edge counts.
+---@param lock? async_mutex.AnyLock
+---@return string
+function debug_mode.report(lock) end
+
+async_mutex.debug = debug_mode
+
 return async_mutex

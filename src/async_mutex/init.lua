@@ -378,6 +378,10 @@ core.layer(SOURCE, {
 
 -- }==========================================================
 
+-- am.debug and am.E_DEADLOCK (docs/debug.md); acquireAll takes its keys in
+-- canonical order, so they are no nesting for lockdep
+require("async_mutex.debug").install(M, core, SOURCE, { acquire_all })
+
 -- am.optimistic and am.E_CONFLICT (docs/optimistic.md)
 require("async_mutex.optimistic").install(M)
 

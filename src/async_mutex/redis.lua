@@ -37,7 +37,7 @@ local Client = core.Client               -- the methods of every client
 -- be collected (its __gc ends the connection).
 
 local hooks = core.hooks
-local onpoll, status, fail, alive = core.onpoll, core.status, core.fail, core.alive
+local status, fail, alive, progress = core.status, core.fail, core.alive, core.progress
 local WEAK_K, WEAK_V = { __mode = "k" }, { __mode = "v" }
 local ceil, max, min, random, huge = math.ceil, math.max, math.min, math.random, math.huge
 local now = uv.now
@@ -66,6 +66,7 @@ local function close_handle(h)
   pending[guard] = true
   h:close(function() pending[guard] = nil end)
 end
+core.close_handle = close_handle   -- the Redis locks' timers too: one owner
 
 -- An error escaped a coroutine resumed by this module: it goes to the
 -- handler set with async_mutex.setErrorHandler, as the locks' do.
@@ -115,7 +116,7 @@ local function on_timer(state)
   if st == "connecting" then
     limit, since = state.connectTimeout, state.armed_at
   elseif st == "connected" and busy(state, client) then
-    limit, since = state.commandTimeout, max(state.armed_at, state.progress_at)
+    limit, since = state.commandTimeout, max(state.armed_at, progress(client))
   else
     state.timing = false
     return
@@ -147,47 +148,41 @@ local function arm(state, connecting)
   state.timer:start(ceil(limit), 0, state.on_timer)
 end
 
--- open(fd, client, state): the poll handle of a new connection.
+-- open(fd, client, state): the poll handle of a new connection, made by
+-- luv (so that uv.walk and luv's exit handle it as any other); the C part
+-- starts and stops it with a callback of its own.
 function hooks.open(fd, client, state)
   if not state.ref then state.ref = setmetatable({ client }, WEAK_V) end
-  local ref = state.ref
   state.poll = uv.new_socket_poll(fd)
-  state.on_poll = function(err, events)
-    local c = ref[1]
-    if c and onpoll(c, err, events) > 0 then
-      state.progress_at = now()
-      -- a subscriber stays readable when idle: its timer stops here
-      if state.waiting and state.timing and not busy(state, c) then
-        state.timer:stop()
-        state.timing = false
-      end
-    end
-  end
-  state.progress_at = 0
+  return state.poll
 end
 
--- watch(state, events): what the poll handle watches ("r", "w", "rw";
--- nil: nothing), and the timer with it.
+-- progress(state): replies came to a subscriber, which stays readable when
+-- idle: its timer stops once no confirmation is awaited.
+function hooks.progress(state)
+  if state.timing and not busy(state, state.ref[1]) then
+    state.timer:stop()
+    state.timing = false
+  end
+end
+
+-- watch(state, events): what the poll handle now watches ("r", "w", "rw";
+-- nil: nothing): the timer runs while something is awaited.
 function hooks.watch(state, events)
-  local poll = state.poll
   -- The connection is ending: hooks.lost has closed its poll handle, and
   -- a subscriber's on_lost resumes the coroutines waiting in subscribe
   -- (which unsubscribe, or subscribe again) before the C side is done;
   -- nothing is left to watch, and the C side forgets these events.
-  if not poll then return end
+  if not state.poll then return end
   if events then
-    poll:start(events, state.on_poll)
     if not state.timing then
       local client = state.ref[1]
       local connecting = status(client) == "connecting"
       if connecting or busy(state, client) then arm(state, connecting) end
     end
-  else
-    poll:stop()
-    if state.timing then
-      state.timer:stop()
-      state.timing = false
-    end
+  elseif state.timing then
+    state.timer:stop()
+    state.timing = false
   end
 end
 
@@ -399,6 +394,7 @@ local is_client do
   local mt = getmetatable(core.new({}))
   is_client = function(v) return getmetatable(v) == mt end
 end
+core.is_client = is_client
 
 local function check_client(self, fname)
   if not is_client(self) then
@@ -442,15 +438,35 @@ local function restore(sub)
   end)
 end
 
+-- Callbacks that never yield (the Redis locks' hand-off messages, see
+-- async_mutex.redis_lock) are called directly, not in a coroutine of their
+-- own: they are on the path of every hand-off.  Errors are reported alike.
+local direct = setmetatable({}, WEAK_K)
+core.direct_callbacks = direct
+
+local function deliver(s, message, channel)
+  local fn = s.fn
+  if direct[fn] then
+    local ok, err = pcall(fn, message, channel)
+    if not ok then report(err, traceback(tostring(err))) end
+  else
+    am_spawn(fn, message, channel)
+  end
+end
+
 local function on_message(sub, reply)
   if type(reply) ~= "table" then return end
   local kind = reply[1]
   if kind == "message" then
     local list = sub.channels[reply[2]]
     if not list then return end
+    if #list == 1 then               -- the usual case: no copy needed
+      local s = list[1]
+      if s.active then deliver(s, reply[3], reply[2]) end
+      return
+    end
     for _, s in ipairs({ unpack(list) }) do
-      -- (am.spawn: a callable table too; a dead coroutine closed)
-      if s.active then am_spawn(s.fn, reply[3], reply[2]) end
+      if s.active then deliver(s, reply[3], reply[2]) end
     end
   elseif kind == "subscribe" then
     confirm(sub, reply[2], true)
@@ -607,6 +623,31 @@ local function is_noscript(err)
   return getmetatable(err) == ERROR_MT and err.code == "NOSCRIPT"
 end
 
+local script_call = core.script
+
+-- Runs `script` with the lists `keys` and `args` (checked by the caller):
+-- EVALSHA, and EVAL when the server does not know the script (NOSCRIPT:
+-- restarted, flushed).  The one owner of that rule: client:eval and the
+-- Redis locks (async_mutex.redis_lock, through core.run_script) use it.
+local function run_script(self, script, keys, args)
+  local sha = shas[script]
+  if sha then
+    local ok, res = pcall(script_call, self, "EVALSHA", sha, keys, args)
+    if ok then return res end
+    if not is_noscript(res) then error(res, 0) end
+  end
+  local reply = script_call(self, "EVAL", script, keys, args)
+  if not sha then
+    -- the next time: EVALSHA with the SHA1 the server computes
+    local ok, s = pcall(self.call, self, "SCRIPT", "LOAD", script)
+    if ok then shas[script] = s end
+  end
+  return reply
+end
+core.run_script = run_script
+
+local NONE = {}
+
 --- Runs a Lua script on the server: EVALSHA, and EVAL when the server
 -- does not know the script (NOSCRIPT: restarted, flushed).
 function Client.eval(self, script, keys, args)
@@ -614,8 +655,8 @@ function Client.eval(self, script, keys, args)
   if type(script) ~= "string" then
     argerror(2, 1, "eval", "string expected, got " .. typename(script))
   end
-  local nk = check_list(keys, 2, "keys")
-  local na = check_list(args, 3, "args")
+  check_list(keys, 2, "keys")
+  check_list(args, 3, "args")
   -- call's own misuse errors, here at eval's caller's line (call would
   -- raise them at this file's)
   if status(self) == "closed" then
@@ -625,25 +666,7 @@ function Client.eval(self, script, keys, args)
   if main or not isyieldable() then
     error("attempt to call redis outside a coroutine", 2)
   end
-  local argv = { "EVALSHA", false, nk }
-  for i = 1, nk do argv[3 + i] = keys[i] end
-  for i = 1, na do argv[3 + nk + i] = args[i] end
-  local n = 3 + nk + na
-  local sha = shas[script]
-  if sha then
-    argv[2] = sha
-    local res = table.pack(pcall(self.call, self, unpack(argv, 1, n)))
-    if res[1] then return res[2] end
-    if not is_noscript(res[2]) then error(res[2], 0) end
-  end
-  argv[1], argv[2] = "EVAL", script
-  local reply = self:call(unpack(argv, 1, n))
-  if not sha then
-    -- the next time: EVALSHA with the SHA1 the server computes
-    local ok, s = pcall(self.call, self, "SCRIPT", "LOAD", script)
-    if ok then shas[script] = s end
-  end
-  return reply
+  return run_script(self, script, keys or NONE, args or NONE)
 end
 
 -- }==========================================================
