@@ -192,7 +192,7 @@ enum { AM_WAIT, AM_TIMEOUT, AM_TRY };
 ** Performance): so the Waiter's own small fields live here, in one word
 ** of bits beside 'ref', where the Releaser would otherwise have padding
 ** (32 bytes in all; a plain Releaser leaves them 0).  Only waiter.c,
-** lease.c, rules.c and scheduler.c read them.
+** lease.c, rules.c, scheduler.c and debug.c read them.
 */
 typedef struct Releaser {
   Lock *lock;
