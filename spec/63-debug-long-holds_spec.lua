@@ -8,16 +8,12 @@ local uv = require "luv"
 
 local THIS = "spec/63%-debug%-long%-holds_spec.lua"
 
-local reports
-local function enable(ms)
-  reports = {}
-  am.debug.enable({ holdWarning = ms, onReport = function(kind, text, info)
-    reports[#reports + 1] = { kind = kind, text = text, info = info }
-  end })
-end
-after_each(function() am.debug.disable() end)
+local dr = require "debug_reports"
+local line = dr.line
 
-local function line() return debug.getinfo(2, "l").currentline end
+local reports
+local function enable(ms) reports = dr.enable({ holdWarning = ms }) end
+after_each(function() am.debug.disable() end)
 
 describe("holdWarning", function()
   it("reports a hold whose holder sleeps in a luv timer, once, with the holder's traceback", h.async(function()
