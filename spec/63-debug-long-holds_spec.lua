@@ -20,6 +20,7 @@ describe("holdWarning", function()
     enable(20)
     local m = am.debug.name(am.Mutex.new(), "slow")
     local sleep_at
+    uv.update_time()            -- the sleep counts from now (GC stress is slow)
     local co = h.spawn(function()
       local r = m:acquire()
       sleep_at = line(); h.sleep(120)         -- a luv timer of the helpers
@@ -52,6 +53,7 @@ describe("holdWarning", function()
     enable(10)
     local s = am.Semaphore.new(3)
     local cos = {}
+    uv.update_time()            -- the sleeps count from now (GC stress is slow)
     for i = 1, 2 do
       cos[i] = h.spawn(function()
         local _, r = s:acquire()
@@ -60,7 +62,9 @@ describe("holdWarning", function()
       end)
     end
     h.wait_until(function() return coroutine.status(cos[1]) == "dead" and coroutine.status(cos[2]) == "dead" end)
-    assert.equal(2, #reports)
+    local texts = {}
+    for i, r in ipairs(reports) do texts[i] = r.kind .. ": " .. r.text end
+    assert.equal(2, #reports, table.concat(texts, "\n"))
     assert.is_true(reports[1].info.holder ~= reports[2].info.holder)
   end))
 
