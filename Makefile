@@ -54,7 +54,7 @@ $(BUILD)/obj/redis/%.o: src/redis/%.c $(wildcard src/redis/*.h) | $(BUILD)/obj/r
 	$(CC) $(ALLFLAGS) -c $< -o $@
 
 $(REDIS_MODULE): $(REDIS_OBJS) | $(BUILD)/async_mutex
-	$(CC) $(SOFLAGS) $(LDFLAGS) -o $@ $(REDIS_OBJS) -lhiredis
+	$(CC) $(SOFLAGS) $(LDFLAGS) -o $@ $(REDIS_OBJS) -lhiredis -luv
 
 $(BUILD)/obj/redis:
 	mkdir -p $@
