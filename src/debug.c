@@ -464,8 +464,8 @@ static int dbg_waiter (lua_State *L) {
     return 1;
   }
   lua_pushboolean(L, w->r.state == S_QUEUED);
-  lua_pushboolean(L, w->timed);
-  lua_pushboolean(L, w->kind == W_UNLOCK);
+  lua_pushboolean(L, w->r.timed);
+  lua_pushboolean(L, w->r.kind == W_UNLOCK);
   lua_pushinteger(L, w->r.weight);
   return 4;
 }
