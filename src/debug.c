@@ -191,11 +191,14 @@ static void push_chain (lua_State *L, int map, int key, int rec, int link) {
 */
 static int unlink_chain (lua_State *L, int map, int key, int link,
                          int field, int v) {
-  int base = lua_gettop(L), prev = 0;
+  /* two slots, reused along the chain: a long chain (a semaphore's many
+     holds) must not grow the stack by one slot per record */
+  int base = lua_gettop(L), prev = base + 1, node = base + 2;
+  lua_pushnil(L);                             /* no previous record yet */
   lua_pushvalue(L, key);
   lua_rawget(L, map);
-  while (lua_type(L, -1) == LUA_TTABLE) {
-    int node = lua_gettop(L), hit;
+  while (lua_type(L, node) == LUA_TTABLE) {
+    int hit;
     if (field == 0) hit = lua_rawequal(L, node, v);
     else {
       lua_rawgeti(L, node, field);
@@ -203,7 +206,7 @@ static int unlink_chain (lua_State *L, int map, int key, int link,
       lua_pop(L, 1);
     }
     if (hit) {
-      if (prev == 0) {
+      if (lua_isnil(L, prev)) {
         lua_pushvalue(L, key);
         lua_rawgeti(L, node, link);
         lua_rawset(L, map);                   /* map[key] = its next */
@@ -212,14 +215,12 @@ static int unlink_chain (lua_State *L, int map, int key, int link,
         lua_rawgeti(L, node, link);
         lua_rawseti(L, prev, link);
       }
-      if (node != base + 1) {
-        lua_replace(L, base + 1);
-        lua_settop(L, base + 1);
-      }
+      lua_replace(L, prev);                   /* the record, at base + 1 */
       return 1;
     }
-    prev = node;
+    lua_copy(L, node, prev);
     lua_rawgeti(L, node, link);
+    lua_replace(L, node);
   }
   lua_settop(L, base);
   return 0;
@@ -234,20 +235,15 @@ static int unlink_chain (lua_State *L, int map, int key, int link,
 ** the option), the weight; indexed by releaser, lock and holder.  The Lua
 ** hook runs only when it has work (a key's lock, a long-hold check).
 */
-void am_dbg_granted (lua_State *L, State *st, int lockidx) {
-  int top = lua_gettop(L);
-  int D, rec, co, level;
-  lua_Debug ar;
+static int record_grant (lua_State *L) {
+  const int D = 1, lockidx = 2, top = 3;
+  State *st = (State *)lua_touserdata(L, 4);
   Releaser *r = (Releaser *)lua_touserdata(L, top);
-  Lock *lk = r != NULL ? r->lock : NULL;
-  if (lk == NULL || st->dbg == LUA_NOREF || st->closed
-      || !lua_checkstack(L, 12))
-    return;
-  lockidx = lua_absindex(L, lockidx);
-  lua_rawgeti(L, LUA_REGISTRYINDEX, st->dbg);
-  D = lua_gettop(L);
+  Lock *lk = r->lock;
+  int rec, co, level;
+  lua_Debug ar;
   lua_createtable(L, R_NFIELDS, 0);
-  rec = D + 1;
+  rec = lua_gettop(L);
   lua_pushvalue(L, lockidx);
   lua_rawseti(L, rec, R_LOCK);
   lua_pushvalue(L, top);
@@ -288,6 +284,31 @@ void am_dbg_granted (lua_State *L, State *st, int lockidx) {
     lua_rawgeti(L, D, H_GRANTED);
     lua_pushvalue(L, rec);
     call_hook(L, 1);
+  }
+  return 0;
+}
+
+
+/*
+** (record_grant makes the record, protected: it allocates, and a memory
+** error there must not lose the grant being delivered.)
+*/
+void am_dbg_granted (lua_State *L, State *st, int lockidx) {
+  int top = lua_gettop(L);
+  Releaser *r = (Releaser *)lua_touserdata(L, top);
+  if (r == NULL || st->dbg == LUA_NOREF || st->closed
+      || !lua_checkstack(L, 20))
+    return;
+  lockidx = lua_absindex(L, lockidx);
+  lua_pushcfunction(L, record_grant);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, st->dbg);
+  lua_pushvalue(L, lockidx);
+  lua_pushvalue(L, top);
+  lua_pushlightuserdata(L, st);
+  if (lua_pcall(L, 4, 0, 0) != LUA_OK) {
+    fprintf(stderr, "async_mutex.debug: no owner record: %s\n",
+            lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "?");
+    fflush(stderr);
   }
   lua_settop(L, top);
 }
@@ -444,8 +465,8 @@ static int dbg_waiter (lua_State *L) {
     return 1;
   }
   lua_pushboolean(L, w->r.state == S_QUEUED);
-  lua_pushboolean(L, w->timed);
-  lua_pushboolean(L, w->kind == W_UNLOCK);
+  lua_pushboolean(L, w->r.timed);
+  lua_pushboolean(L, w->r.kind == W_UNLOCK);
   lua_pushinteger(L, w->r.weight);
   return 4;
 }
