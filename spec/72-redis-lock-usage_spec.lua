@@ -15,29 +15,17 @@ teardown(function() if server then server:stop() end end)
 
 local fresh_name = R.namer("spec72")
 
--- The error raised by fn, and whether it names this file at the line of
--- the call (fn's own line).
-local function raised_here(fn)
-  local line = debug.getinfo(fn, "S").linedefined
-  local ok, err = pcall(fn)
-  assert.is_false(ok)
-  assert.equal("string", type(err))
-  local where = err:match("^[^:]*72%-redis%-lock%-usage_spec%.lua:(%d+): ")
-  return err:gsub("^[^:]*:%d+: ", ""), tonumber(where) == line
-end
+local check = h.raises_at_caller
 
 describe("Redis lock options", function()
   it("refuses an unknown option name, as redis.connect does", h.async(function()
     local c = server:client()
-    local msg, here = raised_here(function() am.RedisMutex.new(c, "x", { tll = 5 }) end)
-    assert.equal("bad argument #3 to 'new' (unknown option 'tll')", msg)
-    assert.is_true(here)
-    msg, here = raised_here(function() am.KeyedRedisMutex.new(c, "k:", { onlost = print }) end)
-    assert.equal("bad argument #3 to 'new' (unknown option 'onlost')", msg)
-    assert.is_true(here)
-    msg, here = raised_here(function() am.RedisSemaphore.new(c, "s", 2, { renew = 5 }) end)
-    assert.equal("bad argument #4 to 'new' (unknown option 'renew')", msg)
-    assert.is_true(here)
+    check { function() am.RedisMutex.new(c, "x", { tll = 5 }) end,
+      "bad argument #3 to 'new' (unknown option 'tll')" }
+    check { function() am.KeyedRedisMutex.new(c, "k:", { onlost = print }) end,
+      "bad argument #3 to 'new' (unknown option 'onlost')" }
+    check { function() am.RedisSemaphore.new(c, "s", 2, { renew = 5 }) end,
+      "bad argument #4 to 'new' (unknown option 'renew')" }
     assert.equal("bad argument #3 to 'new' (unknown option '1')",
       h.error_of(function() am.RedisMutex.new(c, "x", { 100 }) end))
     -- the same wording as connect's and optimistic's
@@ -118,11 +106,7 @@ describe("Redis locks on a closed client", function()
       function() s:isLocked() end,
       function() s:getValue() end,
     }
-    for i, call in ipairs(calls) do
-      local msg, here = raised_here(call)
-      assert.equal(closed, msg, "call " .. i)
-      assert.is_true(here, "call " .. i .. " at the caller's line")
-    end
+    for _, call in ipairs(calls) do check { call, closed } end
     -- argument errors come first, as on an open client
     assert.equal("bad argument #1 to 'acquire' (priority must be a number, got string)",
       h.error_of(function() m:acquire("x") end))
