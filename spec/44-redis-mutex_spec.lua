@@ -117,9 +117,9 @@ describe("RedisMutex:acquire", function()
     local outside
     ("x"):gsub(".", function() outside = h.error_of(function() m:acquire() end) end)
     assert.equal("attempt to acquire a Redis lock outside a coroutine", outside)
-    assert.equal("bad argument #1 to 'acquire' (priority must be a number)",
+    assert.equal("bad argument #1 to 'acquire' (priority must be a number, got string)",
       h.error_of(function() m:acquire("high") end))
-    assert.equal("bad argument #1 to 'acquire' (priority must be a number)",
+    assert.equal("bad argument #1 to 'acquire' (priority must not be NaN)",
       h.error_of(function() m:acquire(0 / 0) end))
     assert.equal("bad argument #1 to 'acquire' (async_mutex.RedisMutex expected, got nil)",
       h.error_of(function() m.acquire() end))

@@ -95,7 +95,7 @@ describe("RedisSemaphore", function()
       h.error_of(function() s:acquire("1") end))
     assert.equal("bad argument #1 to 'acquire' (weight must not exceed the semaphore's limit)",
       h.error_of(function() s:acquire(3) end))
-    assert.equal("bad argument #2 to 'acquire' (priority must be a number)",
+    assert.equal("bad argument #2 to 'acquire' (priority must be a number, got table)",
       h.error_of(function() s:acquire(1, {}) end))
     assert.equal("bad argument #1 to 'getValue' (async_mutex.RedisSemaphore expected, got table)",
       h.error_of(function() s.getValue({}) end))

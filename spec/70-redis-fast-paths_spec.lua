@@ -114,6 +114,98 @@ describe("the release script's short path (a holder, nobody queued)", function()
   end))
 end)
 
+describe("the release script's mutex hand-off (a holder, a live head queued)", function()
+  -- queue(c, name, token, wait_ms, channel): the acquire script, queued
+  local function queue(c, name, token, wait_ms, channel)
+    return c:eval(scripts.acquire, scripts.keys(name),
+      { token, "1", "1", "30000", tostring(wait_ms), channel, "wait" })
+  end
+
+  local function heard_on(c, channel)
+    local got = {}
+    local sub = c:subscribe(channel, function(message) got[#got + 1] = message end)
+    return got, sub
+  end
+
+  local function settle(got, n)
+    for _ = 1, 200 do
+      if #got >= n then return end
+      h.sleep(1)
+    end
+  end
+
+  it("grants the head as dispatch would: fence, first lease, one message", h.async(function()
+    local c = server:client()
+    local name = fresh_name()
+    local got, sub = heard_on(c, name .. ":chan")
+    local r = acquire(c, name, "holder", 30000)
+    local fence = math.tointeger(tonumber(r[2]))
+    assert.equal(0, queue(c, name, "head", 3000, name .. ":chan")[1])
+    assert.equal(0, queue(c, name, "second", 3000, name .. ":chan")[1])
+    assert.equal(1, release(c, name, "holder"))
+    local g = c:call("HGET", name .. ":g", "head")
+    local f2 = g:match("^1 (%d+) 1$")
+    assert.is_truthy(f2)
+    assert.is_true(math.tointeger(tonumber(f2)) > fence)
+    assert.same({ "head" }, { table.unpack(c:call("ZRANGE", name .. ":h", 0, -1), 1, 1) })
+    assert.is_nil(c:call("HGET", name .. ":g", "holder"))
+    -- the first lease of a hand-off: min(ttl, waiterTimeout)
+    local ends, t = tonumber(c:call("ZSCORE", name .. ":h", "head")), c:call("TIME")
+    local server_ms = tonumber(t[1]) * 1000 + tonumber(t[2]) // 1000
+    assert.is_true(ends > server_ms + 2000 and ends <= server_ms + 3000)
+    assert.is_nil(c:call("ZSCORE", name .. ":q", "head"))
+    assert.is_nil(c:call("ZSCORE", name .. ":w", "head"))
+    assert.is_nil(c:call("HGET", name .. ":c", "head"))
+    assert.same({ "second" }, { table.unpack(c:call("ZRANGE", name .. ":q", 0, -1), 1, 1) })
+    settle(got, 1)
+    assert.same({ "head " .. f2 .. " 1" }, got)
+    -- the next hand-off, to "second", the same way
+    assert.equal(1, release(c, name, "head"))
+    assert.is_truthy(c:call("HGET", name .. ":g", "second"))
+    assert.equal(0, c:call("EXISTS", name .. ":q"))
+    settle(got, 2)
+    assert.equal(2, #got)
+    sub:unsubscribe()
+    c:close()
+  end))
+
+  it("skips a dead head (the full path), and a dead waiter behind a live one later", h.async(function()
+    local c = server:client()
+    local name = fresh_name()
+    acquire(c, name, "holder", 30000)
+    queue(c, name, "dead", 10, "spec70:nobody")
+    queue(c, name, "live", 30000, "spec70:nobody")
+    queue(c, name, "dead2", 10, "spec70:nobody")
+    queue(c, name, "last", 30000, "spec70:nobody")
+    h.sleep(30)                         -- both short-lived waiters are dead now
+    assert.equal(1, release(c, name, "holder"))
+    assert.is_truthy(c:call("HGET", name .. ":g", "live"))
+    assert.is_nil(c:call("HGET", name .. ":g", "dead"))
+    assert.is_nil(c:call("ZSCORE", name .. ":q", "dead"))
+    assert.equal(1, release(c, name, "live"))
+    assert.is_nil(c:call("HGET", name .. ":g", "dead2"))
+    assert.is_truthy(c:call("HGET", name .. ":g", "last"))
+    assert.equal(0, c:call("EXISTS", name .. ":q", name .. ":w", name .. ":c"))
+    c:close()
+  end))
+
+  it("is for mutexes only: a semaphore's release dispatches every head that fits", h.async(function()
+    local c = server:client()
+    local name = fresh_name()
+    local function sem(token, weight)
+      return c:eval(scripts.acquire, scripts.keys(name),
+        { token, "2", tostring(weight), "30000", "3000", "spec70:nobody", "wait" })
+    end
+    assert.equal(1, sem("a", 2)[1])
+    assert.equal(0, sem("b", 1)[1])
+    assert.equal(0, sem("c", 1)[1])
+    assert.equal(1, c:eval(scripts.release, scripts.keys(name), { "a", "2", name .. ":free" }))
+    assert.is_truthy(c:call("HGET", name .. ":g", "b"))
+    assert.is_truthy(c:call("HGET", name .. ":g", "c"))
+    c:close()
+  end))
+end)
+
 describe("RedisMutex on the short paths", function()
   it("keeps fences increasing and one holder over 200 cycles of 20 coroutines", h.async(function()
     local c = server:client()

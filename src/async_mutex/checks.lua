@@ -3,7 +3,8 @@
 -- that their usage errors read alike: "bad argument #n to 'fname' (msg)".
 -- init.lua keeps its own argerror, which finds the user's frame itself.
 
-local error, getmetatable, rawget, type = error, getmetatable, rawget, type
+local error, getmetatable, pairs, rawget, require, tostring, type =
+  error, getmetatable, pairs, rawget, require, tostring, type
 
 local M = {}
 
@@ -24,6 +25,27 @@ end
 --- Raises an argument error at 'level' (1 = the caller of argerror).
 function M.argerror(level, n, fname, msg)
   error(("bad argument #%d to '%s' (%s)"):format(n, fname, msg), level + 1)
+end
+
+--- The complaint about the first key of 'options' that 'known' lacks
+-- ("unknown option 'tll'"), or nil: a misspelt option is an error, not a
+-- default silently kept.
+function M.unknown_option(options, known)
+  for k in pairs(options) do
+    if not known[k] then return ("unknown option '%s'"):format(tostring(k)) end
+  end
+  return nil
+end
+
+--- Raises "attempt to use a closed redis client" at 'level' (1 = the
+-- caller of check_open) when 'client' is an async_mutex.redis client that
+-- was closed: a call would raise it at the line of the module's own call.
+function M.check_open(client, level)
+  local rcore = require "async_mutex.redis_core"
+  local is_client = rcore.is_client   -- set by async_mutex.redis
+  if is_client and is_client(client) and rcore.status(client) == "closed" then
+    error("attempt to use a closed redis client", level + 1)
+  end
 end
 
 return M

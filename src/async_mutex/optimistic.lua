@@ -19,8 +19,8 @@ local floor, huge, min, mtype, random =
   math.floor, math.huge, math.min, math.type, math.random
 
 local checks = require "async_mutex.checks"
-local typename, is_callable =
-  checks.typename, checks.is_callable
+local typename, is_callable, unknown_option =
+  checks.typename, checks.is_callable, checks.unknown_option
 
 local M = {}
 
@@ -79,10 +79,10 @@ local function read_options(options, default_sleep)
   if type(options) ~= "table" then
     return nil, "table expected, got " .. typename(options)
   end
+  local unknown = unknown_option(options, CHECKS)
+  if unknown then return nil, unknown end
   for k, v in pairs(options) do
-    local check = CHECKS[k]
-    if not check then return nil, ("unknown option '%s'"):format(tostring(k)) end
-    local value, complaint = check(v)
+    local value, complaint = CHECKS[k](v)
     if complaint then return nil, complaint end
     o[k] = value
   end

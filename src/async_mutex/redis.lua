@@ -21,8 +21,8 @@ local M = {
 }
 
 local checks = require "async_mutex.checks"
-local typename, is_callable, argerror =
-  checks.typename, checks.is_callable, checks.argerror
+local typename, is_callable, argerror, unknown_option, check_open =
+  checks.typename, checks.is_callable, checks.argerror, checks.unknown_option, checks.check_open
 
 local Client = core.Client               -- the methods of every client
 
@@ -323,11 +323,8 @@ function M.connect(options)
   if type(options) ~= "table" then
     argerror(2, 1, "connect", "table expected, got " .. typename(options))
   end
-  for k in pairs(options) do
-    if not OPTIONS[k] then
-      argerror(2, 1, "connect", ("unknown option '%s'"):format(tostring(k)))
-    end
-  end
+  local unknown = unknown_option(options, OPTIONS)
+  if unknown then argerror(2, 1, "connect", unknown) end
   local state = {}
   for name in pairs(DEFAULTS) do state[name] = check_ms(options, name) end
   local password = check_string(options, "password")
@@ -523,9 +520,7 @@ function Client.subscribe(self, channel, fn)
   if not is_callable(fn) then
     argerror(2, 2, "subscribe", "function expected, got " .. typename(fn))
   end
-  if status(self) == "closed" then
-    error("attempt to use a closed redis client", 2)
-  end
+  check_open(self, 2)
   local co, main = running()
   if main or not isyieldable() then
     error("attempt to subscribe outside a coroutine", 2)
@@ -659,9 +654,7 @@ function Client.eval(self, script, keys, args)
   check_list(args, 3, "args")
   -- call's own misuse errors, here at eval's caller's line (call would
   -- raise them at this file's)
-  if status(self) == "closed" then
-    error("attempt to use a closed redis client", 2)
-  end
+  check_open(self, 2)
   local _, main = running()
   if main or not isyieldable() then
     error("attempt to call redis outside a coroutine", 2)

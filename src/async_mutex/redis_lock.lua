@@ -45,8 +45,8 @@ local limited = core.acquire
 local E_LOST = am.E_LOST
 
 local checks = require "async_mutex.checks"
-local typename, is_callable, argerror =
-  checks.typename, checks.is_callable, checks.argerror
+local typename, is_callable, argerror, unknown_option, check_open =
+  checks.typename, checks.is_callable, checks.argerror, checks.unknown_option, checks.check_open
 
 local M = {}
 
@@ -223,7 +223,11 @@ local function forget(lease)
     for i = 1, #holds do
       if holds[i] == lease then table.remove(holds, i); break end
     end
-    if #holds == 0 then lease.lock.holds[lease.name] = nil end
+    -- a plain lock keeps its empty list for the next grant (one table
+    -- less per acquisition); a keyed set's key gives its list up
+    if #holds == 0 and lease.name ~= lease.lock.name then
+      lease.lock.holds[lease.name] = nil
+    end
   end
 end
 
@@ -508,9 +512,14 @@ local function check_self(self, mt, fname)
   argerror(3, 1, fname, mt.__name .. " expected, got " .. typename(self))
 end
 
+-- Worded as the core locks word it (src/args.c), so that a priority error
+-- reads the same on a local and a Redis lock.
 local function check_priority(p, n, fname)
-  if p ~= nil and (type(p) ~= "number" or p ~= p) then
-    argerror(3, n, fname, "priority must be a number")
+  if p == nil then return end
+  if type(p) ~= "number" then
+    argerror(3, n, fname, "priority must be a number, got " .. type(p))
+  elseif p ~= p then
+    argerror(3, n, fname, "priority must not be NaN")
   end
 end
 
@@ -524,7 +533,11 @@ local function check_key(key, n, fname)
   argerror(3, n, fname, "key must be a string or a finite number, got " .. typename(key))
 end
 
-local function check_yieldable(what)
+-- The misuse errors of a method that talks to Redis, at its caller's line
+-- (the client would raise them at this file's): a closed client, or not
+-- in a coroutine.
+local function check_usable(lk, what)
+  check_open(lk.client, 3)
   if not isyieldable() then
     error(format("attempt to %s outside a coroutine", what), 3)
   end
@@ -553,11 +566,20 @@ local function acquire(lk, limit, err, key, name, weight, priority)
   return redis_acquire(lk, name, weight, deadline, err)
 end
 
+-- Every option the Redis locks know: a misspelt one (`tll`) is an error,
+-- as it is to redis.connect and am.optimistic.
+local OPTIONS = {
+  ttl = true, renewInterval = true, waiterTimeout = true, onLost = true,
+  cancelError = true, lostError = true,
+}
+
 local function options_of(opts, n, fname)
   if opts == nil then opts = {} end
   if type(opts) ~= "table" then
     argerror(3, n, fname, "options must be a table, got " .. typename(opts))
   end
+  local unknown = unknown_option(opts, OPTIONS)
+  if unknown then argerror(3, n, fname, unknown) end
   local function int(field, default, least)
     local v = opts[field]
     if v == nil then return default end
@@ -608,7 +630,7 @@ end
 -- Unscoped release of the oldest hold of this process on 'name'.
 local function release_name(lk, name)
   local holds = lk.holds[name]
-  if not holds then return false end
+  if not holds or not holds[1] then return false end
   return release_lease(holds[1])
 end
 
@@ -690,7 +712,7 @@ end
 function mutex.acquire(self, priority)
   local lk, limit, err = check_self(self, Mutex, "acquire")
   check_priority(priority, 1, "acquire")
-  check_yieldable("acquire a Redis lock")
+  check_usable(lk, "acquire a Redis lock")
   local release = acquire(lk, limit, err, nil, lk.name, 1, priority)
   return release
 end
@@ -699,7 +721,7 @@ function mutex.runExclusive(self, fn, priority)
   local lk, limit, err = check_self(self, Mutex, "runExclusive")
   check_fn(fn, 1)
   check_priority(priority, 2, "runExclusive")
-  check_yieldable("acquire a Redis lock")
+  check_usable(lk, "acquire a Redis lock")
   local release <close> = acquire(lk, limit, err, nil, lk.name, 1, priority)
   return finish(lk, release, pcall(fn))
 end
@@ -707,13 +729,13 @@ end
 function mutex.waitForUnlock(self, priority)
   local lk, limit, err = check_self(self, Mutex, "waitForUnlock")
   check_priority(priority, 1, "waitForUnlock")
-  check_yieldable("wait for a Redis lock")
+  check_usable(lk, "wait for a Redis lock")
   wait_for_unlock(lk, limit, err, lk.name, 1)
 end
 
 function mutex.isLocked(self)
   local lk = check_self(self, Mutex, "isLocked")
-  check_yieldable("ask Redis")
+  check_usable(lk, "ask Redis")
   local used = state(lk, lk.name)
   return used >= 1
 end
@@ -762,7 +784,7 @@ function semaphore.acquire(self, weight, priority)
   local lk, limit, err = check_self(self, Semaphore, "acquire")
   weight = check_weight(lk, weight, 1, "acquire")
   check_priority(priority, 2, "acquire")
-  check_yieldable("acquire a Redis lock")
+  check_usable(lk, "acquire a Redis lock")
   local release, value = acquire(lk, limit, err, nil, lk.name, weight, priority)
   return value, release
 end
@@ -772,7 +794,7 @@ function semaphore.runExclusive(self, fn, weight, priority)
   check_fn(fn, 1)
   weight = check_weight(lk, weight, 2, "runExclusive")
   check_priority(priority, 3, "runExclusive")
-  check_yieldable("acquire a Redis lock")
+  check_usable(lk, "acquire a Redis lock")
   local release <close>, value = acquire(lk, limit, err, nil, lk.name, weight, priority)
   return finish(lk, release, pcall(fn, value))
 end
@@ -781,13 +803,13 @@ function semaphore.waitForUnlock(self, weight, priority)
   local lk, limit, err = check_self(self, Semaphore, "waitForUnlock")
   weight = check_weight(lk, weight, 1, "waitForUnlock")
   check_priority(priority, 2, "waitForUnlock")
-  check_yieldable("wait for a Redis lock")
+  check_usable(lk, "wait for a Redis lock")
   wait_for_unlock(lk, limit, err, lk.name, weight)
 end
 
 function semaphore.isLocked(self)
   local lk = check_self(self, Semaphore, "isLocked")
-  check_yieldable("ask Redis")
+  check_usable(lk, "ask Redis")
   local used = state(lk, lk.name)
   return used >= lk.limit
 end
@@ -795,7 +817,7 @@ end
 --- getValue(): the room left (limit minus the weight held, in Redis).
 function semaphore.getValue(self)
   local lk = check_self(self, Semaphore, "getValue")
-  check_yieldable("ask Redis")
+  check_usable(lk, "ask Redis")
   local used = state(lk, lk.name)
   return lk.limit - used
 end
@@ -833,7 +855,7 @@ function keyed.acquire(self, key, priority)
   local lk, limit, err = check_self(self, Keyed, "acquire")
   local k = check_key(key, 1, "acquire")
   check_priority(priority, 2, "acquire")
-  check_yieldable("acquire a Redis lock")
+  check_usable(lk, "acquire a Redis lock")
   local release = acquire(lk, limit, err, key, lk.name .. k, 1, priority)
   return release
 end
@@ -843,7 +865,7 @@ function keyed.runExclusive(self, key, fn, priority)
   local k = check_key(key, 1, "runExclusive")
   check_fn(fn, 2)
   check_priority(priority, 3, "runExclusive")
-  check_yieldable("acquire a Redis lock")
+  check_usable(lk, "acquire a Redis lock")
   local release <close> = acquire(lk, limit, err, key, lk.name .. k, 1, priority)
   return finish(lk, release, pcall(fn))
 end
@@ -852,14 +874,14 @@ function keyed.waitForUnlock(self, key, priority)
   local lk, limit, err = check_self(self, Keyed, "waitForUnlock")
   local k = check_key(key, 1, "waitForUnlock")
   check_priority(priority, 2, "waitForUnlock")
-  check_yieldable("wait for a Redis lock")
+  check_usable(lk, "wait for a Redis lock")
   wait_for_unlock(lk, limit, err, lk.name .. k, 1)
 end
 
 function keyed.isLocked(self, key)
   local lk = check_self(self, Keyed, "isLocked")
   local k = check_key(key, 1, "isLocked")
-  check_yieldable("ask Redis")
+  check_usable(lk, "ask Redis")
   local used = state(lk, lk.name .. k)
   return used >= 1
 end

@@ -208,6 +208,32 @@ if e then
       redis.call('PUBLISH', ARGV[3], '')
       return 1
     end
+    -- A mutex's hand-off to a live head (the contended critical path): what
+    -- dispatch() would do, without the prelude.  A mutex has at most one
+    -- holder (every grant needs an empty N:h), so N:h is empty now; it is
+    -- checked all the same, and any other case (a dead head, whose place
+    -- expire_waiters() frees first) takes the full path below.  A dead
+    -- waiter behind a live head stays queued until a full run expires it:
+    -- dispatch never passes it, since every full run expires first.
+    if ARGV[2] == '1' and redis.call('EXISTS', KEYS[1]) == 0 then
+      local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+      local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+      local d = redis.call('ZSCORE', KEYS[4], head)
+      if d and tonumber(d) >= now then
+        local w, ttl, ch = string.match(redis.call('HGET', KEYS[5], head), '^(%d+) (%d+) (.*)$')
+        redis.call('ZREM', KEYS[3], head)
+        redis.call('ZREM', KEYS[4], head)
+        redis.call('HDEL', KEYS[5], head)
+        local last = tonumber(redis.call('GET', KEYS[6]) or '0')
+        local fence = string.format('%.0f',
+          math.max(last + 1, tonumber(t[1]) * 1000000 + tonumber(t[2])))
+        redis.call('SET', KEYS[6], fence, 'PX', 3600000)
+        redis.call('ZADD', KEYS[1], now + tonumber(ttl), head)
+        redis.call('HSET', KEYS[2], head, w .. ' ' .. fence .. ' 1')
+        redis.call('PUBLISH', ch, head .. ' ' .. fence .. ' 1')
+        return 1
+      end
+    end
   end
 end
 ]] .. PRELUDE .. [[

@@ -17,7 +17,6 @@
 
 local am = require "async_mutex"
 local optimistic = require "async_mutex.optimistic"
-local status = require("async_mutex.redis_core").status
 
 local error, getmetatable, select, setmetatable, tonumber, tostring, type =
   error, getmetatable, select, setmetatable, tonumber, tostring, type
@@ -112,9 +111,7 @@ end
 -- would raise them at this file's): a closed client, or not in a
 -- coroutine ("attempt to <verb> a versioned value outside a coroutine").
 local function check_usable(self, verb)
-  if status(self.client) == "closed" then
-    error("attempt to use a closed redis client", 3)
-  end
+  checks.check_open(self.client, 3)
   local _, main = running()
   if main or not isyieldable() then
     error(("attempt to %s a versioned value outside a coroutine"):format(verb), 3)
