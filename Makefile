@@ -162,6 +162,7 @@ BENCH_JSON ?= bench/results/latest.json
 BENCH_SVG  ?= docs/bench.svg
 endif
 BENCH_PKGS = gnuplot-nox
+REDIS_NODE_PEERS = bench/redis/node bench/redis_locks/node
 
 bench: deps
 	$(call install_debs,$(BENCH_PKGS))
@@ -171,6 +172,14 @@ bench: deps
 	$(RUNENV) $(LUA) bench/lockkinds.lua
 	$(RUNENV) $(LUA) bench/debug.lua
 ifneq ($(HIREDIS_H),)
+	@# the Node peers of the Redis benchmarks (ioredis, node-redlock), as
+	@# bench/run.lua installs async-mutex: without them, their columns stay empty
+	@for d in $(REDIS_NODE_PEERS); do \
+	  if command -v npm >/dev/null && [ ! -d $$d/node_modules ]; then \
+	    (cd $$d && npm ci --no-audit --no-fund --loglevel=error) \
+	      || echo "npm ci failed in $$d: its Node columns stay empty"; \
+	  fi; \
+	done
 	$(RUNENV) $(LUA) bench/redis/run.lua
 	$(RUNENV) $(LUA) bench/optimistic.lua
 	$(RUNENV) $(LUA) bench/redis_locks.lua

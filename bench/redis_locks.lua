@@ -1,5 +1,5 @@
 -- The Redis locks' section of `make bench`: RedisMutex against node-redlock 5
--- (on ioredis; `cd bench/redis_locks/node && npm install` first, otherwise
+-- (on ioredis; `make bench` installs it with npm ci in bench/redis_locks/node, otherwise
 -- its rows are left out), with redlock's default retry delay (200 ms) and
 -- with 10 ms, and the seed's recipe (SET NX PX, a compare-and-delete
 -- script, 200 ms polling) on our own client, all against one redis-server started here on loopback,

@@ -1,6 +1,6 @@
 -- The Redis section of `make bench`: async_mutex.redis against
 -- redis-benchmark, ioredis (Node, when bench/redis/node has it installed:
--- `cd bench/redis/node && npm install`) and a bare C program driving hiredis
+-- `make bench` installs it with npm ci) and a bare C program driving hiredis
 -- on libuv (hiredis_uv.c), all against one redis-server started here on
 -- loopback, unpinned, each in its own process, in one run.  Then how fast
 -- E_UNAVAILABLE comes: a refused connection; calls in flight when the
