@@ -55,19 +55,12 @@ local PRIORITIES = { 0, 0, 0, 1, -1, math.maxinteger, math.maxinteger - 1,
 local KEYS = { "a", "b", 1 }
 
 -- AM_REENTRY_EXCLUDE=walk,close,hook,callhook,count,gc,runex,unscoped leaves
--- features out (to look past a known failure).  KNOWN: with debug hooks
--- calling back (hook: both kinds), runs still fail within a few hundred
--- sequences (an actor's fresh coroutine found dead at its first resume
--- under count hooks; a hang under call hooks), not yet told apart from
--- artifacts of this fuzzer; so hooks are left out unless the variable is
--- set (AM_REENTRY_EXCLUDE= includes everything).  The hook cases known
--- to have failed are regression tests in spec/35-reentry-hooks_spec.lua.
--- KNOWN too, without hooks: a long run (seeds from 1000000) reported "two
--- holders of Mutex" (a tryAcquire holder, then a plain acquire granted) at
--- seed 1000315, after 315 sequences; not yet diagnosed (the holder
--- bookkeeping here is conservative about unscoped releases, see 'held').
+-- features out (to look past a known failure); by default everything is
+-- in: finalizers and both kinds of debug hooks call back.  Each failure
+-- these once reported is a regression test in spec/34-38 (the module's),
+-- or is explained where this harness guards against it (its own).
 local EXCLUDE = {}
-for word in (os.getenv("AM_REENTRY_EXCLUDE") or "hook"):gmatch("[%w_]+") do
+for word in (os.getenv("AM_REENTRY_EXCLUDE") or ""):gmatch("[%w_]+") do
   EXCLUDE[word] = true
 end
 
@@ -75,6 +68,13 @@ end
 -- violation (a string); and the number of steps and re-entrant calls.
 function R.run_sequence(seed, nops)
   local rnd = rng(seed)
+  -- the same start for every sequence, whatever ran before (the
+  -- collector's mode and debt, garbage left by earlier sequences, whose
+  -- finalizers no longer call back): a failing seed replays alone
+  debug.sethook()
+  collectgarbage("incremental", 200, 100, 13)
+  collectgarbage("collect")
+  collectgarbage("collect")
   local bad                               -- the first violation
   local reentries = 0
   local locks = {
@@ -84,14 +84,24 @@ function R.run_sequence(seed, nops)
     { kind = "KeyedMutex", obj = am.KeyedMutex.new({ maxPending = 3 }) },
     { kind = "KeyedSemaphore", obj = am.KeyedSemaphore.new(2) },
   }
-  for _, lk in ipairs(locks) do lk.epoch = 0 end
+  for _, lk in ipairs(locks) do lk.epoch, lk.releasing = 0, 0 end
   local holders = {}                      -- append only: { lock, key, rel, ended }
   local actors = {}                       -- append only
   local base = am.pending()
-  local depth = 0                         -- nesting of re-entrant calls
 
   local TRACE = os.getenv("AM_REENTRY_TRACE") == "1"
-  local function log(...) if TRACE then io.stderr:write(table.concat({ ... }, " "), "\n") end end
+  -- The trace (AM_REENTRY_TRACE=1) is printed at the end of the sequence:
+  -- made and kept alike whether printed or not, so that tracing changes
+  -- neither what the collector does nor the calls a hook sees (each one
+  -- draws from 'rnd'), and a traced replay fails alike.
+  local trace = {}
+  local depth = 0                         -- nesting of re-entrant calls
+  local function log(...)
+    local line = table.concat({ ... }, " ")
+    depth = depth + 10                    -- see 'held'
+    trace[#trace + 1] = line
+    depth = depth - 10
+  end
 
   local function violation(msg)
     bad = bad or ("seed %d: %s"):format(seed, msg)
@@ -106,11 +116,16 @@ function R.run_sequence(seed, nops)
   -- delivered yet: a grant requested before the lock's last unscoped
   -- release ('since' older than its 'epoch') may be over already, and
   -- is left out of the check ('maybe').
+  -- A count hook may run at any instruction: between reading '#holders'
+  -- and storing at that index, a call back appending too would be
+  -- overwritten (a grant lost from view, then "two holders" or "a mutex
+  -- left locked" reported falsely).  So the harness's own bookkeeping runs
+  -- with 'depth' raised, where a hook does not call back.
   local function held(lk, key, rel, since, how)
     depth = depth + 10                    -- our bookkeeping: no call back
     if not is_keyed(lk) then key = nil end
     local hd = { lock = lk, key = key, rel = rel, how = how,
-                 maybe = since ~= nil and since ~= lk.epoch }
+                 maybe = since ~= nil and since ~= lk.epoch or lk.releasing > 0 }
     log("held", tostring(lk.obj), tostring(key), "#" .. (#holders + 1), tostring(hd.maybe))
     if is_mutex(lk) and not hd.maybe then
       for _, o in ipairs(holders) do
@@ -125,21 +140,33 @@ function R.run_sequence(seed, nops)
     return hd
   end
 
-  -- An unscoped release of a mutex (or key) ends whoever holds it (P3).
+  -- An unscoped release of a mutex (or key) ends whoever holds it (P3)
+  -- when it runs: a hook (or finalizer) run at the call of release may
+  -- take the lock first, and that grant then ends too.  So a grant
+  -- recorded while a release of its lock is under way ('releasing') may
+  -- be over, and is left out of the check, like one requested before it.
   local function unscoped(lk, key)
     local obj = lk.obj
     if EXCLUDE.unscoped and is_mutex(lk) then return end
     log("unscoped", tostring(obj), tostring(key))
     if lk.kind == "Mutex" then
+      depth = depth + 10
       lk.epoch = lk.epoch + 1
       for _, o in ipairs(holders) do if o.lock == lk then o.ended = true end end
+      lk.releasing = lk.releasing + 1
+      depth = depth - 10
       obj:release()
+      lk.releasing = lk.releasing - 1
     elseif lk.kind == "KeyedMutex" then
+      depth = depth + 10
       lk.epoch = lk.epoch + 1
       for _, o in ipairs(holders) do
         if o.lock == lk and o.key == key then o.ended = true end
       end
+      lk.releasing = lk.releasing + 1
+      depth = depth - 10
       obj:release(key)
+      lk.releasing = lk.releasing - 1
     elseif lk.kind == "Semaphore" then obj:release(rnd(2))
     else obj:release(key, rnd(2)) end
   end
@@ -192,6 +219,7 @@ function R.run_sequence(seed, nops)
     log("spawn", "#" .. #actors, tostring(lk.obj), tostring(key), plan, mode)
     local call = request(lk, key, what, mode)
     local function outcome(ok, err)
+      log("outcome", a.what, tostring(ok), tostring(err), tostring(lk.obj))
       a.outcomes = a.outcomes + 1
       if a.outcomes > 1 then violation("a request ended twice") end
       if not ok and not EXPECTED[err] then violation("unexpected error: " .. tostring(err)) end
@@ -222,8 +250,14 @@ function R.run_sequence(seed, nops)
         held(lk, key, res[res.n], since, a.what)  -- the releaser: the last value
       end
     end)
-    actors[#actors + 1] = a
+    -- listed (where a call back may close it) only once started: a hook
+    -- or finalizer run between create and resume would otherwise close
+    -- the fresh coroutine, and the resume find it dead (a fault of this
+    -- harness, not of the module)
     local ok, err = coroutine.resume(a.co)
+    depth = depth + 10
+    actors[#actors + 1] = a
+    depth = depth - 10
     if not ok then violation("actor at spawn: " .. tostring(err) .. " " .. "outcomes " .. a.outcomes) end
   end
 
@@ -249,8 +283,10 @@ function R.run_sequence(seed, nops)
         local hd = holders[rnd(#holders + 1)]
         if hd then end_holder(hd) end
       elseif n == 3 then                   -- tryAcquire: a grant or a refusal now
+        -- ('since': a hook may release the grant before it is recorded)
+        local since = lk.epoch
         local ok2, a, b = pcall(request(lk, key, "acquire", 3))
-        if ok2 then held(lk, key, b or a, nil, from .. " tryAcquire")
+        if ok2 then held(lk, key, b or a, since, from .. " tryAcquire")
         elseif not EXPECTED[a] then violation(from .. ": tryAcquire: " .. tostring(a)) end
       elseif n == 4 then spawn()
       elseif n == 5 then
@@ -262,6 +298,7 @@ function R.run_sequence(seed, nops)
         local a = actors[rnd(#actors + 1)]
         if a and not EXCLUDE.close and coroutine.status(a.co) == "suspended"
             and not a.parked then
+          log("close", a.what, tostring(a.lock.obj))
           coroutine.close(a.co)
           a.closed = true
         end
@@ -400,6 +437,9 @@ function R.run_sequence(seed, nops)
   uv.walk(function(hd)
     if hd:is_active() and not hd:is_closing() then violation("an active handle left: " .. tostring(hd)) end
   end)
+  if TRACE then
+    for _, line in ipairs(trace) do io.stderr:write(line, "\n") end
+  end
   return bad, steps, reentries
 end
 
