@@ -491,8 +491,10 @@ static int on_timer (lua_State *L) {
   lua_Number now;
   Waiter *w;
   if (st->closed) return 0;
+  /* a one-shot timer fired; cleared before the luv call, where a hook
+     may arm it again */
+  st->timer_on = 0;
   now = loop_now(L, st);
-  st->timer_on = 0;                           /* a one-shot timer fired */
   while ((w = am_queue_first(&st->timers)) != NULL && w->deadline <= now) {
     am_queue_remove(&st->timers, w);
     am_expire(L, w);
