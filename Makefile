@@ -54,7 +54,7 @@ $(BUILD)/obj/redis/%.o: src/redis/%.c $(wildcard src/redis/*.h) | $(BUILD)/obj/r
 	$(CC) $(ALLFLAGS) -c $< -o $@
 
 $(REDIS_MODULE): $(REDIS_OBJS) | $(BUILD)/async_mutex
-	$(CC) $(SOFLAGS) $(LDFLAGS) -o $@ $(REDIS_OBJS) -lhiredis
+	$(CC) $(SOFLAGS) $(LDFLAGS) -o $@ $(REDIS_OBJS) -lhiredis -luv
 
 $(BUILD)/obj/redis:
 	mkdir -p $@
@@ -169,6 +169,7 @@ bench: deps
 	$(RUNENV) BENCH_JSON=$(BENCH_JSON) $(LUA) bench/run.lua
 	$(LUA) bench/chart.lua $(BENCH_JSON) $(BENCH_SVG)
 	$(RUNENV) $(LUA) bench/lockkinds.lua
+	$(RUNENV) $(LUA) bench/debug.lua
 ifneq ($(HIREDIS_H),)
 	$(RUNENV) $(LUA) bench/redis/run.lua
 	$(RUNENV) $(LUA) bench/optimistic.lua

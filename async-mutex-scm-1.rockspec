@@ -26,15 +26,18 @@ source = {
 }
 
 description = {
-  summary = "Mutex and Semaphore for Lua 5.4 coroutines on a luv event loop",
+  summary = "async-mutex's locks for Lua 5.4 coroutines on a luv event loop, and on Redis",
   detailed = [[
 A port of the JavaScript library async-mutex to Lua 5.4 coroutines running on
 luv (libuv).  Mutex and Semaphore with priorities and weights, runExclusive,
 waitForUnlock, cancel, and the withTimeout and tryAcquire decorators, with the
-same vocabulary and error values as async-mutex.  acquire() suspends the
+same vocabulary and error values as async-mutex; keyed locks, a
+readers-writer lock, a reentrant mutex and leases.  acquire() suspends the
 calling coroutine until the lock is granted; waiters are resumed from the luv
 loop.  The releaser is also a to-be-closed value:
-`local release <close> = mutex:acquire()`.  The core is written in C.
+`local release <close> = mutex:acquire()`.  The core is written in C.  Also a
+Redis client on the same loop (hiredis), Redis locks with fair hand-off,
+leases and fencing tokens, and optimistic versioned writes.
 ]],
   license = "MIT",
   labels = { "coroutine", "mutex", "semaphore", "luv", "libuv", "async" },
@@ -57,6 +60,7 @@ build = {
       sources = {
         "src/args.c",
         "src/core.c",
+        "src/debug.c",
         "src/decorated.c",
         "src/keyed.c",
         "src/lease.c",
@@ -85,6 +89,7 @@ build = {
     ["async_mutex.redis_lock"] = "src/async_mutex/redis_lock.lua",
     ["async_mutex.redis_scripts"] = "src/async_mutex/redis_scripts.lua",
     ["async_mutex.checks"] = "src/async_mutex/checks.lua",
+    ["async_mutex.debug"] = "src/async_mutex/debug.lua",
   },
   -- Installed beside the rock (luarocks show --rock-dir async-mutex): the
   -- LuaLS annotations, for editors, and the examples.

@@ -193,7 +193,7 @@ end
 server:stop()
 
 local function fmt(v)
-  if v == nil then return "-" end
+  if not v then return "-" end
   if v >= 100 then return ("%.0f"):format(v) end
   return ("%.2f"):format(v)
 end

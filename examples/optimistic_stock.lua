@@ -8,11 +8,14 @@
 -- It starts a throw-away redis-server in a temporary directory (stopped at
 -- the end), puts 100 units of stock:42 there, and starts four seller
 -- processes (this script with the argument "sell"), each running 25
--- coroutines that sell one unit at a time until none is left.
+-- coroutines that sell one unit at a time until none is left.  It exits with
+-- status 0 when exactly the stock was sold, 1 otherwise.
 
--- Find the module in this checkout (src/, build/); harmless once installed.
-package.path = "src/?.lua;src/?/init.lua;" .. package.path
-package.cpath = "build/?.so;" .. package.cpath
+-- Find the module in this checkout (src/, build/ beside examples/), from
+-- any directory; harmless once installed.
+local root = ((arg and arg[0] or ""):match("^(.*)/[^/]*$") or ".") .. "/.."
+package.path = root .. "/src/?.lua;" .. root .. "/src/?/init.lua;" .. package.path
+package.cpath = root .. "/build/?.so;" .. package.cpath
 
 local uv = require "luv"
 local am = require "async_mutex"
@@ -20,6 +23,14 @@ local redis = require "async_mutex.redis"
 
 local STOCK, SELLERS, COROUTINES = 100, 4, 25
 local SOLD_OUT = setmetatable({}, { __name = "sold out" })
+
+-- An error escaping a coroutine (am.spawn's) is reported on stderr, and
+-- makes the exit status 1.
+local failed = false
+am.setErrorHandler(function(_, traceback)
+  failed = true
+  io.stderr:write(traceback, "\n")
+end)
 
 --- Runs fn in a coroutine on the loop until the loop is idle.
 local function run(fn)
@@ -54,6 +65,7 @@ local function sell(socket, id)
   client:close()
   uv.run()
   print(("process %s sold %d (%d attempts)"):format(id, sold, attempts))
+  if failed then os.exit(1) end
 end
 -- }==========================================================
 
@@ -110,8 +122,10 @@ local ok, err = pcall(function()
     left = tonumber(left)
     print(("sold %d of %d, stock left %d, version %d: %s"):format(sold, STOCK, left,
       version, sold + left == STOCK and left == 0 and "nothing oversold" or "WRONG"))
+    if sold + left ~= STOCK or left ~= 0 then failed = true end
   end)
 end)
 stop_server()
 if not ok then error(err, 0) end
+if failed then os.exit(1) end
 -- }==========================================================

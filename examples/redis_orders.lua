@@ -10,10 +10,15 @@
 --
 --   make && lua5.4 examples/redis_orders.lua [host [port]]   (127.0.0.1 6379)
 --   lua5.4 examples/redis_orders.lua unix:/path/to/redis.sock
+--
+-- It exits with status 0 when the stock was sold exactly, 1 otherwise (no
+-- server at that address, a worker that failed, a unit sold twice).
 
--- Find the module in this checkout (src/, build/); harmless once installed.
-package.path = "src/?.lua;src/?/init.lua;" .. package.path
-package.cpath = "build/?.so;" .. package.cpath
+-- Find the module in this checkout (src/, build/ beside examples/), from
+-- any directory; harmless once installed.
+local root = ((arg and arg[0] or ""):match("^(.*)/[^/]*$") or ".") .. "/.."
+package.path = root .. "/src/?.lua;" .. root .. "/src/?/init.lua;" .. package.path
+package.cpath = root .. "/build/?.so;" .. package.cpath
 
 local uv = require "luv"
 local am = require "async_mutex"
@@ -23,6 +28,7 @@ local WORKERS, UNITS = 4, 100
 local STOCK, LOCK = "example:stock", "example:orders"
 
 local where, port, role, id = ...
+local failed = false
 local function connect()
   if where and where:match("^unix:") then return redis.connect { path = where:sub(6) } end
   return redis.connect { host = where or "127.0.0.1", port = tonumber(port) or 6379 }
@@ -57,11 +63,18 @@ local function worker()
 end
 
 local function parent()
-  client:call("DEL", STOCK)
+  local reached, why = pcall(client.call, client, "DEL", STOCK)
+  if not reached and why == redis.E_UNAVAILABLE then
+    error(("no Redis server at %s%s"):format(where or "127.0.0.1",
+      (where or ""):match("^unix:") and "" or ":" .. (port or "6379")), 0)
+  end
+  assert(reached, why)
   client:call("HSET", STOCK, "units", UNITS, "fence", 0)
   print(("stock: %d units, %d worker processes"):format(UNITS, WORKERS))
-  local lines, running = {}, WORKERS
-  local done = coroutine.running()
+  -- each worker that ends gives one unit back; the parent waits for all
+  -- (resumed by the module, which reports an error of the parent's rather
+  -- than dropping it, as a bare coroutine.resume would)
+  local lines, finished = {}, am.Semaphore.new(0)
   for i = 1, WORKERS do
     local out = uv.new_pipe(false)
     local handle
@@ -70,7 +83,7 @@ local function parent()
       stdio = { nil, out, 2 },
     }, function(code)
       handle:close()
-      assert(code == 0, "a worker failed")
+      if code ~= 0 then failed = true end
     end)
     local buffer = {}
     out:read_start(function(err, data)
@@ -78,11 +91,10 @@ local function parent()
       if data then buffer[#buffer + 1] = data return end
       out:close()
       lines[#lines + 1] = table.concat(buffer)
-      running = running - 1
-      if running == 0 then coroutine.resume(done) end
+      finished:release()
     end)
   end
-  coroutine.yield()
+  finished:acquire(WORKERS)
   table.sort(lines)
   local total = 0
   for _, line in ipairs(lines) do
@@ -92,11 +104,21 @@ local function parent()
   local left = tonumber(client:call("HGET", STOCK, "units"))
   print(("sold %d units in all, %d left: %s"):format(total, left,
     total + left == UNITS and "no unit sold twice" or "OVERSOLD"))
+  if total + left ~= UNITS then failed = true end
   client:call("DEL", STOCK)
 end
+
+-- An error escaping a coroutine (am.spawn's, or one the module resumed) is
+-- reported here; the exit status says whether anything failed.
+am.setErrorHandler(function(err, traceback)
+  failed = true
+  io.stderr:write(type(err) == "string" and err:match("^no Redis server") and err
+    or traceback, "\n")
+end)
 
 am.spawn(function()
   if role == "worker" then worker() else parent() end
   client:close()
 end)
 uv.run()
+if failed then os.exit(1) end

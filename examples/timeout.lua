@@ -6,9 +6,11 @@
 --
 --   make && lua5.4 examples/timeout.lua
 
--- Find the module in this checkout (src/, build/); harmless once installed.
-package.path = "src/?.lua;src/?/init.lua;" .. package.path
-package.cpath = "build/?.so;" .. package.cpath
+-- Find the module in this checkout (src/, build/ beside examples/), from
+-- any directory; harmless once installed.
+local root = ((arg and arg[0] or ""):match("^(.*)/[^/]*$") or ".") .. "/.."
+package.path = root .. "/src/?.lua;" .. root .. "/src/?/init.lua;" .. package.path
+package.cpath = root .. "/build/?.so;" .. package.cpath
 
 local uv = require "luv"
 local am = require "async_mutex"

@@ -18,11 +18,12 @@ local function shell_quote(s)
   return "'" .. s:gsub("'", "'\\''") .. "'"
 end
 
---- Runs examples/<name>.lua; returns exit code, stdout, stderr, milliseconds.
-local function run_example(name)
+--- Runs examples/<name>.lua with the arguments `args` (a string, already
+-- quoted); returns exit code, stdout, stderr, milliseconds.
+local function run_example(name, args)
   local err_file = os.tmpname()
-  local command = ("cd %s && exec timeout %d %s examples/%s.lua 2>%s")
-    :format(shell_quote(ROOT), TIME_LIMIT, LUA, name, shell_quote(err_file))
+  local command = ("cd %s && exec timeout %d %s examples/%s.lua %s 2>%s")
+    :format(shell_quote(ROOT), TIME_LIMIT, LUA, name, args or "", shell_quote(err_file))
   local started = uv.hrtime()
   local pipe = assert(io.popen(command, "r"))
   local out = pipe:read("a")
@@ -192,5 +193,76 @@ describe("examples/inventory.lua", function()
     assert(sold, out)
     assert.equal(500, tonumber(sold) + tonumber(left))
     assert(h.SLOW or elapsed < 2000, ("took %.0f ms"):format(elapsed))
+  end)
+end)
+
+describe("examples/redis_orders.lua", function()
+  -- (the run against a server: spec/46-redis-processes_spec.lua)
+  it("says so in one line and exits 1 when no server is at the address", function()
+    local port = require("redis_server").free_port()
+    local code, out, err = run_example("redis_orders", "127.0.0.1 " .. port)
+    assert.equal(1, code)
+    assert.equal("", out)
+    assert.equal(("no Redis server at 127.0.0.1:%d\n"):format(port), err)
+  end)
+end)
+
+describe("every example", function()
+  -- README: the examples find the module in the checkout they belong to,
+  -- wherever they are run from (no LUA_PATH, another directory)
+  it("runs from any directory, with no LUA_PATH, and prints what it prints from the root",
+    function()
+      local from_root = select(2, run_example("withdraw"))
+      local pwd = assert(io.popen(("cd %s && pwd"):format(shell_quote(ROOT))))
+      local root = pwd:read("l")
+      pwd:close()
+      for _, dir in ipairs({ "/", root .. "/examples" }) do
+        local p = assert(io.popen(("cd %s && env -u LUA_PATH -u LUA_CPATH -u LUA_PATH_5_4 "
+          .. "-u LUA_CPATH_5_4 timeout %d %s %s/examples/withdraw.lua 2>&1")
+          :format(shell_quote(dir), TIME_LIMIT, LUA, shell_quote(root))))
+        local out = p:read("a")
+        local _, _, code = p:close()
+        assert.equal(0, code, out)
+        assert.equal(from_root, out)
+      end
+    end)
+
+  it("finds the module beside itself the same way", function()
+    local ls = assert(io.popen(("ls %s/examples/*.lua"):format(shell_quote(ROOT))))
+    local n = 0
+    for file in ls:lines() do
+      n = n + 1
+      local text = h.read_file(file)
+      assert.truthy(text:find('\nlocal root = ((arg and arg[0] or ""):match("^(.*)/[^/]*$") '
+        .. 'or ".") .. "/.."\n', 1, true), file)
+    end
+    ls:close()
+    assert.is_true(n > 0)
+  end)
+end)
+
+describe("examples/deadlock.lua", function()
+  it("reports the ABBA inversion before anything hangs, raises E_DEADLOCK when the "
+    .. "transfers collide, and the fixed order reports nothing", function()
+    local out = check("deadlock", {
+      "1. One transfer at a time (a test suite):",
+      "  transfer A -> B: 10 done",
+      "[debug: inversion]",
+      "async_mutex.debug: possible deadlock: lock order inversion (lockdep), locks taken in a cycle of orders:",
+      "  transfer B -> A: 5 done",
+      "2. Both at once (production):",
+      "[debug: deadlock]",
+      "  transfer B -> A failed: deadlock: the request would wait for ever",
+      "  transfer A -> B: 10 done",
+      "3. Fixed, both at once:",
+      "  transfer A -> B: 10 done",
+      "  transfer B -> A: 5 done",
+      "balances: A 80, B 120",
+    })
+    assert.matches('Mutex "account B" %(acquired at examples/deadlock%.lua:%d+%)\n'
+      .. '    %-> Mutex "account A" %(acquired at examples/deadlock%.lua:%d+%)', out)
+    assert.is_nil(out:find("unexpected", 1, true))
+    local _, inversions = out:gsub("%[debug: inversion%]", "")
+    assert.equal(1, inversions)
   end)
 end)

@@ -2,7 +2,7 @@
 -- with no checkout and no network: from another directory, into a fresh
 -- tree, with luarocks told that luv is provided (Debian's lua-luv) and given
 -- no server to reach; then the module required and the bank example run
--- from outside the checkout.  About a second: the install compiles the C
+-- from outside the checkout, and the Redis modules used from the tree.  About a second: the install compiles the C
 -- core.
 
 local am = require "async_mutex"
@@ -136,6 +136,40 @@ describe("make rock", function()
         tree .. "/lib/lua/5.4/async_mutex/core.so",
         am._VERSION,
         "function\tfunction",
+      }, "\n") .. "\n", out)
+    end)
+
+  it("serves the Redis client, versioned values and Redis locks from the tree, "
+    .. "against a real server", function()
+      local server = require("redis_server").start()
+      local ok, out = pcall(must, ("cd %s && %s lua5.4 -e %s"):format(q(home), lua_env(), q(([[
+        local uv = require "luv"
+        local am = require "async_mutex"
+        local redis = require "async_mutex.redis"
+        for _, name in ipairs({ "async_mutex.redis", "async_mutex.versioned",
+          "async_mutex.optimistic", "async_mutex.redis_lock", "async_mutex.checks" }) do
+          print(package.searchpath(name, package.path))
+        end
+        print(package.searchpath("async_mutex.redis_core", package.cpath))
+        local client = redis.connect({ path = %q })
+        am.spawn(function()
+          print(client:call("PING"))
+          local v = redis.versioned(client, "rock:v")
+          print(v:update(function(value) return (tonumber(value) or 0) + 1 end))
+          local release = am.RedisMutex.new(client, "rock:m"):acquire()
+          print(release())
+          client:close()
+        end)
+        uv.run()
+      ]]):format(server.path))))
+      server:stop()
+      assert(ok, out)
+      local lua = tree .. "/share/lua/5.4/async_mutex/"
+      assert.equal(table.concat({
+        lua .. "redis.lua", lua .. "versioned.lua", lua .. "optimistic.lua",
+        lua .. "redis_lock.lua", lua .. "checks.lua",
+        tree .. "/lib/lua/5.4/async_mutex/redis_core.so",
+        "PONG", "1\t1", "true",
       }, "\n") .. "\n", out)
     end)
 

@@ -7,8 +7,10 @@
 -- under "async_mutex.*" (all types made in C, present or to come), and the
 -- metatables made in Lua that objects reached through the API carry
 -- (decorated locks, multi-key releasers, the Redis locks and their
--- releasers).  A new module is one line in MODULES; a module that cannot be
--- required here (not built, or its C library missing) is left out.  A
+-- releasers, the Redis client's subscriptions, versioned values and error
+-- replies, with their public fields).  A new module is one line in
+-- MODULES; a module that cannot be required here (not built, or its C
+-- library missing) is left out.  A
 -- module whose fields another one serves on first use (`into`) is checked
 -- as part of that one.  A new public type made in C is picked up
 -- by itself; a private one goes in INTERNAL.
@@ -36,10 +38,13 @@ local RECEIVERS = {
   ["async_mutex.KeyedMutex"] = { "km", "keyed" },
   ["async_mutex.KeyedSemaphore"] = { "ks", "keyed" },
   ["async_mutex.ReentrantMutex"] = { "rm" },
+  ["async_mutex.KeyedRWLock"] = { "krw" },
   ["async_mutex.RedisMutex"] = { "rm" },
   ["async_mutex.RedisSemaphore"] = { "rs" },
   ["async_mutex.KeyedRedisMutex"] = { "krm" },
   ["async_mutex.RedisReleaser"] = { "releaser" },
+  ["async_mutex.redis.Versioned"] = { "versioned", "v" },
+  ["async_mutex.redis.Error"] = { "err" },
 }
 
 -- Option tables: their annotation class, and the README heading under which
@@ -54,6 +59,8 @@ local OPTIONS = {
 -- state (README.md writes them `receiver.field`).
 local FIELDS = {
   ["async_mutex.RedisReleaser"] = { "fence" },
+  ["async_mutex.redis.Error"] = { "code", "message" },
+  ["async_mutex.redis.Versioned"] = { "client", "key" },
 }
 
 -- The tags of LuaLS annotations (LuaCATS).
@@ -213,6 +220,19 @@ local function redis_types()
     redis_found[#redis_found + 1] = { mt.__name, rawget(mt, "__index"),
       "a Redis lock's releaser", release }
     release()
+    -- the Redis client's types made in Lua, and its error value's fields
+    local redis = require "async_mutex.redis"
+    local sub = client:subscribe("spec25", function() end)
+    mt = getmetatable(sub)
+    redis_found[#redis_found + 1] = { mt.__name, rawget(mt, "__index"), "a subscription" }
+    sub:unsubscribe()
+    local versioned = redis.versioned(client, "spec25v")
+    mt = getmetatable(versioned)
+    redis_found[#redis_found + 1] = { mt.__name, rawget(mt, "__index"), "a versioned value",
+      versioned }
+    local _, err = pcall(client.call, client, "NO-SUCH-COMMAND")
+    mt = getmetatable(err)
+    redis_found[#redis_found + 1] = { mt.__name, rawget(mt, "__index"), "an error reply", err }
     client:close()
   end)
   server:stop()
@@ -239,9 +259,12 @@ local function public_names()
     add(class, nil, { "`" .. class .. "`" }, what)
     if type(index) ~= "table" then return end
     for _, method in ipairs(sorted_keys(index)) do
-      local docs = {}
-      for i, r in ipairs(receivers(class)) do docs[i] = r .. ":" .. method .. "(" end
-      add(class, method, docs, what)
+      -- (metamethods: a metatable may be its own __index)
+      if not method:match("^__") then
+        local docs = {}
+        for i, r in ipairs(receivers(class)) do docs[i] = r .. ":" .. method .. "(" end
+        add(class, method, docs, what)
+      end
     end
   end
 
@@ -359,6 +382,30 @@ describe("types/ (LuaLS annotations)", function()
     end
     assert.same({}, stale)
   end)
+
+  it("annotate redis.connect's options as README.md lists them, each known to connect",
+    function()
+      local loaded, redis = pcall(require, "async_mutex.redis")
+      if not loaded then return end            -- built without hiredis
+      local readme = h.read_file(ROOT .. "/README.md")
+      local heading = "### `redis.connect(options)`"
+      local at = assert(readme:find(heading, 1, true), "README has no " .. heading)
+      local section = readme:sub(at + #heading):match("^(.-)\n###")
+      local listed = {}
+      for name in section:gmatch("`options%.([%w_]+)`") do listed[name] = "field" end
+      for row in section:gmatch("\n(| `[^\n]*)") do
+        for name in row:match("^| ([^|]*)|"):gmatch("`([%w_]+)`") do listed[name] = "field" end
+      end
+      listed.option = nil                      -- the table's heading row
+      assert.same(classes["async_mutex.redis.Options"].members, listed)
+      for name in pairs(listed) do
+        -- a value of the wrong type: refused by the check of that option
+        local ok, err = pcall(redis.connect, { [name] = {} })
+        assert.is_false(ok)
+        assert.matches(name, err, 1, true)
+        assert.not_matches("unknown option", err, 1, true)
+      end
+    end)
 
   it("are wired in .luarc.json and installed by the rockspec", function()
     local luarc = h.read_file(ROOT .. "/.luarc.json")

@@ -32,6 +32,20 @@ describe("redis.connect", function()
     c:close()
   end))
 
+  it("resumes nothing when the coroutine is closed while the name resolves", function()
+    local errors = {}
+    local prev = am.setErrorHandler(function(err) errors[#errors + 1] = tostring(err) end)
+    local co = coroutine.create(function() client({ host = "localhost" }) end)
+    assert.is_true(coroutine.resume(co))
+    local waited = coroutine.status(co) == "suspended"
+    assert.is_true(coroutine.close(co))
+    local ended = h.run_loop(1000)       -- getaddrinfo's callback comes
+    am.setErrorHandler(prev)
+    assert.is_true(waited)
+    assert.is_true(ended)
+    assert.same({}, errors)
+  end)
+
   it("raises E_UNAVAILABLE for a host name that does not resolve", function()
     local ok, err = pcall(redis.connect, { host = "no-such-host.invalid" })
     assert.is_false(ok)
@@ -88,8 +102,37 @@ describe("client:call", function()
     assert.equal("3", c:call("GET", "n"))
     assert.equal("OK", c:call("SET", "n", 0.1))
     assert.equal(0.1, tonumber(c:call("GET", "n")))
+    -- README: 15 digits, or 17 when 15 do not read back; inf as Redis reads it
+    assert.equal("OK", c:call("SET", "n", 1 / 3))
+    assert.equal("0.33333333333333331", c:call("GET", "n"))
+    assert.equal(1 / 3, tonumber(c:call("GET", "n")))
+    assert.equal("OK", c:call("SET", "n", -math.huge))
+    assert.equal("-inf", c:call("GET", "n"))
+    assert.equal(1, c:call("ZADD", "z", math.huge, "top"))
+    assert.equal("inf", c:call("ZSCORE", "z", "top"))
     c:close()
   end))
+
+  it("shares its one connection: another coroutine's command joins a MULTI (README)",
+    h.async(function()
+      local c = client()
+      c:call("DEL", "tx:count", "tx:other")
+      local in_multi, joined = am.Semaphore.new(0), am.Semaphore.new(0)
+      local reply
+      h.spawn(function()
+        in_multi:acquire()
+        reply = c:call("SET", "tx:other", "1")    -- between the MULTI and the EXEC
+        joined:release()
+      end)
+      assert.equal("OK", c:call("MULTI"))
+      assert.equal("QUEUED", c:call("INCR", "tx:count"))
+      in_multi:release()
+      joined:acquire()
+      assert.equal("QUEUED", reply)
+      assert.equal("OK", c:call("DISCARD"))
+      assert.is_nil(c:call("GET", "tx:other"))    -- dropped with the transaction
+      c:close()
+    end))
 
   it("is binary safe (NUL bytes, 10 MB values)", h.async(function()
     local c = client()
@@ -150,6 +193,34 @@ describe("client:call", function()
     assert.equal(am.E_UNAVAILABLE, err)
     assert.equal("redis server unavailable", err)
     if not h.SLOW then assert.is_true(h.ms_since(t0) < 100) end
+    c:close()
+  end))
+
+  it("closes a coroutine that dies after it was resumed with a reply or an error: "
+    .. "its <close> releasers run (README, Conventions)", h.async(function()
+    local c = client()
+    local m = am.Mutex.new()
+    local reported = {}
+    h.with_handler(function(err) reported[#reported + 1] = tostring(err) end, function()
+      am.spawn(function()
+        local release <close> = m:acquire()
+        c:call("PING")                        -- resumed with the reply
+        error("after the reply", 0)
+      end)
+      h.wait_until(function() return #reported == 1 end)
+      assert.is_false(m:isLocked())
+      local blocked = client({ commandTimeout = math.huge })
+      am.spawn(function()
+        local release <close> = m:acquire()
+        blocked:call("BLPOP", "spec40:nothing", 0)   -- resumed by close()
+      end)
+      h.tick()
+      assert.is_true(m:isLocked())
+      blocked:close()                          -- E_UNAVAILABLE escapes it
+      h.wait_until(function() return #reported == 2 end)
+      assert.is_false(m:isLocked())
+    end)
+    assert.same({ "after the reply", redis.E_UNAVAILABLE }, reported)
     c:close()
   end))
 

@@ -85,6 +85,70 @@ describe("client:subscribe", function()
     c:close()
   end)
 
+  it("never subscribes a coroutine closed while it waits for the confirmation", function()
+    local c = client()
+    local calls = 0
+    local co = coroutine.create(function()
+      c:subscribe("closed-early", function() calls = calls + 1 end)
+    end)
+    assert.is_true(coroutine.resume(co))
+    assert.equal("suspended", coroutine.status(co))   -- waiting for the server
+    assert.is_true(coroutine.close(co))
+    local published
+    -- h.run fails on its deadline if the subscription kept the loop alive
+    h.run(function()
+      h.sleep(50)
+      published = c:call("PUBLISH", "closed-early", "m")
+      h.sleep(50)
+    end)
+    assert.equal(0, published)
+    assert.equal(0, calls)
+    assert.same({}, h.active_handles())
+    c:close()
+  end)
+
+  it("calls a callable table as fn", h.async(function()
+    local c = client()
+    local got
+    local fn = setmetatable({}, { __call = function(_, message, channel)
+      got = channel .. "=" .. message
+    end })
+    local sub = c:subscribe("callable", fn)
+    c:call("PUBLISH", "callable", "m")
+    h.wait_until(function() return got ~= nil end)
+    assert.equal("callable=m", got)
+    sub:unsubscribe()
+    c:close()
+  end))
+
+  it("closes a callback's coroutine, or subscribe's, that dies with an error: its <close> "
+    .. "releasers run", h.async(function()
+    local am = require "async_mutex"
+    local c = client()
+    local m = am.Mutex.new()
+    local reported, sub = {}, nil
+    h.with_handler(function(err) reported[#reported + 1] = tostring(err) end, function()
+      sub = c:subscribe("dies", function()
+        local release <close> = m:acquire()
+        c:call("PING")                        -- resumed by the reply
+        error("in the callback", 0)
+      end)
+      c:call("PUBLISH", "dies", "m")
+      h.wait_until(function() return #reported == 1 end)
+      assert.is_false(m:isLocked())
+      am.spawn(function()
+        local release <close> = m:acquire()
+        c:subscribe("confirmed", function() end)   -- resumed by the confirmation
+        error("after subscribe", 0)
+      end)
+      h.wait_until(function() return #reported == 2 end)
+      assert.is_false(m:isLocked())
+    end)
+    assert.same({ "in the callback", "after subscribe" }, reported)
+    sub:unsubscribe()
+    c:close()
+  end))
+
   it("reports an error in a callback to the error handler, and goes on", h.async(function()
     local c = client()
     local errors, got = {}, 0
@@ -150,6 +214,21 @@ describe("client:subscribe", function()
     assert.equal("attempt to subscribe outside a coroutine",
       h.error_of(function() c:subscribe("ch", print) end))
     c:close()
+  end)
+
+  it("raises E_UNAVAILABLE when the subscriber connection fails before the confirmation "
+    .. "(a wrong password), and leaves nothing running", function()
+    local secured = redis_server.start(nil, "--requirepass s3cret")
+    local ok, err
+    local body_ok, body_err = pcall(h.run, function()
+      local c = redis.connect({ port = secured.port, password = "wrong" })
+      ok, err = pcall(c.subscribe, c, "locked-out", function() end)
+      c:close()
+    end)
+    secured:stop()
+    assert(body_ok, body_err)
+    assert.is_false(ok)
+    assert.equal(redis.E_UNAVAILABLE, err)
   end)
 
   it("raises E_UNAVAILABLE when the server cannot be reached", h.async(function()

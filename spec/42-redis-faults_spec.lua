@@ -165,7 +165,7 @@ describe("AUTH and SELECT", function()
       h.error_of(function() redis.connect({ password = 1 }) end))
     assert.equal("bad argument #1 to 'connect' (username needs a password)",
       h.error_of(function() redis.connect({ username = "u" }) end))
-    assert.equal("bad argument #1 to 'connect' (commandTimeout must be a non-negative number)",
+    assert.equal("bad argument #1 to 'connect' (commandTimeout must be a positive number (math.huge: no timeout))",
       h.error_of(function() redis.connect({ commandTimeout = -1 }) end))
   end)
 end)

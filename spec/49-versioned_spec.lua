@@ -440,10 +440,11 @@ end)
 describe("versioned values and failures", function()
   it("raise a server's error reply unchanged, without retrying", h.async(function()
     local c = client()
-    local plain, odd = fresh_key(), fresh_key()
+    local plain, odd, foreign = fresh_key(), fresh_key(), fresh_key()
     assert.equal("OK", c:call("SET", plain, "1"))
     c:call("HSET", odd, "version", "x")
-    for _, key in ipairs({ plain, odd }) do
+    c:call("HSET", foreign, "name", "n", "value", "v")   -- another program's hash
+    for _, key in ipairs({ plain, odd, foreign }) do
       local v = redis.versioned(c, key)
       for _, op in ipairs({
         function() v:get() end,
@@ -461,6 +462,21 @@ describe("versioned values and failures", function()
       assert.equal(0, calls)
     end
     assert.equal("1", c:call("GET", plain))
+    assert.same({ "n", "v", n = 2 }, c:call("HMGET", foreign, "name", "value"))
+    assert.equal(0, c:call("HEXISTS", foreign, "version"))
+    -- a hash of other fields only reads as never written, but is not written into
+    local other = fresh_key()
+    c:call("HSET", other, "name", "n")
+    local v = redis.versioned(c, other)
+    assert.same({ nil, 0 }, { v:get() })
+    for _, op in ipairs({ function() v:set("2", 0) end, function() v:delete(0) end,
+      function() v:update(function() return "2" end) end }) do
+      local ok, err = pcall(op)
+      assert.is_false(ok)
+      assert.equal("WRONGTYPE", err.code)
+    end
+    assert.equal(1, c:call("HLEN", other))            -- only its own field
+    assert.equal("n", c:call("HGET", other, "name"))
     c:close()
   end))
 

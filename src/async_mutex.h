@@ -16,13 +16,16 @@
 **                      a write releaser's downgrade
 **   reentrant.c        the ReentrantMutex kind: its holder re-enters
 **   lease.c            leased holds: their releasers, their expiry
-**   keyed.c            KeyedMutex and KeyedSemaphore: a lock per key
+**   keyed.c            KeyedMutex, KeyedSemaphore and KeyedRWLock: a
+**                      lock per key
 **   decorated.c        withTimeout and tryAcquire: decorated locks, whose
 **                      requests have a limit; every other method is the
 **                      lock's own
 **   scheduler.c        the ready list, the timers, the anchors of waiting
 **                      coroutines, and the luv handles that resume them
 **   queue.c            FIFO lists and priority queues of waiters
+**   debug.c            debug mode's hooks into the Lua module
+**                      async_mutex.debug, and what it may read
 */
 
 #ifndef ASYNC_MUTEX_H
@@ -45,6 +48,7 @@
 #define AM_KEYED_SEMAPHORE  "async_mutex.KeyedSemaphore"
 #define AM_RWLOCK     "async_mutex.RWLock"
 #define AM_REENTRANT_MUTEX  "async_mutex.ReentrantMutex"
+#define AM_KEYED_RWLOCK     "async_mutex.KeyedRWLock"
 /* Decorated locks' metatables are made per copy of the module, and not
    registered: these are only their __name. */
 #define AM_DECORATED_MUTEX  "async_mutex.decorated Mutex"
@@ -53,6 +57,7 @@
 #define AM_DECORATED_KEYED_SEMAPHORE  "async_mutex.decorated KeyedSemaphore"
 #define AM_DECORATED_RWLOCK  "async_mutex.decorated RWLock"
 #define AM_DECORATED_REENTRANT_MUTEX  "async_mutex.decorated ReentrantMutex"
+#define AM_DECORATED_KEYED_RWLOCK  "async_mutex.decorated KeyedRWLock"
 
 /* async-mutex's exact messages; they are also the error values. */
 #define AM_E_TIMEOUT  "timeout while waiting for mutex to become available"
@@ -60,6 +65,8 @@
 #define AM_E_CANCELED "request for lock canceled"
 #define AM_E_MAX_PENDING  "too many pending requests for this key"
 #define AM_E_LOST     "lock lost: lease expired"
+/* raised by debug mode at a request that would wait for ever (debug.c) */
+#define AM_E_DEADLOCK "deadlock: the request would wait for ever"
 
 
 /*
@@ -75,6 +82,7 @@ typedef enum AmType {
   AM_T_DECORATED_KEYED_MUTEX, AM_T_DECORATED_KEYED_SEMAPHORE,
   AM_T_RWLOCK, AM_T_DECORATED_RWLOCK,
   AM_T_REENTRANT_MUTEX, AM_T_DECORATED_REENTRANT_MUTEX,
+  AM_T_KEYED_RWLOCK, AM_T_DECORATED_KEYED_RWLOCK,
   AM_NTYPES                   /* not a type: how many there are */
 } AmType;
 
@@ -334,6 +342,8 @@ struct State {
   int layer_source, layer_wrappers;  /* the Lua layer (args.c: am_layer) */
   int anchors;                       /* keeps the anchor threads alive */
   int keyedlocks;                    /* weak: address -> keyed lock in a set */
+  int dbg;                           /* debug mode's hooks (debug.c), or
+                                        LUA_NOREF: off */
   lua_State **athreads;              /* anchor threads (scheduler.c) */
   int nathreads;
   int nanchors, free_anchor;         /* their slots; first free one, or 0 */
@@ -387,11 +397,15 @@ void am_lock_free (Lock *lk);
 /* An RWLock request's weight: what 'held' counts, and the mode. */
 #define AM_RW_READ   1
 #define AM_RW_WRITE  2
+#define AM_RW_WRITTEN  (-1)     /* an RWLock's value while a writer holds it */
 extern const LockKind am_rwlock_kind;
 extern const luaL_Reg am_rwlock_methods[];
 extern const luaL_Reg am_rwlock_metamethods[];
 extern const luaL_Reg am_rwlock_class[];
 extern const luaL_Reg am_decorated_rwlock_methods[];
+extern const luaL_Reg am_keyed_rwlock_methods[];
+extern const luaL_Reg am_keyed_rwlock_class[];
+extern const luaL_Reg am_decorated_keyed_rwlock_methods[];
 int am_rw_downgrade (lua_State *L);
 int am_rw_upgrade (lua_State *L);
 
@@ -445,6 +459,8 @@ extern const luaL_Reg am_decorated_methods[];
 int am_undecorate (lua_State *L, AmType t);
 int am_run_request (lua_State *L, AmType t);
 int am_core_acquire (lua_State *L);
+int am_core_acquire_read (lua_State *L);
+int am_core_acquire_write (lua_State *L);
 int am_core_limit (lua_State *L);
 int am_withTimeout (lua_State *L);
 int am_tryAcquire (lua_State *L);
@@ -463,6 +479,23 @@ void am_timer_remove (lua_State *L, State *st, Waiter *w);
 void am_anchor (lua_State *L, Waiter *w);
 void am_unanchor (lua_State *L, Waiter *w);
 void am_report (lua_State *L, State *st, lua_State *co);
+
+/* debug.c: debug mode (docs/debug.md).  Each hook site tests the global
+   'am_debug_on' (states with debug mode on) and nothing else when off. */
+extern int am_debug_on;
+#if defined(__GNUC__)
+#define am_debugging()  __builtin_expect(am_debug_on != 0, 0)
+#else
+#define am_debugging()  (am_debug_on != 0)
+#endif
+extern const luaL_Reg am_debug_funcs[];
+int am_core_debug (lua_State *L);
+void am_dbg_request (lua_State *L, const Request *rq);
+void am_dbg_granted (lua_State *L, State *st, int lockidx);
+void am_dbg_waiting (lua_State *L, State *st, int lockidx, int widx);
+void am_dbg_released (lua_State *L, State *st, int idx);
+void am_dbg_unscoped (lua_State *L, State *st, int idx);
+void am_dbg_created (lua_State *L, State *st);
 
 /* queue.c */
 void am_list_init (Bucket *list);

@@ -15,7 +15,7 @@
 
 
 /* core.kind(v): "Mutex", "Semaphore", "RWLock", "ReentrantMutex",
-   "KeyedMutex", "KeyedSemaphore" or nil. */
+   "KeyedMutex", "KeyedSemaphore", "KeyedRWLock" or nil. */
 static int core_kind (lua_State *L) {
   Lock *lk = am_tolock(L, 1);
   Keyed *kd = am_tokeyed(L, 1);
@@ -136,6 +136,8 @@ static int core_pending (lua_State *L) {
 
 static const luaL_Reg core_funcs[] = {
   {"acquire", am_core_acquire},
+  {"acquireRead", am_core_acquire_read},
+  {"acquireWrite", am_core_acquire_write},
   {"limit", am_core_limit},
   {"layer", am_layer},
   {"withTimeout", am_withTimeout},
@@ -166,6 +168,8 @@ const char *const am_tnames[AM_NTYPES] = {
   [AM_T_DECORATED_RWLOCK] = AM_DECORATED_RWLOCK,
   [AM_T_REENTRANT_MUTEX] = AM_REENTRANT_MUTEX,
   [AM_T_DECORATED_REENTRANT_MUTEX] = AM_DECORATED_REENTRANT_MUTEX,
+  [AM_T_KEYED_RWLOCK] = AM_KEYED_RWLOCK,
+  [AM_T_DECORATED_KEYED_RWLOCK] = AM_DECORATED_KEYED_RWLOCK,
 };
 
 
@@ -217,6 +221,11 @@ static const TypeReg types[AM_NTYPES] = {
   [AM_T_DECORATED_REENTRANT_MUTEX] = {
     .methods = am_decorated_reentrant_methods, .decorated = 1,
     .decorates = AM_T_REENTRANT_MUTEX},
+  [AM_T_KEYED_RWLOCK] = {"KeyedRWLock", am_keyed_metamethods,
+                         am_keyed_rwlock_methods, am_keyed_rwlock_class},
+  [AM_T_DECORATED_KEYED_RWLOCK] = {
+    .methods = am_decorated_keyed_rwlock_methods, .decorated = 1,
+    .decorates = AM_T_KEYED_RWLOCK},
 };
 
 /*
@@ -323,6 +332,7 @@ LUAMOD_API int luaopen_async_mutex_core (lua_State *L) {
   lua_newtable(L);                          /* the module */
   module = lua_gettop(L);
   setfuncs(L, module, core_funcs, 0);
+  setfuncs(L, module, am_debug_funcs, 0);
   for (t = 0; t < AM_NTYPES; t++)
     if (!types[t].decorated) open_type(L, (AmType)t, module);
   for (t = 0; t < AM_NTYPES; t++)
@@ -338,5 +348,7 @@ LUAMOD_API int luaopen_async_mutex_core (lua_State *L) {
   lua_setfield(L, -2, "E_MAX_PENDING");
   lua_pushliteral(L, AM_E_LOST);
   lua_setfield(L, -2, "E_LOST");
+  lua_pushliteral(L, AM_E_DEADLOCK);
+  lua_setfield(L, -2, "E_DEADLOCK");
   return 1;
 }

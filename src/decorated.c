@@ -42,6 +42,7 @@ const AmType am_decorated_type[AM_NTYPES] = {
   [AM_T_KEYED_SEMAPHORE] = AM_T_DECORATED_KEYED_SEMAPHORE,
   [AM_T_RWLOCK] = AM_T_DECORATED_RWLOCK,
   [AM_T_REENTRANT_MUTEX] = AM_T_DECORATED_REENTRANT_MUTEX,
+  [AM_T_KEYED_RWLOCK] = AM_T_DECORATED_KEYED_RWLOCK,
 };
 
 
@@ -61,7 +62,8 @@ int am_undecorate (lua_State *L, AmType t) {
 /* The lock types, each of which has a decorated type. */
 static const AmType lock_types[] = {AM_T_MUTEX, AM_T_SEMAPHORE,
                                     AM_T_KEYED_MUTEX, AM_T_KEYED_SEMAPHORE,
-                                    AM_T_RWLOCK, AM_T_REENTRANT_MUTEX};
+                                    AM_T_RWLOCK, AM_T_REENTRANT_MUTEX,
+                                    AM_T_KEYED_RWLOCK};
 #define NLOCKTYPES  (sizeof(lock_types) / sizeof(lock_types[0]))
 
 
@@ -256,8 +258,7 @@ int am_decorated_request (lua_State *L, int kind, const char *fname,
     return am_argerror(L, 1, 0, fname, lua_tostring(L, -1));
   }
   undecorate(L, d, &rq);
-  if (d->type == AM_T_KEYED_MUTEX || d->type == AM_T_KEYED_SEMAPHORE)
-    return am_keyed_request(L, &rq);
+  if (am_tokeyed(L, 1) != NULL) return am_keyed_request(L, &rq);
   return am_lock_request(L, (Lock *)lua_touserdata(L, 1), &rq);
 }
 
@@ -326,11 +327,12 @@ int am_core_limit (lua_State *L) {
 ** core.acquire(lock, limit, err, ...), for acquireAll: the lock's
 ** request with a limit: a timeout in ms, or false to decide at once.
 ** The user's own arguments (...) start at index 4 and are numbered from
-** 1 in errors.
+** 1 in errors.  'mode': an unweighted kind's mode (Request.mode);
+** core.acquireRead and core.acquireWrite serve a KeyedRWLock's.
 */
-int am_core_acquire (lua_State *L) {
+static int core_acquire (lua_State *L, lua_Integer mode) {
   Request rq = {.kind = W_ACQUIRE, .wait = AM_TRY, .erridx = 3, .first = 4,
-                .base = 3, .fname = "acquire"};
+                .base = 3, .fname = "acquire", .mode = mode};
   int keyed = am_tokeyed(L, 1) != NULL;
   Lock *lk = keyed ? NULL : am_tolock(L, 1);
   luaL_argexpected(L, keyed || lk != NULL, 1, "lock");
@@ -344,6 +346,21 @@ int am_core_acquire (lua_State *L) {
   lua_settop(L, lua_gettop(L) < 3 ? 3 : lua_gettop(L));
   if (keyed) return am_keyed_request(L, &rq);
   return am_lock_request(L, lk, &rq);
+}
+
+
+int am_core_acquire (lua_State *L) {
+  return core_acquire(L, 0);
+}
+
+
+int am_core_acquire_read (lua_State *L) {
+  return core_acquire(L, AM_RW_READ);
+}
+
+
+int am_core_acquire_write (lua_State *L) {
+  return core_acquire(L, AM_RW_WRITE);
 }
 
 

@@ -1,5 +1,5 @@
 /*
-** keyed.c: KeyedMutex and KeyedSemaphore, one lock per key
+** keyed.c: KeyedMutex, KeyedSemaphore and KeyedRWLock, one lock per key
 ** A key's lock is created by the first request that needs it and leaves
 ** the set as soon as it is idle (am_keyed_settle), so memory follows the
 ** keys in use, not the keys ever seen.  Every rule of the single locks
@@ -15,12 +15,13 @@
 #include "async_mutex.h"
 
 
-/* The KeyedMutex or KeyedSemaphore at 'idx', or NULL. */
+/* The KeyedMutex, KeyedSemaphore or KeyedRWLock at 'idx', or NULL. */
 Keyed *am_tokeyed (lua_State *L, int idx) {
   void *p = lua_touserdata(L, idx);
   if (p != NULL && lua_getmetatable(L, idx)) {
     int ok = lua_rawequal(L, -1, am_mtindex(AM_T_KEYED_MUTEX))
-          || lua_rawequal(L, -1, am_mtindex(AM_T_KEYED_SEMAPHORE));
+          || lua_rawequal(L, -1, am_mtindex(AM_T_KEYED_SEMAPHORE))
+          || lua_rawequal(L, -1, am_mtindex(AM_T_KEYED_RWLOCK));
     lua_pop(L, 1);
     if (ok) return (Keyed *)p;
   }
@@ -32,7 +33,8 @@ Keyed *am_tokeyed (lua_State *L, int idx) {
 static Keyed *checkkeyed (lua_State *L) {
   Keyed *kd = am_tokeyed(L, 1);
   if (kd == NULL && (am_undecorate(L, AM_T_KEYED_MUTEX)
-                     || am_undecorate(L, AM_T_KEYED_SEMAPHORE)))
+                     || am_undecorate(L, AM_T_KEYED_SEMAPHORE)
+                     || am_undecorate(L, AM_T_KEYED_RWLOCK)))
     kd = am_tokeyed(L, 1);
   luaL_argexpected(L, kd != NULL, 1, "keyed lock");
   return kd;
@@ -41,6 +43,7 @@ static Keyed *checkkeyed (lua_State *L) {
 
 #define checkkmutex(L)  ((Keyed *)am_checkself(L, AM_T_KEYED_MUTEX))
 #define checkksem(L)    ((Keyed *)am_checkself(L, AM_T_KEYED_SEMAPHORE))
+#define checkkrw(L)     ((Keyed *)am_checkself(L, AM_T_KEYED_RWLOCK))
 
 
 /*
@@ -246,6 +249,7 @@ static void newkeyed (lua_State *L, const LockKind *kind, lua_Integer value,
   lua_setiuservalue(L, -2, 1);                    /* map */
   setoption(L, optidx, "cancelError", AM_E_CANCELED, 2);
   setoption(L, optidx, "maxPendingError", AM_E_MAX_PENDING, 3);
+  if (am_debugging()) am_dbg_created(L, kd->st);
 }
 
 
@@ -260,6 +264,13 @@ static int ksem_new (lua_State *L) {
   lua_Integer value = am_checkcount(L, 1);
   lua_settop(L, 2);
   newkeyed(L, &am_semaphore_kind, value, 2);
+  return 1;
+}
+
+
+static int krw_new (lua_State *L) {
+  lua_settop(L, 1);
+  newkeyed(L, &am_rwlock_kind, 0, 1);       /* a key without a lock: free */
   return 1;
 }
 
@@ -330,6 +341,7 @@ static int kmutex_release (lua_State *L) {
   lk = getlock(L, kd, 2, 0);
   if (lk != NULL) am_give_back(L, lk, 1, AM_UNSCOPED, 0);
   am_sync(L, kd->st);
+  if (am_debugging() && lk != NULL) am_dbg_unscoped(L, kd->st, -1);
   return 0;
 }
 
@@ -415,6 +427,100 @@ static int keyed_keys (lua_State *L) {
 }
 
 
+/* {====================================================== KeyedRWLock
+** The RWLock of each key (rwlock.c): the mode of a request is fixed by
+** the method (Request.mode), as on a single RWLock. */
+
+static int krw_request (lua_State *L, int kind, const char *fname,
+                        lua_Integer mode) {
+  Request rq = {.kind = kind, .first = 2, .base = 1, .fname = fname,
+                .mode = mode};
+  checkkrw(L);
+  return am_keyed_request(L, &rq);
+}
+
+
+static int krw_acquireRead (lua_State *L) {
+  return krw_request(L, W_ACQUIRE, "acquireRead", AM_RW_READ);
+}
+
+
+static int krw_acquireWrite (lua_State *L) {
+  return krw_request(L, W_ACQUIRE, "acquireWrite", AM_RW_WRITE);
+}
+
+
+static int krw_acquire (lua_State *L) {
+  return krw_request(L, W_ACQUIRE, "acquire", AM_RW_WRITE);
+}
+
+
+/* waitForUnlock(key): until the key is free (a write could be granted). */
+static int krw_waitForUnlock (lua_State *L) {
+  return krw_request(L, W_UNLOCK, "waitForUnlock", AM_RW_WRITE);
+}
+
+
+/* The RWLock value of the key at 2 (0, free, for a key without a lock). */
+static lua_Integer krw_value (lua_State *L, const char *fname) {
+  Keyed *kd = checkkrw(L);
+  Lock *lk;
+  am_checkkey(L, 2, 1, fname);
+  lk = getlock(L, kd, 2, 0);
+  return lk ? lk->value : kd->fresh.value;
+}
+
+
+static int krw_isWriteLocked (lua_State *L) {
+  lua_pushboolean(L, krw_value(L, "isWriteLocked") == AM_RW_WRITTEN);
+  return 1;
+}
+
+
+static int krw_readers (lua_State *L) {
+  lua_Integer v = krw_value(L, "readers");
+  lua_pushinteger(L, v > 0 ? v : 0);
+  return 1;
+}
+
+
+/* release(key): ends the key's write hold, as rw:release(); a no-op
+   while no writer holds the key. */
+static int krw_release (lua_State *L) {
+  Keyed *kd = checkkrw(L);
+  Lock *lk;
+  am_checkkey(L, 2, 1, "release");
+  lk = getlock(L, kd, 2, 0);
+  if (lk != NULL) am_give_back(L, lk, AM_RW_WRITE, AM_UNSCOPED, 0);
+  am_sync(L, kd->st);
+  if (am_debugging() && lk != NULL) am_dbg_unscoped(L, kd->st, -1);
+  return 0;
+}
+
+
+/* A decorated KeyedRWLock's requests (decorated.c): with its limit. */
+static int dkrw_acquire (lua_State *L) {
+  return am_decorated_request(L, W_ACQUIRE, "acquire", AM_RW_WRITE);
+}
+
+
+static int dkrw_acquireRead (lua_State *L) {
+  return am_decorated_request(L, W_ACQUIRE, "acquireRead", AM_RW_READ);
+}
+
+
+static int dkrw_acquireWrite (lua_State *L) {
+  return am_decorated_request(L, W_ACQUIRE, "acquireWrite", AM_RW_WRITE);
+}
+
+
+static int dkrw_waitForUnlock (lua_State *L) {
+  return am_decorated_request(L, W_UNLOCK, "waitForUnlock", AM_RW_WRITE);
+}
+
+/* }====================================================== */
+
+
 static int keyed__tostring (lua_State *L) {
   Keyed *kd = am_tokeyed(L, 1);
   luaL_argexpected(L, kd != NULL, 1, "keyed lock");
@@ -452,6 +558,30 @@ const luaL_Reg am_keyed_semaphore_methods[] = {
   {NULL, NULL}
 };
 
+const luaL_Reg am_keyed_rwlock_methods[] = {
+  {"acquire", krw_acquire},
+  {"acquireRead", krw_acquireRead},
+  {"acquireWrite", krw_acquireWrite},
+  {"waitForUnlock", krw_waitForUnlock},
+  {"isLocked", keyed_isLocked},
+  {"isWriteLocked", krw_isWriteLocked},
+  {"readers", krw_readers},
+  {"release", krw_release},
+  {"cancel", keyed_cancel},
+  {"count", keyed_count},
+  {"waiting", keyed_waiting},
+  {"keys", keyed_keys},
+  {NULL, NULL}
+};
+
+const luaL_Reg am_decorated_keyed_rwlock_methods[] = {
+  {"acquire", dkrw_acquire},
+  {"acquireRead", dkrw_acquireRead},
+  {"acquireWrite", dkrw_acquireWrite},
+  {"waitForUnlock", dkrw_waitForUnlock},
+  {NULL, NULL}
+};
+
 /*
 ** NOTE: a keyed set needs no __gc: it owns no C memory, and its locks,
 ** held in its map, free their own.
@@ -468,5 +598,10 @@ const luaL_Reg am_keyed_mutex_class[] = {
 
 const luaL_Reg am_keyed_semaphore_class[] = {
   {"new", ksem_new},
+  {NULL, NULL}
+};
+
+const luaL_Reg am_keyed_rwlock_class[] = {
+  {"new", krw_new},
   {NULL, NULL}
 };

@@ -79,6 +79,11 @@ void am_lease_lost (lua_State *L, Waiter *w) {
   w->r.state = S_LOST;
   w->ref = LUA_NOREF;
   am_give_back(L, w->r.lock, w->r.weight, w->r.token, 1);
+  if (am_debugging()) {                   /* its owner record ends */
+    lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
+    am_dbg_released(L, w->r.lock->st, -1);
+    lua_pop(L, 1);
+  }
   luaL_unref(L, LUA_REGISTRYINDEX, ref);  /* last: it may be collected */
 }
 

@@ -121,6 +121,7 @@ static void newlock (lua_State *L, const LockKind *kind, lua_Integer value,
   if (lua_isnoneornil(L, erridx)) lua_pushliteral(L, AM_E_CANCELED);
   else lua_pushvalue(L, erridx);
   lua_setiuservalue(L, -2, 1);
+  if (am_debugging()) am_dbg_created(L, lk->st);
 }
 
 
@@ -180,6 +181,7 @@ static int mutex_release (lua_State *L) {
   Lock *lk = checkmutex(L);
   am_give_back(L, lk, 1, AM_UNSCOPED, 0);    /* P3 */
   am_sync(L, lk->st);
+  if (am_debugging()) am_dbg_unscoped(L, lk->st, 1);
   return 0;
 }
 

@@ -17,7 +17,7 @@
 #include "async_mutex.h"
 
 
-#define WRITTEN  (-1)               /* the value while a writer holds it */
+#define WRITTEN  AM_RW_WRITTEN     /* the value while a writer holds it */
 
 
 /* {====================================================== the kind */
@@ -70,7 +70,7 @@ const LockKind am_rwlock_kind = {
   .name = "RWLock",
   .noun = "a readers-writer lock",
   .type = AM_T_RWLOCK,
-  .keyed_type = AM_T_RWLOCK,          /* no keyed form yet */
+  .keyed_type = AM_T_KEYED_RWLOCK,
   .weighted = 0,
   .returns_value = 0,
   .fits = rw_fits,
@@ -96,6 +96,7 @@ static int rw_new (lua_State *L) {
   if (lua_isnil(L, 1)) lua_pushliteral(L, AM_E_CANCELED);
   else lua_pushvalue(L, 1);
   lua_setiuservalue(L, -2, 1);
+  if (am_debugging()) am_dbg_created(L, lk->st);
   return 1;
 }
 
@@ -160,6 +161,7 @@ static int rw_release (lua_State *L) {
   Lock *lk = checkrw(L);
   am_give_back(L, lk, AM_RW_WRITE, AM_UNSCOPED, 0);
   am_sync(L, lk->st);
+  if (am_debugging()) am_dbg_unscoped(L, lk->st, 1);
   return 0;
 }
 
@@ -199,6 +201,10 @@ int am_rw_downgrade (lua_State *L) {
   am_push_releaser(L, lua_gettop(L), lk, AM_RW_READ, 0);
   am_dispatch(L, lk);
   am_sync(L, lk->st);
+  if (am_debugging()) {             /* one record ends, a read one starts */
+    am_dbg_released(L, lk->st, 1);
+    am_dbg_granted(L, lk->st, lua_gettop(L) - 1);
+  }
   return 1;
 }
 

@@ -564,6 +564,10 @@ static int state__gc (lua_State *L) {
   State *st = (State *)lua_touserdata(L, 1);
   Waiter *w;
   st->closed = 1;
+  if (st->dbg != LUA_NOREF) {         /* debug mode ends with the state */
+    st->dbg = LUA_NOREF;
+    am_debug_on--;
+  }
   while ((w = am_queue_first(&st->timers)) != NULL)
     am_queue_remove(&st->timers, w);
   am_queue_free(&st->timers);
@@ -633,6 +637,7 @@ static void init_state (State *st) {
   st->on_idle = st->on_timer = st->handler = LUA_NOREF;
   st->layer_source = st->layer_wrappers = LUA_NOREF;
   st->anchors = st->keyedlocks = LUA_NOREF;
+  st->dbg = LUA_NOREF;
   st->athreads = NULL;
   st->nathreads = st->nanchors = st->free_anchor = 0;
 }

@@ -175,6 +175,7 @@ static int releaser_release (lua_State *L) {
   if (r->lease) am_lease_end(L, r);     /* out of the timer queue */
   am_give_back(L, r->lock, r->weight, r->token, 0);
   am_sync(L, r->lock->st);
+  if (am_debugging()) am_dbg_released(L, r->lock->st, 1);
   lua_pushboolean(L, 1);
   return 1;
 }
@@ -277,21 +278,26 @@ static int finish_request (lua_State *L, int status, lua_KContext ctx) {
   }
   done(w);
   switch (w->outcome) {
-    case O_GRANTED:
+    case O_GRANTED: {
+      int n;
       if (w->kind == W_UNLOCK) return 0;
       if (w->r.lock->kind->reentrant)      /* its holder, from now on */
         am_reentrant_owned(L, w->r.lock, w->lockidx);
       if (w->leased) {                     /* the lease starts (or ran) */
         lua_Number now = am_timer_now(L, w->r.lock->st);
-        return push_leased_grant(L, w->lockidx, w->lostidx, w->r.lock,
-                                 w->r.weight, w->r.token, now,
-                                 w->lease_from_request ? w->lease
-                                                       : now + w->lease);
+        n = push_leased_grant(L, w->lockidx, w->lostidx, w->r.lock,
+                              w->r.weight, w->r.token, now,
+                              w->lease_from_request ? w->lease
+                                                    : now + w->lease);
       }
 #if HAND_OUT_WAITERS
-      if (!w->timed) return hand_out_waiter(L, w, widx);
+      else if (!w->timed) n = hand_out_waiter(L, w, widx);
 #endif
-      return push_grant(L, w->lockidx, w->r.lock, w->r.weight, w->r.token);
+      else
+        n = push_grant(L, w->lockidx, w->r.lock, w->r.weight, w->r.token);
+      if (am_debugging()) am_dbg_granted(L, w->r.lock->st, w->lockidx);
+      return n;
+    }
     case O_TIMEOUT:
       if (w->erridx == 0) return 0;       /* a sleep (core.c) is over */
       lua_pushvalue(L, w->erridx);
@@ -357,6 +363,7 @@ static Waiter *new_waiter (lua_State *L, const Request *rq, int timed,
 static int grant_now (lua_State *L, const Request *rq, Lock *lk,
                       lua_Number now) {
   lua_Integer token;
+  int n;
   if (rq->kind == W_UNLOCK) {
     am_settle(L, lk);
     return 0;
@@ -364,9 +371,12 @@ static int grant_now (lua_State *L, const Request *rq, Lock *lk,
   token = am_take(lk, rq->weight);
   if (lk->kind->reentrant) am_reentrant_owned(L, lk, rq->lockidx);
   if (rq->lease > 0)
-    return push_leased_grant(L, rq->lockidx, rq->lostidx, lk, rq->weight,
-                             token, now, now + rq->lease);
-  return push_grant(L, rq->lockidx, lk, rq->weight, token);
+    n = push_leased_grant(L, rq->lockidx, rq->lostidx, lk, rq->weight,
+                          token, now, now + rq->lease);
+  else
+    n = push_grant(L, rq->lockidx, lk, rq->weight, token);
+  if (am_debugging()) am_dbg_granted(L, lk->st, rq->lockidx);
+  return n;
 }
 
 
@@ -419,6 +429,8 @@ static int suspend (lua_State *L, Request *rq) {
   queued(w);
   if (timed) am_timer_add(L, lk->st, w, now, rq->ms);
   am_sync(L, lk->st);                      /* arms the timer */
+  if (am_debugging())
+    am_dbg_waiting(L, lk->st, rq->lockidx, lua_gettop(L));
   return lua_yieldk(L, 0, (lua_KContext)w, finish_request);
 }
 
@@ -430,6 +442,7 @@ static int suspend (lua_State *L, Request *rq) {
 */
 int am_request (lua_State *L, Request *rq) {
   lua_Number now = 0;
+  if (am_debugging()) am_dbg_request(L, rq);   /* may raise E_DEADLOCK */
   if (rq->lease > 0 && rq->kind == W_ACQUIRE)   /* the clock, first */
     now = am_timer_now(L, rq->lock->st);
   if (rq->lock->kind->reentrant && am_reenters(L, rq->lock, rq))

@@ -14,6 +14,7 @@
 ---| async_mutex.KeyedSemaphore
 ---| async_mutex.RWLock
 ---| async_mutex.ReentrantMutex
+---| async_mutex.KeyedRWLock
 ---| async_mutex.RedisMutex
 ---| async_mutex.RedisSemaphore
 ---| async_mutex.KeyedRedisMutex
@@ -351,6 +352,133 @@ function RWLock:release() end
 function RWLock:cancel() end
 
 
+---One readers-writer lock per key (the rules of `RWLock`, per key), created
+---when first needed and gone when idle.  `acquire`, `runExclusive` and
+---`acquireAll` write, so it stands where a `KeyedMutex` is expected.
+---@class async_mutex.KeyedRWLock
+local KeyedRWLock = {}
+
+---@param options? async_mutex.KeyedOptions
+---@return async_mutex.KeyedRWLock
+function KeyedRWLock.new(options) end
+
+---Suspends until a read hold of `key` is granted (shared with its readers).
+---@async
+---@param key any
+---@param priority? number
+---@return async_mutex.Releaser release
+function KeyedRWLock:acquireRead(key, priority) end
+
+---Suspends until the write hold of `key` is granted (exclusive).
+---@async
+---@param key any
+---@param priority? number
+---@return async_mutex.Releaser release
+function KeyedRWLock:acquireWrite(key, priority) end
+
+---The same as `acquireWrite`.
+---@async
+---@param key any
+---@param priority? number
+---@return async_mutex.Releaser release
+function KeyedRWLock:acquire(key, priority) end
+
+---Reads every key of `keys`, all or nothing, in one canonical order.
+---@async
+---@param keys any[]
+---@param priority? number
+---@return async_mutex.MultiReleaser release
+function KeyedRWLock:acquireAllRead(keys, priority) end
+
+---Writes every key of `keys`, all or nothing, in one canonical order.
+---@async
+---@param keys any[]
+---@param priority? number
+---@return async_mutex.MultiReleaser release
+function KeyedRWLock:acquireAllWrite(keys, priority) end
+
+---The same as `acquireAllWrite`.
+---@async
+---@param keys any[]
+---@param priority? number
+---@return async_mutex.MultiReleaser release
+function KeyedRWLock:acquireAll(keys, priority) end
+
+---Calls `fn()` holding a read hold of `key`; returns its results.
+---@async
+---@param key any
+---@param fn fun(): ...
+---@param priority? number
+---@return any ...
+function KeyedRWLock:runShared(key, fn, priority) end
+
+---Calls `fn()` holding the write hold of `key`; returns its results.
+---@async
+---@param key any
+---@param fn fun(): ...
+---@param priority? number
+---@return any ...
+function KeyedRWLock:runExclusive(key, fn, priority) end
+
+---Calls `fn()` reading every key of `keys`.
+---@async
+---@param keys any[]
+---@param fn fun(): ...
+---@param priority? number
+---@return any ...
+function KeyedRWLock:runSharedAll(keys, fn, priority) end
+
+---Calls `fn()` writing every key of `keys`.
+---@async
+---@param keys any[]
+---@param fn fun(): ...
+---@param priority? number
+---@return any ...
+function KeyedRWLock:runExclusiveAll(keys, fn, priority) end
+
+---Suspends until a write of `key` could be granted, without acquiring.
+---@async
+---@param key any
+---@param priority? number
+function KeyedRWLock:waitForUnlock(key, priority) end
+
+---`true` while a reader or a writer holds `key`.
+---@param key any
+---@return boolean
+function KeyedRWLock:isLocked(key) end
+
+---`true` while a writer holds `key`.
+---@param key any
+---@return boolean
+function KeyedRWLock:isWriteLocked(key) end
+
+---How many readers hold `key`.
+---@param key any
+---@return integer
+function KeyedRWLock:readers(key) end
+
+---Ends the write hold of `key`; does nothing while readers or nobody hold it.
+---@param key any
+function KeyedRWLock:release(key) end
+
+---Rejects the queued readers and writers of `key`, or of every key.
+---@param key? any
+function KeyedRWLock:cancel(key) end
+
+---How many keys have a lock in use (held or waited on).
+---@return integer
+function KeyedRWLock:count() end
+
+---@param key any
+---@return integer acquirers queued for `key`
+---@return integer waiters its `waitForUnlock` waiters
+function KeyedRWLock:waiting(key) end
+
+---A new array of the keys in use.
+---@return any[]
+function KeyedRWLock:keys() end
+
+
 ---A mutex its holder (the coroutine it was granted to) may acquire again
 ---without waiting, one level per acquire.
 ---@class async_mutex.ReentrantMutex
@@ -429,6 +557,7 @@ async_mutex.KeyedMutex = KeyedMutex
 async_mutex.KeyedSemaphore = KeyedSemaphore
 async_mutex.RWLock = RWLock
 async_mutex.ReentrantMutex = ReentrantMutex
+async_mutex.KeyedRWLock = KeyedRWLock
 
 -- The Redis locks (types/redis_lock.lua), loaded on first use.
 ---@type async_mutex.RedisMutex
@@ -523,5 +652,75 @@ async_mutex.E_CONFLICT = "optimistic update gave up: too many conflicts"
 ---@param options? async_mutex.OptimisticOptions
 ---@return any ...
 function async_mutex.optimistic(fn, options) end
+
+---Raised by debug mode (`async_mutex.debug`) in a request that would wait
+---for ever: it would wait for a lock its own coroutine holds, or close a
+---cycle of waiting coroutines.  Nothing is queued.
+async_mutex.E_DEADLOCK = "deadlock: the request would wait for ever"
+
+---A lock, a keyed lock or a decorated lock, as `async_mutex.debug` takes it.
+---@alias async_mutex.AnyLock async_mutex.Lock|async_mutex.KeyedMutex|async_mutex.KeyedSemaphore
+
+---Hears debug mode's reports: what kind, the text, and its facts as a table.
+---@alias async_mutex.DebugReportHandler fun(kind: "deadlock"|"inversion"|"long-hold", text: string, info: table)
+
+---The options of `async_mutex.debug.enable`.
+---@class async_mutex.DebugOptions
+---@field traceback? boolean capture a traceback at each grant (`where` of a hold)
+---@field holdWarning? number ms: a hold lasting longer is reported once
+---@field onReport? async_mutex.DebugReportHandler hears every report (default: stderr)
+
+---One hold, as `async_mutex.debug.holds()` returns it.
+---@class async_mutex.DebugHold
+---@field lock async_mutex.AnyLock the lock (a key's: its keyed lock)
+---@field kind string `"Mutex"`, `"KeyedMutex"`, `"RWLock"`, ...
+---@field key any the key, for a keyed lock
+---@field name string the lock's name in reports
+---@field holder thread the coroutine the grant was delivered to
+---@field since number loop time of the grant (ms, `uv.now()`)
+---@field where string the traceback at the acquire (`traceback` option), else `site`
+---@field site string `"file:line"` of the acquire
+---@field waiters integer acquirers and `waitForUnlock` waiters queued on the lock
+---@field weight integer the weight granted
+---@field mode? "read"|"write" an RWLock hold's mode
+
+---Debug mode: owner records, deadlocks caught as they close, lock-order
+---validation, long holds (docs/debug.md).  Off by default; on with
+---`enable` or `ASYNC_MUTEX_DEBUG=1` at require time.
+---@class async_mutex.debug
+local debug_mode = {}
+
+---Turns debug mode on (again: replaces the options, keeps the records).
+---@param options? async_mutex.DebugOptions
+function debug_mode.enable(options) end
+
+---Turns debug mode off and drops every record and lockdep's graph.
+function debug_mode.disable() end
+
+---Whether debug mode is on.
+---@return boolean
+function debug_mode.isEnabled() end
+
+---Names a lock (or keyed lock) in reports; a named lock is its own lockdep
+---class.  Works while off too.  Returns `lock`.
+---@generic L: async_mutex.AnyLock
+---@param lock L
+---@param name string
+---@return L
+function debug_mode.name(lock, name) end
+
+---The holds in place, oldest first (of `lock` only, when given).
+---@param lock? async_mutex.AnyLock
+---@return async_mutex.DebugHold[]
+function debug_mode.holds(lock) end
+
+---The text to read when the server hangs: each held lock, for how long, its
+---holder's current traceback, where it was acquired, how many wait; then
+---lockdep's class and edge counts.
+---@param lock? async_mutex.AnyLock
+---@return string
+function debug_mode.report(lock) end
+
+async_mutex.debug = debug_mode
 
 return async_mutex

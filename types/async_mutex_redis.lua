@@ -30,6 +30,8 @@ function Subscription:unsubscribe() end
 ---`message` (the server's text, as `tostring` gives it) and `code` (its
 ---first word when in capitals, such as "WRONGTYPE" or "NOSCRIPT", else "ERR").
 ---@class async_mutex.redis.Error
+---@field message string the server's text
+---@field code string its first word when in capitals ("WRONGTYPE"), else "ERR"
 
 ---One connection to a Redis server, shared by every coroutine that calls.
 ---@class async_mutex.redis.Client

@@ -14,6 +14,8 @@ local now = uv.now
 
 local limit_of = core.limit
 local limited_acquire = core.acquire
+-- a KeyedRWLock's, in each mode
+local limited_read, limited_write = core.acquireRead, core.acquireWrite
 
 local M = {
   _VERSION = "0.1.0",             -- the release; `make rock` reads it here
@@ -34,8 +36,8 @@ local M = {
 }
 
 local KINDS = { "Mutex", "Semaphore", "KeyedMutex", "KeyedSemaphore", "RWLock",
-  "ReentrantMutex" }
-local is_keyed = { KeyedMutex = true, KeyedSemaphore = true }
+  "ReentrantMutex", "KeyedRWLock" }
+local is_keyed = { KeyedMutex = true, KeyedSemaphore = true, KeyedRWLock = true }
 
 local function typename(v)
   local mt = getmetatable(v)
@@ -158,6 +160,24 @@ local function run_shared(self, fn, priority)
   return finish(release, pcall(fn))
 end
 
+-- A KeyedRWLock stands wherever a KeyedMutex is expected: its
+-- runExclusive writes the key; runShared reads it.
+function run.KeyedRWLock(self, key, fn, priority)
+  check_self(self, "KeyedRWLock", "runExclusive")
+  check_fn(fn, 2)
+  local release <close> = self:acquireWrite(key, priority)
+  return finish(release, pcall(fn))
+end
+
+local function run_shared_key(self, key, fn, priority)
+  check_self(self, "KeyedRWLock", "runShared")
+  if not is_callable(fn) then
+    argerror(2, "runShared", "function expected, got " .. typename(fn))
+  end
+  local release <close> = self:acquireRead(key, priority)
+  return finish(release, pcall(fn))
+end
+
 -- }==========================================================
 
 
@@ -218,19 +238,28 @@ local guard = { __close = function(self) if not self.done then release_all(self)
 -- The releaser is the last value a keyed acquire returns.
 local function releaser(a, b) return b or a end
 
-local function acquire_all(self, kind, fname, keys, ...)
+-- How each key is taken: the lock's method, or (decorated) the core's
+-- limited request; a KeyedRWLock's in the mode asked for.
+local TAKE = {
+  acquire = { method = "acquire", limited = limited_acquire },
+  read = { method = "acquireRead", limited = limited_read },
+  write = { method = "acquireWrite", limited = limited_write },
+}
+
+local function acquire_all(self, kind, fname, keys, take, ...)
   check_self(self, kind, fname)
   local sorted = canonical(keys, fname)
   local lock, limit, err = limit_of(self)
   if lock == nil then lock = self end
   local deadline = type(limit) == "number" and limit ~= huge and now() + limit
   local held <close> = setmetatable({}, guard)
+  local method, limited = take.method, take.limited
   for i = 1, #sorted do
     if limit == nil then
-      held[i] = releaser(lock:acquire(sorted[i], ...))
+      held[i] = releaser(lock[method](lock, sorted[i], ...))
     else
       local left = deadline and max(0, deadline - now()) or limit
-      held[i] = releaser(limited_acquire(lock, left, err, sorted[i], ...))
+      held[i] = releaser(limited(lock, left, err, sorted[i], ...))
     end
   end
   held.done = true
@@ -243,32 +272,62 @@ local all = {}
 
 -- (Not tail calls: the C core finds these frames to name the user's call.)
 function all.KeyedMutex(self, keys, priority)
-  local release = acquire_all(self, "KeyedMutex", "acquireAll", keys, priority)
+  local release = acquire_all(self, "KeyedMutex", "acquireAll", keys, TAKE.acquire, priority)
   return release
 end
 
 function all.KeyedSemaphore(self, keys, weight, priority)
-  local release = acquire_all(self, "KeyedSemaphore", "acquireAll", keys, weight, priority)
+  local release = acquire_all(self, "KeyedSemaphore", "acquireAll", keys, TAKE.acquire,
+    weight, priority)
   return release
 end
 
-local function run_all(self, kind, keys, fn, ...)
-  check_self(self, kind, "runExclusiveAll")
-  if not is_callable(fn) then
-    argerror(2, "runExclusiveAll", "function expected, got " .. typename(fn))
-  end
-  local release <close> = acquire_all(self, kind, "runExclusiveAll", keys, ...)
-  return finish(release, pcall(fn))
+-- A KeyedRWLock's acquireAll writes every key, as its acquire writes one.
+function all.KeyedRWLock(self, keys, priority)
+  local release = acquire_all(self, "KeyedRWLock", "acquireAll", keys, TAKE.write, priority)
+  return release
 end
+
+local function acquire_all_read(self, keys, priority)
+  local release = acquire_all(self, "KeyedRWLock", "acquireAllRead", keys, TAKE.read, priority)
+  return release
+end
+
+local function acquire_all_write(self, keys, priority)
+  local release = acquire_all(self, "KeyedRWLock", "acquireAllWrite", keys, TAKE.write, priority)
+  return release
+end
+
+-- One function per name (runExclusiveAll, runSharedAll): the C core tells
+-- the user's call by the function's frame.
+local function make_run_all(fname)
+  return function(self, kind, take, keys, fn, ...)
+    check_self(self, kind, fname)
+    if not is_callable(fn) then
+      argerror(2, fname, "function expected, got " .. typename(fn))
+    end
+    local release <close> = acquire_all(self, kind, fname, keys, take, ...)
+    return finish(release, pcall(fn))
+  end
+end
+local run_all, run_all_shared = make_run_all("runExclusiveAll"), make_run_all("runSharedAll")
 
 local run_all_of = {}
 
 function run_all_of.KeyedMutex(self, keys, fn, priority)
-  return run_all(self, "KeyedMutex", keys, fn, priority)
+  return run_all(self, "KeyedMutex", TAKE.acquire, keys, fn, priority)
 end
 
 function run_all_of.KeyedSemaphore(self, keys, fn, weight, priority)
-  return run_all(self, "KeyedSemaphore", keys, fn, weight, priority)
+  return run_all(self, "KeyedSemaphore", TAKE.acquire, keys, fn, weight, priority)
+end
+
+function run_all_of.KeyedRWLock(self, keys, fn, priority)
+  return run_all(self, "KeyedRWLock", TAKE.write, keys, fn, priority)
+end
+
+local function run_shared_all(self, keys, fn, priority)
+  return run_all_shared(self, "KeyedRWLock", TAKE.read, keys, fn, priority)
 end
 
 -- }==========================================================
@@ -286,6 +345,12 @@ for _, kind in ipairs(KINDS) do
       methods.acquireAll = all[kind]
       methods.runExclusiveAll = run_all_of[kind]
     end
+    if kind == "KeyedRWLock" then
+      methods.runShared = run_shared_key
+      methods.acquireAllRead = acquire_all_read
+      methods.acquireAllWrite = acquire_all_write
+      methods.runSharedAll = run_shared_all
+    end
   end
   M[kind] = { new = class.new }
 end
@@ -300,12 +365,22 @@ core.layer(SOURCE, {
   [run.RWLock] = { "runExclusive", 1, 1 },
   [run.ReentrantMutex] = { "runExclusive", 1, 1 },
   [run_shared] = { "runShared", 1, 1 },
+  [run.KeyedRWLock] = { "runExclusive", 2, 1 },
+  [run_shared_key] = { "runShared", 2, 1 },
   [all.KeyedMutex] = { "acquireAll", 1, 0 },
   [all.KeyedSemaphore] = { "acquireAll", 1, 0 },
+  [all.KeyedRWLock] = { "acquireAll", 1, 0 },
+  [acquire_all_read] = { "acquireAllRead", 1, 0 },
+  [acquire_all_write] = { "acquireAllWrite", 1, 0 },
   [run_all] = { "runExclusiveAll", 2, 1 },    -- tail-called by run_all_of
+  [run_all_shared] = { "runSharedAll", 2, 1 },  -- tail-called by run_shared_all
 })
 
 -- }==========================================================
+
+-- am.debug and am.E_DEADLOCK (docs/debug.md); acquireAll takes its keys in
+-- canonical order, so they are no nesting for lockdep
+require("async_mutex.debug").install(M, core, SOURCE, { acquire_all })
 
 -- am.optimistic and am.E_CONFLICT (docs/optimistic.md)
 require("async_mutex.optimistic").install(M)

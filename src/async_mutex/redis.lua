@@ -7,9 +7,10 @@
 
 local core = require "async_mutex.redis_core"
 local uv = require "luv"
+local am_spawn = require("async_mutex").spawn
 
-local error, getmetatable, ipairs, pairs, pcall, setmetatable, tostring, type =
-  error, getmetatable, ipairs, pairs, pcall, setmetatable, tostring, type
+local error, getmetatable, ipairs, pairs, pcall, rawequal, setmetatable, tostring, type =
+  error, getmetatable, ipairs, pairs, pcall, rawequal, setmetatable, tostring, type
 local running, yield, resume, isyieldable =
   coroutine.running, coroutine.yield, coroutine.resume, coroutine.isyieldable
 local mtype, unpack, traceback = math.type, table.unpack, debug.traceback
@@ -36,7 +37,7 @@ local Client = core.Client               -- the methods of every client
 -- be collected (its __gc ends the connection).
 
 local hooks = core.hooks
-local onpoll, status, fail, alive = core.onpoll, core.status, core.fail, core.alive
+local status, fail, alive, progress = core.status, core.fail, core.alive, core.progress
 local WEAK_K, WEAK_V = { __mode = "k" }, { __mode = "v" }
 local ceil, max, min, random, huge = math.ceil, math.max, math.min, math.random, math.huge
 local now = uv.now
@@ -65,6 +66,7 @@ local function close_handle(h)
   pending[guard] = true
   h:close(function() pending[guard] = nil end)
 end
+core.close_handle = close_handle   -- the Redis locks' timers too: one owner
 
 -- An error escaped a coroutine resumed by this module: it goes to the
 -- handler set with async_mutex.setErrorHandler, as the locks' do.
@@ -84,11 +86,18 @@ function hooks.report(err, tb)
 end
 local report = hooks.report
 
--- Runs fn(...) in a coroutine of its own; an error is reported.
-local function spawn(fn, ...)
-  local co = coroutine.create(fn)
+-- Resumes co with ...; an error escaping it is reported, after co is
+-- closed so that its pending to-be-closed variables (releasers) run, as
+-- for every coroutine the module resumes (README, Conventions).
+local function resume_reporting(co, ...)
   local ok, err = resume(co, ...)
-  if not ok then report(err, traceback(co, tostring(err))) end
+  if ok then return end
+  local tb = traceback(co, tostring(err))
+  local closed, cerr = coroutine.close(co)
+  if not closed and not rawequal(cerr, err) then
+    tb = tb .. "\nand closing the coroutine: " .. tostring(cerr)
+  end
+  report(err, tb)
 end
 
 -- Whether calls wait for replies (a subscriber: also confirmations).
@@ -107,7 +116,7 @@ local function on_timer(state)
   if st == "connecting" then
     limit, since = state.connectTimeout, state.armed_at
   elseif st == "connected" and busy(state, client) then
-    limit, since = state.commandTimeout, max(state.armed_at, state.progress_at)
+    limit, since = state.commandTimeout, max(state.armed_at, progress(client))
   else
     state.timing = false
     return
@@ -139,42 +148,41 @@ local function arm(state, connecting)
   state.timer:start(ceil(limit), 0, state.on_timer)
 end
 
--- open(fd, client, state): the poll handle of a new connection.
+-- open(fd, client, state): the poll handle of a new connection, made by
+-- luv (so that uv.walk and luv's exit handle it as any other); the C part
+-- starts and stops it with a callback of its own.
 function hooks.open(fd, client, state)
   if not state.ref then state.ref = setmetatable({ client }, WEAK_V) end
-  local ref = state.ref
   state.poll = uv.new_socket_poll(fd)
-  state.on_poll = function(err, events)
-    local c = ref[1]
-    if c and onpoll(c, err, events) > 0 then
-      state.progress_at = now()
-      -- a subscriber stays readable when idle: its timer stops here
-      if state.waiting and state.timing and not busy(state, c) then
-        state.timer:stop()
-        state.timing = false
-      end
-    end
-  end
-  state.progress_at = 0
+  return state.poll
 end
 
--- watch(state, events): what the poll handle watches ("r", "w", "rw";
--- nil: nothing), and the timer with it.
+-- progress(state): replies came to a subscriber, which stays readable when
+-- idle: its timer stops once no confirmation is awaited.
+function hooks.progress(state)
+  if state.timing and not busy(state, state.ref[1]) then
+    state.timer:stop()
+    state.timing = false
+  end
+end
+
+-- watch(state, events): what the poll handle now watches ("r", "w", "rw";
+-- nil: nothing): the timer runs while something is awaited.
 function hooks.watch(state, events)
-  local poll = state.poll
+  -- The connection is ending: hooks.lost has closed its poll handle, and
+  -- a subscriber's on_lost resumes the coroutines waiting in subscribe
+  -- (which unsubscribe, or subscribe again) before the C side is done;
+  -- nothing is left to watch, and the C side forgets these events.
+  if not state.poll then return end
   if events then
-    poll:start(events, state.on_poll)
     if not state.timing then
       local client = state.ref[1]
       local connecting = status(client) == "connecting"
       if connecting or busy(state, client) then arm(state, connecting) end
     end
-  else
-    poll:stop()
-    if state.timing then
-      state.timer:stop()
-      state.timing = false
-    end
+  elseif state.timing then
+    state.timer:stop()
+    state.timing = false
   end
 end
 
@@ -250,14 +258,16 @@ local function resolve(host)
       local done, waiting = false, false
       uv.getaddrinfo(host, nil, hints, function(_, r)
         res, done = r, true
-        if waiting then
-          local ok, err = resume(co)
-          if not ok then report(err, traceback(co, tostring(err))) end
+        -- (a coroutine closed meanwhile is dead: nothing to resume)
+        if waiting and coroutine.status(co) == "suspended" then
+          waiting = false
+          resume_reporting(co)
         end
       end)
       if not done then
         waiting = true
         yield()
+        waiting = false
       end
     end
   end
@@ -273,11 +283,28 @@ local DEFAULTS = {
   reconnectDelay = 50, reconnectDelayMax = 2000,
 }
 
+-- Every option connect knows: a misspelt one (`commandTimout`) is an
+-- error, not a default silently kept.
+local OPTIONS = {
+  host = true, port = true, path = true, password = true, username = true, db = true,
+}
+for name in pairs(DEFAULTS) do OPTIONS[name] = true end
+
+-- The timeouts must be positive: 0 would fail every connection or every
+-- call at once (a user meaning "no timeout" writes math.huge).  The
+-- back-off delays may be 0 (retry at once), but must be finite: an
+-- infinite one would end every attempt to reconnect after one failure.
+local POSITIVE = { connectTimeout = true, commandTimeout = true }
+
 local function check_ms(options, name)
   local v = options[name]
   if v == nil then return DEFAULTS[name] end
-  if type(v) ~= "number" or not (v >= 0) then
-    argerror(3, 1, "connect", name .. " must be a non-negative number")
+  if POSITIVE[name] then
+    if type(v) ~= "number" or not (v > 0) then
+      argerror(3, 1, "connect", name .. " must be a positive number (math.huge: no timeout)")
+    end
+  elseif type(v) ~= "number" or not (v >= 0) or v == huge then
+    argerror(3, 1, "connect", name .. " must be a non-negative finite number")
   end
   return v
 end
@@ -296,6 +323,11 @@ function M.connect(options)
   if type(options) ~= "table" then
     argerror(2, 1, "connect", "table expected, got " .. typename(options))
   end
+  for k in pairs(options) do
+    if not OPTIONS[k] then
+      argerror(2, 1, "connect", ("unknown option '%s'"):format(tostring(k)))
+    end
+  end
   local state = {}
   for name in pairs(DEFAULTS) do state[name] = check_ms(options, name) end
   local password = check_string(options, "password")
@@ -309,6 +341,10 @@ function M.connect(options)
   end
   local path = check_string(options, "path")
   local host, port
+  if path ~= nil and (options.host ~= nil or options.port ~= nil) then
+    -- one address: which of the two the user meant cannot be guessed
+    argerror(2, 1, "connect", "path excludes host and port")
+  end
   if path == nil then
     host, port = options.host, options.port
     if host == nil then host = "127.0.0.1" end
@@ -358,6 +394,7 @@ local is_client do
   local mt = getmetatable(core.new({}))
   is_client = function(v) return getmetatable(v) == mt end
 end
+core.is_client = is_client
 
 local function check_client(self, fname)
   if not is_client(self) then
@@ -372,10 +409,7 @@ local function confirm(sub, channel, ok, err)
   if not list then return end
   sub.waiting[channel] = nil
   for _, co in ipairs(list) do
-    if coroutine.status(co) == "suspended" then
-      local done, e = resume(co, ok, err)
-      if not done then report(e, traceback(co, tostring(e))) end
-    end
+    if coroutine.status(co) == "suspended" then resume_reporting(co, ok, err) end
   end
 end
 
@@ -404,14 +438,35 @@ local function restore(sub)
   end)
 end
 
+-- Callbacks that never yield (the Redis locks' hand-off messages, see
+-- async_mutex.redis_lock) are called directly, not in a coroutine of their
+-- own: they are on the path of every hand-off.  Errors are reported alike.
+local direct = setmetatable({}, WEAK_K)
+core.direct_callbacks = direct
+
+local function deliver(s, message, channel)
+  local fn = s.fn
+  if direct[fn] then
+    local ok, err = pcall(fn, message, channel)
+    if not ok then report(err, traceback(tostring(err))) end
+  else
+    am_spawn(fn, message, channel)
+  end
+end
+
 local function on_message(sub, reply)
   if type(reply) ~= "table" then return end
   local kind = reply[1]
   if kind == "message" then
     local list = sub.channels[reply[2]]
     if not list then return end
+    if #list == 1 then               -- the usual case: no copy needed
+      local s = list[1]
+      if s.active then deliver(s, reply[3], reply[2]) end
+      return
+    end
     for _, s in ipairs({ unpack(list) }) do
-      if s.active then spawn(s.fn, reply[3], reply[2]) end
+      if s.active then deliver(s, reply[3], reply[2]) end
     end
   elseif kind == "subscribe" then
     confirm(sub, reply[2], true)
@@ -495,7 +550,19 @@ function Client.subscribe(self, channel, fn)
   local waiting = sub.waiting[channel] or {}
   sub.waiting[channel] = waiting
   waiting[#waiting + 1] = co
+  -- A coroutine closed (coroutine.close) while it waits never gets its
+  -- subscription: it ends here, or fn would be called for ever with
+  -- nobody holding the subscription to end it, and the loop never return.
+  local settled = false
+  local _ <close> = setmetatable({}, { __close = function()
+    if settled then return end
+    for i = #waiting, 1, -1 do
+      if waiting[i] == co then table.remove(waiting, i) end
+    end
+    s:unsubscribe()
+  end })
   local ok, err = yield()
+  settled = true
   if not ok then
     s:unsubscribe()
     error(err, 0)
@@ -556,6 +623,31 @@ local function is_noscript(err)
   return getmetatable(err) == ERROR_MT and err.code == "NOSCRIPT"
 end
 
+local script_call = core.script
+
+-- Runs `script` with the lists `keys` and `args` (checked by the caller):
+-- EVALSHA, and EVAL when the server does not know the script (NOSCRIPT:
+-- restarted, flushed).  The one owner of that rule: client:eval and the
+-- Redis locks (async_mutex.redis_lock, through core.run_script) use it.
+local function run_script(self, script, keys, args)
+  local sha = shas[script]
+  if sha then
+    local ok, res = pcall(script_call, self, "EVALSHA", sha, keys, args)
+    if ok then return res end
+    if not is_noscript(res) then error(res, 0) end
+  end
+  local reply = script_call(self, "EVAL", script, keys, args)
+  if not sha then
+    -- the next time: EVALSHA with the SHA1 the server computes
+    local ok, s = pcall(self.call, self, "SCRIPT", "LOAD", script)
+    if ok then shas[script] = s end
+  end
+  return reply
+end
+core.run_script = run_script
+
+local NONE = {}
+
 --- Runs a Lua script on the server: EVALSHA, and EVAL when the server
 -- does not know the script (NOSCRIPT: restarted, flushed).
 function Client.eval(self, script, keys, args)
@@ -563,27 +655,18 @@ function Client.eval(self, script, keys, args)
   if type(script) ~= "string" then
     argerror(2, 1, "eval", "string expected, got " .. typename(script))
   end
-  local nk = check_list(keys, 2, "keys")
-  local na = check_list(args, 3, "args")
-  local argv = { "EVALSHA", false, nk }
-  for i = 1, nk do argv[3 + i] = keys[i] end
-  for i = 1, na do argv[3 + nk + i] = args[i] end
-  local n = 3 + nk + na
-  local sha = shas[script]
-  if sha then
-    argv[2] = sha
-    local res = table.pack(pcall(self.call, self, unpack(argv, 1, n)))
-    if res[1] then return res[2] end
-    if not is_noscript(res[2]) then error(res[2], 0) end
+  check_list(keys, 2, "keys")
+  check_list(args, 3, "args")
+  -- call's own misuse errors, here at eval's caller's line (call would
+  -- raise them at this file's)
+  if status(self) == "closed" then
+    error("attempt to use a closed redis client", 2)
   end
-  argv[1], argv[2] = "EVAL", script
-  local reply = self:call(unpack(argv, 1, n))
-  if not sha then
-    -- the next time: EVALSHA with the SHA1 the server computes
-    local ok, s = pcall(self.call, self, "SCRIPT", "LOAD", script)
-    if ok then shas[script] = s end
+  local _, main = running()
+  if main or not isyieldable() then
+    error("attempt to call redis outside a coroutine", 2)
   end
-  return reply
+  return run_script(self, script, keys or NONE, args or NONE)
 end
 
 -- }==========================================================

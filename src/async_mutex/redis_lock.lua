@@ -24,24 +24,12 @@ local core = require "async_mutex.core"
 local scripts = require "async_mutex.redis_scripts"
 local uv = require "luv"
 
--- close_handle(t): closes a luv handle so that the script may end before
--- the loop runs again: a guard object, newer than the handle and kept
--- until the close completes, runs the loop once at lua_close before luv
--- frees the handle (docs/redis.md, "Closing and exiting").
-local pending_close = {}
-local CLOSE_GUARD = { __gc = function(guard)
-  if pending_close[guard] then
-    pending_close = {}
-    uv.run("nowait")
-  end
-end }
-
-local function close_handle(t)
-  if t:is_closing() then return end
-  local guard = setmetatable({}, CLOSE_GUARD)
-  pending_close[guard] = true
-  t:close(function() pending_close[guard] = nil end)
-end
+-- The client's Lua layer owns two helpers the locks share: closing a luv
+-- handle safely at exit (docs/redis.md, "Closing and exiting") and running
+-- a script (EVALSHA, EVAL on NOSCRIPT).
+require "async_mutex.redis"
+local rcore = require "async_mutex.redis_core"
+local close_handle, run_script, is_client = rcore.close_handle, rcore.run_script, rcore.is_client
 
 local error, getmetatable, ipairs, pairs, pcall, setmetatable,
       tonumber, tostring, type =
@@ -50,7 +38,7 @@ local error, getmetatable, ipairs, pairs, pcall, setmetatable,
 local co_create, co_resume, isyieldable =
   coroutine.create, coroutine.resume, coroutine.isyieldable
 local huge, min, max, floor, tointeger = math.huge, math.min, math.max, math.floor, math.tointeger
-local format, srep = string.format, string.rep
+local format = string.format
 local hrtime, now = uv.hrtime, uv.now
 local limited = core.acquire
 
@@ -64,15 +52,23 @@ local M = {}
 
 
 -- A fresh 128-bit token from the system's cryptographic source, as 32 hex
--- digits: /dev/urandom read through a buffered file (one read(2) serves
--- 256 tokens; uv.random costs a getrandom(2) call each, about 8 us here),
--- or uv.random where /dev/urandom cannot be opened.
-local HEX = srep("%02x", 16)
+-- digits: /dev/urandom read through a buffered file, 4 KB at a time (one
+-- read(2) and one hex conversion serve 128 tokens; uv.random costs a
+-- getrandom(2) call each, about 8 us here), or uv.random where
+-- /dev/urandom cannot be opened.  Each byte read is used once.
 local urandom = io.open("/dev/urandom", "rb")
+local hex_pool, hex_at = "", 1
+local to_hex = {}
+for i = 0, 255 do to_hex[string.char(i)] = format("%02x", i) end
 local function random_hex()
-  local bytes = urandom and urandom:read(16)
-  if not bytes or #bytes ~= 16 then bytes = uv.random(16) end
-  return format(HEX, bytes:byte(1, 16))
+  if hex_at > #hex_pool then
+    local bytes = urandom and urandom:read(4096)
+    if not bytes or #bytes ~= 4096 then bytes = uv.random(4096) end
+    hex_pool, hex_at = bytes:gsub(".", to_hex), 1
+  end
+  local s = hex_pool:sub(hex_at, hex_at + 31)
+  hex_at = hex_at + 32
+  return s
 end
 
 -- Runs fn(...) in a coroutine of its own and returns at its first yield:
@@ -83,12 +79,15 @@ local function background(fn, ...)
   co_resume(co, ...)
 end
 
+-- Runs a script of redis_scripts; an async_mutex.redis client takes the
+-- lists as they are, another client goes through its eval.
 local function eval(client, script, keys, args)
+  if is_client(client) then return run_script(client, script, keys, args) end
   return client:eval(script, keys, args)
 end
 
 local function quiet_eval(client, script, keys, args)
-  pcall(client.eval, client, script, keys, args)
+  pcall(eval, client, script, keys, args)
 end
 
 
@@ -106,7 +105,8 @@ local function on_message(hub, message)
   local w = token and hub.waiters[token]
   if w and not w.fence then
     w.fence, w.value = tointeger(tonumber(fence)), tointeger(tonumber(value))
-    w.bell:release()                -- the waiter's coroutine is resumed by the core
+    -- a waiter that sleeps has a bell: its coroutine is resumed by the core
+    if w.bell then w.bell:release() end
   end
 end
 
@@ -134,6 +134,9 @@ local function hub_use(hub)
   hub.users = hub.users + 1
 end
 
+-- The idle timer is made once per hub and kept (stopped, it keeps no loop
+-- running): a process that takes a contended lock over and over starts it
+-- at every release.
 local function hub_unuse(hub)
   hub.users = hub.users - 1
   if hub.users == 0 and hub.sub then
@@ -141,12 +144,9 @@ local function hub_unuse(hub)
     if not t then
       t = uv.new_timer()
       hub.idle_timer = t
+      hub.on_idle = function() unsubscribe_if_idle(hub) end
     end
-    t:start(0, 0, function()
-      close_handle(t)
-      hub.idle_timer = nil
-      unsubscribe_if_idle(hub)
-    end)
+    t:start(0, 0, hub.on_idle)
   end
 end
 
@@ -156,9 +156,13 @@ local function subscribe(hub)
   if hub.sub then return end
   local release <close> = hub.sub_gate:acquire()
   if hub.sub then return end
-  hub.sub = hub.client:subscribe(hub.channel, function(message)
-    on_message(hub, message)
-  end)
+  local fn = hub.on_message
+  if not fn then
+    fn = function(message) on_message(hub, message) end
+    rcore.direct_callbacks[fn] = true       -- it never yields: no coroutine
+    hub.on_message = fn
+  end
+  hub.sub = hub.client:subscribe(hub.channel, fn)
 end
 
 -- }==========================================================
@@ -169,7 +173,9 @@ end
 -- check() and the fencing token.  Its validity is kept on the local
 -- monotonic clock: it ends 'ttl' minus a drift allowance after the request
 -- that last set it was sent.  One timer per lease fires at the next
--- renewal or at the end of validity, whichever comes first.
+-- renewal or at the end of validity, whichever comes first.  Timers are
+-- kept for the next lease once stopped (a stopped timer keeps no loop
+-- running), so that a cycle of acquire and release makes no handle.
 
 local Lease = { __name = "async_mutex.RedisReleaser" }
 local lease_methods = {}
@@ -181,12 +187,15 @@ local function drift(ttl) return ttl // 100 + 2 end
 
 local report                        -- reports an error of onLost
 
+local spare_timers, SPARE_MAX = {}, 64
+
 local function stop_timer(lease)
   local t = lease.timer
   if t then
     lease.timer = nil
     t:stop()
-    close_handle(t)
+    local n = #spare_timers
+    if n < SPARE_MAX then spare_timers[n + 1] = t else close_handle(t) end
   end
 end
 
@@ -211,7 +220,7 @@ local function lose(lease, reason)
   local lk = lease.lock
   hub_unuse(lk.hub)
   background(quiet_eval, lk.client, scripts.release, lease.keys,
-             { lease.token, lk.limit, lease.name .. ":free" })
+             { lease.token, lk.s_limit, lease.free })
   if lk.on_lost then
     local ok, err = pcall(lk.on_lost, { name = lease.name, fence = lease.fence,
                                         reason = reason, releaser = lease })
@@ -230,7 +239,7 @@ local function renew(lease)
   local sent = hrtime()
   lease.next_renew = lk.renew > 0 and sent + lk.renew * NS or nil
   local ok, r = pcall(eval, lk.client, scripts.renew, lease.keys,
-                      { lease.token, lk.limit, lk.ttl })
+                      { lease.token, lk.s_limit, lk.s_ttl })
   if lease.state ~= "held" then return end
   if ok and r == 1 then
     lease.valid_until = max(lease.valid_until, sent + (lk.ttl - drift(lk.ttl)) * NS)
@@ -259,21 +268,32 @@ function arm(lease)
   local ms = max(0, (due - hrtime()) / NS)
   local t = lease.timer
   if not t then
-    t = uv.new_timer()
+    local n = #spare_timers
+    if n > 0 then
+      t = spare_timers[n]
+      spare_timers[n] = nil
+    else
+      t = uv.new_timer()
+    end
     lease.timer = t
   end
-  t:start(floor(ms) + (ms % 1 > 0 and 1 or 0), 0, function() on_timer(lease) end)
+  local fire = lease.fire
+  if not fire then
+    fire = function() on_timer(lease) end
+    lease.fire = fire
+  end
+  t:start(floor(ms) + (ms % 1 > 0 and 1 or 0), 0, fire)
 end
 
 -- 'first' is the length of the lease Redis granted: the ttl, or for a
 -- hand-off the shorter first lease (redis_scripts.lua, N:c), renewed after
 -- a third of it whatever the watchdog's setting.
-local function new_lease(lk, name, keys, token, fence, weight, sent, first)
+local function new_lease(lk, name, keys, free, token, fence, weight, sent, first)
   local next_renew
   if first < lk.ttl then next_renew = sent + (first // 3) * NS
   elseif lk.renew > 0 then next_renew = sent + lk.renew * NS end
   local lease = setmetatable({
-    lock = lk, name = name, keys = keys, token = token, fence = fence,
+    lock = lk, name = name, keys = keys, free = free, token = token, fence = fence,
     weight = weight, state = "held",
     valid_until = sent + (first - drift(first)) * NS,
     next_renew = next_renew,
@@ -304,7 +324,7 @@ local function release_lease(lease)
   stop_timer(lease)
   forget(lease)
   local lk = lease.lock
-  local args = { lease.token, lk.limit, lease.name .. ":free" }
+  local args = { lease.token, lk.s_limit, lease.free }
   if not isyieldable() then
     hub_unuse(lk.hub)
     background(quiet_eval, lk.client, scripts.release, lease.keys, args)
@@ -363,9 +383,10 @@ local Pending = {
   __close = function(w)
     local hub = w.hub
     if hub.waiters[w.token] == w then hub.waiters[w.token] = nil end
+    if w.lk then w.lk.waiting[w] = nil end
     if w.done then return end
     hub_unuse(hub)
-    local args = { w.token, w.limit, w.name .. ":free" }
+    local args = { w.token, w.limit, w.free }
     if isyieldable() then             -- the error waits until Redis has it
       quiet_eval(w.client, scripts.release, w.keys, args)
     else                              -- coroutine.close: cannot wait
@@ -374,28 +395,39 @@ local Pending = {
   end,
 }
 
+-- The keys and the ":free" channel of the lock 'name' of lk: a plain
+-- lock's are made once.
+local function keys_of(lk, name)
+  if name == lk.name then return lk.keys, lk.free end
+  return scripts.keys(name), name .. ":free"
+end
+
 local function redis_acquire(lk, name, weight, deadline, err)
   local client, hub = lk.client, lk.hub
-  local keys = scripts.keys(name)
+  local keys, free = keys_of(lk, name)
   local token = hub.id .. ":" .. random_hex()
   local try = deadline == false
-  local args = { token, lk.limit, weight, lk.ttl, lk.wait_ms, hub.channel,
-                 try and "try" or "wait" }
+  -- numbers as strings made once: the client would format them per call
+  local args = { token, lk.s_limit, weight == 1 and "1" or tostring(weight),
+                 lk.s_ttl, lk.s_wait, hub.channel, try and "try" or "wait" }
   hub_use(hub)
   local w <close> = setmetatable({ hub = hub, client = client, keys = keys,
-    token = token, limit = lk.limit, name = name, done = false }, Pending)
+    token = token, limit = lk.s_limit, free = free, done = false }, Pending)
   -- Known to the hub before the request goes out: the hand-off message
-  -- comes on the other connection and may be read before the reply.
-  w.bell = core.Semaphore.new(0)
-  if not try then hub.waiters[token] = w end
+  -- comes on the other connection and may be read before the reply; and
+  -- to cancel(), which may come before the reply too.  The waiter's bell
+  -- (a core Semaphore) is made only when it has to sleep.
+  if not try then
+    hub.waiters[token] = w
+    w.name, w.lk = name, lk
+    lk.waiting[w] = true
+  end
   local sent = hrtime()
   local r = eval(client, scripts.acquire, keys, args)
   if r[1] ~= 1 then
     if try then error(err, 0) end
-    -- Queued: wait for the hand-off.
-    lk.waiting[w] = true
-    local _ <close> = setmetatable({}, { __close = function() lk.waiting[w] = nil end })
-    args[7] = "wait"
+    -- Queued: wait for the hand-off.  Later requests ask again.
+    args[7] = "again"
     if not hub.sub then
       subscribe(hub)
       sent = hrtime()               -- a hand-off before we listened: ask again
@@ -407,7 +439,12 @@ local function redis_acquire(lk, name, weight, deadline, err)
       if r[2] and r[2] >= 0 then wait = min(wait, r[2] + 1) end
       if deadline then wait = min(wait, max(0, deadline - now())) end
       if not w.canceled then
-        local ok, e = pcall(limited, w.bell, wait, REFRESH)
+        local bell = w.bell
+        if not bell then
+          bell = core.Semaphore.new(0)
+          w.bell = bell
+        end
+        local ok, e = pcall(limited, bell, wait, REFRESH)
         if not ok and e ~= REFRESH then error(e, 0) end
       end
       if not w.fence then
@@ -419,13 +456,13 @@ local function redis_acquire(lk, name, weight, deadline, err)
     end
     if w.fence and r[1] ~= 1 then
       w.done = true
-      return new_lease(lk, name, keys, token, w.fence, weight, sent,
+      return new_lease(lk, name, keys, free, token, w.fence, weight, sent,
                        min(lk.ttl, lk.wait_ms)), w.value
     end
   end
   w.done = true
   local fence = tointeger(tonumber(r[2]))
-  return new_lease(lk, name, keys, token, fence, weight, sent, lk.ttl),
+  return new_lease(lk, name, keys, free, token, fence, weight, sent, lk.ttl),
          tointeger(tonumber(r[3]))
 end
 
@@ -542,6 +579,8 @@ local function new_record(mt, client, name, limit, opts, keyed)
   lk.client, lk.hub, lk.name, lk.limit = client, get_hub(client), name, limit
   lk.gate = keyed and core.KeyedMutex.new({ cancelError = opts.cancel_error })
     or core.Mutex.new(opts.cancel_error)
+  lk.keys, lk.free = scripts.keys(name), name .. ":free"
+  lk.s_limit, lk.s_ttl, lk.s_wait = tostring(limit), tostring(opts.ttl), tostring(opts.wait_ms)
   lk.waiting = {}
   lk.holds = {}
   return lk
@@ -560,14 +599,16 @@ local function cancel(lk, key, name)
   for w in pairs(lk.waiting) do
     if name == nil or w.name == name then
       w.canceled = true
-      w.bell:release()              -- the waiter wakes, sees 'canceled' and leaves
+      -- a sleeping waiter wakes, sees 'canceled' and leaves (one that is
+      -- not asleep sees it before it sleeps)
+      if w.bell then w.bell:release() end
     end
   end
 end
 
 -- The state in Redis: weight held, queue length.
 local function state(lk, name)
-  local r = eval(lk.client, scripts.state, scripts.keys(name), { lk.limit })
+  local r = eval(lk.client, scripts.state, (keys_of(lk, name)), { lk.s_limit })
   return r[1], r[2]
 end
 

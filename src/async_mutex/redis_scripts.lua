@@ -27,32 +27,58 @@
 local M = {}
 
 -- Shared by every script: the clock, expiry of holders and waiters, the
--- number generator, and dispatch (grants to the queue's head).
+-- number generator, and dispatch (grants to the queue's head).  Each
+-- redis.call costs about a microsecond of the server's single thread, so
+-- the common cases (a free lock, a release nobody waits for) take the
+-- fewest: the scripts ask first whether there is anything to expire or
+-- dispatch at all.
 local PRELUDE = [[
 local H, G, Q, W, C, N = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local function fmt(x) return string.format('%.0f', x) end
 
--- The next number for this lock: max(last + 1, server time in us).  It
--- grows with every grant and arrival; after N:n expired or the server
--- restarted empty, the clock keeps it above every number drawn before (as
--- long as the server's clock does not go back).
+-- The next number for this lock (fences and arrival numbers):
+-- max(last + 1, server time in us).  It grows with every grant and
+-- arrival; and because it keeps up with the clock, a counter that lost its
+-- last values (N:n expired, a restart without persistence, the last second
+-- of an append-only file, a replica promoted before it had them) still
+-- goes on above every number drawn before, as long as the server's clock
+-- does not go back.
 local function draw()
   local last = tonumber(redis.call('GET', N) or '0')
-  local v = math.max(last + 1, now_us)
+  local v = math.max(last + 1, tonumber(t[1]) * 1000000 + tonumber(t[2]))
   redis.call('SET', N, fmt(v), 'PX', 3600000)
   return v
 end
 
--- Holders whose lease ended and waiters that stopped renewing are removed.
-local function expire()
-  local gone = redis.call('ZRANGEBYSCORE', H, '-inf', '(' .. fmt(now))
-  for i = 1, #gone do
-    redis.call('ZREM', H, gone[i])
-    redis.call('HDEL', G, gone[i])
+-- The end of the first lease (server ms) among the holders seen by held()
+-- and the grants made since; nil: no holder.
+local first
+
+-- Removes the holders whose lease ended; returns the weight the others
+-- hold.  A mutex (limit 1: every weight is 1) counts them.
+local function held(limit)
+  local all = redis.call('ZRANGE', H, 0, -1, 'WITHSCORES')
+  local n = 0
+  for i = 1, #all, 2 do
+    local e = tonumber(all[i + 1])
+    if e < now then
+      redis.call('ZREM', H, all[i])
+      redis.call('HDEL', G, all[i])
+    else
+      n = n + 1
+      if not first or e < first then first = e end
+    end
   end
+  if limit == 1 or n == 0 then return n end
+  local sum, vals = 0, redis.call('HVALS', G)
+  for i = 1, #vals do sum = sum + tonumber(string.match(vals[i], '^%d+')) end
+  return sum
+end
+
+-- Waiters that stopped renewing their place are removed.
+local function expire_waiters()
   local dead = redis.call('ZRANGEBYSCORE', W, '-inf', '(' .. fmt(now))
   for i = 1, #dead do
     redis.call('ZREM', Q, dead[i])
@@ -61,26 +87,21 @@ local function expire()
   end
 end
 
--- The weight held now.
-local function used()
-  local sum, all = 0, redis.call('HVALS', G)
-  for i = 1, #all do sum = sum + tonumber(string.match(all[i], '^%d+')) end
-  return sum
-end
-
 local function grant(token, weight, ttl, value)
   local fence = draw()
-  redis.call('ZADD', H, now + ttl, token)
+  local e = now + ttl
+  redis.call('ZADD', H, e, token)
   redis.call('HSET', G, token, weight .. ' ' .. fmt(fence) .. ' ' .. value)
+  if not first or e < first then first = e end
   return fence
 end
 
--- Grants to the head of the queue while it fits, each by one message on
--- its process's channel: "token fence value".  Strict FIFO: a head that does not
--- fit blocks the ones behind it.  Returns the weight held afterwards.
-local function dispatch(limit)
-  local u = used()
-  while true do
+-- Grants to the head of the queue while it fits (u: the weight held), each
+-- by one message on its process's channel: "token fence value".  Strict
+-- FIFO: a head that does not fit blocks the ones behind it.  Returns the
+-- weight held afterwards.
+local function dispatch(limit, u)
+  while u < limit do
     local head = redis.call('ZRANGE', Q, 0, 0)[1]
     if not head then break end
     local info = redis.call('HGET', C, head)
@@ -100,9 +121,8 @@ end
 -- Milliseconds until the first lease ends (-1: no holder): a waiter asks
 -- again then, in case no release comes (a holder that died).
 local function first_end()
-  local e = redis.call('ZRANGE', H, 0, 0, 'WITHSCORES')[2]
-  if not e then return -1 end
-  return math.max(0, tonumber(e) - now)
+  if not first then return -1 end
+  return math.max(0, first - now)
 end
 
 -- {1, fence, value} for a holder, nil for anyone else.
@@ -116,57 +136,90 @@ end
 
 --- acquire: ARGV token, limit, weight, ttl, waiter_timeout, channel, mode.
 -- mode "try": grant now or answer {0}, never queue.  mode "wait": grant
--- now, or queue the token (a known waiter renews its deadline).  A token
--- already granted (by a hand-off whose message has not arrived yet, or
--- was lost) has its lease renewed.  Returns {1, fence, value} when the token
--- holds the lock ('value': the room left before the grant), {0, ms} when
--- it waits (ms: until the first holder's lease ends, -1 if none), {0}
--- for a failed try.
-M.acquire = PRELUDE .. [[
+-- now, or queue the token.  mode "again": a queued waiter asks again: it
+-- renews its deadline, and learns of a grant whose message has not arrived
+-- yet (or was lost), whose lease is then renewed; a waiter no longer
+-- queued (taken as dead) is queued again.  Returns {1, fence, value} when
+-- the token holds the lock ('value': the room left before the grant),
+-- {0, ms} when it waits (ms: until the first holder's lease ends, -1 if
+-- none), {0} for a failed try.
+M.acquire = [[
+-- A new request on a lock that nobody holds or waits for (holders and
+-- queue are both empty keys): granted before the prelude's functions are
+-- even made, as grant() would (fence: draw(); value: the limit).
+if ARGV[7] ~= 'again' and redis.call('EXISTS', KEYS[1], KEYS[3]) == 0 then
+  local t = redis.call('TIME')
+  local last = tonumber(redis.call('GET', KEYS[6]) or '0')
+  local fence = string.format('%.0f',
+    math.max(last + 1, tonumber(t[1]) * 1000000 + tonumber(t[2])))
+  redis.call('SET', KEYS[6], fence, 'PX', 3600000)
+  redis.call('ZADD', KEYS[1], tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    + tonumber(ARGV[4]), ARGV[1])
+  redis.call('HSET', KEYS[2], ARGV[1], ARGV[3] .. ' ' .. fence .. ' ' .. ARGV[2])
+  return {1, fence, tonumber(ARGV[2])}
+end
+]] .. PRELUDE .. [[
 local token, limit, weight = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local ttl, wait_ms = tonumber(ARGV[4]), tonumber(ARGV[5])
-expire()
-local held = holding(token)
-if held then
-  redis.call('ZADD', H, now + ttl, token)
-  return held
+local ttl, wait_ms, mode = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[7]
+local u = held(limit)
+expire_waiters()
+if mode == 'again' then
+  local h = holding(token)
+  if h then
+    redis.call('ZADD', H, now + ttl, token)
+    return h
+  end
+  if redis.call('ZSCORE', Q, token) then
+    dispatch(limit, u)
+    h = holding(token)
+    if h then return h end
+    redis.call('ZADD', W, now + wait_ms, token)
+    return {0, first_end()}
+  end
 end
-if redis.call('ZSCORE', Q, token) then
-  dispatch(limit)
-  held = holding(token)
-  if held then return held end
-  redis.call('ZADD', W, now + wait_ms, token)
-  return {0, first_end()}
-end
-local u = dispatch(limit)
-if redis.call('ZCARD', Q) == 0 and u + weight <= limit then
+u = dispatch(limit, u)
+if u + weight <= limit and redis.call('EXISTS', Q) == 0 then
   return {1, fmt(grant(token, weight, ttl, limit - u)), limit - u}
 end
-if ARGV[7] == 'try' then return {0} end
+if mode == 'try' then return {0} end
 redis.call('ZADD', Q, fmt(draw()), token)
 redis.call('ZADD', W, now + wait_ms, token)
 redis.call('HSET', C, token, weight .. ' ' .. math.min(ttl, wait_ms) .. ' ' .. ARGV[6])
 return {0, first_end()}
 ]]
 
---- release: ARGV token, limit, free_channel.  Ends the token's hold, or
--- takes the token out of the queue (a withdrawn waiter), then dispatches.
--- Publishes on free_channel when the lock is left with room and no queue
--- (for waitForUnlock).  Returns 1 if the token held the lock, else 0.
-M.release = PRELUDE .. [[
-local token, limit = ARGV[1], tonumber(ARGV[2])
-expire()
+--- release: ARGV token, limit, free_channel.  Ends the token's hold (a
+-- lease that ended is not a hold), or takes the token out of the queue (a
+-- withdrawn waiter), then dispatches.  Publishes on free_channel when the
+-- lock is left with room and no queue (for waitForUnlock).  Returns 1 if
+-- the token held the lock, else 0.
+M.release = [[
+-- A holder's release: before the prelude's functions are made, and all of
+-- it when nobody waits (its weight is room, there is nothing to dispatch).
 local was = 0
-if redis.call('HEXISTS', G, token) == 1 then
-  redis.call('ZREM', H, token)
-  redis.call('HDEL', G, token)
-  was = 1
-elseif redis.call('ZREM', Q, token) == 1 then
+local e = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if e then
+  local t = redis.call('TIME')
+  if tonumber(e) >= tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) then
+    redis.call('ZREM', KEYS[1], ARGV[1])
+    redis.call('HDEL', KEYS[2], ARGV[1])
+    was = 1
+    if redis.call('EXISTS', KEYS[3]) == 0 then
+      redis.call('PUBLISH', ARGV[3], '')
+      return 1
+    end
+  end
+end
+]] .. PRELUDE .. [[
+local token, limit = ARGV[1], tonumber(ARGV[2])
+local u = held(limit)
+if was == 0 and redis.call('ZREM', Q, token) == 1 then
   redis.call('ZREM', W, token)
   redis.call('HDEL', C, token)
 end
-local u = dispatch(limit)
-if u < limit and redis.call('ZCARD', Q) == 0 then
+expire_waiters()
+u = dispatch(limit, u)
+if u < limit and redis.call('EXISTS', Q) == 0 then
   redis.call('PUBLISH', ARGV[3], '')
 end
 return was
@@ -176,8 +229,9 @@ return was
 -- now if it still holds the lock.  Returns 1 if it does, else 0.
 M.renew = PRELUDE .. [[
 local token, limit, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-expire()
-dispatch(limit)
+local u = held(limit)
+expire_waiters()
+dispatch(limit, u)
 if redis.call('HEXISTS', G, token) == 1 then
   redis.call('ZADD', H, now + ttl, token)
   return 1
@@ -188,8 +242,10 @@ return 0
 --- state: ARGV limit.  Returns {weight held, queue length} after expiry
 -- and dispatch.
 M.state = PRELUDE .. [[
-expire()
-local u = dispatch(tonumber(ARGV[1]))
+local limit = tonumber(ARGV[1])
+local u = held(limit)
+expire_waiters()
+u = dispatch(limit, u)
 return {u, redis.call('ZCARD', Q)}
 ]]
 

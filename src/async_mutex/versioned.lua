@@ -17,10 +17,11 @@
 
 local am = require "async_mutex"
 local optimistic = require "async_mutex.optimistic"
+local status = require("async_mutex.redis_core").status
 
 local error, getmetatable, select, setmetatable, tonumber, tostring, type =
   error, getmetatable, select, setmetatable, tonumber, tostring, type
-local isyieldable = coroutine.isyieldable
+local isyieldable, running = coroutine.isyieldable, coroutine.running
 local huge, mtype, tointeger = math.huge, math.type, math.tointeger
 
 local checks = require "async_mutex.checks"
@@ -34,14 +35,19 @@ local M = {}
 -- Redis runs its scripts in Lua 5.1: numbers are doubles (versions are
 -- exact up to 2^53), HGET of a missing field gives false, a script
 -- returning false gives a nil reply (our "conflict"), a number an integer
--- reply.  Every script first reads the version the same way: absent is 0;
--- a version field that is not a non-negative integer means the key was
--- not written by these scripts, and is refused with a WRONGTYPE error.
+-- reply.  Every script first reads the version the same way: a key that
+-- does not exist is at version 0; a version field that is absent from a
+-- hash that exists (another program's hash), or is not a non-negative
+-- integer, means the key was not written by these scripts, and is refused
+-- with a WRONGTYPE error rather than written into.
 
 local PRELUDE = [[
 local function current()
   local v = redis.call('HGET', KEYS[1], 'version')
-  if not v then return 0 end
+  if not v then
+    if redis.call('EXISTS', KEYS[1]) == 1 then return nil end
+    return 0
+  end
   local n = tonumber(v)
   if not n or n < 0 or n % 1 ~= 0 then
     return nil
@@ -102,6 +108,19 @@ local function check_self(self, fname)
   end
 end
 
+-- The misuse errors of every method, at its caller's line (a client call
+-- would raise them at this file's): a closed client, or not in a
+-- coroutine ("attempt to <verb> a versioned value outside a coroutine").
+local function check_usable(self, verb)
+  if status(self.client) == "closed" then
+    error("attempt to use a closed redis client", 3)
+  end
+  local _, main = running()
+  if main or not isyieldable() then
+    error(("attempt to %s a versioned value outside a coroutine"):format(verb), 3)
+  end
+end
+
 -- The string stored for `value`, or nil.  Numbers are converted as Lua
 -- writes them ("42", "2.0", "0.1", "1e+300"), with more digits when that
 -- form would not read back as the same number (1/3); NaN and infinities
@@ -144,13 +163,15 @@ end
 -- The raw operations: no checks of their own (the methods and update
 -- check first).  get reads with HMGET, one command and so one atomic read,
 -- cheaper for the server than a script; only when the version field is
--- not a non-negative integer does it run the GET script, for the server's
--- WRONGTYPE error reply that the other operations raise too.
+-- not a non-negative integer, or absent beside a value, does it run the
+-- GET script, for the server's WRONGTYPE error reply that the other
+-- operations raise too.  (Both fields absent: a key never written, or
+-- another program's hash, which set refuses; a read of it is nil, 0.)
 local function get(self)
   local reply = self.client:call("HMGET", self.key, "value", "version")
   local value, version = reply[1], reply[2]
-  if version == nil then return value, 0 end
-  local n = tointeger(tonumber(version))
+  if version == nil and value == nil then return nil, 0 end
+  local n = version and tointeger(tonumber(version))
   if n and n >= 0 and ("%d"):format(n) == version then return value, n end
   reply = self.client:eval(GET, { self.key })  -- raises for a bad version field
   return reply[2], reply[1]
@@ -170,6 +191,7 @@ end
 -- the key was never written).
 function Versioned.get(self)
   check_self(self, "get")
+  check_usable(self, "get")
   local value, version = get(self)
   return value, version
 end
@@ -180,6 +202,7 @@ function Versioned.set(self, value, expected_version)
   check_self(self, "set")
   local s = check_value(value, 1, "set")
   local version = check_version(expected_version, 2, "set")
+  check_usable(self, "set")
   local v = set(self, s, version)
   return v
 end
@@ -189,6 +212,7 @@ end
 function Versioned.delete(self, expected_version)
   check_self(self, "delete")
   local version = check_version(expected_version, 1, "delete")
+  check_usable(self, "delete")
   local v = delete(self, version)
   return v
 end
@@ -209,9 +233,7 @@ function Versioned.update(self, ...)
   end
   local complaint = optimistic.check_options(options)
   if complaint then argerror(2, 2, "update", complaint) end
-  if not isyieldable() then
-    error("attempt to update a versioned value outside a coroutine", 2)
-  end
+  check_usable(self, "update")
   local value, version = am.optimistic(function(attempt)
     local old, old_version = get(self)
     local new = fn(old, old_version, attempt)

@@ -3,7 +3,8 @@
 ** hiredis connects, formats commands and parses replies; the socket is
 ** watched by a luv poll handle made through luv's Lua API (the hooks
 ** given by src/async_mutex/redis.lua), never by hiredis's bundled
-** adapters.  Calls from any number of coroutines are appended to one
+** adapters, and started here with a callback of this file: readiness is
+** handled in C, with no Lua closure per event.  Calls from any number of coroutines are appended to one
 ** output buffer, written together, and answered in order: a FIFO of
 ** waiting coroutines pairs each reply with its caller.
 ** See docs/redis.md.
@@ -25,6 +26,10 @@
 #include "lua.h"
 #include "lauxlib.h"
 
+#include <uv.h>
+#include <luv/luv.h>
+#include <luv/lhandle.h>
+
 #include "redis.h"
 
 
@@ -36,8 +41,19 @@
 #define EV_R  1
 #define EV_W  2
 
+/*
+** Output that waits for the end of a poll callback is written as soon as
+** it reaches this size: the server starts on the first calls while the
+** callback resumes the other callers (with 50 calls in flight, replies
+** and requests then overlap instead of alternating in whole batches).
+*/
+#define FLUSH_AT  2048
+
 typedef struct Client {
   redisContext *c;      /* NULL: no connection */
+  void **poll;          /* the luv poll handle's userdata (its uv handle
+                           pointer, NULL once luv finalized it); NULL: none */
+  uint64_t progress;    /* loop time (ms) of the last reply delivered */
   int connecting;       /* connect() in progress on c */
   int events;           /* events the poll handle is started with */
   int in_poll;          /* inside onpoll: writes wait for its end */
@@ -50,6 +66,11 @@ typedef struct Client {
 
 /* index of the hooks table: every Lua-callable function's upvalue */
 #define HOOKS  lua_upvalueindex(1)
+
+/* registry keys: the clients by address (weak values), for the poll
+   callback; the function it runs (poll_event, with the hooks upvalue) */
+static const char CLIENTS_KEY = 0;
+static const char EVENT_KEY = 0;
 
 
 static Client *checkclient (lua_State *L, int i) {
@@ -74,8 +95,11 @@ static void callhook (lua_State *L, const char *name, int n, int nres) {
 }
 
 
+static void on_poll (uv_poll_t *h, int status, int events);
+static void bind_poll (lua_State *L, int i, Client *cl, int h);
+
 /*
-** Tells the Lua layer what the connection needs watched (hooks.watch):
+** Watches what the connection needs and tells the Lua layer (hooks.watch):
 ** writable while connecting or while output waits, readable while
 ** replies are due (or a subscriber listens); nil when nothing, so an idle
 ** client keeps no active handle.  The Lua layer also runs the connect and
@@ -91,6 +115,13 @@ static void update_poll (lua_State *L, int i, Client *cl) {
     }
   }
   if (want == cl->events) return;
+  if (cl->poll != NULL && *cl->poll != NULL
+      && !uv_is_closing((uv_handle_t *)*cl->poll)) {
+    uv_poll_t *h = (uv_poll_t *)*cl->poll;
+    if (want == 0) uv_poll_stop(h);
+    else uv_poll_start(h, (want & EV_R ? UV_READABLE : 0)
+                          | (want & EV_W ? UV_WRITABLE : 0), on_poll);
+  }
   lua_getiuservalue(L, i, UV_STATE);
   if (want == 0) lua_pushnil(L);
   else lua_pushstring(L, want == EV_R ? "r" : want == EV_W ? "w" : "rw");
@@ -122,7 +153,9 @@ static int flush (Client *cl) {
 /*
 ** Resumes coroutine co with `nargs` values moved from L's top.  An error
 ** escaping co is handed to hooks.report with its traceback (a luv
-** callback must not raise); its results, if it ended, are dropped.
+** callback must not raise), after co is closed, so that its pending
+** to-be-closed variables (releasers) run, as the locks' scheduler does
+** (am_report); its results, if it ended, are dropped.
 */
 static void resume (lua_State *L, lua_State *co, int nargs) {
   int nres, status;
@@ -144,6 +177,17 @@ static void resume (lua_State *L, lua_State *co, int nargs) {
     else lua_pushvalue(L, -1);
     luaL_traceback(L, co, msg, 0);               /* err msg tb */
     lua_remove(L, -2);                           /* err tb */
+    /* an errored thread resets with its own error; another one on top
+       means one of its __close handlers failed too */
+    if (lua_resetthread(co) != LUA_OK && lua_gettop(co) > 0) {
+      lua_xmove(co, L, 1);                       /* err tb err2 */
+      if (!lua_rawequal(L, -3, -1))
+        fprintf(stderr,
+                "async_mutex.redis: error closing a dead coroutine: %s\n",
+                lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "?");
+      lua_pop(L, 1);
+    }
+    lua_settop(co, 0);
     callhook(L, "report", 2, 0);
   }
 }
@@ -176,6 +220,7 @@ static void disconnect (lua_State *L, int i, Client *cl, int err,
     lua_getiuservalue(L, i, UV_STATE);
     lua_pushboolean(L, was_connected);
     pushfinal(L, final);
+    cl->poll = NULL;                      /* hooks.lost closes it */
     callhook(L, "lost", 3, 0);
     redisFree(cl->c);
     cl->c = NULL;
@@ -260,10 +305,13 @@ static int connect_now (lua_State *L, int i, Client *cl) {
   cl->gen++;
   cl->connecting = 1;
   cl->events = 0;
+  cl->progress = 0;
   lua_pushinteger(L, c->fd);
   lua_pushvalue(L, i);
   lua_getiuservalue(L, i, UV_STATE);
-  callhook(L, "open", 3, 0);                   /* sets state.poll */
+  callhook(L, "open", 3, 1);                   /* the poll handle */
+  bind_poll(L, i, cl, lua_gettop(L));
+  lua_pop(L, 1);
   if (getstatefield(L, i, "setup") == LUA_TTABLE) {
     int setup = lua_gettop(L);
     lua_getiuservalue(L, i, UV_WAITERS);              /* setup FIFO */
@@ -404,14 +452,42 @@ static int client_call (lua_State *L) {
       flush(cl);            /* a failure shows as a readable end of file */
     update_poll(L, 1, cl);
   }
+  else if (!cl->connecting && sdslen(cl->c->obuf) >= FLUSH_AT)
+    flush(cl);              /* a failure: onpoll's own flush sees it */
   return lua_yieldk(L, 0, 0, call_k);
+}
+
+/*
+** script(client, command, script, keys, args): client:call(command,
+** script, #keys, keys..., args...) with the keys and args taken from their
+** lists here, so that a script's caller (client:eval, the Redis locks)
+** builds no argument list in Lua.
+*/
+static int core_script (lua_State *L) {
+  lua_Integer nk, na, k;
+  checkclient(L, 1);
+  luaL_checktype(L, 4, LUA_TTABLE);
+  luaL_checktype(L, 5, LUA_TTABLE);
+  nk = luaL_len(L, 4);
+  na = luaL_len(L, 5);
+  lua_settop(L, 5);
+  luaL_checkstack(L, (int)(nk + na + 4), "too many arguments");
+  lua_pushvalue(L, 2);
+  lua_pushvalue(L, 3);
+  lua_pushinteger(L, nk);
+  for (k = 1; k <= nk; k++) lua_rawgeti(L, 4, k);
+  for (k = 1; k <= na; k++) lua_rawgeti(L, 5, k);
+  for (k = 0; k < 4; k++) lua_remove(L, 2);   /* client command script n ... */
+  return client_call(L);
 }
 
 /* }====================================================== */
 
 
 /*
-** onpoll(client, err, events): the poll handle's callback.  Completes
+** onpoll(client, status, events): what the poll handle's callback runs
+** (status < 0: a poll error, reported by libuv; events: UV_READABLE and
+** UV_WRITABLE).  Completes
 ** the connect, reads and parses what arrived, resumes each waiter with
 ** its reply in call order (a subscriber hands each reply to
 ** hooks.message instead), then writes the calls those coroutines made
@@ -422,14 +498,17 @@ static int client_call (lua_State *L) {
 */
 static int client_onpoll (lua_State *L) {
   Client *cl = checkclient(L, 1);
-  const char *ev = luaL_optstring(L, 3, "");
+  int status = (int)lua_tointeger(L, 2), events = (int)lua_tointeger(L, 3);
   int broken = 0, nready = 0, r, err = 0;
   redisContext *c = cl->c;
   unsigned gen = cl->gen;
   void *reply;
   lua_settop(L, 3);
-  if (c == NULL) return 0;                      /* a stale event */
-  if (!lua_isnil(L, 2)) broken = 1;
+  if (c == NULL) {                              /* a stale event */
+    lua_pushinteger(L, 0);
+    return 1;
+  }
+  if (status < 0) broken = 1;
   else if (cl->connecting) {
     int soerr = 0;
     socklen_t len = sizeof soerr;
@@ -441,7 +520,7 @@ static int client_onpoll (lua_State *L) {
       callhook(L, "connected", 1, 0);
     }
   }
-  else if (strchr(ev, 'r') != NULL) {
+  else if (events & UV_READABLE) {
     /* hiredis reads 16 KB at a time: read on while reads come back full
        (a 10 MB reply in one callback, not in 640 loop turns), up to 1 MB
        so that other handles get their turn */
@@ -526,6 +605,67 @@ static int client_onpoll (lua_State *L) {
   else update_poll(L, 1, cl);
   lua_pushinteger(L, nready / 3);
   return 1;
+}
+
+
+/*
+** poll_event(cl, status, events, now): the poll callback's work, run
+** protected by luv's own callback runner (an error is handled as in any
+** luv callback).  Finds the client by its address (a client collected
+** meanwhile has closed its handle: nothing comes), runs onpoll, and notes
+** when replies came (the command timeout counts from then).  A subscriber
+** tells the Lua layer (hooks.progress), whose timer may stop once nothing
+** is awaited.
+*/
+static int poll_event (lua_State *L) {
+  Client *cl = (Client *)lua_touserdata(L, 1);
+  lua_Integer now = lua_tointeger(L, 4);
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &CLIENTS_KEY);
+  if (lua_rawgetp(L, -1, cl) != LUA_TUSERDATA) return 0;
+  lua_replace(L, 1);                        /* client status events ... */
+  lua_settop(L, 3);
+  client_onpoll(L);
+  if (lua_tointeger(L, -1) > 0) {
+    cl->progress = (uint64_t)now;
+    if (cl->subscriber) {
+      lua_getiuservalue(L, 1, UV_STATE);
+      callhook(L, "progress", 1, 0);
+    }
+  }
+  return 0;
+}
+
+/* The poll handle's callback: straight to poll_event, on luv's main
+   thread and through luv's callback runner (ctx->cb_pcall). */
+static void on_poll (uv_poll_t *h, int status, int events) {
+  luv_handle_t *data = (luv_handle_t *)h->data;
+  lua_State *L;
+  if (data == NULL || data->extra == NULL) return;
+  L = data->ctx->L;
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &EVENT_KEY);
+  lua_pushlightuserdata(L, data->extra);
+  lua_pushinteger(L, status);
+  lua_pushinteger(L, events);
+  lua_pushinteger(L, (lua_Integer)uv_now(h->loop));
+  data->ctx->cb_pcall(L, 4, 0, 0);
+}
+
+/*
+** The client (at index i) takes the luv poll handle at index h, made by
+** hooks.open: its luv record points back to the client (the 'extra' luv
+** keeps for its users), so that on_poll finds it; luv keeps creating,
+** walking and closing the handle as any other.
+*/
+static void bind_poll (lua_State *L, int i, Client *cl, int h) {
+  void **ud = (void **)luaL_testudata(L, h, "uv_poll");
+  cl->poll = NULL;
+  if (ud == NULL || *ud == NULL) luaL_error(L, "BUG: hooks.open made no poll handle");
+  ((luv_handle_t *)((uv_handle_t *)*ud)->data)->extra = cl;
+  cl->poll = ud;
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &CLIENTS_KEY);
+  lua_pushvalue(L, i);
+  lua_rawsetp(L, -2, cl);
+  lua_pop(L, 1);
 }
 
 
@@ -667,6 +807,14 @@ static int core_alive (lua_State *L) {
 }
 
 
+/* progress(client): loop time (ms) when replies last came; 0: none yet */
+static int core_progress (lua_State *L) {
+  Client *cl = checkclient(L, 1);
+  lua_pushinteger(L, (lua_Integer)cl->progress);
+  return 1;
+}
+
+
 /* state(client): the Lua layer's table */
 static int core_state (lua_State *L) {
   checkclient(L, 1);
@@ -710,7 +858,8 @@ static const luaL_Reg core_funcs[] = {
   {"state", core_state},
   {"alive", core_alive},
   {"error", core_error},
-  {"onpoll", client_onpoll},
+  {"progress", core_progress},
+  {"script", core_script},
   {NULL, NULL}
 };
 
@@ -738,6 +887,20 @@ LUAMOD_API int luaopen_async_mutex_redis_core (lua_State *L) {
   lua_pushvalue(L, -1);
   lua_setfield(L, -3, "hooks");
   luaL_setfuncs(L, core_funcs, 1);              /* hooks as upvalue */
+  lua_getfield(L, -1, "hooks");
+  lua_pushcclosure(L, poll_event, 1);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &EVENT_KEY);
+  /* clients by address; kept if the module is loaded again (clients of
+     the first load still have handles that call back) */
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &CLIENTS_KEY) != LUA_TTABLE) {
+    lua_newtable(L);
+    lua_newtable(L);
+    lua_pushliteral(L, "v");
+    lua_setfield(L, -2, "__mode");
+    lua_setmetatable(L, -2);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &CLIENTS_KEY);
+  }
+  lua_pop(L, 1);
   lua_pushliteral(L, AM_E_UNAVAILABLE);
   lua_setfield(L, -2, "E_UNAVAILABLE");
   return 1;

@@ -1,0 +1,129 @@
+-- README.md's code for the Redis client and for optimistic concurrency, run
+-- as written (taken from README.md itself, so that the manual cannot drift
+-- from the code), each in a child lua5.4 against a real redis-server: the
+-- "Redis" example, the versioned value's `update`, the error-handling
+-- snippet of "Errors: redis.E_UNAVAILABLE, async_mutex.redis.Error", and the
+-- `am.optimistic` loop over a SQL-shaped store.  A snippet that would only
+-- run inside a coroutine, or needs a `client` or `db`, is given one by a
+-- few lines around it; the snippet's own text is not changed beyond its
+-- server address and its `...` placeholders.
+local h = require "helpers"
+local redis_server = require "redis_server"
+
+local ROOT do
+  local source = debug.getinfo(1, "S").source:gsub("^@", "")
+  ROOT = (source:match("^(.*)/[^/]*$") or ".") .. "/.."
+end
+
+local readme = h.read_file(ROOT .. "/README.md")
+
+--- The first ```lua block after the heading `heading` (a line of README.md).
+local function block_after(heading)
+  local at = readme:find("\n" .. heading .. "\n", 1, true)
+  assert(at, "README.md has no heading " .. heading)
+  local code = readme:match("\n```lua\n(.-)```\n", at)
+  assert(code, "no lua block after " .. heading)
+  return code
+end
+
+local function plain(s) return (s:gsub("%p", "%%%0")) end
+
+local server
+
+setup(function() server = redis_server.start() end)
+teardown(function() if server then server:stop() end end)
+
+local function run(code)
+  local r = h.subprocess(code)
+  assert.equal("", r.stderr)
+  assert.equal(0, r.rc)
+  return r.stdout
+end
+
+describe("README's Redis snippets", function()
+  it("the Redis example prints the value it set and the script's result, and ends", function()
+    local code = block_after("## Redis")
+    local address = "port = 6379"
+    assert.truthy(code:find(address, 1, true), "the example does not connect to " .. address)
+    code = code:gsub(plain(address), "port = " .. server.port)
+    assert.equal("hello\n1\n", run(code))
+  end)
+
+  it("versioned:update sells one unit, and gives up with its own error when sold out",
+    function()
+      local code = block_after("### `redis.versioned(client, key)`")
+      local out = run(([[
+        local uv = require "luv"
+        local am = require "async_mutex"
+        local client = require("async_mutex.redis").connect({ path = %q })
+        am.spawn(function()
+          client:call("DEL", "stock:42")
+          assert(require("async_mutex.redis").versioned(client, "stock:42"):set(1, 0))
+          for _ = 1, 2 do
+            local ok, err = pcall(function()
+              %s
+              print(left, version)
+            end)
+            if not ok then print((err:gsub("^[^:]*:%%d+: ", ""))) end
+          end
+          client:close()
+        end)
+        uv.run()
+      ]]):format(server.path, code))
+      assert.equal("0\t2\nsold out\n", out)
+    end)
+
+  it("the error-handling snippet tells E_UNAVAILABLE from an error reply", function()
+    local section = readme:match("\n### Errors: `redis%.E_UNAVAILABLE`.-\n(.-)\n###")
+    local code = section and section:match("\n```lua\n(.-)```\n")
+    assert.is_string(code)
+    code = code:gsub("then %.%.%. ", 'then print("unavailable") ')
+    local out = run(([[
+      local uv = require "luv"
+      local am = require "async_mutex"
+      local redis = require "async_mutex.redis"
+      am.spawn(function()
+        for _, where in ipairs({ { path = %q }, { port = %d } }) do
+          local client = redis.connect(where)
+          pcall(client.call, client, "SET", "a-string-key", "x")
+          %s
+          client:close()
+        end
+      end)
+      uv.run()
+    ]]):format(server.path, redis_server.free_port(), code))
+    assert.equal("WRONGTYPE Operation against a key holding the wrong kind of value\n"
+      .. "unavailable\n", out)
+  end)
+end)
+
+describe("README's am.optimistic snippet", function()
+  it("over a SQL-shaped store that two writers share: each sells once, the loser retries",
+    function()
+      local code = block_after("## Optimistic concurrency")
+      -- a store with the two calls the snippet makes; `exec` yields, so
+      -- that the two buyers interleave and one loses its first write
+      local out = run(([[
+        local uv = require "luv"
+        local am = require "async_mutex"
+        local row = { stock = 3, version = 7 }
+        local db = {}
+        function db:select() return row.stock, row.version end
+        function db:exec(_, stock, _, version)
+          am.sleep(1)
+          if row.version ~= version then return 0 end
+          row.stock, row.version = stock, row.version + 1
+          return 1
+        end
+        for buyer = 1, 2 do
+          am.spawn(function()
+            %s
+            print(buyer, bought)
+          end)
+        end
+        uv.run()
+        print(row.stock, row.version)
+      ]]):format(code))
+      assert.equal("1\ttrue\n2\ttrue\n1\t9\n", out)
+    end)
+end)

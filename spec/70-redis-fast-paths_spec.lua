@@ -1,0 +1,185 @@
+-- The Redis locks' short paths (docs/redis-locks.md, "In Redis"; docs/redis.md,
+-- "Calls"): what the scripts skip in the common cases must not change what
+-- they answer, and output written in chunks must keep its order.  The
+-- scripts are run here directly, with tokens of our own, so that the cases
+-- the locks only meet under load (a lease that ended in Redis before anyone
+-- removed it) can be made at will.
+
+local am = require "async_mutex"
+local h = require "helpers"
+local R = require "lock_redis"
+local scripts = require "async_mutex.redis_scripts"
+
+local server
+
+setup(function() server = R.server() end)
+teardown(function() if server then server:stop() end end)
+
+local fresh_name = R.namer("spec70")
+
+-- acquire(c, name, token, ttl [, mode]): the acquire script for weight 1 of
+-- a mutex, with a channel nobody listens on.
+local function acquire(c, name, token, ttl, mode)
+  return c:eval(scripts.acquire, scripts.keys(name),
+    { token, "1", "1", tostring(ttl), "3000", "spec70:nobody", mode or "wait" })
+end
+
+local function release(c, name, token)
+  return c:eval(scripts.release, scripts.keys(name), { token, "1", name .. ":free" })
+end
+
+describe("the acquire script's short path (a lock with no holder and no queue)", function()
+  it("grants with a fence, the lease end and the value a full grant gives", h.async(function()
+    local c = server:client()
+    local name = fresh_name()
+    local r = acquire(c, name, "t1", 30000)
+    assert.equal(1, r[1])
+    assert.equal(1, r[3])                       -- the room left before the grant
+    local fence = math.tointeger(tonumber(r[2]))
+    assert.is_true(fence > 0)
+    assert.same({ "t1" }, { table.unpack(c:call("ZRANGE", name .. ":h", 0, -1), 1, 1) })
+    assert.equal("1 " .. r[2] .. " 1", c:call("HGET", name .. ":g", "t1"))
+    local ends, t = tonumber(c:call("ZSCORE", name .. ":h", "t1")), c:call("TIME")
+    local server_ms = tonumber(t[1]) * 1000 + tonumber(t[2]) // 1000
+    assert.is_true(ends > server_ms + 29000 and ends <= server_ms + 30000)
+    assert.equal(1, release(c, name, "t1"))
+    c:close()
+  end))
+
+  it("queues a newcomer behind a waiter whose holder's lease ended unnoticed", h.async(function()
+    local c = server:client()
+    local name = fresh_name()
+    assert.equal(1, acquire(c, name, "holder", 500)[1])
+    assert.equal(0, acquire(c, name, "waiter", 30000)[1])     -- queued
+    h.sleep(600)                             -- the holder's lease ends; no script ran
+    assert.equal(0, acquire(c, name, "newcomer", 30000)[1])   -- behind the waiter
+    assert.is_truthy(c:call("ZSCORE", name .. ":h", "waiter"))
+    assert.is_nil(c:call("ZSCORE", name .. ":h", "holder"))
+    assert.equal(1, c:call("ZCARD", name .. ":q"))
+    c:close()
+  end))
+
+  it("draws fences above the last one after the counter was lost", h.async(function()
+    local c = server:client()
+    local name = fresh_name()
+    local last = 0
+    for i = 1, 3 do
+      local r = acquire(c, name, "t" .. i, 30000)
+      local fence = math.tointeger(tonumber(r[2]))
+      assert.is_true(fence > last)
+      last = fence
+      assert.equal(1, release(c, name, "t" .. i))
+      if i == 2 then c:call("DEL", name .. ":n") end  -- expired, or a restart lost it
+    end
+    c:close()
+  end))
+end)
+
+describe("the release script's short path (a holder, nobody queued)", function()
+  it("ends a hold whose lease is still running, and says so", h.async(function()
+    local c = server:client()
+    local name = fresh_name()
+    acquire(c, name, "t1", 30000)
+    assert.equal(1, release(c, name, "t1"))
+    assert.equal(0, c:call("EXISTS", name .. ":h", name .. ":g"))
+    assert.equal(0, release(c, name, "t1"))              -- once
+    c:close()
+  end))
+
+  it("answers 0 for a lease that ended in Redis, even before anyone removed it", h.async(function()
+    local c = server:client()
+    local name = fresh_name()
+    acquire(c, name, "t1", 10)
+    h.sleep(30)
+    assert.is_truthy(c:call("ZSCORE", name .. ":h", "t1"))    -- still there
+    assert.equal(0, release(c, name, "t1"))
+    assert.equal(0, c:call("EXISTS", name .. ":h", name .. ":g"))
+    c:close()
+  end))
+
+  it("publishes on the lock's free channel for waitForUnlock", h.async(function()
+    local c = server:client()
+    local name = fresh_name()
+    local heard = 0
+    local sub = c:subscribe(name .. ":free", function() heard = heard + 1 end)
+    acquire(c, name, "t1", 30000)
+    release(c, name, "t1")
+    for _ = 1, 100 do
+      if heard > 0 then break end
+      h.sleep(1)
+    end
+    assert.equal(1, heard)
+    sub:unsubscribe()
+    c:close()
+  end))
+end)
+
+describe("RedisMutex on the short paths", function()
+  it("keeps fences increasing and one holder over 200 cycles of 20 coroutines", h.async(function()
+    local c = server:client()
+    local m = am.RedisMutex.new(c, fresh_name())
+    local inside, last, done = 0, 0, 0
+    local me = coroutine.running()
+    for _ = 1, 20 do
+      am.spawn(function()
+        for _ = 1, 10 do
+          local release = m:acquire()
+          inside = inside + 1
+          assert.equal(1, inside)
+          assert.is_true(release.fence > last)
+          last = release.fence
+          inside = inside - 1
+          assert.is_true(release())
+        end
+        done = done + 1
+        if done == 20 then coroutine.resume(me) end
+      end)
+    end
+    coroutine.yield()
+    assert.is_false(m:isLocked())
+    c:close()
+  end))
+end)
+
+describe("cancel() while the first request of an acquire is in flight", function()
+  it("rejects the request once Redis queued it, and takes it out of the queue", h.async(function()
+    local a, b = server:client(), server:client()
+    local name = fresh_name()
+    local ra = am.RedisMutex.new(a, name):acquire()
+    local mb = am.RedisMutex.new(b, name, { cancelError = "stop" })
+    local outcome
+    h.spawn(function() outcome = select(2, pcall(mb.acquire, mb)) end)
+    assert.equal(1, b:pending())          -- the acquire request, not answered yet
+    mb:cancel()
+    h.wait_until(function() return outcome ~= nil end)
+    assert.equal("stop", outcome)
+    assert.equal(0, a:call("ZCARD", name .. ":q"))
+    assert.is_true(ra())
+    a:close(); b:close()
+  end))
+end)
+
+describe("calls made while replies are delivered", function()
+  it("are written in chunks and answered in order", h.async(function()
+    local c = server:client()
+    local pad = string.rep("x", 200)
+    local n, done, bad = 200, 0, 0
+    local me = coroutine.running()
+    for i = 1, n do
+      am.spawn(function()
+        c:call("PING")
+        -- these calls are made inside the callback that delivers the PONGs:
+        -- 200 x 200 bytes, written 2 KB at a time before it ends
+        for k = 1, 3 do
+          if c:call("ECHO", pad .. i .. ":" .. k) ~= pad .. i .. ":" .. k then bad = bad + 1 end
+        end
+        done = done + 1
+        if done == n then coroutine.resume(me) end
+      end)
+    end
+    coroutine.yield()
+    assert.equal(0, bad)
+    assert.equal(0, c:pending())
+    c:close()
+  end))
+end)

@@ -1,0 +1,93 @@
+-- async_mutex.redis's poll handle: made by luv (uv.new_socket_poll), started
+-- and stopped by the C part with a callback of its own (docs/redis.md,
+-- Connection).  luv still owns the handle: uv.walk visits it and luv's exit
+-- closes it; and the C callback reports a poll error as a lost connection
+-- without luv's own callback printing it on stderr.  Cases that could crash
+-- or print run in a child lua5.4 process.
+
+local uv = require "luv"
+local h = require "helpers"
+local redis_server = require "redis_server"
+local redis = require "async_mutex.redis"
+
+local server
+
+before_each(function() server = redis_server.start() end)
+after_each(function() if server then server:stop() end end)
+
+local function child(body)
+  local code = ([[
+local uv = require "luv"
+local redis = require "async_mutex.redis"
+local PORT, PID = %d, %d
+local c = redis.connect({ port = PORT, commandTimeout = math.huge })
+local function go(fn) coroutine.wrap(fn)() end
+local function sleep(ms)
+  local co, t = coroutine.running(), uv.new_timer()
+  t:start(ms, 0, function() t:close(); coroutine.resume(co) end)
+  coroutine.yield()
+end
+%s
+print("done")
+]]):format(server.port, server.pid, body)
+  return h.subprocess(code, 30)
+end
+
+describe("the poll handle of a connection", function()
+  it("is a luv handle: uv.walk visits it while calls wait", h.async(function()
+    local c = redis.connect({ port = server.port })
+    assert.equal("PONG", c:call("PING"))
+    local blocked = {}
+    h.spawn(function()
+      blocked.ok, blocked.err = pcall(c.call, c, "BLPOP", "spec71:none", 0)
+    end)
+    h.sleep(5)
+    local polls = 0
+    uv.walk(function(hd)
+      if tostring(hd):match("^uv_poll") and hd:is_active() then polls = polls + 1 end
+    end)
+    assert.equal(1, polls)
+    c:close()
+    assert.is_false(blocked.ok)
+    assert.equal(redis.E_UNAVAILABLE, blocked.err)
+  end))
+
+  it("stops being active when no reply is due, so uv.run() returns", function()
+    local r = child([[
+go(function() print(c:call("PING")) end)
+uv.run()
+local active = 0
+uv.walk(function(hd) if hd:is_active() then active = active + 1 end end)
+print(active)
+]])
+    assert.equal("", r.stderr)
+    assert.equal(0, r.rc)
+    assert.equal("PONG\n0\ndone\n", r.stdout)
+  end)
+
+  it("reports a reset connection (a poll error) as E_UNAVAILABLE, printing nothing", function()
+    -- 1,000 calls unanswered (the server stopped), then the server killed:
+    -- the reset socket makes epoll report an error for the poll handle
+    local r = child([[
+local n, done, unavailable = 1000, 0, 0
+go(function()
+  assert(c:call("PING") == "PONG")
+  os.execute("kill -STOP " .. PID)
+  for _ = 1, n do
+    go(function()
+      local ok, err = pcall(c.call, c, "INCR", "counter")
+      done = done + 1
+      if not ok and err == redis.E_UNAVAILABLE then unavailable = unavailable + 1 end
+    end)
+  end
+  sleep(10)
+  os.execute("kill -KILL " .. PID)     -- stopped: its unread input makes a reset
+end)
+uv.run()
+print(done, unavailable)
+]])
+    assert.equal("", r.stderr)
+    assert.equal(0, r.rc)
+    assert.equal("1000\t1000\ndone\n", r.stdout)
+  end)
+end)

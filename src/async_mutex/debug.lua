@@ -1,0 +1,703 @@
+--- async_mutex.debug: debug mode (am.debug; docs/debug.md).
+-- Off by default; am.debug.enable([options]) or ASYNC_MUTEX_DEBUG=1 at
+-- require time turns it on.  While on, the C core calls the hooks of this
+-- module (src/debug.c): after a grant is delivered, a waiter queued, a
+-- releaser given back, a lock made, and before a request decides anything.
+-- From them it keeps:
+--  * owner records: each hold's holder coroutine, its loop time, where it
+--    was acquired (am.debug.holds(), am.debug.report());
+--  * what each waiting coroutine waits for, so that a request that would
+--    close a wait-for cycle raises E_DEADLOCK at once (detect);
+--  * lockdep's graph of lock classes, whose first cycle is reported as a
+--    potential deadlock although nothing hung (lockdep);
+--  * long holds (options.holdWarning), checked by an unreferenced luv timer
+--    that runs only while a hold exists.
+-- The core owns the queues; this module only reads them (core.dbg_*).
+
+local uv = require "luv"
+local checks = require "async_mutex.checks"
+
+local error, ipairs, next, pairs, pcall, select, setmetatable, tostring, type =
+  error, ipairs, next, pairs, pcall, select, setmetatable, tostring, type
+local getinfo, traceback = debug.getinfo, debug.traceback
+local running, status = coroutine.running, coroutine.status
+local concat, sort = table.concat, table.sort
+local floor, max = math.floor, math.max
+local format = string.format
+local now                         -- the records' clock: core.dbg_now (install)
+
+local AM_TRY = 2                  -- Request.wait of a tryAcquire (async_mutex.h)
+local RW_WRITE = 2                -- an RWLock request's weight for a write
+
+local M = {}
+local core                        -- async_mutex.core (install)
+local E_DEADLOCK
+
+-- Chunks whose frames are the module's, not the user's: sites skip them.
+local OWN = getinfo(1, "S").source
+local OURS = { [OWN] = true }
+-- Functions that take several keys in canonical order (init.lua's
+-- acquireAll): keys they take together are no nesting.
+local CANONICAL = {}
+
+local opts                        -- the options while on, else nil
+local bylock = {}                 -- lock -> its first owner record (src/debug.c)
+local heldby = {}                 -- coroutine -> its first owner record
+-- An owner record's fields (made by src/debug.c: R_*), then this module's.
+-- A record is in two chains: its lock's and its holder's.
+local LOCK, REL, HOLDER, SINCE, FN, LINE, WEIGHT, WHERE = 1, 2, 3, 4, 5, 6, 7, 8
+-- An ended record has no releaser any more (REL nil).
+local NEXT_LOCK, NEXT_CO = 9, 10
+local SITE, CLASS, CANON, WARNED = 11, 12, 13, 14
+local WEAKK, WEAKV = { __mode = "k" }, { __mode = "v" }
+local waiting = setmetatable({}, WEAKK)     -- coroutine -> { waiter =, lock = } (weak)
+local names = setmetatable({}, WEAKK)       -- lock or keyed set -> name
+local created = setmetatable({}, WEAKK)     -- lock or keyed set -> creation site
+local classof = setmetatable({}, WEAKK)     -- lock -> its class id (a cache)
+-- lockdep: classes by id, edges[from][to] = edge; cycles reported, by key
+local classes, nclasses = {}, 0
+local edges, nedges = {}, 0
+local reported = {}
+local timer, timer_on             -- long holds (the state's one timer: get_timer)
+
+local function stop_timer()
+  if not timer:is_closing() then timer:stop() end
+  timer_on = false
+end
+
+
+-- {========================================================== sites
+
+--- The user's frame nearest to the top of the stack, from 'level' up
+-- (C functions and the module's own chunks skipped): "file:line", level.
+local function user_frame(level)
+  level = (level or 2) + 1
+  while true do
+    local info = getinfo(level, "Sl")
+    if not info then return "?", nil end
+    if info.what ~= "C" and not OURS[info.source] then
+      return info.short_src .. ":" .. info.currentline, level - 1
+    end
+    level = level + 1
+  end
+end
+
+--- Is the request being made by one of the CANONICAL functions?
+local function from_canonical()
+  local level = 2
+  while true do
+    local info = getinfo(level, "Sf")
+    if not info then return false end
+    if info.what ~= "C" and info.source ~= OWN then return CANONICAL[info.func] == true end
+    level = level + 1
+  end
+end
+
+-- }==========================================================
+
+
+-- {========================================================== locks
+
+--- What a lock is: its kind's name (Keyed... for a key's lock), the object
+-- the user holds (a key's lock: its keyed set) and the key.
+local function lock_info(lock)
+  local kind, value, held, queued, unlocking, key, set = core.dbg_lock(lock)
+  if set ~= nil then kind = "Keyed" .. kind end
+  return { kind = kind, value = value, held = held, waiters = queued + unlocking,
+           key = key, set = set, object = set or lock }
+end
+
+--- A lock's name in reports: its given name, else its kind and creation site.
+local function label(lock, info)
+  info = info or lock_info(lock)
+  local obj = info.object
+  local s
+  if names[obj] then s = format("%s %q", info.kind, names[obj])
+  elseif created[obj] then s = info.kind .. " created at " .. created[obj]
+  else s = tostring(obj) end
+  if info.set ~= nil then s = s .. " key " .. tostring(info.key) end
+  return s
+end
+
+--- Its lockdep class: a named lock's name, else its creation site, else the
+-- lock itself (made before debug mode was on).  One class for all the keys of a
+-- keyed set.  Returns the class id and its label.
+local function class_of(lock)
+  local cached = classof[lock]
+  if cached then return cached end
+  local info = lock_info(lock)
+  local obj = info.object
+  local id, lab
+  if names[obj] then
+    id, lab = "name:" .. names[obj], format("%s %q", info.kind, names[obj])
+  elseif created[obj] then
+    id = "site:" .. info.kind .. "@" .. created[obj]
+    lab = info.kind .. " created at " .. created[obj]
+  else
+    id, lab = "object:" .. format("%p", obj), tostring(obj)
+  end
+  if not classes[id] then
+    classes[id] = lab
+    nclasses = nclasses + 1
+  end
+  classof[lock] = id
+  return id
+end
+
+-- }==========================================================
+
+
+-- {========================================================== records
+
+local function live(r)
+  return (core.dbg_releaser(r))
+end
+
+--- "file:line" of a record's acquire (made lazily from its function).
+local function site_of(rec)
+  local site = rec[SITE]
+  if not site then
+    local fn = rec[FN]
+    site = fn and (getinfo(fn, "S").short_src .. ":" .. tostring(rec[LINE])) or "?"
+    rec[SITE] = site
+  end
+  return site
+end
+
+--- Unlinks 'rec' from the chain map[key] through field 'link'.
+local function unlink(map, key, link, rec)
+  local node, prev = map[key], nil
+  while node do
+    if node == rec then
+      if prev then prev[link] = node[link] else map[key] = node[link] end
+      node[link] = nil
+      return
+    end
+    prev, node = node, node[link]
+  end
+end
+
+local function drop(rec)
+  unlink(bylock, rec[LOCK], NEXT_LOCK, rec)
+  unlink(heldby, rec[HOLDER], NEXT_CO, rec)
+  rec[REL] = nil
+  if timer_on and next(bylock) == nil then stop_timer() end
+end
+
+--- The records in place now (a copy: what a hook does meanwhile, such as
+-- a report handler that releases, cannot upset the traversal), others
+-- dropped; of 'lock' only, when given.
+local function records(lock)
+  local out, dead = {}, nil
+  local function walk(node)
+    while node do
+      if live(node[REL]) then out[#out + 1] = node
+      else dead = dead or {}; dead[#dead + 1] = node end
+      node = node[NEXT_LOCK]
+    end
+  end
+  if lock ~= nil then walk(bylock[lock])
+  else for _, head in pairs(bylock) do walk(head) end end
+  if dead then for _, rec in ipairs(dead) do drop(rec) end end
+  return out
+end
+local holders_of = records
+
+--- The records of coroutine 'co' (a copy), or nil when it holds nothing.
+local function held_by(co)
+  local node = heldby[co]
+  if not node then return nil end
+  local out = {}
+  while node do
+    out[#out + 1] = node
+    node = node[NEXT_CO]
+  end
+  return out
+end
+
+--- What coroutine 'co' waits for now: the lock and the weight, or nil.
+local function waits_for(co)
+  local w = waiting[co]
+  if w and w.waiter and w.lock then
+    local queued, _, _, weight = core.dbg_waiter(w.waiter)
+    if queued then return w.lock, weight end
+  end
+  return nil
+end
+
+local function thread_traceback(co)
+  if co == running() then
+    local _, level = user_frame(2)
+    return (traceback("", level or 2):gsub("^\n", ""))
+  end
+  if status(co) == "dead" then return "(dead coroutine)" end
+  return (traceback(co, "", 0):gsub("^\n", ""))
+end
+
+local function describe_thread(co)
+  local _, main = running()
+  return format("%s (%s)", tostring(co), co == main and "main" or status(co))
+end
+
+-- }==========================================================
+
+
+-- {========================================================== reports
+
+local function emit(kind, text, info)
+  local handler = opts and opts.onReport
+  if handler then
+    local ok, err = pcall(handler, kind, text, info)
+    if not ok then
+      io.stderr:write("async_mutex.debug: error in onReport: ", tostring(err), "\n")
+    end
+  else
+    io.stderr:write(text, "\n")
+  end
+end
+
+local function indent(s, pad)
+  return pad .. s:gsub("\n", "\n" .. pad)
+end
+
+--- One hold, as holds() returns it.
+local function view(rec, info)
+  info = info or lock_info(rec[LOCK])
+  local mode
+  if info.kind:find("RWLock$") then mode = rec[WEIGHT] == RW_WRITE and "write" or "read" end
+  return {
+    lock = info.object, kind = info.kind, key = info.key, name = label(rec[LOCK], info),
+    holder = rec[HOLDER], since = rec[SINCE], where = rec[WHERE] and rec[WHERE]:gsub("^\n", "") or site_of(rec),
+    site = site_of(rec), waiters = info.waiters, weight = rec[WEIGHT], mode = mode,
+  }
+end
+
+--- The text of one hold: what, by whom, for how long, where.
+local function hold_text(v, t)
+  local lines = {
+    format("%s%s held for %d ms by %s, %d waiting", v.name,
+      v.mode and " (" .. v.mode .. ")" or "", floor(t - v.since),
+      describe_thread(v.holder), v.waiters),
+    "  acquired at " .. (v.where == v.site and v.site or v.site .. "\n" .. indent(v.where, "    ")),
+    "  holder now:\n" .. indent(thread_traceback(v.holder), "    "),
+  }
+  return concat(lines, "\n")
+end
+
+-- }==========================================================
+
+
+-- {========================================================== long holds
+
+local function check_long()
+  local limit = opts and opts.holdWarning
+  if not limit then return end
+  local t = now()
+  for _, rec in ipairs(records()) do
+    if rec[REL] ~= nil and not rec[WARNED] and t - rec[SINCE] >= limit then
+      rec[WARNED] = true
+      local v = view(rec)
+      emit("long-hold", "async_mutex.debug: long hold (over " .. limit .. " ms): "
+        .. hold_text(v, t), v)
+    end
+  end
+end
+
+--- The long-hold timer: one per Lua state, kept in the registry and never
+-- closed by us (only stopped), so that no copy of this module can drop it
+-- while luv still has it in its loop (a handle collected there is freed
+-- under libuv's feet).  One that someone else closed (uv.walk) is replaced,
+-- and kept referenced too.
+local REG = debug.getregistry()
+local TIMER_KEY = "async_mutex.debug timer"
+
+local function get_timer()
+  local t = REG[TIMER_KEY]
+  if not t or t:is_closing() then
+    if t then
+      local old = REG[TIMER_KEY .. "s closed"] or {}
+      old[#old + 1] = t
+      REG[TIMER_KEY .. "s closed"] = old
+    end
+    t = uv.new_timer()
+    t:unref()                     -- never keeps uv.run() going
+    REG[TIMER_KEY] = t
+  end
+  return t
+end
+
+local function start_timer()
+  timer = get_timer()
+  local every = max(1, floor(opts.holdWarning / 4))
+  timer:start(every, every, check_long)
+  timer_on = true
+end
+
+-- }==========================================================
+
+
+-- {========================================================== deadlocks
+
+--- Could 'co''s request (weight on lock) be granted once every holder
+-- outside 'doomed' has given back?  A hold with no record (granted before
+-- debug mode, or not delivered yet) counts as outside: no false positive.
+local function could_proceed(lock, weight, doomed)
+  local recs = holders_of(lock)
+  if #recs == 0 then return true end          -- no holder, no edge
+  local kind, value, held = core.dbg_lock(lock)
+  local inside, writer_inside, outside, recorded = false, false, 0, 0
+  for _, rec in ipairs(recs) do
+    recorded = recorded + rec[WEIGHT]
+    if doomed[rec[HOLDER]] then
+      inside = true
+      if rec[WEIGHT] == RW_WRITE then writer_inside = true end
+    else
+      outside = outside + rec[WEIGHT]
+    end
+  end
+  if kind == "RWLock" then
+    -- a write needs every hold gone; a read, the writer's
+    if weight == RW_WRITE then return not inside end
+    return not writer_inside
+  end
+  return value + outside + max(0, held - recorded) >= weight
+end
+
+--- The coroutines a request of 'R' for (lock, weight) would leave waiting for
+-- ever, R first, or nil: the greatest set of waiting coroutines (R among
+-- them, as if it waited) none of which can proceed on the releases of the
+-- holders outside the set.
+local function doomed_set(R, lock, weight)
+  local want = { [R] = { lock, weight } }
+  local order = { R }
+  local i = 1
+  while i <= #order do
+    for _, rec in ipairs(holders_of(want[order[i]][1])) do
+      local h = rec[HOLDER]
+      if not want[h] then
+        local l, w = waits_for(h)
+        if l then
+          want[h] = { l, w }
+          order[#order + 1] = h
+        end
+      end
+    end
+    i = i + 1
+  end
+  local doomed = {}
+  for _, co in ipairs(order) do doomed[co] = true end
+  repeat
+    local changed = false
+    for _, co in ipairs(order) do
+      if doomed[co] and could_proceed(want[co][1], want[co][2], doomed) then
+        doomed[co] = nil
+        changed = true
+      end
+    end
+  until not changed or not doomed[R]
+  if not doomed[R] then return nil end
+  local members = {}
+  for _, co in ipairs(order) do
+    if doomed[co] then members[#members + 1] = { coroutine = co, lock = want[co][1] } end
+  end
+  return members, doomed
+end
+
+local function deadlock_report(R, lock, members, doomed)
+  local lines = { format("async_mutex.debug: deadlock: %s requested %s and would wait for ever",
+    describe_thread(R), label(lock)) }
+  local info = { kind = "deadlock", lock = lock_info(lock).object, requester = R, cycle = {} }
+  for n, m in ipairs(members) do
+    local holders = {}
+    for _, rec in ipairs(holders_of(m.lock)) do
+      if doomed[rec[HOLDER]] then
+        holders[#holders + 1] = format("%s (acquired at %s)", describe_thread(rec[HOLDER]), site_of(rec))
+      end
+    end
+    local tb = thread_traceback(m.coroutine)
+    lines[#lines + 1] = format("  %d. %s %s %s, held by %s", n, describe_thread(m.coroutine),
+      m.coroutine == R and "requests" or "waits for", label(m.lock), concat(holders, ", "))
+    lines[#lines + 1] = indent(tb, "     ")
+    info.cycle[n] = { coroutine = m.coroutine, lock = lock_info(m.lock).object,
+                      key = lock_info(m.lock).key, traceback = tb }
+  end
+  return concat(lines, "\n"), info
+end
+
+-- }==========================================================
+
+
+-- {========================================================== lockdep
+
+--- A path of edges from class 'from' to class 'to', or nil.
+local function path(from, to)
+  local seen = { [from] = true }
+  local function dfs(c, acc)
+    for nxt, e in pairs(edges[c] or {}) do
+      if not seen[nxt] then
+        seen[nxt] = true
+        acc[#acc + 1] = e
+        if nxt == to or dfs(nxt, acc) then return true end
+        acc[#acc] = nil
+      end
+    end
+    return false
+  end
+  local acc = {}
+  if from == to then return acc end
+  if dfs(from, acc) then return acc end
+  return nil
+end
+
+local function edge_line(e)
+  return format("  %s (acquired at %s)\n    -> %s (acquired at %s)",
+    classes[e.from], e.from_site, classes[e.to], e.to_site)
+end
+
+local function report_once(key, kind, text, info)
+  if reported[key] then return end
+  reported[key] = true
+  emit(kind, text, info)
+end
+
+--- The running coroutine, holding 'held' (its records), requests 'lock' at
+-- 'site'.
+local function lockdep(held, lock, site)
+  local cb, binfo = class_of(lock), nil
+  local canonical
+  for _, rec in ipairs(held) do
+    if rec[REL] ~= nil and rec[LOCK] ~= lock and live(rec[REL]) then
+      local ca = rec[CLASS]
+      if not ca then ca = class_of(rec[LOCK]); rec[CLASS] = ca end
+      if ca == cb then
+        if canonical == nil then canonical = from_canonical() end
+        if not (canonical and rec[CANON]) then
+          binfo = binfo or lock_info(lock)
+          local what = binfo.set ~= nil
+            and "two keys of one keyed lock taken by separate nested acquires (use acquireAll)"
+            or "two locks of one class taken nested (name them apart if their order is fixed)"
+          report_once("nest:" .. cb, "inversion", format(
+            "async_mutex.debug: possible deadlock: %s\n  %s: %s (acquired at %s)\n  then %s (acquired at %s)",
+            what, classes[cb], label(rec[LOCK]), site_of(rec), label(lock, binfo), site),
+            { kind = "inversion", classes = { classes[cb] }, sites = { site_of(rec), site } })
+        end
+      elseif not (edges[ca] and edges[ca][cb]) then
+        local back = path(cb, ca)
+        local e = { from = ca, to = cb, from_site = site_of(rec), to_site = site }
+        edges[ca] = edges[ca] or {}
+        edges[ca][cb] = e
+        nedges = nedges + 1
+        if back then
+          local cycle = { e }
+          for _, b in ipairs(back) do cycle[#cycle + 1] = b end
+          local ids, lines, sites = {}, {}, {}
+          for n, c in ipairs(cycle) do
+            ids[n] = c.from
+            lines[n] = edge_line(c)
+            sites[n] = { from = classes[c.from], to = classes[c.to],
+                         from_site = c.from_site, to_site = c.to_site }
+          end
+          sort(ids)
+          report_once("cycle:" .. concat(ids, "\0"), "inversion",
+            "async_mutex.debug: possible deadlock: lock order inversion (lockdep), "
+            .. "locks taken in a cycle of orders:\n" .. concat(lines, "\n"),
+            { kind = "inversion", edges = sites })
+        end
+      end
+    end
+  end
+end
+
+-- }==========================================================
+
+
+-- {========================================================== hooks
+-- Called by the C core (src/debug.c), in this order in the table.
+
+local function on_request(lock, weight, unlock, would_wait, wait)
+  if wait == AM_TRY then return end         -- never waits: never deadlocks
+  local co = running()
+  local held = not unlock and held_by(co)
+  if held then lockdep(held, lock, (user_frame())) end
+  if would_wait then
+    local members, doomed = doomed_set(co, lock, weight)
+    if members then
+      local text, info = deadlock_report(co, lock, members, doomed)
+      emit("deadlock", text, info)
+      error(E_DEADLOCK, 0)
+    end
+  end
+end
+
+-- The record was made by the C core (src/debug.c); this runs for a key's
+-- lock (was it taken by acquireAll?) and while long holds are checked.
+local function on_granted(rec)
+  if select("#", core.dbg_lock(rec[LOCK])) > 5 then rec[CANON] = from_canonical() end
+  if opts.holdWarning and not timer_on then start_timer() end
+end
+
+local function on_waiting(lock, w)
+  waiting[running()] = setmetatable({ waiter = w, lock = lock }, WEAKV)
+end
+
+-- The record was dropped by the C core; the check stops with the last.
+local function on_released()
+  if timer_on and next(bylock) == nil then stop_timer() end
+end
+
+local function on_unscoped(lock)
+  holders_of(lock)                          -- drops the records it ended
+end
+
+local function on_created(obj)
+  created[obj] = (user_frame())
+end
+
+--- The table core.debug() takes (src/debug.c: its layout): the hooks, the
+-- tables the C core updates, the flags.
+local function hook_table()
+  return { on_request, on_granted, on_waiting, on_released, on_unscoped, on_created,
+           bylock, heldby, opts.traceback,
+           opts.holdWarning ~= nil,         -- the Lua hooks have work
+           waiting }
+end
+
+-- }==========================================================
+
+
+-- {========================================================== the API
+
+--- Raises at the user's call: the first frame outside this file.
+local function argerror(n, fname, msg)
+  local level = 2
+  while (getinfo(level, "S") or {}).source == OWN do level = level + 1 end
+  error(format("bad argument #%d to '%s' (%s)", n, fname, msg), level)
+end
+
+local function no_arguments(fname, ...)
+  if select("#", ...) > 0 then
+    argerror(1, fname, "no argument expected, got " .. checks.typename((...)))
+  end
+end
+
+--- The lock object at argument 1 of 'fname' (a decorated lock's lock), or
+-- raises.
+local function check_lock(fname, v)
+  local what, inner = core.dbg_kind(v)
+  if what == "decorated" then return inner end
+  if what == nil then
+    argerror(1, fname, "async_mutex lock expected, got " .. checks.typename(v))
+  end
+  return v
+end
+
+local function clear()
+  bylock, heldby = {}, {}
+  waiting = setmetatable({}, WEAKK)
+  classes, nclasses, edges, nedges, reported = {}, 0, {}, 0, {}
+  if timer then stop_timer() end
+end
+
+--- enable([options]): debug mode on.  options.traceback: capture a traceback
+-- at each grant; options.holdWarning: ms after which a hold is reported
+-- (once); options.onReport(kind, text, info): who hears reports (default:
+-- stderr).  Enabling again replaces the options and keeps the records.
+function M.enable(options)
+  if options ~= nil and type(options) ~= "table" then
+    argerror(1, "enable", "table expected, got " .. checks.typename(options))
+  end
+  options = options or {}
+  local hw = options.holdWarning
+  if hw ~= nil and (type(hw) ~= "number" or not (hw > 0) or hw == math.huge) then
+    argerror(1, "enable", "holdWarning must be a positive number of ms")
+  end
+  local tb = options.traceback
+  if tb ~= nil and type(tb) ~= "boolean" then
+    argerror(1, "enable", "traceback must be a boolean")
+  end
+  local on = options.onReport
+  if on ~= nil and not checks.is_callable(on) then
+    argerror(1, "enable", "onReport must be a function")
+  end
+  opts = { traceback = tb == true, holdWarning = hw, onReport = on }
+  core.debug(hook_table())
+  if timer_on and not hw then stop_timer()
+  elseif hw and next(bylock) ~= nil then start_timer() end
+end
+
+--- disable(): debug mode off; every record and lockdep's graph are dropped.
+function M.disable(...)
+  no_arguments("disable", ...)
+  core.debug(nil)
+  opts = nil
+  clear()
+end
+
+--- isEnabled(): whether debug mode is on.
+function M.isEnabled(...)
+  no_arguments("isEnabled", ...)
+  return opts ~= nil
+end
+
+--- name(lock, name): names a lock (or keyed set) in reports; a named lock is
+-- its own lockdep class.  Returns the lock.
+function M.name(lock, name)
+  local obj = check_lock("name", lock)
+  if type(name) ~= "string" then
+    argerror(2, "name", "string expected, got " .. checks.typename(name))
+  end
+  names[obj] = name
+  classof = setmetatable({}, WEAKK)
+  return lock
+end
+
+--- holds([lock]): the holds in place, oldest first, as plain tables; of one
+-- lock (or keyed set) only when given.
+function M.holds(lock)
+  local only = lock ~= nil and check_lock("holds", lock) or nil
+  local out = {}
+  for _, rec in ipairs(records()) do
+    local info = lock_info(rec[LOCK])
+    if only == nil or info.object == only then out[#out + 1] = view(rec, info) end
+  end
+  sort(out, function(a, b)
+    if a.since ~= b.since then return a.since < b.since end
+    return a.site < b.site
+  end)
+  return out
+end
+
+--- report([lock]): the text a person reads when the server hangs.
+function M.report(lock)
+  if lock ~= nil then check_lock("report", lock) end
+  local t = now()
+  local list = M.holds(lock)
+  local lines = { format("async_mutex debug report (debug mode %s, clock %d ms): %d hold%s",
+    opts and "on" or "off", floor(t), #list, #list == 1 and "" or "s") }
+  for _, v in ipairs(list) do lines[#lines + 1] = hold_text(v, t) end
+  lines[#lines + 1] = format("lockdep: %d classes, %d edges", nclasses, nedges)
+  return concat(lines, "\n")
+end
+
+-- }==========================================================
+
+
+--- install(am, core, source, canonical): am.debug and am.E_DEADLOCK; the
+-- layer's chunk 'source' and its functions 'canonical' (acquireAll's).
+function M.install(am, c, source, canonical)
+  core = c
+  now = c.dbg_now
+  E_DEADLOCK = c.E_DEADLOCK
+  OURS[source] = true
+  for _, f in ipairs(canonical) do CANONICAL[f] = true end
+  am.E_DEADLOCK = E_DEADLOCK
+  am.debug = {
+    enable = M.enable, disable = M.disable, isEnabled = M.isEnabled,
+    name = M.name, holds = M.holds, report = M.report,
+  }
+  local env = os.getenv("ASYNC_MUTEX_DEBUG")
+  if env ~= nil and env ~= "" and env ~= "0" and not opts then M.enable() end
+  return am.debug
+end
+
+return M
