@@ -1,9 +1,14 @@
 -- A debug hook that raises inside a call to the module (at one of the luv
 -- calls it makes): the error reaches the caller, and nothing is left half
 -- done: no anchored coroutine, pending() back where it was, no key left in
--- a keyed set, the handles still started and stopped as needed
--- (docs/semantics.md, Re-entry; README, Conventions).  Each case runs in a
--- child process with a time limit, so that a hang or a crash fails the test.
+-- a keyed set, the handles still started and stopped as needed.  And a hook
+-- run inside a keyed request before it decides (the clock read of a leased
+-- request, debug mode's request hook) that drops the key's lock and takes
+-- the key: the request decides on the key's lock as it is then, and waits
+-- (found by spec/fuzz/reentrancy.lua: it was granted on the dropped lock, a
+-- second holder of the key).  docs/semantics.md, Re-entry; docs/internals.md,
+-- Decide, then commit; README, Conventions.  Each case runs in a child
+-- process with a time limit, so that a hang or a crash fails the test.
 local h = require "helpers"
 
 -- Runs 'body' (Lua source) in a child lua5.4 after a prelude defining
@@ -79,6 +84,63 @@ describe("a debug hook that raises inside a module call", function()
       r2()
       uv.run()
       io.write(tostring(err), " ", tostring(not ok), " ", got, " ", am.pending(), " ", active(), "\n")
+    ]]))
+  end)
+end)
+
+describe("a debug hook run inside a keyed request before it decides", function()
+  it("at the clock read of a leased request, dropping the key's new lock (cancel) and taking the key: the request waits, one holder", function()
+    assert.equal("true true 1 1 1 ok\n", run([[
+      local km = am.KeyedMutex.new()
+      local other
+      local co = coroutine.create(function()
+        debug.sethook(function()
+          if debug.getinfo(2, "f").func == uv.now then
+            debug.sethook()
+            km:cancel()                      -- the idle lock made for "a" leaves the set
+            coroutine.wrap(function() other = km:acquire("a") end)()
+          end
+        end, "c")
+        local r = am.withLease(km, 1000):acquire("a")
+        r()
+      end)
+      local ok = coroutine.resume(co)
+      -- 'other' holds "a"; the leased request must wait behind it
+      io.write(tostring(ok), " ", tostring(other ~= nil), " ", coroutine.status(co) == "suspended" and 1 or 0,
+        " ", am.pending(), " ", km:count(), " ")
+      other()
+      uv.run()
+      io.write(coroutine.status(co) == "dead" and km:count() == 0 and am.pending() == 0 and "ok" or "stuck", "\n")
+    ]]))
+  end)
+
+  it("in debug mode's request hook, dropping the key's new lock and taking the key: the request waits, one holder", function()
+    assert.equal("true true 1 1 1 ok\n", run([[
+      am.debug.enable({ onReport = function() end })
+      local km, m = am.KeyedMutex.new(), am.Mutex.new()
+      local other
+      local co = coroutine.create(function()
+        local held = m:acquire()             -- holding something: the hook runs Lua
+        local armed = true
+        debug.sethook(function()
+          if armed and debug.getinfo(2, "S").what == "Lua" then
+            armed = false
+            debug.sethook()
+            km:cancel()
+            coroutine.wrap(function() other = km:acquire("a") end)()
+          end
+        end, "c")
+        local r = km:acquire("a")
+        r()
+        held()
+      end)
+      local ok = coroutine.resume(co)
+      io.write(tostring(ok), " ", tostring(other ~= nil), " ", coroutine.status(co) == "suspended" and 1 or 0,
+        " ", am.pending(), " ", km:count(), " ")
+      other()
+      uv.run()
+      am.debug.disable()
+      io.write(coroutine.status(co) == "dead" and km:count() == 0 and am.pending() == 0 and "ok" or "stuck", "\n")
     ]]))
   end)
 end)

@@ -445,6 +445,11 @@ int am_request (lua_State *L, Request *rq) {
   if (am_debugging()) am_dbg_request(L, rq);   /* may raise E_DEADLOCK */
   if (rq->lease > 0 && rq->kind == W_ACQUIRE)   /* the clock, first */
     now = am_timer_now(L, rq->lock->st);
+  /* RE-ENTRY: both calls above may run Lua code (a hook), which may have
+     dropped a key's lock from its set (a cancel settling the idle lock
+     made for this request) and given the key a new one: decide on the
+     key's lock as it is now (docs/internals.md, Decide, then commit) */
+  rq->lock = am_keyed_current(L, rq->lock, rq->lockidx);
   if (rq->lock->kind->reentrant && am_reenters(L, rq->lock, rq))
     return grant_now(L, rq, rq->lock, now);     /* its holder, once more */
   if (am_can_lock_now(rq->lock, rq->weight, &rq->priority))  /* fast path */
