@@ -217,6 +217,10 @@ function R.run_sequence(seed, nops)
   local function downgrade(hd)
     local lk = hd.lock
     log("downgrade", tostring(lk.obj))
+    -- a read hold from here on: the call commits the downgrade before the
+    -- luv calls (or debug mode's hooks) where a call back runs, and a
+    -- reader granted then shares the key with it
+    hd.mode = "read"
     local ok, r2 = pcall(hd.rel.downgrade, hd.rel)
     if ok then
       hd.ended = true
