@@ -79,7 +79,7 @@ build = {
     -- libhiredis-dev).
     ["async_mutex.redis_core"] = {
       sources = { "src/redis/redis.c", "src/redis/reply.c" },
-      libraries = { "hiredis" },
+      libraries = { "hiredis", "uv" },
       incdirs = { "$(LUA_INCDIR)", "$(HIREDIS_INCDIR)" },
       libdirs = { "$(HIREDIS_LIBDIR)" },
     },

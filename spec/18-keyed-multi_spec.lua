@@ -17,10 +17,10 @@ describe("acquireAll", function()
     local r = res[1]
     assert.equal(3, km:count())
     for _, k in ipairs({ "a", 2, true }) do assert.is_true(km:isLocked(k)) end
-    r()
+    assert.is_true(r())                           -- as every releaser: it ended the hold
     assert.equal(0, km:count())
     local again = km:acquire("a")
-    r()                                           -- spent: does not free "a"
+    assert.is_false(r())                          -- spent: does not free "a"
     assert.is_true(km:isLocked("a"))
     again()
     do

@@ -75,6 +75,19 @@ describe("examples/withdraw.lua", function()
   end)
 end)
 
+describe("README's \"The problem\"", function()
+  it("shows exactly what examples/withdraw.lua prints (`make demo`)", function()
+    local section = h.read_file(ROOT .. "/README.md"):match("\n## The problem\n(.-)\n## ")
+    assert.is_string(section)
+    local shown = {}
+    for block in section:gmatch("\n```\n(.-)```\n") do shown[#shown + 1] = block end
+    assert.equal(2, #shown)
+    local code, out = run_example("withdraw")
+    assert.equal(0, code)
+    assert.equal(table.concat(shown), out)
+  end)
+end)
+
 describe("examples/semaphore_jobs.lua", function()
   it("never runs more than three jobs at once and runs them all", function()
     local out = check("semaphore_jobs", {
@@ -204,6 +217,16 @@ describe("examples/redis_orders.lua", function()
     assert.equal(1, code)
     assert.equal("", out)
     assert.equal(("no Redis server at 127.0.0.1:%d\n"):format(port), err)
+  end)
+end)
+
+describe("examples/optimistic_stock.lua", function()
+  -- (the whole sale against a server: spec/49-versioned_spec.lua)
+  it("exits 1 when a seller's sales fail (no server at the socket)", function()
+    local code, out, err = run_example("optimistic_stock", "sell /nonexistent/redis.sock 1")
+    assert.equal(1, code)
+    assert.equal("process 1 sold 0 (0 attempts)\n", out)
+    assert.matches("redis server unavailable", err, 1, true)
   end)
 end)
 

@@ -6,20 +6,11 @@ local uv = require "luv"
 
 local THIS = "spec/60%-debug%-mode_spec.lua"
 
-local reports
-local function enable(opts)
-  reports = {}
-  opts = opts or {}
-  opts.onReport = opts.onReport or function(kind, text, info)
-    reports[#reports + 1] = { kind = kind, text = text, info = info }
-  end
-  am.debug.enable(opts)
-end
+local dr = require "debug_reports"
+local line = dr.line
+local function enable(opts) return dr.enable(opts) end
 
 after_each(function() am.debug.disable() end)
-
--- The line of the caller of this function.
-local function line() return debug.getinfo(2, "l").currentline end
 
 describe("am.debug on and off", function()
   it("is off by default: nothing is recorded", h.async(function()

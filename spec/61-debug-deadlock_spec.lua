@@ -8,24 +8,15 @@ local am = require "async_mutex"
 
 local THIS = "spec/61%-debug%-deadlock_spec.lua"
 
+local dr = require "debug_reports"
+
 local reports
-before_each(function()
-  reports = {}
-  am.debug.enable({ onReport = function(kind, text, info)
-    reports[#reports + 1] = { kind = kind, text = text, info = info }
-  end })
-end)
+before_each(function() reports = dr.enable() end)
 after_each(function() am.debug.disable() end)
 
 -- The deadlock reports (lockdep's are spec 62's), and the first of them.
-local function deadlocks()
-  local n = 0
-  for _, r in ipairs(reports) do if r.kind == "deadlock" then n = n + 1 end end
-  return n
-end
-local function first_deadlock()
-  for _, r in ipairs(reports) do if r.kind == "deadlock" then return r end end
-end
+local function deadlocks() return #dr.of_kind(reports, "deadlock") end
+local function first_deadlock() return dr.of_kind(reports, "deadlock")[1] end
 
 -- A coroutine that acquires `first`, signals, then requests `second` (the
 -- arguments after it passed on), and records the outcome.

@@ -7,22 +7,14 @@ local am = require "async_mutex"
 
 local THIS = "spec/62%-debug%-lockdep_spec.lua"
 
+local dr = require "debug_reports"
+local line = dr.line
+
 local reports
-before_each(function()
-  reports = {}
-  am.debug.enable({ onReport = function(kind, text, info)
-    reports[#reports + 1] = { kind = kind, text = text, info = info }
-  end })
-end)
+before_each(function() reports = dr.enable() end)
 after_each(function() am.debug.disable() end)
 
-local function inversions()
-  local out = {}
-  for _, r in ipairs(reports) do if r.kind == "inversion" then out[#out + 1] = r end end
-  return out
-end
-
-local function line() return debug.getinfo(2, "l").currentline end
+local function inversions() return dr.of_kind(reports, "inversion") end
 
 -- In a new coroutine, takes each lock in order (nested), then releases all.
 local function nested(...)

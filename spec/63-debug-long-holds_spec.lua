@@ -8,22 +8,19 @@ local uv = require "luv"
 
 local THIS = "spec/63%-debug%-long%-holds_spec.lua"
 
-local reports
-local function enable(ms)
-  reports = {}
-  am.debug.enable({ holdWarning = ms, onReport = function(kind, text, info)
-    reports[#reports + 1] = { kind = kind, text = text, info = info }
-  end })
-end
-after_each(function() am.debug.disable() end)
+local dr = require "debug_reports"
+local line = dr.line
 
-local function line() return debug.getinfo(2, "l").currentline end
+local reports
+local function enable(ms) reports = dr.enable({ holdWarning = ms }) end
+after_each(function() am.debug.disable() end)
 
 describe("holdWarning", function()
   it("reports a hold whose holder sleeps in a luv timer, once, with the holder's traceback", h.async(function()
     enable(20)
     local m = am.debug.name(am.Mutex.new(), "slow")
     local sleep_at
+    uv.update_time()            -- the sleep counts from now (GC stress is slow)
     local co = h.spawn(function()
       local r = m:acquire()
       sleep_at = line(); h.sleep(120)         -- a luv timer of the helpers
@@ -56,6 +53,7 @@ describe("holdWarning", function()
     enable(10)
     local s = am.Semaphore.new(3)
     local cos = {}
+    uv.update_time()            -- the sleeps count from now (GC stress is slow)
     for i = 1, 2 do
       cos[i] = h.spawn(function()
         local _, r = s:acquire()
@@ -64,7 +62,9 @@ describe("holdWarning", function()
       end)
     end
     h.wait_until(function() return coroutine.status(cos[1]) == "dead" and coroutine.status(cos[2]) == "dead" end)
-    assert.equal(2, #reports)
+    local texts = {}
+    for i, r in ipairs(reports) do texts[i] = r.kind .. ": " .. r.text end
+    assert.equal(2, #reports, table.concat(texts, "\n"))
     assert.is_true(reports[1].info.holder ~= reports[2].info.holder)
   end))
 

@@ -159,6 +159,31 @@ describe("cancel() while the first request of an acquire is in flight", function
   end))
 end)
 
+describe("a client whose Redis locks were used, then dropped", function()
+  it("is collected: the timers kept for reuse hold no lock and no client", h.async(function()
+    local a = server:client()
+    local name = fresh_name()
+    local weak = setmetatable({}, { __mode = "v" })
+    do
+      local b = server:client()
+      local ma, mb = am.RedisMutex.new(a, name), am.RedisMutex.new(b, name)
+      local ra = ma:acquire()
+      local rb
+      h.spawn(function() rb = mb:acquire() end)   -- b waits: subscribes, is handed the lock
+      h.wait_until(function() return R.queued(a, name) == 1 end)
+      assert.is_true(ra())
+      h.wait_until(function() return rb ~= nil end)
+      assert.is_true(rb())                           -- b's lease timer goes back to the pool
+      h.sleep(5)                                     -- b's hub unsubscribes
+      weak[1], weak[2] = b, mb
+    end
+    for _ = 1, 4 do collectgarbage() end
+    assert.is_nil(weak[2])
+    assert.is_nil(weak[1])
+    a:close()
+  end))
+end)
+
 describe("calls made while replies are delivered", function()
   it("are written in chunks and answered in order", h.async(function()
     local c = server:client()

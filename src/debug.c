@@ -234,20 +234,15 @@ static int unlink_chain (lua_State *L, int map, int key, int link,
 ** the option), the weight; indexed by releaser, lock and holder.  The Lua
 ** hook runs only when it has work (a key's lock, a long-hold check).
 */
-void am_dbg_granted (lua_State *L, State *st, int lockidx) {
-  int top = lua_gettop(L);
-  int D, rec, co, level;
-  lua_Debug ar;
+static int record_grant (lua_State *L) {
+  const int D = 1, lockidx = 2, top = 3;
+  State *st = (State *)lua_touserdata(L, 4);
   Releaser *r = (Releaser *)lua_touserdata(L, top);
-  Lock *lk = r != NULL ? r->lock : NULL;
-  if (lk == NULL || st->dbg == LUA_NOREF || st->closed
-      || !lua_checkstack(L, 12))
-    return;
-  lockidx = lua_absindex(L, lockidx);
-  lua_rawgeti(L, LUA_REGISTRYINDEX, st->dbg);
-  D = lua_gettop(L);
+  Lock *lk = r->lock;
+  int rec, co, level;
+  lua_Debug ar;
   lua_createtable(L, R_NFIELDS, 0);
-  rec = D + 1;
+  rec = lua_gettop(L);
   lua_pushvalue(L, lockidx);
   lua_rawseti(L, rec, R_LOCK);
   lua_pushvalue(L, top);
@@ -288,6 +283,31 @@ void am_dbg_granted (lua_State *L, State *st, int lockidx) {
     lua_rawgeti(L, D, H_GRANTED);
     lua_pushvalue(L, rec);
     call_hook(L, 1);
+  }
+  return 0;
+}
+
+
+/*
+** (record_grant makes the record, protected: it allocates, and a memory
+** error there must not lose the grant being delivered.)
+*/
+void am_dbg_granted (lua_State *L, State *st, int lockidx) {
+  int top = lua_gettop(L);
+  Releaser *r = (Releaser *)lua_touserdata(L, top);
+  if (r == NULL || st->dbg == LUA_NOREF || st->closed
+      || !lua_checkstack(L, 20))
+    return;
+  lockidx = lua_absindex(L, lockidx);
+  lua_pushcfunction(L, record_grant);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, st->dbg);
+  lua_pushvalue(L, lockidx);
+  lua_pushvalue(L, top);
+  lua_pushlightuserdata(L, st);
+  if (lua_pcall(L, 4, 0, 0) != LUA_OK) {
+    fprintf(stderr, "async_mutex.debug: no owner record: %s\n",
+            lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "?");
+    fflush(stderr);
   }
   lua_settop(L, top);
 }

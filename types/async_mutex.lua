@@ -26,9 +26,11 @@
 
 ---Ends one hold of a lock: call it (`release()`) or let it go out of scope
 ---as a to-be-closed variable (`local release <close> = m:acquire()`).
----Only its first call counts, and it only ends its own hold.
+---Only its first call counts, and it only ends its own hold: the call
+---returns `true` when it ended the hold, `false` otherwise (called before,
+---or the hold was lost to a lease).
 ---@class async_mutex.Releaser
----@operator call: nil
+---@operator call: boolean
 ---A readers-writer lock's write hold becomes a read hold, atomically; returns
 ---the read hold's releaser (this one is spent).
 ---@field downgrade fun(self: async_mutex.Releaser): async_mutex.Releaser
@@ -39,9 +41,9 @@
 ---@field check fun(self: async_mutex.Releaser): boolean
 
 ---Releases every key taken by `acquireAll`: callable once and to-be-closed,
----like `async_mutex.Releaser`.
+---like `async_mutex.Releaser` (`true` from the call that ended the holds).
 ---@class async_mutex.MultiReleaser
----@operator call: nil
+---@operator call: boolean
 
 
 ---A mutex for coroutines on luv's loop.

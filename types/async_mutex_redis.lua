@@ -6,7 +6,8 @@
 -- luacheck: ignore 241 (definition tables: mutated, never read)
 
 ---Where the server is: `host` (a name or a numeric address, default
----"127.0.0.1") and `port` (default 6379), or `path`, a unix socket.
+---"127.0.0.1") and `port` (default 6379), or `path`, a unix socket (not
+---both).  Any other field is an error.
 ---@class async_mutex.redis.Options
 ---@field host? string
 ---@field port? integer
@@ -14,10 +15,10 @@
 ---@field password? string sent with AUTH on every connection
 ---@field username? string with `password`: AUTH username password
 ---@field db? integer sent with SELECT on every connection
----@field connectTimeout? number ms (default 2000)
----@field commandTimeout? number ms without a reply while calls wait (default 5000; `math.huge`: none)
----@field reconnectDelay? number ms, the first back-off after a failed attempt (default 50)
----@field reconnectDelayMax? number ms, the longest back-off (default 2000)
+---@field connectTimeout? number ms, positive (default 2000; `math.huge`: none)
+---@field commandTimeout? number ms without a reply while calls wait, positive (default 5000; `math.huge`: none)
+---@field reconnectDelay? number ms, the first back-off after a failed attempt, finite (default 50)
+---@field reconnectDelayMax? number ms, the longest back-off, finite (default 2000)
 
 ---A subscription made by `client:subscribe`.
 ---@class async_mutex.redis.Subscription

@@ -222,13 +222,18 @@ local function canonical(keys, fname)
   return sorted
 end
 
--- A releaser of several keys: callable and to-be-closed, first call only.
+-- A releaser of several keys: callable and to-be-closed, first call only;
+-- like every releaser, its call returns whether it ended a hold (README,
+-- Releasers).
 local multi = { __name = "async_mutex.MultiReleaser" }
 local function release_all(self)
-  if not self.done then
-    self.done = true
-    for i = #self, 1, -1 do self[i]() end
+  if self.done then return false end
+  self.done = true
+  local ended = false
+  for i = #self, 1, -1 do
+    if self[i]() then ended = true end
   end
+  return ended
 end
 multi.__call, multi.__close = release_all, release_all
 

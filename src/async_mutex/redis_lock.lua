@@ -134,19 +134,27 @@ local function hub_use(hub)
   hub.users = hub.users + 1
 end
 
--- The idle timer is made once per hub and kept (stopped, it keeps no loop
--- running): a process that takes a contended lock over and over starts it
--- at every release.
+-- One idle timer for every hub, made once and kept (stopped, it keeps no
+-- loop running): a process that takes a contended lock over and over
+-- starts it at every release.  The hubs to check are held weakly, and the
+-- timer's callback holds no hub, so that an unreferenced client (and its
+-- hub) can still be collected.
+local idle_hubs = setmetatable({}, { __mode = "k" })
+local idle_timer
+
+local function on_idle()
+  for hub in pairs(idle_hubs) do
+    idle_hubs[hub] = nil
+    unsubscribe_if_idle(hub)
+  end
+end
+
 local function hub_unuse(hub)
   hub.users = hub.users - 1
   if hub.users == 0 and hub.sub then
-    local t = hub.idle_timer
-    if not t then
-      t = uv.new_timer()
-      hub.idle_timer = t
-      hub.on_idle = function() unsubscribe_if_idle(hub) end
-    end
-    t:start(0, 0, hub.on_idle)
+    idle_hubs[hub] = true
+    if not idle_timer then idle_timer = uv.new_timer() end
+    idle_timer:start(0, 0, on_idle)
   end
 end
 
@@ -187,15 +195,25 @@ local function drift(ttl) return ttl // 100 + 2 end
 
 local report                        -- reports an error of onLost
 
+-- A timer's callback is made with the timer and finds its lease in
+-- 'owner' (weak values): a spare timer holds no lease, so no lock or client
+-- is kept alive by it.
 local spare_timers, SPARE_MAX = {}, 64
+local owner, fire_of = setmetatable({}, { __mode = "v" }), {}
 
 local function stop_timer(lease)
   local t = lease.timer
   if t then
     lease.timer = nil
+    owner[t] = nil
     t:stop()
     local n = #spare_timers
-    if n < SPARE_MAX then spare_timers[n + 1] = t else close_handle(t) end
+    if n < SPARE_MAX then
+      spare_timers[n + 1] = t
+    else
+      fire_of[t] = nil
+      close_handle(t)
+    end
   end
 end
 
@@ -273,16 +291,17 @@ function arm(lease)
       t = spare_timers[n]
       spare_timers[n] = nil
     else
-      t = uv.new_timer()
+      local new = uv.new_timer()
+      fire_of[new] = function()
+        local l = owner[new]
+        if l then on_timer(l) end
+      end
+      t = new
     end
     lease.timer = t
+    owner[t] = lease
   end
-  local fire = lease.fire
-  if not fire then
-    fire = function() on_timer(lease) end
-    lease.fire = fire
-  end
-  t:start(floor(ms) + (ms % 1 > 0 and 1 or 0), 0, fire)
+  t:start(floor(ms) + (ms % 1 > 0 and 1 or 0), 0, fire_of[t])
 end
 
 -- 'first' is the length of the lease Redis granted: the ttl, or for a

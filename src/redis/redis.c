@@ -4,9 +4,10 @@
 ** watched by a luv poll handle made through luv's Lua API (the hooks
 ** given by src/async_mutex/redis.lua), never by hiredis's bundled
 ** adapters, and started here with a callback of this file: readiness is
-** handled in C, with no Lua closure per event.  Calls from any number of coroutines are appended to one
-** output buffer, written together, and answered in order: a FIFO of
-** waiting coroutines pairs each reply with its caller.
+** handled in C, with no Lua closure per event.  Calls from any number of
+** coroutines are appended to one output buffer, written together, and
+** answered in order: a FIFO of waiting coroutines pairs each reply with
+** its caller.
 ** See docs/redis.md.
 */
 #define _POSIX_C_SOURCE 200809L
@@ -487,11 +488,10 @@ static int core_script (lua_State *L) {
 /*
 ** onpoll(client, status, events): what the poll handle's callback runs
 ** (status < 0: a poll error, reported by libuv; events: UV_READABLE and
-** UV_WRITABLE).  Completes
-** the connect, reads and parses what arrived, resumes each waiter with
-** its reply in call order (a subscriber hands each reply to
-** hooks.message instead), then writes the calls those coroutines made
-** meanwhile in one go.  A poll error, end of file or protocol error ends
+** UV_WRITABLE).  Completes the connect, reads and parses what arrived,
+** resumes each waiter with its reply in call order (a subscriber hands
+** each reply to hooks.message instead), then writes the calls those
+** coroutines made meanwhile (2 KB at a time while it goes on).  A poll error, end of file or protocol error ends
 ** the connection (E_UNAVAILABLE for every call still waiting); so does
 ** an error reply to a set-up command (AUTH, SELECT), with that error.
 ** Returns the number of replies delivered.
