@@ -33,7 +33,10 @@ if not package.path:find(root .. "/spec/?.lua", 1, true) then
   package.path = ("%s/src/?.lua;%s/src/?/init.lua;%s/spec/?.lua;"):format(root, root, root)
     .. package.path
 end
-if not package.cpath:find(root .. "/build/?.so", 1, true) then
+-- This checkout's build, unless the caller chose one (LUA_CPATH: `make
+-- asan` and spec 91 under it run the sanitizer build, build/asan)
+if not (os.getenv("LUA_CPATH_5_4") or os.getenv("LUA_CPATH"))
+    and not package.cpath:find(root .. "/build/?.so", 1, true) then
   package.cpath = root .. "/build/?.so;" .. package.cpath
 end
 
