@@ -1,7 +1,8 @@
 -- The re-entrancy fuzzer (spec/fuzz/reentrancy.lua): random sequences during
--- which finalizers call the module back from inside its own calls, checked
--- against the invariants of docs/semantics.md (Re-entry).  It runs in a
--- child process, so that a crash fails the test rather than the run.
+-- which finalizers and debug hooks (call and count hooks) call the module
+-- back from inside its own calls, checked against the invariants of
+-- docs/semantics.md (Re-entry).  It runs in a child process, so that a
+-- crash fails the test rather than the run.
 -- `make fuzz` runs many more; AM_REENTRY_N and AM_REENTRY_SEED choose here.
 local h = require "helpers"
 

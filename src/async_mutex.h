@@ -351,6 +351,7 @@ struct State {
   size_t pending;                    /* waiters queued or ready */
   lua_Number timer_due;              /* when the luv timer fires, if on */
   int idle_on, timer_on, draining;
+  int syncing;                       /* am_sync is running (scheduler.c) */
   int closed;                        /* lua_close has collected the state */
   int check_idle, check_timer;       /* is the handle still open? (am_sync) */
   /* registry references to luv objects and our callbacks */

@@ -87,29 +87,16 @@ static int handle_closed (lua_State *L, State *st, int handle) {
 /*
 ** A handle of ours that someone closed (a test's teardown closing every
 ** handle from uv.walk, say) is replaced by a new one: luv would run a
-** closed handle's callback through freed references.
+** closed handle's callback through freed references.  Called by am_sync
+** only: a finalizer or hook run by these calls cannot replace the handle
+** meanwhile (its am_sync returns at once).
 */
 static void ensure_open (lua_State *L, State *st, int *handle, int ctor) {
   if (handle_closed(L, st, *handle)) {
-    pushref(L, *handle);                      /* the closed one */
     pushref(L, ctor);
-    lua_call(L, 0, 1);                        /* closed new */
-    /* RE-ENTRY: the call may run a finalizer that made (and started) a
-       new handle already; two would both run (one never stopped): keep
-       that one, close ours */
-    pushref(L, *handle);
-    if (!lua_rawequal(L, -1, -3)) {
-      lua_pop(L, 1);
-      lua_getfield(L, -1, "close");
-      lua_insert(L, -2);
-      lua_call(L, 1, 0);
-      lua_pop(L, 1);
-      return;
-    }
-    lua_pop(L, 1);
+    lua_call(L, 0, 1);
     luaL_unref(L, LUA_REGISTRYINDEX, *handle);
     *handle = luaL_ref(L, LUA_REGISTRYINDEX);
-    lua_pop(L, 1);
   }
 }
 
@@ -170,48 +157,88 @@ static void stop_timer (lua_State *L, State *st) {
 }
 
 
+/* What am_sync does next; decided from C fields alone. */
+enum { SYNC_NONE, SYNC_CHECK_IDLE, SYNC_CHECK_TIMER, SYNC_START_IDLE,
+       SYNC_STOP_IDLE, SYNC_ARM_TIMER, SYNC_STOP_TIMER };
+
+static int sync_next (State *st) {
+  int ready = am_list_first(&st->ready) != NULL;
+  /* at each new need of a handle we believe active, check that it is
+     (one luv call, only when a waiter became ready outside the idle
+     callback, or a deadline was added) */
+  if (st->check_idle && ready && st->idle_on && !st->draining)
+    return SYNC_CHECK_IDLE;
+  if (st->check_timer && st->timers.count > 0 && st->timer_on)
+    return SYNC_CHECK_TIMER;
+  st->check_idle = st->check_timer = 0;
+  if (!st->draining && ready && !st->idle_on)
+    return SYNC_START_IDLE;
+  if (!st->draining && !ready && st->idle_on)
+    return SYNC_STOP_IDLE;
+  if (st->timers.count > 0
+      && (!st->timer_on
+          || am_queue_first(&st->timers)->deadline < st->timer_due))
+    return SYNC_ARM_TIMER;
+  if (st->timers.count == 0 && st->timer_on)
+    return SYNC_STOP_TIMER;
+  return SYNC_NONE;
+}
+
+
+/* am_sync's loop, run protected (the state is argument 1). */
+static int sync_loop (lua_State *L) {
+  State *st = (State *)lua_touserdata(L, 1);
+  int next;
+  while ((next = sync_next(st)) != SYNC_NONE) {
+    switch (next) {
+      case SYNC_CHECK_IDLE:
+        st->check_idle = 0;
+        if (handle_closed(L, st, st->idle)) st->idle_on = 0;
+        break;
+      case SYNC_CHECK_TIMER:
+        st->check_timer = 0;
+        if (handle_closed(L, st, st->timer)) st->timer_on = 0;
+        break;
+      case SYNC_START_IDLE: start_idle(L, st); break;
+      case SYNC_STOP_IDLE: stop_idle(L, st); break;
+      case SYNC_ARM_TIMER: arm_timer(L, st); break;
+      default: stop_timer(L, st); break;
+    }
+  }
+  return 0;
+}
+
+
 /*
-** RE-ENTRY (docs/semantics.md, "Re-entry"): the queue rules (rules.c) and
-** the ready and timer queues never call luv, since a luv function called
-** through Lua may run a debug hook, and the hook may call the module while
-** a queue is half updated.  Every entry point instead calls am_sync once
-** its update is complete: it brings the idle handle and the timer in line
-** with the queues.  The luv calls it makes may run a hook that changes the
-** queues again (it may even call am_sync itself), so after each call it
-** looks again, until nothing is left to do.  While the idle callback
-** resumes waiters ('draining'), it decides about the idle handle itself.
+** RE-ENTRY (docs/semantics.md, "Re-entry"; docs/internals.md, "Rules the
+** code keeps"): the queue rules (rules.c) and the ready and timer queues
+** never call luv, since a luv function called through Lua may run a debug
+** hook or a finalizer, and it may call the module while a queue is half
+** updated.  Every entry point instead calls am_sync once its update is
+** complete: it brings the idle handle and the timer in line with the
+** queues.  The luv calls it makes may run Lua code that changes the
+** queues again, so after each call it decides again (sync_next), until
+** nothing is left to do.
+** Only one am_sync runs at a time ('syncing'): one called back from inside
+** a luv call of another returns at once, and the outer one sees what the
+** call back changed when it decides again.  Nested, the two would each act
+** on a handle and a flag the other changes under it (a handle replaced
+** twice, or started and then believed stopped: an active idle handle no
+** one stops, and uv.run() spins).  The loop runs protected, so that an
+** error (raised by a hook, say) clears 'syncing' before it propagates.
+** While the idle callback resumes waiters ('draining'), it decides about
+** the idle handle itself.
 */
 void am_sync (lua_State *L, State *st) {
-  if (st->closed) return;                 /* lua_close: luv is going away */
-  for (;;) {
-    int ready = am_list_first(&st->ready) != NULL;
-    /* at each new need of a handle we believe active, check that it is
-       (one luv call, only when a waiter became ready outside the idle
-       callback, or a deadline was added) */
-    if (st->check_idle && ready && st->idle_on && !st->draining) {
-      st->check_idle = 0;
-      if (handle_closed(L, st, st->idle)) st->idle_on = 0;
-      continue;
-    }
-    if (st->check_timer && st->timers.count > 0 && st->timer_on) {
-      st->check_timer = 0;
-      if (handle_closed(L, st, st->timer)) st->timer_on = 0;
-      continue;
-    }
-    st->check_idle = st->check_timer = 0;
-    if (!st->draining && ready && !st->idle_on)
-      start_idle(L, st);
-    else if (!st->draining && !ready && st->idle_on)
-      stop_idle(L, st);
-    else if (st->timers.count > 0
-             && (!st->timer_on
-                 || am_queue_first(&st->timers)->deadline < st->timer_due))
-      arm_timer(L, st);
-    else if (st->timers.count == 0 && st->timer_on)
-      stop_timer(L, st);
-    else
-      break;
-  }
+  int status;
+  if (st->closed || st->syncing) return;  /* lua_close; or see above */
+  if (sync_next(st) == SYNC_NONE) return; /* the common case: no luv call */
+  st->syncing = 1;
+  lua_pushcfunction(L, sync_loop);
+  lua_pushlightuserdata(L, st);
+  status = lua_pcall(L, 1, 0, 0);
+  st->syncing = 0;
+  if (status != LUA_OK) lua_error(L);
 }
 
 /* }====================================================== */
@@ -438,14 +465,15 @@ static int on_idle (lua_State *L) {
   State *st = (State *)lua_touserdata(L, AM_STATE_UPVALUE);
   size_t budget;
   if (st->closed) return 0;
-  if (st->draining) {
-    /* uv.run() inside a coroutine we resumed: the waiters are resumed
-       once that coroutine yields back to us, not from this nested run.
-       The idle handle stops meanwhile (left active, the nested run would
-       spin and never return); the outer call restarts it (am_sync). */
+  if (st->draining || st->syncing) {
+    /* uv.run() inside a coroutine we resumed (or inside a hook run by a
+       luv call of am_sync): the waiters are resumed once that coroutine
+       yields back to us, not from this nested run.  The idle handle stops
+       meanwhile (left active, the nested run would spin and never
+       return); the outer call restarts it (am_sync). */
     stop_idle(L, st);
     return 0;
-  }                 /* uv.run() inside a waiter */
+  }
   st->draining = 1;
   budget = count_ready(st) + BATCH;
   while (budget-- > 0) {
@@ -487,8 +515,10 @@ static int on_timer (lua_State *L) {
   lua_Number now;
   Waiter *w;
   if (st->closed) return 0;
+  /* a one-shot timer fired; cleared before the luv call, where a hook
+     may arm it again */
+  st->timer_on = 0;
   now = loop_now(L, st);
-  st->timer_on = 0;                           /* a one-shot timer fired */
   while ((w = am_queue_first(&st->timers)) != NULL && w->deadline <= now) {
     am_queue_remove(&st->timers, w);
     am_expire(L, w);
@@ -623,6 +653,7 @@ static void init_state (State *st) {
   st->pending = 0;
   st->timer_due = 0;
   st->idle_on = st->timer_on = st->draining = st->closed = 0;
+  st->syncing = 0;
   st->check_idle = st->check_timer = 0;
   st->idle = st->timer = st->idle_start = st->idle_stop = LUA_NOREF;
   st->timer_start = st->timer_stop = st->now = LUA_NOREF;

@@ -9,6 +9,7 @@
 **   NEW --queued--> QUEUED --ready--> READY --resuming--> RESUMING
 **   RESUMING --(continuation)--> DONE --(hand out)--> HELD --> RELEASED
 **   QUEUED, READY --abandon--> DONE          (coroutine closed or dead)
+**   NEW --abandon--> NEW, unanchored         (raised before it was queued)
 **   QUEUED --detach--> DONE                  (its lock freed by lua_close)
 **
 ** The other files only call these: rules.c decides outcomes (ready,
@@ -87,11 +88,23 @@ static int released (Releaser *r) {
 ** be resumed): it never gets the lock.  A queued request leaves the
 ** queue; a grant not yet delivered is given back (saturating: this runs
 ** from __close, and must not raise).  Either way the lock passes on.
-** In any other state, nothing to do.  Returns whether it did anything.
+** NEW and still anchored (a request that raised before it was queued): it
+** gives its anchor back.  In any other state, nothing to do.  Returns
+** whether the queues changed.
 */
 int am_waiter_abandon (lua_State *L, Waiter *w) {
   Lock *lk = w->r.lock;
   int state = w->r.state;
+  if (state == S_NEW) {
+    /* an error between its anchoring and its queueing (a hook raising in
+       the clock's luv call, memory): the anchor goes, or pending() and the
+       coroutine would be kept for good; a key's lock made for it leaves */
+    if (w->r.ref != LUA_NOREF) {
+      am_unanchor(L, w);
+      am_settle(L, lk);
+    }
+    return 0;
+  }
   if (state != S_QUEUED && state != S_READY) return 0;
   if (state == S_QUEUED) {
     am_timer_remove(L, lk->st, w);
@@ -382,7 +395,9 @@ static int suspend (lua_State *L, Request *rq) {
      taken before is stale until it is taken again below. */
   w = new_waiter(L, rq, timed, hands_out);
   /* anchored before it is queued: if a later step raises and nothing
-     catches it, the dead coroutine and its waiter stay alive while queued */
+     catches it, the dead coroutine and its waiter stay alive while queued;
+     if a step before the queueing raises, the waiter's __close gives the
+     anchor back (am_waiter_abandon) */
   am_anchor(L, w);                         /* may run the collector */
   /* the clock, if the wait needs it (a lease counted from the grant
      reads it when the grant comes) */
@@ -439,8 +454,12 @@ int am_request (lua_State *L, Request *rq) {
        request that waits reads it only if it must (suspend), so that the
        clock's Lua call leaves no frame behind in a waiting coroutine. */
     now = am_timer_now(L, rq->lock->st);
-    rq->lock = am_keyed_current(L, rq->lock, rq->lockidx);
   }
+  /* RE-ENTRY: both calls above may run Lua code (a hook), which may have
+     dropped a key's lock from its set (a cancel settling the idle lock
+     made for this request) and given the key a new one: decide on the
+     key's lock as it is now (docs/internals.md, Decide, then commit) */
+  rq->lock = am_keyed_current(L, rq->lock, rq->lockidx);
   if (rq->lock->kind->reentrant && am_reenters(L, rq->lock, rq))
     return grant_now(L, rq, rq->lock, now);     /* its holder, once more */
   if (am_can_lock_now(rq->lock, rq->weight, &rq->priority))  /* fast path */

@@ -7,7 +7,7 @@
 --   lua5.4 spec/fuzz/runner.lua fuzz N [J [SEED]]
 --
 -- Prints one progress line per finished chunk and a closing line
---   fuzz: N sequences, N ops, S s (N seq/s), seeds A..B: OK
+--   fuzz: N sequences, N ops[, N re-entrant calls], S s (N seq/s), seeds A..B: OK
 -- or the failure report (seed, message, shortest reproducing sequence).
 --
 -- A fuzzer that uses the pool gives driver.main its argv and a suite:
@@ -15,7 +15,8 @@
 --                         runs seeds FIRST..FIRST+COUNT-1 and prints:
 --                         "S seed" as each starts, "F seed" when one fails
 --                         (its shrinking follows), then either
---                         "OK n sequences n ops ..." and exit 0, or a report
+--                         "OK n sequences n ops ..." (and "n re-entrant calls",
+--                         summed when present) and exit 0, or a report
 --                         with a "FAILURE" line, "FAILED after n sequences n
 --                         ops ..." and exit 1 (runner.lua's `run` command)
 --   suite.crash_report    function(seed): the lines that report a crash or a
@@ -42,6 +43,7 @@ function driver.main(argv, suite)
   local t0 = uv.hrtime()
   local next_seed, last_seed = start, start + n - 1
   local total_seq, total_ops = 0, 0
+  local total_re                            -- re-entrant calls, if counted
   local running = 0
   local children = {}                       -- handle -> watchdog check
   local failure                             -- text of the first failure
@@ -62,6 +64,8 @@ function driver.main(argv, suite)
       local seqs, ops = text:match("OK (%d+) sequences (%d+) ops")
       if code == 0 and seqs then
         total_seq, total_ops = total_seq + tonumber(seqs), total_ops + tonumber(ops)
+        local re = text:match("OK %d+ sequences %d+ ops (%d+) re%-entrant calls")
+        if re then total_re = (total_re or 0) + tonumber(re) end
         local secs = (uv.hrtime() - t0) / 1e9
         print(("  seeds %d..%d ok; total %d sequences, %d ops, %.0f s"):format(
           first, first + count - 1, total_seq, total_ops, secs))
@@ -136,8 +140,9 @@ function driver.main(argv, suite)
     print(("fuzz: FAILED after %d sequences, %d ops, %.0f s"):format(total_seq, total_ops, secs))
     return 1
   end
-  print(("fuzz: %d sequences, %d ops, %.0f s (%.0f seq/s), seeds %d..%d: OK"):format(
-    total_seq, total_ops, secs, total_seq / secs, start, last_seed))
+  print(("fuzz: %d sequences, %d ops%s, %.0f s (%.0f seq/s), seeds %d..%d: OK"):format(
+    total_seq, total_ops, total_re and (", %d re-entrant calls"):format(total_re) or "",
+    secs, total_seq / secs, start, last_seed))
   return 0
 end
 

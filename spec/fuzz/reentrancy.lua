@@ -1,11 +1,16 @@
 -- The re-entrancy fuzzer: random sequences of lock operations during which
 -- finalizers (of garbage made at random moments, under collector pressure)
 -- and debug hooks ("c" and count hooks) call the module back, from inside
--- its own calls.  There is no model here (spec/fuzz/runner.lua has one):
--- the checks are the invariants docs/semantics.md ("Re-entry") promises
--- whatever runs in between:
---   - never two holders of one mutex, nor of one key of a KeyedMutex;
---   - an unlocked mutex (or key) has no acquirer queued;
+-- its own calls.  The locks: Mutex, Semaphore, KeyedMutex, KeyedSemaphore,
+-- RWLock (reads, writes, downgrade), KeyedRWLock and ReentrantMutex; one
+-- sequence in four runs with debug mode on (docs/debug.md).  There is no
+-- model here (spec/fuzz/runner.lua has one): the checks are the invariants
+-- docs/semantics.md ("Re-entry") promises whatever runs in between:
+--   - never two holders of one mutex, nor of one key of a KeyedMutex; never
+--     a writer of an RWLock (or key) beside another holder; the levels of a
+--     ReentrantMutex held by one coroutine, and counted by depth();
+--   - an unlocked mutex (or key, RWLock, ReentrantMutex) has no acquirer
+--     queued;
 --   - a keyed lock's count() equals #keys();
 --   - every request ends exactly once, and every one ends once the locks
 --     are released and canceled and the loop is run;
@@ -28,7 +33,10 @@ if not package.path:find(root .. "/spec/?.lua", 1, true) then
   package.path = ("%s/src/?.lua;%s/src/?/init.lua;%s/spec/?.lua;"):format(root, root, root)
     .. package.path
 end
-if not package.cpath:find(root .. "/build/?.so", 1, true) then
+-- This checkout's build, unless the caller chose one (LUA_CPATH: `make
+-- asan` and spec 91 under it run the sanitizer build, build/asan)
+if not (os.getenv("LUA_CPATH_5_4") or os.getenv("LUA_CPATH"))
+    and not package.cpath:find(root .. "/build/?.so", 1, true) then
   package.cpath = root .. "/build/?.so;" .. package.cpath
 end
 
@@ -48,26 +56,22 @@ end
 local EXPECTED = {
   [am.E_TIMEOUT] = true, [am.E_ALREADY_LOCKED] = true,
   [am.E_CANCELED] = true, [am.E_MAX_PENDING] = true,
+  -- debug mode only (docs/debug.md): a hook may make an actor the holder of
+  -- what it then waits for
+  [am.E_DEADLOCK] = true,
 }
 
 local PRIORITIES = { 0, 0, 0, 1, -1, math.maxinteger, math.maxinteger - 1,
                      math.mininteger, 2.0 ^ 53, 0.5 }
 local KEYS = { "a", "b", 1 }
 
--- AM_REENTRY_EXCLUDE=walk,close,hook,callhook,count,gc,runex,unscoped leaves
--- features out (to look past a known failure).  KNOWN: with debug hooks
--- calling back (hook: both kinds), runs still fail within a few hundred
--- sequences (an actor's fresh coroutine found dead at its first resume
--- under count hooks; a hang under call hooks), not yet told apart from
--- artifacts of this fuzzer; so hooks are left out unless the variable is
--- set (AM_REENTRY_EXCLUDE= includes everything).  The hook cases known
--- to have failed are regression tests in spec/35-reentry-hooks_spec.lua.
--- KNOWN too, without hooks: a long run (seeds from 1000000) reported "two
--- holders of Mutex" (a tryAcquire holder, then a plain acquire granted) at
--- seed 1000315, after 315 sequences; not yet diagnosed (the holder
--- bookkeeping here is conservative about unscoped releases, see 'held').
+-- AM_REENTRY_EXCLUDE=walk,close,hook,callhook,count,gc,runex,unscoped,debugmode leaves
+-- features out (to look past a known failure); by default everything is
+-- in: finalizers and both kinds of debug hooks call back.  Each failure
+-- these once reported is a regression test in spec/34-38 (the module's),
+-- or is explained where this harness guards against it (its own).
 local EXCLUDE = {}
-for word in (os.getenv("AM_REENTRY_EXCLUDE") or "hook"):gmatch("[%w_]+") do
+for word in (os.getenv("AM_REENTRY_EXCLUDE") or ""):gmatch("[%w_]+") do
   EXCLUDE[word] = true
 end
 
@@ -75,6 +79,17 @@ end
 -- violation (a string); and the number of steps and re-entrant calls.
 function R.run_sequence(seed, nops)
   local rnd = rng(seed)
+  -- the same start for every sequence, whatever ran before (the
+  -- collector's mode and debt, garbage left by earlier sequences, whose
+  -- finalizers no longer call back): a failing seed replays alone
+  debug.sethook()
+  collectgarbage("incremental", 200, 100, 13)
+  collectgarbage("collect")
+  collectgarbage("collect")
+  -- one sequence in four with debug mode on (docs/debug.md): its Lua code
+  -- runs in the grant and request paths, where the hooks call back too
+  local debugging = rnd(4) == 1 and not EXCLUDE.debugmode
+  if debugging then am.debug.enable({ onReport = function() end }) end
   local bad                               -- the first violation
   local reentries = 0
   local locks = {
@@ -83,15 +98,28 @@ function R.run_sequence(seed, nops)
     { kind = "Semaphore", obj = am.Semaphore.new(2) },
     { kind = "KeyedMutex", obj = am.KeyedMutex.new({ maxPending = 3 }) },
     { kind = "KeyedSemaphore", obj = am.KeyedSemaphore.new(2) },
+    { kind = "RWLock", obj = am.RWLock.new() },
+    { kind = "KeyedRWLock", obj = am.KeyedRWLock.new({ maxPending = 3 }) },
+    { kind = "ReentrantMutex", obj = am.ReentrantMutex.new() },
   }
-  for _, lk in ipairs(locks) do lk.epoch = 0 end
+  for _, lk in ipairs(locks) do lk.epoch, lk.releasing = 0, 0 end
   local holders = {}                      -- append only: { lock, key, rel, ended }
   local actors = {}                       -- append only
   local base = am.pending()
-  local depth = 0                         -- nesting of re-entrant calls
 
   local TRACE = os.getenv("AM_REENTRY_TRACE") == "1"
-  local function log(...) if TRACE then io.stderr:write(table.concat({ ... }, " "), "\n") end end
+  -- The trace (AM_REENTRY_TRACE=1) is printed at the end of the sequence:
+  -- made and kept alike whether printed or not, so that tracing changes
+  -- neither what the collector does nor the calls a hook sees (each one
+  -- draws from 'rnd'), and a traced replay fails alike.
+  local trace = {}
+  local depth = 0                         -- nesting of re-entrant calls
+  local function log(...)
+    local line = table.concat({ ... }, " ")
+    depth = depth + 10                    -- see 'held'
+    trace[#trace + 1] = line
+    depth = depth - 10
+  end
 
   local function violation(msg)
     bad = bad or ("seed %d: %s"):format(seed, msg)
@@ -100,21 +128,44 @@ function R.run_sequence(seed, nops)
 
   local function is_mutex(lk) return lk.kind == "Mutex" or lk.kind == "KeyedMutex" end
   local function is_keyed(lk) return lk.kind:find("Keyed") ~= nil end
+  local function is_weighted(lk) return lk.kind:find("Semaphore") ~= nil end
+  local function is_rw(lk) return lk.kind:find("RWLock") ~= nil end
+  -- kinds whose release() is unscoped and ends the (write) holder: P3
+  local function ends_holder(lk) return is_mutex(lk) or is_rw(lk) end
+
+  -- Would a grant of 'mode' to 'co' conflict with the live holder 'o'?
+  -- A mutex (or key) has one holder; an RWLock's writer holds it alone
+  -- (docs/lockkinds.md); a ReentrantMutex's levels all belong to one
+  -- coroutine.
+  local function conflicts(lk, o, mode, co)
+    if is_mutex(lk) then return true
+    elseif is_rw(lk) then return mode == "write" or o.mode == "write"
+    elseif lk.kind == "ReentrantMutex" then return o.co ~= co end
+    return false
+  end
 
   -- A grant delivered: at most one live holder per mutex (or key).  An
   -- unscoped release ends the grant out (P3), even one decided but not
   -- delivered yet: a grant requested before the lock's last unscoped
   -- release ('since' older than its 'epoch') may be over already, and
   -- is left out of the check ('maybe').
-  local function held(lk, key, rel, since, how)
+  -- A count hook may run at any instruction: between reading '#holders'
+  -- and storing at that index, a call back appending too would be
+  -- overwritten (a grant lost from view, then "two holders" or "a mutex
+  -- left locked" reported falsely).  So the harness's own bookkeeping runs
+  -- with 'depth' raised, where a hook does not call back.
+  local function held(lk, key, rel, since, how, mode)
     depth = depth + 10                    -- our bookkeeping: no call back
     if not is_keyed(lk) then key = nil end
-    local hd = { lock = lk, key = key, rel = rel, how = how,
-                 maybe = since ~= nil and since ~= lk.epoch }
-    log("held", tostring(lk.obj), tostring(key), "#" .. (#holders + 1), tostring(hd.maybe))
-    if is_mutex(lk) and not hd.maybe then
+    local co = coroutine.running()
+    local hd = { lock = lk, key = key, rel = rel, how = how, mode = mode, co = co,
+                 maybe = since ~= nil and since ~= lk.epoch or lk.releasing > 0 }
+    log("held", tostring(lk.obj), tostring(key), "#" .. (#holders + 1), tostring(hd.maybe),
+      tostring(mode))
+    if not hd.maybe then
       for _, o in ipairs(holders) do
-        if o.lock == lk and o.key == key and not o.ended and not o.maybe then
+        if o.lock == lk and o.key == key and not o.ended and not o.maybe
+            and conflicts(lk, o, mode, co) then
           violation(("two holders of %s %s: %s (%s), then %s (%s)"):format(lk.kind,
             tostring(key), tostring(o.how), tostring(o.rel), tostring(how), tostring(rel)))
         end
@@ -125,30 +176,72 @@ function R.run_sequence(seed, nops)
     return hd
   end
 
-  -- An unscoped release of a mutex (or key) ends whoever holds it (P3).
+  -- An unscoped release of a mutex (or key) ends whoever holds it (P3)
+  -- when it runs: a hook (or finalizer) run at the call of release may
+  -- take the lock first, and that grant then ends too.  So a grant
+  -- recorded while a release of its lock is under way ('releasing') may
+  -- be over, and is left out of the check, like one requested before it.
   local function unscoped(lk, key)
     local obj = lk.obj
-    if EXCLUDE.unscoped and is_mutex(lk) then return end
+    if EXCLUDE.unscoped and ends_holder(lk) then return end
     log("unscoped", tostring(obj), tostring(key))
-    if lk.kind == "Mutex" then
-      lk.epoch = lk.epoch + 1
-      for _, o in ipairs(holders) do if o.lock == lk then o.ended = true end end
-      obj:release()
-    elseif lk.kind == "KeyedMutex" then
+    if ends_holder(lk) then               -- (an RWLock's: the writer's)
+      local keyed = is_keyed(lk)
+      depth = depth + 10
       lk.epoch = lk.epoch + 1
       for _, o in ipairs(holders) do
-        if o.lock == lk and o.key == key then o.ended = true end
+        if o.lock == lk and (not keyed or o.key == key) and o.mode ~= "read" then
+          o.ended = true
+        end
       end
-      obj:release(key)
+      lk.releasing = lk.releasing + 1
+      depth = depth - 10
+      if keyed then obj:release(key) else obj:release() end
+      lk.releasing = lk.releasing - 1
     elseif lk.kind == "Semaphore" then obj:release(rnd(2))
-    else obj:release(key, rnd(2)) end
+    elseif lk.kind == "KeyedSemaphore" then obj:release(key, rnd(2)) end
+    -- (a ReentrantMutex has no unscoped release)
   end
 
+  -- (a runExclusive hold has no releaser here: it ends when its body
+  -- returns, and counts as held until then)
   local function end_holder(hd)
     log("end_holder", tostring(hd.lock.obj), tostring(hd.ended), tostring(hd.maybe))
+    if hd.rel == nil then return end
     if not hd.ended or hd.maybe then
       hd.ended = true
       if hd.rel then hd.rel() end
+    end
+  end
+
+  -- An RWLock's write hold turned into a read hold, with no moment between
+  -- (docs/lockkinds.md).  A call back at the call of downgrade may have
+  -- ended the write hold first (an unscoped release): then it refuses.
+  local function downgrade(hd)
+    local lk = hd.lock
+    log("downgrade", tostring(lk.obj))
+    -- a read hold from here on: the call commits the downgrade before the
+    -- luv calls (or debug mode's hooks) where a call back runs, and a
+    -- reader granted then shares the key with it
+    -- (so an unscoped release run by a hook at the call no longer marks it
+    -- ended: 'epoch' tells that one happened)
+    local e0 = lk.epoch
+    hd.mode = "read"
+    local ok, r2 = pcall(hd.rel.downgrade, hd.rel)
+    if ok then
+      hd.ended = true
+      held(lk, hd.key, r2, nil, hd.how .. " downgraded", "read")
+    elseif not hd.ended and lk.epoch == e0 then  -- (else: an unscoped release)
+      violation("downgrade: " .. tostring(r2))
+    end
+  end
+
+  -- One holder ended: by its releaser, or (a live write hold) downgraded.
+  local function end_or_downgrade(hd)
+    if hd.mode == "write" and hd.rel and not hd.ended and not hd.maybe and rnd(3) == 1 then
+      downgrade(hd)
+    else
+      end_holder(hd)
     end
   end
 
@@ -159,7 +252,7 @@ function R.run_sequence(seed, nops)
     elseif mode == 3 then obj = am.tryAcquire(obj) end
     local args = {}
     if is_keyed(lk) then args[#args + 1] = key end
-    if not is_mutex(lk) then args[#args + 1] = rnd(2) end
+    if is_weighted(lk) then args[#args + 1] = rnd(2) end
     args[#args + 1] = PRIORITIES[rnd(#PRIORITIES)]
     return function() return obj[what](obj, table.unpack(args)) end
   end
@@ -188,13 +281,23 @@ function R.run_sequence(seed, nops)
     local mode = plan <= 3 and rnd(3) or 1
     local a = { outcomes = 0, what = ("%s %s plan %d mode %d"):format(lk.kind, tostring(key), plan, mode),
                 lock = lk }
-    local what = plan == 5 and "waitForUnlock" or "acquire"
-    log("spawn", "#" .. #actors, tostring(lk.obj), tostring(key), plan, mode)
+    local what, rw = plan == 5 and "waitForUnlock" or "acquire", nil
+    if is_rw(lk) and what == "acquire" then
+      rw = rnd(2) == 1 and "read" or "write"
+      what = rw == "read" and "acquireRead" or "acquireWrite"
+    end
+    log("spawn", "#" .. #actors, tostring(lk.obj), tostring(key), plan, mode, what)
     local call = request(lk, key, what, mode)
     local function outcome(ok, err)
+      log("outcome", a.what, tostring(ok), tostring(err), tostring(lk.obj))
       a.outcomes = a.outcomes + 1
       if a.outcomes > 1 then violation("a request ended twice") end
-      if not ok and not EXPECTED[err] then violation("unexpected error: " .. tostring(err)) end
+      -- (a hook in this coroutine may have made it the ReentrantMutex's
+      -- holder first: then its own waitForUnlock is refused, as documented)
+      if not ok and not EXPECTED[err] and not (lk.kind == "ReentrantMutex"
+          and tostring(err):find("that this coroutine holds", 1, true)) then
+        violation("unexpected error: " .. tostring(err))
+      end
     end
     a.co = coroutine.create(function()
       if rnd(3) == 1 then hook() end
@@ -202,7 +305,7 @@ function R.run_sequence(seed, nops)
         local obj, hd = lk.obj, nil
         local since = lk.epoch
         local function body()
-          hd = held(lk, key, nil, since, "runExclusive")
+          hd = held(lk, key, nil, since, "runExclusive", "write")
           a.parked = true
           coroutine.yield()
           a.parked = false
@@ -218,12 +321,18 @@ function R.run_sequence(seed, nops)
       local since = lk.epoch
       local res = table.pack(pcall(call))
       outcome(res[1], res[2])
-      if res[1] and what == "acquire" then
-        held(lk, key, res[res.n], since, a.what)  -- the releaser: the last value
+      if res[1] and what ~= "waitForUnlock" then -- the releaser: the last value
+        held(lk, key, res[res.n], since, a.what, rw)
       end
     end)
-    actors[#actors + 1] = a
+    -- listed (where a call back may close it) only once started: a hook
+    -- or finalizer run between create and resume would otherwise close
+    -- the fresh coroutine, and the resume find it dead (a fault of this
+    -- harness, not of the module)
     local ok, err = coroutine.resume(a.co)
+    depth = depth + 10
+    actors[#actors + 1] = a
+    depth = depth - 10
     if not ok then violation("actor at spawn: " .. tostring(err) .. " " .. "outcomes " .. a.outcomes) end
   end
 
@@ -247,10 +356,13 @@ function R.run_sequence(seed, nops)
       if n == 1 then unscoped(lk, key)
       elseif n == 2 then
         local hd = holders[rnd(#holders + 1)]
-        if hd then end_holder(hd) end
+        if hd then end_or_downgrade(hd) end
       elseif n == 3 then                   -- tryAcquire: a grant or a refusal now
-        local ok2, a, b = pcall(request(lk, key, "acquire", 3))
-        if ok2 then held(lk, key, b or a, nil, from .. " tryAcquire")
+        -- ('since': a hook may release the grant before it is recorded)
+        local since = lk.epoch
+        local rw = is_rw(lk) and (rnd(2) == 1 and "read" or "write") or nil
+        local ok2, a, b = pcall(request(lk, key, rw == "read" and "acquireRead" or "acquire", 3))
+        if ok2 then held(lk, key, b or a, since, from .. " tryAcquire", rw)
         elseif not EXPECTED[a] then violation(from .. ": tryAcquire: " .. tostring(a)) end
       elseif n == 4 then spawn()
       elseif n == 5 then
@@ -262,6 +374,7 @@ function R.run_sequence(seed, nops)
         local a = actors[rnd(#actors + 1)]
         if a and not EXCLUDE.close and coroutine.status(a.co) == "suspended"
             and not a.parked then
+          log("close", a.what, tostring(a.lock.obj))
           coroutine.close(a.co)
           a.closed = true
         end
@@ -287,14 +400,23 @@ function R.run_sequence(seed, nops)
     depth = depth + 10                    -- no call back while we look
     for _, lk in ipairs(locks) do
       local obj = lk.obj
-      if lk.kind == "Mutex" and not obj:isLocked()
-          and not tostring(obj):find("unlocked, 0 waiting", 1, true) then
-        violation("an unlocked mutex with acquirers queued: " .. tostring(obj))
+      if (lk.kind == "Mutex" or lk.kind == "RWLock" or lk.kind == "ReentrantMutex")
+          and not obj:isLocked() and not tostring(obj):find(" 0 waiting", 1, true) then
+        violation("an unlocked lock with acquirers queued: " .. tostring(obj))
+      elseif lk.kind == "ReentrantMutex" then
+        local levels = 0
+        for _, o in ipairs(holders) do
+          if o.lock == lk and not o.ended then levels = levels + 1 end
+        end
+        -- (depth() also counts a grant decided and not delivered yet)
+        if obj:depth() < levels then
+          violation(("ReentrantMutex depth() %d, %d levels held"):format(obj:depth(), levels))
+        end
       elseif is_keyed(lk) then
         if obj:count() ~= #obj:keys() then
           violation(("%s count() %d, #keys() %d"):format(lk.kind, obj:count(), #obj:keys()))
         end
-        if lk.kind == "KeyedMutex" then
+        if lk.kind == "KeyedMutex" or lk.kind == "KeyedRWLock" then
           for _, key in ipairs(KEYS) do
             if not obj:isLocked(key) and (obj:waiting(key)) > 0 then
               violation("an unlocked key with acquirers queued: " .. tostring(key))
@@ -317,7 +439,7 @@ function R.run_sequence(seed, nops)
       if n <= 3 then spawn()
       elseif n == 4 then
         local hd = holders[rnd(#holders + 1)]
-        if hd then end_holder(hd) end
+        if hd then end_or_downgrade(hd) end
       elseif n == 5 then unscoped(lk, key)
       elseif n == 6 then
         if rnd(3) == 1 then lk.obj:cancel() elseif is_keyed(lk) then lk.obj:cancel(key) end
@@ -346,6 +468,7 @@ function R.run_sequence(seed, nops)
   -- The end: no more calls back; everything released, canceled, run.
   debug.sethook()
   depth = 99
+  if debugging then am.debug.disable() end
   collectgarbage("generational")
   local ok, err = pcall(function()
     for _ = 1, 50 do
@@ -389,17 +512,25 @@ function R.run_sequence(seed, nops)
   end
   if am.pending() ~= base then violation(("pending %d, was %d"):format(am.pending(), base)) end
   for _, lk in ipairs(locks) do
-    if lk.kind == "KeyedMutex" and lk.obj:count() ~= 0 then violation("keys left in use") end
+    if (lk.kind == "KeyedMutex" or lk.kind == "KeyedRWLock") and lk.obj:count() ~= 0 then
+      violation("keys left in use")
+    end
     if lk.kind == "KeyedSemaphore" then           -- only raised values stay
       for _, key in ipairs(lk.obj:keys()) do
         if lk.obj:getValue(key) <= 2 then violation("an idle key left in use") end
       end
     end
-    if lk.kind == "Mutex" and lk.obj:isLocked() then violation("a mutex left locked") end
+    if (lk.kind == "Mutex" or lk.kind == "RWLock" or lk.kind == "ReentrantMutex")
+        and lk.obj:isLocked() then
+      violation("a lock left locked: " .. tostring(lk.obj))
+    end
   end
   uv.walk(function(hd)
     if hd:is_active() and not hd:is_closing() then violation("an active handle left: " .. tostring(hd)) end
   end)
+  if TRACE then
+    for _, line in ipairs(trace) do io.stderr:write(line, "\n") end
+  end
   return bad, steps, reentries
 end
 
