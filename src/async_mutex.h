@@ -477,6 +477,7 @@ void am_timer_add (lua_State *L, State *st, Waiter *w, lua_Number now,
 void am_timer_remove (lua_State *L, State *st, Waiter *w);
 void am_anchor (lua_State *L, Waiter *w);
 void am_unanchor (lua_State *L, Waiter *w);
+void am_push_anchored (lua_State *L, const Waiter *w);
 void am_report (lua_State *L, State *st, lua_State *co);
 
 /* debug.c: debug mode (docs/debug.md).  Each hook site tests the global
@@ -508,6 +509,8 @@ int am_key_above (const Key *a, const Key *b);
 Key am_key_number (lua_Number n);
 int am_queue_push (Queue *q, Waiter *w, const Key *key);
 void am_queue_remove (Queue *q, Waiter *w);
+void am_queue_ordered (const Queue *q, Bucket **out);
+Waiter *am_bucket_next (const Bucket *b, const Waiter *w);
 #define am_queue_first(q)  ((q)->n ? (Waiter *)(q)->heap[0]->ends.next : NULL)
 #define am_queue_firstkey(q)  (&(q)->heap[0]->key)
 

@@ -114,6 +114,13 @@ static int holds_any (lua_State *L, int D) {
 }
 
 
+/* A queue key as the Lua number it was (queue.c: canonical keys). */
+static void push_key (lua_State *L, const Key *k) {
+  if (k->flt) lua_pushnumber(L, k->n);
+  else lua_pushinteger(L, k->i);
+}
+
+
 /*
 ** Before a request (acquire or waitForUnlock of the lock at
 ** rq->lockidx) decides anything: the hook records lockdep's edges and
@@ -143,7 +150,8 @@ void am_dbg_request (lua_State *L, const Request *rq) {
   lua_pushboolean(L, rq->kind == W_UNLOCK);
   lua_pushboolean(L, would_wait);
   lua_pushinteger(L, rq->wait);
-  if (lua_pcall(L, 5, 0, 0) != LUA_OK) {
+  push_key(L, &rq->priority);
+  if (lua_pcall(L, 6, 0, 0) != LUA_OK) {
     am_settle(L, rq->lock);
     lua_error(L);
   }
@@ -471,6 +479,61 @@ static int dbg_waiter (lua_State *L) {
 }
 
 
+/*
+** Appends to the table at 't' (from 'n' + 1) the waiters of queue 'q' in
+** queue order, each as { coroutine, weight, priority, unlock, timed };
+** returns the new count.
+*/
+static int push_queue (lua_State *L, const Queue *q, int t, int n,
+                       int unlock) {
+  Bucket **b;
+  uint32_t i;
+  if (q->n == 0) return n;
+  b = (Bucket **)lua_newuserdatauv(L, q->n * sizeof(*b), 0);
+  am_queue_ordered(q, b);
+  for (i = 0; i < q->n; i++) {
+    Waiter *w;
+    for (w = am_bucket_next(b[i], NULL); w != NULL;
+         w = am_bucket_next(b[i], w)) {
+      lua_createtable(L, 5, 0);
+      am_push_anchored(L, w);
+      lua_rawseti(L, -2, 1);
+      lua_pushinteger(L, w->r.weight);
+      lua_rawseti(L, -2, 2);
+      push_key(L, &b[i]->key);
+      lua_rawseti(L, -2, 3);
+      lua_pushboolean(L, unlock);
+      lua_rawseti(L, -2, 4);
+      lua_pushboolean(L, w->timed);
+      lua_rawseti(L, -2, 5);
+      lua_rawseti(L, t, ++n);
+    }
+  }
+  lua_pop(L, 1);
+  return n;
+}
+
+
+/*
+** core.dbg_queue(lock): its queued acquirers in queue order (priority
+** descending, then arrival: the order the grant rule serves them), then
+** its waitForUnlock waiters; each { coroutine, weight, priority, unlock,
+** timed } (docs/debug.md, Deadlocks).
+*/
+static int dbg_queue (lua_State *L) {
+  Lock *lk = am_tolock(L, 1);
+  int n;
+  size_t i;
+  luaL_argexpected(L, lk != NULL, 1, "lock");
+  luaL_checkstack(L, 6, NULL);
+  lua_createtable(L, (int)(lk->queue.count + lk->nunlock), 0);
+  n = push_queue(L, &lk->queue, 2, 0, 0);
+  for (i = 0; i < lk->nweights; i++)
+    n = push_queue(L, &lk->unlock[i].queue, 2, n, 1);
+  return 1;
+}
+
+
 /* core.dbg_now(): the clock of the owner records' 'since' (clock_ms). */
 static int dbg_now (lua_State *L) {
   lua_pushnumber(L, clock_ms());
@@ -498,6 +561,7 @@ const luaL_Reg am_debug_funcs[] = {
   {"dbg_lock", dbg_lock},
   {"dbg_releaser", dbg_releaser},
   {"dbg_waiter", dbg_waiter},
+  {"dbg_queue", dbg_queue},
   {"dbg_kind", dbg_kind},
   {"dbg_now", dbg_now},
   {NULL, NULL}

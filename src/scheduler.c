@@ -331,6 +331,20 @@ static void drop_anchor (State *st, int ref) {
 }
 
 
+/* Pushes the coroutine anchored by 'w', or nil (debug.c's reads). */
+void am_push_anchored (lua_State *L, const Waiter *w) {
+  State *st = w->r.lock->st;
+  lua_State *A;
+  if (w->ref == LUA_NOREF || st->closed
+      || !lua_checkstack(A = ANCHOR_THREAD(st, w->ref), 1)) {
+    lua_pushnil(L);
+    return;
+  }
+  lua_pushvalue(A, ANCHOR_SLOT(w->ref));
+  lua_xmove(A, L, 1);
+}
+
+
 void am_unanchor (lua_State *L, Waiter *w) {
   (void)L;
   if (w->ref != LUA_NOREF) {
