@@ -3,7 +3,8 @@
 -- that their usage errors read alike: "bad argument #n to 'fname' (msg)".
 -- init.lua keeps its own argerror, which finds the user's frame itself.
 
-local error, getmetatable, rawget, type = error, getmetatable, rawget, type
+local error, getmetatable, rawget, tostring, type =
+  error, getmetatable, rawget, tostring, type
 
 local M = {}
 
@@ -19,6 +20,12 @@ function M.is_callable(f)
   if type(f) == "function" then return true end
   local mt = getmetatable(f)
   return type(mt) == "table" and rawget(mt, "__call") ~= nil
+end
+
+--- The complaint about an options table's key 'k' that no option has (a
+-- misspelt `commandTimout` is an error, not a default silently kept).
+function M.unknown_option(k)
+  return ("unknown option '%s'"):format(tostring(k))
 end
 
 --- Raises an argument error at 'level' (1 = the caller of argerror).

@@ -671,6 +671,9 @@ local function clear()
   if timer then stop_timer() end
 end
 
+-- Every option enable knows: a misspelt one (`tracebak`) is an error.
+local OPTIONS = { traceback = true, holdWarning = true, onReport = true }
+
 --- enable([options]): debug mode on.  options.traceback: capture a traceback
 -- at each grant; options.holdWarning: ms after which a hold is reported
 -- (once); options.onReport(kind, text, info): who hears reports (default:
@@ -680,6 +683,9 @@ function M.enable(options)
     argerror(1, "enable", "table expected, got " .. checks.typename(options))
   end
   options = options or {}
+  for k in pairs(options) do
+    if not OPTIONS[k] then argerror(1, "enable", checks.unknown_option(k)) end
+  end
   local hw = options.holdWarning
   if hw ~= nil and (type(hw) ~= "number" or not (hw > 0) or hw == math.huge) then
     argerror(1, "enable", "holdWarning must be a positive number of ms")

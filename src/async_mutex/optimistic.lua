@@ -81,7 +81,7 @@ local function read_options(options, default_sleep)
   end
   for k, v in pairs(options) do
     local check = CHECKS[k]
-    if not check then return nil, ("unknown option '%s'"):format(tostring(k)) end
+    if not check then return nil, checks.unknown_option(k) end
     local value, complaint = check(v)
     if complaint then return nil, complaint end
     o[k] = value

@@ -325,7 +325,7 @@ function M.connect(options)
   end
   for k in pairs(options) do
     if not OPTIONS[k] then
-      argerror(2, 1, "connect", ("unknown option '%s'"):format(tostring(k)))
+      argerror(2, 1, "connect", checks.unknown_option(k))
     end
   end
   local state = {}
