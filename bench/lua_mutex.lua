@@ -360,4 +360,8 @@ function M.tryAcquire(lock, err)
   return decorate(lock, 0, err or M.E_ALREADY_LOCKED)
 end
 
+-- The scheduler, which bench/lua_rwlock.lua shares: wake(w, ok, a, b)
+-- resumes w.co with ok, a, b from the idle handle, in order.
+M.wake = wake
+
 return M

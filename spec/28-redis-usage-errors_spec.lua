@@ -16,19 +16,7 @@ teardown(function() if server then server:stop() end end)
 
 local function f() end
 
-local function position(fn)
-  local info = debug.getinfo(fn, "S")
-  return ("%s:%d: "):format(info.short_src, info.linedefined)
-end
-
--- Each case is a function whose body is one call, written on the line
--- that defines it, and the exact message it raises.
-local function check(case)
-  local fn, msg = case[1], case[2]
-  local ok, err = pcall(fn)
-  assert.is_false(ok, "no error: " .. msg)
-  assert.equal(position(fn) .. msg, err)
-end
+local check = h.raises_at_caller
 
 -- Misuse outside a coroutine (busted's main thread) and of a closed client.
 local function misuse(c, closed)

@@ -101,17 +101,7 @@ local function misuse()
   }
 end
 
-local function position(fn)
-  local info = debug.getinfo(fn, "S")
-  return ("%s:%d: "):format(info.short_src, info.linedefined)
-end
-
-local function check(case)
-  local fn, msg = case[1], case[2]
-  local ok, err = pcall(fn)
-  assert.is_false(ok, "no error: " .. msg)
-  assert.equal(position(fn) .. msg, err)
-end
+local check = h.raises_at_caller
 
 describe("usage errors", function()
   it("are positioned at the user's line, for every call of the README's table and through every wrapper",
@@ -153,9 +143,6 @@ describe("usage errors", function()
   it("are positioned at the user's line when the user's own function calls a wrapper", h.async(function()
     local m = am.Mutex.new()
     local function helper() m:runExclusive(f, "x") end
-    local ok, err = pcall(helper)
-    assert.is_false(ok)
-    assert.equal(position(helper) .. "bad argument #2 to 'runExclusive' "
-      .. "(priority must be a number, got string)", err)
+    check({ helper, "bad argument #2 to 'runExclusive' (priority must be a number, got string)" })
   end))
 end)

@@ -11,20 +11,7 @@ local E = h.error_of
 local pending0
 before_each(function() pending0 = am.pending() end)
 
--- A coroutine that calls rw[method](rw, ...) under pcall, recorded as
--- h.acquirer records it (r.done, r.ok, r.err, r.release); `log` gets `name`.
-local function requester(method, log, name, rw, ...)
-  local r = { name = name, done = false }
-  local args = table.pack(...)
-  r.co = h.spawn(function()
-    local ok, res = pcall(rw[method], rw, table.unpack(args, 1, args.n))
-    r.done, r.ok = true, ok
-    if ok then r.release = res else r.err = res end
-    if log then log[#log + 1] = name end
-    if r.after then r.after(r) end
-  end)
-  return r
-end
+local requester = h.requester
 
 local function reader(...) return requester("acquireRead", ...) end
 local function writer(...) return requester("acquireWrite", ...) end

@@ -13,20 +13,7 @@ local E = h.error_of
 local pending0
 before_each(function() pending0 = am.pending() end)
 
--- A coroutine calling kr[method](kr, ...) under pcall: r.done, r.ok, r.err,
--- r.release; `log` gets `name` when it returns.
-local function requester(method, log, name, kr, ...)
-  local r = { name = name, done = false }
-  local args = table.pack(...)
-  r.co = h.spawn(function()
-    local ok, res = pcall(kr[method], kr, table.unpack(args, 1, args.n))
-    r.done, r.ok = true, ok
-    if ok then r.release = res else r.err = res end
-    if log then log[#log + 1] = name end
-    if r.after then r.after(r) end
-  end)
-  return r
-end
+local requester = h.requester
 
 local function reader(log, name, kr, key, ...) return requester("acquireRead", log, name, kr, key, ...) end
 local function writer(log, name, kr, key, ...) return requester("acquireWrite", log, name, kr, key, ...) end

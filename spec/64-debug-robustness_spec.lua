@@ -12,6 +12,32 @@ before_each(function()
 end)
 after_each(function() am.debug.disable() end)
 
+describe("debug mode and many holds of one lock", function()
+  -- in a child process: the bug this guards against wrote past the Lua
+  -- stack (heap corruption), which would take the whole run down
+  it("a semaphore's 5,000 holds released oldest first (its records' chain walked to the end) keep the stack in bounds",
+    function()
+      local res = h.subprocess([[
+        local uv = require "luv"
+        local am = require "async_mutex"
+        am.debug.enable({ onReport = function() end })
+        am.spawn(function()
+          local s = am.Semaphore.new(5000)
+          local releases = {}
+          for i = 1, 5000 do releases[i] = select(2, s:acquire()) end
+          assert(#am.debug.holds(s) == 5000)
+          for i = 1, 5000 do assert(releases[i]() == true) end
+          assert(#am.debug.holds(s) == 0 and s:getValue() == 5000)
+          print("ok")
+        end)
+        uv.run()
+      ]], 120)
+      assert.equal("", res.stderr)
+      assert.equal("ok\n", res.stdout)
+      assert.equal(0, res.rc)
+    end)
+end)
+
 describe("debug mode and coroutine.close", function()
   it("a holder closed while suspended: its <close> releaser ends the record, the waiter gets the lock", h.async(function()
     local m = am.Mutex.new()

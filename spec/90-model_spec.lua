@@ -195,6 +195,62 @@ describe("the fuzz model", function()
   end)
 end)
 
+describe("the fuzz model of the other lock kinds (docs/lockkinds.md)", function()
+  it("ReentrantMutex: the holder nests at once past the queue; the lock is free once every level ended", function()
+    local RE = { { kind = "re" } }
+    local w = run(RE, {
+      spawn(1, 1, "acquire"), spawn(2, 1, "acquire", 1, 5),     -- 2 queued, high priority
+      { op = "nest", id = 1 }, { op = "nest", id = 1 },         -- past 2
+      { op = "call_rel", id = 1 },                              -- the outer level, first
+      { op = "unnest", id = 1 }, TURN,
+    })
+    assert.are.same({ "got 1 -", "nest 1 2", "nest 1 3", "unnest 1" }, w.log)
+    assert.are.equal(1, w.locks[1].levels)
+    assert.are.equal("queued", w.actors[2].state)
+    local w2 = run(RE, {
+      spawn(1, 1, "tbc"), spawn(2, 1, "acquire"), { op = "nest", id = 1 },
+      { op = "finish", id = 1 }, TURN,                          -- leaves its level, then its hold
+    })
+    assert.are.same({ "got 1 -", "nest 1 2", "end 1", "got 2 -" }, w2.log)
+    assert.are.equal(w2.actors[2], w2.locks[1].owner)
+    assert.is_false(w2:applicable({ op = "nest", id = 1 }))     -- no longer the holder
+  end)
+
+  it("leases: a hold that outlasts its lease is given back; its releaser returns false, check raises", function()
+    local MUTEX = { { kind = "mutex" } }
+    local lease = { kind = "none", lease = { ms = 3 } }
+    local w = run(MUTEX, {
+      spawn(1, 1, "acquire", 1, 0, { deco = lease }), spawn(2, 1, "acquire"),
+      { op = "check", id = 1 }, { op = "turn", at = 2 },
+      { op = "turn", at = 3 },                                  -- lost: 2 granted
+      { op = "call_rel", id = 1 }, { op = "check", id = 1 },
+    })
+    assert.are.same({ "got 1 -", "check 1 true", "got 2 -", "rel 1 false", "check 1 E_LOST" }, w.log)
+    local w2 = run(MUTEX, {
+      spawn(1, 1, "acquire"),
+      spawn(2, 1, "runex", 1, 0, { plan = "hold", deco = { kind = "none", lease = { ms = 2, from = true, err = "cerr1" } } }),
+      { op = "turn", at = 1 }, { op = "call_rel", id = 1 }, { op = "turn", at = 5 },  -- granted at 5: lease ran out at 2
+      { op = "turn", at = 6 }, { op = "finish", id = 2 },
+    })
+    assert.are.same({ "got 1 -", "enter 2 -", "err 2 cerr1" }, w2.log)
+    assert.are.equal(1, w2.locks[1].value)
+  end)
+
+  it("KeyedRWLock: an RWLock per key, made on demand and dropped when idle", function()
+    local KRW = { { kind = "krw" } }
+    local function kspawn(id, method, mode, key) return spawn(id, 1, method, mode, 0, { key = key }) end
+    local w = run(KRW, {
+      kspawn(1, "acquire", 2, "a"), kspawn(2, "acquire", 1, "a"), kspawn(3, "acquire", 1, "b"),
+      { op = "unscoped", lock = 1, key = "a" }, TURN,
+    })
+    assert.are.same({ "got 1 -", "got 3 -", "got 2 -" }, w.log)
+    assert.are.equal(1, w.locks[1].subs.a.value)
+    local w2 = run(KRW, { kspawn(1, "wait", 2, "a"), spawn(2, 1, "runex", 1, 0, { key = "b", plan = "return" }) })
+    assert.are.same({ "unlocked 1", "enter 2 -", "done 2" }, w2.log)
+    assert.are.same({}, w2.locks[1].subs)
+  end)
+end)
+
 describe("async_mutex against the model", function()
   local runner = require "fuzz.runner"
   local N = tonumber(os.getenv("AM_FUZZ_N") or "")

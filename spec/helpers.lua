@@ -294,6 +294,22 @@ function helpers.acquirer(log, name, lock, ...)
   return w
 end
 
+--- Spawns a coroutine that calls lock[method](lock, ...) under pcall and
+-- returns a record of it, as acquirer does for acquire: r.co, r.done, r.ok,
+-- r.err, r.release; `log` gets `name` when the call returns.
+function helpers.requester(method, log, name, lock, ...)
+  local r = { name = name, done = false }
+  local args = table.pack(...)
+  r.co = helpers.spawn(function()
+    local ok, res = pcall(lock[method], lock, table.unpack(args, 1, args.n))
+    r.done, r.ok = true, ok
+    if ok then r.release = res else r.err = res end
+    if log then log[#log + 1] = name end
+    if r.after then r.after(r) end
+  end)
+  return r
+end
+
 --- Like acquirer, for lock:waitForUnlock(...); also records w.locked_then,
 -- whether the lock (on a keyed lock: the key, the first argument) was locked
 -- when waitForUnlock returned.
@@ -426,6 +442,20 @@ function helpers.error_of(fn, ...)
   local ok, err = pcall(fn, ...)
   if ok then error("expected an error, but the call succeeded", 2) end
   return helpers.strip_pos(err)
+end
+
+--- Checks a usage error's position: case[1] is a function whose body is
+-- one call written on the line that defines it, case[2] the exact message
+-- it must raise there (at the caller's line, not inside the library).
+function helpers.raises_at_caller(case)
+  local fn, msg = case[1], case[2]
+  local ok, err = pcall(fn)
+  assert(not ok, "no error: " .. msg)
+  local info = debug.getinfo(fn, "S")
+  local expected = ("%s:%d: %s"):format(info.short_src, info.linedefined, msg)
+  if err ~= expected then
+    error(("wrong error:\nexpected: %s\n  actual: %s"):format(expected, tostring(err)), 2)
+  end
 end
 
 --- Full collection, twice (finalizers run in the first, memory freed in the second).

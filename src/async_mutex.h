@@ -177,54 +177,73 @@ enum { AM_WAIT, AM_TIMEOUT, AM_TRY };
 /* The token of an unscoped release (m:release()): it ends any grant. */
 #define AM_UNSCOPED  0
 
+/* Bits of a stack index a waiter keeps (Releaser): the indices of a
+   waiting request's lock and errors are small (at most 8 or so). */
+#define AM_IDX_BITS  7
+#define AM_IDX_MAX   ((1 << AM_IDX_BITS) - 1)
+
 /*
 ** What a grant hands out, to be given back once: 'weight' of 'lock', and
 ** the grant's token (what LockKind.take returned: a mutex's generation,
 ** a semaphore's value at the grant).  User value 1 keeps the lock alive.
+**
+** LAYOUT: a Releaser is also the first member of every Waiter, and the
+** size of a Waiter is most of what a waiting coroutine costs (README,
+** Performance): so the Waiter's own small fields live here, in one word
+** of bits beside 'ref', where the Releaser would otherwise have padding
+** (32 bytes in all; a plain Releaser leaves them 0).  Only waiter.c,
+** lease.c, rules.c, scheduler.c and debug.c read them.
 */
 typedef struct Releaser {
   Lock *lock;
   lua_Integer weight;
   lua_Integer token;          /* set when granted */
-  unsigned char state;        /* S_* */
-  unsigned char lease;        /* a leased hold's: a Waiter of kind W_LEASE,
+  unsigned int state : 3;     /* S_* */
+  unsigned int lease : 1;     /* a leased hold's: a Waiter of kind W_LEASE,
                                  user value 2 its lost error (lease.c) */
+  /* a Waiter's: */
+  unsigned int kind : 2;      /* W_ACQUIRE, W_UNLOCK or W_LEASE */
+  unsigned int outcome : 2;
+  unsigned int timed : 1;     /* allocated with 't' (withTimeout) */
+  unsigned int leased : 1;    /* its grant is leased: allocated with
+                                 'lease' */
+  unsigned int lease_from_request : 1;
+  unsigned int lockidx : AM_IDX_BITS;  /* stack index of the lock in the
+                                          waiting frame */
+  unsigned int erridx : AM_IDX_BITS;   /* of the timeout error, or 0 */
+  unsigned int lostidx : AM_IDX_BITS;  /* of the lost error, or 0; the
+                                          waiter itself is just above */
+  int ref;                    /* a Waiter's anchor of its coroutine
+                                 (scheduler.c); a lease's registry ref */
 } Releaser;
 
 /*
 ** One suspended request.  It is a userdata living on the waiting
 ** coroutine's own stack, marked to-be-closed, so 'coroutine.close' of a
 ** waiting coroutine removes it from every queue at once; the coroutine is
-** anchored (scheduler.c, 'ref') while the module may resume it.
+** anchored (scheduler.c, 'r.ref') while the module may resume it.
 **
-** Its size is most of what a waiter costs: an untimed waiter stops before
-** 't'.  An untimed acquire's waiter carries its lock (user value 1) and
-** becomes the releaser of its grant (its prefix 'r'): one object per
-** hand-off.
+** Its size is most of what a waiter costs, so it is allocated only as far
+** as it is used: an untimed waiter stops before 'lease' (48 bytes), a
+** leased one before 't', a timed one (withTimeout, sleep, a lease's
+** releaser) has it all.  An untimed acquire's waiter carries its lock
+** (user value 1) and becomes the releaser of its grant (its prefix 'r'):
+** one object per hand-off.
 */
 struct Waiter {
   Releaser r;                 /* first: a handed-out waiter is a Releaser */
-  int ref;                    /* anchor of the coroutine (scheduler.c) */
-  unsigned int kind : 2;      /* W_ACQUIRE, W_UNLOCK or W_LEASE */
-  unsigned int outcome : 2;
-  unsigned int timed : 1;     /* allocated with 't' (withTimeout) */
-  unsigned int leased : 1;    /* its grant is leased ('lease'); allocated
-                                 with 't' */
-  unsigned int lease_from_request : 1;
-  unsigned char lostidx;      /* stack index of the lost error, or 0 */
-  unsigned char lockidx;      /* stack index of the lock in the waiting frame */
-  unsigned char erridx;       /* stack index of the timeout error, or 0; the
-                                 waiter itself is just above both */
   Links q;                    /* QUEUED: in its lock's queue;
                                  READY: in the scheduler's ready list */
+  lua_Number lease;           /* leased or timed only: the lease (ms), or
+                                 its end (loop time) when counted from the
+                                 request */
   Links t;                    /* timed only: in the timer queue, or
                                  t.next NULL */
   lua_Number deadline;        /* timed only: loop time (ms) */
-  lua_Number lease;           /* leased: the lease (ms), or its end (loop
-                                 time) when counted from the request */
 };
 
-#define AM_UNTIMED_SIZE    offsetof(Waiter, t)
+#define AM_UNTIMED_SIZE    offsetof(Waiter, lease)
+#define AM_LEASED_SIZE     offsetof(Waiter, t)
 
 /*
 ** A request being made (designated initializers at the call sites):

@@ -107,7 +107,8 @@ static int core_sleep (lua_State *L) {
   rq = (Request){.kind = W_ACQUIRE, .wait = AM_TIMEOUT, .ms = ms,
                  .erridx = 0,                 /* wake up, do not raise */
                  .first = 2, .base = 1, .fname = "sleep",
-                 .lock = am_tolock(L, 1), .lockidx = 1,
+                 /* checked by core.sleeper */
+                 .lock = (Lock *)lua_touserdata(L, 1), .lockidx = 1,
                  .weight = 1, .priority = {0, 0, 0}};
   return am_request(L, &rq);
 }

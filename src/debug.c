@@ -199,11 +199,14 @@ static void push_chain (lua_State *L, int map, int key, int rec, int link) {
 */
 static int unlink_chain (lua_State *L, int map, int key, int link,
                          int field, int v) {
-  int base = lua_gettop(L), prev = 0;
+  /* two slots, reused along the chain: a long chain (a semaphore's many
+     holds) must not grow the stack by one slot per record */
+  int base = lua_gettop(L), prev = base + 1, node = base + 2;
+  lua_pushnil(L);                             /* no previous record yet */
   lua_pushvalue(L, key);
   lua_rawget(L, map);
-  while (lua_type(L, -1) == LUA_TTABLE) {
-    int node = lua_gettop(L), hit;
+  while (lua_type(L, node) == LUA_TTABLE) {
+    int hit;
     if (field == 0) hit = lua_rawequal(L, node, v);
     else {
       lua_rawgeti(L, node, field);
@@ -211,7 +214,7 @@ static int unlink_chain (lua_State *L, int map, int key, int link,
       lua_pop(L, 1);
     }
     if (hit) {
-      if (prev == 0) {
+      if (lua_isnil(L, prev)) {
         lua_pushvalue(L, key);
         lua_rawgeti(L, node, link);
         lua_rawset(L, map);                   /* map[key] = its next */
@@ -220,14 +223,12 @@ static int unlink_chain (lua_State *L, int map, int key, int link,
         lua_rawgeti(L, node, link);
         lua_rawseti(L, prev, link);
       }
-      if (node != base + 1) {
-        lua_replace(L, base + 1);
-        lua_settop(L, base + 1);
-      }
+      lua_replace(L, prev);                   /* the record, at base + 1 */
       return 1;
     }
-    prev = node;
+    lua_copy(L, node, prev);
     lua_rawgeti(L, node, link);
+    lua_replace(L, node);
   }
   lua_settop(L, base);
   return 0;
@@ -472,8 +473,8 @@ static int dbg_waiter (lua_State *L) {
     return 1;
   }
   lua_pushboolean(L, w->r.state == S_QUEUED);
-  lua_pushboolean(L, w->timed);
-  lua_pushboolean(L, w->kind == W_UNLOCK);
+  lua_pushboolean(L, w->r.timed);
+  lua_pushboolean(L, w->r.kind == W_UNLOCK);
   lua_pushinteger(L, w->r.weight);
   return 4;
 }

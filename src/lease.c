@@ -27,19 +27,9 @@ int am_push_lease (lua_State *L, int lockidx, int lostidx, Lock *lk,
                    lua_Integer weight, lua_Integer token, lua_Number now,
                    lua_Number end) {
   Waiter *w = (Waiter *)lua_newuserdatauv(L, sizeof(Waiter), 2);
-  w->r.lock = lk;
-  w->r.weight = weight;
-  w->r.token = token;
-  w->r.state = S_HELD;
-  w->r.lease = 1;
-  w->ref = LUA_NOREF;
-  w->kind = W_LEASE;
-  w->outcome = O_GRANTED;
-  w->timed = 1;
-  w->leased = 0;
-  w->lease_from_request = 0;
-  w->lostidx = 0;
-  w->lockidx = w->erridx = 0;
+  w->r = (Releaser){.lock = lk, .weight = weight, .token = token,
+                    .state = S_HELD, .lease = 1, .kind = W_LEASE,
+                    .outcome = O_GRANTED, .timed = 1, .ref = LUA_NOREF};
   w->q.prev = w->q.next = NULL;
   w->t.prev = w->t.next = NULL;
   w->deadline = 0;
@@ -52,7 +42,7 @@ int am_push_lease (lua_State *L, int lockidx, int lostidx, Lock *lk,
   else lua_pushvalue(L, lostidx);
   lua_setiuservalue(L, -2, 2);
   lua_pushvalue(L, -1);
-  w->ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  w->r.ref = luaL_ref(L, LUA_REGISTRYINDEX);
   am_timer_add(L, lk->st, w, now, end > now ? end - now : 0);
   am_sync(L, lk->st);                       /* arms the timer */
   return 1;
@@ -63,8 +53,8 @@ int am_push_lease (lua_State *L, int lockidx, int lostidx, Lock *lk,
 void am_lease_end (lua_State *L, Releaser *r) {
   Waiter *w = (Waiter *)r;
   am_timer_remove(L, r->lock->st, w);
-  luaL_unref(L, LUA_REGISTRYINDEX, w->ref);
-  w->ref = LUA_NOREF;
+  luaL_unref(L, LUA_REGISTRYINDEX, w->r.ref);
+  w->r.ref = LUA_NOREF;
 }
 
 
@@ -74,10 +64,10 @@ void am_lease_end (lua_State *L, Releaser *r) {
 ** raise in a timer callback), and the releaser's anchor dropped.
 */
 void am_lease_lost (lua_State *L, Waiter *w) {
-  int ref = w->ref;
+  int ref = w->r.ref;
   if (w->r.state != S_HELD) return;       /* BUG guard */
   w->r.state = S_LOST;
-  w->ref = LUA_NOREF;
+  w->r.ref = LUA_NOREF;
   am_give_back(L, w->r.lock, w->r.weight, w->r.token, 1);
   if (am_debugging()) {                   /* its owner record ends */
     lua_rawgeti(L, LUA_REGISTRYINDEX, ref);

@@ -122,22 +122,22 @@ static void drain_unlock (lua_State *L, Lock *lk) {
 ** lock made for it leave its set.
 */
 void am_enqueue (lua_State *L, Lock *lk, Waiter *w, const Key *priority) {
-  Queue *q = (w->kind == W_ACQUIRE) ? &lk->queue
+  Queue *q = (w->r.kind == W_ACQUIRE) ? &lk->queue
                                     : weight_queue(lk, w->r.weight);
   if (q == NULL || !am_queue_push(q, w, priority)) {
-    if (q != NULL && q->count == 0 && w->kind == W_UNLOCK)
+    if (q != NULL && q->count == 0 && w->r.kind == W_UNLOCK)
       compact_weights(lk);
     am_unanchor(L, w);
     am_settle(L, lk);
     luaL_error(L, "not enough memory");
   }
-  if (w->kind == W_UNLOCK) lk->nunlock++;
+  if (w->r.kind == W_UNLOCK) lk->nunlock++;
 }
 
 
 /* Takes a QUEUED waiter out of its lock's queue (not the timer queue). */
 void am_dequeue (Lock *lk, Waiter *w) {
-  if (w->kind == W_ACQUIRE)
+  if (w->r.kind == W_ACQUIRE)
     am_queue_remove(&lk->queue, w);
   else {
     size_t i = find_weight(lk, w->r.weight);
@@ -229,13 +229,13 @@ void am_cancel (lua_State *L, Lock *lk) {
 */
 void am_expire (lua_State *L, Waiter *w) {
   Lock *lk = w->r.lock;
-  if (w->kind == W_LEASE) {               /* a lease ran out (lease.c) */
+  if (w->r.kind == W_LEASE) {               /* a lease ran out (lease.c) */
     am_lease_lost(L, w);
     return;
   }
   am_dequeue(lk, w);
   am_waiter_ready(L, w, O_TIMEOUT, 0);
-  if (w->kind == W_ACQUIRE) am_dispatch(L, lk);
+  if (w->r.kind == W_ACQUIRE) am_dispatch(L, lk);
   else am_settle(L, lk);
 }
 

@@ -24,9 +24,11 @@
 
 
 /*
-** How many coroutines one idle callback may resume.  Waiters made ready
-** while the batch runs (a hand-off chain) join the same batch, so a chain
-** costs no loop iteration per link; the budget lets I/O in between.
+** How many coroutines one idle callback may resume beyond those ready
+** when it starts (all of which it resumes: the readers an RWLock grants
+** together run in one iteration).  Waiters made ready while the batch
+** runs (a hand-off chain) join the same batch, so a chain costs no loop
+** iteration per link; the budget lets I/O in between.
 */
 #define BATCH  1024
 
@@ -243,8 +245,11 @@ void am_schedule (State *st, Waiter *w) {
 ** stack slot costs a fraction of a table access, and a thread's stack is
 ** dense: no hash part, no rehash.
 */
+/* A thread's stack grows by doubling, so its last chunk may hold up to
+   twice the slots in use: small chunks keep that waste, and so an
+   anchor's cost, near one slot (16 bytes) a waiting coroutine. */
 #ifndef ANCHOR_BITS
-#define ANCHOR_BITS      16      /* `make asan` uses 3: chunks cross often */
+#define ANCHOR_BITS      10      /* `make asan` uses 3: chunks cross often */
 #endif
 #define ANCHOR_CHUNK     (1 << ANCHOR_BITS)
 #define ANCHOR_THREAD(st,ref)  ((st)->athreads[((ref) - 1) >> ANCHOR_BITS])
@@ -260,6 +265,11 @@ static void add_anchor_thread (lua_State *L, State *st) {
   lua_State *T;
   lua_rawgeti(L, LUA_REGISTRYINDEX, st->anchors);
   T = lua_newthread(L);
+  /* the chunks after the first at their full size at once: grown by
+     doubling, a chunk's stack would end with up to twice the slots it
+     holds (the first grows, so that a few waits cost a few slots) */
+  if (t > 0 && !lua_checkstack(T, ANCHOR_CHUNK + 2))
+    luaL_error(L, "not enough memory");
   if (st->nathreads == t) {
     lua_State **a = (lua_State **)realloc(st->athreads,
                                           (t + 1) * sizeof(*a));
@@ -311,7 +321,7 @@ void am_anchor (lua_State *L, Waiter *w) {
   lua_pushthread(L);
   lua_xmove(L, A, 1);                         /* into the room above */
   lua_replace(A, ANCHOR_SLOT(ref));
-  w->ref = ref;
+  w->r.ref = ref;
   st->pending++;
 }
 
@@ -347,10 +357,10 @@ void am_push_anchored (lua_State *L, const Waiter *w) {
 
 void am_unanchor (lua_State *L, Waiter *w) {
   (void)L;
-  if (w->ref != LUA_NOREF) {
+  if (w->r.ref != LUA_NOREF) {
     State *st = w->r.lock->st;
-    if (!st->closed) drop_anchor(st, w->ref);   /* else: threads freed */
-    w->ref = LUA_NOREF;
+    if (!st->closed) drop_anchor(st, w->r.ref);   /* else: threads freed */
+    w->r.ref = LUA_NOREF;
     st->pending--;
   }
 }
@@ -425,9 +435,22 @@ void am_report (lua_State *L, State *st, lua_State *co) {
 ** state.  'w' may be collected once its coroutine runs, so everything
 ** needed from it is read first.
 */
+/* How many waiters the ready list holds (O(n): once a batch, which
+   resumes them all). */
+static size_t count_ready (State *st) {
+  size_t n = 0;
+  void *p = st->ready.ends.next;
+  while (!((uintptr_t)p & 1)) {               /* a tag: back at the list */
+    n++;
+    p = ((Waiter *)p)->q.next;
+  }
+  return n;
+}
+
+
 static int on_idle (lua_State *L) {
   State *st = (State *)lua_touserdata(L, AM_STATE_UPVALUE);
-  int budget = BATCH;
+  size_t budget;
   if (st->closed) return 0;
   if (st->draining) {
     /* uv.run() inside a coroutine we resumed: the waiters are resumed
@@ -438,19 +461,20 @@ static int on_idle (lua_State *L) {
     return 0;
   }                 /* uv.run() inside a waiter */
   st->draining = 1;
+  budget = count_ready(st) + BATCH;
   while (budget-- > 0) {
     Waiter *w = am_list_first(&st->ready);
     lua_State *co;
     int nres, status, ref;
     if (w == NULL) break;
-    ref = w->ref;
+    ref = w->r.ref;
     co = anchored(st, ref);
     if (lua_status(co) != LUA_YIELD) {        /* cannot run: give back */
       am_waiter_abandon(L, w);
       continue;
     }
     am_waiter_resuming(w);
-    w->ref = LUA_NOREF;                       /* no longer pending */
+    w->r.ref = LUA_NOREF;                       /* no longer pending */
     st->pending--;
     status = lua_resume(co, L, 0, &nres);     /* its slot keeps it alive */
     if (status == LUA_OK || status == LUA_YIELD) {
@@ -526,7 +550,7 @@ void am_timer_add (lua_State *L, State *st, Waiter *w, lua_Number now,
 */
 void am_timer_remove (lua_State *L, State *st, Waiter *w) {
   (void)L;
-  if (!w->timed || w->t.next == NULL) return;
+  if (!w->r.timed || w->t.next == NULL) return;
   am_queue_remove(&st->timers, w);
 }
 

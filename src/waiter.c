@@ -44,9 +44,9 @@ void am_waiter_ready (lua_State *L, Waiter *w, int outcome,
                       lua_Integer token) {
   State *st = w->r.lock->st;
   assert(w->r.state == S_QUEUED);
-  if (w->timed) am_timer_remove(L, st, w);
+  if (w->r.timed) am_timer_remove(L, st, w);
   w->r.token = token;
-  w->outcome = (unsigned)outcome;
+  w->r.outcome = (unsigned)outcome;
   w->r.state = S_READY;
   am_schedule(st, w);
 }
@@ -69,7 +69,7 @@ static void done (Waiter *w) {
 
 /* DONE -> HELD: an untimed acquire's waiter becomes its releaser. */
 static void held (Waiter *w) {
-  assert(w->r.state == S_DONE && w->kind == W_ACQUIRE && !w->timed);
+  assert(w->r.state == S_DONE && w->r.kind == W_ACQUIRE && !w->r.timed);
   w->r.state = S_HELD;
 }
 
@@ -101,11 +101,11 @@ int am_waiter_abandon (lua_State *L, Waiter *w) {
     am_list_unlink(w, 0);               /* from the ready list */
   w->r.state = S_DONE;
   am_unanchor(L, w);
-  if (w->kind != W_ACQUIRE)
+  if (w->r.kind != W_ACQUIRE)
     am_settle(L, lk);
   else if (state == S_QUEUED)
     am_dispatch(L, lk);
-  else if (w->outcome == O_GRANTED)
+  else if (w->r.outcome == O_GRANTED)
     am_give_back(L, lk, w->r.weight, w->r.token, 1);
   return 1;
 }
@@ -132,11 +132,8 @@ void am_waiter_detach (Waiter *w) {
 void am_push_releaser (lua_State *L, int lockidx, Lock *lk,
                            lua_Integer weight, lua_Integer token) {
   Releaser *r = (Releaser *)lua_newuserdatauv(L, sizeof(Releaser), 1);
-  r->lock = lk;
-  r->weight = weight;
-  r->token = token;
-  r->state = S_HELD;
-  r->lease = 0;
+  *r = (Releaser){.lock = lk, .weight = weight, .token = token,
+                  .state = S_HELD, .ref = LUA_NOREF};
   am_pushmt(L, AM_T_RELEASER);
   lua_setmetatable(L, -2);
   lua_pushvalue(L, lockidx);
@@ -257,40 +254,40 @@ static int hand_out_waiter (lua_State *L, Waiter *w, int widx) {
 */
 static int finish_request (lua_State *L, int status, lua_KContext ctx) {
   Waiter *w = (Waiter *)ctx;
-  int widx = top_kept(w->lockidx, w->erridx, w->lostidx) + 1;
+  int widx = top_kept(w->r.lockidx, w->r.erridx, w->r.lostidx) + 1;
   (void)status;
   if (w->r.state != S_RESUMING) {         /* the waiter back on top */
     lua_settop(L, widx);
     return lua_yieldk(L, 0, ctx, finish_request);
   }
   done(w);
-  switch (w->outcome) {
+  switch (w->r.outcome) {
     case O_GRANTED: {
       int n;
-      if (w->kind == W_UNLOCK) return 0;
+      if (w->r.kind == W_UNLOCK) return 0;
       if (w->r.lock->kind->reentrant)      /* its holder, from now on */
-        am_reentrant_owned(L, w->r.lock, w->lockidx);
-      if (w->leased) {                     /* the lease starts (or ran) */
+        am_reentrant_owned(L, w->r.lock, w->r.lockidx);
+      if (w->r.leased) {                     /* the lease starts (or ran) */
         lua_Number now = am_timer_now(L, w->r.lock->st);
-        n = push_leased_grant(L, w->lockidx, w->lostidx, w->r.lock,
+        n = push_leased_grant(L, w->r.lockidx, w->r.lostidx, w->r.lock,
                               w->r.weight, w->r.token, now,
-                              w->lease_from_request ? w->lease
-                                                    : now + w->lease);
+                              w->r.lease_from_request ? w->lease
+                                                      : now + w->lease);
       }
 #if HAND_OUT_WAITERS
-      else if (!w->timed) n = hand_out_waiter(L, w, widx);
+      else if (!w->r.timed) n = hand_out_waiter(L, w, widx);
 #endif
       else
-        n = push_grant(L, w->lockidx, w->r.lock, w->r.weight, w->r.token);
-      if (am_debugging()) am_dbg_granted(L, w->r.lock->st, w->lockidx);
+        n = push_grant(L, w->r.lockidx, w->r.lock, w->r.weight, w->r.token);
+      if (am_debugging()) am_dbg_granted(L, w->r.lock->st, w->r.lockidx);
       return n;
     }
     case O_TIMEOUT:
-      if (w->erridx == 0) return 0;       /* a sleep (core.c) is over */
-      lua_pushvalue(L, w->erridx);
+      if (w->r.erridx == 0) return 0;       /* a sleep (core.c) is over */
+      lua_pushvalue(L, w->r.erridx);
       return lua_error(L);
     default:
-      lua_getiuservalue(L, w->lockidx, 1);  /* the lock's cancel error */
+      lua_getiuservalue(L, w->r.lockidx, 1);  /* the lock's cancel error */
       return lua_error(L);
   }
 }
@@ -311,29 +308,26 @@ static int waiter__close (lua_State *L) {
 static Waiter *new_waiter (lua_State *L, const Request *rq, int timed,
                            int hands_out) {
   int leased = rq->lease > 0 && rq->kind == W_ACQUIRE;
-  Waiter *w = (Waiter *)lua_newuserdatauv(L, (timed || leased)
-                                             ? sizeof(Waiter)
+  /* only as far as it is used (async_mutex.h: Waiter) */
+  Waiter *w = (Waiter *)lua_newuserdatauv(L, timed ? sizeof(Waiter)
+                                             : leased ? AM_LEASED_SIZE
                                              : AM_UNTIMED_SIZE,
                                           hands_out);
-  w->r.lock = rq->lock;
-  w->r.weight = rq->weight;
-  w->r.token = 0;
-  w->r.state = S_NEW;
-  w->r.lease = 0;
-  w->leased = (unsigned)leased;
-  w->lease_from_request = (unsigned)(rq->lease_from_request != 0);
-  w->lostidx = (unsigned char)rq->lostidx;
-  w->ref = LUA_NOREF;
-  w->kind = (unsigned)rq->kind;
-  w->outcome = O_GRANTED;
-  w->timed = (unsigned)timed;
-  w->lockidx = (unsigned char)rq->lockidx;
-  w->erridx = (unsigned char)rq->erridx;
+  assert(rq->lockidx <= AM_IDX_MAX && rq->erridx <= AM_IDX_MAX
+         && rq->lostidx <= AM_IDX_MAX);
+  w->r = (Releaser){.lock = rq->lock, .weight = rq->weight, .token = 0,
+                    .state = S_NEW, .lease = 0,
+                    .kind = (unsigned)rq->kind, .outcome = O_GRANTED,
+                    .timed = (unsigned)timed, .leased = (unsigned)leased,
+                    .lease_from_request = (rq->lease_from_request != 0),
+                    .lockidx = (unsigned)rq->lockidx,
+                    .erridx = (unsigned)rq->erridx,
+                    .lostidx = (unsigned)rq->lostidx, .ref = LUA_NOREF};
   w->q.prev = w->q.next = NULL;
-  if (timed || leased) {
+  if (timed || leased) w->lease = rq->lease;
+  if (timed) {
     w->t.prev = w->t.next = NULL;
     w->deadline = 0;
-    w->lease = rq->lease;
   }
   am_pushmt(L, AM_T_WAITER);
   lua_setmetatable(L, -2);
@@ -377,6 +371,7 @@ static int suspend (lua_State *L, Request *rq) {
   int leased = rq->lease > 0 && rq->kind == W_ACQUIRE;
   int hands_out = HAND_OUT_WAITERS && !timed && !leased
                   && rq->kind == W_ACQUIRE;
+  int clocked;
   lua_Number now = 0;
   Waiter *w;
   /* keep what the continuation reads; the waiter goes just above */
@@ -389,10 +384,14 @@ static int suspend (lua_State *L, Request *rq) {
   /* anchored before it is queued: if a later step raises and nothing
      catches it, the dead coroutine and its waiter stay alive while queued */
   am_anchor(L, w);                         /* may run the collector */
-  if (timed || leased)
+  /* the clock, if the wait needs it (a lease counted from the grant
+     reads it when the grant comes) */
+  clocked = timed || (leased && rq->lease_from_request);
+  if (clocked)
     now = am_timer_now(L, lk->st);         /* calls luv: a hook may run */
   if (leased && rq->lease_from_request)
     w->lease = now + rq->lease;            /* the lease's end */
+ decide:
   /* From here until the waiter is QUEUED nothing runs Lua code.  A keyed
      lock may have left its set meanwhile (a finalizer released the key):
      the request goes to the key's lock as it is now. */
@@ -402,6 +401,11 @@ static int suspend (lua_State *L, Request *rq) {
     lua_setiuservalue(L, -2, 1);
   }
   if (am_can_lock_now(lk, rq->weight, &rq->priority)) {  /* freed meanwhile */
+    if (leased && !clocked) {     /* its lease starts now: the clock (Lua) */
+      now = am_timer_now(L, lk->st);
+      clocked = 1;
+      goto decide;                             /* then decide again */
+    }
     am_unanchor(L, w);            /* never queued: its __close is a no-op */
     return grant_now(L, rq, lk, now);
   }
@@ -428,8 +432,15 @@ static int suspend (lua_State *L, Request *rq) {
 int am_request (lua_State *L, Request *rq) {
   lua_Number now = 0;
   if (am_debugging()) am_dbg_request(L, rq);   /* may raise E_DEADLOCK */
-  if (rq->lease > 0 && rq->kind == W_ACQUIRE)   /* the clock, first */
+  if (rq->lease > 0 && rq->kind == W_ACQUIRE
+      && am_can_lock_now(rq->lock, rq->weight, &rq->priority)) {
+    /* a grant now starts its lease: the clock first (it calls luv, so a
+       hook may run and change the lock), then decide again below.  A
+       request that waits reads it only if it must (suspend), so that the
+       clock's Lua call leaves no frame behind in a waiting coroutine. */
     now = am_timer_now(L, rq->lock->st);
+    rq->lock = am_keyed_current(L, rq->lock, rq->lockidx);
+  }
   if (rq->lock->kind->reentrant && am_reenters(L, rq->lock, rq))
     return grant_now(L, rq, rq->lock, now);     /* its holder, once more */
   if (am_can_lock_now(rq->lock, rq->weight, &rq->priority))  /* fast path */

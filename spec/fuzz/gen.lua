@@ -1,11 +1,15 @@
 -- Seeded generator of random operation sequences for the model-based tests.
 --
 -- A sequence is a plain table, printable as a Lua literal and replayable:
---   { seed = n, locks = { {kind = "mutex"|"sema"|"rw", value = n, cancel = label}, ... },
+--   { seed = n, locks = { {kind = "mutex"|"sema"|"rw"|"re"|"krw", value = n,
+--                          cancel = label}, ... },
 --     ops = { {op = "spawn", id = n, lock = i, method = ..., w = n, p = n,
---              plan = ..., deco = ..., nilargs = bool}, ...  } }
--- Op kinds: spawn, finish, raise, close, call_rel, unscoped, setValue, cancel,
--- gc, turn, poke (see spec/fuzz/model.lua for their meaning).  Ops name actors by
+--              key = k (krw), plan = ..., deco = ..., nilargs = bool}, ...  } }
+-- deco: {kind = "t"|"try"|"none", ms = n, err = label, lease = {ms = n,
+-- from = true|nil, err = label|nil}}.
+-- Op kinds: spawn, finish, raise, close, call_rel, check, nest, unnest,
+-- unscoped, setValue, cancel, gc, turn, poke (see spec/fuzz/model.lua for
+-- their meaning).  Ops name actors by
 -- the id given at spawn; an op whose target is not in a suitable state when it
 -- runs is skipped (so any sub-list of a sequence is a valid sequence, which is
 -- what the shrinker needs).
@@ -49,6 +53,8 @@ gen.rng = rng
 
 local PRIOS = { 0, 0, 0, 0, 1, 1, 2, -1, 0.5 }
 local TIMEOUTS = { 0, 0, 1, 1, 2, 3, 5 }
+local LEASES = { 1, 1, 2, 3, 5, 8 }
+local KEYS = { "a", "b" }
 local SLEEPS = { 0, 0, 0, 0, 0, 0, 1, 1, 2, 3, 6 }
 
 local function pick_actor(r, w, states, filter)
@@ -61,12 +67,19 @@ local function pick_actor(r, w, states, filter)
   return r.pick(ids)
 end
 
-local function gen_deco(r, errs)
+-- A decoration: withTimeout or tryAcquire, and (not on a ReentrantMutex) a
+-- lease on top of it.
+local function gen_deco(r, errs, lock)
   local k = r.weighted({ { 6, "none" }, { 4, "t" }, { 2, "try" } })
-  if k == "none" then return nil end
-  local d = { kind = k }
+  local lease
+  if lock.kind ~= "re" and r.chance(0.25) then
+    lease = { ms = r.pick(LEASES), from = r.chance(0.3) or nil,
+              err = r.chance(0.3) and r.pick(errs) or nil }
+  end
+  if k == "none" and not lease then return nil end
+  local d = { kind = k, lease = lease }
   if k == "t" then d.ms = r.pick(TIMEOUTS) end
-  if r.chance(0.3) then d.err = r.pick(errs) end
+  if k ~= "none" and r.chance(0.3) then d.err = r.pick(errs) end
   return d
 end
 
@@ -77,7 +90,8 @@ function gen.sequence(seed, opts)
   local max_ops = opts.max_ops or 40
   local errs = { "cerr1", "cerr2", "serr" }   -- cerr*: tables, serr: a string
   local locks = {}
-  local shape = r.weighted({ { 3, "m" }, { 4, "s" }, { 3, "ms" }, { 3, "r" }, { 2, "mr" } })
+  local shape = r.weighted({ { 3, "m" }, { 4, "s" }, { 3, "ms" }, { 3, "r" }, { 2, "mr" },
+                             { 3, "e" }, { 1, "me" }, { 3, "k" }, { 1, "sk" } })
   if shape:find("m") then
     locks[#locks + 1] = { kind = "mutex", cancel = r.chance(0.25) and r.pick(errs) or nil }
   end
@@ -87,6 +101,12 @@ function gen.sequence(seed, opts)
   end
   if shape:find("r") then
     locks[#locks + 1] = { kind = "rw", cancel = r.chance(0.25) and r.pick(errs) or nil }
+  end
+  if shape:find("e") then
+    locks[#locks + 1] = { kind = "re", cancel = r.chance(0.25) and r.pick(errs) or nil }
+  end
+  if shape:find("k") then
+    locks[#locks + 1] = { kind = "krw", cancel = r.chance(0.25) and r.pick(errs) or nil }
   end
   local w = model.new(locks)
   local clock = 0
@@ -102,7 +122,8 @@ function gen.sequence(seed, opts)
     local kind = r.weighted({
       { 30, "spawn" }, { 14, "turn" }, { 8, "finish" }, { 3, "raise" },
       { 4, "close" }, { 5, "call_rel" }, { 4, "unscoped" }, { 3, "setValue" },
-      { 2, "cancel" }, { 2, "gc" }, { 2, "poke" },
+      { 2, "cancel" }, { 2, "gc" }, { 2, "poke" }, { 3, "check" }, { 4, "nest" },
+      { 3, "unnest" },
     })
     local li = r.int(1, #locks)
     local lock = locks[li]
@@ -114,8 +135,10 @@ function gen.sequence(seed, opts)
       local op = {
         op = "spawn", id = next_id, lock = li, method = method,
         w = lock.kind == "sema" and r.weighted({ { 6, 1 }, { 3, 2 }, { 1, 3 } })
-          or lock.kind == "rw" and r.weighted({ { 3, 1 }, { 2, 2 } }) or 1,
-        p = r.pick(PRIOS), deco = gen_deco(r, errs), nilargs = r.chance(0.3),
+          or (lock.kind == "rw" or lock.kind == "krw") and r.weighted({ { 3, 1 }, { 2, 2 } })
+          or 1,
+        p = r.pick(PRIOS), deco = gen_deco(r, errs, lock), nilargs = r.chance(0.3),
+        key = lock.kind == "krw" and r.pick(KEYS) or nil,
       }
       if method == "runex" then
         op.plan = r.weighted({ { 4, "hold" }, { 3, "return" }, { 2, "raise" }, { 1, "raise_unprot" } })
@@ -134,21 +157,28 @@ function gen.sequence(seed, opts)
     elseif kind == "close" then
       local id = pick_actor(r, w, { queued = true, waiting = true, ready = true, holding = true })
       if id then add({ op = "close", id = id }) end
-    elseif kind == "call_rel" then
+    elseif kind == "call_rel" or kind == "check" then
       local id = pick_actor(r, w, { holding = true, done = true, closed = true }, function(a)
         return a.rel_visible
       end)
-      if id then add({ op = "call_rel", id = id }) end
+      if id then add({ op = kind, id = id }) end
+    elseif kind == "nest" or kind == "unnest" then
+      local id = pick_actor(r, w, { holding = true }, function(a)
+        return a.L.kind == "re"
+      end)
+      if id then add({ op = kind, id = id }) end
     elseif kind == "unscoped" then
       add({ op = "unscoped", lock = li, w = lock.kind == "sema" and r.int(1, 2) or nil,
-            via = r.chance(0.2) and gen_deco(r, errs) or nil })
+            key = lock.kind == "krw" and r.pick(KEYS) or nil,
+            via = r.chance(0.2) and gen_deco(r, errs, lock) or nil })
     elseif kind == "setValue" then
       if lock.kind == "sema" then
         add({ op = "setValue", lock = li, v = r.chance(0.05) and (1 << 40) or r.int(-2, 4),
-              via = r.chance(0.2) and gen_deco(r, errs) or nil })
+              via = r.chance(0.2) and gen_deco(r, errs, lock) or nil })
       end
     elseif kind == "cancel" then
-      add({ op = "cancel", lock = li, via = r.chance(0.2) and gen_deco(r, errs) or nil })
+      add({ op = "cancel", lock = li, key = lock.kind == "krw" and r.pick(KEYS) or nil,
+            via = r.chance(0.2) and gen_deco(r, errs, lock) or nil })
     elseif kind == "gc" then
       add({ op = "gc" })
     elseif kind == "poke" then

@@ -8,7 +8,8 @@
 -- coroutines the runner spawns), so that it can predict the exact log of
 -- events the real run produces, in order.
 --
--- A world holds locks (Mutex, Semaphore or RWLock), actors, and the FIFO of
+-- A world holds locks (Mutex, Semaphore, RWLock, ReentrantMutex or
+-- KeyedRWLock), actors, leases, and the FIFO of
 -- settlements that the module resumes on the next loop turn.  Time comes from
 -- outside: the runner passes the luv loop time of every operation that may
 -- start a timer and of every loop turn.
@@ -22,7 +23,12 @@
 --   unlocked ID     waitForUnlock of actor ID returned
 --   died ID ERR     actor ID died with ERR while the runner resumed it
 --   handler ERR     the module reported an error escaping a coroutine it resumed
--- ERR is a label: E_TIMEOUT, E_CANCELED, E_ALREADY_LOCKED, a custom error name,
+--   rel ID B        the runner called actor ID's leased releaser; it returned B
+--   check ID R      the runner called actor ID's releaser:check(): true, false,
+--                   or the label of the error it raised
+--   nest ID N       actor ID acquired its ReentrantMutex again: N levels held
+--   unnest ID       actor ID left its newest nested level
+-- ERR is a label: E_TIMEOUT, E_CANCELED, E_ALREADY_LOCKED, E_LOST, a custom error name,
 -- or raise#ID for the error object actor ID raises from its body.
 --
 -- Where async-mutex leaves a question open, the model takes what a user
@@ -44,6 +50,27 @@
 -- "fits": its value is the number of readers, or -1 while a writer holds it;
 -- an actor's weight is its mode, 1 to read and 2 to write (waitForUnlock
 -- waits as a write).  Its unscoped release ends a write only.
+--
+-- A KeyedRWLock ("krw", docs/lockkinds.md, KeyedRWLock) is an RWLock per key
+-- ("sublocks"), made when a request needs one and dropped as soon as it is
+-- idle; the runner compares count() and each key's state.
+--
+-- A ReentrantMutex ("re", docs/lockkinds.md, ReentrantMutex) is a mutex whose
+-- holder is the actor its grant was delivered to (at once for a fast-path
+-- grant, at the resumption for a queued one); that actor may "nest" (acquire
+-- again: granted at once, one more level, held by a to-be-closed releaser)
+-- and "unnest" (leave the newest level).  Every level ends once; the lock
+-- is free when all have.  Finishing, raising or closing an actor leaves its
+-- nested levels first, newest first.
+--
+-- A lease (deco.lease = {ms, from, err}: docs/lockkinds.md, Leases) gives a
+-- grant a deadline in the timer queue, counted from the grant's delivery
+-- (or from the request): at the first turn past it a hold still in place is
+-- lost: given back as its releaser would give it back; that releaser then
+-- returns false ("rel ID false": the runner logs the result of a leased
+-- releaser's call), check() raises the lost error, and a runExclusive
+-- holding it raises the lost error when its body returns.  "check ID R"
+-- logs releaser:check() (true, false, or the error's label) for any actor.
 
 local model = {}
 
@@ -68,18 +95,55 @@ function model.new(lock_specs, opts)
     close_runex_releases = opts.close_runex_releases ~= false,
     violations = {},
   }, World)
+  w.timers = {}          -- leases in the timer queue: {due, tseq, rel}
   for i, spec in ipairs(lock_specs) do
     w.locks[i] = {
       index = i,
       kind = spec.kind,
-      value = spec.kind == "mutex" and 1 or spec.kind == "rw" and 0 or spec.value,
+      value = (spec.kind == "mutex" or spec.kind == "re") and 1
+        or (spec.kind == "rw" or spec.kind == "krw") and 0 or spec.value,
       cancel = spec.cancel or "E_CANCELED",
       queue = {},         -- acquirers, priority descending, FIFO among equals
       waiters = {},       -- weight -> list of waitForUnlock waiters, same order
+      gen = 0,            -- "re": grants so far (a releaser's token)
+      levels = 0,         -- "re": levels held
+      subs = {},          -- "krw": key -> RWLock of that key
     }
   end
   return w
 end
+
+-- The RWLock of `key` in keyed lock `kl`, made when `create` and missing.
+local function sublock(kl, key, create)
+  local sub = kl.subs[key]
+  if not sub and create then
+    sub = { index = kl.index, kind = "rw", value = 0, cancel = kl.cancel,
+            queue = {}, waiters = {}, parent = kl, key = key }
+    kl.subs[key] = sub
+  end
+  return sub
+end
+model.sublock = sublock
+
+-- A keyed lock's sublock leaves its set as soon as it is idle.
+local function settle_sub(lock)
+  if lock.parent and lock.parent.subs[lock.key] == lock and lock.value == 0
+      and #lock.queue == 0 and next(lock.waiters) == nil then
+    lock.parent.subs[lock.key] = nil
+  end
+end
+
+-- The locks that hold state: the plain ones and every keyed lock's sublocks.
+local function each_lock(w, fn)
+  for _, lock in ipairs(w.locks) do
+    if lock.kind == "krw" then
+      for _, sub in pairs(lock.subs) do fn(sub) end
+    else
+      fn(lock)
+    end
+  end
+end
+model.each_lock = each_lock
 
 local function emit(w, s)
   w.log[#w.log + 1] = s
@@ -116,6 +180,7 @@ local function fits(lock, weight)
     if weight == 2 then return lock.value == 0 end
     return lock.value >= 0
   end
+  if lock.kind == "re" then return lock.value > 0 end
   return weight <= lock.value
 end
 model.fits = fits
@@ -142,7 +207,7 @@ local function settle(w, actor, kind, value, label)
 end
 
 local function check_mutex(w, lock)
-  if lock.kind == "mutex" and lock.value ~= 0 and lock.value ~= 1 then
+  if (lock.kind == "mutex" or lock.kind == "re") and lock.value ~= 0 and lock.value ~= 1 then
     violation(w, ("mutex %d has value %d (two holders)"):format(lock.index, lock.value))
   end
   if lock.kind == "rw" and lock.value < -1 then
@@ -158,11 +223,16 @@ local function grant(w, lock, actor)
       violation(w, ("rwlock %d granted mode %d at value %d"):format(lock.index, actor.w, lock.value))
     end
     lock.value = actor.w == 2 and -1 or lock.value + 1
+  elseif lock.kind == "re" then
+    lock.value = 0
+    lock.gen = lock.gen + 1
+    lock.levels = 1
   else
     lock.value = lock.value - actor.w
   end
   check_mutex(w, lock)
-  actor.rel = { lock = lock, weight = actor.w, called = false }
+  actor.rel = { lock = lock, weight = actor.w, called = false, gen = lock.gen,
+                actor = actor }
   if lock.kind == "mutex" or lock.kind == "rw" and actor.w == 2 then
     lock.holder = actor.rel                  -- the grant that holds it
   end
@@ -204,16 +274,24 @@ local function dispatch(w, lock)
     settle(w, e.actor, "grant", prev)
     drain(w, lock)
   end
+  settle_sub(lock)
 end
 
--- A releaser: the first call releases.  A Mutex releaser only ends its own
--- grant: a no-op once m:release() unlocked the mutex (P3), even if someone
--- else holds it since.
-local function release_rel(w, rel)
-  if rel.called then return end
-  rel.called = true
+-- Gives the grant of releaser `rel` back.  A Mutex releaser only ends its
+-- own grant: a no-op once m:release() unlocked the mutex (P3), even if
+-- someone else holds it since; a ReentrantMutex's ends one level of its
+-- hold.
+local function give_back(w, rel)
   local lock = rel.lock
-  if lock.kind == "mutex" then
+  if lock.kind == "re" then
+    if lock.value <= 0 and rel.gen == lock.gen then
+      lock.levels = lock.levels - 1
+      if lock.levels <= 0 then
+        lock.value, lock.owner = 1, nil
+        dispatch(w, lock)
+      end
+    end
+  elseif lock.kind == "mutex" then
     if lock.value <= 0 and lock.holder == rel then
       lock.value = lock.value + 1
       dispatch(w, lock)
@@ -230,6 +308,37 @@ local function release_rel(w, rel)
     lock.value = lock.value + rel.weight
     dispatch(w, lock)
   end
+end
+
+-- A releaser's call: the first one releases and returns true; later calls,
+-- and any call once its lease ran out, return false.
+local function release_rel(w, rel)
+  if rel.called or rel.lost then return false end
+  rel.called = true
+  give_back(w, rel)
+  return true
+end
+
+-- A lease of releaser `rel` starts at loop time `now`, ending at `ends`: an
+-- entry of the timer queue, due then (or at once if `ends` has passed).
+local function start_lease(w, rel, now, ends)
+  w.tseq = w.tseq + 1
+  w.timers[#w.timers + 1] = { due = ends > now and ends or now, tseq = w.tseq, rel = rel }
+end
+
+-- The lease of `rel` ran out while the hold is in place: lost, given back.
+local function lose(w, rel)
+  rel.lost = true
+  give_back(w, rel)
+end
+
+-- Leaves the newest nested level of a ReentrantMutex actor.
+local function unnest(w, a)
+  release_rel(w, table.remove(a.nested))
+end
+
+local function unnest_all(w, a)
+  while a.nested and #a.nested > 0 do unnest(w, a) end
 end
 
 -- An error leaves actor `a` (ctx: "sync" while the runner starts it, "runner"
@@ -249,7 +358,8 @@ end
 
 -- The actor's script after its lock operation succeeded with value v.
 local function after_grant(w, a, v, ctx)
-  local lock = w.locks[a.lock]
+  local lock = a.L
+  if lock.kind == "re" then lock.owner = a end   -- its holder from now on
   if a.method == "acquire" or a.method == "tbc" then
     a.rel_visible = true
     emit(w, ("got %d %s"):format(a.id, value_text(lock, v)))
@@ -270,14 +380,18 @@ local function after_grant(w, a, v, ctx)
   end
 end
 
--- Resumes the settlement s (a loop turn).
-local function deliver(w, s)
+-- Resumes the settlement s (a loop turn at loop time T).
+local function deliver(w, s, T)
   local a = s.actor
   if a.state ~= "ready" then
     violation(w, ("delivering to actor %d in state %s"):format(a.id, a.state))
     return
   end
   if s.kind == "grant" then
+    if a.lease then                       -- the lease starts now (or ran)
+      local ms = a.lease.ms
+      start_lease(w, a.rel, T, a.lease.from and a.req_time + ms or T + ms)
+    end
     after_grant(w, a, s.value, "deliver")
   elseif s.kind == "unlocked" then
     a.state = "done"
@@ -305,11 +419,13 @@ end
 -- deco (nil | {kind = "t", ms = n, err = label|nil} | {kind = "try", err = label|nil}).
 function World:spawn(op, now)
   local lock = self.locks[op.lock]
+  if lock.kind == "krw" then lock = sublock(lock, op.key, true) end
   local a = {
-    id = op.id, lock = op.lock, method = op.method,
-    w = lock.kind == "mutex" and 1 or lock.kind == "rw" and op.method == "wait" and 2
-      or op.w, p = op.p,
-    plan = op.plan, deco = op.deco, state = "new",
+    id = op.id, lock = op.lock, method = op.method, L = lock, key = op.key,
+    w = (lock.kind == "mutex" or lock.kind == "re") and 1
+      or lock.kind == "rw" and op.method == "wait" and 2 or op.w, p = op.p,
+    plan = op.plan, deco = op.deco, state = "new", req_time = now,
+    lease = op.deco and op.deco.lease,
   }
   if self.actors[a.id] then
     violation(self, "duplicate actor id " .. a.id)
@@ -326,8 +442,10 @@ function World:spawn(op, now)
     if can_lock_now(lock, a.w, a.p) then
       a.state = "done"
       emit(self, ("unlocked %d"):format(a.id))
+      settle_sub(lock)
     elseif deco and deco.kind == "try" then           -- P2
       error_out(self, a, deco.err or "E_ALREADY_LOCKED", "sync")
+      settle_sub(lock)
     else
       local e = new_entry(self, a, now, timeout_ms, timeout_label)
       e.kind = "wait"
@@ -339,9 +457,11 @@ function World:spawn(op, now)
   end
   if can_lock_now(lock, a.w, a.p) then                -- fast path, no yield
     local prev = grant(self, lock, a)
+    if a.lease then start_lease(self, a.rel, now, now + a.lease.ms) end
     after_grant(self, a, prev, "sync")
   elseif deco and deco.kind == "try" then             -- P2: nothing queued
     error_out(self, a, deco.err or "E_ALREADY_LOCKED", "sync")
+    settle_sub(lock)
   else
     local e = new_entry(self, a, now, timeout_ms, timeout_label)
     e.kind = "acq"
@@ -353,6 +473,11 @@ end
 --- Runner resumes holding actor `id` to leave normally.
 function World:finish(id)
   local a = self.actors[id]
+  unnest_all(self, a)
+  if a.method == "runex" and a.rel.lost then      -- checked when fn returns
+    error_out(self, a, a.lease.err or "E_LOST", "runner")
+    return
+  end
   if a.method == "tbc" or a.method == "runex" then release_rel(self, a.rel) end
   a.state = "done"
   if a.method == "runex" then
@@ -365,6 +490,7 @@ end
 --- Runner resumes holding actor `id` (tbc or runex) to raise raise#id.
 function World:raise(id)
   local a = self.actors[id]
+  unnest_all(self, a)
   release_rel(self, a.rel)
   local label = "raise#" .. id
   if a.method == "tbc" then
@@ -378,7 +504,7 @@ end
 --- coroutine.close of actor `id` (queued, waiting, ready or holding).
 function World:close(id)
   local a = self.actors[id]
-  local lock = self.locks[a.lock]
+  local lock = a.L
   if a.state == "queued" then
     remove_from(lock.queue, a.entry)
     a.entry = nil
@@ -389,6 +515,7 @@ function World:close(id)
     if #lock.waiters[a.w] == 0 then lock.waiters[a.w] = nil end
     a.entry = nil
     a.state = "closed"
+    settle_sub(lock)
   elseif a.state == "ready" then
     local s
     for i = 1, #self.fifo do
@@ -400,20 +527,54 @@ function World:close(id)
     end
   elseif a.state == "holding" then
     a.state = "closed"
+    unnest_all(self, a)
     if a.method == "tbc" or (a.method == "runex" and self.close_runex_releases) then
       release_rel(self, a.rel)
     end
   end
 end
 
---- The runner calls the releaser that actor `id` received.
+--- The runner calls the releaser that actor `id` received (and logs what a
+-- leased one returned).
 function World:call_rel(id)
-  release_rel(self, self.actors[id].rel)
+  local a = self.actors[id]
+  local res = release_rel(self, a.rel)
+  if a.lease then emit(self, ("rel %d %s"):format(id, tostring(res))) end
+end
+
+--- The runner calls releaser:check() of actor `id`.
+function World:check(id)
+  local a = self.actors[id]
+  if a.rel.lost then
+    emit(self, ("check %d %s"):format(id, a.lease.err or "E_LOST"))
+  else
+    emit(self, ("check %d %s"):format(id, tostring(not a.rel.called)))
+  end
+end
+
+--- Holding actor `id`, which holds its ReentrantMutex, acquires it again.
+function World:nest(id)
+  local a = self.actors[id]
+  local lock = a.L
+  lock.levels = lock.levels + 1
+  a.nested = a.nested or {}
+  a.nested[#a.nested + 1] = { lock = lock, weight = 1, called = false, gen = lock.gen }
+  emit(self, ("nest %d %d"):format(id, lock.levels))
+end
+
+--- Holding actor `id` leaves its newest nested level.
+function World:unnest(id)
+  unnest(self, self.actors[id])
+  emit(self, ("unnest %d"):format(id))
 end
 
 --- Unscoped release: m:release() (no-op while unlocked, P3) / s:release(w).
-function World:unscoped(li, weight)
+function World:unscoped(li, weight, key)
   local lock = self.locks[li]
+  if lock.kind == "krw" then                -- krw:release(key): that key's write
+    lock = sublock(lock, key, false)
+    if not lock then return end
+  end
   if lock.kind == "mutex" then
     if lock.value <= 0 then
       lock.value = lock.value + 1
@@ -437,15 +598,29 @@ function World:set_value(li, v)
 end
 
 --- cancel(): rejects every queued acquirer in queue order, then (P4)
--- re-evaluates the waitForUnlock waiters against the now empty queue.
-function World:cancel(li)
-  local lock = self.locks[li]
+-- re-evaluates the waitForUnlock waiters against the now empty queue.  A
+-- keyed lock's cancel(key) cancels that key.  (Its cancel() cancels every
+-- key in the order of its map, which the model cannot know: the generator
+-- always names a key; spec 53 covers cancel().)
+local function cancel_lock(self, lock)
   local queue = lock.queue
   lock.queue = {}
   for _, e in ipairs(queue) do
     settle(self, e.actor, "err", nil, lock.cancel)
   end
   drain(self, lock)
+  settle_sub(lock)
+end
+
+function World:cancel(li, key)
+  local lock = self.locks[li]
+  if lock.kind ~= "krw" then return cancel_lock(self, lock) end
+  if key ~= nil then
+    local sub = sublock(lock, key, false)
+    if sub then cancel_lock(self, sub) end
+    return
+  end
+  violation(self, "cancel() of a keyed lock without a key: its order is the map's")
 end
 
 --- One loop turn whose timers ran at loop time T: expired requests are
@@ -453,7 +628,7 @@ end
 -- (P1); then the module resumes the settlements in FIFO order.
 function World:turn(T)
   local due = {}
-  for _, lock in ipairs(self.locks) do
+  each_lock(self, function(lock)
     for _, e in ipairs(lock.queue) do
       if e.due and e.due <= T then due[#due + 1] = e end
     end
@@ -462,15 +637,25 @@ function World:turn(T)
         if e.due and e.due <= T then due[#due + 1] = e end
       end
     end
+  end)
+  local timers = {}                        -- leases not yet due stay
+  for _, e in ipairs(self.timers) do
+    if not (e.rel.called or e.rel.lost) then  -- else released in time: gone
+      if e.due <= T then due[#due + 1] = e
+      else timers[#timers + 1] = e end
+    end
   end
+  self.timers = timers
   table.sort(due, function(x, y)
     if x.due ~= y.due then return x.due < y.due end
     return x.tseq < y.tseq
   end)
   for _, e in ipairs(due) do
     local a = e.actor
-    if a.entry == e then                   -- still waiting (not granted meanwhile)
-      local lock = self.locks[a.lock]
+    if e.rel then                          -- a lease ran out
+      if not e.rel.called and not e.rel.lost then lose(self, e.rel) end
+    elseif a.entry == e then               -- still waiting (not granted meanwhile)
+      local lock = a.L
       if e.kind == "acq" then
         remove_from(lock.queue, e)
         settle(self, a, "err", nil, e.timeout_label)
@@ -479,17 +664,18 @@ function World:turn(T)
         remove_from(lock.waiters[a.w], e)
         if #lock.waiters[a.w] == 0 then lock.waiters[a.w] = nil end
         settle(self, a, "err", nil, e.timeout_label)
+        settle_sub(lock)
       end
     end
   end
   if self.drain == "all" then
     while #self.fifo > 0 do
-      deliver(self, table.remove(self.fifo, 1))
+      deliver(self, table.remove(self.fifo, 1), T)
     end
   else
     local batch = self.fifo
     self.fifo = {}
-    for _, s in ipairs(batch) do deliver(self, s) end
+    for _, s in ipairs(batch) do deliver(self, s, T) end
   end
 end
 
@@ -515,15 +701,25 @@ function World:applicable(op)
     if not a then return false end
     local s = a.state
     return s == "queued" or s == "waiting" or s == "ready" or s == "holding"
-  elseif k == "call_rel" then
+  elseif k == "call_rel" or k == "check" then
     local a = self.actors[op.id]
     return a ~= nil and a.rel_visible == true
+  elseif k == "nest" then
+    local a = self.actors[op.id]
+    return a ~= nil and a.state == "holding" and a.L.kind == "re" and a.L.owner == a
+      and a.L.value == 0
+  elseif k == "unnest" then
+    local a = self.actors[op.id]
+    return a ~= nil and a.state == "holding" and a.nested ~= nil and #a.nested > 0
   elseif k == "poke" then
     local a = self.actors[op.id]
     if not a then return false end
     local s = a.state
     return s == "queued" or s == "waiting" or s == "ready"
-  elseif k == "unscoped" or k == "cancel" then
+  elseif k == "unscoped" then
+    local lock = self.locks[op.lock]
+    return lock ~= nil and lock.kind ~= "re" and (lock.kind ~= "krw") == (op.key == nil)
+  elseif k == "cancel" then
     return self.locks[op.lock] ~= nil
   elseif k == "setValue" then
     local lock = self.locks[op.lock]
@@ -540,21 +736,27 @@ function World:apply(op, now)
   elseif k == "raise" then self:raise(op.id)
   elseif k == "close" then self:close(op.id)
   elseif k == "call_rel" then self:call_rel(op.id)
-  elseif k == "unscoped" then self:unscoped(op.lock, op.w or 1)
+  elseif k == "check" then self:check(op.id)
+  elseif k == "nest" then self:nest(op.id)
+  elseif k == "unnest" then self:unnest(op.id)
+  elseif k == "unscoped" then self:unscoped(op.lock, op.w or 1, op.key)
   elseif k == "setValue" then self:set_value(op.lock, op.v)
-  elseif k == "cancel" then self:cancel(op.lock)
+  elseif k == "cancel" then self:cancel(op.lock, op.key)
   elseif k == "turn" then self:turn(now)
   end                                     -- gc, poke: nothing changes
-  for _, lock in ipairs(self.locks) do check_mutex(self, lock) end
+  each_lock(self, function(lock)
+    check_mutex(self, lock)
+    settle_sub(lock)
+  end)
 end
 
 --- Number of coroutines the module holds: queued, waiting or ready.
 function World:pending()
   local n = #self.fifo
-  for _, lock in ipairs(self.locks) do
+  each_lock(self, function(lock)
     n = n + #lock.queue
     for _, list in pairs(lock.waiters) do n = n + #list end
-  end
+  end)
   return n
 end
 
@@ -583,7 +785,12 @@ function World:cleanup_ops()
   for i, lock in ipairs(self.locks) do
     if lock.kind == "sema" then
       ops[#ops + 1] = { op = "setValue", lock = i, v = 1000 }
-    else
+    elseif lock.kind == "krw" then
+      local keys = {}
+      for key in pairs(lock.subs) do keys[#keys + 1] = key end
+      table.sort(keys)
+      for _, key in ipairs(keys) do ops[#ops + 1] = { op = "unscoped", lock = i, key = key } end
+    elseif lock.kind ~= "re" then             -- a ReentrantMutex has no release()
       ops[#ops + 1] = { op = "unscoped", lock = i }
     end
   end

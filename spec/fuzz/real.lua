@@ -128,6 +128,7 @@ function Events:label(e)
   if e == am.E_TIMEOUT then return "E_TIMEOUT" end
   if e == am.E_CANCELED then return "E_CANCELED" end
   if e == am.E_ALREADY_LOCKED then return "E_ALREADY_LOCKED" end
+  if e == am.E_LOST then return "E_LOST" end
   if e == SERR then return "serr" end
   if (type(e) == "table" or type(e) == "userdata") and self.labels[e] then return self.labels[e] end
   return (("?%s:%s"):format(type(e), tostring(e)):gsub("%s+", "_"))
@@ -196,6 +197,10 @@ function Run:open()
       if e ~= nil then lock = am.Mutex.new(e) else lock = am.Mutex.new() end
     elseif spec.kind == "rw" then
       if e ~= nil then lock = am.RWLock.new(e) else lock = am.RWLock.new() end
+    elseif spec.kind == "re" then
+      if e ~= nil then lock = am.ReentrantMutex.new(e) else lock = am.ReentrantMutex.new() end
+    elseif spec.kind == "krw" then
+      if e ~= nil then lock = am.KeyedRWLock.new({ cancelError = e }) else lock = am.KeyedRWLock.new() end
     else
       if e ~= nil then lock = am.Semaphore.new(spec.value, e) else lock = am.Semaphore.new(spec.value) end
     end
@@ -223,7 +228,9 @@ end
 function Run:decorated(li, d)
   if not d then return self.locks[li] end
   local am = self.am
+  local lease = d.lease
   local key = d.kind .. ":" .. tostring(d.ms) .. ":" .. tostring(d.err)
+    .. (lease and (":lease:%s:%s:%s"):format(lease.ms, tostring(lease.from), tostring(lease.err)) or "")
   self.decos[li] = self.decos[li] or {}
   local obj = self.decos[li][key]
   if not obj then
@@ -231,9 +238,15 @@ function Run:decorated(li, d)
     if d.kind == "t" then
       if e ~= nil then obj = am.withTimeout(self.locks[li], d.ms, e)
       else obj = am.withTimeout(self.locks[li], d.ms) end
-    else
+    elseif d.kind == "try" then
       if e ~= nil then obj = am.tryAcquire(self.locks[li], e)
       else obj = am.tryAcquire(self.locks[li]) end
+    else
+      obj = self.locks[li]
+    end
+    if lease then                           -- the lease decorates the decorated lock
+      local opts = lease.from and { fromRequest = true } or nil
+      obj = am.withLease(obj, lease.ms, self:error_value(lease.err), opts)
     end
     self.decos[li][key] = obj
     registry[obj] = self.events.tag .. " decorator " .. key
@@ -244,7 +257,12 @@ end
 --- The arguments of a request on lock `li` (weight and priority, or
 -- priority), nil for the defaults when op.nilargs says so.
 function Run:request_args(li, op)
-  if self.seq.locks[li].kind == "sema" then
+  local kind = self.seq.locks[li].kind
+  if kind == "krw" then                    -- the key first
+    if op.nilargs and op.p == 0 then return { n = 1, op.key } end
+    return { n = 2, op.key, op.p }
+  end
+  if kind == "sema" then
     local wt, p = op.w, op.p
     if op.nilargs then
       if wt == 1 then wt = nil end
@@ -278,8 +296,8 @@ local function value_text(rec, v)
   return tostring(v)
 end
 
--- The holding actor waits for the runner; returns its command.
-local function wait_runner(ev, rec)
+-- The holding actor waits for the runner's next command.
+local function wait_command(ev, rec)
   rec.phase = "runner"
   rec.held = coroutine.running()             -- the runner anchors its holders
   while true do
@@ -290,6 +308,44 @@ local function wait_runner(ev, rec)
     end
     ev:violation(("actor %d was resumed while it was waiting on the runner"):format(rec.id))
   end
+end
+
+-- A ReentrantMutex holder's nested level: acquired again (at once), held by
+-- a to-be-closed releaser until the runner says "unnest" (returned), or
+-- "finish" or "raise" (passed down, leaving every level on the way).
+local nest_level
+local function serve(ev, rec, cmd)
+  while cmd == "nest" do
+    cmd = nest_level(ev, rec)
+    if cmd == "unnest" then cmd = wait_command(ev, rec) end
+  end
+  return cmd
+end
+
+function nest_level(ev, rec)
+  local ok, rel = pcall(rec.obj.acquire, rec.obj)
+  if not ok then
+    ev:emit(("nestfail %d %s"):format(rec.id, ev:label(rel)))
+    return wait_command(ev, rec)
+  end
+  local _ <close> = rel
+  ev:emit(("nest %d %d"):format(rec.id, rec.lock:depth()))
+  local cmd = serve(ev, rec, wait_command(ev, rec))
+  if cmd == "unnest" then
+    rel()
+    ev:emit(("unnest %d"):format(rec.id))
+  end
+  return cmd
+end
+
+-- The holding actor waits for the runner; returns its command (finish or
+-- raise), its nested levels left.
+local function wait_runner(ev, rec)
+  local cmd = serve(ev, rec, wait_command(ev, rec))
+  if cmd == "unnest" then
+    ev:violation(("actor %d was told to unnest with no nested level"):format(rec.id))
+  end
+  return cmd
 end
 
 -- The actor's lock operation returned (or raised): once per wait.
@@ -360,15 +416,24 @@ local function runex_body(ev, rec, obj, args)
     if cmd == "raise" then error(rec.raise_obj, 0) end
     return id, nil, "r"
   end
+  -- runExclusive(fn, ...) or, keyed, runExclusive(key, fn, ...)
+  local call = { n = args.n + 1 }
+  if rec.keyed then
+    call[1], call[2] = args[1], body
+    for i = 2, args.n do call[i + 1] = args[i] end
+  else
+    call[1] = body
+    for i = 1, args.n do call[i + 1] = args[i] end
+  end
   return function()
     rec.phase = "module"
     if plan == "raise_unprot" then
-      obj[rec.run](obj, body, table.unpack(args, 1, args.n))
+      obj[rec.run](obj, table.unpack(call, 1, call.n))
       ev:emit(("done %d UNEXPECTED"):format(id))
       rec.phase = "dead"
       return
     end
-    local r = table.pack(pcall(obj[rec.run], obj, body, table.unpack(args, 1, args.n)))
+    local r = table.pack(pcall(obj[rec.run], obj, table.unpack(call, 1, call.n)))
     if rec.phase == "module" then returned_from_module(ev, rec) end
     if r[1] then
       local good = r.n == 4 and r[2] == id and r[3] == nil and r[4] == "r"
@@ -404,16 +469,20 @@ end
 function Run:spawn(op)
   local kind = self.seq.locks[op.lock].kind
   local sema = kind == "sema"
-  local read = kind == "rw" and op.w == 1     -- an RWLock: op.w is the mode
+  local rw = kind == "rw" or kind == "krw"
+  local read = rw and op.w == 1               -- an RWLock: op.w is the mode
   local rec = {
-    id = op.id, method = op.method, plan = op.plan, sema = sema,
-    acquire = kind ~= "rw" and "acquire" or read and "acquireRead" or "acquireWrite",
+    id = op.id, method = op.method, plan = op.plan, sema = sema, keyed = kind == "krw",
+    acquire = not rw and "acquire" or read and "acquireRead" or "acquireWrite",
     run = read and "runShared" or "runExclusive",
     phase = "new", outcomes = 0, raise_obj = setmetatable({}, { __name = "raise" }),
+    leased = op.deco ~= nil and op.deco.lease ~= nil,
+    lock = self.locks[op.lock],
   }
   self.events.labels[rec.raise_obj] = "raise#" .. op.id
   self.actors[op.id] = rec
   local obj = self:decorated(op.lock, op.deco)
+  rec.obj = obj
   local args = self:request_args(op.lock, op)
   local co = coroutine.create(BODIES[op.method](self.events, rec, obj, args))
   self.cos[op.id] = co
@@ -463,15 +532,28 @@ OPS.close = function(run, op, state)
 end
 
 OPS.call_rel = function(run, op)
-  local ok, e = pcall(run.actors[op.id].rel)
-  if not ok then run.events:emit(("relfail %d %s"):format(op.id, run.events:label(e))) end
+  local rec = run.actors[op.id]
+  local ok, e = pcall(rec.rel)
+  if not ok then run.events:emit(("relfail %d %s"):format(op.id, run.events:label(e)))
+  elseif rec.leased then run.events:emit(("rel %d %s"):format(op.id, tostring(e))) end
 end
+
+OPS.check = function(run, op)
+  local rel = run.actors[op.id].rel
+  local ok, e = pcall(rel.check, rel)
+  run.events:emit(("check %d %s"):format(op.id, ok and tostring(e) or run.events:label(e)))
+end
+
+OPS.nest = function(run, op) run:resume_holder(op.id, "nest") end
+OPS.unnest = function(run, op) run:resume_holder(op.id, "unnest") end
 
 OPS.unscoped = function(run, op)
   local obj = run:decorated(op.lock, op.via)
   local ok, e
   if run.seq.locks[op.lock].kind == "sema" then
     ok, e = pcall(obj.release, obj, op.w or 1)
+  elseif op.key ~= nil then
+    ok, e = pcall(obj.release, obj, op.key)
   else
     ok, e = pcall(obj.release, obj)
   end
@@ -486,7 +568,7 @@ end
 
 OPS.cancel = function(run, op)
   local obj = run:decorated(op.lock, op.via)
-  local ok, e = pcall(obj.cancel, obj)
+  local ok, e = pcall(obj.cancel, obj, op.key)
   if not ok then run.events:emit(("opfail cancel %s"):format(run.events:label(e))) end
 end
 

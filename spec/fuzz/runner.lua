@@ -139,10 +139,41 @@ local function compare_violations(t)
   if #t.run.violations > 0 then fail(t.run.violations[1]) end
 end
 
+-- A KeyedRWLock: count(), and each key's isLocked, readers, isWriteLocked
+-- and waiting against the model's RWLock of that key (a free key: none).
+local KEYS = { "a", "b" }
+local function compare_keyed(li, lock, m)
+  local n = 0
+  for _ in pairs(m.subs) do n = n + 1 end
+  if lock:count() ~= n then
+    fail(("lock %d: count() is %d, the model has %d keys in use"):format(li, lock:count(), n))
+  end
+  for _, key in ipairs(KEYS) do
+    local sub = model.sublock(m, key, false)
+    local value = sub and sub.value or 0
+    local queued, waiters = 0, 0
+    if sub then
+      queued = #sub.queue
+      for _, list in pairs(sub.waiters) do waiters = waiters + #list end
+    end
+    local q, u = lock:waiting(key)
+    if lock:isLocked(key) ~= (value ~= 0) or lock:readers(key) ~= math.max(value, 0)
+        or lock:isWriteLocked(key) ~= (value == -1) or q ~= queued or u ~= waiters then
+      fail(("lock %d key %s: isLocked %s, readers %d, isWriteLocked %s, waiting %d %d; "
+        .. "the model says value %d, waiting %d %d"):format(li, key, tostring(lock:isLocked(key)),
+        lock:readers(key), tostring(lock:isWriteLocked(key)), q, u, value, queued, waiters))
+    end
+  end
+end
+
 -- isLocked() and getValue() of every lock.
 local function compare_locks(t)
   for li, spec in ipairs(t.seq.locks) do
     local lock, m = t.run.locks[li], t.w.locks[li]
+    if spec.kind == "krw" then
+      compare_keyed(li, lock, m)
+      goto continue
+    end
     local ok, locked = pcall(lock.isLocked, lock)
     if not ok then fail(("lock %d: isLocked raised %s"):format(li, tostring(locked))) end
     local m_locked = m.value <= 0
@@ -164,6 +195,14 @@ local function compare_locks(t)
         fail(("lock %d: getValue() is %s, the model says %d"):format(li, tostring(v), m.value))
       end
     end
+    if spec.kind == "re" then
+      local depth = m.value <= 0 and m.levels or 0
+      if lock:depth() ~= depth or lock:isHeldByMe() then
+        fail(("lock %d: depth() is %d (isHeldByMe %s), the model says %d"):format(
+          li, lock:depth(), tostring(lock:isHeldByMe()), depth))
+      end
+    end
+    ::continue::
   end
 end
 
