@@ -505,7 +505,7 @@ static int push_queue (lua_State *L, const Queue *q, int t, int n,
       lua_rawseti(L, -2, 3);
       lua_pushboolean(L, unlock);
       lua_rawseti(L, -2, 4);
-      lua_pushboolean(L, w->timed);
+      lua_pushboolean(L, w->r.timed);
       lua_rawseti(L, -2, 5);
       lua_rawseti(L, t, ++n);
     }

@@ -345,12 +345,12 @@ static void drop_anchor (State *st, int ref) {
 void am_push_anchored (lua_State *L, const Waiter *w) {
   State *st = w->r.lock->st;
   lua_State *A;
-  if (w->ref == LUA_NOREF || st->closed
-      || !lua_checkstack(A = ANCHOR_THREAD(st, w->ref), 1)) {
+  if (w->r.ref == LUA_NOREF || st->closed
+      || !lua_checkstack(A = ANCHOR_THREAD(st, w->r.ref), 1)) {
     lua_pushnil(L);
     return;
   }
-  lua_pushvalue(A, ANCHOR_SLOT(w->ref));
+  lua_pushvalue(A, ANCHOR_SLOT(w->r.ref));
   lua_xmove(A, L, 1);
 }
 
