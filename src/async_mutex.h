@@ -362,6 +362,7 @@ struct State {
   int keyedlocks;                    /* weak: address -> keyed lock in a set */
   int dbg;                           /* debug mode's hooks (debug.c), or
                                         LUA_NOREF: off */
+  int dbg_flags;                     /* its flags, read once (debug.c) */
   lua_State **athreads;              /* anchor threads (scheduler.c) */
   int nathreads;
   int nanchors, free_anchor;         /* their slots; first free one, or 0 */
@@ -510,7 +511,7 @@ extern int am_debug_on;
 extern const luaL_Reg am_debug_funcs[];
 int am_core_debug (lua_State *L);
 void am_dbg_request (lua_State *L, const Request *rq);
-void am_dbg_granted (lua_State *L, State *st, int lockidx);
+void am_dbg_granted (lua_State *L, State *st, int lockidx, int waited);
 void am_dbg_waiting (lua_State *L, State *st, int lockidx, int widx);
 void am_dbg_released (lua_State *L, State *st, int idx);
 void am_dbg_unscoped (lua_State *L, State *st, int idx);

@@ -65,6 +65,11 @@ enum { H_REQUEST = 1, H_GRANTED, H_WAITING, H_RELEASED, H_UNSCOPED,
        F_LUA,                 /* true: call the granted and released hooks */
        T_WAITING };           /* coroutine -> what it waits for (weak) */
 
+/* The flags of the hook table, kept in State.dbg_flags: a grant and a
+   release read them without a table access. */
+#define DF_TRACEBACK  1
+#define DF_LUA        2
+
 enum { R_LOCK = 1, R_RELEASER, R_HOLDER, R_SINCE, R_FN, R_LINE, R_WEIGHT,
        R_WHERE, R_NEXT_LOCK, R_NEXT_CO, R_NFIELDS = 14 };
 
@@ -270,11 +275,10 @@ static int record_grant (lua_State *L) {
     lua_rawseti(L, rec, R_FN);
     lua_pushinteger(L, ar.currentline);
     lua_rawseti(L, rec, R_LINE);
-    if (lua_rawgeti(L, D, F_TRACEBACK) == LUA_TBOOLEAN && lua_toboolean(L, -1)) {
+    if (st->dbg_flags & DF_TRACEBACK) {
       luaL_traceback(L, L, NULL, level);
       lua_rawseti(L, rec, R_WHERE);
     }
-    lua_pop(L, 1);
   }
   lua_rawgeti(L, D, T_BYLOCK);
   push_chain(L, lua_gettop(L), lockidx, rec, R_NEXT_LOCK);
@@ -282,13 +286,14 @@ static int record_grant (lua_State *L) {
   lua_rawgeti(L, D, T_HELDBY);
   push_chain(L, lua_gettop(L), co, rec, R_NEXT_CO);
   lua_pop(L, 1);
-  lua_rawgeti(L, D, T_WAITING);             /* it waits no more */
-  lua_pushvalue(L, co);
-  lua_pushnil(L);
-  lua_rawset(L, -3);
-  lua_pop(L, 1);
-  if (lk->keyed != NULL
-      || (lua_rawgeti(L, D, F_LUA) == LUA_TBOOLEAN && lua_toboolean(L, -1))) {
+  if (lua_toboolean(L, 5)) {                /* it waits no more */
+    lua_rawgeti(L, D, T_WAITING);
+    lua_pushvalue(L, co);
+    lua_pushnil(L);
+    lua_rawset(L, -3);
+    lua_pop(L, 1);
+  }
+  if (lk->keyed != NULL || (st->dbg_flags & DF_LUA)) {
     lua_rawgeti(L, D, H_GRANTED);
     lua_pushvalue(L, rec);
     call_hook(L, 1);
@@ -301,7 +306,7 @@ static int record_grant (lua_State *L) {
 ** (record_grant makes the record, protected: it allocates, and a memory
 ** error there must not lose the grant being delivered.)
 */
-void am_dbg_granted (lua_State *L, State *st, int lockidx) {
+void am_dbg_granted (lua_State *L, State *st, int lockidx, int waited) {
   int top = lua_gettop(L);
   Releaser *r = (Releaser *)lua_touserdata(L, top);
   if (r == NULL || st->dbg == LUA_NOREF || st->closed
@@ -313,7 +318,8 @@ void am_dbg_granted (lua_State *L, State *st, int lockidx) {
   lua_pushvalue(L, lockidx);
   lua_pushvalue(L, top);
   lua_pushlightuserdata(L, st);
-  if (lua_pcall(L, 4, 0, 0) != LUA_OK) {
+  lua_pushboolean(L, waited);
+  if (lua_pcall(L, 5, 0, 0) != LUA_OK) {
     fprintf(stderr, "async_mutex.debug: no owner record: %s\n",
             lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "?");
     fflush(stderr);
@@ -358,7 +364,7 @@ void am_dbg_released (lua_State *L, State *st, int idx) {
     lua_settop(L, rec);
     lua_pushnil(L);                           /* ended: no releaser */
     lua_rawseti(L, rec, R_RELEASER);
-    if (lua_rawgeti(L, D, F_LUA) == LUA_TBOOLEAN && lua_toboolean(L, -1)) {
+    if (st->dbg_flags & DF_LUA) {
       lua_rawgeti(L, D, H_RELEASED);
       lua_pushvalue(L, rec);
       call_hook(L, 1);
@@ -404,7 +410,13 @@ int am_core_debug (lua_State *L) {
     st->dbg = LUA_NOREF;
     am_debug_on--;
   }
+  st->dbg_flags = 0;
   if (!lua_isnil(L, 1)) {
+    if (lua_rawgeti(L, 1, F_TRACEBACK) != LUA_TNIL && lua_toboolean(L, -1))
+      st->dbg_flags |= DF_TRACEBACK;
+    if (lua_rawgeti(L, 1, F_LUA) != LUA_TNIL && lua_toboolean(L, -1))
+      st->dbg_flags |= DF_LUA;
+    lua_settop(L, 1);
     st->dbg = luaL_ref(L, LUA_REGISTRYINDEX);
     am_debug_on++;
   }

@@ -645,6 +645,7 @@ static void init_state (State *st) {
   st->layer_source = st->layer_wrappers = LUA_NOREF;
   st->anchors = st->keyedlocks = LUA_NOREF;
   st->dbg = LUA_NOREF;
+  st->dbg_flags = 0;
   st->athreads = NULL;
   st->nathreads = st->nanchors = st->free_anchor = 0;
 }
