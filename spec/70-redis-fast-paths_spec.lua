@@ -215,13 +215,13 @@ describe("RedisMutex on the short paths", function()
     for _ = 1, 20 do
       am.spawn(function()
         for _ = 1, 10 do
-          local release = m:acquire()
+          local held = m:acquire()
           inside = inside + 1
           assert.equal(1, inside)
-          assert.is_true(release.fence > last)
-          last = release.fence
+          assert.is_true(held.fence > last)
+          last = held.fence
           inside = inside - 1
-          assert.is_true(release())
+          assert.is_true(held())
         end
         done = done + 1
         if done == 20 then coroutine.resume(me) end

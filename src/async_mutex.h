@@ -363,6 +363,7 @@ struct State {
   int keyedlocks;                    /* weak: address -> keyed lock in a set */
   int dbg;                           /* debug mode's hooks (debug.c), or
                                         LUA_NOREF: off */
+  int dbg_flags;                     /* its flags, read once (debug.c) */
   lua_State **athreads;              /* anchor threads (scheduler.c) */
   int nathreads;
   int nanchors, free_anchor;         /* their slots; first free one, or 0 */
@@ -497,6 +498,7 @@ void am_timer_add (lua_State *L, State *st, Waiter *w, lua_Number now,
 void am_timer_remove (lua_State *L, State *st, Waiter *w);
 void am_anchor (lua_State *L, Waiter *w);
 void am_unanchor (lua_State *L, Waiter *w);
+void am_push_anchored (lua_State *L, const Waiter *w);
 void am_report (lua_State *L, State *st, lua_State *co);
 
 /* debug.c: debug mode (docs/debug.md).  Each hook site tests the global
@@ -510,7 +512,7 @@ extern int am_debug_on;
 extern const luaL_Reg am_debug_funcs[];
 int am_core_debug (lua_State *L);
 void am_dbg_request (lua_State *L, const Request *rq);
-void am_dbg_granted (lua_State *L, State *st, int lockidx);
+void am_dbg_granted (lua_State *L, State *st, int lockidx, int waited);
 void am_dbg_waiting (lua_State *L, State *st, int lockidx, int widx);
 void am_dbg_released (lua_State *L, State *st, int idx);
 void am_dbg_unscoped (lua_State *L, State *st, int idx);
@@ -528,6 +530,8 @@ int am_key_above (const Key *a, const Key *b);
 Key am_key_number (lua_Number n);
 int am_queue_push (Queue *q, Waiter *w, const Key *key);
 void am_queue_remove (Queue *q, Waiter *w);
+void am_queue_ordered (const Queue *q, Bucket **out);
+Waiter *am_bucket_next (const Bucket *b, const Waiter *w);
 #define am_queue_first(q)  ((q)->n ? (Waiter *)(q)->heap[0]->ends.next : NULL)
 #define am_queue_firstkey(q)  (&(q)->heap[0]->key)
 

@@ -65,6 +65,11 @@ enum { H_REQUEST = 1, H_GRANTED, H_WAITING, H_RELEASED, H_UNSCOPED,
        F_LUA,                 /* true: call the granted and released hooks */
        T_WAITING };           /* coroutine -> what it waits for (weak) */
 
+/* The flags of the hook table, kept in State.dbg_flags: a grant and a
+   release read them without a table access. */
+#define DF_TRACEBACK  1
+#define DF_LUA        2
+
 enum { R_LOCK = 1, R_RELEASER, R_HOLDER, R_SINCE, R_FN, R_LINE, R_WEIGHT,
        R_WHERE, R_NEXT_LOCK, R_NEXT_CO, R_NFIELDS = 14 };
 
@@ -114,6 +119,13 @@ static int holds_any (lua_State *L, int D) {
 }
 
 
+/* A queue key as the Lua number it was (queue.c: canonical keys). */
+static void push_key (lua_State *L, const Key *k) {
+  if (k->flt) lua_pushnumber(L, k->n);
+  else lua_pushinteger(L, k->i);
+}
+
+
 /*
 ** Before a request (acquire or waitForUnlock of the lock at
 ** rq->lockidx) decides anything: the hook records lockdep's edges and
@@ -143,7 +155,8 @@ void am_dbg_request (lua_State *L, const Request *rq) {
   lua_pushboolean(L, rq->kind == W_UNLOCK);
   lua_pushboolean(L, would_wait);
   lua_pushinteger(L, rq->wait);
-  if (lua_pcall(L, 5, 0, 0) != LUA_OK) {
+  push_key(L, &rq->priority);
+  if (lua_pcall(L, 6, 0, 0) != LUA_OK) {
     am_settle(L, rq->lock);
     lua_error(L);
   }
@@ -262,11 +275,10 @@ static int record_grant (lua_State *L) {
     lua_rawseti(L, rec, R_FN);
     lua_pushinteger(L, ar.currentline);
     lua_rawseti(L, rec, R_LINE);
-    if (lua_rawgeti(L, D, F_TRACEBACK) == LUA_TBOOLEAN && lua_toboolean(L, -1)) {
+    if (st->dbg_flags & DF_TRACEBACK) {
       luaL_traceback(L, L, NULL, level);
       lua_rawseti(L, rec, R_WHERE);
     }
-    lua_pop(L, 1);
   }
   lua_rawgeti(L, D, T_BYLOCK);
   push_chain(L, lua_gettop(L), lockidx, rec, R_NEXT_LOCK);
@@ -274,13 +286,14 @@ static int record_grant (lua_State *L) {
   lua_rawgeti(L, D, T_HELDBY);
   push_chain(L, lua_gettop(L), co, rec, R_NEXT_CO);
   lua_pop(L, 1);
-  lua_rawgeti(L, D, T_WAITING);             /* it waits no more */
-  lua_pushvalue(L, co);
-  lua_pushnil(L);
-  lua_rawset(L, -3);
-  lua_pop(L, 1);
-  if (lk->keyed != NULL
-      || (lua_rawgeti(L, D, F_LUA) == LUA_TBOOLEAN && lua_toboolean(L, -1))) {
+  if (lua_toboolean(L, 5)) {                /* it waits no more */
+    lua_rawgeti(L, D, T_WAITING);
+    lua_pushvalue(L, co);
+    lua_pushnil(L);
+    lua_rawset(L, -3);
+    lua_pop(L, 1);
+  }
+  if (lk->keyed != NULL || (st->dbg_flags & DF_LUA)) {
     lua_rawgeti(L, D, H_GRANTED);
     lua_pushvalue(L, rec);
     call_hook(L, 1);
@@ -293,7 +306,7 @@ static int record_grant (lua_State *L) {
 ** (record_grant makes the record, protected: it allocates, and a memory
 ** error there must not lose the grant being delivered.)
 */
-void am_dbg_granted (lua_State *L, State *st, int lockidx) {
+void am_dbg_granted (lua_State *L, State *st, int lockidx, int waited) {
   int top = lua_gettop(L);
   Releaser *r = (Releaser *)lua_touserdata(L, top);
   if (r == NULL || st->dbg == LUA_NOREF || st->closed
@@ -305,7 +318,8 @@ void am_dbg_granted (lua_State *L, State *st, int lockidx) {
   lua_pushvalue(L, lockidx);
   lua_pushvalue(L, top);
   lua_pushlightuserdata(L, st);
-  if (lua_pcall(L, 4, 0, 0) != LUA_OK) {
+  lua_pushboolean(L, waited);
+  if (lua_pcall(L, 5, 0, 0) != LUA_OK) {
     fprintf(stderr, "async_mutex.debug: no owner record: %s\n",
             lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "?");
     fflush(stderr);
@@ -350,7 +364,7 @@ void am_dbg_released (lua_State *L, State *st, int idx) {
     lua_settop(L, rec);
     lua_pushnil(L);                           /* ended: no releaser */
     lua_rawseti(L, rec, R_RELEASER);
-    if (lua_rawgeti(L, D, F_LUA) == LUA_TBOOLEAN && lua_toboolean(L, -1)) {
+    if (st->dbg_flags & DF_LUA) {
       lua_rawgeti(L, D, H_RELEASED);
       lua_pushvalue(L, rec);
       call_hook(L, 1);
@@ -396,7 +410,13 @@ int am_core_debug (lua_State *L) {
     st->dbg = LUA_NOREF;
     am_debug_on--;
   }
+  st->dbg_flags = 0;
   if (!lua_isnil(L, 1)) {
+    if (lua_rawgeti(L, 1, F_TRACEBACK) != LUA_TNIL && lua_toboolean(L, -1))
+      st->dbg_flags |= DF_TRACEBACK;
+    if (lua_rawgeti(L, 1, F_LUA) != LUA_TNIL && lua_toboolean(L, -1))
+      st->dbg_flags |= DF_LUA;
+    lua_settop(L, 1);
     st->dbg = luaL_ref(L, LUA_REGISTRYINDEX);
     am_debug_on++;
   }
@@ -472,6 +492,61 @@ static int dbg_waiter (lua_State *L) {
 }
 
 
+/*
+** Appends to the table at 't' (from 'n' + 1) the waiters of queue 'q' in
+** queue order, each as { coroutine, weight, priority, unlock, timed };
+** returns the new count.
+*/
+static int push_queue (lua_State *L, const Queue *q, int t, int n,
+                       int unlock) {
+  Bucket **b;
+  uint32_t i;
+  if (q->n == 0) return n;
+  b = (Bucket **)lua_newuserdatauv(L, q->n * sizeof(*b), 0);
+  am_queue_ordered(q, b);
+  for (i = 0; i < q->n; i++) {
+    Waiter *w;
+    for (w = am_bucket_next(b[i], NULL); w != NULL;
+         w = am_bucket_next(b[i], w)) {
+      lua_createtable(L, 5, 0);
+      am_push_anchored(L, w);
+      lua_rawseti(L, -2, 1);
+      lua_pushinteger(L, w->r.weight);
+      lua_rawseti(L, -2, 2);
+      push_key(L, &b[i]->key);
+      lua_rawseti(L, -2, 3);
+      lua_pushboolean(L, unlock);
+      lua_rawseti(L, -2, 4);
+      lua_pushboolean(L, w->r.timed);
+      lua_rawseti(L, -2, 5);
+      lua_rawseti(L, t, ++n);
+    }
+  }
+  lua_pop(L, 1);
+  return n;
+}
+
+
+/*
+** core.dbg_queue(lock): its queued acquirers in queue order (priority
+** descending, then arrival: the order the grant rule serves them), then
+** its waitForUnlock waiters; each { coroutine, weight, priority, unlock,
+** timed } (docs/debug.md, Deadlocks).
+*/
+static int dbg_queue (lua_State *L) {
+  Lock *lk = am_tolock(L, 1);
+  int n;
+  size_t i;
+  luaL_argexpected(L, lk != NULL, 1, "lock");
+  luaL_checkstack(L, 6, NULL);
+  lua_createtable(L, (int)(lk->queue.count + lk->nunlock), 0);
+  n = push_queue(L, &lk->queue, 2, 0, 0);
+  for (i = 0; i < lk->nweights; i++)
+    n = push_queue(L, &lk->unlock[i].queue, 2, n, 1);
+  return 1;
+}
+
+
 /* core.dbg_now(): the clock of the owner records' 'since' (clock_ms). */
 static int dbg_now (lua_State *L) {
   lua_pushnumber(L, clock_ms());
@@ -499,6 +574,7 @@ const luaL_Reg am_debug_funcs[] = {
   {"dbg_lock", dbg_lock},
   {"dbg_releaser", dbg_releaser},
   {"dbg_waiter", dbg_waiter},
+  {"dbg_queue", dbg_queue},
   {"dbg_kind", dbg_kind},
   {"dbg_now", dbg_now},
   {NULL, NULL}

@@ -318,3 +318,26 @@ void am_queue_remove (Queue *q, Waiter *w) {
 }
 
 /* }====================================================== */
+
+
+/*
+** The buckets of 'q' in queue order, into 'out' (room for q->n): for
+** debug mode's reads (debug.c, core.dbg_queue).  An insertion sort: it
+** runs only when a deadlock is searched, over few distinct keys.
+*/
+void am_queue_ordered (const Queue *q, Bucket **out) {
+  uint32_t i, j;
+  for (i = 0; i < q->n; i++) {
+    Bucket *b = q->heap[i];
+    for (j = i; j > 0 && before(q, b, out[j - 1]); j--) out[j] = out[j - 1];
+    out[j] = b;
+  }
+}
+
+
+/* The waiter after 'w' in bucket 'b' (its head when 'w' is NULL), or
+   NULL at its end. */
+Waiter *am_bucket_next (const Bucket *b, const Waiter *w) {
+  void *p = (w == NULL) ? b->ends.next : w->q.next;
+  return ISTAG(p) ? NULL : (Waiter *)p;
+}

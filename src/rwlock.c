@@ -203,7 +203,7 @@ int am_rw_downgrade (lua_State *L) {
   am_sync(L, lk->st);
   if (am_debugging()) {             /* one record ends, a read one starts */
     am_dbg_released(L, lk->st, 1);
-    am_dbg_granted(L, lk->st, lua_gettop(L) - 1);
+    am_dbg_granted(L, lk->st, lua_gettop(L) - 1, 0);
   }
   return 1;
 }

@@ -368,6 +368,20 @@ static void drop_anchor (State *st, int ref) {
 }
 
 
+/* Pushes the coroutine anchored by 'w', or nil (debug.c's reads). */
+void am_push_anchored (lua_State *L, const Waiter *w) {
+  State *st = w->r.lock->st;
+  lua_State *A;
+  if (w->r.ref == LUA_NOREF || st->closed
+      || !lua_checkstack(A = ANCHOR_THREAD(st, w->r.ref), 1)) {
+    lua_pushnil(L);
+    return;
+  }
+  lua_pushvalue(A, ANCHOR_SLOT(w->r.ref));
+  lua_xmove(A, L, 1);
+}
+
+
 void am_unanchor (lua_State *L, Waiter *w) {
   (void)L;
   if (w->r.ref != LUA_NOREF) {
@@ -662,6 +676,7 @@ static void init_state (State *st) {
   st->layer_source = st->layer_wrappers = LUA_NOREF;
   st->anchors = st->keyedlocks = LUA_NOREF;
   st->dbg = LUA_NOREF;
+  st->dbg_flags = 0;
   st->athreads = NULL;
   st->nathreads = st->nanchors = st->free_anchor = 0;
 }

@@ -338,12 +338,13 @@ end
 
 -- {========================================================== deadlocks
 
---- Could 'co''s request (weight on lock) be granted once every holder
--- outside 'doomed' has given back?  A hold with no record (granted before
--- debug mode, or not delivered yet) counts as outside: no false positive.
-local function could_proceed(lock, weight, doomed)
+--- Could a request for 'weight' of 'lock' fit once every holder outside
+-- 'doomed' has given back?  A hold with no record (granted before debug
+-- mode, or not delivered yet) counts as outside: no false positive.  A lock
+-- no doomed coroutine holds lets it in (a Semaphore used as a signal,
+-- which nobody holds, is no part of a cycle).
+local function could_fit(lock, weight, doomed)
   local recs = holders_of(lock)
-  if #recs == 0 then return true end          -- no holder, no edge
   local kind, value, held = core.dbg_lock(lock)
   local inside, writer_inside, outside, recorded = false, false, 0, 0
   for _, rec in ipairs(recs) do
@@ -355,50 +356,118 @@ local function could_proceed(lock, weight, doomed)
       outside = outside + rec[WEIGHT]
     end
   end
+  if not inside then return true end
   if kind == "RWLock" then
     -- a write needs every hold gone; a read, the writer's
-    if weight == RW_WRITE then return not inside end
+    if weight == RW_WRITE then return false end
     return not writer_inside
   end
   return value + outside + max(0, held - recorded) >= weight
 end
 
---- The coroutines a request of 'R' for (lock, weight) would leave waiting for
--- ever, R first, or nil: the greatest set of waiting coroutines (R among
--- them, as if it waited) none of which can proceed on the releases of the
--- holders outside the set.
-local function doomed_set(R, lock, weight)
-  local want = { [R] = { lock, weight } }
-  local order = { R }
+--- The coroutines a request of 'R' for (lock, weight) at 'priority' would
+-- leave waiting for ever, R first, or nil (docs/debug.md, Deadlocks): the
+-- greatest set of waiting coroutines (R among them, as if it waited) none
+-- of which can be granted on the releases of the holders outside the set.
+-- A waiter is granted only from its queue's head (docs/semantics.md,
+-- Dispatch): it also waits for the acquirers the grant rule serves before
+-- it, and a doomed one among them blocks it for ever.
+local function doomed_set(R, lock, weight, unlock, priority)
+  local queues = {}
+  local function queue_of(l)
+    local q = queues[l]
+    if not q then q = core.dbg_queue(l); queues[l] = q end
+    return q
+  end
+  -- node: { id =, lock =, weight =, prio =, unlock =, index = (queued) }
+  local nodes, order = {}, {}
+  local function add(id, node)
+    node.id = id
+    nodes[id] = node
+    order[#order + 1] = node
+  end
+  add(R, { lock = lock, weight = weight, prio = priority, unlock = unlock })
+  --- The acquirers served before 'n' (entries of its lock's queue), and
+  -- whether R's request, once queued, is served before it too.
+  local function ahead_of(n)
+    local out = {}
+    for j, e in ipairs(queue_of(n.lock)) do
+      if e[4] then break end                  -- the unlock waiters follow
+      if n.index and not n.unlock then
+        if j >= n.index then break end
+      elseif not (e[3] >= n.prio) then break end   -- priority descending
+      out[#out + 1] = e
+    end
+    local r = nodes[R]
+    if n.id ~= R and r.lock == n.lock and not r.unlock
+      and (r.prio > n.prio or (n.unlock and r.prio == n.prio)) then
+      out[#out + 1] = R
+    end
+    return out
+  end
   local i = 1
   while i <= #order do
-    for _, rec in ipairs(holders_of(want[order[i]][1])) do
+    local n = order[i]
+    for _, rec in ipairs(holders_of(n.lock)) do
       local h = rec[HOLDER]
-      if not want[h] then
-        local l, w = waits_for(h)
+      if not nodes[h] then
+        local l = waits_for(h)
         if l then
-          want[h] = { l, w }
-          order[#order + 1] = h
+          for j, e in ipairs(queue_of(l)) do
+            if e[1] == h then
+              add(h, { lock = l, weight = e[2], prio = e[3], unlock = e[4], index = j })
+              break
+            end
+          end
         end
+      end
+    end
+    n.ahead = {}
+    for _, e in ipairs(ahead_of(n)) do
+      if e == R then
+        n.ahead[#n.ahead + 1] = R
+      else
+        local id = e[1] or e
+        if not nodes[id] then
+          for j, f in ipairs(queue_of(n.lock)) do
+            if f == e then
+              add(id, { lock = n.lock, weight = e[2], prio = e[3], unlock = e[4], index = j })
+              break
+            end
+          end
+        end
+        n.ahead[#n.ahead + 1] = id
       end
     end
     i = i + 1
   end
   local doomed = {}
-  for _, co in ipairs(order) do doomed[co] = true end
+  for _, n in ipairs(order) do doomed[n.id] = true end
+  local function can_proceed(n)
+    for _, id in ipairs(n.ahead) do
+      if doomed[id] then return false end
+    end
+    return could_fit(n.lock, n.weight, doomed)
+  end
   repeat
     local changed = false
-    for _, co in ipairs(order) do
-      if doomed[co] and could_proceed(want[co][1], want[co][2], doomed) then
-        doomed[co] = nil
+    for _, n in ipairs(order) do
+      if doomed[n.id] and can_proceed(n) then
+        doomed[n.id] = nil
         changed = true
       end
     end
   until not changed or not doomed[R]
   if not doomed[R] then return nil end
   local members = {}
-  for _, co in ipairs(order) do
-    if doomed[co] then members[#members + 1] = { coroutine = co, lock = want[co][1] } end
+  for _, n in ipairs(order) do
+    if doomed[n.id] and type(n.id) == "thread" then
+      local behind = {}
+      for _, id in ipairs(n.ahead) do
+        if doomed[id] and type(id) == "thread" then behind[#behind + 1] = id end
+      end
+      members[#members + 1] = { coroutine = n.id, lock = n.lock, behind = behind }
+    end
   end
   return members, doomed
 end
@@ -415,8 +484,12 @@ local function deadlock_report(R, lock, members, doomed)
       end
     end
     local tb = thread_traceback(m.coroutine)
-    lines[#lines + 1] = format("  %d. %s %s %s, held by %s", n, describe_thread(m.coroutine),
-      m.coroutine == R and "requests" or "waits for", label(m.lock), concat(holders, ", "))
+    local behind = {}
+    for k, co in ipairs(m.behind) do behind[k] = describe_thread(co) end
+    lines[#lines + 1] = format("  %d. %s %s %s, held by %s%s", n, describe_thread(m.coroutine),
+      m.coroutine == R and "requests" or "waits for", label(m.lock),
+      #holders > 0 and concat(holders, ", ") or "none of them",
+      #behind > 0 and ", queued behind " .. concat(behind, ", ") or "")
     lines[#lines + 1] = indent(tb, "     ")
     info.cycle[n] = { coroutine = m.coroutine, lock = lock_info(m.lock).object,
                       key = lock_info(m.lock).key, traceback = tb }
@@ -514,13 +587,13 @@ end
 -- {========================================================== hooks
 -- Called by the C core (src/debug.c), in this order in the table.
 
-local function on_request(lock, weight, unlock, would_wait, wait)
+local function on_request(lock, weight, unlock, would_wait, wait, priority)
   if wait == AM_TRY then return end         -- never waits: never deadlocks
   local co = running()
   local held = not unlock and held_by(co)
   if held then lockdep(held, lock, (user_frame())) end
   if would_wait then
-    local members, doomed = doomed_set(co, lock, weight)
+    local members, doomed = doomed_set(co, lock, weight, unlock, priority)
     if members then
       local text, info = deadlock_report(co, lock, members, doomed)
       emit("deadlock", text, info)
@@ -598,6 +671,9 @@ local function clear()
   if timer then stop_timer() end
 end
 
+-- Every option enable knows: a misspelt one (`tracebak`) is an error.
+local OPTIONS = { traceback = true, holdWarning = true, onReport = true }
+
 --- enable([options]): debug mode on.  options.traceback: capture a traceback
 -- at each grant; options.holdWarning: ms after which a hold is reported
 -- (once); options.onReport(kind, text, info): who hears reports (default:
@@ -607,6 +683,8 @@ function M.enable(options)
     argerror(1, "enable", "table expected, got " .. checks.typename(options))
   end
   options = options or {}
+  local unknown = checks.unknown_option(options, OPTIONS)
+  if unknown then argerror(1, "enable", unknown) end
   local hw = options.holdWarning
   if hw ~= nil and (type(hw) ~= "number" or not (hw > 0) or hw == math.huge) then
     argerror(1, "enable", "holdWarning must be a positive number of ms")
