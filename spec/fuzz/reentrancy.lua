@@ -231,8 +231,12 @@ function R.run_sequence(seed, nops)
     if ok then
       hd.ended = true
       held(lk, hd.key, r2, nil, hd.how .. " downgraded", "read")
-    elseif not hd.ended and lk.epoch == e0 then  -- (else: an unscoped release)
+    elseif not hd.ended and lk.epoch == e0 then
       violation("downgrade: " .. tostring(r2))
+    else
+      -- an unscoped release ended the write hold first, and the module
+      -- refused the downgrade: the hold is over (seed 8005599)
+      hd.ended = true
     end
   end
 
