@@ -53,18 +53,17 @@ local M = {}
 
 -- A fresh 128-bit token from the system's cryptographic source, as 32 hex
 -- digits: /dev/urandom read through a buffered file, 4 KB at a time (one
--- read(2) and one hex conversion serve 128 tokens; uv.random costs a
--- getrandom(2) call each, about 8 us here), or uv.random where
+-- read(2) and one hex conversion, in C, serve 128 tokens; uv.random costs
+-- a getrandom(2) call each, about 8 us here), or uv.random where
 -- /dev/urandom cannot be opened.  Each byte read is used once.
 local urandom = io.open("/dev/urandom", "rb")
 local hex_pool, hex_at = "", 1
-local to_hex = {}
-for i = 0, 255 do to_hex[string.char(i)] = format("%02x", i) end
+local to_hex = rcore.hex
 local function random_hex()
   if hex_at > #hex_pool then
     local bytes = urandom and urandom:read(4096)
     if not bytes or #bytes ~= 4096 then bytes = uv.random(4096) end
-    hex_pool, hex_at = bytes:gsub(".", to_hex), 1
+    hex_pool, hex_at = to_hex(bytes), 1
   end
   local s = hex_pool:sub(hex_at, hex_at + 31)
   hex_at = hex_at + 32
