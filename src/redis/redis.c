@@ -547,23 +547,34 @@ static void pushcount (lua_State *L, size_t n) {
 ** script(client, command, script, keys, args): client:call(command,
 ** script, #keys, keys..., args...) with the keys and args taken from their
 ** lists here, so that a script's caller (client:eval, the Redis locks)
-** builds no argument list in Lua.
+** builds no argument list in Lua.  The args may also be given as values
+** (script(client, command, script, keys, arg1, arg2, ...)): the Redis
+** locks pass theirs so, which spares a table per request.
 */
 static int core_script (lua_State *L) {
   lua_Integer nk, na, k;
+  int top = lua_gettop(L);
+  int list = top == 5 && lua_type(L, 5) == LUA_TTABLE;
   checkclient(L, 1);
   luaL_checktype(L, 4, LUA_TTABLE);
-  luaL_checktype(L, 5, LUA_TTABLE);
   nk = luaL_len(L, 4);
-  na = luaL_len(L, 5);
-  lua_settop(L, 5);
+  na = list ? luaL_len(L, 5) : top - 4;
   luaL_checkstack(L, (int)(nk + na + 4), "too many arguments");
-  pushcount(L, (size_t)nk);
-  for (k = 1; k <= nk; k++) lua_rawgeti(L, 4, k);
-  for (k = 1; k <= na; k++) lua_rawgeti(L, 5, k);
-  lua_rotate(L, 4, -2);                         /* the two lists on top */
-  lua_pop(L, 2);                   /* client command script n keys args */
-  return client_call(L);
+  if (list) {
+    lua_settop(L, 5);
+    pushcount(L, (size_t)nk);
+    for (k = 1; k <= nk; k++) lua_rawgeti(L, 4, k);
+    for (k = 1; k <= na; k++) lua_rawgeti(L, 5, k);
+    lua_rotate(L, 4, -2);                       /* the two lists on top */
+    lua_pop(L, 2);
+  }
+  else {                    /* client command script keys args... */
+    pushcount(L, (size_t)nk);
+    for (k = 1; k <= nk; k++) lua_rawgeti(L, 4, k);
+    lua_rotate(L, 5, (int)nk + 1);      /* n and the keys before args */
+    lua_remove(L, 4);                           /* the keys' list */
+  }
+  return client_call(L);           /* client command script n keys args */
 }
 
 /* }====================================================== */
