@@ -499,10 +499,11 @@ static int append (lua_State *L, Client *cl) {
 /*
 ** client:call(command, ...): sends the command and suspends the calling
 ** coroutine until its reply; returns the reply, or raises the Error of
-** an error reply, or E_UNAVAILABLE if the connection fails first.
+** an error reply, or E_UNAVAILABLE if the connection fails first.  'cl'
+** is the client at index 1, checked by the caller (client_call, or
+** core_script, which would otherwise check it twice per request).
 */
-static int client_call (lua_State *L) {
-  Client *cl = checkclient(L, 1);
+static int call (lua_State *L, Client *cl) {
   int ismain;
   if (cl->closed)
     return luaL_error(L, "attempt to use a closed redis client");
@@ -531,6 +532,10 @@ static int client_call (lua_State *L) {
   return lua_yieldk(L, 0, 0, call_k);
 }
 
+static int client_call (lua_State *L) {
+  return call(L, checkclient(L, 1));
+}
+
 /* Pushes n in decimal: lua_tostring would format an integer with
    snprintf, at every call. */
 static void pushcount (lua_State *L, size_t n) {
@@ -555,7 +560,7 @@ static int core_script (lua_State *L) {
   lua_Integer nk, na, k;
   int top = lua_gettop(L);
   int list = top == 5 && lua_type(L, 5) == LUA_TTABLE;
-  checkclient(L, 1);
+  Client *cl = checkclient(L, 1);
   luaL_checktype(L, 4, LUA_TTABLE);
   nk = luaL_len(L, 4);
   na = list ? luaL_len(L, 5) : top - 4;
@@ -574,7 +579,7 @@ static int core_script (lua_State *L) {
     lua_rotate(L, 5, (int)nk + 1);      /* n and the keys before args */
     lua_remove(L, 4);                           /* the keys' list */
   }
-  return client_call(L);           /* client command script n keys args */
+  return call(L, cl);              /* client command script n keys args */
 }
 
 /* }====================================================== */
