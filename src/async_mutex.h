@@ -383,6 +383,9 @@ lua_Integer am_optweight (lua_State *L, int idx, int base,
                           const char *fname);
 lua_Integer am_checkcount (lua_State *L, int idx);
 void am_checkkey (lua_State *L, int idx, int base, const char *fname);
+void am_checkoptions (lua_State *L, int idx, int base, const char *fname,
+                      const char *const known[]);
+int am_unknown_option (lua_State *L);
 void am_parse_request (lua_State *L, Request *rq, const LockKind *kind);
 
 /* waiter.c */
