@@ -280,6 +280,69 @@ describe("client:eval", function()
     c:close()
   end))
 
+  -- docs/redis.md, Scripts: the SHA1s of the user's scripts are remembered
+  -- in a bounded cache (the 128 most recently used at least, 256 at most);
+  -- the module's own scripts stay.
+  local function calls(info, cmd)
+    return tonumber(info:match("cmdstat_" .. cmd .. ":calls=(%d+)") or 0)
+  end
+
+  it("keeps memory bounded however many distinct scripts it runs", h.async(function()
+    local c = client()
+    local pad = "-- " .. ("x"):rep(8 * 1024) .. "\n"
+    local n = math.max(600, h.load(1200))
+    local function script(i) return pad .. "return " .. i end
+    h.gc()
+    local before = collectgarbage("count")
+    for i = 1, n do
+      assert.equal(i, c:eval(script(i)))
+      if i % 300 == 0 then assert.equal("OK", c:call("SCRIPT", "FLUSH")) end
+    end
+    h.gc()
+    local grown = collectgarbage("count") - before        -- KB
+    -- unbounded: n scripts of 8 KB kept (at least 4.8 MB); bounded: 256
+    assert.is_true(grown < 256 * 9 + 512, ("memory grew by %.0f KB"):format(grown))
+    -- the first ones were forgotten, and still run (EVAL, SCRIPT LOAD)
+    assert.equal(1, c:eval(script(1)))
+    assert.equal("OK", c:call("SCRIPT", "FLUSH"))
+    c:close()
+  end, { deadline = 20000 }))
+
+  it("runs a recent script by EVALSHA after many others, and recovers from SCRIPT FLUSH", h.async(function()
+    local c = client()
+    local mine = "return 'mine ' .. ARGV[1]"
+    assert.equal("mine 0", c:eval(mine, nil, { 0 }))
+    for i = 1, 300 do
+      c:eval("return " .. i)
+      if i % 100 == 0 then assert.equal("mine " .. i, c:eval(mine, nil, { i })) end
+    end
+    local before = c:call("INFO", "commandstats")
+    assert.equal("mine x", c:eval(mine, nil, { "x" }))
+    local after = c:call("INFO", "commandstats")
+    assert.equal(calls(before, "evalsha") + 1, calls(after, "evalsha"))
+    assert.equal(calls(before, "eval"), calls(after, "eval"))
+    assert.equal("OK", c:call("SCRIPT", "FLUSH"))
+    assert.equal("mine y", c:eval(mine, nil, { "y" }))  -- NOSCRIPT, then EVAL
+    assert.equal("mine z", c:eval(mine, nil, { "z" }))
+    c:close()
+  end))
+
+  it("keeps the Redis locks' scripts by EVALSHA however many user scripts ran", h.async(function()
+    local c = client()
+    local m = am.RedisMutex.new(c, "spec40-pinned")
+    m:acquire()()                                   -- the lock's scripts loaded
+    for i = 1, 300 do c:eval("return " .. i) end
+    local before = c:call("INFO", "commandstats")
+    m:acquire()()
+    local after = c:call("INFO", "commandstats")
+    assert.equal(calls(before, "eval"), calls(after, "eval"))
+    assert.is_true(calls(after, "evalsha") > calls(before, "evalsha"))
+    assert.equal("OK", c:call("SCRIPT", "FLUSH"))  -- forgotten by the server
+    m:acquire()()
+    assert.is_false(m:isLocked())
+    c:close()
+  end))
+
   it("raises script errors as Errors", h.async(function()
     local c = client()
     local ok, err = pcall(c.eval, c, "return redis.call('NOPE')")

@@ -593,8 +593,56 @@ end
 
 -- {========================================================== eval
 
--- script -> its SHA1 as the server computed it (SCRIPT LOAD)
-local shas = setmetatable({}, WEAK_K)
+-- {---------------------------------------------------------- SHA1s
+-- script -> its SHA1 as the server computed it (SCRIPT LOAD), for
+-- EVALSHA; one cache for every client (a script's SHA1 is the same on
+-- every server).  Two parts, so that memory stays bounded whatever
+-- scripts the user runs (docs/redis.md, Scripts):
+--  * pinned: the module's own scripts (Redis locks, versioned values), a
+--    fixed set, remembered for good (false until first loaded);
+--  * the user's (client:eval): at most 2 * USER_SCRIPTS, in two
+--    generations: a script is looked up in the recent one, then in the
+--    older one (and moved to the recent one); when the recent one is full
+--    it becomes the older one and the older one is dropped.  So the
+--    USER_SCRIPTS most recently used are always kept, at O(1) a call.  A
+--    forgotten script runs as a new one: EVAL, then SCRIPT LOAD.
+-- Strings are never taken out of a weak table (Lua 5.4 manual, 2.5.4):
+-- the bound is the only thing that ends an entry.
+local USER_SCRIPTS = 128
+local pinned = {}
+local recent, older, nrecent = {}, {}, 0
+
+local function pin(scripts)
+  for _, script in pairs(scripts) do
+    if type(script) == "string" then pinned[script] = false end
+  end
+end
+
+-- The SHA1 of 'script' if known, else nil.
+local function sha_of(script)
+  local sha = pinned[script]
+  if sha ~= nil then return sha or nil end
+  sha = recent[script]
+  if sha == nil then
+    sha = older[script]
+    if sha ~= nil then                     -- used again: recent now
+      older[script] = nil
+      if nrecent >= USER_SCRIPTS then older, recent, nrecent = recent, {}, 0 end
+      recent[script], nrecent = sha, nrecent + 1
+    end
+  end
+  return sha
+end
+
+local function remember(script, sha)
+  if pinned[script] ~= nil then
+    pinned[script] = sha
+    return
+  end
+  if nrecent >= USER_SCRIPTS then older, recent, nrecent = recent, {}, 0 end
+  recent[script], nrecent = sha, nrecent + 1
+end
+-- }----------------------------------------------------------
 
 local function check_list(list, n, what)
   if list == nil then return 0 end
@@ -625,7 +673,7 @@ local script_call = core.script
 -- restarted, flushed).  The one owner of that rule: client:eval and the
 -- Redis locks (async_mutex.redis_lock, through core.run_script) use it.
 local function run_script(self, script, keys, args)
-  local sha = shas[script]
+  local sha = sha_of(script)
   if sha then
     local ok, res = pcall(script_call, self, "EVALSHA", sha, keys, args)
     if ok then return res end
@@ -635,7 +683,7 @@ local function run_script(self, script, keys, args)
   if not sha then
     -- the next time: EVALSHA with the SHA1 the server computes
     local ok, s = pcall(self.call, self, "SCRIPT", "LOAD", script)
-    if ok then shas[script] = s end
+    if ok then remember(script, s) end
   end
   return reply
 end
@@ -665,6 +713,11 @@ end
 -- }==========================================================
 
 -- Versioned values for optimistic concurrency (docs/optimistic.md).
-M.versioned = require("async_mutex.versioned").versioned
+local versioned = require "async_mutex.versioned"
+M.versioned = versioned.versioned
+
+-- The module's own scripts keep their SHA1 for good (SHA1s, above).
+pin(require "async_mutex.redis_scripts")
+pin(versioned.scripts)
 
 return M
