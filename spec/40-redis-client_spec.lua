@@ -68,6 +68,50 @@ describe("redis.connect", function()
       h.error_of(function() redis.connect({ path = true }) end))
   end)
 
+  -- docs/redis.md, Connection: TCP keepalive, seen as the kernel shows it
+  -- (Linux /proc/net/tcp: an established socket whose keepalive timer
+  -- runs has timer kind 2), for this process's sockets to the server.
+  local function own_sockets()
+    local inodes = {}
+    local dir = assert(uv.fs_scandir("/proc/self/fd"))
+    for name in function() return uv.fs_scandir_next(dir) end do
+      local inode = (uv.fs_readlink("/proc/self/fd/" .. name) or ""):match("^socket:%[(%d+)%]$")
+      if inode then inodes[inode] = true end
+    end
+    return inodes
+  end
+
+  local function connections_to(port)
+    local own, found = own_sockets(), {}
+    for line in io.lines("/proc/net/tcp") do
+      local rport, st, timer, inode = line:match(
+        "^%s*%d+: %x+:%x+ %x+:(%x+) (%x+) %x+:%x+ (%x+):%x+ %x+%s+%d+%s+%d+%s+(%d+)")
+      if rport and tonumber(rport, 16) == port and st == "01" and own[inode] then
+        found[inode] = tonumber(timer, 16)
+      end
+    end
+    return found
+  end
+
+  it("turns TCP keepalive on for its connections, the subscriber's too", h.async(function()
+    local before = connections_to(server.port)
+    local c = client()
+    assert.equal("PONG", c:call("PING"))
+    local s = c:subscribe("spec40-keepalive", function() end)
+    local new
+    for _ = 1, 100 do               -- a timer of another kind may run a moment
+      new = {}
+      for inode, timer in pairs(connections_to(server.port)) do
+        if not before[inode] then new[#new + 1] = timer end
+      end
+      if #new == 2 and new[1] == 2 and new[2] == 2 then break end
+      h.sleep(20)
+    end
+    s:unsubscribe()
+    c:close()
+    assert.same({ 2, 2 }, new)
+  end))
+
   it("keeps no active handle while idle, so uv.run() returns", function()
     local c
     h.run(function()
