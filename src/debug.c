@@ -425,19 +425,6 @@ int am_core_debug (lua_State *L) {
 }
 
 
-/* Is the grant of releaser 'r' still held (not given back, not ended by
-   an unscoped release, not lost)? */
-static int releaser_live (const Releaser *r) {
-  const Lock *lk = r->lock;
-  if (r->state != S_HELD || lk->freed) return 0;
-  if (lk->kind == &am_semaphore_kind) return 1;
-  if (lk->kind == &am_rwlock_kind && r->weight == AM_RW_READ)
-    return lk->value > 0;
-  /* a generation's token: Mutex, RWLock write, ReentrantMutex */
-  return lk->kind->is_locked(lk) && r->token == lk->gen;
-}
-
-
 /*
 ** core.dbg_lock(lock): kind name, value, weight held, queued acquirers,
 ** waitForUnlock waiters, and for a key's lock its key and keyed set.
@@ -466,7 +453,7 @@ static int dbg_lock (lua_State *L) {
 static int dbg_releaser (lua_State *L) {
   Releaser *r = (Releaser *)am_testself(L, 1, AM_T_RELEASER);
   if (r == NULL) return 0;
-  lua_pushboolean(L, releaser_live(r));
+  lua_pushboolean(L, am_releaser_live(r));
   lua_pushinteger(L, r->weight);
   return 2;
 }
