@@ -96,6 +96,8 @@ typedef struct Record {
   int next_co, prev_co;       /* its holder's chain */
   unsigned int canon : 1;     /* a key taken by acquireAll (on_granted) */
   unsigned int warned : 1;    /* reported as a long hold */
+  unsigned int has_fn : 1;    /* anchors A_FN and A_WHERE set (else nil) */
+  unsigned int has_where : 1;
 } Record;
 
 typedef struct CoHead {
@@ -202,7 +204,6 @@ static int find_record (const DebugRecords *d, const Releaser *r) {
 */
 static void end_record (lua_State *L, DebugRecords *d, int slot, int a) {
   Record *rec = &d->slots[slot];
-  int i;
   if (rec->prev_lock >= 0) d->slots[rec->prev_lock].next_lock = rec->next_lock;
   else rec->r->lock->dbg = rec->next_lock;
   if (rec->next_lock >= 0) d->slots[rec->next_lock].prev_lock = rec->prev_lock;
@@ -214,9 +215,17 @@ static void end_record (lua_State *L, DebugRecords *d, int slot, int a) {
     else co_remove(d, h);
   }
   if (rec->next_co >= 0) d->slots[rec->next_co].prev_co = rec->prev_co;
-  for (i = 1; i <= A_N; i++) {
+  lua_pushnil(L);                     /* what it anchored may be collected */
+  lua_rawseti(L, a, A_N * slot + A_RELEASER);
+  lua_pushnil(L);
+  lua_rawseti(L, a, A_N * slot + A_HOLDER);
+  if (rec->has_fn) {
     lua_pushnil(L);
-    lua_rawseti(L, a, A_N * slot + i);
+    lua_rawseti(L, a, A_N * slot + A_FN);
+  }
+  if (rec->has_where) {
+    lua_pushnil(L);
+    lua_rawseti(L, a, A_N * slot + A_WHERE);
   }
   rec->r = NULL;
   rec->next_lock = d->free;
@@ -470,7 +479,7 @@ void am_dbg_granted (lua_State *L, State *st) {
   rec->holder = L;
   rec->since = clock_ms();
   rec->line = 0;
-  rec->canon = rec->warned = 0;
+  rec->canon = rec->warned = rec->has_fn = rec->has_where = 0;
   lua_rawgeti(L, LUA_REGISTRYINDEX, d->aref);
   a = lua_gettop(L);
   lua_pushvalue(L, top);
@@ -481,6 +490,7 @@ void am_dbg_granted (lua_State *L, State *st) {
   if (level > 0) {
     lua_getinfo(L, "fl", &ar);                /* pushes the function */
     lua_rawseti(L, a, A_N * slot + A_FN);
+    rec->has_fn = 1;
     rec->line = ar.currentline;
   }
   rec->prev_lock = -1;                        /* first in its lock's chain */
@@ -508,6 +518,7 @@ void am_dbg_granted (lua_State *L, State *st) {
       lua_rawgeti(L, LUA_REGISTRYINDEX, d->aref);
       lua_insert(L, -2);
       lua_rawseti(L, -2, A_N * slot + A_WHERE);
+      d->slots[slot].has_where = 1;
     }
     lua_settop(L, top);
   }
