@@ -1,11 +1,14 @@
 /*
 ** debug.c: the C side of debug mode (docs/debug.md)
-** Debug mode is kept by the Lua module async_mutex.debug: owner records,
-** the wait-for graph, lockdep's class graph, the reports.  The core only
-** tells it what happens, through hooks (Lua functions in a table that
-** exists only while debug mode is on, registry reference 'State.dbg'),
-** and lets it read the few fields of a lock, a releaser and a waiter it
-** needs (core.dbg_*).  Nothing is added to a Waiter or a Lock.
+** The owner records are kept here, in C (the hot part of debug mode: one
+** is made at every grant and ended at every release).  The rest is the
+** Lua module async_mutex.debug's: the wait-for graph, lockdep's class
+** graph, the reports.  The core tells it what happens, through hooks (Lua
+** functions in a table that exists only while debug mode is on, registry
+** reference 'State.dbg'), called only when they have work, and lets it
+** read the records and the few fields of a lock, a releaser and a waiter
+** it needs (core.dbg_*).  Nothing is added to a Waiter; to a Lock, one int
+** in padding (Lock.dbg).
 **
 ** Off, the cost is one test of 'am_debug_on' (a global: how many states
 ** have debug mode on) at each hook site; the hook functions below are
