@@ -239,6 +239,22 @@ describe("Mutex:release", function()
     assert.is_false(b.done)
   end))
 
+  it("ends the hold its releaser shows: tostring says released, also once someone else holds it", h.async(function()
+    local m = am.Mutex.new()
+    local r = m:acquire()
+    assert.matches("^async_mutex%.Releaser %(held%)", tostring(r))
+    m:release()
+    assert.matches("^async_mutex%.Releaser %(released%)", tostring(r))
+    local r2 = m:acquire()                     -- a later grant: not r's
+    assert.matches("^async_mutex%.Releaser %(released%)", tostring(r))
+    assert.matches("^async_mutex%.Releaser %(held%)", tostring(r2))
+    r2()
+    local km = am.KeyedMutex.new()
+    local rk = km:acquire("k")
+    km:release("k")
+    assert.matches("^async_mutex%.Releaser %(released%)", tostring(rk))
+  end))
+
   it("called twice in a row passes the mutex through two queued waiters (#27)", h.async(function()
     local m = am.Mutex.new()
     local log = {}

@@ -5,27 +5,10 @@
 -- that a crash fails the test.
 local h = require "helpers"
 
--- Runs 'body' (Lua source) in a child lua5.4, after a prelude defining
--- on_call(fn, action) (a "c" hook on the running coroutine that runs
--- 'action' once, at the first call of 'fn'); returns the child's stdout.
-local function run(body)
-  local res = h.subprocess([[
-    local am = require "async_mutex"
-    local uv = require "luv"
-    local function on_call(fn, action)
-      local armed = true
-      debug.sethook(function()
-        if armed and debug.getinfo(2, "f").func == fn then
-          armed = false
-          action()
-        end
-      end, "c")
-    end
-  ]] .. body, 60)
-  assert.equal("", res.stderr)
-  assert.equal(0, res.rc)
-  return res.stdout
-end
+-- Each case: 'body' in a child lua5.4 after the re-entry prelude
+-- (h.reentry_child: on_call, raise_at, close_all, active), with a 60 s
+-- limit; its stdout.
+local function run(body) return h.reentry_child(body, 60) end
 
 describe("a debug hook", function()
   it("that releases the mutex from the uv.now call of a withTimeout acquire: granted at once, no timer left", function()

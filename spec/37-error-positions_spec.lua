@@ -146,3 +146,51 @@ describe("usage errors", function()
     check({ helper, "bad argument #2 to 'runExclusive' (priority must be a number, got string)" })
   end))
 end)
+
+-- The option tables the C core reads refuse a key they do not know, with
+-- the Lua modules' words (checks.unknown_option, owned by src/args.c): a
+-- misspelt option would otherwise leave its default silently in place.
+describe("unknown options", function()
+  local function unknown(n, fname, key)
+    return ("bad argument #%d to '%s' (unknown option '%s')"):format(n, fname, key)
+  end
+
+  it("are refused by every option table of the core, at the user's line", h.async(function()
+    local m, km = am.Mutex.new(), am.KeyedMutex.new()
+    for _, case in ipairs({
+      { function() am.KeyedMutex.new({ maxPendng = 1 }) end, unknown(1, "new", "maxPendng") },
+      { function() am.KeyedSemaphore.new(2, { cancelErr = "x" }) end, unknown(2, "new", "cancelErr") },
+      { function() am.KeyedRWLock.new({ maxPendingErorr = "x" }) end,
+        unknown(1, "new", "maxPendingErorr") },
+      { function() am.withLease(m, 10, nil, { fromRequst = true }) end,
+        unknown(4, "withLease", "fromRequst") },
+      { function() am.withLease(km, 10, "lost", { fromRequest = true, x = 1 }) end,
+        unknown(4, "withLease", "x") },
+      { function() am.KeyedMutex.new({ [1] = true }) end, unknown(1, "new", "1") },
+    }) do check(case) end
+  end))
+
+  it("are refused with the same words as the Lua modules'", function()
+    local checks = require "async_mutex.checks"
+    local redis = require "async_mutex.redis"
+    local from_core = h.error_of(function() am.KeyedMutex.new({ bogus = 1 }) end)
+    local from_lua = h.error_of(function() redis.connect({ bogus = 1 }) end)
+    assert.equal("bad argument #1 to 'new' (unknown option 'bogus')", from_core)
+    assert.equal("bad argument #1 to 'connect' (unknown option 'bogus')", from_lua)
+    assert.equal("unknown option 'bogus'", checks.unknown_option({ bogus = 1 }, { other = true }))
+    assert.is_nil(checks.unknown_option({ other = 1 }, { other = true }))
+  end)
+
+  it("leave the known options working", h.async(function()
+    local km = am.KeyedMutex.new({ cancelError = "c", maxPending = 1, maxPendingError = "full" })
+    local r = km:acquire("k")
+    local w = h.acquirer(nil, "w", km, "k")
+    assert.equal("full", h.error_of(function() km:acquire("k") end))
+    km:cancel("k")
+    h.tick()
+    assert.equal("c", w.err)
+    r()
+    local lm = am.withLease(am.Mutex.new(), 1000, nil, { fromRequest = true })
+    lm:acquire()()
+  end))
+end)

@@ -10,38 +10,9 @@
 -- with a time limit, so that a hang or a crash fails the test.
 local h = require "helpers"
 
--- Runs 'body' (Lua source) in a child lua5.4 after a prelude defining
--- close_all() (uv.walk closing every handle) and on_call(fn, action) (a
--- "c" hook on the running coroutine that runs 'action' once, at the first
--- call of 'fn') and active() (how many handles are active); returns the
--- child's stdout.
-local function run(body)
-  local res = h.subprocess([[
-    local am = require "async_mutex"
-    local uv = require "luv"
-    local function close_all()
-      uv.walk(function(hd) if not hd:is_closing() then hd:close() end end)
-    end
-    local function on_call(fn, action)
-      local armed = true
-      debug.sethook(function()
-        if armed and debug.getinfo(2, "f").func == fn then
-          armed = false
-          action()
-        end
-      end, "c")
-    end
-    -- the module's handles left active (uv.run() would not return)
-    local function active()
-      local n = 0
-      uv.walk(function(hd) if hd:is_active() and not hd:is_closing() then n = n + 1 end end)
-      return n
-    end
-  ]] .. body, 20)
-  assert.equal("", res.stderr)
-  assert.equal(0, res.rc, "the child hung or crashed: " .. tostring(res.how))
-  return res.stdout
-end
+-- Each case: 'body' in a child lua5.4 after the re-entry prelude
+-- (h.reentry_child: on_call, raise_at, close_all, active); its stdout.
+local run = h.reentry_child
 
 describe("a debug hook run while the module replaces its closed idle handle", function()
   it("that makes another wake-up due (a release) from the is_closing check: one handle, uv.run() returns, both waiters run", function()

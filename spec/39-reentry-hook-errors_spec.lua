@@ -11,32 +11,9 @@
 -- process with a time limit, so that a hang or a crash fails the test.
 local h = require "helpers"
 
--- Runs 'body' (Lua source) in a child lua5.4 after a prelude defining
--- raise_at(fn) (a "c" hook on the running coroutine that raises "hook
--- failed" once, at the first call of 'fn') and active() (how many handles
--- are active); returns the child's stdout.
-local function run(body)
-  local res = h.subprocess([[
-    local am = require "async_mutex"
-    local uv = require "luv"
-    local function raise_at(fn)
-      debug.sethook(function()
-        if debug.getinfo(2, "f").func == fn then
-          debug.sethook()
-          error("hook failed", 0)
-        end
-      end, "c")
-    end
-    local function active()
-      local n = 0
-      uv.walk(function(hd) if hd:is_active() and not hd:is_closing() then n = n + 1 end end)
-      return n
-    end
-  ]] .. body, 20)
-  assert.equal("", res.stderr)
-  assert.equal(0, res.rc, "the child hung or crashed: " .. tostring(res.how))
-  return res.stdout
-end
+-- Each case: 'body' in a child lua5.4 after the re-entry prelude
+-- (h.reentry_child: on_call, raise_at, close_all, active); its stdout.
+local run = h.reentry_child
 
 describe("a debug hook that raises inside a module call", function()
   it("at the uv.now of a withTimeout acquire: the error reaches the caller, nothing stays pending", function()

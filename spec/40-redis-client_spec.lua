@@ -68,6 +68,50 @@ describe("redis.connect", function()
       h.error_of(function() redis.connect({ path = true }) end))
   end)
 
+  -- docs/redis.md, Connection: TCP keepalive, seen as the kernel shows it
+  -- (Linux /proc/net/tcp: an established socket whose keepalive timer
+  -- runs has timer kind 2), for this process's sockets to the server.
+  local function own_sockets()
+    local inodes = {}
+    local dir = assert(uv.fs_scandir("/proc/self/fd"))
+    for name in function() return uv.fs_scandir_next(dir) end do
+      local inode = (uv.fs_readlink("/proc/self/fd/" .. name) or ""):match("^socket:%[(%d+)%]$")
+      if inode then inodes[inode] = true end
+    end
+    return inodes
+  end
+
+  local function connections_to(port)
+    local own, found = own_sockets(), {}
+    for line in io.lines("/proc/net/tcp") do
+      local rport, st, timer, inode = line:match(
+        "^%s*%d+: %x+:%x+ %x+:(%x+) (%x+) %x+:%x+ (%x+):%x+ %x+%s+%d+%s+%d+%s+(%d+)")
+      if rport and tonumber(rport, 16) == port and st == "01" and own[inode] then
+        found[inode] = tonumber(timer, 16)
+      end
+    end
+    return found
+  end
+
+  it("turns TCP keepalive on for its connections, the subscriber's too", h.async(function()
+    local before = connections_to(server.port)
+    local c = client()
+    assert.equal("PONG", c:call("PING"))
+    local s = c:subscribe("spec40-keepalive", function() end)
+    local new
+    for _ = 1, 100 do               -- a timer of another kind may run a moment
+      new = {}
+      for inode, timer in pairs(connections_to(server.port)) do
+        if not before[inode] then new[#new + 1] = timer end
+      end
+      if #new == 2 and new[1] == 2 and new[2] == 2 then break end
+      h.sleep(20)
+    end
+    s:unsubscribe()
+    c:close()
+    assert.same({ 2, 2 }, new)
+  end))
+
   it("keeps no active handle while idle, so uv.run() returns", function()
     local c
     h.run(function()
@@ -277,6 +321,69 @@ describe("client:eval", function()
     assert.equal("flushed 1", c:eval(script, {}, { 1 }))
     assert.equal("OK", c:call("SCRIPT", "FLUSH"))
     assert.equal("flushed 2", c:eval(script, nil, { 2 }))
+    c:close()
+  end))
+
+  -- docs/redis.md, Scripts: the SHA1s of the user's scripts are remembered
+  -- in a bounded cache (the 128 most recently used at least, 256 at most);
+  -- the module's own scripts stay.
+  local function calls(info, cmd)
+    return tonumber(info:match("cmdstat_" .. cmd .. ":calls=(%d+)") or 0)
+  end
+
+  it("keeps memory bounded however many distinct scripts it runs", h.async(function()
+    local c = client()
+    local pad = "-- " .. ("x"):rep(8 * 1024) .. "\n"
+    local n = math.max(600, h.load(1200))
+    local function script(i) return pad .. "return " .. i end
+    h.gc()
+    local before = collectgarbage("count")
+    for i = 1, n do
+      assert.equal(i, c:eval(script(i)))
+      if i % 300 == 0 then assert.equal("OK", c:call("SCRIPT", "FLUSH")) end
+    end
+    h.gc()
+    local grown = collectgarbage("count") - before        -- KB
+    -- unbounded: n scripts of 8 KB kept (at least 4.8 MB); bounded: 256
+    assert.is_true(grown < 256 * 9 + 512, ("memory grew by %.0f KB"):format(grown))
+    -- the first ones were forgotten, and still run (EVAL, SCRIPT LOAD)
+    assert.equal(1, c:eval(script(1)))
+    assert.equal("OK", c:call("SCRIPT", "FLUSH"))
+    c:close()
+  end, { deadline = 20000 }))
+
+  it("runs a recent script by EVALSHA after many others, and recovers from SCRIPT FLUSH", h.async(function()
+    local c = client()
+    local mine = "return 'mine ' .. ARGV[1]"
+    assert.equal("mine 0", c:eval(mine, nil, { 0 }))
+    for i = 1, 300 do
+      c:eval("return " .. i)
+      if i % 100 == 0 then assert.equal("mine " .. i, c:eval(mine, nil, { i })) end
+    end
+    local before = c:call("INFO", "commandstats")
+    assert.equal("mine x", c:eval(mine, nil, { "x" }))
+    local after = c:call("INFO", "commandstats")
+    assert.equal(calls(before, "evalsha") + 1, calls(after, "evalsha"))
+    assert.equal(calls(before, "eval"), calls(after, "eval"))
+    assert.equal("OK", c:call("SCRIPT", "FLUSH"))
+    assert.equal("mine y", c:eval(mine, nil, { "y" }))  -- NOSCRIPT, then EVAL
+    assert.equal("mine z", c:eval(mine, nil, { "z" }))
+    c:close()
+  end))
+
+  it("keeps the Redis locks' scripts by EVALSHA however many user scripts ran", h.async(function()
+    local c = client()
+    local m = am.RedisMutex.new(c, "spec40-pinned")
+    m:acquire()()                                   -- the lock's scripts loaded
+    for i = 1, 300 do c:eval("return " .. i) end
+    local before = c:call("INFO", "commandstats")
+    m:acquire()()
+    local after = c:call("INFO", "commandstats")
+    assert.equal(calls(before, "eval"), calls(after, "eval"))
+    assert.is_true(calls(after, "evalsha") > calls(before, "evalsha"))
+    assert.equal("OK", c:call("SCRIPT", "FLUSH"))  -- forgotten by the server
+    m:acquire()()
+    assert.is_false(m:isLocked())
     c:close()
   end))
 

@@ -80,7 +80,7 @@ describe("client:subscribe", function()
       return true
     end)
     assert.is_true(ended)
-    assert.equal(1, active_then)      -- the subscriber's poll handle (t is closing)
+    assert.equal(2, active_then)      -- the subscriber's poll handle and ping timer (t is closing)
     assert.same({}, h.active_handles())
     c:close()
   end)
@@ -186,7 +186,7 @@ describe("client:subscribe", function()
     end)()
     h.run_loop(200)                     -- the subscription keeps it running
     assert.is_true(subscribed)
-    assert.equal(1, #h.active_handles())   -- the subscriber's poll handle
+    assert.equal(2, #h.active_handles())   -- the subscriber's poll handle and ping timer
     weak[1], c = c, nil
     h.gc()
     assert.is_nil(weak[1])
@@ -237,5 +237,81 @@ describe("client:subscribe", function()
     assert.is_false(ok)
     assert.equal(redis.E_UNAVAILABLE, err)
     c:close()
+  end))
+end)
+
+-- A TCP relay on the loop, between the client and the server, that can
+-- go silent: its connections stay open but carry nothing more, as through
+-- a network that drops everything (no FIN, no RST).  Connections made
+-- after that are relayed again.
+local function relay(target_port)
+  local uv = require "luv"
+  local r = { pairs = {} }
+  local listener = uv.new_tcp()
+  assert(listener:bind("127.0.0.1", 0))
+  r.port = listener:getsockname().port
+  local function close(hd) if not hd:is_closing() then hd:close() end end
+  assert(listener:listen(16, function()
+    local p = { down = uv.new_tcp(), up = uv.new_tcp(), silent = false }
+    r.pairs[#r.pairs + 1] = p
+    listener:accept(p.down)
+    local function pipe(from, to)
+      from:read_start(function(_, data)
+        if data == nil then close(p.down); close(p.up)
+        elseif not p.silent then to:write(data) end
+      end)
+    end
+    p.up:connect("127.0.0.1", target_port, function(err)
+      if err then close(p.down); close(p.up); return end
+      pipe(p.down, p.up)
+      pipe(p.up, p.down)
+    end)
+  end))
+  function r.silence() for _, p in ipairs(r.pairs) do p.silent = true end end
+  function r.close()
+    close(listener)
+    for _, p in ipairs(r.pairs) do close(p.down); close(p.up) end
+  end
+  return r
+end
+
+describe("the subscriber's health check", function()
+  it("notices a connection that went silent, and subscribes again on a new one", h.async(function()
+    local r = relay(server.port)
+    local c = redis.connect({ port = r.port, pingInterval = 100, commandTimeout = 1000 })
+    local publisher = client()
+    local got = {}
+    local sub = c:subscribe("quiet", function(message) got[#got + 1] = message end)
+    assert.equal(1, publisher:call("PUBLISH", "quiet", "before"))
+    h.wait_until(function() return #got == 1 end)
+    r.silence()                           -- the subscriber now hears nothing
+    -- the server drops the silent subscriber (its output buffer never
+    -- drains) only much later: a delivery proves a new connection
+    local n = 0
+    h.wait_until(function()
+      n = n + 1
+      publisher:call("PUBLISH", "quiet", "after " .. n)
+      return #got > 1
+    end, 5000, "no message through a new subscriber connection")
+    assert.matches("^after %d+$", got[2])
+    sub:unsubscribe()
+    c:close(); publisher:close()
+    r.close()
+  end, { deadline = 10000 }))
+
+  it("is off with pingInterval = math.huge, and refuses a pingInterval that is not positive", h.async(function()
+    assert.equal("bad argument #1 to 'connect' (pingInterval must be a positive number (math.huge: no ping))",
+      h.error_of(function() client({ pingInterval = 0 }) end))
+    local on, off = client(), client({ pingInterval = math.huge })
+    local s1 = on:subscribe("calm", function() end)
+    h.tick()                        -- the confirmation's timeout timer stops
+    assert.equal(1, h.count_handles("uv_timer_t", true))     -- its ping timer
+    local s2 = off:subscribe("calm", function() end)
+    h.tick()
+    assert.equal(1, h.count_handles("uv_timer_t", true))
+    s1:unsubscribe()
+    assert.equal(0, h.count_handles("uv_timer_t", true))
+    s2:unsubscribe()
+    on:close(); off:close()
   end))
 end)

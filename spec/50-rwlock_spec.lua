@@ -354,6 +354,22 @@ describe("RWLock:release", function()
     assert.is_false(rw:isLocked())
   end))
 
+  it("ends the write hold its releaser shows: tostring says released; readers stay held", h.async(function()
+    local rw = am.RWLock.new()
+    local w = rw:acquireWrite()
+    rw:release()
+    assert.matches("^async_mutex%.Releaser %(released%)", tostring(w))
+    local r = rw:acquireRead()
+    rw:release()                                -- no write hold: nothing ends
+    assert.matches("^async_mutex%.Releaser %(held%)", tostring(r))
+    r()
+    local s = am.Semaphore.new(1)
+    local _, rs = s:acquire()
+    s:release()                                 -- a semaphore's holds have no owner
+    assert.matches("^async_mutex%.Releaser %(held%)", tostring(rs))
+    rs()
+  end))
+
   it("does nothing while readers hold the lock or nobody does", h.async(function()
     local rw = am.RWLock.new()
     rw:release()

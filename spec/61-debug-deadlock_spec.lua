@@ -10,13 +10,13 @@ local THIS = "spec/61%-debug%-deadlock_spec.lua"
 
 local dr = require "debug_reports"
 
-local reports
-before_each(function() reports = dr.enable() end)
-after_each(function() am.debug.disable() end)
+local rec = dr.recorder()
+before_each(rec.enable)
+after_each(rec.disable)
 
 -- The deadlock reports (lockdep's are spec 62's), and the first of them.
-local function deadlocks() return #dr.of_kind(reports, "deadlock") end
-local function first_deadlock() return dr.of_kind(reports, "deadlock")[1] end
+local function deadlocks() return rec.count("deadlock") end
+local function first_deadlock() return rec.first("deadlock") end
 
 -- A coroutine that acquires `first`, signals, then requests `second` (the
 -- arguments after it passed on), and records the outcome.
@@ -161,7 +161,7 @@ describe("not a self-deadlock", function()
     am.debug.disable()
     local a, b = am.Mutex.new(), am.Mutex.new()
     local t1 = cross(a, b)
-    am.debug.enable({ onReport = function(kind) reports[#reports + 1] = { kind = kind } end })
+    rec.enable()
     local rb = b:acquire()
     go(t1)                                    -- t1 waits for b
     local t2 = h.spawn(function() local r = a:acquire(); r() end)   -- waits: unknown holder of a

@@ -10,11 +10,11 @@ local THIS = "spec/62%-debug%-lockdep_spec.lua"
 local dr = require "debug_reports"
 local line = dr.line
 
-local reports
-before_each(function() reports = dr.enable() end)
-after_each(function() am.debug.disable() end)
+local rec = dr.recorder()
+before_each(rec.enable)
+after_each(rec.disable)
 
-local function inversions() return dr.of_kind(reports, "inversion") end
+local function inversions() return rec.of_kind("inversion") end
 
 -- In a new coroutine, takes each lock in order (nested), then releases all.
 local function nested(...)

@@ -10,12 +10,12 @@ local h = require "helpers"
 local am = require "async_mutex"
 local dr = require "debug_reports"
 
-local reports
-before_each(function() reports = dr.enable() end)
-after_each(function() am.debug.disable() end)
+local rec = dr.recorder()
+before_each(rec.enable)
+after_each(rec.disable)
 
-local function deadlocks() return #dr.of_kind(reports, "deadlock") end
-local function first_deadlock() return dr.of_kind(reports, "deadlock")[1] end
+local function deadlocks() return rec.count("deadlock") end
+local function first_deadlock() return rec.first("deadlock") end
 local function pat(v) return (tostring(v):gsub("%p", "%%%0")) end
 
 describe("a read queued behind a writer", function()

@@ -4,6 +4,11 @@
 --   local reports = dr.enable({ holdWarning = 10 })   -- am.debug.enable, onReport recording
 --   dr.of_kind(reports, "deadlock")                    -- those of one kind, in order
 --   dr.line()                                          -- the caller's current line
+--
+--   local rec = dr.recorder()           -- the current test's reports:
+--   before_each(rec.enable)             --   debug mode on before each test,
+--   after_each(rec.disable)             --   off after it
+--   rec.count("deadlock"), rec.first("deadlock"), rec.of_kind("inversion")
 
 local am = require "async_mutex"
 
@@ -26,6 +31,22 @@ function M.of_kind(reports, kind)
   local out = {}
   for _, r in ipairs(reports) do if r.kind == kind then out[#out + 1] = r end end
   return out
+end
+
+--- The reports of a spec file whose tests run in debug mode (busted's
+-- before_each and after_each are the spec file's, so it registers
+-- rec.enable and rec.disable itself).  rec.enable([options]): debug mode
+-- on, reports recorded afresh; rec.disable(): off; rec.of_kind(kind),
+-- rec.count(kind), rec.first(kind): the reports since the last enable.
+function M.recorder()
+  local reports = {}
+  local rec = {}
+  function rec.enable(options) reports = M.enable(options) end
+  function rec.disable() am.debug.disable() end
+  function rec.of_kind(kind) return M.of_kind(reports, kind) end
+  function rec.count(kind) return #M.of_kind(reports, kind) end
+  function rec.first(kind) return M.of_kind(reports, kind)[1] end
+  return rec
 end
 
 --- The line of the caller of this function.

@@ -515,6 +515,59 @@ function helpers.subprocess(code, timeout_s)
   return { rc = rc, how = how, stdout = out, stderr = err }
 end
 
+-- The prelude of a re-entry case (reentry_child): the module, luv, and
+-- the tools the cases of specs 35, 38 and 39 call back with.
+local REENTRY_PRELUDE = [[
+local am = require "async_mutex"
+local uv = require "luv"
+-- a "c" hook on the running coroutine that runs 'action' once, at the
+-- first call of 'fn'
+local function on_call(fn, action)
+  local armed = true
+  debug.sethook(function()
+    if armed and debug.getinfo(2, "f").func == fn then
+      armed = false
+      action()
+    end
+  end, "c")
+end
+-- a "c" hook on the running coroutine that raises "hook failed" once, at
+-- the first call of 'fn'
+local function raise_at(fn)
+  debug.sethook(function()
+    if debug.getinfo(2, "f").func == fn then
+      debug.sethook()
+      error("hook failed", 0)
+    end
+  end, "c")
+end
+-- uv.walk closing every handle (the module's among them)
+local function close_all()
+  uv.walk(function(hd) if not hd:is_closing() then hd:close() end end)
+end
+-- how many handles are active (uv.run() would not return)
+local function active()
+  local n = 0
+  uv.walk(function(hd) if hd:is_active() and not hd:is_closing() then n = n + 1 end end)
+  return n
+end
+]]
+
+--- Runs a re-entry case (docs/semantics.md, Re-entry): 'body' (Lua
+-- source) in a child lua5.4 after a prelude that defines am, uv,
+-- on_call(fn, action), raise_at(fn), close_all() and active(), with a
+-- time limit (default 20 s), so that a crash or a hang fails the test
+-- instead of the suite.  Fails on any stderr output or exit code but 0;
+-- returns the child's stdout.
+function helpers.reentry_child(body, timeout_s)
+  local res = helpers.subprocess(REENTRY_PRELUDE .. body, timeout_s or 20)
+  if res.stderr ~= "" or res.rc ~= 0 then
+    error(("the child hung or crashed (exit %s, %s), stderr:\n%s"):format(
+      tostring(res.rc), tostring(res.how), res.stderr), 2)
+  end
+  return res.stdout
+end
+
 --- The whole content of a text file.
 function helpers.read_file(path)
   local f = assert(io.open(path, "r"))

@@ -1,5 +1,5 @@
 /*
-** args.c: the user's arguments: self, weights, priorities, keys
+** args.c: the user's arguments: self, weights, priorities, keys, options
 ** Argument errors have the auxlib's shape, numbered as the user wrote
 ** them, for plain, keyed and decorated locks alike (docs/semantics.md,
 ** Errors).
@@ -140,6 +140,78 @@ int am_usage_error (lua_State *L, const char *fmt, ...) {
   va_end(argp);
   lua_concat(L, 2);
   return lua_error(L);
+}
+
+/* }====================================================== */
+
+
+/* {====================================================== options */
+
+/*
+** Pushes the complaint about the key at 'keyidx' of an options table:
+** "unknown option 'k'", k as tostring shows it.  The one owner of this
+** text: the Lua modules get it through core.unknown_option
+** (async_mutex/checks.lua), so a misspelt option reads alike everywhere.
+*/
+static void push_unknown (lua_State *L, int keyidx) {
+  luaL_tolstring(L, keyidx, NULL);
+  lua_pushfstring(L, "unknown option '%s'", lua_tostring(L, -1));
+  lua_remove(L, -2);
+}
+
+
+/* Whether the key on top is a string among 'known' (NULL-terminated). */
+static int is_known (lua_State *L, const char *const known[]) {
+  const char *k;
+  int i;
+  if (lua_type(L, -1) != LUA_TSTRING) return 0;
+  k = lua_tostring(L, -1);
+  for (i = 0; known[i] != NULL; i++)
+    if (strcmp(k, known[i]) == 0) return 1;
+  return 0;
+}
+
+
+/*
+** Refuses the options table at 'idx' (a table) when it has a key not in
+** 'known': "bad argument #n to 'fname' (unknown option 'k')" at the
+** user's call, as am_argerror numbers it.  A misspelt option is an error,
+** not a default silently kept.
+*/
+void am_checkoptions (lua_State *L, int idx, int base, const char *fname,
+                      const char *const known[]) {
+  idx = lua_absindex(L, idx);
+  lua_pushnil(L);
+  while (lua_next(L, idx) != 0) {
+    lua_pop(L, 1);                                /* the value */
+    if (!is_known(L, known)) {
+      push_unknown(L, -1);
+      am_argerror(L, idx, base, fname, lua_tostring(L, -1));
+    }
+  }
+}
+
+
+/*
+** core.unknown_option(options, known): the complaint about the first key
+** of 'options' that the set 'known' lacks, or nil (checks.unknown_option).
+*/
+int am_unknown_option (lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  luaL_checktype(L, 2, LUA_TTABLE);
+  lua_settop(L, 2);
+  lua_pushnil(L);
+  while (lua_next(L, 1) != 0) {
+    lua_pop(L, 1);                                /* the value */
+    lua_pushvalue(L, -1);
+    if (lua_gettable(L, 2) == LUA_TNIL || !lua_toboolean(L, -1)) {
+      push_unknown(L, 3);
+      return 1;
+    }
+    lua_pop(L, 1);
+  }
+  lua_pushnil(L);
+  return 1;
 }
 
 /* }====================================================== */

@@ -389,6 +389,9 @@ lua_Integer am_optweight (lua_State *L, int idx, int base,
                           const char *fname);
 lua_Integer am_checkcount (lua_State *L, int idx);
 void am_checkkey (lua_State *L, int idx, int base, const char *fname);
+void am_checkoptions (lua_State *L, int idx, int base, const char *fname,
+                      const char *const known[]);
+int am_unknown_option (lua_State *L);
 void am_parse_request (lua_State *L, Request *rq, const LockKind *kind);
 
 /* waiter.c */
@@ -413,6 +416,7 @@ lua_Integer am_take (Lock *lk, lua_Integer weight);
 void am_dispatch (lua_State *L, Lock *lk);
 void am_give_back (lua_State *L, Lock *lk, lua_Integer weight,
                    lua_Integer token, int saturate);
+int am_releaser_live (const Releaser *r);
 void am_cancel (lua_State *L, Lock *lk);
 void am_expire (lua_State *L, Waiter *w);
 void am_lock_init (Lock *lk, const LockKind *kind, State *st,

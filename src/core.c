@@ -141,6 +141,7 @@ static const luaL_Reg core_funcs[] = {
   {"acquireWrite", am_core_acquire_write},
   {"limit", am_core_limit},
   {"layer", am_layer},
+  {"unknown_option", am_unknown_option},
   {"withTimeout", am_withTimeout},
   {"tryAcquire", am_tryAcquire},
   {"withLease", am_withLease},

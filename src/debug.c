@@ -179,19 +179,6 @@ static void co_remove (DebugRecords *d, CoHead *e) {
 /* }====================================================== */
 
 
-/* Is the grant of releaser 'r' still held (not given back, not ended by
-   an unscoped release, not lost)? */
-static int releaser_live (const Releaser *r) {
-  const Lock *lk = r->lock;
-  if (r->state != S_HELD || lk->freed) return 0;
-  if (lk->kind == &am_semaphore_kind) return 1;
-  if (lk->kind == &am_rwlock_kind && r->weight == AM_RW_READ)
-    return lk->value > 0;
-  /* a generation's token: Mutex, RWLock write, ReentrantMutex */
-  return lk->kind->is_locked(lk) && r->token == lk->gen;
-}
-
-
 /* The slot of the record of releaser 'r', or -1. */
 static int find_record (const DebugRecords *d, const Releaser *r) {
   int s;
@@ -242,7 +229,7 @@ static void prune_lock (lua_State *L, DebugRecords *d, Lock *lk, int a) {
   int s = lk->dbg;
   while (s >= 0) {
     int next = d->slots[s].next_lock;
-    if (!releaser_live(d->slots[s].r)) end_record(L, d, s, a);
+    if (!am_releaser_live(d->slots[s].r)) end_record(L, d, s, a);
     s = next;
   }
 }
@@ -464,7 +451,7 @@ void am_dbg_granted (lua_State *L, State *st) {
     if (lua_pcall(L, 1, 0, 0) != LUA_OK) lua_pop(L, 1);
     d = st->dbg_recs;
     /* what ran meanwhile may have ended the grant, or debug mode */
-    if (d == NULL || d->free < 0 || !releaser_live(r)) {
+    if (d == NULL || d->free < 0 || !am_releaser_live(r)) {
       if (d != NULL && d->free < 0) {
         fputs("async_mutex.debug: no owner record: not enough memory\n",
               stderr);
@@ -670,7 +657,7 @@ static int dbg_lock (lua_State *L) {
 static int dbg_releaser (lua_State *L) {
   Releaser *r = (Releaser *)am_testself(L, 1, AM_T_RELEASER);
   if (r == NULL) return 0;
-  lua_pushboolean(L, releaser_live(r));
+  lua_pushboolean(L, am_releaser_live(r));
   lua_pushinteger(L, r->weight);
   return 2;
 }
@@ -839,7 +826,7 @@ static int dbg_records (lua_State *L) {
   lua_rawgeti(L, LUA_REGISTRYINDEX, d->aref);       /* ends the dead ones */
   for (s = next_selected(d, -1, lk, co); s >= 0; ) {
     int next = next_selected(d, s, lk, co);
-    if (!releaser_live(d->slots[s].r)) end_record(L, d, s, 2);
+    if (!am_releaser_live(d->slots[s].r)) end_record(L, d, s, 2);
     else n++;
     s = next;
   }

@@ -180,6 +180,8 @@ int am_tryAcquire (lua_State *L) {
 ** last at most ms milliseconds (lease.c); options.fromRequest counts them
 ** from the request instead of the grant.
 */
+static const char *const lease_options[] = {"fromRequest", NULL};
+
 int am_withLease (lua_State *L) {
   Decorated *d;
   lua_Number ms = lua_tonumber(L, 2);
@@ -194,6 +196,7 @@ int am_withLease (lua_State *L) {
                       luaL_typename(L, 4));
       am_argerror(L, 4, 0, "withLease", lua_tostring(L, -1));
     }
+    am_checkoptions(L, 4, 0, "withLease", lease_options);
     lua_getfield(L, 4, "fromRequest");
     from_request = lua_toboolean(L, -1);
     lua_pop(L, 1);

@@ -218,6 +218,12 @@ static void setoption (lua_State *L, int optidx, const char *field,
 }
 
 
+/* The options a keyed set knows (am_checkoptions refuses any other). */
+static const char *const keyed_options[] = {
+  "cancelError", "maxPending", "maxPendingError", NULL
+};
+
+
 /*
 ** new([options]) / new(value [, options]); options: cancelError,
 ** maxPending (a non-negative integer, 0 = no bound), maxPendingError.
@@ -228,6 +234,7 @@ static void newkeyed (lua_State *L, const LockKind *kind, lua_Integer value,
   lua_Integer max_pending = 0;
   if (!lua_isnoneornil(L, optidx)) {
     luaL_checktype(L, optidx, LUA_TTABLE);
+    am_checkoptions(L, optidx, 0, "new", keyed_options);
     if (lua_getfield(L, optidx, "maxPending") != LUA_TNIL) {
       int isint;
       max_pending = lua_tointegerx(L, -1, &isint);

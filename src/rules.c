@@ -189,6 +189,23 @@ void am_dispatch (lua_State *L, Lock *lk) {
 
 
 /*
+** Is the grant of releaser 'r' still held: not given back, not lost, and
+** not ended by an unscoped release (m:release() ends a mutex's or a
+** write's hold, whose token is the lock's generation; a semaphore's holds
+** and an RWLock's reads have no owner for it to end)?
+*/
+int am_releaser_live (const Releaser *r) {
+  const Lock *lk = r->lock;
+  if (r->state != S_HELD || lk->freed) return 0;
+  if (lk->kind == &am_semaphore_kind) return 1;
+  if (lk->kind == &am_rwlock_kind && r->weight == AM_RW_READ)
+    return lk->value > 0;
+  /* a generation's token: Mutex, RWLock write, ReentrantMutex */
+  return lk->kind->is_locked(lk) && r->token == lk->gen;
+}
+
+
+/*
 ** The one way a grant goes back: by its releaser (token), by an unscoped
 ** release (AM_UNSCOPED), or abandoned undelivered ('saturate': must not
 ** raise).  The kind decides what that gives back (docs/semantics.md,

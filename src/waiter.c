@@ -178,11 +178,15 @@ static int releaser_release (lua_State *L) {
 }
 
 
+/*
+** "async_mutex.Releaser (held|released|lost): 0x...": a hold an unscoped
+** release ended shows as released, though its releaser was never called.
+*/
 static int releaser__tostring (lua_State *L) {
   Releaser *r = (Releaser *)am_checkself(L, AM_T_RELEASER);
   lua_pushfstring(L, "%s (%s): %p", AM_RELEASER,
-                  r->state == S_HELD ? "held"
-                  : r->state == S_LOST ? "lost" : "released", (void *)r);
+                  r->state == S_LOST ? "lost"
+                  : am_releaser_live(r) ? "held" : "released", (void *)r);
   return 1;
 }
 

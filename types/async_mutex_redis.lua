@@ -19,6 +19,7 @@
 ---@field commandTimeout? number ms without a reply while calls wait, positive (default 5000; `math.huge`: none)
 ---@field reconnectDelay? number ms, the first back-off after a failed attempt, finite (default 50)
 ---@field reconnectDelayMax? number ms, the longest back-off, finite (default 2000)
+---@field pingInterval? number ms a subscriber hears nothing before it sends PING (default 15000; `math.huge`: never)
 
 ---A subscription made by `client:subscribe`.
 ---@class async_mutex.redis.Subscription

@@ -3,8 +3,8 @@
 -- that their usage errors read alike: "bad argument #n to 'fname' (msg)".
 -- init.lua keeps its own argerror, which finds the user's frame itself.
 
-local error, getmetatable, pairs, rawget, require, tostring, type =
-  error, getmetatable, pairs, rawget, require, tostring, type
+local error, getmetatable, rawget, require, type =
+  error, getmetatable, rawget, require, type
 
 local M = {}
 
@@ -27,15 +27,11 @@ function M.argerror(level, n, fname, msg)
   error(("bad argument #%d to '%s' (%s)"):format(n, fname, msg), level + 1)
 end
 
---- The complaint about the first key of 'options' that 'known' lacks
--- ("unknown option 'tll'"), or nil: a misspelt option is an error, not a
--- default silently kept.
-function M.unknown_option(options, known)
-  for k in pairs(options) do
-    if not known[k] then return ("unknown option '%s'"):format(tostring(k)) end
-  end
-  return nil
-end
+--- The complaint about the first key of 'options' that the set 'known'
+-- lacks ("unknown option 'tll'"), or nil: a misspelt option is an error,
+-- not a default silently kept.  The C core owns the text (src/args.c), as
+-- its own option tables (KeyedMutex.new, withLease) are checked there.
+M.unknown_option = require("async_mutex.core").unknown_option
 
 --- Raises "attempt to use a closed redis client" at 'level' (1 = the
 -- caller of check_open) when 'client' is an async_mutex.redis client that

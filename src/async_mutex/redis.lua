@@ -100,9 +100,10 @@ local function resume_reporting(co, ...)
   report(err, tb)
 end
 
--- Whether calls wait for replies (a subscriber: also confirmations).
+-- Whether calls wait for replies (a subscriber: also confirmations and
+-- its health check's PING, state.awaits).
 local function busy(state, client)
-  return client:pending() > 0 or (state.waiting ~= nil and next(state.waiting()) ~= nil)
+  return client:pending() > 0 or (state.awaits ~= nil and state.awaits())
 end
 
 -- The timer: while connecting, fails the attempt after connectTimeout;
@@ -280,7 +281,7 @@ end
 
 local DEFAULTS = {
   connectTimeout = 2000, commandTimeout = 5000,
-  reconnectDelay = 50, reconnectDelayMax = 2000,
+  reconnectDelay = 50, reconnectDelayMax = 2000, pingInterval = 15000,
 }
 
 -- Every option connect knows: a misspelt one (`commandTimout`) is an
@@ -294,14 +295,16 @@ for name in pairs(DEFAULTS) do OPTIONS[name] = true end
 -- call at once (a user meaning "no timeout" writes math.huge).  The
 -- back-off delays may be 0 (retry at once), but must be finite: an
 -- infinite one would end every attempt to reconnect after one failure.
-local POSITIVE = { connectTimeout = true, commandTimeout = true }
+local POSITIVE = { connectTimeout = "no timeout", commandTimeout = "no timeout",
+  pingInterval = "no ping" }
 
 local function check_ms(options, name)
   local v = options[name]
   if v == nil then return DEFAULTS[name] end
   if POSITIVE[name] then
     if type(v) ~= "number" or not (v > 0) then
-      argerror(3, 1, "connect", name .. " must be a positive number (math.huge: no timeout)")
+      argerror(3, 1, "connect", ("%s must be a positive number (math.huge: %s)"):format(
+        name, POSITIVE[name]))
     end
   elseif type(v) ~= "number" or not (v >= 0) or v == huge then
     argerror(3, 1, "connect", name .. " must be a non-negative finite number")
@@ -467,7 +470,42 @@ local function on_message(sub, reply)
     end
   elseif kind == "subscribe" then
     confirm(sub, reply[2], true)
+  elseif kind == "pong" then
+    sub.pinging = false                -- hooks.progress stops the timer
   end
+end
+
+-- The health check of a subscriber (docs/redis.md, Pub/sub): it only
+-- reads, so a connection that went silent (a server paused, a network
+-- that drops everything) would be noticed by nothing.  Every pingInterval
+-- ms, a subscriber that heard nothing for that long sends PING; the
+-- pong is awaited as a confirmation is (busy), so commandTimeout without
+-- any reply fails the connection, and the channels are subscribed again.
+local function ping_tick(sub)
+  local client, state = sub.client, sub.state
+  if sub.closed or not next(sub.channels) then
+    sub.ping:stop()
+    return
+  end
+  if sub.pinging or next(sub.waiting) or status(client) ~= "connected"
+      or now() - progress(client) < state.pingInterval then
+    return
+  end
+  if core.send(client, "PING") then
+    sub.pinging = true
+    if not state.timing then arm(state, false) end
+  end
+end
+
+local function start_pings(sub)
+  local every = sub.state.pingInterval
+  if every == huge or sub.closed then return end
+  if not sub.ping then
+    sub.ping = uv.new_timer()
+    sub.ping:unref()                     -- the subscription keeps the loop
+    sub.on_ping = function() ping_tick(sub) end
+  end
+  if not sub.ping:is_active() then sub.ping:start(every, every, sub.on_ping) end
 end
 
 local function subscriber(self)
@@ -478,17 +516,19 @@ local function subscriber(self)
     host = state.host, port = state.port, path = state.path, setup = state.setup,
     connectTimeout = state.connectTimeout, commandTimeout = state.commandTimeout,
     reconnectDelay = state.reconnectDelay, reconnectDelayMax = state.reconnectDelayMax,
+    pingInterval = state.pingInterval,
   }
   sub = { state = sstate, channels = {}, waiting = {} }
   sub.client = core.new(sstate, true)
   sstate.ref = setmetatable({ sub.client }, WEAK_V)
   sstate.on_message = function(reply) on_message(sub, reply) end
-  sstate.waiting = function() return sub.waiting end
+  sstate.awaits = function() return sub.pinging or next(sub.waiting) ~= nil end
   sstate.on_lost = function(_, final)
     -- calls waiting for a confirmation fail (but a finalizer resumes
     -- nobody: they are garbage too); confirmed channels come back
     local waiting = sub.waiting
     sub.waiting = {}
+    sub.pinging = false
     for channel, list in pairs(waiting) do
       if final ~= "gc" then
         sub.waiting[channel] = list
@@ -497,10 +537,12 @@ local function subscriber(self)
       local subs = sub.channels[channel]
       if subs and #subs == 0 then sub.channels[channel] = nil end
     end
+    if sub.ping and not next(sub.channels) then sub.ping:stop() end
     if final then
       sub.closed = true
       if sub.retry then close_handle(sub.retry) end
-      sub.retry = nil
+      if sub.ping then close_handle(sub.ping) end
+      sub.retry, sub.ping = nil, nil
     else
       restore(sub)
     end
@@ -540,6 +582,7 @@ function Client.subscribe(self, channel, fn)
       error(M.E_UNAVAILABLE, 0)
     end
     core.listen(sub.client, true)
+    start_pings(sub)
   end
   list[#list + 1] = s
   local waiting = sub.waiting[channel] or {}
@@ -585,7 +628,10 @@ function Subscription.unsubscribe(self)
   if status(sub.client) == "connected" or status(sub.client) == "connecting" then
     core.send(sub.client, "UNSUBSCRIBE", channel)
   end
-  if not next(sub.channels) then core.listen(sub.client, false) end
+  if not next(sub.channels) then
+    core.listen(sub.client, false)
+    if sub.ping then sub.ping:stop() end
+  end
 end
 
 -- }==========================================================
@@ -593,8 +639,56 @@ end
 
 -- {========================================================== eval
 
--- script -> its SHA1 as the server computed it (SCRIPT LOAD)
-local shas = setmetatable({}, WEAK_K)
+-- {---------------------------------------------------------- SHA1s
+-- script -> its SHA1 as the server computed it (SCRIPT LOAD), for
+-- EVALSHA; one cache for every client (a script's SHA1 is the same on
+-- every server).  Two parts, so that memory stays bounded whatever
+-- scripts the user runs (docs/redis.md, Scripts):
+--  * pinned: the module's own scripts (Redis locks, versioned values), a
+--    fixed set, remembered for good (false until first loaded);
+--  * the user's (client:eval): at most 2 * USER_SCRIPTS, in two
+--    generations: a script is looked up in the recent one, then in the
+--    older one (and moved to the recent one); when the recent one is full
+--    it becomes the older one and the older one is dropped.  So the
+--    USER_SCRIPTS most recently used are always kept, at O(1) a call.  A
+--    forgotten script runs as a new one: EVAL, then SCRIPT LOAD.
+-- Strings are never taken out of a weak table (Lua 5.4 manual, 2.5.4):
+-- the bound is the only thing that ends an entry.
+local USER_SCRIPTS = 128
+local pinned = {}
+local recent, older, nrecent = {}, {}, 0
+
+local function pin(scripts)
+  for _, script in pairs(scripts) do
+    if type(script) == "string" then pinned[script] = false end
+  end
+end
+
+-- The SHA1 of 'script' if known, else nil.
+local function sha_of(script)
+  local sha = pinned[script]
+  if sha ~= nil then return sha or nil end
+  sha = recent[script]
+  if sha == nil then
+    sha = older[script]
+    if sha ~= nil then                     -- used again: recent now
+      older[script] = nil
+      if nrecent >= USER_SCRIPTS then older, recent, nrecent = recent, {}, 0 end
+      recent[script], nrecent = sha, nrecent + 1
+    end
+  end
+  return sha
+end
+
+local function remember(script, sha)
+  if pinned[script] ~= nil then
+    pinned[script] = sha
+    return
+  end
+  if nrecent >= USER_SCRIPTS then older, recent, nrecent = recent, {}, 0 end
+  recent[script], nrecent = sha, nrecent + 1
+end
+-- }----------------------------------------------------------
 
 local function check_list(list, n, what)
   if list == nil then return 0 end
@@ -625,7 +719,7 @@ local script_call = core.script
 -- restarted, flushed).  The one owner of that rule: client:eval and the
 -- Redis locks (async_mutex.redis_lock, through core.run_script) use it.
 local function run_script(self, script, keys, args)
-  local sha = shas[script]
+  local sha = sha_of(script)
   if sha then
     local ok, res = pcall(script_call, self, "EVALSHA", sha, keys, args)
     if ok then return res end
@@ -635,7 +729,7 @@ local function run_script(self, script, keys, args)
   if not sha then
     -- the next time: EVALSHA with the SHA1 the server computes
     local ok, s = pcall(self.call, self, "SCRIPT", "LOAD", script)
-    if ok then shas[script] = s end
+    if ok then remember(script, s) end
   end
   return reply
 end
@@ -665,6 +759,11 @@ end
 -- }==========================================================
 
 -- Versioned values for optimistic concurrency (docs/optimistic.md).
-M.versioned = require("async_mutex.versioned").versioned
+local versioned = require "async_mutex.versioned"
+M.versioned = versioned.versioned
+
+-- The module's own scripts keep their SHA1 for good (SHA1s, above).
+pin(require "async_mutex.redis_scripts")
+pin(versioned.scripts)
 
 return M

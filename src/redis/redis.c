@@ -276,6 +276,10 @@ static int connect_now (lua_State *L, int i, Client *cl) {
     getstatefield(L, i, "port");
     c = redisConnectNonBlock(lua_tostring(L, -2), (int)lua_tointeger(L, -1));
     lua_pop(L, 2);
+    /* TCP keepalive (docs/redis.md, Connection): a peer gone without a
+       word (host down, silent network) ends an idle connection too, which
+       no call's timeout would see; a failure sets c->err, seen below */
+    if (c != NULL && !c->err) redisEnableKeepAlive(c);
   }
   lua_pop(L, 1);
   if (c == NULL || c->err) {
