@@ -152,16 +152,44 @@ M.acquire = [[
 -- A new request on a lock that nobody holds or waits for (holders and
 -- queue are both empty keys): granted before the prelude's functions are
 -- even made, as grant() would (fence: draw(); value: the limit).
-if ARGV[7] ~= 'again' and redis.call('EXISTS', KEYS[1], KEYS[3]) == 0 then
-  local t = redis.call('TIME')
-  local sec, usec = tonumber(t[1]), tonumber(t[2])
-  local last = tonumber(redis.call('GET', KEYS[6]) or '0')
-  local fence = string.format('%d', math.max(last + 1, sec * 1000000 + usec))
-  redis.call('SET', KEYS[6], fence, 'PX', 3600000)
-  redis.call('ZADD', KEYS[1], string.format('%d',
-    sec * 1000 + math.floor(usec / 1000) + tonumber(ARGV[4])), ARGV[1])
-  redis.call('HSET', KEYS[2], ARGV[1], ARGV[3] .. ' ' .. fence .. ' ' .. ARGV[2])
-  return {1, fence, tonumber(ARGV[2])}
+if ARGV[7] ~= 'again' then
+  if redis.call('EXISTS', KEYS[1], KEYS[3]) == 0 then
+    local t = redis.call('TIME')
+    local sec, usec = tonumber(t[1]), tonumber(t[2])
+    local last = tonumber(redis.call('GET', KEYS[6]) or '0')
+    local fence = string.format('%d', math.max(last + 1, sec * 1000000 + usec))
+    redis.call('SET', KEYS[6], fence, 'PX', 3600000)
+    redis.call('ZADD', KEYS[1], string.format('%d',
+      sec * 1000 + math.floor(usec / 1000) + tonumber(ARGV[4])), ARGV[1])
+    redis.call('HSET', KEYS[2], ARGV[1], ARGV[3] .. ' ' .. fence .. ' ' .. ARGV[2])
+    return {1, fence, tonumber(ARGV[2])}
+  end
+  -- A new waiter on a mutex whose one holder's lease is running (the
+  -- contended case): queued at the tail as the full path below would queue
+  -- it, since with a live holder there is nothing to dispatch.  The full
+  -- path would also expire dead waiters first; that is left to the next
+  -- full run (the release that reaches a dead head, a renewal): the
+  -- newcomer's place behind them does not depend on it.
+  if ARGV[7] == 'wait' and ARGV[2] == '1' then
+    local hs = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+    if #hs == 2 then
+      local t = redis.call('TIME')
+      local sec, usec = tonumber(t[1]), tonumber(t[2])
+      local now = sec * 1000 + math.floor(usec / 1000)
+      local e = tonumber(hs[2])
+      if e >= now then
+        local last = tonumber(redis.call('GET', KEYS[6]) or '0')
+        local n = string.format('%d', math.max(last + 1, sec * 1000000 + usec))
+        redis.call('SET', KEYS[6], n, 'PX', 3600000)
+        local ttl, wait_ms = tonumber(ARGV[4]), tonumber(ARGV[5])
+        redis.call('ZADD', KEYS[3], n, ARGV[1])
+        redis.call('ZADD', KEYS[4], string.format('%d', now + wait_ms), ARGV[1])
+        redis.call('HSET', KEYS[5], ARGV[1],
+          ARGV[3] .. ' ' .. math.min(ttl, wait_ms) .. ' ' .. ARGV[6])
+        return {0, e - now}
+      end
+    end
+  end
 end
 ]] .. PRELUDE .. [[
 local token, limit, weight = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
