@@ -80,7 +80,8 @@ void am_lease_lost (lua_State *L, Waiter *w) {
 
 /*
 ** releaser:check(): raises the lost error (level 0) once the hold was
-** lost; otherwise true while the hold is in place, false once given back.
+** lost; otherwise true while the hold is in place, false once given back
+** (by the releaser, or ended by an unscoped release: am_releaser_live).
 ** An ordinary releaser's never raises.
 */
 int am_releaser_check (lua_State *L) {
@@ -89,6 +90,6 @@ int am_releaser_check (lua_State *L) {
     lua_getiuservalue(L, 1, 2);
     return lua_error(L);
   }
-  lua_pushboolean(L, r->state == S_HELD);
+  lua_pushboolean(L, am_releaser_live(r));
   return 1;
 }
