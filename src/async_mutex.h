@@ -97,6 +97,7 @@ typedef struct Lock Lock;
 typedef struct LockKind LockKind;
 typedef struct State State;
 typedef struct Keyed Keyed;
+typedef struct DebugRecords DebugRecords;
 
 /*
 ** Waiters are linked in doubly linked lists, FIFO.  A link is a Waiter,
@@ -320,6 +321,9 @@ struct Lock {
   size_t nunlock;             /* waitForUnlock waiters in all queues */
   int freed;                  /* its __gc ran (only lua_close does that
                                  to a lock in use): no more waiting */
+  int dbg;                    /* debug mode: its newest owner record (a
+                                 slot of debug.c's table), or -1; in the
+                                 padding after 'freed' */
   Keyed *keyed;               /* the keyed set serving this lock, or NULL */
   int selfref;                /* keyed: 0 while in its set (and in the
                                  state's 'keyedlocks'), else LUA_NOREF */
@@ -364,6 +368,8 @@ struct State {
   int dbg;                           /* debug mode's hooks (debug.c), or
                                         LUA_NOREF: off */
   int dbg_flags;                     /* its flags, read once (debug.c) */
+  DebugRecords *dbg_recs;            /* its owner records (debug.c), or
+                                        NULL */
   lua_State **athreads;              /* anchor threads (scheduler.c) */
   int nathreads;
   int nanchors, free_anchor;         /* their slots; first free one, or 0 */
@@ -516,10 +522,11 @@ extern int am_debug_on;
 extern const luaL_Reg am_debug_funcs[];
 int am_core_debug (lua_State *L);
 void am_dbg_request (lua_State *L, const Request *rq);
-void am_dbg_granted (lua_State *L, State *st, int lockidx, int waited);
+void am_dbg_granted (lua_State *L, State *st);
 void am_dbg_waiting (lua_State *L, State *st, int lockidx, int widx);
 void am_dbg_released (lua_State *L, State *st, int idx);
-void am_dbg_unscoped (lua_State *L, State *st, int idx);
+void am_dbg_unscoped (lua_State *L, State *st, Lock *lk);
+void am_dbg_close (lua_State *L, State *st);
 void am_dbg_created (lua_State *L, State *st);
 
 /* queue.c */

@@ -1,11 +1,14 @@
 /*
 ** debug.c: the C side of debug mode (docs/debug.md)
-** Debug mode is kept by the Lua module async_mutex.debug: owner records,
-** the wait-for graph, lockdep's class graph, the reports.  The core only
-** tells it what happens, through hooks (Lua functions in a table that
-** exists only while debug mode is on, registry reference 'State.dbg'),
-** and lets it read the few fields of a lock, a releaser and a waiter it
-** needs (core.dbg_*).  Nothing is added to a Waiter or a Lock.
+** The owner records are kept here, in C (the hot part of debug mode: one
+** is made at every grant and ended at every release).  The rest is the
+** Lua module async_mutex.debug's: the wait-for graph, lockdep's class
+** graph, the reports.  The core tells it what happens, through hooks (Lua
+** functions in a table that exists only while debug mode is on, registry
+** reference 'State.dbg'), called only when they have work, and lets it
+** read the records and the few fields of a lock, a releaser and a waiter
+** it needs (core.dbg_*).  Nothing is added to a Waiter; to a Lock, one int
+** in padding (Lock.dbg).
 **
 ** Off, the cost is one test of 'am_debug_on' (a global: how many states
 ** have debug mode on) at each hook site; the hook functions below are
@@ -18,7 +21,10 @@
 #define LUA_LIB
 #define _POSIX_C_SOURCE 199309L     /* clock_gettime */
 
+#include <assert.h>
+#include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <time.h>
 #include <string.h>
 
@@ -44,35 +50,266 @@ static lua_Number clock_ms (void) {
 
 
 /*
-** The hook table (async_mutex.debug: hook_table): the Lua hooks, then the
-** tables the hot paths update from C, then flags.
-**
-** An owner record is a table with the fields R_* (async_mutex.debug reads
-** them by number), in two chains: the records of its lock (from
-** T_BYLOCK[lock], through R_NEXT_LOCK) and those of its holder (from
-** T_HELDBY[coroutine], through R_NEXT_CO).  Keyed by the lock and the
-** coroutine, which a pair or a hand-off reuses, the two tables are
-** updated in place: a chain per key rather than a set keyed by releaser,
-** whose fresh key at each grant would make the table grow and rehash.
-** Both hold their keys strongly: a lock whose releaser was dropped (the
-** forgotten release) stays in the report with its holder.
+** The hook table (async_mutex.debug: hook_table): the Lua hooks, then
+** flags.
 */
-enum { H_REQUEST = 1, H_GRANTED, H_WAITING, H_RELEASED, H_UNSCOPED,
-       H_CREATED,
-       T_BYLOCK,              /* lock -> its first record */
-       T_HELDBY,              /* coroutine -> its first record */
+enum { H_REQUEST = 1, H_GRANTED, H_WAITING, H_RELEASED, H_CREATED,
        F_TRACEBACK,           /* true: a traceback per grant */
-       F_LUA,                 /* true: call the granted and released hooks */
-       T_WAITING };           /* coroutine -> what it waits for (weak) */
+       F_LUA };               /* true: call the granted and released hooks */
 
 /* The flags of the hook table, kept in State.dbg_flags: a grant and a
    release read them without a table access. */
 #define DF_TRACEBACK  1
 #define DF_LUA        2
 
-enum { R_LOCK = 1, R_RELEASER, R_HOLDER, R_SINCE, R_FN, R_LINE, R_WEIGHT,
-       R_WHERE, R_NEXT_LOCK, R_NEXT_CO, R_NFIELDS = 14 };
 
+/*
+** Owner records (docs/debug.md, Owner records) are C structs, the slots
+** of one array.  The Lua values a record keeps are anchored in one Lua
+** table, 'anchors' (registry reference 'aref'), at A_N * slot + A_*: its
+** releaser (which keeps its lock, user value 1), its holder, the function
+** that made the request (for its site) and, with the option, a traceback.
+** Each record is in two doubly linked chains: its lock's (from Lock.dbg,
+** newest first) and its holder's (from the hash 'cos': coroutine ->
+** newest record).
+**
+** So a grant and a release change C fields and overwrite slots of the
+** array of 'anchors' that exist already: they allocate nothing Lua's
+** collector sees (no garbage, no collector step, no memory error to
+** protect against), only 'slots' and 'cos' may grow (malloc).  Growing
+** 'anchors' (doubling, when every slot is used) is the one allocation, and
+** is protected.  Lua sees a record as a table made when it reads
+** (core.dbg_records), with the fields V_* (async_mutex.debug reads them
+** by number).
+*/
+enum { A_RELEASER = 1, A_HOLDER, A_FN, A_WHERE, A_N = 4 };
+
+enum { V_LOCK = 1, V_REL, V_HOLDER, V_SINCE, V_FN, V_LINE, V_WEIGHT,
+       V_WHERE, V_CANON = 13, V_WARNED, V_NFIELDS = 14 };
+
+#define FIRST_SLOTS  16
+
+typedef struct Record {
+  Releaser *r;                /* anchored; NULL: a free slot */
+  const lua_State *holder;    /* anchored */
+  lua_Number since;           /* clock_ms() at the grant */
+  int line;                   /* of the request in the user's function */
+  int next_lock, prev_lock;   /* its lock's chain, -1 at an end; a free
+                                 slot: 'next_lock' is the next free one */
+  int next_co, prev_co;       /* its holder's chain */
+  unsigned int canon : 1;     /* a key taken by acquireAll (on_granted) */
+  unsigned int warned : 1;    /* reported as a long hold */
+  unsigned int has_fn : 1;    /* anchors A_FN and A_WHERE set (else nil) */
+  unsigned int has_where : 1;
+} Record;
+
+typedef struct CoHead {
+  const lua_State *co;        /* NULL: an empty entry */
+  int head;                   /* its newest record */
+} CoHead;
+
+struct DebugRecords {
+  Record *slots;
+  int cap, n, free;           /* slots, records, first free slot or -1 */
+  int aref;                   /* registry reference of 'anchors' */
+  CoHead *cos;                /* open addressing, linear probing */
+  int hcap, nco;              /* a power of 2, at least 2 * 'nco' */
+};
+
+
+/* {====================================================== holders */
+
+static unsigned co_hash (const lua_State *co) {
+  uintptr_t h = (uintptr_t)co >> 4;
+  return (unsigned)((h ^ (h >> 15)) * 2654435761u);
+}
+
+
+static CoHead *co_find (const DebugRecords *d, const lua_State *co) {
+  unsigned mask = (unsigned)d->hcap - 1, i;
+  if (d->hcap == 0) return NULL;
+  for (i = co_hash(co) & mask; d->cos[i].co != NULL; i = (i + 1) & mask)
+    if (d->cos[i].co == co) return &d->cos[i];
+  return NULL;
+}
+
+
+static void co_put (CoHead *cos, int hcap, const lua_State *co, int head) {
+  unsigned mask = (unsigned)hcap - 1, i;
+  for (i = co_hash(co) & mask; cos[i].co != NULL; i = (i + 1) & mask) ;
+  cos[i].co = co;
+  cos[i].head = head;
+}
+
+
+/* Room for one more holder (malloc only); returns 0 without memory. */
+static int co_reserve (DebugRecords *d) {
+  CoHead *cos;
+  int hcap, i;
+  if ((d->nco + 1) * 2 <= d->hcap) return 1;
+  hcap = d->hcap ? d->hcap * 2 : FIRST_SLOTS;
+  cos = (CoHead *)calloc((size_t)hcap, sizeof(CoHead));
+  if (cos == NULL) return 0;
+  for (i = 0; i < d->hcap; i++)
+    if (d->cos[i].co != NULL) co_put(cos, hcap, d->cos[i].co, d->cos[i].head);
+  free(d->cos);
+  d->cos = cos;
+  d->hcap = hcap;
+  return 1;
+}
+
+
+/* Removes entry 'e', moving back the entries of its probe run after it. */
+static void co_remove (DebugRecords *d, CoHead *e) {
+  unsigned mask = (unsigned)d->hcap - 1;
+  unsigned i = (unsigned)(e - d->cos), j = i, k;
+  for (;;) {
+    j = (j + 1) & mask;
+    if (d->cos[j].co == NULL) break;
+    k = co_hash(d->cos[j].co) & mask;   /* where entry j would like to be */
+    if (((j - k) & mask) >= ((j - i) & mask)) {   /* at i or before it */
+      d->cos[i] = d->cos[j];
+      i = j;
+    }
+  }
+  d->cos[i].co = NULL;
+  d->nco--;
+}
+
+/* }====================================================== */
+
+
+/* The slot of the record of releaser 'r', or -1. */
+static int find_record (const DebugRecords *d, const Releaser *r) {
+  int s;
+  for (s = r->lock->dbg; s >= 0; s = d->slots[s].next_lock)
+    if (d->slots[s].r == r) return s;
+  return -1;
+}
+
+
+/*
+** Ends the record at 'slot': out of its chains, its anchors cleared (in
+** 'anchors', at 'a'), the slot free.  Allocates nothing.
+*/
+static void end_record (lua_State *L, DebugRecords *d, int slot, int a) {
+  Record *rec = &d->slots[slot];
+  if (rec->prev_lock >= 0) d->slots[rec->prev_lock].next_lock = rec->next_lock;
+  else rec->r->lock->dbg = rec->next_lock;
+  if (rec->next_lock >= 0) d->slots[rec->next_lock].prev_lock = rec->prev_lock;
+  if (rec->prev_co >= 0) d->slots[rec->prev_co].next_co = rec->next_co;
+  else {
+    CoHead *h = co_find(d, rec->holder);
+    assert(h != NULL && h->head == slot);
+    if (rec->next_co >= 0) h->head = rec->next_co;
+    else co_remove(d, h);
+  }
+  if (rec->next_co >= 0) d->slots[rec->next_co].prev_co = rec->prev_co;
+  lua_pushnil(L);                     /* what it anchored may be collected */
+  lua_rawseti(L, a, A_N * slot + A_RELEASER);
+  lua_pushnil(L);
+  lua_rawseti(L, a, A_N * slot + A_HOLDER);
+  if (rec->has_fn) {
+    lua_pushnil(L);
+    lua_rawseti(L, a, A_N * slot + A_FN);
+  }
+  if (rec->has_where) {
+    lua_pushnil(L);
+    lua_rawseti(L, a, A_N * slot + A_WHERE);
+  }
+  rec->r = NULL;
+  rec->next_lock = d->free;
+  d->free = slot;
+  d->n--;
+}
+
+
+/* Ends the records of 'lk' whose grant an unscoped release ended. */
+static void prune_lock (lua_State *L, DebugRecords *d, Lock *lk, int a) {
+  int s = lk->dbg;
+  while (s >= 0) {
+    int next = d->slots[s].next_lock;
+    if (!am_releaser_live(d->slots[s].r)) end_record(L, d, s, a);
+    s = next;
+  }
+}
+
+
+/*
+** Doubles the slots when none is free (protected: 'anchors' is made
+** anew, a Lua allocation).  A collector step there may run finalizers
+** that grant or release, or switch debug mode: what they did stands.
+*/
+static int grow_records (lua_State *L) {
+  State *st = (State *)lua_touserdata(L, 1);
+  DebugRecords *d = st->dbg_recs;
+  Record *slots;
+  int newcap, i;
+  if (d == NULL || d->free >= 0) return 0;
+  if (d->cap > INT_MAX / (4 * A_N)) return luaL_error(L, "too many holds");
+  newcap = d->cap * 2;
+  lua_createtable(L, A_N * newcap, 0);      /* may run finalizers */
+  d = st->dbg_recs;
+  if (d == NULL || d->free >= 0 || d->cap >= newcap) return 0;
+  slots = (Record *)realloc(d->slots, (size_t)newcap * sizeof(Record));
+  if (slots == NULL) return luaL_error(L, "not enough memory");
+  d->slots = slots;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, d->aref);
+  for (i = 1; i <= A_N * d->cap; i++) {     /* within both arrays */
+    lua_rawgeti(L, -1, i);
+    lua_rawseti(L, -3, i);
+  }
+  lua_pop(L, 1);
+  lua_rawseti(L, LUA_REGISTRYINDEX, d->aref);   /* replaces the old one */
+  for (i = newcap - 1; i >= d->cap; i--) {
+    slots[i].r = NULL;
+    slots[i].next_lock = d->free;
+    d->free = i;
+  }
+  d->cap = newcap;
+  return 0;
+}
+
+
+/* A state's records, none yet (debug mode switched on). */
+static DebugRecords *new_records (lua_State *L) {
+  DebugRecords *d = (DebugRecords *)calloc(1, sizeof(DebugRecords));
+  int i;
+  if (d == NULL || (d->slots = (Record *)malloc(FIRST_SLOTS
+                                                * sizeof(Record))) == NULL) {
+    free(d);
+    luaL_error(L, "not enough memory");
+  }
+  d->cap = FIRST_SLOTS;
+  d->free = -1;
+  for (i = FIRST_SLOTS - 1; i >= 0; i--) {
+    d->slots[i].r = NULL;
+    d->slots[i].next_lock = d->free;
+    d->free = i;
+  }
+  d->aref = LUA_NOREF;
+  return d;
+}
+
+
+/*
+** Debug mode off or the state closing: every record goes (their locks'
+** chains emptied; the locks are alive still, anchored by the releasers,
+** or collected only by lua_close, which frees no memory before every
+** finalizer has run).
+*/
+void am_dbg_close (lua_State *L, State *st) {
+  DebugRecords *d = st->dbg_recs;
+  int s;
+  if (d == NULL) return;
+  st->dbg_recs = NULL;
+  for (s = 0; s < d->cap; s++)
+    if (d->slots[s].r != NULL) d->slots[s].r->lock->dbg = -1;
+  if (!st->closed) luaL_unref(L, LUA_REGISTRYINDEX, d->aref);
+  free(d->slots);
+  free(d->cos);
+  free(d);
+}
 
 
 /*
@@ -91,31 +328,28 @@ static int push_hook (lua_State *L, State *st, int h) {
 /*
 ** Calls the hook pushed with its 'nargs' arguments, protected: a hook
 ** that fails must not take a grant or a release down with it (the
-** change it reports is done).  Its error goes to stderr.
+** change it reports is done).  Its error goes to stderr.  Returns
+** whether it ran, its 'nres' results pushed.
 */
-static void call_hook (lua_State *L, int nargs) {
-  if (lua_pcall(L, nargs, 0, 0) != LUA_OK) {
+static int call_hook (lua_State *L, int nargs, int nres) {
+  if (lua_pcall(L, nargs, nres, 0) != LUA_OK) {
     fprintf(stderr, "async_mutex.debug: error in a hook: %s\n",
             lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "?");
     fflush(stderr);
     lua_pop(L, 1);
+    return 0;
   }
+  return 1;
 }
 
 
 /*
-** Does the running coroutine hold anything, as recorded?  (The hook table
-** at 'D'.)  One that holds nothing can neither close a wait-for cycle
-** (nobody waits for it) nor record a lockdep edge: its requests and waits
-** need no Lua.
+** Does the running coroutine hold anything, as recorded?  One that holds
+** nothing can neither close a wait-for cycle (nobody waits for it) nor
+** record a lockdep edge: its requests and waits need no Lua.
 */
-static int holds_any (lua_State *L, int D) {
-  int any;
-  lua_rawgeti(L, D, T_HELDBY);
-  lua_pushthread(L);
-  any = lua_rawget(L, -2) == LUA_TTABLE;
-  lua_pop(L, 2);
-  return any;
+static int holds_any (lua_State *L, State *st) {
+  return st->dbg_recs != NULL && co_find(st->dbg_recs, L) != NULL;
 }
 
 
@@ -139,15 +373,9 @@ void am_dbg_request (lua_State *L, const Request *rq) {
   int would_wait;
   if (rq->erridx == 0 && rq->wait == AM_TIMEOUT) return;     /* sleep */
   if (rq->wait == AM_TRY) return;       /* never waits: never deadlocks */
-  if (!lua_checkstack(L, 8) || lk->st->dbg == LUA_NOREF || lk->st->closed)
+  if (!holds_any(L, lk->st) || !lua_checkstack(L, 8)
+      || !push_hook(L, lk->st, H_REQUEST))
     return;
-  lua_rawgeti(L, LUA_REGISTRYINDEX, lk->st->dbg);
-  if (!holds_any(L, lua_gettop(L))) {
-    lua_pop(L, 1);
-    return;
-  }
-  lua_rawgeti(L, -1, H_REQUEST);
-  lua_remove(L, -2);
   would_wait = !(lk->kind->reentrant && lk->owner == L && lk->value <= 0)
                && !am_can_lock_now(lk, rq->weight, &rq->priority);
   lua_pushvalue(L, rq->lockidx);
@@ -185,202 +413,164 @@ static int user_level (lua_State *L, State *st, lua_Debug *ar) {
 }
 
 
-/* Pushes the record at 'rec' (absolute) on the chain map[key]. */
-static void push_chain (lua_State *L, int map, int key, int rec, int link) {
-  lua_pushvalue(L, key);
-  lua_rawget(L, map);
-  lua_rawseti(L, rec, link);
-  lua_pushvalue(L, key);
-  lua_pushvalue(L, rec);
-  lua_rawset(L, map);
-}
-
-
-/*
-** Unlinks from the chain map[key] (through field 'link') the record that
-** is the value at 'v' ('field' 0), or whose field 'field' is; pushes it,
-** or returns 0, pushing nothing.  Indices absolute.  The head is the
-** usual case: the latest hold of the lock or coroutine.
-*/
-static int unlink_chain (lua_State *L, int map, int key, int link,
-                         int field, int v) {
-  /* two slots, reused along the chain: a long chain (a semaphore's many
-     holds) must not grow the stack by one slot per record */
-  int base = lua_gettop(L), prev = base + 1, node = base + 2;
-  lua_pushnil(L);                             /* no previous record yet */
-  lua_pushvalue(L, key);
-  lua_rawget(L, map);
-  while (lua_type(L, node) == LUA_TTABLE) {
-    int hit;
-    if (field == 0) hit = lua_rawequal(L, node, v);
-    else {
-      lua_rawgeti(L, node, field);
-      hit = lua_rawequal(L, -1, v);
-      lua_pop(L, 1);
-    }
-    if (hit) {
-      if (lua_isnil(L, prev)) {
-        lua_pushvalue(L, key);
-        lua_rawgeti(L, node, link);
-        lua_rawset(L, map);                   /* map[key] = its next */
-      }
-      else {
-        lua_rawgeti(L, node, link);
-        lua_rawseti(L, prev, link);
-      }
-      lua_replace(L, prev);                   /* the record, at base + 1 */
-      return 1;
-    }
-    lua_copy(L, node, prev);
-    lua_rawgeti(L, node, link);
-    lua_replace(L, node);
-  }
-  lua_settop(L, base);
-  return 0;
+/* The traceback of the user's frame (protected: it allocates). */
+static int where_traceback (lua_State *L) {
+  State *st = (State *)lua_touserdata(L, 1);
+  lua_Debug ar;
+  int level = user_level(L, st, &ar);
+  if (level == 0) return 0;
+  luaL_traceback(L, L, NULL, level);
+  return 1;
 }
 
 
 /*
 ** A grant was delivered to the running coroutine: its releaser is on
-** top, the lock at 'lockidx'.  Its owner record is made here, in C (the
-** cost of debug mode is mostly this): the lock, the releaser, the holder,
-** the loop time, the acquire site (function and line; a traceback with
-** the option), the weight; indexed by releaser, lock and holder.  The Lua
-** hook runs only when it has work (a key's lock, a long-hold check).
+** top.  Its owner record is made here, in C, allocating nothing the
+** collector sees (above): the releaser and the holder, the loop time,
+** the acquire site (its function and line).  Then, only if there is such
+** work, the traceback (the option) and the Lua hook (a key's lock: taken
+** by acquireAll?; long holds checked: the timer), which allocate and run
+** Lua, protected: the record may be gone once they return.
 */
-static int record_grant (lua_State *L) {
-  const int D = 1, lockidx = 2, top = 3;
-  State *st = (State *)lua_touserdata(L, 4);
+void am_dbg_granted (lua_State *L, State *st) {
+  int top = lua_gettop(L);
   Releaser *r = (Releaser *)lua_touserdata(L, top);
-  Lock *lk = r->lock;
-  int rec, co, level;
+  DebugRecords *d = st->dbg_recs;
+  Lock *lk;
+  Record *rec;
+  CoHead *h;
   lua_Debug ar;
-  lua_createtable(L, R_NFIELDS, 0);
-  rec = lua_gettop(L);
-  lua_pushvalue(L, lockidx);
-  lua_rawseti(L, rec, R_LOCK);
+  int slot, a, level;
+  if (r == NULL || d == NULL || st->dbg == LUA_NOREF || st->closed
+      || !lua_checkstack(L, 8))
+    return;
+  if (d->free < 0) {                      /* every slot used: double them */
+    lua_pushcfunction(L, grow_records);
+    lua_pushlightuserdata(L, st);
+    if (lua_pcall(L, 1, 0, 0) != LUA_OK) lua_pop(L, 1);
+    d = st->dbg_recs;
+    /* what ran meanwhile may have ended the grant, or debug mode */
+    if (d == NULL || d->free < 0 || !am_releaser_live(r)) {
+      if (d != NULL && d->free < 0) {
+        fputs("async_mutex.debug: no owner record: not enough memory\n",
+              stderr);
+        fflush(stderr);
+      }
+      return;
+    }
+  }
+  if (!co_reserve(d)) return;
+  lk = r->lock;
+  slot = d->free;
+  rec = &d->slots[slot];
+  d->free = rec->next_lock;
+  rec->r = r;
+  rec->holder = L;
+  rec->since = clock_ms();
+  rec->line = 0;
+  rec->canon = rec->warned = rec->has_fn = rec->has_where = 0;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, d->aref);
+  a = lua_gettop(L);
   lua_pushvalue(L, top);
-  lua_rawseti(L, rec, R_RELEASER);
+  lua_rawseti(L, a, A_N * slot + A_RELEASER);
   lua_pushthread(L);
-  co = lua_gettop(L);
-  lua_pushvalue(L, co);
-  lua_rawseti(L, rec, R_HOLDER);
-  lua_pushnumber(L, clock_ms());
-  lua_rawseti(L, rec, R_SINCE);
-  lua_pushinteger(L, r->weight);
-  lua_rawseti(L, rec, R_WEIGHT);
+  lua_rawseti(L, a, A_N * slot + A_HOLDER);
   level = user_level(L, st, &ar);
   if (level > 0) {
     lua_getinfo(L, "fl", &ar);                /* pushes the function */
-    lua_rawseti(L, rec, R_FN);
-    lua_pushinteger(L, ar.currentline);
-    lua_rawseti(L, rec, R_LINE);
-    if (st->dbg_flags & DF_TRACEBACK) {
-      luaL_traceback(L, L, NULL, level);
-      lua_rawseti(L, rec, R_WHERE);
-    }
+    lua_rawseti(L, a, A_N * slot + A_FN);
+    rec->has_fn = 1;
+    rec->line = ar.currentline;
   }
-  lua_rawgeti(L, D, T_BYLOCK);
-  push_chain(L, lua_gettop(L), lockidx, rec, R_NEXT_LOCK);
-  lua_pop(L, 1);
-  lua_rawgeti(L, D, T_HELDBY);
-  push_chain(L, lua_gettop(L), co, rec, R_NEXT_CO);
-  lua_pop(L, 1);
-  if (lua_toboolean(L, 5)) {                /* it waits no more */
-    lua_rawgeti(L, D, T_WAITING);
-    lua_pushvalue(L, co);
-    lua_pushnil(L);
-    lua_rawset(L, -3);
-    lua_pop(L, 1);
+  rec->prev_lock = -1;                        /* first in its lock's chain */
+  rec->next_lock = lk->dbg;
+  if (lk->dbg >= 0) d->slots[lk->dbg].prev_lock = slot;
+  lk->dbg = slot;
+  rec->prev_co = -1;                          /* and in its holder's */
+  if ((h = co_find(d, L)) != NULL) {
+    rec->next_co = h->head;
+    d->slots[h->head].prev_co = slot;
+    h->head = slot;
   }
-  if (lk->keyed != NULL || (st->dbg_flags & DF_LUA)) {
-    lua_rawgeti(L, D, H_GRANTED);
-    lua_pushvalue(L, rec);
-    call_hook(L, 1);
+  else {
+    rec->next_co = -1;
+    co_put(d->cos, d->hcap, L, slot);
+    d->nco++;
   }
-  return 0;
-}
-
-
-/*
-** (record_grant makes the record, protected: it allocates, and a memory
-** error there must not lose the grant being delivered.)
-*/
-void am_dbg_granted (lua_State *L, State *st, int lockidx, int waited) {
-  int top = lua_gettop(L);
-  Releaser *r = (Releaser *)lua_touserdata(L, top);
-  if (r == NULL || st->dbg == LUA_NOREF || st->closed
-      || !lua_checkstack(L, 20))
-    return;
-  lockidx = lua_absindex(L, lockidx);
-  lua_pushcfunction(L, record_grant);
-  lua_rawgeti(L, LUA_REGISTRYINDEX, st->dbg);
-  lua_pushvalue(L, lockidx);
-  lua_pushvalue(L, top);
-  lua_pushlightuserdata(L, st);
-  lua_pushboolean(L, waited);
-  if (lua_pcall(L, 5, 0, 0) != LUA_OK) {
-    fprintf(stderr, "async_mutex.debug: no owner record: %s\n",
-            lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "?");
-    fflush(stderr);
-  }
+  d->n++;
   lua_settop(L, top);
+  if (st->dbg_flags & DF_TRACEBACK) {
+    lua_pushcfunction(L, where_traceback);
+    lua_pushlightuserdata(L, st);
+    if (call_hook(L, 1, 1) && (d = st->dbg_recs) != NULL
+        && (slot = find_record(d, r)) >= 0) {
+      lua_rawgeti(L, LUA_REGISTRYINDEX, d->aref);
+      lua_insert(L, -2);
+      lua_rawseti(L, -2, A_N * slot + A_WHERE);
+      d->slots[slot].has_where = 1;
+    }
+    lua_settop(L, top);
+  }
+  if ((lk->keyed != NULL || (st->dbg_flags & DF_LUA))
+      && push_hook(L, st, H_GRANTED)) {
+    lua_pushboolean(L, lk->keyed != NULL);
+    if (call_hook(L, 1, 1) && lua_toboolean(L, -1)
+        && (d = st->dbg_recs) != NULL && (slot = find_record(d, r)) >= 0)
+      d->slots[slot].canon = 1;               /* taken by acquireAll */
+    lua_settop(L, top);
+  }
 }
 
 
 /* The running coroutine waits in the waiter at 'widx' for the lock at
    'lockidx' (queued already): recorded if it holds anything. */
 void am_dbg_waiting (lua_State *L, State *st, int lockidx, int widx) {
-  if (!lua_checkstack(L, 6) || st->dbg == LUA_NOREF || st->closed) return;
-  lua_rawgeti(L, LUA_REGISTRYINDEX, st->dbg);
-  if (!holds_any(L, lua_gettop(L))) {       /* nobody can wait for it */
-    lua_pop(L, 1);
+  if (!holds_any(L, st) || !lua_checkstack(L, 4)    /* nobody can wait */
+      || !push_hook(L, st, H_WAITING))              /* for it */
     return;
-  }
-  lua_pop(L, 1);
-  push_hook(L, st, H_WAITING);
   lua_pushvalue(L, lockidx);
   lua_pushvalue(L, widx);
-  call_hook(L, 2);
+  call_hook(L, 2, 0);
+}
+
+
+/* Records were ended: the Lua hook hears when the last one goes (the
+   long-hold timer stops). */
+static void ended (lua_State *L, State *st) {
+  if (st->dbg_recs->n == 0 && (st->dbg_flags & DF_LUA)
+      && lua_checkstack(L, 2) && push_hook(L, st, H_RELEASED))
+    call_hook(L, 0, 0);
 }
 
 
 /* The releaser at 'idx' was given back, lost or downgraded: its record
-   ends (in C, as it was made). */
+   ends. */
 void am_dbg_released (lua_State *L, State *st, int idx) {
-  int top = lua_gettop(L);
-  int D, rec;
-  idx = lua_absindex(L, idx);
-  if (st->dbg == LUA_NOREF || st->closed || !lua_checkstack(L, 12)) return;
-  lua_rawgeti(L, LUA_REGISTRYINDEX, st->dbg);
-  D = lua_gettop(L);
-  lua_rawgeti(L, D, T_BYLOCK);
-  lua_getiuservalue(L, idx, 1);             /* its lock */
-  if (unlink_chain(L, D + 1, D + 2, R_NEXT_LOCK, R_RELEASER, idx)) {
-    rec = lua_gettop(L);
-    lua_rawgeti(L, D, T_HELDBY);
-    lua_rawgeti(L, rec, R_HOLDER);
-    unlink_chain(L, rec + 1, rec + 2, R_NEXT_CO, 0, rec);
-    lua_settop(L, rec);
-    lua_pushnil(L);                           /* ended: no releaser */
-    lua_rawseti(L, rec, R_RELEASER);
-    if (st->dbg_flags & DF_LUA) {
-      lua_rawgeti(L, D, H_RELEASED);
-      lua_pushvalue(L, rec);
-      call_hook(L, 1);
-    }
-  }
-  lua_settop(L, top);
+  Releaser *r = (Releaser *)lua_touserdata(L, idx);
+  DebugRecords *d = st->dbg_recs;
+  int slot;
+  if (r == NULL || d == NULL || (slot = find_record(d, r)) < 0
+      || !lua_checkstack(L, 4))
+    return;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, d->aref);
+  end_record(L, d, slot, lua_gettop(L));
+  lua_pop(L, 1);
+  ended(L, st);
 }
 
 
-/* An unscoped release (lock:release()) of the lock at 'idx' gave back
-   a grant: the records it ended are dropped. */
-void am_dbg_unscoped (lua_State *L, State *st, int idx) {
-  idx = lua_absindex(L, idx);
-  if (!lua_checkstack(L, 3) || !push_hook(L, st, H_UNSCOPED)) return;
-  lua_pushvalue(L, idx);
-  call_hook(L, 1);
+/* An unscoped release (lock:release()) of 'lk' gave back a grant: the
+   records it ended go. */
+void am_dbg_unscoped (lua_State *L, State *st, Lock *lk) {
+  DebugRecords *d = st->dbg_recs;
+  int n;
+  if (d == NULL || lk->dbg < 0 || !lua_checkstack(L, 4)) return;
+  n = d->n;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, d->aref);
+  prune_lock(L, d, lk, lua_gettop(L));
+  lua_pop(L, 1);
+  if (d->n < n) ended(L, st);
 }
 
 
@@ -389,7 +579,7 @@ void am_dbg_created (lua_State *L, State *st) {
   int top = lua_gettop(L);
   if (!lua_checkstack(L, 3) || !push_hook(L, st, H_CREATED)) return;
   lua_pushvalue(L, top);
-  call_hook(L, 1);
+  call_hook(L, 1, 0);
 }
 
 
@@ -397,7 +587,8 @@ void am_dbg_created (lua_State *L, State *st) {
 
 /*
 ** core.debug(hooks | nil): debug mode on (the hook table) or off, for
-** this state.  Returns whether it was on.
+** this state.  Returns whether it was on.  On again (new options), the
+** records stay; off, they go.
 */
 int am_core_debug (lua_State *L) {
   State *st = am_getstate(L);
@@ -405,13 +596,26 @@ int am_core_debug (lua_State *L) {
   luaL_argexpected(L, lua_isnoneornil(L, 1) || lua_istable(L, 1), 1,
                    "table or nil");
   lua_settop(L, 1);
+  if (!lua_isnil(L, 1) && st->dbg_recs == NULL) {   /* first: may raise */
+    DebugRecords *d;
+    lua_createtable(L, A_N * FIRST_SLOTS, 0);       /* anchors */
+    d = new_records(L);
+    d->aref = luaL_ref(L, LUA_REGISTRYINDEX);       /* may run finalizers */
+    if (st->dbg_recs == NULL) st->dbg_recs = d;
+    else {                                  /* one of them switched it on */
+      luaL_unref(L, LUA_REGISTRYINDEX, d->aref);
+      free(d->slots);
+      free(d);
+    }
+  }
   if (was) {
     luaL_unref(L, LUA_REGISTRYINDEX, st->dbg);
     st->dbg = LUA_NOREF;
     am_debug_on--;
   }
   st->dbg_flags = 0;
-  if (!lua_isnil(L, 1)) {
+  if (lua_isnil(L, 1)) am_dbg_close(L, st);
+  else {
     if (lua_rawgeti(L, 1, F_TRACEBACK) != LUA_TNIL && lua_toboolean(L, -1))
       st->dbg_flags |= DF_TRACEBACK;
     if (lua_rawgeti(L, 1, F_LUA) != LUA_TNIL && lua_toboolean(L, -1))
@@ -534,6 +738,134 @@ static int dbg_queue (lua_State *L) {
 }
 
 
+/*
+** Pushes the record at 'slot' as a table (V_* fields), if it is still
+** there and of 'lk' or 'co' when given; returns whether it did.  The
+** table is made first: its allocation may run finalizers.
+*/
+static int push_view (lua_State *L, State *st, int slot, const Lock *lk,
+                      const lua_State *co) {
+  DebugRecords *d;
+  const Record *rec;
+  int v, a;
+  lua_createtable(L, V_NFIELDS, 0);
+  v = lua_gettop(L);
+  d = st->dbg_recs;
+  if (d == NULL || slot >= d->cap || (rec = &d->slots[slot])->r == NULL
+      || (lk != NULL && rec->r->lock != lk)
+      || (co != NULL && rec->holder != co)) {
+    lua_pop(L, 1);
+    return 0;
+  }
+  lua_rawgeti(L, LUA_REGISTRYINDEX, d->aref);
+  a = v + 1;
+  lua_rawgeti(L, a, A_N * slot + A_RELEASER);
+  lua_getiuservalue(L, -1, 1);                /* its lock */
+  lua_rawseti(L, v, V_LOCK);
+  lua_rawseti(L, v, V_REL);
+  lua_rawgeti(L, a, A_N * slot + A_HOLDER);
+  lua_rawseti(L, v, V_HOLDER);
+  lua_pushnumber(L, rec->since);
+  lua_rawseti(L, v, V_SINCE);
+  lua_rawgeti(L, a, A_N * slot + A_FN);
+  lua_rawseti(L, v, V_FN);
+  lua_pushinteger(L, rec->line);
+  lua_rawseti(L, v, V_LINE);
+  lua_pushinteger(L, rec->r->weight);
+  lua_rawseti(L, v, V_WEIGHT);
+  lua_rawgeti(L, a, A_N * slot + A_WHERE);
+  lua_rawseti(L, v, V_WHERE);
+  lua_pushboolean(L, rec->canon);
+  lua_rawseti(L, v, V_CANON);
+  lua_pushboolean(L, rec->warned);
+  lua_rawseti(L, v, V_WARNED);
+  lua_pop(L, 1);                              /* anchors */
+  return 1;
+}
+
+
+/* The next record after 'slot' (-1: the first) of the selection. */
+static int next_selected (const DebugRecords *d, int slot, const Lock *lk,
+                          const lua_State *co) {
+  if (lk != NULL) return slot < 0 ? lk->dbg : d->slots[slot].next_lock;
+  if (co != NULL) {
+    const CoHead *h;
+    if (slot >= 0) return d->slots[slot].next_co;
+    h = co_find(d, co);
+    return h != NULL ? h->head : -1;
+  }
+  for (slot++; slot < d->cap; slot++)
+    if (d->slots[slot].r != NULL) return slot;
+  return -1;
+}
+
+
+/*
+** core.dbg_records([lock | coroutine]): the records in place (all, of a
+** lock, or of a holder, newest first per lock or holder), as tables with
+** the fields V_*; those whose grant an unscoped release ended go first.
+*/
+static int dbg_records (lua_State *L) {
+  State *st = am_getstate(L);
+  DebugRecords *d = st->dbg_recs;
+  const Lock *lk = NULL;
+  const lua_State *co = NULL;
+  int *list;
+  int n = 0, m = 0, s, i, before;
+  if (!lua_isnoneornil(L, 1)) {
+    lk = am_tolock(L, 1);
+    if (lk == NULL) co = lua_tothread(L, 1);
+    luaL_argexpected(L, lk != NULL || co != NULL, 1, "lock or coroutine");
+  }
+  lua_settop(L, 1);
+  if (d == NULL || (lk != NULL && lk->dbg < 0)) {
+    lua_createtable(L, 0, 0);
+    return 1;
+  }
+  before = d->n;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, d->aref);       /* ends the dead ones */
+  for (s = next_selected(d, -1, lk, co); s >= 0; ) {
+    int next = next_selected(d, s, lk, co);
+    if (!am_releaser_live(d->slots[s].r)) end_record(L, d, s, 2);
+    else n++;
+    s = next;
+  }
+  lua_settop(L, 1);
+  if (d->n < before) ended(L, st);
+  /* the slots first (what runs at an allocation cannot upset the walk),
+     then the tables */
+  list = (int *)lua_newuserdatauv(L, (size_t)n * sizeof(int) + 1, 0);
+  if ((d = st->dbg_recs) != NULL)
+    for (s = next_selected(d, -1, lk, co); s >= 0 && m < n;
+         s = next_selected(d, s, lk, co))
+      list[m++] = s;
+  lua_createtable(L, m, 0);
+  for (i = 0, n = 0; i < m; i++)
+    if (push_view(L, st, list[i], lk, co)) lua_rawseti(L, 3, ++n);
+  return 1;
+}
+
+
+/* core.dbg_count(): how many records there are. */
+static int dbg_count (lua_State *L) {
+  State *st = am_getstate(L);
+  lua_pushinteger(L, st->dbg_recs != NULL ? st->dbg_recs->n : 0);
+  return 1;
+}
+
+
+/* core.dbg_warned(releaser): its record was reported as a long hold. */
+static int dbg_warned (lua_State *L) {
+  State *st = am_getstate(L);
+  Releaser *r = (Releaser *)am_testself(L, 1, AM_T_RELEASER);
+  int slot;
+  if (r != NULL && st->dbg_recs != NULL
+      && (slot = find_record(st->dbg_recs, r)) >= 0)
+    st->dbg_recs->slots[slot].warned = 1;
+  return 0;
+}
+
+
 /* core.dbg_now(): the clock of the owner records' 'since' (clock_ms). */
 static int dbg_now (lua_State *L) {
   lua_pushnumber(L, clock_ms());
@@ -564,6 +896,9 @@ const luaL_Reg am_debug_funcs[] = {
   {"dbg_queue", dbg_queue},
   {"dbg_kind", dbg_kind},
   {"dbg_now", dbg_now},
+  {"dbg_records", dbg_records},
+  {"dbg_count", dbg_count},
+  {"dbg_warned", dbg_warned},
   {NULL, NULL}
 };
 

@@ -348,7 +348,7 @@ static int kmutex_release (lua_State *L) {
   lk = getlock(L, kd, 2, 0);
   if (lk != NULL) am_give_back(L, lk, 1, AM_UNSCOPED, 0);
   am_sync(L, kd->st);
-  if (am_debugging() && lk != NULL) am_dbg_unscoped(L, kd->st, -1);
+  if (am_debugging() && lk != NULL) am_dbg_unscoped(L, kd->st, lk);
   return 0;
 }
 
@@ -500,7 +500,7 @@ static int krw_release (lua_State *L) {
   lk = getlock(L, kd, 2, 0);
   if (lk != NULL) am_give_back(L, lk, AM_RW_WRITE, AM_UNSCOPED, 0);
   am_sync(L, kd->st);
-  if (am_debugging() && lk != NULL) am_dbg_unscoped(L, kd->st, -1);
+  if (am_debugging() && lk != NULL) am_dbg_unscoped(L, kd->st, lk);
   return 0;
 }
 

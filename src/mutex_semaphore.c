@@ -181,7 +181,7 @@ static int mutex_release (lua_State *L) {
   Lock *lk = checkmutex(L);
   am_give_back(L, lk, 1, AM_UNSCOPED, 0);    /* P3 */
   am_sync(L, lk->st);
-  if (am_debugging()) am_dbg_unscoped(L, lk->st, 1);
+  if (am_debugging()) am_dbg_unscoped(L, lk->st, lk);
   return 0;
 }
 

@@ -271,6 +271,7 @@ void am_lock_init (Lock *lk, const LockKind *kind, State *st,
   lk->unlock = NULL;
   lk->nweights = lk->capweights = lk->nunlock = 0;
   lk->freed = 0;
+  lk->dbg = -1;
   lk->keyed = NULL;
   lk->selfref = LUA_NOREF;
   lk->owner = NULL;

@@ -161,7 +161,7 @@ static int rw_release (lua_State *L) {
   Lock *lk = checkrw(L);
   am_give_back(L, lk, AM_RW_WRITE, AM_UNSCOPED, 0);
   am_sync(L, lk->st);
-  if (am_debugging()) am_dbg_unscoped(L, lk->st, 1);
+  if (am_debugging()) am_dbg_unscoped(L, lk->st, lk);
   return 0;
 }
 
@@ -203,7 +203,7 @@ int am_rw_downgrade (lua_State *L) {
   am_sync(L, lk->st);
   if (am_debugging()) {             /* one record ends, a read one starts */
     am_dbg_released(L, lk->st, 1);
-    am_dbg_granted(L, lk->st, lua_gettop(L) - 1, 0);
+    am_dbg_granted(L, lk->st);
   }
   return 1;
 }

@@ -606,6 +606,7 @@ static int state__gc (lua_State *L) {
     st->dbg = LUA_NOREF;
     am_debug_on--;
   }
+  am_dbg_close(L, st);                /* its owner records */
   while ((w = am_queue_first(&st->timers)) != NULL)
     am_queue_remove(&st->timers, w);
   am_queue_free(&st->timers);
@@ -677,6 +678,7 @@ static void init_state (State *st) {
   st->anchors = st->keyedlocks = LUA_NOREF;
   st->dbg = LUA_NOREF;
   st->dbg_flags = 0;
+  st->dbg_recs = NULL;
   st->athreads = NULL;
   st->nathreads = st->nanchors = st->free_anchor = 0;
 }

@@ -296,7 +296,7 @@ static int finish_request (lua_State *L, int status, lua_KContext ctx) {
 #endif
       else
         n = push_grant(L, w->r.lockidx, w->r.lock, w->r.weight, w->r.token);
-      if (am_debugging()) am_dbg_granted(L, w->r.lock->st, w->r.lockidx, 1);
+      if (am_debugging()) am_dbg_granted(L, w->r.lock->st);
       return n;
     }
     case O_TIMEOUT:
@@ -373,7 +373,7 @@ static int grant_now (lua_State *L, const Request *rq, Lock *lk,
                           token, now, now + rq->lease);
   else
     n = push_grant(L, rq->lockidx, lk, rq->weight, token);
-  if (am_debugging()) am_dbg_granted(L, lk->st, rq->lockidx, 0);
+  if (am_debugging()) am_dbg_granted(L, lk->st);
   return n;
 }
 

@@ -17,8 +17,8 @@
 local uv = require "luv"
 local checks = require "async_mutex.checks"
 
-local error, ipairs, next, pairs, pcall, select, setmetatable, tostring, type =
-  error, ipairs, next, pairs, pcall, select, setmetatable, tostring, type
+local error, ipairs, pairs, pcall, select, setmetatable, tostring, type =
+  error, ipairs, pairs, pcall, select, setmetatable, tostring, type
 local getinfo, traceback = debug.getinfo, debug.traceback
 local running, status = coroutine.running, coroutine.status
 local concat, sort = table.concat, table.sort
@@ -41,13 +41,9 @@ local OURS = { [OWN] = true }
 local CANONICAL = {}
 
 local opts                        -- the options while on, else nil
-local bylock = {}                 -- lock -> its first owner record (src/debug.c)
-local heldby = {}                 -- coroutine -> its first owner record
--- An owner record's fields (made by src/debug.c: R_*), then this module's.
--- A record is in two chains: its lock's and its holder's.
+-- An owner record as core.dbg_records makes it (src/debug.c: V_*; the
+-- records themselves are C structs), then this module's caches.
 local LOCK, REL, HOLDER, SINCE, FN, LINE, WEIGHT, WHERE = 1, 2, 3, 4, 5, 6, 7, 8
--- An ended record has no releaser any more (REL nil).
-local NEXT_LOCK, NEXT_CO = 9, 10
 local SITE, CLASS, CANON, WARNED = 11, 12, 13, 14
 local WEAKK, WEAKV = { __mode = "k" }, { __mode = "v" }
 local waiting = setmetatable({}, WEAKK)     -- coroutine -> { waiter =, lock = } (weak)
@@ -164,54 +160,18 @@ local function site_of(rec)
   return site
 end
 
---- Unlinks 'rec' from the chain map[key] through field 'link'.
-local function unlink(map, key, link, rec)
-  local node, prev = map[key], nil
-  while node do
-    if node == rec then
-      if prev then prev[link] = node[link] else map[key] = node[link] end
-      node[link] = nil
-      return
-    end
-    prev, node = node, node[link]
-  end
-end
-
-local function drop(rec)
-  unlink(bylock, rec[LOCK], NEXT_LOCK, rec)
-  unlink(heldby, rec[HOLDER], NEXT_CO, rec)
-  rec[REL] = nil
-  if timer_on and next(bylock) == nil then stop_timer() end
-end
-
---- The records in place now (a copy: what a hook does meanwhile, such as
--- a report handler that releases, cannot upset the traversal), others
--- dropped; of 'lock' only, when given.
+--- The records in place now (copies: what a hook does meanwhile, such as
+-- a report handler that releases, cannot upset the traversal); of 'lock'
+-- only, when given.  Those an unscoped release ended go (in C).
 local function records(lock)
-  local out, dead = {}, nil
-  local function walk(node)
-    while node do
-      if live(node[REL]) then out[#out + 1] = node
-      else dead = dead or {}; dead[#dead + 1] = node end
-      node = node[NEXT_LOCK]
-    end
-  end
-  if lock ~= nil then walk(bylock[lock])
-  else for _, head in pairs(bylock) do walk(head) end end
-  if dead then for _, rec in ipairs(dead) do drop(rec) end end
-  return out
+  return core.dbg_records(lock)
 end
 local holders_of = records
 
---- The records of coroutine 'co' (a copy), or nil when it holds nothing.
+--- The records of coroutine 'co' (copies), or nil when it holds nothing.
 local function held_by(co)
-  local node = heldby[co]
-  if not node then return nil end
-  local out = {}
-  while node do
-    out[#out + 1] = node
-    node = node[NEXT_CO]
-  end
+  local out = core.dbg_records(co)
+  if out[1] == nil then return nil end
   return out
 end
 
@@ -294,8 +254,8 @@ local function check_long()
   if not limit then return end
   local t = now()
   for _, rec in ipairs(records()) do
-    if rec[REL] ~= nil and not rec[WARNED] and t - rec[SINCE] >= limit then
-      rec[WARNED] = true
+    if not rec[WARNED] and t - rec[SINCE] >= limit then
+      core.dbg_warned(rec[REL])
       local v = view(rec)
       emit("long-hold", "async_mutex.debug: long hold (over " .. limit .. " ms): "
         .. hold_text(v, t), v)
@@ -539,7 +499,7 @@ local function lockdep(held, lock, site)
   local cb, binfo = class_of(lock), nil
   local canonical
   for _, rec in ipairs(held) do
-    if rec[REL] ~= nil and rec[LOCK] ~= lock and live(rec[REL]) then
+    if rec[LOCK] ~= lock and live(rec[REL]) then
       local ca = rec[CLASS]
       if not ca then ca = class_of(rec[LOCK]); rec[CLASS] = ca end
       if ca == cb then
@@ -603,23 +563,20 @@ local function on_request(lock, weight, unlock, would_wait, wait, priority)
 end
 
 -- The record was made by the C core (src/debug.c); this runs for a key's
--- lock (was it taken by acquireAll?) and while long holds are checked.
-local function on_granted(rec)
-  if select("#", core.dbg_lock(rec[LOCK])) > 5 then rec[CANON] = from_canonical() end
+-- lock ('keyed': was it taken by acquireAll? the record keeps the answer)
+-- and while long holds are checked.
+local function on_granted(keyed)
   if opts.holdWarning and not timer_on then start_timer() end
+  if keyed then return from_canonical() end
 end
 
 local function on_waiting(lock, w)
   waiting[running()] = setmetatable({ waiter = w, lock = lock }, WEAKV)
 end
 
--- The record was dropped by the C core; the check stops with the last.
+-- The last record ended (src/debug.c): the check stops.
 local function on_released()
-  if timer_on and next(bylock) == nil then stop_timer() end
-end
-
-local function on_unscoped(lock)
-  holders_of(lock)                          -- drops the records it ended
+  if timer_on then stop_timer() end
 end
 
 local function on_created(obj)
@@ -627,12 +584,11 @@ local function on_created(obj)
 end
 
 --- The table core.debug() takes (src/debug.c: its layout): the hooks, the
--- tables the C core updates, the flags.
+-- flags.
 local function hook_table()
-  return { on_request, on_granted, on_waiting, on_released, on_unscoped, on_created,
-           bylock, heldby, opts.traceback,
-           opts.holdWarning ~= nil,         -- the Lua hooks have work
-           waiting }
+  return { on_request, on_granted, on_waiting, on_released, on_created,
+           opts.traceback,
+           opts.holdWarning ~= nil }        -- the Lua hooks have work
 end
 
 -- }==========================================================
@@ -665,7 +621,6 @@ local function check_lock(fname, v)
 end
 
 local function clear()
-  bylock, heldby = {}, {}
   waiting = setmetatable({}, WEAKK)
   classes, nclasses, edges, nedges, reported = {}, 0, {}, 0, {}
   if timer then stop_timer() end
@@ -700,7 +655,7 @@ function M.enable(options)
   opts = { traceback = tb == true, holdWarning = hw, onReport = on }
   core.debug(hook_table())
   if timer_on and not hw then stop_timer()
-  elseif hw and next(bylock) ~= nil then start_timer() end
+  elseif hw and core.dbg_count() > 0 then start_timer() end
 end
 
 --- disable(): debug mode off; every record and lockdep's graph are dropped.
