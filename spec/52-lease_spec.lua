@@ -106,6 +106,26 @@ describe("am.withLease", function()
     assert.is_false(m:isLocked())
   end))
 
+  it("is not lost once an unscoped release ended the hold: the lease just ends", h.async(function()
+    local m = am.Mutex.new()
+    local lm = am.withLease(m, 10)
+    local r = lm:acquire()
+    m:release()
+    local r2 = m:acquire()                      -- the next holder, not leased
+    h.sleep(30)                                 -- r's lease runs out
+    assert.matches("^async_mutex%.Releaser %(released%)", tostring(r))
+    assert.is_false(r:check())                  -- no E_LOST: it was released
+    assert.is_false(r())
+    assert.is_true(m:isLocked())                -- r2's hold untouched
+    r2()
+    assert.same({ "kept" }, { lm:runExclusive(function()
+      m:release()                               -- fn ends its own hold
+      h.sleep(30)
+      return "kept"
+    end) })
+    assert.is_false(m:isLocked())
+  end))
+
   it("counts from the grant by default: time spent waiting is not charged", h.async(function()
     local m = am.Mutex.new()
     local lm = am.withLease(m, 30)

@@ -666,7 +666,8 @@ function World:turn(T)
   for _, e in ipairs(due) do
     local a = e.actor
     if e.rel then                          -- a lease ran out
-      if not e.rel.called and not e.rel.lost then lose(self, e.rel) end
+      if holds(e.rel) then lose(self, e.rel)
+      elseif not e.rel.lost then e.rel.called = true end   -- ended by an unscoped release: spent
     elseif a.entry == e then               -- still waiting (not granted meanwhile)
       local lock = a.L
       if e.kind == "acq" then
