@@ -483,18 +483,20 @@ end
 -- any reply fails the connection, and the channels are subscribed again.
 local function ping_tick(sub)
   local client, state = sub.client, sub.state
-  if sub.closed or not next(sub.channels) then
-    sub.ping:stop()
-    return
+  if sub.closed or not next(sub.channels) then return end    -- not armed again
+  local every = state.pingInterval
+  if not (sub.pinging or next(sub.waiting) or status(client) ~= "connected") then
+    local quiet = now() - progress(client)
+    if quiet < every then                 -- heard lately: look again when due
+      sub.ping:start(ceil(every - quiet), 0, sub.on_ping)
+      return
+    end
+    if core.send(client, "PING") then
+      sub.pinging = true
+      if not state.timing then arm(state, false) end
+    end
   end
-  if sub.pinging or next(sub.waiting) or status(client) ~= "connected"
-      or now() - progress(client) < state.pingInterval then
-    return
-  end
-  if core.send(client, "PING") then
-    sub.pinging = true
-    if not state.timing then arm(state, false) end
-  end
+  sub.ping:start(every, 0, sub.on_ping)
 end
 
 local function start_pings(sub)
@@ -505,7 +507,7 @@ local function start_pings(sub)
     sub.ping:unref()                     -- the subscription keeps the loop
     sub.on_ping = function() ping_tick(sub) end
   end
-  if not sub.ping:is_active() then sub.ping:start(every, every, sub.on_ping) end
+  if not sub.ping:is_active() then sub.ping:start(every, 0, sub.on_ping) end
 end
 
 local function subscriber(self)
