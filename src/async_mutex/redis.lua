@@ -716,18 +716,20 @@ end
 
 local script_call = core.script
 
--- Runs `script` with the lists `keys` and `args` (checked by the caller):
--- EVALSHA, and EVAL when the server does not know the script (NOSCRIPT:
--- restarted, flushed).  The one owner of that rule: client:eval and the
--- Redis locks (async_mutex.redis_lock, through core.run_script) use it.
-local function run_script(self, script, keys, args)
+-- Runs `script` with the list `keys` and the args (checked by the
+-- caller): one list, or the values themselves (core.script takes both; the
+-- Redis locks pass values, a table less per request).  EVALSHA, and EVAL
+-- when the server does not know the script (NOSCRIPT: restarted, flushed).
+-- The one owner of that rule: client:eval and the Redis locks
+-- (async_mutex.redis_lock, through core.run_script) use it.
+local function run_script(self, script, keys, ...)
   local sha = sha_of(script)
   if sha then
-    local ok, res = pcall(script_call, self, "EVALSHA", sha, keys, args)
+    local ok, res = pcall(script_call, self, "EVALSHA", sha, keys, ...)
     if ok then return res end
     if not is_noscript(res) then error(res, 0) end
   end
-  local reply = script_call(self, "EVAL", script, keys, args)
+  local reply = script_call(self, "EVAL", script, keys, ...)
   if not sha then
     -- the next time: EVALSHA with the SHA1 the server computes
     local ok, s = pcall(self.call, self, "SCRIPT", "LOAD", script)
