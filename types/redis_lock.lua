@@ -10,9 +10,9 @@
 
 ---The options of the Redis locks' `new`.
 ---@class async_mutex.RedisLockOptions
----@field ttl? integer ms a lease lasts without renewal (default 30000, at least 10)
+---@field ttl? integer ms a lease lasts without renewal (default 30000, at least 10, at most 2^40)
 ---@field renewInterval? integer ms between the watchdog's renewals (default `ttl // 3`; 0: no watchdog)
----@field waiterTimeout? integer ms after which a waiting process that stopped renewing is skipped (default 3000)
+---@field waiterTimeout? integer ms after which a waiting process that stopped renewing: skipped (default 3000, <= 2^40)
 ---@field onLost? fun(info: async_mutex.RedisLostInfo) called when a hold is lost
 ---@field cancelError? any what `cancel()` raises (default `async_mutex.E_CANCELED`)
 ---@field lostError? any what a lost hold raises (default `async_mutex.E_LOST`)
@@ -91,7 +91,7 @@ local RedisSemaphore = {}
 
 ---@param client async_mutex.redis.Client
 ---@param name string non-empty
----@param limit integer positive: the total weight admitted
+---@param limit integer positive, at most 2^53: the total weight admitted
 ---@param options? async_mutex.RedisLockOptions
 ---@return async_mutex.RedisSemaphore
 function RedisSemaphore.new(client, name, limit, options) end

@@ -704,6 +704,9 @@ local function check_list(list, n, what)
       argerror(3, n, "eval", ("%s[%d] must be a string or number, got %s"):format(
         what, i, typename(list[i])))
     end
+    if list[i] ~= list[i] then   -- NaN: refused here, where the message names eval
+      argerror(3, n, "eval", ("%s[%d] must not be NaN"):format(what, i))
+    end
   end
   return len
 end

@@ -585,6 +585,12 @@ local OPTIONS = {
   cancelError = true, lostError = true,
 }
 
+-- The largest ttl / waiterTimeout (ms, about 34 years) and semaphore
+-- limit: the scripts compute with Redis's doubles and write numbers with
+-- %d (a C long); a larger ttl made now + ttl overflow there, a lease that
+-- ended at once (two holders).  Also keeps ttl in ns (leases) below 2^63.
+local MAX_MS, MAX_LIMIT = 1 << 40, 1 << 53
+
 local function options_of(opts, n, fname)
   if opts == nil then opts = {} end
   if type(opts) ~= "table" then
@@ -597,6 +603,9 @@ local function options_of(opts, n, fname)
     if v == nil then return default end
     if type(v) ~= "number" or tointeger(v) == nil or v < least then
       argerror(4, n, fname, format("options.%s must be an integer >= %d", field, least))
+    end
+    if v > MAX_MS then
+      argerror(4, n, fname, format("options.%s must be an integer <= %d", field, MAX_MS))
     end
     return tointeger(v)
   end
@@ -788,6 +797,7 @@ function M.new_semaphore(client, name, limit, opts)
   if type(limit) ~= "number" or tointeger(limit) == nil or limit < 1 then
     argerror(2, 3, "new", "limit must be a positive integer")
   end
+  if limit > MAX_LIMIT then argerror(2, 3, "new", format("limit must be at most %d", MAX_LIMIT)) end
   local o = options_of(opts, 4, "new")
   return new_record(Semaphore, client, name, tointeger(limit), o, false)
 end

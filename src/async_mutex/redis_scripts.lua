@@ -26,7 +26,11 @@
 -- 1.8e+15; %d converts to a C long, where %.0f and the %.17g that
 -- redis.call applies to a Lua number take the slow exact path of the C
 -- library's float formatting, a measurable share of a script's time).
--- Scores go to redis.call as such strings too.
+-- Scores go to redis.call as such strings too, and so do the numbers of
+-- the records read back with patterns (weights, leases, values: up to 2^53,
+-- where concatenation would write 1.1258999068426e+15).  The Lua side
+-- bounds what reaches here (ttl and waiterTimeout <= 2^40 ms, a limit
+-- <= 2^53): now + ttl stays exact and within a C long.
 
 local M = {}
 
@@ -96,7 +100,7 @@ local function grant(token, weight, ttl, value)
   local fence = draw()
   local e = now + ttl
   redis.call('ZADD', H, fmt(e), token)
-  redis.call('HSET', G, token, weight .. ' ' .. fmt(fence) .. ' ' .. value)
+  redis.call('HSET', G, token, fmt(weight) .. ' ' .. fmt(fence) .. ' ' .. fmt(value))
   if not first or e < first then first = e end
   return fence
 end
@@ -117,7 +121,7 @@ local function dispatch(limit, u)
     redis.call('ZREM', W, head)
     redis.call('HDEL', C, head)
     local fence = grant(head, w, tonumber(ttl), limit - u)
-    redis.call('PUBLISH', ch, head .. ' ' .. fmt(fence) .. ' ' .. (limit - u))
+    redis.call('PUBLISH', ch, head .. ' ' .. fmt(fence) .. ' ' .. fmt(limit - u))
     u = u + w
   end
   return u
@@ -185,7 +189,7 @@ if ARGV[7] ~= 'again' then
         redis.call('ZADD', KEYS[3], n, ARGV[1])
         redis.call('ZADD', KEYS[4], string.format('%d', now + wait_ms), ARGV[1])
         redis.call('HSET', KEYS[5], ARGV[1],
-          ARGV[3] .. ' ' .. math.min(ttl, wait_ms) .. ' ' .. ARGV[6])
+          ARGV[3] .. ' ' .. string.format('%d', math.min(ttl, wait_ms)) .. ' ' .. ARGV[6])
         return {0, e - now}
       end
     end
@@ -217,7 +221,7 @@ end
 if mode == 'try' then return {0} end
 redis.call('ZADD', Q, fmt(draw()), token)
 redis.call('ZADD', W, fmt(now + wait_ms), token)
-redis.call('HSET', C, token, weight .. ' ' .. math.min(ttl, wait_ms) .. ' ' .. ARGV[6])
+redis.call('HSET', C, token, fmt(weight) .. ' ' .. fmt(math.min(ttl, wait_ms)) .. ' ' .. ARGV[6])
 return {0, first_end()}
 ]]
 
