@@ -595,6 +595,10 @@ int am_core_debug (lua_State *L) {
   int was = st->dbg != LUA_NOREF;
   luaL_argexpected(L, lua_isnoneornil(L, 1) || lua_istable(L, 1), 1,
                    "table or nil");
+  if (st->closed) {           /* a finalizer at lua_close: nothing to watch */
+    lua_pushboolean(L, 0);    /* (records made now would never be freed) */
+    return 1;
+  }
   lua_settop(L, 1);
   if (!lua_isnil(L, 1) && st->dbg_recs == NULL) {   /* first: may raise */
     DebugRecords *d;

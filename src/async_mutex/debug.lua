@@ -56,8 +56,11 @@ local edges, nedges = {}, 0
 local reported = {}
 local timer, timer_on             -- long holds (the state's one timer: get_timer)
 
+-- At lua_close, a finalizer that runs after luv's loop may switch debug
+-- mode: the timer is no handle then, and only the flag changes.
 local function stop_timer()
-  if not timer:is_closing() then timer:stop() end
+  local ok, closing = pcall(timer.is_closing, timer)
+  if ok and not closing then timer:stop() end
   timer_on = false
 end
 
@@ -204,8 +207,11 @@ end
 
 -- {========================================================== reports
 
+-- Debug mode switched off meanwhile (a hook or a finalizer called disable()
+-- while the report was made): no report, to stderr least of all.
 local function emit(kind, text, info)
-  local handler = opts and opts.onReport
+  if not opts then return end
+  local handler = opts.onReport
   if handler then
     local ok, err = pcall(handler, kind, text, info)
     if not ok then
@@ -251,9 +257,13 @@ end
 
 local function check_long()
   local limit = opts and opts.holdWarning
-  if not limit then return end
+  if not limit then                   -- switched off or on anew meanwhile
+    if timer_on then stop_timer() end
+    return
+  end
   local t = now()
   for _, rec in ipairs(records()) do
+    if opts == nil or opts.holdWarning ~= limit then break end
     if not rec[WARNED] and t - rec[SINCE] >= limit then
       core.dbg_warned(rec[REL])
       local v = view(rec)
@@ -286,11 +296,16 @@ local function get_timer()
   return t
 end
 
+-- get_timer may allocate (finalizers) and call luv (hooks): what they
+-- switched counts, read after it.
 local function start_timer()
-  timer = get_timer()
-  local every = max(1, floor(opts.holdWarning / 4))
-  timer:start(every, every, check_long)
+  local t = get_timer()
+  local hw = opts and opts.holdWarning
+  if not hw then return end
+  timer = t
+  local every = max(1, floor(hw / 4))
   timer_on = true
+  timer:start(every, every, check_long)
 end
 
 -- }==========================================================
@@ -547,8 +562,10 @@ end
 -- {========================================================== hooks
 -- Called by the C core (src/debug.c), in this order in the table.
 
+-- Each hook first checks that debug mode is on still: a "c" hook at its
+-- call may have switched it off.
 local function on_request(lock, weight, unlock, would_wait, wait, priority)
-  if wait == AM_TRY then return end         -- never waits: never deadlocks
+  if wait == AM_TRY or not opts then return end         -- never waits: never deadlocks
   local co = running()
   local held = not unlock and held_by(co)
   if held then lockdep(held, lock, (user_frame())) end
@@ -566,11 +583,13 @@ end
 -- lock ('keyed': was it taken by acquireAll? the record keeps the answer)
 -- and while long holds are checked.
 local function on_granted(keyed)
+  if not opts then return end
   if opts.holdWarning and not timer_on then start_timer() end
   if keyed then return from_canonical() end
 end
 
 local function on_waiting(lock, w)
+  if not opts then return end
   waiting[running()] = setmetatable({ waiter = w, lock = lock }, WEAKV)
 end
 
