@@ -71,12 +71,14 @@ enum { H_REQUEST = 1, H_GRANTED, H_WAITING, H_RELEASED, H_CREATED,
 ** that made the request (for its site) and, with the option, a traceback.
 ** Each record is in two doubly linked chains: its lock's (from Lock.dbg,
 ** newest first) and its holder's (from the hash 'cos': coroutine ->
-** newest record).
+** newest record); the hash 'rels' finds it from its releaser (a release
+** in any order costs the same: walking the lock's chain made releasing n
+** holds of one lock oldest first cost n^2/2 steps).
 **
 ** So a grant and a release change C fields and overwrite slots of the
 ** array of 'anchors' that exist already: they allocate nothing Lua's
 ** collector sees (no garbage, no collector step, no memory error to
-** protect against), only 'slots' and 'cos' may grow (malloc).  Growing
+** protect against), only 'slots', 'cos' and 'rels' may grow (malloc).  Growing
 ** 'anchors' (doubling, when every slot is used) is the one allocation, and
 ** is protected.  Lua sees a record as a table made when it reads
 ** (core.dbg_records), with the fields V_* (async_mutex.debug reads them
@@ -103,77 +105,86 @@ typedef struct Record {
   unsigned int has_where : 1;
 } Record;
 
-typedef struct CoHead {
-  const lua_State *co;        /* NULL: an empty entry */
-  int head;                   /* its newest record */
-} CoHead;
+/* An entry of a pointer hash: a coroutine and its newest record, or a
+   releaser and its record. */
+typedef struct PtrEntry {
+  const void *key;            /* NULL: an empty entry */
+  int slot;
+} PtrEntry;
+
+typedef struct PtrHash {      /* open addressing, linear probing */
+  PtrEntry *e;
+  int cap, n;                 /* 'cap' a power of 2, at least 2 * 'n' */
+} PtrHash;
 
 struct DebugRecords {
   Record *slots;
   int cap, n, free;           /* slots, records, first free slot or -1 */
   int aref;                   /* registry reference of 'anchors' */
-  CoHead *cos;                /* open addressing, linear probing */
-  int hcap, nco;              /* a power of 2, at least 2 * 'nco' */
+  PtrHash cos;                /* holder -> its newest record */
+  PtrHash rels;               /* releaser -> its record */
 };
 
 
-/* {====================================================== holders */
+/* {====================================================== pointer hashes */
 
-static unsigned co_hash (const lua_State *co) {
-  uintptr_t h = (uintptr_t)co >> 4;
+static unsigned ptr_hash (const void *p) {
+  uintptr_t h = (uintptr_t)p >> 4;
   return (unsigned)((h ^ (h >> 15)) * 2654435761u);
 }
 
 
-static CoHead *co_find (const DebugRecords *d, const lua_State *co) {
-  unsigned mask = (unsigned)d->hcap - 1, i;
-  if (d->hcap == 0) return NULL;
-  for (i = co_hash(co) & mask; d->cos[i].co != NULL; i = (i + 1) & mask)
-    if (d->cos[i].co == co) return &d->cos[i];
+static PtrEntry *ph_find (const PtrHash *t, const void *key) {
+  unsigned mask = (unsigned)t->cap - 1, i;
+  if (t->cap == 0) return NULL;
+  for (i = ptr_hash(key) & mask; t->e[i].key != NULL; i = (i + 1) & mask)
+    if (t->e[i].key == key) return &t->e[i];
   return NULL;
 }
 
 
-static void co_put (CoHead *cos, int hcap, const lua_State *co, int head) {
-  unsigned mask = (unsigned)hcap - 1, i;
-  for (i = co_hash(co) & mask; cos[i].co != NULL; i = (i + 1) & mask) ;
-  cos[i].co = co;
-  cos[i].head = head;
+/* Adds 'key' (not in 't'; room reserved). */
+static void ph_put (PtrHash *t, const void *key, int slot) {
+  unsigned mask = (unsigned)t->cap - 1, i;
+  for (i = ptr_hash(key) & mask; t->e[i].key != NULL; i = (i + 1) & mask) ;
+  t->e[i].key = key;
+  t->e[i].slot = slot;
+  t->n++;
 }
 
 
-/* Room for one more holder (malloc only); returns 0 without memory. */
-static int co_reserve (DebugRecords *d) {
-  CoHead *cos;
-  int hcap, i;
-  if ((d->nco + 1) * 2 <= d->hcap) return 1;
-  hcap = d->hcap ? d->hcap * 2 : FIRST_SLOTS;
-  cos = (CoHead *)calloc((size_t)hcap, sizeof(CoHead));
-  if (cos == NULL) return 0;
-  for (i = 0; i < d->hcap; i++)
-    if (d->cos[i].co != NULL) co_put(cos, hcap, d->cos[i].co, d->cos[i].head);
-  free(d->cos);
-  d->cos = cos;
-  d->hcap = hcap;
+/* Room for one more entry (malloc only); returns 0 without memory. */
+static int ph_reserve (PtrHash *t) {
+  PtrHash nt;
+  int i;
+  if ((t->n + 1) * 2 <= t->cap) return 1;
+  nt.cap = t->cap ? t->cap * 2 : FIRST_SLOTS;
+  nt.n = 0;
+  nt.e = (PtrEntry *)calloc((size_t)nt.cap, sizeof(PtrEntry));
+  if (nt.e == NULL) return 0;
+  for (i = 0; i < t->cap; i++)
+    if (t->e[i].key != NULL) ph_put(&nt, t->e[i].key, t->e[i].slot);
+  free(t->e);
+  *t = nt;
   return 1;
 }
 
 
 /* Removes entry 'e', moving back the entries of its probe run after it. */
-static void co_remove (DebugRecords *d, CoHead *e) {
-  unsigned mask = (unsigned)d->hcap - 1;
-  unsigned i = (unsigned)(e - d->cos), j = i, k;
+static void ph_remove (PtrHash *t, PtrEntry *e) {
+  unsigned mask = (unsigned)t->cap - 1;
+  unsigned i = (unsigned)(e - t->e), j = i, k;
   for (;;) {
     j = (j + 1) & mask;
-    if (d->cos[j].co == NULL) break;
-    k = co_hash(d->cos[j].co) & mask;   /* where entry j would like to be */
+    if (t->e[j].key == NULL) break;
+    k = ptr_hash(t->e[j].key) & mask;   /* where entry j would like to be */
     if (((j - k) & mask) >= ((j - i) & mask)) {   /* at i or before it */
-      d->cos[i] = d->cos[j];
+      t->e[i] = t->e[j];
       i = j;
     }
   }
-  d->cos[i].co = NULL;
-  d->nco--;
+  t->e[i].key = NULL;
+  t->n--;
 }
 
 /* }====================================================== */
@@ -181,30 +192,33 @@ static void co_remove (DebugRecords *d, CoHead *e) {
 
 /* The slot of the record of releaser 'r', or -1. */
 static int find_record (const DebugRecords *d, const Releaser *r) {
-  int s;
-  for (s = r->lock->dbg; s >= 0; s = d->slots[s].next_lock)
-    if (d->slots[s].r == r) return s;
-  return -1;
+  const PtrEntry *e = ph_find(&d->rels, r);
+  return e != NULL ? e->slot : -1;
 }
 
 
 /*
-** Ends the record at 'slot': out of its chains, its anchors cleared (in
-** 'anchors', at 'a'), the slot free.  Allocates nothing.
+** Ends the record at 'slot' ('e': its entry in 'rels', or NULL): out of
+** its chains and hashes, its anchors cleared (in 'anchors', at 'a'), the
+** slot free.  Allocates nothing.
 */
-static void end_record (lua_State *L, DebugRecords *d, int slot, int a) {
+static void end_record (lua_State *L, DebugRecords *d, int slot, int a,
+                        PtrEntry *e) {
   Record *rec = &d->slots[slot];
   if (rec->prev_lock >= 0) d->slots[rec->prev_lock].next_lock = rec->next_lock;
   else rec->r->lock->dbg = rec->next_lock;
   if (rec->next_lock >= 0) d->slots[rec->next_lock].prev_lock = rec->prev_lock;
   if (rec->prev_co >= 0) d->slots[rec->prev_co].next_co = rec->next_co;
   else {
-    CoHead *h = co_find(d, rec->holder);
-    assert(h != NULL && h->head == slot);
-    if (rec->next_co >= 0) h->head = rec->next_co;
-    else co_remove(d, h);
+    PtrEntry *h = ph_find(&d->cos, rec->holder);
+    assert(h != NULL && h->slot == slot);
+    if (rec->next_co >= 0) h->slot = rec->next_co;
+    else ph_remove(&d->cos, h);
   }
   if (rec->next_co >= 0) d->slots[rec->next_co].prev_co = rec->prev_co;
+  if (e == NULL) e = ph_find(&d->rels, rec->r);
+  assert(e != NULL && e->slot == slot);
+  ph_remove(&d->rels, e);
   lua_pushnil(L);                     /* what it anchored may be collected */
   lua_rawseti(L, a, A_N * slot + A_RELEASER);
   lua_pushnil(L);
@@ -229,7 +243,7 @@ static void prune_lock (lua_State *L, DebugRecords *d, Lock *lk, int a) {
   int s = lk->dbg;
   while (s >= 0) {
     int next = d->slots[s].next_lock;
-    if (!am_releaser_live(d->slots[s].r)) end_record(L, d, s, a);
+    if (!am_releaser_live(d->slots[s].r)) end_record(L, d, s, a, NULL);
     s = next;
   }
 }
@@ -307,7 +321,8 @@ void am_dbg_close (lua_State *L, State *st) {
     if (d->slots[s].r != NULL) d->slots[s].r->lock->dbg = -1;
   if (!st->closed) luaL_unref(L, LUA_REGISTRYINDEX, d->aref);
   free(d->slots);
-  free(d->cos);
+  free(d->cos.e);
+  free(d->rels.e);
   free(d);
 }
 
@@ -349,7 +364,7 @@ static int call_hook (lua_State *L, int nargs, int nres) {
 ** record a lockdep edge: its requests and waits need no Lua.
 */
 static int holds_any (lua_State *L, State *st) {
-  return st->dbg_recs != NULL && co_find(st->dbg_recs, L) != NULL;
+  return st->dbg_recs != NULL && ph_find(&st->dbg_recs->cos, L) != NULL;
 }
 
 
@@ -439,7 +454,7 @@ void am_dbg_granted (lua_State *L, State *st) {
   DebugRecords *d = st->dbg_recs;
   Lock *lk;
   Record *rec;
-  CoHead *h;
+  PtrEntry *h;
   lua_Debug ar;
   int slot, a, level;
   if (r == NULL || d == NULL || st->dbg == LUA_NOREF || st->closed
@@ -460,7 +475,7 @@ void am_dbg_granted (lua_State *L, State *st) {
       return;
     }
   }
-  if (!co_reserve(d)) return;
+  if (!ph_reserve(&d->cos) || !ph_reserve(&d->rels)) return;
   lk = r->lock;
   slot = d->free;
   rec = &d->slots[slot];
@@ -488,16 +503,16 @@ void am_dbg_granted (lua_State *L, State *st) {
   if (lk->dbg >= 0) d->slots[lk->dbg].prev_lock = slot;
   lk->dbg = slot;
   rec->prev_co = -1;                          /* and in its holder's */
-  if ((h = co_find(d, L)) != NULL) {
-    rec->next_co = h->head;
-    d->slots[h->head].prev_co = slot;
-    h->head = slot;
+  if ((h = ph_find(&d->cos, L)) != NULL) {
+    rec->next_co = h->slot;
+    d->slots[h->slot].prev_co = slot;
+    h->slot = slot;
   }
   else {
     rec->next_co = -1;
-    co_put(d->cos, d->hcap, L, slot);
-    d->nco++;
+    ph_put(&d->cos, L, slot);
   }
+  ph_put(&d->rels, r, slot);
   d->n++;
   lua_settop(L, top);
   if (st->dbg_flags & DF_TRACEBACK) {
@@ -549,12 +564,12 @@ static void ended (lua_State *L, State *st) {
 void am_dbg_released (lua_State *L, State *st, int idx) {
   Releaser *r = (Releaser *)lua_touserdata(L, idx);
   DebugRecords *d = st->dbg_recs;
-  int slot;
-  if (r == NULL || d == NULL || (slot = find_record(d, r)) < 0
+  PtrEntry *e;
+  if (r == NULL || d == NULL || (e = ph_find(&d->rels, r)) == NULL
       || !lua_checkstack(L, 4))
     return;
   lua_rawgeti(L, LUA_REGISTRYINDEX, d->aref);
-  end_record(L, d, slot, lua_gettop(L));
+  end_record(L, d, e->slot, lua_gettop(L), e);
   lua_pop(L, 1);
   ended(L, st);
 }
@@ -793,10 +808,10 @@ static int next_selected (const DebugRecords *d, int slot, const Lock *lk,
                           const lua_State *co) {
   if (lk != NULL) return slot < 0 ? lk->dbg : d->slots[slot].next_lock;
   if (co != NULL) {
-    const CoHead *h;
+    const PtrEntry *h;
     if (slot >= 0) return d->slots[slot].next_co;
-    h = co_find(d, co);
-    return h != NULL ? h->head : -1;
+    h = ph_find(&d->cos, co);
+    return h != NULL ? h->slot : -1;
   }
   for (slot++; slot < d->cap; slot++)
     if (d->slots[slot].r != NULL) return slot;
@@ -830,7 +845,7 @@ static int dbg_records (lua_State *L) {
   lua_rawgeti(L, LUA_REGISTRYINDEX, d->aref);       /* ends the dead ones */
   for (s = next_selected(d, -1, lk, co); s >= 0; ) {
     int next = next_selected(d, s, lk, co);
-    if (!am_releaser_live(d->slots[s].r)) end_record(L, d, s, 2);
+    if (!am_releaser_live(d->slots[s].r)) end_record(L, d, s, 2, NULL);
     else n++;
     s = next;
   }
