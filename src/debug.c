@@ -607,7 +607,7 @@ void am_dbg_created (lua_State *L, State *st) {
 */
 int am_core_debug (lua_State *L) {
   State *st = am_getstate(L);
-  int was = st->dbg != LUA_NOREF;
+  int was, ref = LUA_NOREF, flags = 0;
   luaL_argexpected(L, lua_isnoneornil(L, 1) || lua_istable(L, 1), 1,
                    "table or nil");
   if (st->closed) {           /* a finalizer at lua_close: nothing to watch */
@@ -615,34 +615,40 @@ int am_core_debug (lua_State *L) {
     return 1;
   }
   lua_settop(L, 1);
-  if (!lua_isnil(L, 1) && st->dbg_recs == NULL) {   /* first: may raise */
-    DebugRecords *d;
-    lua_createtable(L, A_N * FIRST_SLOTS, 0);       /* anchors */
-    d = new_records(L);
-    d->aref = luaL_ref(L, LUA_REGISTRYINDEX);       /* may run finalizers */
-    if (st->dbg_recs == NULL) st->dbg_recs = d;
-    else {                                  /* one of them switched it on */
-      luaL_unref(L, LUA_REGISTRYINDEX, d->aref);
-      free(d->slots);
-      free(d);
+  if (!lua_isnil(L, 1)) {
+    if (lua_rawgeti(L, 1, F_TRACEBACK) != LUA_TNIL && lua_toboolean(L, -1))
+      flags |= DF_TRACEBACK;
+    if (lua_rawgeti(L, 1, F_LUA) != LUA_TNIL && lua_toboolean(L, -1))
+      flags |= DF_LUA;
+    lua_settop(L, 1);
+    /* Allocate first: a finalizer run here may switch debug mode on or
+       off (core.debug nested); this call came last, so it is committed
+       after them, below, from the fields as they are then. */
+    lua_pushvalue(L, 1);
+    ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    if (st->dbg_recs == NULL) {         /* the last allocation: may raise */
+      DebugRecords *d;
+      lua_createtable(L, A_N * FIRST_SLOTS, 0);     /* anchors */
+      d = new_records(L);
+      d->aref = luaL_ref(L, LUA_REGISTRYINDEX);
+      if (st->dbg_recs == NULL) st->dbg_recs = d;
+      else {                            /* a finalizer switched it on */
+        luaL_unref(L, LUA_REGISTRYINDEX, d->aref);
+        free(d->slots);
+        free(d);
+      }
     }
   }
+  /* commit: nothing below allocates */
+  was = st->dbg != LUA_NOREF;
   if (was) {
     luaL_unref(L, LUA_REGISTRYINDEX, st->dbg);
-    st->dbg = LUA_NOREF;
     am_debug_on--;
   }
-  st->dbg_flags = 0;
-  if (lua_isnil(L, 1)) am_dbg_close(L, st);
-  else {
-    if (lua_rawgeti(L, 1, F_TRACEBACK) != LUA_TNIL && lua_toboolean(L, -1))
-      st->dbg_flags |= DF_TRACEBACK;
-    if (lua_rawgeti(L, 1, F_LUA) != LUA_TNIL && lua_toboolean(L, -1))
-      st->dbg_flags |= DF_LUA;
-    lua_settop(L, 1);
-    st->dbg = luaL_ref(L, LUA_REGISTRYINDEX);
-    am_debug_on++;
-  }
+  st->dbg = ref;
+  st->dbg_flags = flags;
+  if (ref == LUA_NOREF) am_dbg_close(L, st);
+  else am_debug_on++;
   lua_pushboolean(L, was);
   return 1;
 }

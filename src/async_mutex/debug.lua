@@ -210,8 +210,9 @@ end
 -- Debug mode switched off meanwhile (a hook or a finalizer called disable()
 -- while the report was made): no report, to stderr least of all.
 local function emit(kind, text, info)
-  if not opts then return end
-  local handler = opts.onReport
+  local o = opts                  -- (a count hook may run between two lines)
+  if not o then return end
+  local handler = o.onReport
   if handler then
     local ok, err = pcall(handler, kind, text, info)
     if not ok then
@@ -256,14 +257,15 @@ end
 -- {========================================================== long holds
 
 local function check_long()
-  local limit = opts and opts.holdWarning
+  local o = opts
+  local limit = o and o.holdWarning
   if not limit then                   -- switched off or on anew meanwhile
     if timer_on then stop_timer() end
     return
   end
   local t = now()
   for _, rec in ipairs(records()) do
-    if opts == nil or opts.holdWarning ~= limit then break end
+    if opts ~= o then break end       -- switched meanwhile (emit, a hook)
     if not rec[WARNED] and t - rec[SINCE] >= limit then
       core.dbg_warned(rec[REL])
       local v = view(rec)
@@ -300,7 +302,8 @@ end
 -- switched counts, read after it.
 local function start_timer()
   local t = get_timer()
-  local hw = opts and opts.holdWarning
+  local o = opts
+  local hw = o and o.holdWarning
   if not hw then return end
   timer = t
   local every = max(1, floor(hw / 4))
@@ -583,8 +586,9 @@ end
 -- lock ('keyed': was it taken by acquireAll? the record keeps the answer)
 -- and while long holds are checked.
 local function on_granted(keyed)
-  if not opts then return end
-  if opts.holdWarning and not timer_on then start_timer() end
+  local o = opts
+  local hw = o and o.holdWarning
+  if hw and not timer_on then start_timer() end
   if keyed then return from_canonical() end
 end
 
@@ -604,10 +608,10 @@ end
 
 --- The table core.debug() takes (src/debug.c: its layout): the hooks, the
 -- flags.
-local function hook_table()
+local function hook_table(o)
   return { on_request, on_granted, on_waiting, on_released, on_created,
-           opts.traceback,
-           opts.holdWarning ~= nil }        -- the Lua hooks have work
+           o.traceback,
+           o.holdWarning ~= nil }           -- the Lua hooks have work
 end
 
 -- }==========================================================
@@ -671,8 +675,12 @@ function M.enable(options)
   if on ~= nil and not checks.is_callable(on) then
     argerror(1, "enable", "onReport must be a function")
   end
-  opts = { traceback = tb == true, holdWarning = hw, onReport = on }
-  core.debug(hook_table())
+  local o = { traceback = tb == true, holdWarning = hw, onReport = on }
+  opts = o
+  core.debug(hook_table(o))
+  -- a finalizer run by those allocations may have switched it off (or on
+  -- with other options): this call came last, its options stand
+  opts = o
   if timer_on and not hw then stop_timer()
   elseif hw and core.dbg_count() > 0 then start_timer() end
 end
