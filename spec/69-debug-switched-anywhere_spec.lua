@@ -3,11 +3,33 @@
 -- while enable() itself allocates (docs/debug.md, Switched from a hook).
 -- Whatever runs in between, the last call stands and C and Lua agree: on
 -- with its records, or off; nothing on stderr, nothing left in the
--- registry.  Each case runs in a child process (h.reentry_child: a crash,
--- or anything on stderr, fails the test).
+-- registry.  And the copies debug mode makes of its records and of a
+-- queue while finalizers take locks, queue or close waiters (docs/debug.md,
+-- Copies made while finalizers run): nothing missed, no freed memory read.
+-- Each case runs in a child process (h.reentry_child: a crash, or anything
+-- on stderr, fails the test; memory cases under valgrind or ASan).
 local h = require "helpers"
 
 local function run(body) return h.reentry_child(body, 120) end
+
+--- Runs 'body' in a child under a memory checker: the child is under
+-- AddressSanitizer already when this run is (make asan), else it runs
+-- under valgrind's memcheck (a read of freed memory fails it).  Returns its
+-- stdout; raises with its stderr if it reported anything.
+local function run_checked(body)
+  local preload = os.getenv("LD_PRELOAD") or ""
+  local prefix = nil
+  if not preload:find("asan") then
+    prefix = "valgrind --quiet --error-exitcode=99 --leak-check=full"
+      .. " --errors-for-leak-kinds=definite"
+  end
+  local res = h.subprocess('local am = require "async_mutex"\nlocal uv = require "luv"\n'
+    .. body, 300, prefix)
+  if res.stderr ~= "" or res.rc ~= 0 then
+    error(("the child failed (exit %s), stderr:\n%s"):format(tostring(res.rc), res.stderr), 2)
+  end
+  return res.stdout
+end
 
 describe("debug mode switched off by a count hook at any instruction", function()
   -- 'scenario' runs in a coroutine with a count hook that calls ACTION once,
@@ -92,9 +114,109 @@ describe("a finalizer that switches debug mode while enable() allocates", functi
     end
     for _ = 1, 200 do ring() end
   ]]
-  local function case(target, action, body)
-    return run(RING:gsub("TARGET", target):gsub("ACTION", action) .. body)
+  local function case(target, action, body, runner)
+    return (runner or run)(RING:gsub("TARGET", target):gsub("ACTION", action) .. body)
   end
+
+  -- A holds L1 and requests L2 (held, waiters at six priorities): the
+  -- deadlock search reads L2's queue (core.dbg_queue) while a finalizer
+  -- queues a waiter of a new priority (a new bucket) or closes a waiting
+  -- coroutine (its bucket freed)
+  local QUEUE = [[
+    local L1, L2 = am.Mutex.new(), am.Mutex.new()
+    local hold2
+    coroutine.wrap(function() hold2 = L2:acquire() end)()
+    local served = 0
+    function wait_on(p)
+      local co = coroutine.create(function()
+        local ok, r = pcall(L2.acquire, L2, p)
+        if ok then served = served + 1; r() end
+      end)
+      coroutine.resume(co)
+      return co
+    end
+    waiters = {}
+    for p = 1, 6 do waiters[#waiters + 1] = wait_on(p) end
+    collectgarbage("incremental", 1, 100, 0)  -- a step at every allocation
+    for _ = 1, 300 do
+      if fired >= 30 then break end
+      coroutine.wrap(function()
+        local r1 = L1:acquire()
+        while #waiters < 6 do waiters[#waiters + 1] = wait_on(#waiters + 1) end
+        per, armed = 0, true
+        local d = am.withTimeout(L2, 1)
+        local ok, err = pcall(d.acquire, d)   -- would wait: the search runs
+        armed = false
+        assert(not ok and err == am.E_TIMEOUT, tostring(err))
+        r1()
+      end)()
+      uv.run()
+    end
+    collectgarbage("generational")
+    hold2()
+    uv.run()
+    io.write(tostring(fired > 0), " ", am.pending(), "\n")
+  ]]
+
+  it("a lock taken by a finalizer while holds() copies the records: every hold held before is in the result", function()
+    assert.equal("true 0 0\n", run([==[
+local core = require "async_mutex.core"
+am.debug.enable({ onReport = function() end })
+local armed, fired, extra = false, 0, {}
+local spare = am.Mutex.new()
+local function on_stack(f)
+  for level = 2, 50 do
+    local info = debug.getinfo(level, "f")
+    if not info then return false end
+    if info.func == f then return true end
+  end
+  return false
+end
+local function ring()
+  setmetatable({}, { __gc = function()
+    if armed and on_stack(core.dbg_records) then
+      armed = false; fired = fired + 1
+      local co = coroutine.wrap(function() extra[#extra + 1] = am.tryAcquire(spare):acquire() end)
+      co()
+    end
+    ring()
+  end })
+end
+for _ = 1, 200 do ring() end
+local locks, rels = {}, {}
+for i = 1, 8 do locks[i] = am.Mutex.new() end
+local missed = 0
+collectgarbage("incremental", 1, 100, 0)
+for attempt = 1, 200 do
+  for i = 1, 8 do
+    coroutine.wrap(function() rels[i] = locks[i]:acquire() end)()
+  end
+  rels[1]()                       -- a free slot below the others
+
+  armed = true
+  local hs = am.debug.holds()
+  armed = false
+
+  local seen = {}
+  for _, h in ipairs(hs) do seen[h.lock] = true end
+  for i = 2, 8 do if not seen[locks[i]] then missed = missed + 1 end end
+  for i = 2, 8 do rels[i]() end
+  for _, r in ipairs(extra) do r() end
+  extra = {}
+end
+io.write(tostring(fired > 0), " ", missed, " ", core.dbg_count(), "\n")
+    ]==]))
+  end)
+
+  it("a waiter of a new priority queued by a finalizer while the deadlock search copies a queue: no overrun", function()
+    assert.equal("true 0\n", case("core.dbg_queue", "per = per + 1; armed = per < 12; waiters[#waiters + 1] = wait_on(100 + fired)",
+      "am.debug.enable({ onReport = function() end })\n" .. QUEUE, run_checked))
+  end)
+
+  it("a waiting coroutine closed by a finalizer while the deadlock search copies a queue: no freed bucket read", function()
+    assert.equal("true 0\n", case("core.dbg_queue", "per = per + 1; armed = per < 6; local co = table.remove(waiters, 1); if co then coroutine.close(co) end",
+      "am.debug.enable({ onReport = function() end })\n" .. QUEUE, run_checked))
+  end)
 
   it("enable() nested in enable()'s C allocations: disable() leaves no hook table in the registry", function()
     assert.equal("true 0 true\n", case("core.debug", "am.debug.enable({ traceback = true })", [[

@@ -708,37 +708,44 @@ static int dbg_waiter (lua_State *L) {
 }
 
 
+/* A queued waiter as core.dbg_queue reports it (its coroutine aside). */
+typedef struct QueuedView {
+  lua_Integer weight;
+  Key key;
+  int unlock, timed;
+} QueuedView;
+
+
+/* How many buckets the queues of 'lk' have (acquirers', unlock waiters'). */
+static size_t count_buckets (const Lock *lk) {
+  size_t n = lk->queue.n, i;
+  for (i = 0; i < lk->nweights; i++) n += lk->unlock[i].queue.n;
+  return n;
+}
+
+
 /*
-** Appends to the table at 't' (from 'n' + 1) the waiters of queue 'q' in
-** queue order, each as { coroutine, weight, priority, unlock, timed };
-** returns the new count.
+** Copies the waiters of queue 'q' in queue order into 'out' (from 'n'),
+** their coroutines into the table at 't' (its array part, made big
+** enough: no allocation), using 'b' for the order of its buckets; returns
+** the new count.
 */
-static int push_queue (lua_State *L, const Queue *q, int t, int n,
-                       int unlock) {
-  Bucket **b;
+static size_t copy_queue (lua_State *L, const Queue *q, Bucket **b,
+                          QueuedView *out, size_t n, int t, int unlock) {
   uint32_t i;
-  if (q->n == 0) return n;
-  b = (Bucket **)lua_newuserdatauv(L, q->n * sizeof(*b), 0);
   am_queue_ordered(q, b);
   for (i = 0; i < q->n; i++) {
     Waiter *w;
     for (w = am_bucket_next(b[i], NULL); w != NULL;
          w = am_bucket_next(b[i], w)) {
-      lua_createtable(L, 5, 0);
+      out[n].weight = w->r.weight;
+      out[n].key = b[i]->key;
+      out[n].unlock = unlock;
+      out[n].timed = w->r.timed;
       am_push_anchored(L, w);
-      lua_rawseti(L, -2, 1);
-      lua_pushinteger(L, w->r.weight);
-      lua_rawseti(L, -2, 2);
-      push_key(L, &b[i]->key);
-      lua_rawseti(L, -2, 3);
-      lua_pushboolean(L, unlock);
-      lua_rawseti(L, -2, 4);
-      lua_pushboolean(L, w->r.timed);
-      lua_rawseti(L, -2, 5);
-      lua_rawseti(L, t, ++n);
+      lua_rawseti(L, t, (lua_Integer)++n);
     }
   }
-  lua_pop(L, 1);
   return n;
 }
 
@@ -748,17 +755,52 @@ static int push_queue (lua_State *L, const Queue *q, int t, int n,
 ** descending, then arrival: the order the grant rule serves them), then
 ** its waitForUnlock waiters; each { coroutine, weight, priority, unlock,
 ** timed } (docs/debug.md, Deadlocks).
+** The queues are copied whole, with no allocation in between, into room
+** made first: a finalizer run by an allocation may queue, cancel or close
+** waiters, and free buckets; walking the queues while making the tables
+** read freed buckets, and the room for the buckets made before a finalizer
+** added one was overrun (spec 69).
 */
 static int dbg_queue (lua_State *L) {
   Lock *lk = am_tolock(L, 1);
-  int n;
-  size_t i;
+  QueuedView *v = NULL;
+  Bucket **b;
+  size_t nw = 0, nb = 0, n, i, j;
   luaL_argexpected(L, lk != NULL, 1, "lock");
-  luaL_checkstack(L, 6, NULL);
-  lua_createtable(L, (int)(lk->queue.count + lk->nunlock), 0);
-  n = push_queue(L, &lk->queue, 2, 0, 0);
-  for (i = 0; i < lk->nweights; i++)
-    n = push_queue(L, &lk->unlock[i].queue, 2, n, 1);
+  lua_settop(L, 1);
+  for (;;) {          /* room, until nothing grew past it meanwhile (it */
+    size_t needw = lk->queue.count + lk->nunlock;   /* doubles: a finalizer */
+    size_t needb = count_buckets(lk);               /* that queues at every */
+    if (v != NULL && needw <= nw && needb <= nb)    /* allocation ends too) */
+      break;
+    nw = 2 * (needw > nw ? needw : nw) + 8;
+    nb = 2 * (needb > nb ? needb : nb) + 8;
+    if (nw > (size_t)INT_MAX / 4) return luaL_error(L, "too many waiters");
+    lua_settop(L, 1);
+    lua_createtable(L, (int)nw, 0);               /* 2: the coroutines */
+    v = (QueuedView *)lua_newuserdatauv(L, nw * sizeof(QueuedView)
+                                        + nb * sizeof(Bucket *), 0);
+  }
+  b = (Bucket **)(void *)(v + nw);
+  luaL_checkstack(L, 8, NULL);
+  n = copy_queue(L, &lk->queue, b, v, 0, 2, 0);   /* no allocation: */
+  for (i = 0; i < lk->nweights; i++)              /* the copy */
+    n = copy_queue(L, &lk->unlock[i].queue, b, v, n, 2, 1);
+  lua_createtable(L, (int)n, 0);                  /* 4: the result */
+  for (j = 0; j < n; j++) {
+    lua_createtable(L, 5, 0);
+    lua_rawgeti(L, 2, (lua_Integer)j + 1);
+    lua_rawseti(L, -2, 1);
+    lua_pushinteger(L, v[j].weight);
+    lua_rawseti(L, -2, 2);
+    push_key(L, &v[j].key);
+    lua_rawseti(L, -2, 3);
+    lua_pushboolean(L, v[j].unlock);
+    lua_rawseti(L, -2, 4);
+    lua_pushboolean(L, v[j].timed);
+    lua_rawseti(L, -2, 5);
+    lua_rawseti(L, 4, (lua_Integer)j + 1);
+  }
   return 1;
 }
 
@@ -857,11 +899,25 @@ static int dbg_records (lua_State *L) {
   }
   lua_settop(L, 1);
   if (d->n < before) ended(L, st);
-  /* the slots first (what runs at an allocation cannot upset the walk),
-     then the tables */
-  list = (int *)lua_newuserdatauv(L, (size_t)n * sizeof(int) + 1, 0);
-  if ((d = st->dbg_recs) != NULL)
-    for (s = next_selected(d, -1, lk, co); s >= 0 && m < n;
+  /* The slots first (what runs at an allocation cannot upset the walk),
+     then the tables.  A finalizer run by the list's allocation may make
+     records (in slots the walk passes first): the list is made again
+     until it has room for every record selected after it was made. */
+  for (;;) {                           /* (doubling, as dbg_queue) */
+    list = (int *)lua_newuserdatauv(L, (size_t)n * sizeof(int) + 1, 0);
+    m = 0;
+    if ((d = st->dbg_recs) != NULL)
+      for (s = next_selected(d, -1, lk, co); s >= 0;
+           s = next_selected(d, s, lk, co))
+        m++;
+    if (m <= n) break;
+    lua_pop(L, 1);
+    if (m > INT_MAX / 4) return luaL_error(L, "too many holds");
+    n = 2 * m + 8;
+  }
+  m = 0;
+  if (d != NULL)
+    for (s = next_selected(d, -1, lk, co); s >= 0;
          s = next_selected(d, s, lk, co))
       list[m++] = s;
   lua_createtable(L, m, 0);
