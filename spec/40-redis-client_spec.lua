@@ -229,14 +229,14 @@ describe("client:call", function()
     end, { deadline = 120000 }))
 
   it("raises E_UNAVAILABLE at once when the connection is refused", h.async(function()
-    local c = redis.connect({ port = redis_server.free_port() })
-    local t0 = uv.hrtime()
+    -- no timeout to wait for: only the refusal itself can end the call
+    local c = redis.connect({ port = redis_server.free_port(), connectTimeout = math.huge,
+                              commandTimeout = math.huge })
     local ok, err = pcall(c.call, c, "PING")
     assert.is_false(ok)
     assert.equal(redis.E_UNAVAILABLE, err)
     assert.equal(am.E_UNAVAILABLE, err)
     assert.equal("redis server unavailable", err)
-    if not h.SLOW then assert.is_true(h.ms_since(t0) < 100) end
     c:close()
   end))
 

@@ -23,6 +23,24 @@ describe("releasers' results", function()
     assert.same({ true, false }, { rr(), rr() })
   end))
 
+  it("check false once an unscoped release ended the hold, as tostring shows", h.async(function()
+    local m, rw = am.Mutex.new(), am.RWLock.new()
+    local r = m:acquire()
+    m:release()
+    assert.is_false(r:check())
+    local r2 = m:acquire()                      -- a later hold is not r's
+    assert.is_false(r:check())
+    assert.is_true(r2:check())
+    r2()
+    local w = rw:acquireWrite()
+    rw:release()
+    assert.is_false(w:check())
+    local rd = rw:acquireRead()
+    rw:release()                                -- ends no read
+    assert.is_true(rd:check())
+    rd()
+  end))
+
   it("are false after an unscoped release ended the hold", h.async(function()
     local m = am.Mutex.new()
     local r = m:acquire()
@@ -85,6 +103,26 @@ describe("am.withLease", function()
       h.sleep(40)
       error(boom)
     end) })                                     -- fn's own error wins
+    assert.is_false(m:isLocked())
+  end))
+
+  it("is not lost once an unscoped release ended the hold: the lease just ends", h.async(function()
+    local m = am.Mutex.new()
+    local lm = am.withLease(m, 10)
+    local r = lm:acquire()
+    m:release()
+    local r2 = m:acquire()                      -- the next holder, not leased
+    h.sleep(30)                                 -- r's lease runs out
+    assert.matches("^async_mutex%.Releaser %(released%)", tostring(r))
+    assert.is_false(r:check())                  -- no E_LOST: it was released
+    assert.is_false(r())
+    assert.is_true(m:isLocked())                -- r2's hold untouched
+    r2()
+    assert.same({ "kept" }, { lm:runExclusive(function()
+      m:release()                               -- fn ends its own hold
+      h.sleep(30)
+      return "kept"
+    end) })
     assert.is_false(m:isLocked())
   end))
 

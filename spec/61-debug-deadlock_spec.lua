@@ -132,6 +132,20 @@ describe("not a self-deadlock", function()
     assert.equal(0, deadlocks())
   end))
 
+  it("a write requested again by its holder after rw:release() ended it and let a reader in", h.async(function()
+    local rw = am.RWLock.new()
+    rw:acquireWrite()
+    local reader = h.requester("acquireRead", nil, "reader", rw)
+    rw:release()                              -- ends the write: the reader reads
+    h.tick()
+    assert.is_true(reader.ok)
+    h.spawn(function() h.sleep(5); reader.release() end)
+    local ok, again = pcall(rw.acquireWrite, rw)   -- waits for the reader only
+    assert.equal(0, deadlocks())
+    assert.is_true(ok, again)
+    again()
+  end))
+
   it("tryAcquire never deadlocks: it refuses", h.async(function()
     local m = am.Mutex.new()
     local r = m:acquire()

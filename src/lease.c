@@ -61,14 +61,18 @@ void am_lease_end (lua_State *L, Releaser *r) {
 /*
 ** The lease of a held releaser ran out (the scheduler took it out of the
 ** timer queue): the hold is lost and given back (saturating: nothing may
-** raise in a timer callback), and the releaser's anchor dropped.
+** raise in a timer callback), and the releaser's anchor dropped.  A hold
+** an unscoped release ended first (m:release()) was not lost: its lease
+** just ends, its releaser spent (released, as its tostring said).
 */
 void am_lease_lost (lua_State *L, Waiter *w) {
   int ref = w->r.ref;
+  int live;
   if (w->r.state != S_HELD) return;       /* BUG guard */
-  w->r.state = S_LOST;
+  live = am_releaser_live(&w->r);
+  w->r.state = live ? S_LOST : S_RELEASED;
   w->r.ref = LUA_NOREF;
-  am_give_back(L, w->r.lock, w->r.weight, w->r.token, 1);
+  if (live) am_give_back(L, w->r.lock, w->r.weight, w->r.token, 1);
   if (am_debugging()) {                   /* its owner record ends */
     lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
     am_dbg_released(L, w->r.lock->st, -1);
@@ -80,7 +84,8 @@ void am_lease_lost (lua_State *L, Waiter *w) {
 
 /*
 ** releaser:check(): raises the lost error (level 0) once the hold was
-** lost; otherwise true while the hold is in place, false once given back.
+** lost; otherwise true while the hold is in place, false once given back
+** (by the releaser, or ended by an unscoped release: am_releaser_live).
 ** An ordinary releaser's never raises.
 */
 int am_releaser_check (lua_State *L) {
@@ -89,6 +94,6 @@ int am_releaser_check (lua_State *L) {
     lua_getiuservalue(L, 1, 2);
     return lua_error(L);
   }
-  lua_pushboolean(L, r->state == S_HELD);
+  lua_pushboolean(L, am_releaser_live(r));
   return 1;
 }

@@ -198,9 +198,11 @@ int am_releaser_live (const Releaser *r) {
   const Lock *lk = r->lock;
   if (r->state != S_HELD || lk->freed) return 0;
   if (lk->kind == &am_semaphore_kind) return 1;
-  if (lk->kind == &am_rwlock_kind && r->weight == AM_RW_READ)
-    return lk->value > 0;
-  /* a generation's token: Mutex, RWLock write, ReentrantMutex */
+  if (lk->kind == &am_rwlock_kind)         /* a write: readers may hold it
+                                             since rw:release() ended it */
+    return r->weight == AM_RW_READ ? lk->value > 0
+         : lk->value == AM_RW_WRITTEN && r->token == lk->gen;
+  /* a generation's token: Mutex, ReentrantMutex */
   return lk->kind->is_locked(lk) && r->token == lk->gen;
 }
 

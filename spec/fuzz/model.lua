@@ -310,6 +310,19 @@ local function give_back(w, rel)
   end
 end
 
+-- Whether the hold of `rel` is in place (releaser:check()): not given back
+-- by its call, not lost, and not ended by an unscoped release: a mutex's
+-- or a write's holder is the grant that holds it, a ReentrantMutex's hold
+-- is its generation; a semaphore's holds and reads have no owner to end.
+local function holds(rel)
+  if rel.called or rel.lost then return false end
+  local lock = rel.lock
+  if lock.kind == "mutex" then return lock.value <= 0 and lock.holder == rel end
+  if lock.kind == "rw" and rel.weight == 2 then return lock.value == -1 and lock.holder == rel end
+  if lock.kind == "re" then return lock.value <= 0 and rel.gen == lock.gen end
+  return true
+end
+
 -- A releaser's call: the first one releases and returns true; later calls,
 -- and any call once its lease ran out, return false.
 local function release_rel(w, rel)
@@ -548,7 +561,7 @@ function World:check(id)
   if a.rel.lost then
     emit(self, ("check %d %s"):format(id, a.lease.err or "E_LOST"))
   else
-    emit(self, ("check %d %s"):format(id, tostring(not a.rel.called)))
+    emit(self, ("check %d %s"):format(id, tostring(holds(a.rel))))
   end
 end
 
@@ -653,7 +666,8 @@ function World:turn(T)
   for _, e in ipairs(due) do
     local a = e.actor
     if e.rel then                          -- a lease ran out
-      if not e.rel.called and not e.rel.lost then lose(self, e.rel) end
+      if holds(e.rel) then lose(self, e.rel)
+      elseif not e.rel.lost then e.rel.called = true end   -- ended by an unscoped release: spent
     elseif a.entry == e then               -- still waiting (not granted meanwhile)
       local lock = a.L
       if e.kind == "acq" then

@@ -36,8 +36,9 @@ M.unknown_option = require("async_mutex.core").unknown_option
 --- Raises "attempt to use a closed redis client" at 'level' (1 = the
 -- caller of check_open) when 'client' is an async_mutex.redis client that
 -- was closed: a call would raise it at the line of the module's own call.
+local rcore                 -- async_mutex.redis_core, loaded at the first check
 function M.check_open(client, level)
-  local rcore = require "async_mutex.redis_core"
+  if not rcore then rcore = require "async_mutex.redis_core" end
   local is_client = rcore.is_client   -- set by async_mutex.redis
   if is_client and is_client(client) and rcore.status(client) == "closed" then
     error("attempt to use a closed redis client", level + 1)

@@ -483,18 +483,20 @@ end
 -- any reply fails the connection, and the channels are subscribed again.
 local function ping_tick(sub)
   local client, state = sub.client, sub.state
-  if sub.closed or not next(sub.channels) then
-    sub.ping:stop()
-    return
+  if sub.closed or not next(sub.channels) then return end    -- not armed again
+  local every = state.pingInterval
+  if not (sub.pinging or next(sub.waiting) or status(client) ~= "connected") then
+    local quiet = now() - progress(client)
+    if quiet < every then                 -- heard lately: look again when due
+      sub.ping:start(ceil(every - quiet), 0, sub.on_ping)
+      return
+    end
+    if core.send(client, "PING") then
+      sub.pinging = true
+      if not state.timing then arm(state, false) end
+    end
   end
-  if sub.pinging or next(sub.waiting) or status(client) ~= "connected"
-      or now() - progress(client) < state.pingInterval then
-    return
-  end
-  if core.send(client, "PING") then
-    sub.pinging = true
-    if not state.timing then arm(state, false) end
-  end
+  sub.ping:start(every, 0, sub.on_ping)
 end
 
 local function start_pings(sub)
@@ -505,7 +507,7 @@ local function start_pings(sub)
     sub.ping:unref()                     -- the subscription keeps the loop
     sub.on_ping = function() ping_tick(sub) end
   end
-  if not sub.ping:is_active() then sub.ping:start(every, every, sub.on_ping) end
+  if not sub.ping:is_active() then sub.ping:start(every, 0, sub.on_ping) end
 end
 
 local function subscriber(self)
@@ -714,18 +716,20 @@ end
 
 local script_call = core.script
 
--- Runs `script` with the lists `keys` and `args` (checked by the caller):
--- EVALSHA, and EVAL when the server does not know the script (NOSCRIPT:
--- restarted, flushed).  The one owner of that rule: client:eval and the
--- Redis locks (async_mutex.redis_lock, through core.run_script) use it.
-local function run_script(self, script, keys, args)
+-- Runs `script` with the list `keys` and the args (checked by the
+-- caller): one list, or the values themselves (core.script takes both; the
+-- Redis locks pass values, a table less per request).  EVALSHA, and EVAL
+-- when the server does not know the script (NOSCRIPT: restarted, flushed).
+-- The one owner of that rule: client:eval and the Redis locks
+-- (async_mutex.redis_lock, through core.run_script) use it.
+local function run_script(self, script, keys, ...)
   local sha = sha_of(script)
   if sha then
-    local ok, res = pcall(script_call, self, "EVALSHA", sha, keys, args)
+    local ok, res = pcall(script_call, self, "EVALSHA", sha, keys, ...)
     if ok then return res end
     if not is_noscript(res) then error(res, 0) end
   end
-  local reply = script_call(self, "EVAL", script, keys, args)
+  local reply = script_call(self, "EVAL", script, keys, ...)
   if not sha then
     -- the next time: EVALSHA with the SHA1 the server computes
     local ok, s = pcall(self.call, self, "SCRIPT", "LOAD", script)

@@ -53,18 +53,17 @@ local M = {}
 
 -- A fresh 128-bit token from the system's cryptographic source, as 32 hex
 -- digits: /dev/urandom read through a buffered file, 4 KB at a time (one
--- read(2) and one hex conversion serve 128 tokens; uv.random costs a
--- getrandom(2) call each, about 8 us here), or uv.random where
+-- read(2) and one hex conversion, in C, serve 128 tokens; uv.random costs
+-- a getrandom(2) call each, about 8 us here), or uv.random where
 -- /dev/urandom cannot be opened.  Each byte read is used once.
 local urandom = io.open("/dev/urandom", "rb")
 local hex_pool, hex_at = "", 1
-local to_hex = {}
-for i = 0, 255 do to_hex[string.char(i)] = format("%02x", i) end
+local to_hex = rcore.hex
 local function random_hex()
   if hex_at > #hex_pool then
     local bytes = urandom and urandom:read(4096)
     if not bytes or #bytes ~= 4096 then bytes = uv.random(4096) end
-    hex_pool, hex_at = bytes:gsub(".", to_hex), 1
+    hex_pool, hex_at = to_hex(bytes), 1
   end
   local s = hex_pool:sub(hex_at, hex_at + 31)
   hex_at = hex_at + 32
@@ -79,15 +78,16 @@ local function background(fn, ...)
   co_resume(co, ...)
 end
 
--- Runs a script of redis_scripts; an async_mutex.redis client takes the
--- lists as they are, another client goes through its eval.
-local function eval(client, script, keys, args)
-  if is_client(client) then return run_script(client, script, keys, args) end
-  return client:eval(script, keys, args)
+-- Runs a script of redis_scripts for the lock record lk: an
+-- async_mutex.redis client takes the keys' list and the args as values (no
+-- table per request), another client goes through its eval.
+local function eval(lk, script, keys, ...)
+  if lk.direct then return run_script(lk.client, script, keys, ...) end
+  return lk.client:eval(script, keys, { ... })
 end
 
-local function quiet_eval(client, script, keys, args)
-  pcall(eval, client, script, keys, args)
+local function quiet_eval(lk, script, keys, ...)
+  pcall(eval, lk, script, keys, ...)
 end
 
 
@@ -218,15 +218,16 @@ local function stop_timer(lease)
 end
 
 local function forget(lease)
-  local holds = lease.lock.holds[lease.name]
+  local name = lease.keys.name
+  local holds = lease.lock.holds[name]
   if holds then
     for i = 1, #holds do
       if holds[i] == lease then table.remove(holds, i); break end
     end
     -- a plain lock keeps its empty list for the next grant (one table
     -- less per acquisition); a keyed set's key gives its list up
-    if #holds == 0 and lease.name ~= lease.lock.name then
-      lease.lock.holds[lease.name] = nil
+    if #holds == 0 and name ~= lease.lock.name then
+      lease.lock.holds[name] = nil
     end
   end
 end
@@ -241,10 +242,10 @@ local function lose(lease, reason)
   forget(lease)
   local lk = lease.lock
   hub_unuse(lk.hub)
-  background(quiet_eval, lk.client, scripts.release, lease.keys,
-             { lease.token, lk.s_limit, lease.free })
+  local keys = lease.keys
+  background(quiet_eval, lk, scripts.release, keys, lease.token, lk.s_limit, keys.free)
   if lk.on_lost then
-    local ok, err = pcall(lk.on_lost, { name = lease.name, fence = lease.fence,
+    local ok, err = pcall(lk.on_lost, { name = keys.name, fence = lease.fence,
                                         reason = reason, releaser = lease })
     if not ok then report(err) end
   end
@@ -260,8 +261,7 @@ local function renew(lease)
   local lk = lease.lock
   local sent = hrtime()
   lease.next_renew = lk.renew > 0 and sent + lk.renew * NS or nil
-  local ok, r = pcall(eval, lk.client, scripts.renew, lease.keys,
-                      { lease.token, lk.s_limit, lk.s_ttl })
+  local ok, r = pcall(eval, lk, scripts.renew, lease.keys, lease.token, lk.s_limit, lk.s_ttl)
   if lease.state ~= "held" then return end
   if ok and r == 1 then
     lease.valid_until = max(lease.valid_until, sent + (lk.ttl - drift(lk.ttl)) * NS)
@@ -311,16 +311,19 @@ end
 -- 'first' is the length of the lease Redis granted: the ttl, or for a
 -- hand-off the shorter first lease (redis_scripts.lua, N:c), renewed after
 -- a third of it whatever the watchdog's setting.
-local function new_lease(lk, name, keys, free, token, fence, weight, sent, first)
+-- A lease has eight fields at most (lock, keys, token, fence, state,
+-- valid_until, next_renew, timer), so that its table has no larger hash
+-- part: the lock's name and ":free" channel are in its keys' list.
+local function new_lease(lk, keys, token, fence, sent, first)
   local next_renew
   if first < lk.ttl then next_renew = sent + (first // 3) * NS
   elseif lk.renew > 0 then next_renew = sent + lk.renew * NS end
   local lease = setmetatable({
-    lock = lk, name = name, keys = keys, free = free, token = token, fence = fence,
-    weight = weight, state = "held",
+    lock = lk, keys = keys, token = token, fence = fence, state = "held",
     valid_until = sent + (first - drift(first)) * NS,
     next_renew = next_renew,
   }, Lease)
+  local name = keys.name
   local holds = lk.holds[name]
   if not holds then holds = {}; lk.holds[name] = holds end
   holds[#holds + 1] = lease
@@ -346,16 +349,15 @@ local function release_lease(lease)
   lease.state = "released"
   stop_timer(lease)
   forget(lease)
-  local lk = lease.lock
-  local args = { lease.token, lk.s_limit, lease.free }
+  local lk, keys = lease.lock, lease.keys
   if not isyieldable() then
     hub_unuse(lk.hub)
-    background(quiet_eval, lk.client, scripts.release, lease.keys, args)
+    background(quiet_eval, lk, scripts.release, keys, lease.token, lk.s_limit, keys.free)
     return true
   end
   -- The hub stays in use until the answer, so that a coroutine that
   -- acquires again at once keeps the subscription.
-  local ok, r = pcall(eval, lk.client, scripts.release, lease.keys, args)
+  local ok, r = pcall(eval, lk, scripts.release, keys, lease.token, lk.s_limit, keys.free)
   if ok and r == 0 then
     lease.state = "held"            -- so that lose() reports it
     lose(lease, "refused")
@@ -382,7 +384,7 @@ function lease_methods.check(lease)
 end
 
 function Lease.__tostring(lease)
-  return format("async_mutex.RedisReleaser (%s, fence %d, %s)", lease.name,
+  return format("async_mutex.RedisReleaser (%s, fence %d, %s)", lease.keys.name,
                 lease.fence, lease.state)
 end
 
@@ -404,57 +406,69 @@ local REFRESH = setmetatable({}, { __name = "async_mutex.refresh" })
 -- a grant that arrived too late.
 local Pending = {
   __close = function(w)
-    local hub = w.hub
+    local lk = w.lk
+    local hub = lk.hub
     if hub.waiters[w.token] == w then hub.waiters[w.token] = nil end
-    if w.lk then w.lk.waiting[w] = nil end
+    lk.waiting[w] = nil
     if w.done then return end
     hub_unuse(hub)
-    local args = { w.token, w.limit, w.free }
+    local keys = w.keys
     if isyieldable() then             -- the error waits until Redis has it
-      quiet_eval(w.client, scripts.release, w.keys, args)
+      quiet_eval(lk, scripts.release, keys, w.token, lk.s_limit, keys.free)
     else                              -- coroutine.close: cannot wait
-      background(quiet_eval, w.client, scripts.release, w.keys, args)
+      background(quiet_eval, lk, scripts.release, keys, w.token, lk.s_limit, keys.free)
     end
   end,
 }
 
--- The keys and the ":free" channel of the lock 'name' of lk: a plain
--- lock's are made once.
-local function keys_of(lk, name)
-  if name == lk.name then return lk.keys, lk.free end
-  return scripts.keys(name), name .. ":free"
+-- The six keys of the lock 'name' (scripts.keys), with the name and its
+-- ":free" channel as fields 'name' and 'free'.
+local function lock_keys(name)
+  local keys = scripts.keys(name)
+  keys.name, keys.free = name, name .. ":free"
+  return keys
 end
 
+-- The keys of the lock 'name' of lk: a plain lock's are made once.
+local function keys_of(lk, name)
+  if name == lk.name then return lk.keys end
+  return lock_keys(name)
+end
+
+-- The request's numbers go as strings made once (the client would format
+-- them per call), and its arguments as values: no table per request.
+-- The waiter record 'w' has four fields while the lock is granted at once
+-- (lk, keys, token, done), one hash part of four slots.
 local function redis_acquire(lk, name, weight, deadline, err)
-  local client, hub = lk.client, lk.hub
-  local keys, free = keys_of(lk, name)
+  local hub = lk.hub
+  local keys = keys_of(lk, name)
   local token = hub.id .. ":" .. random_hex()
   local try = deadline == false
-  -- numbers as strings made once: the client would format them per call
-  local args = { token, lk.s_limit, weight == 1 and "1" or tostring(weight),
-                 lk.s_ttl, lk.s_wait, hub.channel, try and "try" or "wait" }
+  local s_weight = weight == 1 and "1" or tostring(weight)
+  local mode = try and "try" or "wait"
   hub_use(hub)
-  local w <close> = setmetatable({ hub = hub, client = client, keys = keys,
-    token = token, limit = lk.s_limit, free = free, done = false }, Pending)
+  local w <close> = setmetatable({ lk = lk, keys = keys, token = token, done = false },
+                                 Pending)
   -- Known to the hub before the request goes out: the hand-off message
   -- comes on the other connection and may be read before the reply; and
   -- to cancel(), which may come before the reply too.  The waiter's bell
   -- (a core Semaphore) is made only when it has to sleep.
   if not try then
     hub.waiters[token] = w
-    w.name, w.lk = name, lk
     lk.waiting[w] = true
   end
+  local acquire, s_limit, s_ttl, s_wait, channel =
+    scripts.acquire, lk.s_limit, lk.s_ttl, lk.s_wait, hub.channel
   local sent = hrtime()
-  local r = eval(client, scripts.acquire, keys, args)
+  local r = eval(lk, acquire, keys, token, s_limit, s_weight, s_ttl, s_wait, channel, mode)
   if r[1] ~= 1 then
     if try then error(err, 0) end
     -- Queued: wait for the hand-off.  Later requests ask again.
-    args[7] = "again"
+    mode = "again"
     if not hub.sub then
       subscribe(hub)
       sent = hrtime()               -- a hand-off before we listened: ask again
-      r = eval(client, scripts.acquire, keys, args)
+      r = eval(lk, acquire, keys, token, s_limit, s_weight, s_ttl, s_wait, channel, mode)
     end
     local refresh = max(1, lk.wait_ms // 3)
     while r[1] ~= 1 and not w.fence do
@@ -474,19 +488,17 @@ local function redis_acquire(lk, name, weight, deadline, err)
         if w.canceled then error(lk.cancel_error, 0) end
         if deadline and now() >= deadline then error(err, 0) end
         sent = hrtime()
-        r = eval(client, scripts.acquire, keys, args)
+        r = eval(lk, acquire, keys, token, s_limit, s_weight, s_ttl, s_wait, channel, mode)
       end
     end
     if w.fence and r[1] ~= 1 then
       w.done = true
-      return new_lease(lk, name, keys, free, token, w.fence, weight, sent,
-                       min(lk.ttl, lk.wait_ms)), w.value
+      return new_lease(lk, keys, token, w.fence, sent, min(lk.ttl, lk.wait_ms)), w.value
     end
   end
   w.done = true
   local fence = tointeger(tonumber(r[2]))
-  return new_lease(lk, name, keys, free, token, fence, weight, sent, lk.ttl),
-         tointeger(tonumber(r[3]))
+  return new_lease(lk, keys, token, fence, sent, lk.ttl), tointeger(tonumber(r[3]))
 end
 
 -- }==========================================================
@@ -620,7 +632,7 @@ local function new_record(mt, client, name, limit, opts, keyed)
   lk.client, lk.hub, lk.name, lk.limit = client, get_hub(client), name, limit
   lk.gate = keyed and core.KeyedMutex.new({ cancelError = opts.cancel_error })
     or core.Mutex.new(opts.cancel_error)
-  lk.keys, lk.free = scripts.keys(name), name .. ":free"
+  lk.keys, lk.direct = lock_keys(name), is_client(client)
   lk.s_limit, lk.s_ttl, lk.s_wait = tostring(limit), tostring(opts.ttl), tostring(opts.wait_ms)
   lk.waiting = {}
   lk.holds = {}
@@ -638,7 +650,7 @@ end
 local function cancel(lk, key, name)
   if key == nil then lk.gate:cancel() else lk.gate:cancel(key) end
   for w in pairs(lk.waiting) do
-    if name == nil or w.name == name then
+    if name == nil or w.keys.name == name then
       w.canceled = true
       -- a sleeping waiter wakes, sees 'canceled' and leaves (one that is
       -- not asleep sees it before it sleeps)
@@ -649,7 +661,7 @@ end
 
 -- The state in Redis: weight held, queue length.
 local function state(lk, name)
-  local r = eval(lk.client, scripts.state, (keys_of(lk, name)), { lk.s_limit })
+  local r = eval(lk, scripts.state, keys_of(lk, name), lk.s_limit)
   return r[1], r[2]
 end
 

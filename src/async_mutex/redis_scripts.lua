@@ -22,7 +22,11 @@
 -- idle lock leaves only N:n, which expires on its own.
 --
 -- Numbers: Redis runs scripts on Lua 5.1 with doubles; every number here
--- stays below 2^53 and is written with %.0f (tostring would give 1.8e+15).
+-- is an integer below 2^53 and is written with %d (tostring would give
+-- 1.8e+15; %d converts to a C long, where %.0f and the %.17g that
+-- redis.call applies to a Lua number take the slow exact path of the C
+-- library's float formatting, a measurable share of a script's time).
+-- Scores go to redis.call as such strings too.
 
 local M = {}
 
@@ -35,8 +39,9 @@ local M = {}
 local PRELUDE = [[
 local H, G, Q, W, C, N = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local function fmt(x) return string.format('%.0f', x) end
+local sec, usec = tonumber(t[1]), tonumber(t[2])
+local now = sec * 1000 + math.floor(usec / 1000)
+local function fmt(x) return string.format('%d', x) end
 
 -- The next number for this lock (fences and arrival numbers):
 -- max(last + 1, server time in us).  It grows with every grant and
@@ -47,7 +52,7 @@ local function fmt(x) return string.format('%.0f', x) end
 -- does not go back.
 local function draw()
   local last = tonumber(redis.call('GET', N) or '0')
-  local v = math.max(last + 1, tonumber(t[1]) * 1000000 + tonumber(t[2]))
+  local v = math.max(last + 1, sec * 1000000 + usec)
   redis.call('SET', N, fmt(v), 'PX', 3600000)
   return v
 end
@@ -90,7 +95,7 @@ end
 local function grant(token, weight, ttl, value)
   local fence = draw()
   local e = now + ttl
-  redis.call('ZADD', H, e, token)
+  redis.call('ZADD', H, fmt(e), token)
   redis.call('HSET', G, token, weight .. ' ' .. fmt(fence) .. ' ' .. value)
   if not first or e < first then first = e end
   return fence
@@ -147,16 +152,44 @@ M.acquire = [[
 -- A new request on a lock that nobody holds or waits for (holders and
 -- queue are both empty keys): granted before the prelude's functions are
 -- even made, as grant() would (fence: draw(); value: the limit).
-if ARGV[7] ~= 'again' and redis.call('EXISTS', KEYS[1], KEYS[3]) == 0 then
-  local t = redis.call('TIME')
-  local last = tonumber(redis.call('GET', KEYS[6]) or '0')
-  local fence = string.format('%.0f',
-    math.max(last + 1, tonumber(t[1]) * 1000000 + tonumber(t[2])))
-  redis.call('SET', KEYS[6], fence, 'PX', 3600000)
-  redis.call('ZADD', KEYS[1], tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-    + tonumber(ARGV[4]), ARGV[1])
-  redis.call('HSET', KEYS[2], ARGV[1], ARGV[3] .. ' ' .. fence .. ' ' .. ARGV[2])
-  return {1, fence, tonumber(ARGV[2])}
+if ARGV[7] ~= 'again' then
+  if redis.call('EXISTS', KEYS[1], KEYS[3]) == 0 then
+    local t = redis.call('TIME')
+    local sec, usec = tonumber(t[1]), tonumber(t[2])
+    local last = tonumber(redis.call('GET', KEYS[6]) or '0')
+    local fence = string.format('%d', math.max(last + 1, sec * 1000000 + usec))
+    redis.call('SET', KEYS[6], fence, 'PX', 3600000)
+    redis.call('ZADD', KEYS[1], string.format('%d',
+      sec * 1000 + math.floor(usec / 1000) + tonumber(ARGV[4])), ARGV[1])
+    redis.call('HSET', KEYS[2], ARGV[1], ARGV[3] .. ' ' .. fence .. ' ' .. ARGV[2])
+    return {1, fence, tonumber(ARGV[2])}
+  end
+  -- A new waiter on a mutex whose one holder's lease is running (the
+  -- contended case): queued at the tail as the full path below would queue
+  -- it, since with a live holder there is nothing to dispatch.  The full
+  -- path would also expire dead waiters first; that is left to the next
+  -- full run (the release that reaches a dead head, a renewal): the
+  -- newcomer's place behind them does not depend on it.
+  if ARGV[7] == 'wait' and ARGV[2] == '1' then
+    local hs = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+    if #hs == 2 then
+      local t = redis.call('TIME')
+      local sec, usec = tonumber(t[1]), tonumber(t[2])
+      local now = sec * 1000 + math.floor(usec / 1000)
+      local e = tonumber(hs[2])
+      if e >= now then
+        local last = tonumber(redis.call('GET', KEYS[6]) or '0')
+        local n = string.format('%d', math.max(last + 1, sec * 1000000 + usec))
+        redis.call('SET', KEYS[6], n, 'PX', 3600000)
+        local ttl, wait_ms = tonumber(ARGV[4]), tonumber(ARGV[5])
+        redis.call('ZADD', KEYS[3], n, ARGV[1])
+        redis.call('ZADD', KEYS[4], string.format('%d', now + wait_ms), ARGV[1])
+        redis.call('HSET', KEYS[5], ARGV[1],
+          ARGV[3] .. ' ' .. math.min(ttl, wait_ms) .. ' ' .. ARGV[6])
+        return {0, e - now}
+      end
+    end
+  end
 end
 ]] .. PRELUDE .. [[
 local token, limit, weight = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -166,14 +199,14 @@ expire_waiters()
 if mode == 'again' then
   local h = holding(token)
   if h then
-    redis.call('ZADD', H, now + ttl, token)
+    redis.call('ZADD', H, fmt(now + ttl), token)
     return h
   end
   if redis.call('ZSCORE', Q, token) then
     dispatch(limit, u)
     h = holding(token)
     if h then return h end
-    redis.call('ZADD', W, now + wait_ms, token)
+    redis.call('ZADD', W, fmt(now + wait_ms), token)
     return {0, first_end()}
   end
 end
@@ -183,7 +216,7 @@ if u + weight <= limit and redis.call('EXISTS', Q) == 0 then
 end
 if mode == 'try' then return {0} end
 redis.call('ZADD', Q, fmt(draw()), token)
-redis.call('ZADD', W, now + wait_ms, token)
+redis.call('ZADD', W, fmt(now + wait_ms), token)
 redis.call('HSET', C, token, weight .. ' ' .. math.min(ttl, wait_ms) .. ' ' .. ARGV[6])
 return {0, first_end()}
 ]]
@@ -200,7 +233,9 @@ local was = 0
 local e = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if e then
   local t = redis.call('TIME')
-  if tonumber(e) >= tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) then
+  local sec, usec = tonumber(t[1]), tonumber(t[2])
+  local now = sec * 1000 + math.floor(usec / 1000)
+  if tonumber(e) >= now then
     redis.call('ZREM', KEYS[1], ARGV[1])
     redis.call('HDEL', KEYS[2], ARGV[1])
     was = 1
@@ -216,7 +251,6 @@ if e then
     -- waiter behind a live head stays queued until a full run expires it:
     -- dispatch never passes it, since every full run expires first.
     if ARGV[2] == '1' and redis.call('EXISTS', KEYS[1]) == 0 then
-      local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
       local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
       local d = redis.call('ZSCORE', KEYS[4], head)
       if d and tonumber(d) >= now then
@@ -225,10 +259,9 @@ if e then
         redis.call('ZREM', KEYS[4], head)
         redis.call('HDEL', KEYS[5], head)
         local last = tonumber(redis.call('GET', KEYS[6]) or '0')
-        local fence = string.format('%.0f',
-          math.max(last + 1, tonumber(t[1]) * 1000000 + tonumber(t[2])))
+        local fence = string.format('%d', math.max(last + 1, sec * 1000000 + usec))
         redis.call('SET', KEYS[6], fence, 'PX', 3600000)
-        redis.call('ZADD', KEYS[1], now + tonumber(ttl), head)
+        redis.call('ZADD', KEYS[1], string.format('%d', now + tonumber(ttl)), head)
         redis.call('HSET', KEYS[2], head, w .. ' ' .. fence .. ' 1')
         redis.call('PUBLISH', ch, head .. ' ' .. fence .. ' 1')
         return 1
@@ -259,7 +292,7 @@ local u = held(limit)
 expire_waiters()
 dispatch(limit, u)
 if redis.call('HEXISTS', G, token) == 1 then
-  redis.call('ZADD', H, now + ttl, token)
+  redis.call('ZADD', H, fmt(now + ttl), token)
   return 1
 end
 return 0

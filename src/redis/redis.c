@@ -14,6 +14,7 @@
 #define LUA_LIB
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -65,7 +66,7 @@ typedef struct Client {
   lua_Integer head, tail;
 } Client;
 
-/* index of the hooks table: every Lua-callable function's upvalue */
+/* index of the hooks table: every Lua-callable function's first upvalue */
 #define HOOKS  lua_upvalueindex(1)
 
 /* registry keys: the clients by address (weak values), for the poll
@@ -74,8 +75,22 @@ static const char CLIENTS_KEY = 0;
 static const char EVENT_KEY = 0;
 
 
+/* the clients' metatable: every Lua-callable function's second upvalue */
+#define CLIENT_MT  lua_upvalueindex(2)
+
+/*
+** luaL_checkudata, with the metatable compared to the one kept as an
+** upvalue: luaL_checkudata looks it up by name in the registry, which
+** costs more than a call's formatting (it ran four times per lock cycle).
+*/
 static Client *checkclient (lua_State *L, int i) {
-  return (Client *)luaL_checkudata(L, i, AM_REDIS_CLIENT);
+  void *p = lua_touserdata(L, i);
+  if (p != NULL && lua_getmetatable(L, i)) {
+    int same = lua_rawequal(L, -1, CLIENT_MT);
+    lua_pop(L, 1);
+    if (same) return (Client *)p;
+  }
+  return (Client *)luaL_checkudata(L, i, AM_REDIS_CLIENT);   /* raises */
 }
 
 
@@ -402,6 +417,64 @@ static void argstring (lua_State *L, int i) {
 }
 
 
+/* Writes "<kind><v>\r\n" (a RESP header) at p; returns the end. */
+static char *put_header (char *p, char kind, size_t v) {
+  char digits[24];
+  int n = 0;
+  *p++ = kind;
+  do {
+    digits[n++] = (char)('0' + v % 10);
+    v /= 10;
+  } while (v > 0);
+  while (n > 0) *p++ = digits[--n];
+  *p++ = '\r';
+  *p++ = '\n';
+  return p;
+}
+
+static size_t header_size (size_t v) {
+  size_t n = 4;                                 /* kind, one digit, \r\n */
+  while (v >= 10) {
+    v /= 10;
+    n++;
+  }
+  return n;
+}
+
+/*
+** Appends one command to the output buffer in the protocol's form, as
+** redisAppendCommandArgv would, but written in place: hiredis formats
+** into a new string with a printf-like function and then copies it, which
+** cost a fifth of the client's instructions per lock cycle (callgrind,
+** docs/redis-locks.md, "Where the time goes").  Returns 0 when out of
+** memory.
+*/
+static int write_command (redisContext *c, int n, const char **argv,
+                          const size_t *argl) {
+  size_t total = header_size((size_t)n);
+  int k;
+  char *p;
+  sds buf;
+  for (k = 0; k < n; k++)
+    total += header_size(argl[k]) + argl[k] + 2;
+  if (total > INT_MAX)                          /* sdsIncrLen takes an int */
+    return redisAppendCommandArgv(c, n, argv, argl) == REDIS_OK;
+  buf = sdsMakeRoomFor(c->obuf, total);
+  if (buf == NULL) return 0;
+  c->obuf = buf;
+  p = put_header(buf + sdslen(buf), '*', (size_t)n);
+  for (k = 0; k < n; k++) {
+    p = put_header(p, '$', argl[k]);
+    memcpy(p, argv[k], argl[k]);
+    p += argl[k];
+    *p++ = '\r';
+    *p++ = '\n';
+  }
+  sdsIncrLen(buf, (int)total);
+  return 1;
+}
+
+
 /*
 ** Appends the command made of the arguments from index 2 on to the
 ** output buffer (converting them first: a bad one raises, changing
@@ -421,7 +494,7 @@ static int append (lua_State *L, Client *cl) {
   }
   for (k = 0; k < n; k++) argv[k] = lua_tolstring(L, k + 2, &argl[k]);
   if (!ensure_connection(L, 1, cl)) return 0;
-  if (redisAppendCommandArgv(cl->c, n, argv, argl) != REDIS_OK)
+  if (!write_command(cl->c, n, argv, argl))
     luaL_error(L, "not enough memory");
   return 1;
 }
@@ -430,10 +503,11 @@ static int append (lua_State *L, Client *cl) {
 /*
 ** client:call(command, ...): sends the command and suspends the calling
 ** coroutine until its reply; returns the reply, or raises the Error of
-** an error reply, or E_UNAVAILABLE if the connection fails first.
+** an error reply, or E_UNAVAILABLE if the connection fails first.  'cl'
+** is the client at index 1, checked by the caller (client_call, or
+** core_script, which would otherwise check it twice per request).
 */
-static int client_call (lua_State *L) {
-  Client *cl = checkclient(L, 1);
+static int call (lua_State *L, Client *cl) {
   int ismain;
   if (cl->closed)
     return luaL_error(L, "attempt to use a closed redis client");
@@ -462,28 +536,54 @@ static int client_call (lua_State *L) {
   return lua_yieldk(L, 0, 0, call_k);
 }
 
+static int client_call (lua_State *L) {
+  return call(L, checkclient(L, 1));
+}
+
+/* Pushes n in decimal: lua_tostring would format an integer with
+   snprintf, at every call. */
+static void pushcount (lua_State *L, size_t n) {
+  char digits[24], *end = digits + sizeof digits, *p = end;
+  do {
+    *--p = (char)('0' + n % 10);
+    n /= 10;
+  } while (n > 0);
+  lua_pushlstring(L, p, (size_t)(end - p));
+}
+
+
 /*
 ** script(client, command, script, keys, args): client:call(command,
 ** script, #keys, keys..., args...) with the keys and args taken from their
 ** lists here, so that a script's caller (client:eval, the Redis locks)
-** builds no argument list in Lua.
+** builds no argument list in Lua.  The args may also be given as values
+** (script(client, command, script, keys, arg1, arg2, ...)): the Redis
+** locks pass theirs so, which spares a table per request.
 */
 static int core_script (lua_State *L) {
   lua_Integer nk, na, k;
-  checkclient(L, 1);
+  int top = lua_gettop(L);
+  int list = top == 5 && lua_type(L, 5) == LUA_TTABLE;
+  Client *cl = checkclient(L, 1);
   luaL_checktype(L, 4, LUA_TTABLE);
-  luaL_checktype(L, 5, LUA_TTABLE);
   nk = luaL_len(L, 4);
-  na = luaL_len(L, 5);
-  lua_settop(L, 5);
+  na = list ? luaL_len(L, 5) : top - 4;
   luaL_checkstack(L, (int)(nk + na + 4), "too many arguments");
-  lua_pushvalue(L, 2);
-  lua_pushvalue(L, 3);
-  lua_pushinteger(L, nk);
-  for (k = 1; k <= nk; k++) lua_rawgeti(L, 4, k);
-  for (k = 1; k <= na; k++) lua_rawgeti(L, 5, k);
-  for (k = 0; k < 4; k++) lua_remove(L, 2);   /* client command script n ... */
-  return client_call(L);
+  if (list) {
+    lua_settop(L, 5);
+    pushcount(L, (size_t)nk);
+    for (k = 1; k <= nk; k++) lua_rawgeti(L, 4, k);
+    for (k = 1; k <= na; k++) lua_rawgeti(L, 5, k);
+    lua_rotate(L, 4, -2);                       /* the two lists on top */
+    lua_pop(L, 2);
+  }
+  else {                    /* client command script keys args... */
+    pushcount(L, (size_t)nk);
+    for (k = 1; k <= nk; k++) lua_rawgeti(L, 4, k);
+    lua_rotate(L, 5, (int)nk + 1);      /* n and the keys before args */
+    lua_remove(L, 4);                           /* the keys' list */
+  }
+  return call(L, cl);              /* client command script n keys args */
 }
 
 /* }====================================================== */
@@ -827,6 +927,26 @@ static int core_state (lua_State *L) {
 }
 
 
+/*
+** hex(bytes): the bytes in lower-case hexadecimal.  The Redis locks make
+** their tokens from it (a gsub over a table, before, cost a tenth of a
+** lock cycle's instructions).
+*/
+static int core_hex (lua_State *L) {
+  static const char digit[] = "0123456789abcdef";
+  size_t len, k;
+  const unsigned char *s = (const unsigned char *)luaL_checklstring(L, 1, &len);
+  luaL_Buffer b;
+  char *out = luaL_buffinitsize(L, &b, 2 * len);
+  for (k = 0; k < len; k++) {
+    out[2 * k] = digit[s[k] >> 4];
+    out[2 * k + 1] = digit[s[k] & 15];
+  }
+  luaL_pushresultsize(&b, 2 * len);
+  return 1;
+}
+
+
 /* error(message): the Error value an error reply makes */
 static int core_error (lua_State *L) {
   size_t len;
@@ -862,6 +982,7 @@ static const luaL_Reg core_funcs[] = {
   {"state", core_state},
   {"alive", core_alive},
   {"error", core_error},
+  {"hex", core_hex},
   {"progress", core_progress},
   {"script", core_script},
   {NULL, NULL}
@@ -878,21 +999,23 @@ LUAMOD_API int luaopen_async_mutex_redis_core (lua_State *L) {
   amr_openerror(L);
   lua_newtable(L);                              /* module */
   lua_newtable(L);                              /* hooks */
-  luaL_newmetatable(L, AM_REDIS_CLIENT);
+  luaL_newmetatable(L, AM_REDIS_CLIENT);        /* module hooks mt */
   lua_pushvalue(L, -2);
-  luaL_setfuncs(L, client_metamethods, 1);
+  lua_pushvalue(L, -2);
+  luaL_setfuncs(L, client_metamethods, 2);      /* upvalues: hooks, mt */
   lua_newtable(L);                              /* methods */
   lua_pushvalue(L, -3);
-  luaL_setfuncs(L, client_methods, 1);
+  lua_pushvalue(L, -3);
+  luaL_setfuncs(L, client_methods, 2);
   lua_pushvalue(L, -1);
   lua_setfield(L, -3, "__index");
   lua_setfield(L, -4, "Client");               /* module.Client */
-  lua_pop(L, 1);                                /* metatable */
-  lua_pushvalue(L, -1);
-  lua_setfield(L, -3, "hooks");
-  luaL_setfuncs(L, core_funcs, 1);              /* hooks as upvalue */
+  lua_pushvalue(L, -2);
+  lua_setfield(L, -4, "hooks");                 /* module hooks mt */
+  luaL_setfuncs(L, core_funcs, 2);              /* module */
   lua_getfield(L, -1, "hooks");
-  lua_pushcclosure(L, poll_event, 1);
+  luaL_getmetatable(L, AM_REDIS_CLIENT);
+  lua_pushcclosure(L, poll_event, 2);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &EVENT_KEY);
   /* clients by address; kept if the module is loaded again (clients of
      the first load still have handles that call back) */
