@@ -493,17 +493,18 @@ end
 
 --- Runs Lua code in a separate `lua5.4` process that finds the module the way
 -- this one does (LUA_PATH / LUA_CPATH from package.path / package.cpath).
--- Returns { rc = exit code, stdout = ..., stderr = ... }.
-function helpers.subprocess(code, timeout_s)
+-- 'prefix' (optional) is put before lua5.4 in the command (a checker such
+-- as valgrind).  Returns { rc = exit code, stdout = ..., stderr = ... }.
+function helpers.subprocess(code, timeout_s, prefix)
   local script = os.tmpname()
   local errfile = os.tmpname()
   local f = assert(io.open(script, "w"))
   f:write(code)
   f:close()
   local cmd = ("env -u LUA_PATH_5_4 -u LUA_CPATH_5_4 -u LUA_INIT "
-    .. "LUA_PATH=%s LUA_CPATH=%s timeout -s KILL %d lua5.4 %s 2>%s"):format(
+    .. "LUA_PATH=%s LUA_CPATH=%s timeout -s KILL %d %s lua5.4 %s 2>%s"):format(
     shquote(package.path), shquote(package.cpath), timeout_s or 30,
-    shquote(script), shquote(errfile))
+    prefix or "", shquote(script), shquote(errfile))
   local p = assert(io.popen(cmd, "r"))
   local out = p:read("a")
   local _, how, rc = p:close()

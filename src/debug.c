@@ -71,12 +71,14 @@ enum { H_REQUEST = 1, H_GRANTED, H_WAITING, H_RELEASED, H_CREATED,
 ** that made the request (for its site) and, with the option, a traceback.
 ** Each record is in two doubly linked chains: its lock's (from Lock.dbg,
 ** newest first) and its holder's (from the hash 'cos': coroutine ->
-** newest record).
+** newest record); the hash 'rels' finds it from its releaser (a release
+** in any order costs the same: walking the lock's chain made releasing n
+** holds of one lock oldest first cost n^2/2 steps).
 **
 ** So a grant and a release change C fields and overwrite slots of the
 ** array of 'anchors' that exist already: they allocate nothing Lua's
 ** collector sees (no garbage, no collector step, no memory error to
-** protect against), only 'slots' and 'cos' may grow (malloc).  Growing
+** protect against), only 'slots', 'cos' and 'rels' may grow (malloc).  Growing
 ** 'anchors' (doubling, when every slot is used) is the one allocation, and
 ** is protected.  Lua sees a record as a table made when it reads
 ** (core.dbg_records), with the fields V_* (async_mutex.debug reads them
@@ -103,77 +105,86 @@ typedef struct Record {
   unsigned int has_where : 1;
 } Record;
 
-typedef struct CoHead {
-  const lua_State *co;        /* NULL: an empty entry */
-  int head;                   /* its newest record */
-} CoHead;
+/* An entry of a pointer hash: a coroutine and its newest record, or a
+   releaser and its record. */
+typedef struct PtrEntry {
+  const void *key;            /* NULL: an empty entry */
+  int slot;
+} PtrEntry;
+
+typedef struct PtrHash {      /* open addressing, linear probing */
+  PtrEntry *e;
+  int cap, n;                 /* 'cap' a power of 2, at least 2 * 'n' */
+} PtrHash;
 
 struct DebugRecords {
   Record *slots;
   int cap, n, free;           /* slots, records, first free slot or -1 */
   int aref;                   /* registry reference of 'anchors' */
-  CoHead *cos;                /* open addressing, linear probing */
-  int hcap, nco;              /* a power of 2, at least 2 * 'nco' */
+  PtrHash cos;                /* holder -> its newest record */
+  PtrHash rels;               /* releaser -> its record */
 };
 
 
-/* {====================================================== holders */
+/* {====================================================== pointer hashes */
 
-static unsigned co_hash (const lua_State *co) {
-  uintptr_t h = (uintptr_t)co >> 4;
+static unsigned ptr_hash (const void *p) {
+  uintptr_t h = (uintptr_t)p >> 4;
   return (unsigned)((h ^ (h >> 15)) * 2654435761u);
 }
 
 
-static CoHead *co_find (const DebugRecords *d, const lua_State *co) {
-  unsigned mask = (unsigned)d->hcap - 1, i;
-  if (d->hcap == 0) return NULL;
-  for (i = co_hash(co) & mask; d->cos[i].co != NULL; i = (i + 1) & mask)
-    if (d->cos[i].co == co) return &d->cos[i];
+static PtrEntry *ph_find (const PtrHash *t, const void *key) {
+  unsigned mask = (unsigned)t->cap - 1, i;
+  if (t->cap == 0) return NULL;
+  for (i = ptr_hash(key) & mask; t->e[i].key != NULL; i = (i + 1) & mask)
+    if (t->e[i].key == key) return &t->e[i];
   return NULL;
 }
 
 
-static void co_put (CoHead *cos, int hcap, const lua_State *co, int head) {
-  unsigned mask = (unsigned)hcap - 1, i;
-  for (i = co_hash(co) & mask; cos[i].co != NULL; i = (i + 1) & mask) ;
-  cos[i].co = co;
-  cos[i].head = head;
+/* Adds 'key' (not in 't'; room reserved). */
+static void ph_put (PtrHash *t, const void *key, int slot) {
+  unsigned mask = (unsigned)t->cap - 1, i;
+  for (i = ptr_hash(key) & mask; t->e[i].key != NULL; i = (i + 1) & mask) ;
+  t->e[i].key = key;
+  t->e[i].slot = slot;
+  t->n++;
 }
 
 
-/* Room for one more holder (malloc only); returns 0 without memory. */
-static int co_reserve (DebugRecords *d) {
-  CoHead *cos;
-  int hcap, i;
-  if ((d->nco + 1) * 2 <= d->hcap) return 1;
-  hcap = d->hcap ? d->hcap * 2 : FIRST_SLOTS;
-  cos = (CoHead *)calloc((size_t)hcap, sizeof(CoHead));
-  if (cos == NULL) return 0;
-  for (i = 0; i < d->hcap; i++)
-    if (d->cos[i].co != NULL) co_put(cos, hcap, d->cos[i].co, d->cos[i].head);
-  free(d->cos);
-  d->cos = cos;
-  d->hcap = hcap;
+/* Room for one more entry (malloc only); returns 0 without memory. */
+static int ph_reserve (PtrHash *t) {
+  PtrHash nt;
+  int i;
+  if ((t->n + 1) * 2 <= t->cap) return 1;
+  nt.cap = t->cap ? t->cap * 2 : FIRST_SLOTS;
+  nt.n = 0;
+  nt.e = (PtrEntry *)calloc((size_t)nt.cap, sizeof(PtrEntry));
+  if (nt.e == NULL) return 0;
+  for (i = 0; i < t->cap; i++)
+    if (t->e[i].key != NULL) ph_put(&nt, t->e[i].key, t->e[i].slot);
+  free(t->e);
+  *t = nt;
   return 1;
 }
 
 
 /* Removes entry 'e', moving back the entries of its probe run after it. */
-static void co_remove (DebugRecords *d, CoHead *e) {
-  unsigned mask = (unsigned)d->hcap - 1;
-  unsigned i = (unsigned)(e - d->cos), j = i, k;
+static void ph_remove (PtrHash *t, PtrEntry *e) {
+  unsigned mask = (unsigned)t->cap - 1;
+  unsigned i = (unsigned)(e - t->e), j = i, k;
   for (;;) {
     j = (j + 1) & mask;
-    if (d->cos[j].co == NULL) break;
-    k = co_hash(d->cos[j].co) & mask;   /* where entry j would like to be */
+    if (t->e[j].key == NULL) break;
+    k = ptr_hash(t->e[j].key) & mask;   /* where entry j would like to be */
     if (((j - k) & mask) >= ((j - i) & mask)) {   /* at i or before it */
-      d->cos[i] = d->cos[j];
+      t->e[i] = t->e[j];
       i = j;
     }
   }
-  d->cos[i].co = NULL;
-  d->nco--;
+  t->e[i].key = NULL;
+  t->n--;
 }
 
 /* }====================================================== */
@@ -181,30 +192,33 @@ static void co_remove (DebugRecords *d, CoHead *e) {
 
 /* The slot of the record of releaser 'r', or -1. */
 static int find_record (const DebugRecords *d, const Releaser *r) {
-  int s;
-  for (s = r->lock->dbg; s >= 0; s = d->slots[s].next_lock)
-    if (d->slots[s].r == r) return s;
-  return -1;
+  const PtrEntry *e = ph_find(&d->rels, r);
+  return e != NULL ? e->slot : -1;
 }
 
 
 /*
-** Ends the record at 'slot': out of its chains, its anchors cleared (in
-** 'anchors', at 'a'), the slot free.  Allocates nothing.
+** Ends the record at 'slot' ('e': its entry in 'rels', or NULL): out of
+** its chains and hashes, its anchors cleared (in 'anchors', at 'a'), the
+** slot free.  Allocates nothing.
 */
-static void end_record (lua_State *L, DebugRecords *d, int slot, int a) {
+static void end_record (lua_State *L, DebugRecords *d, int slot, int a,
+                        PtrEntry *e) {
   Record *rec = &d->slots[slot];
   if (rec->prev_lock >= 0) d->slots[rec->prev_lock].next_lock = rec->next_lock;
   else rec->r->lock->dbg = rec->next_lock;
   if (rec->next_lock >= 0) d->slots[rec->next_lock].prev_lock = rec->prev_lock;
   if (rec->prev_co >= 0) d->slots[rec->prev_co].next_co = rec->next_co;
   else {
-    CoHead *h = co_find(d, rec->holder);
-    assert(h != NULL && h->head == slot);
-    if (rec->next_co >= 0) h->head = rec->next_co;
-    else co_remove(d, h);
+    PtrEntry *h = ph_find(&d->cos, rec->holder);
+    assert(h != NULL && h->slot == slot);
+    if (rec->next_co >= 0) h->slot = rec->next_co;
+    else ph_remove(&d->cos, h);
   }
   if (rec->next_co >= 0) d->slots[rec->next_co].prev_co = rec->prev_co;
+  if (e == NULL) e = ph_find(&d->rels, rec->r);
+  assert(e != NULL && e->slot == slot);
+  ph_remove(&d->rels, e);
   lua_pushnil(L);                     /* what it anchored may be collected */
   lua_rawseti(L, a, A_N * slot + A_RELEASER);
   lua_pushnil(L);
@@ -229,7 +243,7 @@ static void prune_lock (lua_State *L, DebugRecords *d, Lock *lk, int a) {
   int s = lk->dbg;
   while (s >= 0) {
     int next = d->slots[s].next_lock;
-    if (!am_releaser_live(d->slots[s].r)) end_record(L, d, s, a);
+    if (!am_releaser_live(d->slots[s].r)) end_record(L, d, s, a, NULL);
     s = next;
   }
 }
@@ -307,7 +321,8 @@ void am_dbg_close (lua_State *L, State *st) {
     if (d->slots[s].r != NULL) d->slots[s].r->lock->dbg = -1;
   if (!st->closed) luaL_unref(L, LUA_REGISTRYINDEX, d->aref);
   free(d->slots);
-  free(d->cos);
+  free(d->cos.e);
+  free(d->rels.e);
   free(d);
 }
 
@@ -349,7 +364,7 @@ static int call_hook (lua_State *L, int nargs, int nres) {
 ** record a lockdep edge: its requests and waits need no Lua.
 */
 static int holds_any (lua_State *L, State *st) {
-  return st->dbg_recs != NULL && co_find(st->dbg_recs, L) != NULL;
+  return st->dbg_recs != NULL && ph_find(&st->dbg_recs->cos, L) != NULL;
 }
 
 
@@ -439,7 +454,7 @@ void am_dbg_granted (lua_State *L, State *st) {
   DebugRecords *d = st->dbg_recs;
   Lock *lk;
   Record *rec;
-  CoHead *h;
+  PtrEntry *h;
   lua_Debug ar;
   int slot, a, level;
   if (r == NULL || d == NULL || st->dbg == LUA_NOREF || st->closed
@@ -460,7 +475,7 @@ void am_dbg_granted (lua_State *L, State *st) {
       return;
     }
   }
-  if (!co_reserve(d)) return;
+  if (!ph_reserve(&d->cos) || !ph_reserve(&d->rels)) return;
   lk = r->lock;
   slot = d->free;
   rec = &d->slots[slot];
@@ -488,16 +503,16 @@ void am_dbg_granted (lua_State *L, State *st) {
   if (lk->dbg >= 0) d->slots[lk->dbg].prev_lock = slot;
   lk->dbg = slot;
   rec->prev_co = -1;                          /* and in its holder's */
-  if ((h = co_find(d, L)) != NULL) {
-    rec->next_co = h->head;
-    d->slots[h->head].prev_co = slot;
-    h->head = slot;
+  if ((h = ph_find(&d->cos, L)) != NULL) {
+    rec->next_co = h->slot;
+    d->slots[h->slot].prev_co = slot;
+    h->slot = slot;
   }
   else {
     rec->next_co = -1;
-    co_put(d->cos, d->hcap, L, slot);
-    d->nco++;
+    ph_put(&d->cos, L, slot);
   }
+  ph_put(&d->rels, r, slot);
   d->n++;
   lua_settop(L, top);
   if (st->dbg_flags & DF_TRACEBACK) {
@@ -549,12 +564,12 @@ static void ended (lua_State *L, State *st) {
 void am_dbg_released (lua_State *L, State *st, int idx) {
   Releaser *r = (Releaser *)lua_touserdata(L, idx);
   DebugRecords *d = st->dbg_recs;
-  int slot;
-  if (r == NULL || d == NULL || (slot = find_record(d, r)) < 0
+  PtrEntry *e;
+  if (r == NULL || d == NULL || (e = ph_find(&d->rels, r)) == NULL
       || !lua_checkstack(L, 4))
     return;
   lua_rawgeti(L, LUA_REGISTRYINDEX, d->aref);
-  end_record(L, d, slot, lua_gettop(L));
+  end_record(L, d, e->slot, lua_gettop(L), e);
   lua_pop(L, 1);
   ended(L, st);
 }
@@ -592,38 +607,48 @@ void am_dbg_created (lua_State *L, State *st) {
 */
 int am_core_debug (lua_State *L) {
   State *st = am_getstate(L);
-  int was = st->dbg != LUA_NOREF;
+  int was, ref = LUA_NOREF, flags = 0;
   luaL_argexpected(L, lua_isnoneornil(L, 1) || lua_istable(L, 1), 1,
                    "table or nil");
+  if (st->closed) {           /* a finalizer at lua_close: nothing to watch */
+    lua_pushboolean(L, 0);    /* (records made now would never be freed) */
+    return 1;
+  }
   lua_settop(L, 1);
-  if (!lua_isnil(L, 1) && st->dbg_recs == NULL) {   /* first: may raise */
-    DebugRecords *d;
-    lua_createtable(L, A_N * FIRST_SLOTS, 0);       /* anchors */
-    d = new_records(L);
-    d->aref = luaL_ref(L, LUA_REGISTRYINDEX);       /* may run finalizers */
-    if (st->dbg_recs == NULL) st->dbg_recs = d;
-    else {                                  /* one of them switched it on */
-      luaL_unref(L, LUA_REGISTRYINDEX, d->aref);
-      free(d->slots);
-      free(d);
+  if (!lua_isnil(L, 1)) {
+    if (lua_rawgeti(L, 1, F_TRACEBACK) != LUA_TNIL && lua_toboolean(L, -1))
+      flags |= DF_TRACEBACK;
+    if (lua_rawgeti(L, 1, F_LUA) != LUA_TNIL && lua_toboolean(L, -1))
+      flags |= DF_LUA;
+    lua_settop(L, 1);
+    /* Allocate first: a finalizer run here may switch debug mode on or
+       off (core.debug nested); this call came last, so it is committed
+       after them, below, from the fields as they are then. */
+    lua_pushvalue(L, 1);
+    ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    if (st->dbg_recs == NULL) {         /* the last allocation: may raise */
+      DebugRecords *d;
+      lua_createtable(L, A_N * FIRST_SLOTS, 0);     /* anchors */
+      d = new_records(L);
+      d->aref = luaL_ref(L, LUA_REGISTRYINDEX);
+      if (st->dbg_recs == NULL) st->dbg_recs = d;
+      else {                            /* a finalizer switched it on */
+        luaL_unref(L, LUA_REGISTRYINDEX, d->aref);
+        free(d->slots);
+        free(d);
+      }
     }
   }
+  /* commit: nothing below allocates */
+  was = st->dbg != LUA_NOREF;
   if (was) {
     luaL_unref(L, LUA_REGISTRYINDEX, st->dbg);
-    st->dbg = LUA_NOREF;
     am_debug_on--;
   }
-  st->dbg_flags = 0;
-  if (lua_isnil(L, 1)) am_dbg_close(L, st);
-  else {
-    if (lua_rawgeti(L, 1, F_TRACEBACK) != LUA_TNIL && lua_toboolean(L, -1))
-      st->dbg_flags |= DF_TRACEBACK;
-    if (lua_rawgeti(L, 1, F_LUA) != LUA_TNIL && lua_toboolean(L, -1))
-      st->dbg_flags |= DF_LUA;
-    lua_settop(L, 1);
-    st->dbg = luaL_ref(L, LUA_REGISTRYINDEX);
-    am_debug_on++;
-  }
+  st->dbg = ref;
+  st->dbg_flags = flags;
+  if (ref == LUA_NOREF) am_dbg_close(L, st);
+  else am_debug_on++;
   lua_pushboolean(L, was);
   return 1;
 }
@@ -683,37 +708,44 @@ static int dbg_waiter (lua_State *L) {
 }
 
 
+/* A queued waiter as core.dbg_queue reports it (its coroutine aside). */
+typedef struct QueuedView {
+  lua_Integer weight;
+  Key key;
+  int unlock, timed;
+} QueuedView;
+
+
+/* How many buckets the queues of 'lk' have (acquirers', unlock waiters'). */
+static size_t count_buckets (const Lock *lk) {
+  size_t n = lk->queue.n, i;
+  for (i = 0; i < lk->nweights; i++) n += lk->unlock[i].queue.n;
+  return n;
+}
+
+
 /*
-** Appends to the table at 't' (from 'n' + 1) the waiters of queue 'q' in
-** queue order, each as { coroutine, weight, priority, unlock, timed };
-** returns the new count.
+** Copies the waiters of queue 'q' in queue order into 'out' (from 'n'),
+** their coroutines into the table at 't' (its array part, made big
+** enough: no allocation), using 'b' for the order of its buckets; returns
+** the new count.
 */
-static int push_queue (lua_State *L, const Queue *q, int t, int n,
-                       int unlock) {
-  Bucket **b;
+static size_t copy_queue (lua_State *L, const Queue *q, Bucket **b,
+                          QueuedView *out, size_t n, int t, int unlock) {
   uint32_t i;
-  if (q->n == 0) return n;
-  b = (Bucket **)lua_newuserdatauv(L, q->n * sizeof(*b), 0);
   am_queue_ordered(q, b);
   for (i = 0; i < q->n; i++) {
     Waiter *w;
     for (w = am_bucket_next(b[i], NULL); w != NULL;
          w = am_bucket_next(b[i], w)) {
-      lua_createtable(L, 5, 0);
+      out[n].weight = w->r.weight;
+      out[n].key = b[i]->key;
+      out[n].unlock = unlock;
+      out[n].timed = w->r.timed;
       am_push_anchored(L, w);
-      lua_rawseti(L, -2, 1);
-      lua_pushinteger(L, w->r.weight);
-      lua_rawseti(L, -2, 2);
-      push_key(L, &b[i]->key);
-      lua_rawseti(L, -2, 3);
-      lua_pushboolean(L, unlock);
-      lua_rawseti(L, -2, 4);
-      lua_pushboolean(L, w->r.timed);
-      lua_rawseti(L, -2, 5);
-      lua_rawseti(L, t, ++n);
+      lua_rawseti(L, t, (lua_Integer)++n);
     }
   }
-  lua_pop(L, 1);
   return n;
 }
 
@@ -723,17 +755,52 @@ static int push_queue (lua_State *L, const Queue *q, int t, int n,
 ** descending, then arrival: the order the grant rule serves them), then
 ** its waitForUnlock waiters; each { coroutine, weight, priority, unlock,
 ** timed } (docs/debug.md, Deadlocks).
+** The queues are copied whole, with no allocation in between, into room
+** made first: a finalizer run by an allocation may queue, cancel or close
+** waiters, and free buckets; walking the queues while making the tables
+** read freed buckets, and the room for the buckets made before a finalizer
+** added one was overrun (spec 69).
 */
 static int dbg_queue (lua_State *L) {
   Lock *lk = am_tolock(L, 1);
-  int n;
-  size_t i;
+  QueuedView *v = NULL;
+  Bucket **b;
+  size_t nw = 0, nb = 0, n, i, j;
   luaL_argexpected(L, lk != NULL, 1, "lock");
-  luaL_checkstack(L, 6, NULL);
-  lua_createtable(L, (int)(lk->queue.count + lk->nunlock), 0);
-  n = push_queue(L, &lk->queue, 2, 0, 0);
-  for (i = 0; i < lk->nweights; i++)
-    n = push_queue(L, &lk->unlock[i].queue, 2, n, 1);
+  lua_settop(L, 1);
+  for (;;) {          /* room, until nothing grew past it meanwhile (it */
+    size_t needw = lk->queue.count + lk->nunlock;   /* doubles: a finalizer */
+    size_t needb = count_buckets(lk);               /* that queues at every */
+    if (v != NULL && needw <= nw && needb <= nb)    /* allocation ends too) */
+      break;
+    nw = 2 * (needw > nw ? needw : nw) + 8;
+    nb = 2 * (needb > nb ? needb : nb) + 8;
+    if (nw > (size_t)INT_MAX / 4) return luaL_error(L, "too many waiters");
+    lua_settop(L, 1);
+    lua_createtable(L, (int)nw, 0);               /* 2: the coroutines */
+    v = (QueuedView *)lua_newuserdatauv(L, nw * sizeof(QueuedView)
+                                        + nb * sizeof(Bucket *), 0);
+  }
+  b = (Bucket **)(void *)(v + nw);
+  luaL_checkstack(L, 8, NULL);
+  n = copy_queue(L, &lk->queue, b, v, 0, 2, 0);   /* no allocation: */
+  for (i = 0; i < lk->nweights; i++)              /* the copy */
+    n = copy_queue(L, &lk->unlock[i].queue, b, v, n, 2, 1);
+  lua_createtable(L, (int)n, 0);                  /* 4: the result */
+  for (j = 0; j < n; j++) {
+    lua_createtable(L, 5, 0);
+    lua_rawgeti(L, 2, (lua_Integer)j + 1);
+    lua_rawseti(L, -2, 1);
+    lua_pushinteger(L, v[j].weight);
+    lua_rawseti(L, -2, 2);
+    push_key(L, &v[j].key);
+    lua_rawseti(L, -2, 3);
+    lua_pushboolean(L, v[j].unlock);
+    lua_rawseti(L, -2, 4);
+    lua_pushboolean(L, v[j].timed);
+    lua_rawseti(L, -2, 5);
+    lua_rawseti(L, 4, (lua_Integer)j + 1);
+  }
   return 1;
 }
 
@@ -789,10 +856,10 @@ static int next_selected (const DebugRecords *d, int slot, const Lock *lk,
                           const lua_State *co) {
   if (lk != NULL) return slot < 0 ? lk->dbg : d->slots[slot].next_lock;
   if (co != NULL) {
-    const CoHead *h;
+    const PtrEntry *h;
     if (slot >= 0) return d->slots[slot].next_co;
-    h = co_find(d, co);
-    return h != NULL ? h->head : -1;
+    h = ph_find(&d->cos, co);
+    return h != NULL ? h->slot : -1;
   }
   for (slot++; slot < d->cap; slot++)
     if (d->slots[slot].r != NULL) return slot;
@@ -826,17 +893,31 @@ static int dbg_records (lua_State *L) {
   lua_rawgeti(L, LUA_REGISTRYINDEX, d->aref);       /* ends the dead ones */
   for (s = next_selected(d, -1, lk, co); s >= 0; ) {
     int next = next_selected(d, s, lk, co);
-    if (!am_releaser_live(d->slots[s].r)) end_record(L, d, s, 2);
+    if (!am_releaser_live(d->slots[s].r)) end_record(L, d, s, 2, NULL);
     else n++;
     s = next;
   }
   lua_settop(L, 1);
   if (d->n < before) ended(L, st);
-  /* the slots first (what runs at an allocation cannot upset the walk),
-     then the tables */
-  list = (int *)lua_newuserdatauv(L, (size_t)n * sizeof(int) + 1, 0);
-  if ((d = st->dbg_recs) != NULL)
-    for (s = next_selected(d, -1, lk, co); s >= 0 && m < n;
+  /* The slots first (what runs at an allocation cannot upset the walk),
+     then the tables.  A finalizer run by the list's allocation may make
+     records (in slots the walk passes first): the list is made again
+     until it has room for every record selected after it was made. */
+  for (;;) {                           /* (doubling, as dbg_queue) */
+    list = (int *)lua_newuserdatauv(L, (size_t)n * sizeof(int) + 1, 0);
+    m = 0;
+    if ((d = st->dbg_recs) != NULL)
+      for (s = next_selected(d, -1, lk, co); s >= 0;
+           s = next_selected(d, s, lk, co))
+        m++;
+    if (m <= n) break;
+    lua_pop(L, 1);
+    if (m > INT_MAX / 4) return luaL_error(L, "too many holds");
+    n = 2 * m + 8;
+  }
+  m = 0;
+  if (d != NULL)
+    for (s = next_selected(d, -1, lk, co); s >= 0;
          s = next_selected(d, s, lk, co))
       list[m++] = s;
   lua_createtable(L, m, 0);

@@ -56,8 +56,11 @@ local edges, nedges = {}, 0
 local reported = {}
 local timer, timer_on             -- long holds (the state's one timer: get_timer)
 
+-- At lua_close, a finalizer that runs after luv's loop may switch debug
+-- mode: the timer is no handle then, and only the flag changes.
 local function stop_timer()
-  if not timer:is_closing() then timer:stop() end
+  local ok, closing = pcall(timer.is_closing, timer)
+  if ok and not closing then timer:stop() end
   timer_on = false
 end
 
@@ -204,8 +207,12 @@ end
 
 -- {========================================================== reports
 
+-- Debug mode switched off meanwhile (a hook or a finalizer called disable()
+-- while the report was made): no report, to stderr least of all.
 local function emit(kind, text, info)
-  local handler = opts and opts.onReport
+  local o = opts                  -- (a count hook may run between two lines)
+  if not o then return end
+  local handler = o.onReport
   if handler then
     local ok, err = pcall(handler, kind, text, info)
     if not ok then
@@ -250,10 +257,15 @@ end
 -- {========================================================== long holds
 
 local function check_long()
-  local limit = opts and opts.holdWarning
-  if not limit then return end
+  local o = opts
+  local limit = o and o.holdWarning
+  if not limit then                   -- switched off or on anew meanwhile
+    if timer_on then stop_timer() end
+    return
+  end
   local t = now()
   for _, rec in ipairs(records()) do
+    if opts ~= o then break end       -- switched meanwhile (emit, a hook)
     if not rec[WARNED] and t - rec[SINCE] >= limit then
       core.dbg_warned(rec[REL])
       local v = view(rec)
@@ -286,11 +298,17 @@ local function get_timer()
   return t
 end
 
+-- get_timer may allocate (finalizers) and call luv (hooks): what they
+-- switched counts, read after it.
 local function start_timer()
-  timer = get_timer()
-  local every = max(1, floor(opts.holdWarning / 4))
-  timer:start(every, every, check_long)
+  local t = get_timer()
+  local o = opts
+  local hw = o and o.holdWarning
+  if not hw then return end
+  timer = t
+  local every = max(1, floor(hw / 4))
   timer_on = true
+  timer:start(every, every, check_long)
 end
 
 -- }==========================================================
@@ -547,8 +565,10 @@ end
 -- {========================================================== hooks
 -- Called by the C core (src/debug.c), in this order in the table.
 
+-- Each hook first checks that debug mode is on still: a "c" hook at its
+-- call may have switched it off.
 local function on_request(lock, weight, unlock, would_wait, wait, priority)
-  if wait == AM_TRY then return end         -- never waits: never deadlocks
+  if wait == AM_TRY or not opts then return end         -- never waits: never deadlocks
   local co = running()
   local held = not unlock and held_by(co)
   if held then lockdep(held, lock, (user_frame())) end
@@ -566,11 +586,14 @@ end
 -- lock ('keyed': was it taken by acquireAll? the record keeps the answer)
 -- and while long holds are checked.
 local function on_granted(keyed)
-  if opts.holdWarning and not timer_on then start_timer() end
+  local o = opts
+  local hw = o and o.holdWarning
+  if hw and not timer_on then start_timer() end
   if keyed then return from_canonical() end
 end
 
 local function on_waiting(lock, w)
+  if not opts then return end
   waiting[running()] = setmetatable({ waiter = w, lock = lock }, WEAKV)
 end
 
@@ -585,10 +608,10 @@ end
 
 --- The table core.debug() takes (src/debug.c: its layout): the hooks, the
 -- flags.
-local function hook_table()
+local function hook_table(o)
   return { on_request, on_granted, on_waiting, on_released, on_created,
-           opts.traceback,
-           opts.holdWarning ~= nil }        -- the Lua hooks have work
+           o.traceback,
+           o.holdWarning ~= nil }           -- the Lua hooks have work
 end
 
 -- }==========================================================
@@ -652,8 +675,12 @@ function M.enable(options)
   if on ~= nil and not checks.is_callable(on) then
     argerror(1, "enable", "onReport must be a function")
   end
-  opts = { traceback = tb == true, holdWarning = hw, onReport = on }
-  core.debug(hook_table())
+  local o = { traceback = tb == true, holdWarning = hw, onReport = on }
+  opts = o
+  core.debug(hook_table(o))
+  -- a finalizer run by those allocations may have switched it off (or on
+  -- with other options): this call came last, its options stand
+  opts = o
   if timer_on and not hw then stop_timer()
   elseif hw and core.dbg_count() > 0 then start_timer() end
 end
