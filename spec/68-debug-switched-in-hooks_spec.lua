@@ -10,24 +10,6 @@ local h = require "helpers"
 
 local function run(body) return h.reentry_child(body, 60) end
 
---- Runs 'body' (Lua source) in a child with a leak checker: the child is
--- already under AddressSanitizer when this run is (make asan: LeakSanitizer
--- fails it), else it runs under valgrind's memcheck.  Returns its stdout;
--- raises with its stderr if it reported anything.
-local function run_leakcheck(body)
-  local preload = os.getenv("LD_PRELOAD") or ""
-  local prefix = nil
-  if not preload:find("asan") then
-    prefix = "valgrind --quiet --error-exitcode=99 --leak-check=full"
-      .. " --errors-for-leak-kinds=definite"
-  end
-  local res = h.subprocess(body, 120, prefix)
-  if res.stderr ~= "" or res.rc ~= 0 then
-    error(("the child failed (exit %s), stderr:\n%s"):format(tostring(res.rc), res.stderr), 2)
-  end
-  return res.stdout
-end
-
 describe("debug mode switched off by a hook while its Lua code runs", function()
   it("as a grant starts the long-hold timer (uv.new_timer): the grant stands, no hook error", function()
     assert.equal("false false 0\n", run([[
@@ -123,12 +105,12 @@ describe("debug mode switched by a finalizer that runs at lua_close after the mo
   end)
 
   it("enable() records nothing and leaves no memory behind (valgrind or LeakSanitizer)", function()
-    assert.equal("true 0\n", run_leakcheck(case([[
+    assert.equal("true 0\n", h.memcheck_child(case([[
       local ok = pcall(am.debug.enable, { traceback = true })
       local m2 = am.Mutex.new()
       local co = coroutine.create(function() return am.tryAcquire(m2):acquire() end)
       coroutine.resume(co)
       io.write(tostring(ok), " ", #am.debug.holds(), "\n")
-    ]])))
+    ]]), 120))
   end)
 end)

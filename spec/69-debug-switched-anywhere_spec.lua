@@ -12,24 +12,24 @@ local h = require "helpers"
 
 local function run(body) return h.reentry_child(body, 120) end
 
---- Runs 'body' in a child under a memory checker: the child is under
--- AddressSanitizer already when this run is (make asan), else it runs
--- under valgrind's memcheck (a read of freed memory fails it).  Returns its
--- stdout; raises with its stderr if it reported anything.
+-- 'body' in a child under valgrind or ASan (h.memcheck_child)
 local function run_checked(body)
-  local preload = os.getenv("LD_PRELOAD") or ""
-  local prefix = nil
-  if not preload:find("asan") then
-    prefix = "valgrind --quiet --error-exitcode=99 --leak-check=full"
-      .. " --errors-for-leak-kinds=definite"
-  end
-  local res = h.subprocess('local am = require "async_mutex"\nlocal uv = require "luv"\n'
-    .. body, 300, prefix)
-  if res.stderr ~= "" or res.rc ~= 0 then
-    error(("the child failed (exit %s), stderr:\n%s"):format(tostring(res.rc), res.stderr), 2)
-  end
-  return res.stdout
+  return h.memcheck_child('local am = require "async_mutex"\nlocal uv = require "luv"\n'
+    .. body, 300)
 end
+
+-- child source: on_stack(f), whether f is a caller of the running code
+-- (a finalizer's or a hook's way to act inside one function only)
+local ON_STACK = [[
+local function on_stack(f)
+  for level = 2, 50 do
+    local info = debug.getinfo(level, "f")
+    if not info then return false end
+    if info.func == f then return true end
+  end
+  return false
+end
+]]
 
 describe("debug mode switched off by a count hook at any instruction", function()
   -- 'scenario' runs in a coroutine with a count hook that calls ACTION once,
@@ -95,17 +95,9 @@ end)
 describe("a finalizer that switches debug mode while enable() allocates", function()
   -- a ring of garbage whose finalizers act once the given function is on
   -- the stack, with the collector stepping at every allocation
-  local RING = [[
+  local RING = ON_STACK .. [[
     local core = require "async_mutex.core"
     local armed, fired = false, 0
-    local function on_stack(f)
-      for level = 2, 50 do
-        local info = debug.getinfo(level, "f")
-        if not info then return false end
-        if info.func == f then return true end
-      end
-      return false
-    end
     local function ring()
       setmetatable({}, { __gc = function()
         if armed and on_stack(TARGET) then armed = false; fired = fired + 1; ACTION end
@@ -159,19 +151,11 @@ describe("a finalizer that switches debug mode while enable() allocates", functi
   ]]
 
   it("a lock taken by a finalizer while holds() copies the records: every hold held before is in the result", function()
-    assert.equal("true 0 0\n", run([==[
+    assert.equal("true 0 0\n", run(ON_STACK .. [==[
 local core = require "async_mutex.core"
 am.debug.enable({ onReport = function() end })
 local armed, fired, extra = false, 0, {}
 local spare = am.Mutex.new()
-local function on_stack(f)
-  for level = 2, 50 do
-    local info = debug.getinfo(level, "f")
-    if not info then return false end
-    if info.func == f then return true end
-  end
-  return false
-end
 local function ring()
   setmetatable({}, { __gc = function()
     if armed and on_stack(core.dbg_records) then

@@ -569,6 +569,24 @@ function helpers.reentry_child(body, timeout_s)
   return res.stdout
 end
 
+--- Runs Lua code in a child under a memory checker: the child is under
+-- AddressSanitizer already when this run is (`make asan` preloads it, and
+-- LeakSanitizer fails a leak), else it runs under valgrind's memcheck (a
+-- read of freed memory or a definite leak fails it).  Fails on any stderr
+-- output or exit code but 0; returns the child's stdout.
+function helpers.memcheck_child(code, timeout_s)
+  local prefix = nil
+  if not (os.getenv("LD_PRELOAD") or ""):find("asan") then
+    prefix = "valgrind --quiet --error-exitcode=99 --leak-check=full"
+      .. " --errors-for-leak-kinds=definite"
+  end
+  local res = helpers.subprocess(code, timeout_s, prefix)
+  if res.stderr ~= "" or res.rc ~= 0 then
+    error(("the child failed (exit %s), stderr:\n%s"):format(tostring(res.rc), res.stderr), 2)
+  end
+  return res.stdout
+end
+
 --- The whole content of a text file.
 function helpers.read_file(path)
   local f = assert(io.open(path, "r"))
