@@ -67,3 +67,22 @@ describe("redis.connect timing options", function()
     watcher:close()
   end))
 end)
+
+-- The health check's timer at exit (docs/redis.md, "Closing and exiting"):
+-- a subscriber left unclosed is finalized at lua_close, after luv may have
+-- finalized that timer; touching it then was a segfault.
+describe("the subscriber's ping timer at lua_close", function()
+  it("subscribed, unsubscribed, the client never closed: the script ends cleanly", function()
+    local r = h.subprocess(([[
+local uv = require "luv"
+local redis = require "async_mutex.redis"
+local c = redis.connect({ path = %q, pingInterval = 100 })
+coroutine.wrap(function() c:subscribe("spec79:exit", function() end):unsubscribe() end)()
+uv.run()
+print("done")
+]]):format(server.path), 30)
+    assert.equal("", r.stderr)
+    assert.equal(0, r.rc, "exit status " .. tostring(r.rc) .. " (" .. tostring(r.how) .. ")")
+    assert.equal("done\n", r.stdout)
+  end)
+end)

@@ -549,7 +549,8 @@ local function subscriber(self)
       local subs = sub.channels[channel]
       if subs and #subs == 0 then sub.channels[channel] = nil end
     end
-    if sub.ping and not next(sub.channels) then sub.ping:stop() end
+    -- at lua_close luv may have finalized the timer already (alive)
+    if sub.ping and alive(sub.ping) and not next(sub.channels) then sub.ping:stop() end
     if final then
       sub.closed = true
       if sub.retry then close_handle(sub.retry) end
