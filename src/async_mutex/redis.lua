@@ -298,6 +298,11 @@ for name in pairs(DEFAULTS) do OPTIONS[name] = true end
 local POSITIVE = { connectTimeout = "no timeout", commandTimeout = "no timeout",
   pingInterval = "no ping" }
 
+-- A finite value must fit a luv timer once rounded up to whole ms: above
+-- 2^40 ms (about 34 years, the cap of the locks' ttl) it is refused here,
+-- at the caller's line, not deep in a timer's start at the first call.
+local MAX_MS = 2 ^ 40
+
 local function check_ms(options, name)
   local v = options[name]
   if v == nil then return DEFAULTS[name] end
@@ -305,9 +310,14 @@ local function check_ms(options, name)
     if type(v) ~= "number" or not (v > 0) then
       argerror(3, 1, "connect", ("%s must be a positive number (math.huge: %s)"):format(
         name, POSITIVE[name]))
+    elseif v > MAX_MS and v ~= huge then
+      argerror(3, 1, "connect", ("%s must be at most 2^40 (math.huge: %s)"):format(
+        name, POSITIVE[name]))
     end
   elseif type(v) ~= "number" or not (v >= 0) or v == huge then
     argerror(3, 1, "connect", name .. " must be a non-negative finite number")
+  elseif v > MAX_MS then
+    argerror(3, 1, "connect", name .. " must be at most 2^40")
   end
   return v
 end
@@ -496,7 +506,7 @@ local function ping_tick(sub)
       if not state.timing then arm(state, false) end
     end
   end
-  sub.ping:start(every, 0, sub.on_ping)
+  sub.ping:start(ceil(every), 0, sub.on_ping)
 end
 
 local function start_pings(sub)
@@ -507,7 +517,7 @@ local function start_pings(sub)
     sub.ping:unref()                     -- the subscription keeps the loop
     sub.on_ping = function() ping_tick(sub) end
   end
-  if not sub.ping:is_active() then sub.ping:start(every, 0, sub.on_ping) end
+  if not sub.ping:is_active() then sub.ping:start(ceil(every), 0, sub.on_ping) end
 end
 
 local function subscriber(self)
@@ -539,7 +549,8 @@ local function subscriber(self)
       local subs = sub.channels[channel]
       if subs and #subs == 0 then sub.channels[channel] = nil end
     end
-    if sub.ping and not next(sub.channels) then sub.ping:stop() end
+    -- at lua_close luv may have finalized the timer already (alive)
+    if sub.ping and alive(sub.ping) and not next(sub.channels) then sub.ping:stop() end
     if final then
       sub.closed = true
       if sub.retry then close_handle(sub.retry) end
