@@ -9,7 +9,8 @@
 --
 -- A server listens on a unix socket in a temporary directory (no port to
 -- collide with) and on a free loopback port; it is stopped by the PID in its
--- pidfile, also when a spec fails (call server:stop() from teardown).
+-- pidfile, also when a spec fails (call server:stop() from teardown, which
+-- also kills the children a failed test left running).
 -- server:pause() / resume() send SIGSTOP / SIGCONT, kill() SIGKILL, and
 -- start() starts it again on the same socket and port, empty.
 
@@ -97,8 +98,14 @@ function Server:kill()
   os.remove(self.pidfile)
 end
 
---- Stops the server for good and removes its directory.
+-- The children still running (see R.child), killed by Server:stop.
+local live = {}
+
+--- Stops the server for good and removes its directory; kills the children
+-- still running, which only a failed test leaves (they would wait for this
+-- server's locks for up to their own timers).
 function Server:stop()
+  for child in pairs(live) do child:kill() end
   self:kill()
   sh(("rm -rf '%s'"):format(self.dir))
 end
@@ -167,6 +174,7 @@ function R.child(code, args)
   end)
   assert(handle, pid)
   self.pid = pid
+  live[self] = true
   local function reader(pipe, into, notify)
     pipe:read_start(function(err, data)
       assert(not err, err)
@@ -188,6 +196,7 @@ end
 function Child:_finish()
   if self.rc == nil or self.open > 0 or self.done then return end
   self.done = true
+  live[self] = nil
   os.remove(self.script)
   self.stderr = table.concat(self.err)
   if self.waiting then
