@@ -25,7 +25,7 @@ local function acquire(c, name, token, ttl, mode)
 end
 
 local function release(c, name, token)
-  return c:eval(scripts.release, scripts.keys(name), { token, "1", name .. ":free" })
+  return c:eval(scripts.release, scripts.keys(name), { token, "1" })
 end
 
 describe("the acquire script's short path (a lock with no holder and no queue)", function()
@@ -98,17 +98,24 @@ describe("the release script's short path (a holder, nobody queued)", function()
     c:close()
   end))
 
-  it("publishes on the lock's free channel for waitForUnlock", h.async(function()
+  it("publishes on the lock's free channel when a waitForUnlock marked it", h.async(function()
     local c = server:client()
     local name = fresh_name()
     local heard = 0
     local sub = c:subscribe(name .. ":free", function() heard = heard + 1 end)
     acquire(c, name, "t1", 30000)
+    c:call("SET", name .. ":free", "1", "PX", "3000")     -- what M.state marks
     release(c, name, "t1")
     for _ = 1, 100 do
       if heard > 0 then break end
       h.sleep(1)
     end
+    assert.equal(1, heard)
+    assert.equal(0, c:call("EXISTS", name .. ":free"))   -- the mark is used up
+    -- unmarked, the next release publishes nothing
+    acquire(c, name, "t2", 30000)
+    release(c, name, "t2")
+    h.sleep(20)
     assert.equal(1, heard)
     sub:unsubscribe()
     c:close()
@@ -201,7 +208,7 @@ describe("the release script's mutex hand-off (a holder, a live head queued)", f
     assert.equal(1, sem("a", 2)[1])
     assert.equal(0, sem("b", 1)[1])
     assert.equal(0, sem("c", 1)[1])
-    assert.equal(1, c:eval(scripts.release, scripts.keys(name), { "a", "2", name .. ":free" }))
+    assert.equal(1, c:eval(scripts.release, scripts.keys(name), { "a", "2" }))
     assert.is_truthy(c:call("HGET", name .. ":h", "b"))
     assert.is_truthy(c:call("HGET", name .. ":h", "c"))
     c:close()

@@ -27,7 +27,7 @@ local function acquire(c, name, token, ttl, wait_ms, channel, limit, weight)
 end
 
 local function release(c, name, token, limit)
-  return c:eval(scripts.release, scripts.keys(name), { token, limit or "1", name .. ":free" })
+  return c:eval(scripts.release, scripts.keys(name), { token, limit or "1" })
 end
 
 local function server_ms(c)

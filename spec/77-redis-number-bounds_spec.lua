@@ -83,7 +83,7 @@ describe("a semaphore's large weights in the scripts' records", function()
     assert.equal(0, acquire(c, name, "waiter", limit, big, "spec77:chan")[1])
     assert.equal(big .. " 3000 spec77:chan", c:call("HGET", name .. ":c", "waiter"))
     assert.equal(1, c:eval(scripts.release, scripts.keys(name),
-      { "holder", tostring(limit), name .. ":free" }))
+      { "holder", tostring(limit) }))
     assert.matches("^%d+ " .. big .. " %d+ " .. limit .. "$", c:call("HGET", name .. ":h", "waiter"))
     -- and the waiter, asking again, learns it holds (value: the room it found)
     r = c:eval(scripts.acquire, scripts.keys(name),

@@ -5,7 +5,7 @@
 -- KeyedRedisMutex and with the user's limit by RedisSemaphore.  The design
 -- is explained in docs/redis-locks.md ("In Redis").
 --
--- The keys of a lock named N (KEYS[1..5], always in this order):
+-- The keys of a lock named N (KEYS[1..6], always in this order):
 --   N:h  hash   holder token -> "end weight fence value" (end: the end of
 --               its lease, server ms; value: the room left before this
 --               grant, what a Semaphore's acquire returns).  One record
@@ -21,6 +21,12 @@
 --               longer than a dead waiter would block it; the new holder
 --               renews it to its ttl
 --   N:n  string the last number drawn (fences and arrival numbers)
+--   N:free  string  set while a waitForUnlock waits (its expiry: the
+--               longest waiterTimeout of those that set it); also the name
+--               of the channel a release publishes on for them.  A release
+--               publishes only when it finds it, and deletes it: each
+--               watcher woken asks the state again, which marks again if it
+--               must go on waiting (see M.state for why no wake-up is lost)
 -- Collections that become empty vanish (Redis removes empty keys), so an
 -- idle lock leaves only N:n, which expires on its own.  Every process
 -- sharing a lock name must run the same layout: an older one (N:h a zset)
@@ -46,7 +52,7 @@ local M = {}
 -- fewest: the scripts ask first whether there is anything to expire or
 -- dispatch at all.
 local PRELUDE = [[
-local H, Q, W, C, N = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local H, Q, W, C, N, F = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local t = redis.call('TIME')
 local sec, usec = tonumber(t[1]), tonumber(t[2])
 local now = sec * 1000 + math.floor(usec / 1000)
@@ -229,11 +235,11 @@ redis.call('HSET', C, token, fmt(weight) .. ' ' .. fmt(math.min(ttl, wait_ms)) .
 return {0, first_end()}
 ]]
 
---- release: ARGV token, limit, free_channel.  Ends the token's hold (a
--- lease that ended is not a hold), or takes the token out of the queue (a
--- withdrawn waiter), then dispatches.  Publishes on free_channel when the
--- lock is left with room and no queue (for waitForUnlock).  Returns 1 if
--- the token held the lock, else 0.
+--- release: ARGV token, limit.  Ends the token's hold (a lease that ended
+-- is not a hold), or takes the token out of the queue (a withdrawn
+-- waiter), then dispatches.  When the lock is left with room and no queue
+-- and a waitForUnlock marked N:free, deletes the mark and publishes on the
+-- channel N:free.  Returns 1 if the token held the lock, else 0.
 M.release = [[
 -- A holder's release: before the prelude's functions are made, and all of
 -- it when nobody waits (its weight is room, there is nothing to dispatch).
@@ -246,8 +252,11 @@ if e then
   if tonumber(string.match(e, '^%d+')) >= now then
     redis.call('HDEL', KEYS[1], ARGV[1])
     was = 1
+    -- nobody queued and nobody waiting for the unlock: one EXISTS for both
+    if redis.call('EXISTS', KEYS[2], KEYS[6]) == 0 then return 1 end
     if redis.call('EXISTS', KEYS[2]) == 0 then
-      redis.call('PUBLISH', ARGV[3], '')
+      redis.call('DEL', KEYS[6])
+      redis.call('PUBLISH', KEYS[6], '')
       return 1
     end
     -- A mutex's hand-off to a live head (the contended critical path): what
@@ -285,8 +294,8 @@ if was == 0 and redis.call('ZREM', Q, token) == 1 then
 end
 expire_waiters()
 u = dispatch(limit, u)
-if u < limit and redis.call('EXISTS', Q) == 0 then
-  redis.call('PUBLISH', ARGV[3], '')
+if u < limit and redis.call('EXISTS', Q) == 0 and redis.call('DEL', F) == 1 then
+  redis.call('PUBLISH', F, '')
 end
 return was
 ]]
@@ -306,19 +315,31 @@ end
 return 0
 ]]
 
---- state: ARGV limit.  Returns {weight held, queue length} after expiry
--- and dispatch.
+--- state: ARGV limit [, weight, watch_ms].  Returns {weight held, queue
+-- length} after expiry and dispatch.  With watch_ms (a waitForUnlock
+-- already subscribed to the channel N:free), marks N:free for at least
+-- watch_ms when a request of 'weight' could not be granted now (no room,
+-- or a queue).  The check and the mark are one atomic step: a release
+-- before it changed the state this answer reports; a release after it
+-- finds the mark and publishes to a subscriber already listening.  So no
+-- release between the watcher's subscription and its mark goes unheard.
 M.state = PRELUDE .. [[
 local limit = tonumber(ARGV[1])
 local u = held()
 expire_waiters()
 u = dispatch(limit, u)
-return {u, redis.call('ZCARD', Q)}
+local q = redis.call('ZCARD', Q)
+if ARGV[3] and (q > 0 or u + tonumber(ARGV[2]) > limit) then
+  local ms = tonumber(ARGV[3])
+  if redis.call('PTTL', F) < ms then redis.call('SET', F, '1', 'PX', fmt(ms)) end
+end
+return {u, q}
 ]]
 
---- The five keys of the lock named 'name', in the scripts' order.
+--- The six keys of the lock named 'name', in the scripts' order.
 function M.keys(name)
-  return { name .. ":h", name .. ":q", name .. ":w", name .. ":c", name .. ":n" }
+  return { name .. ":h", name .. ":q", name .. ":w", name .. ":c", name .. ":n",
+           name .. ":free" }
 end
 
 return M
