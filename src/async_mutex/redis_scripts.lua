@@ -218,8 +218,16 @@ if mode == 'again' then
   end
   if redis.call('ZSCORE', Q, token) then
     dispatch(limit, u)
-    h = holding(token)
-    if h then return h end
+    h, rest = holding(token)
+    if h then
+      -- Granted by this very request: its lease is ttl from now, as the
+      -- client counts a grant it learns from the answer (the short first
+      -- lease of a hand-off is for a waiter that may have died before its
+      -- turn; this one is asking).  Left at min(ttl, waiter_timeout), it
+      -- ended in Redis while its holder still counted on it (two holders).
+      redis.call('HSET', H, token, fmt(now + ttl) .. ' ' .. rest)
+      return h
+    end
     redis.call('ZADD', W, fmt(now + wait_ms), token)
     return {0, first_end()}
   end
