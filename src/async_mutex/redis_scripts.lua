@@ -262,7 +262,8 @@ if e then
     was = 1
     -- nobody queued and nobody waiting for the unlock: one EXISTS for both
     if redis.call('EXISTS', KEYS[2], KEYS[6]) == 0 then return 1 end
-    if redis.call('EXISTS', KEYS[2]) == 0 then
+    local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
+    if not head then                -- nobody queued: a waitForUnlock marked it
       redis.call('DEL', KEYS[6])
       redis.call('PUBLISH', KEYS[6], '')
       return 1
@@ -275,7 +276,6 @@ if e then
     -- waiter behind a live head stays queued until a full run expires it:
     -- dispatch never passes it, since every full run expires first.
     if ARGV[2] == '1' and redis.call('EXISTS', KEYS[1]) == 0 then
-      local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
       local d = redis.call('ZSCORE', KEYS[3], head)
       if d and tonumber(d) >= now then
         local w, ttl, ch = string.match(redis.call('HGET', KEYS[4], head), '^(%d+) (%d+) (.*)$')
