@@ -171,13 +171,13 @@ describe("the 'again' request of a queued waiter", function()
       -- a holder that dies: a token of our own with a 100 ms lease
       acquire(c, name, "dead", 1, 1, 100)
       local m = am.RedisMutex.new(c, name, { ttl = 5000, waiterTimeout = 300 })
-      local release = m:acquire()        -- asks again when the lease ends
+      local releaser = m:acquire()        -- asks again when the lease ends
       -- past waiterTimeout (the first lease of a hand-off): still held in Redis
       h.sleep(600)
-      assert.is_true(release:check())
+      assert.is_true(releaser:check())
       local other = am.RedisMutex.new(c2, name)
       assert.has_error(function() am.tryAcquire(other):acquire() end, am.E_ALREADY_LOCKED)
-      assert.is_true(release())
+      assert.is_true(releaser())
       c:close()
       c2:close()
     end))
