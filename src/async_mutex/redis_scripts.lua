@@ -19,7 +19,8 @@
 --               first lease of a hand-off, min(ttl, waiter_timeout), so that
 --               a waiter that died just before its turn holds the lock no
 --               longer than a dead waiter would block it; the new holder
---               renews it to its ttl
+--               renews it to its ttl (a waiter granted by its own 'again'
+--               request gets its ttl at once: it is alive)
 --   N:n  string the last number drawn (fences and arrival numbers)
 --   N:free  string  set while a waitForUnlock waits (its expiry: the
 --               longest waiterTimeout of those that set it); also the name
