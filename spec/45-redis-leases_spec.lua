@@ -17,7 +17,7 @@ local fresh_name = R.namer("spec45")
 
 -- The tokens holding 'name' in Redis.
 local function holders(client, name)
-  local t = client:call("ZRANGE", name .. ":h", 0, -1)
+  local t = client:call("HKEYS", name .. ":h")
   local out = {}
   for i = 1, #t do out[i] = t[i] end
   return out

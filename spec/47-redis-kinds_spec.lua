@@ -114,7 +114,7 @@ describe("KeyedRedisMutex", function()
     assert.is_true(ka:isLocked("x"))
     assert.is_true(ka:isLocked(7))
     assert.is_false(ka:isLocked("z"))
-    assert.equal(1, a:call("ZCARD", prefix .. "x:h"))
+    assert.equal(1, a:call("HLEN", prefix .. "x:h"))
     local got = false
     h.spawn(function()
       local r = kb:acquire("x")

@@ -25,7 +25,7 @@ local function acquire(c, name, token, ttl, mode)
 end
 
 local function release(c, name, token)
-  return c:eval(scripts.release, scripts.keys(name), { token, "1", name .. ":free" })
+  return c:eval(scripts.release, scripts.keys(name), { token, "1" })
 end
 
 describe("the acquire script's short path (a lock with no holder and no queue)", function()
@@ -37,9 +37,10 @@ describe("the acquire script's short path (a lock with no holder and no queue)",
     assert.equal(1, r[3])                       -- the room left before the grant
     local fence = math.tointeger(tonumber(r[2]))
     assert.is_true(fence > 0)
-    assert.same({ "t1" }, { table.unpack(c:call("ZRANGE", name .. ":h", 0, -1), 1, 1) })
-    assert.equal("1 " .. r[2] .. " 1", c:call("HGET", name .. ":g", "t1"))
-    local ends, t = tonumber(c:call("ZSCORE", name .. ":h", "t1")), c:call("TIME")
+    assert.same({ "t1" }, { table.unpack(c:call("HKEYS", name .. ":h"), 1, 1) })
+    local ends = c:call("HGET", name .. ":h", "t1"):match("^(%d+) 1 " .. r[2] .. " 1$")
+    local t = c:call("TIME")
+    ends = tonumber(ends)
     local server_ms = tonumber(t[1]) * 1000 + tonumber(t[2]) // 1000
     assert.is_true(ends > server_ms + 29000 and ends <= server_ms + 30000)
     assert.equal(1, release(c, name, "t1"))
@@ -53,8 +54,8 @@ describe("the acquire script's short path (a lock with no holder and no queue)",
     assert.equal(0, acquire(c, name, "waiter", 30000)[1])     -- queued
     h.sleep(600)                             -- the holder's lease ends; no script ran
     assert.equal(0, acquire(c, name, "newcomer", 30000)[1])   -- behind the waiter
-    assert.is_truthy(c:call("ZSCORE", name .. ":h", "waiter"))
-    assert.is_nil(c:call("ZSCORE", name .. ":h", "holder"))
+    assert.is_truthy(c:call("HGET", name .. ":h", "waiter"))
+    assert.is_nil(c:call("HGET", name .. ":h", "holder"))
     assert.equal(1, c:call("ZCARD", name .. ":q"))
     c:close()
   end))
@@ -81,7 +82,7 @@ describe("the release script's short path (a holder, nobody queued)", function()
     local name = fresh_name()
     acquire(c, name, "t1", 30000)
     assert.equal(1, release(c, name, "t1"))
-    assert.equal(0, c:call("EXISTS", name .. ":h", name .. ":g"))
+    assert.equal(0, c:call("EXISTS", name .. ":h"))
     assert.equal(0, release(c, name, "t1"))              -- once
     c:close()
   end))
@@ -91,23 +92,30 @@ describe("the release script's short path (a holder, nobody queued)", function()
     local name = fresh_name()
     acquire(c, name, "t1", 10)
     h.sleep(30)
-    assert.is_truthy(c:call("ZSCORE", name .. ":h", "t1"))    -- still there
+    assert.is_truthy(c:call("HGET", name .. ":h", "t1"))      -- still there
     assert.equal(0, release(c, name, "t1"))
-    assert.equal(0, c:call("EXISTS", name .. ":h", name .. ":g"))
+    assert.equal(0, c:call("EXISTS", name .. ":h"))
     c:close()
   end))
 
-  it("publishes on the lock's free channel for waitForUnlock", h.async(function()
+  it("publishes on the lock's free channel when a waitForUnlock marked it", h.async(function()
     local c = server:client()
     local name = fresh_name()
     local heard = 0
     local sub = c:subscribe(name .. ":free", function() heard = heard + 1 end)
     acquire(c, name, "t1", 30000)
+    c:call("SET", name .. ":free", "1", "PX", "3000")     -- what M.state marks
     release(c, name, "t1")
     for _ = 1, 100 do
       if heard > 0 then break end
       h.sleep(1)
     end
+    assert.equal(1, heard)
+    assert.equal(0, c:call("EXISTS", name .. ":free"))   -- the mark is used up
+    -- unmarked, the next release publishes nothing
+    acquire(c, name, "t2", 30000)
+    release(c, name, "t2")
+    h.sleep(20)
     assert.equal(1, heard)
     sub:unsubscribe()
     c:close()
@@ -143,14 +151,15 @@ describe("the release script's mutex hand-off (a holder, a live head queued)", f
     assert.equal(0, queue(c, name, "head", 3000, name .. ":chan")[1])
     assert.equal(0, queue(c, name, "second", 3000, name .. ":chan")[1])
     assert.equal(1, release(c, name, "holder"))
-    local g = c:call("HGET", name .. ":g", "head")
-    local f2 = g:match("^1 (%d+) 1$")
+    local g = c:call("HGET", name .. ":h", "head")
+    local ends, f2 = g:match("^(%d+) 1 (%d+) 1$")
     assert.is_truthy(f2)
     assert.is_true(math.tointeger(tonumber(f2)) > fence)
-    assert.same({ "head" }, { table.unpack(c:call("ZRANGE", name .. ":h", 0, -1), 1, 1) })
-    assert.is_nil(c:call("HGET", name .. ":g", "holder"))
+    assert.same({ "head" }, { table.unpack(c:call("HKEYS", name .. ":h"), 1, 1) })
+    assert.is_nil(c:call("HGET", name .. ":h", "holder"))
     -- the first lease of a hand-off: min(ttl, waiterTimeout)
-    local ends, t = tonumber(c:call("ZSCORE", name .. ":h", "head")), c:call("TIME")
+    local t = c:call("TIME")
+    ends = tonumber(ends)
     local server_ms = tonumber(t[1]) * 1000 + tonumber(t[2]) // 1000
     assert.is_true(ends > server_ms + 2000 and ends <= server_ms + 3000)
     assert.is_nil(c:call("ZSCORE", name .. ":q", "head"))
@@ -161,7 +170,7 @@ describe("the release script's mutex hand-off (a holder, a live head queued)", f
     assert.same({ "head " .. f2 .. " 1" }, got)
     -- the next hand-off, to "second", the same way
     assert.equal(1, release(c, name, "head"))
-    assert.is_truthy(c:call("HGET", name .. ":g", "second"))
+    assert.is_truthy(c:call("HGET", name .. ":h", "second"))
     assert.equal(0, c:call("EXISTS", name .. ":q"))
     settle(got, 2)
     assert.equal(2, #got)
@@ -179,12 +188,12 @@ describe("the release script's mutex hand-off (a holder, a live head queued)", f
     queue(c, name, "last", 30000, "spec70:nobody")
     h.sleep(30)                         -- both short-lived waiters are dead now
     assert.equal(1, release(c, name, "holder"))
-    assert.is_truthy(c:call("HGET", name .. ":g", "live"))
-    assert.is_nil(c:call("HGET", name .. ":g", "dead"))
+    assert.is_truthy(c:call("HGET", name .. ":h", "live"))
+    assert.is_nil(c:call("HGET", name .. ":h", "dead"))
     assert.is_nil(c:call("ZSCORE", name .. ":q", "dead"))
     assert.equal(1, release(c, name, "live"))
-    assert.is_nil(c:call("HGET", name .. ":g", "dead2"))
-    assert.is_truthy(c:call("HGET", name .. ":g", "last"))
+    assert.is_nil(c:call("HGET", name .. ":h", "dead2"))
+    assert.is_truthy(c:call("HGET", name .. ":h", "last"))
     assert.equal(0, c:call("EXISTS", name .. ":q", name .. ":w", name .. ":c"))
     c:close()
   end))
@@ -199,9 +208,9 @@ describe("the release script's mutex hand-off (a holder, a live head queued)", f
     assert.equal(1, sem("a", 2)[1])
     assert.equal(0, sem("b", 1)[1])
     assert.equal(0, sem("c", 1)[1])
-    assert.equal(1, c:eval(scripts.release, scripts.keys(name), { "a", "2", name .. ":free" }))
-    assert.is_truthy(c:call("HGET", name .. ":g", "b"))
-    assert.is_truthy(c:call("HGET", name .. ":g", "c"))
+    assert.equal(1, c:eval(scripts.release, scripts.keys(name), { "a", "2" }))
+    assert.is_truthy(c:call("HGET", name .. ":h", "b"))
+    assert.is_truthy(c:call("HGET", name .. ":h", "c"))
     c:close()
   end))
 end)

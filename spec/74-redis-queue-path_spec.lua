@@ -27,7 +27,7 @@ local function acquire(c, name, token, ttl, wait_ms, channel, limit, weight)
 end
 
 local function release(c, name, token, limit)
-  return c:eval(scripts.release, scripts.keys(name), { token, limit or "1", name .. ":free" })
+  return c:eval(scripts.release, scripts.keys(name), { token, limit or "1" })
 end
 
 local function server_ms(c)
@@ -92,7 +92,7 @@ describe("a new waiter behind a mutex's live holder", function()
     for i = 1, 5 do
       assert.equal(1, release(c, name, holder))
       holder = "w" .. i
-      assert.is_truthy(c:call("HGET", name .. ":g", holder))
+      assert.is_truthy(c:call("HGET", name .. ":h", holder))
     end
     for _ = 1, 200 do
       if #got >= 5 then break end
@@ -110,10 +110,10 @@ describe("a new waiter behind a mutex's live holder", function()
     local name = fresh_name()
     acquire(c, name, "holder", 20, 3000)
     h.sleep(40)                              -- ended in Redis, still recorded
-    assert.is_truthy(c:call("ZSCORE", name .. ":h", "holder"))
+    assert.is_truthy(c:call("HGET", name .. ":h", "holder"))
     local r = acquire(c, name, "newcomer", 30000, 3000)
     assert.equal(1, r[1])
-    assert.is_nil(c:call("ZSCORE", name .. ":h", "holder"))
+    assert.is_nil(c:call("HGET", name .. ":h", "holder"))
     assert.equal(0, release(c, name, "holder"))
     assert.equal(1, release(c, name, "newcomer"))
     c:close()
@@ -129,8 +129,8 @@ describe("a new waiter behind a mutex's live holder", function()
     assert.equal(0, acquire(c, name, "live", 30000, 30000)[1])
     assert.is_truthy(c:call("ZSCORE", name .. ":q", "dead"))
     assert.equal(1, release(c, name, "holder"))
-    assert.is_nil(c:call("HGET", name .. ":g", "dead"))
-    assert.is_truthy(c:call("HGET", name .. ":g", "live"))
+    assert.is_nil(c:call("HGET", name .. ":h", "dead"))
+    assert.is_truthy(c:call("HGET", name .. ":h", "live"))
     assert.is_nil(c:call("ZSCORE", name .. ":q", "dead"))
     assert.is_nil(c:call("ZSCORE", name .. ":w", "dead"))
     assert.is_nil(c:call("HGET", name .. ":c", "dead"))

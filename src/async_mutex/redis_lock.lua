@@ -243,7 +243,7 @@ local function lose(lease, reason)
   local lk = lease.lock
   hub_unuse(lk.hub)
   local keys = lease.keys
-  background(quiet_eval, lk, scripts.release, keys, lease.token, lk.s_limit, keys.free)
+  background(quiet_eval, lk, scripts.release, keys, lease.token, lk.s_limit)
   if lk.on_lost then
     local ok, err = pcall(lk.on_lost, { name = keys.name, fence = lease.fence,
                                         reason = reason, releaser = lease })
@@ -352,12 +352,12 @@ local function release_lease(lease)
   local lk, keys = lease.lock, lease.keys
   if not isyieldable() then
     hub_unuse(lk.hub)
-    background(quiet_eval, lk, scripts.release, keys, lease.token, lk.s_limit, keys.free)
+    background(quiet_eval, lk, scripts.release, keys, lease.token, lk.s_limit)
     return true
   end
   -- The hub stays in use until the answer, so that a coroutine that
   -- acquires again at once keeps the subscription.
-  local ok, r = pcall(eval, lk, scripts.release, keys, lease.token, lk.s_limit, keys.free)
+  local ok, r = pcall(eval, lk, scripts.release, keys, lease.token, lk.s_limit)
   if ok and r == 0 then
     lease.state = "held"            -- so that lose() reports it
     lose(lease, "refused")
@@ -414,18 +414,18 @@ local Pending = {
     hub_unuse(hub)
     local keys = w.keys
     if isyieldable() then             -- the error waits until Redis has it
-      quiet_eval(lk, scripts.release, keys, w.token, lk.s_limit, keys.free)
+      quiet_eval(lk, scripts.release, keys, w.token, lk.s_limit)
     else                              -- coroutine.close: cannot wait
-      background(quiet_eval, lk, scripts.release, keys, w.token, lk.s_limit, keys.free)
+      background(quiet_eval, lk, scripts.release, keys, w.token, lk.s_limit)
     end
   end,
 }
 
--- The six keys of the lock 'name' (scripts.keys), with the name and its
--- ":free" channel as fields 'name' and 'free'.
+-- The keys of the lock 'name' (scripts.keys), with the name as field
+-- 'name'.
 local function lock_keys(name)
   local keys = scripts.keys(name)
-  keys.name, keys.free = name, name .. ":free"
+  keys.name = name
   return keys
 end
 
@@ -668,15 +668,26 @@ local function cancel(lk, key, name)
   end
 end
 
--- The state in Redis: weight held, queue length.
-local function state(lk, name)
-  local r = eval(lk, scripts.state, keys_of(lk, name), lk.s_limit)
+-- The state in Redis: weight held, queue length.  With 'weight', marks
+-- the lock for waitForUnlock when such a request could not be granted now
+-- (redis_scripts.lua, M.state).
+local function state(lk, name, weight)
+  local r
+  if weight then
+    r = eval(lk, scripts.state, keys_of(lk, name), lk.s_limit, tostring(weight), lk.s_wait)
+  else
+    r = eval(lk, scripts.state, keys_of(lk, name), lk.s_limit)
+  end
   return r[1], r[2]
 end
 
 -- waitForUnlock: until a request like this one could be granted at once
 -- (room for 'weight', nobody queued).  Waits on the lock's ":free"
--- channel, with the same renewal period as a waiter as a safety net.
+-- channel, with the same renewal period as a waiter as a safety net.  A
+-- release publishes there only when it finds the lock marked: every check
+-- made once subscribed marks it (for waiterTimeout, renewed at each check)
+-- in the same atomic step, so a release that comes after the check is
+-- heard, and one before it is seen by the check.
 local function wait_for_unlock(lk, limit, err, name, weight)
   local deadline = limit == false and false or (limit and limit ~= huge and now() + limit)
   local bell = core.Semaphore.new(0)
@@ -684,7 +695,7 @@ local function wait_for_unlock(lk, limit, err, name, weight)
     if c.sub then c.sub:unsubscribe() end
   end })
   while true do
-    local used, queued = state(lk, name)
+    local used, queued = state(lk, name, cleanup.sub and weight)
     if queued == 0 and used + weight <= lk.limit then return end
     if deadline == false then error(err, 0) end
     if not cleanup.sub then

@@ -6,9 +6,12 @@
 -- is explained in docs/redis-locks.md ("In Redis").
 --
 -- The keys of a lock named N (KEYS[1..6], always in this order):
---   N:h  zset   holder token -> end of its lease (server ms)
---   N:g  hash   holder token -> "weight fence value" (value: the room left
---               before this grant, what a Semaphore's acquire returns)
+--   N:h  hash   holder token -> "end weight fence value" (end: the end of
+--               its lease, server ms; value: the room left before this
+--               grant, what a Semaphore's acquire returns).  One record
+--               per holder, so that a grant, a release and a renewal each
+--               write one field (a zset of ends beside a hash of records
+--               took two commands each)
 --   N:q  zset   waiter token -> arrival number (the FIFO order)
 --   N:w  zset   waiter token -> deadline (server ms); a waiter that does not
 --               renew it in time is taken as dead and skipped
@@ -16,10 +19,19 @@
 --               first lease of a hand-off, min(ttl, waiter_timeout), so that
 --               a waiter that died just before its turn holds the lock no
 --               longer than a dead waiter would block it; the new holder
---               renews it to its ttl
+--               renews it to its ttl (a waiter granted by its own 'again'
+--               request gets its ttl at once: it is alive)
 --   N:n  string the last number drawn (fences and arrival numbers)
+--   N:free  string  set while a waitForUnlock waits (its expiry: the
+--               longest waiterTimeout of those that set it); also the name
+--               of the channel a release publishes on for them.  A release
+--               publishes only when it finds it, and deletes it: each
+--               watcher woken asks the state again, which marks again if it
+--               must go on waiting (see M.state for why no wake-up is lost)
 -- Collections that become empty vanish (Redis removes empty keys), so an
--- idle lock leaves only N:n, which expires on its own.
+-- idle lock leaves only N:n, which expires on its own.  Every process
+-- sharing a lock name must run the same layout: an older one (N:h a zset)
+-- meets this one's N:h with a WRONGTYPE error, never a second holder.
 --
 -- Numbers: Redis runs scripts on Lua 5.1 with doubles; every number here
 -- is an integer below 2^53 and is written with %d (tostring would give
@@ -41,7 +53,7 @@ local M = {}
 -- fewest: the scripts ask first whether there is anything to expire or
 -- dispatch at all.
 local PRELUDE = [[
-local H, G, Q, W, C, N = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local H, Q, W, C, N, F = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local t = redis.call('TIME')
 local sec, usec = tonumber(t[1]), tonumber(t[2])
 local now = sec * 1000 + math.floor(usec / 1000)
@@ -66,23 +78,20 @@ end
 local first
 
 -- Removes the holders whose lease ended; returns the weight the others
--- hold.  A mutex (limit 1: every weight is 1) counts them.
-local function held(limit)
-  local all = redis.call('ZRANGE', H, 0, -1, 'WITHSCORES')
-  local n = 0
+-- hold.
+local function held()
+  local all = redis.call('HGETALL', H)
+  local sum = 0
   for i = 1, #all, 2 do
-    local e = tonumber(all[i + 1])
+    local e, w = string.match(all[i + 1], '^(%d+) (%d+)')
+    e = tonumber(e)
     if e < now then
-      redis.call('ZREM', H, all[i])
-      redis.call('HDEL', G, all[i])
+      redis.call('HDEL', H, all[i])
     else
-      n = n + 1
+      sum = sum + tonumber(w)
       if not first or e < first then first = e end
     end
   end
-  if limit == 1 or n == 0 then return n end
-  local sum, vals = 0, redis.call('HVALS', G)
-  for i = 1, #vals do sum = sum + tonumber(string.match(vals[i], '^%d+')) end
   return sum
 end
 
@@ -99,8 +108,8 @@ end
 local function grant(token, weight, ttl, value)
   local fence = draw()
   local e = now + ttl
-  redis.call('ZADD', H, fmt(e), token)
-  redis.call('HSET', G, token, fmt(weight) .. ' ' .. fmt(fence) .. ' ' .. fmt(value))
+  redis.call('HSET', H, token,
+    fmt(e) .. ' ' .. fmt(weight) .. ' ' .. fmt(fence) .. ' ' .. fmt(value))
   if not first or e < first then first = e end
   return fence
 end
@@ -134,12 +143,14 @@ local function first_end()
   return math.max(0, first - now)
 end
 
--- {1, fence, value} for a holder, nil for anyone else.
+-- {1, fence, value} for a holder (after held(): its lease runs), nil for
+-- anyone else; and its record without the lease's end.
 local function holding(token)
-  local g = redis.call('HGET', G, token)
+  local g = redis.call('HGET', H, token)
   if not g then return nil end
-  local fence, value = string.match(g, '^%d+ (%d+) (%-?%d+)$')
-  return {1, fence, tonumber(value)}
+  local rest = string.match(g, '^%d+ (.*)$')
+  local fence, value = string.match(rest, '^%d+ (%d+) (%-?%d+)$')
+  return {1, fence, tonumber(value)}, rest
 end
 ]]
 
@@ -157,15 +168,15 @@ M.acquire = [[
 -- queue are both empty keys): granted before the prelude's functions are
 -- even made, as grant() would (fence: draw(); value: the limit).
 if ARGV[7] ~= 'again' then
-  if redis.call('EXISTS', KEYS[1], KEYS[3]) == 0 then
+  if redis.call('EXISTS', KEYS[1], KEYS[2]) == 0 then
     local t = redis.call('TIME')
     local sec, usec = tonumber(t[1]), tonumber(t[2])
-    local last = tonumber(redis.call('GET', KEYS[6]) or '0')
+    local last = tonumber(redis.call('GET', KEYS[5]) or '0')
     local fence = string.format('%d', math.max(last + 1, sec * 1000000 + usec))
-    redis.call('SET', KEYS[6], fence, 'PX', 3600000)
-    redis.call('ZADD', KEYS[1], string.format('%d',
-      sec * 1000 + math.floor(usec / 1000) + tonumber(ARGV[4])), ARGV[1])
-    redis.call('HSET', KEYS[2], ARGV[1], ARGV[3] .. ' ' .. fence .. ' ' .. ARGV[2])
+    redis.call('SET', KEYS[5], fence, 'PX', 3600000)
+    redis.call('HSET', KEYS[1], ARGV[1], string.format('%d',
+      sec * 1000 + math.floor(usec / 1000) + tonumber(ARGV[4])) .. ' ' ..
+      ARGV[3] .. ' ' .. fence .. ' ' .. ARGV[2])
     return {1, fence, tonumber(ARGV[2])}
   end
   -- A new waiter on a mutex whose one holder's lease is running (the
@@ -175,20 +186,20 @@ if ARGV[7] ~= 'again' then
   -- full run (the release that reaches a dead head, a renewal): the
   -- newcomer's place behind them does not depend on it.
   if ARGV[7] == 'wait' and ARGV[2] == '1' then
-    local hs = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+    local hs = redis.call('HGETALL', KEYS[1])
     if #hs == 2 then
       local t = redis.call('TIME')
       local sec, usec = tonumber(t[1]), tonumber(t[2])
       local now = sec * 1000 + math.floor(usec / 1000)
-      local e = tonumber(hs[2])
+      local e = tonumber(string.match(hs[2], '^%d+'))
       if e >= now then
-        local last = tonumber(redis.call('GET', KEYS[6]) or '0')
+        local last = tonumber(redis.call('GET', KEYS[5]) or '0')
         local n = string.format('%d', math.max(last + 1, sec * 1000000 + usec))
-        redis.call('SET', KEYS[6], n, 'PX', 3600000)
+        redis.call('SET', KEYS[5], n, 'PX', 3600000)
         local ttl, wait_ms = tonumber(ARGV[4]), tonumber(ARGV[5])
-        redis.call('ZADD', KEYS[3], n, ARGV[1])
-        redis.call('ZADD', KEYS[4], string.format('%d', now + wait_ms), ARGV[1])
-        redis.call('HSET', KEYS[5], ARGV[1],
+        redis.call('ZADD', KEYS[2], n, ARGV[1])
+        redis.call('ZADD', KEYS[3], string.format('%d', now + wait_ms), ARGV[1])
+        redis.call('HSET', KEYS[4], ARGV[1],
           ARGV[3] .. ' ' .. string.format('%d', math.min(ttl, wait_ms)) .. ' ' .. ARGV[6])
         return {0, e - now}
       end
@@ -198,18 +209,26 @@ end
 ]] .. PRELUDE .. [[
 local token, limit, weight = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local ttl, wait_ms, mode = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[7]
-local u = held(limit)
+local u = held()
 expire_waiters()
 if mode == 'again' then
-  local h = holding(token)
+  local h, rest = holding(token)
   if h then
-    redis.call('ZADD', H, fmt(now + ttl), token)
+    redis.call('HSET', H, token, fmt(now + ttl) .. ' ' .. rest)
     return h
   end
   if redis.call('ZSCORE', Q, token) then
     dispatch(limit, u)
-    h = holding(token)
-    if h then return h end
+    h, rest = holding(token)
+    if h then
+      -- Granted by this very request: its lease is ttl from now, as the
+      -- client counts a grant it learns from the answer (the short first
+      -- lease of a hand-off is for a waiter that may have died before its
+      -- turn; this one is asking).  Left at min(ttl, waiter_timeout), it
+      -- ended in Redis while its holder still counted on it (two holders).
+      redis.call('HSET', H, token, fmt(now + ttl) .. ' ' .. rest)
+      return h
+    end
     redis.call('ZADD', W, fmt(now + wait_ms), token)
     return {0, first_end()}
   end
@@ -225,26 +244,29 @@ redis.call('HSET', C, token, fmt(weight) .. ' ' .. fmt(math.min(ttl, wait_ms)) .
 return {0, first_end()}
 ]]
 
---- release: ARGV token, limit, free_channel.  Ends the token's hold (a
--- lease that ended is not a hold), or takes the token out of the queue (a
--- withdrawn waiter), then dispatches.  Publishes on free_channel when the
--- lock is left with room and no queue (for waitForUnlock).  Returns 1 if
--- the token held the lock, else 0.
+--- release: ARGV token, limit.  Ends the token's hold (a lease that ended
+-- is not a hold), or takes the token out of the queue (a withdrawn
+-- waiter), then dispatches.  When the lock is left with room and no queue
+-- and a waitForUnlock marked N:free, deletes the mark and publishes on the
+-- channel N:free.  Returns 1 if the token held the lock, else 0.
 M.release = [[
 -- A holder's release: before the prelude's functions are made, and all of
 -- it when nobody waits (its weight is room, there is nothing to dispatch).
 local was = 0
-local e = redis.call('ZSCORE', KEYS[1], ARGV[1])
+local e = redis.call('HGET', KEYS[1], ARGV[1])
 if e then
   local t = redis.call('TIME')
   local sec, usec = tonumber(t[1]), tonumber(t[2])
   local now = sec * 1000 + math.floor(usec / 1000)
-  if tonumber(e) >= now then
-    redis.call('ZREM', KEYS[1], ARGV[1])
-    redis.call('HDEL', KEYS[2], ARGV[1])
+  if tonumber(string.match(e, '^%d+')) >= now then
+    redis.call('HDEL', KEYS[1], ARGV[1])
     was = 1
-    if redis.call('EXISTS', KEYS[3]) == 0 then
-      redis.call('PUBLISH', ARGV[3], '')
+    -- nobody queued and nobody waiting for the unlock: one EXISTS for both
+    if redis.call('EXISTS', KEYS[2], KEYS[6]) == 0 then return 1 end
+    local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
+    if not head then                -- nobody queued: a waitForUnlock marked it
+      redis.call('DEL', KEYS[6])
+      redis.call('PUBLISH', KEYS[6], '')
       return 1
     end
     -- A mutex's hand-off to a live head (the contended critical path): what
@@ -255,18 +277,17 @@ if e then
     -- waiter behind a live head stays queued until a full run expires it:
     -- dispatch never passes it, since every full run expires first.
     if ARGV[2] == '1' and redis.call('EXISTS', KEYS[1]) == 0 then
-      local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
-      local d = redis.call('ZSCORE', KEYS[4], head)
+      local d = redis.call('ZSCORE', KEYS[3], head)
       if d and tonumber(d) >= now then
-        local w, ttl, ch = string.match(redis.call('HGET', KEYS[5], head), '^(%d+) (%d+) (.*)$')
+        local w, ttl, ch = string.match(redis.call('HGET', KEYS[4], head), '^(%d+) (%d+) (.*)$')
+        redis.call('ZREM', KEYS[2], head)
         redis.call('ZREM', KEYS[3], head)
-        redis.call('ZREM', KEYS[4], head)
-        redis.call('HDEL', KEYS[5], head)
-        local last = tonumber(redis.call('GET', KEYS[6]) or '0')
+        redis.call('HDEL', KEYS[4], head)
+        local last = tonumber(redis.call('GET', KEYS[5]) or '0')
         local fence = string.format('%d', math.max(last + 1, sec * 1000000 + usec))
-        redis.call('SET', KEYS[6], fence, 'PX', 3600000)
-        redis.call('ZADD', KEYS[1], string.format('%d', now + tonumber(ttl)), head)
-        redis.call('HSET', KEYS[2], head, w .. ' ' .. fence .. ' 1')
+        redis.call('SET', KEYS[5], fence, 'PX', 3600000)
+        redis.call('HSET', KEYS[1], head,
+          string.format('%d', now + tonumber(ttl)) .. ' ' .. w .. ' ' .. fence .. ' 1')
         redis.call('PUBLISH', ch, head .. ' ' .. fence .. ' 1')
         return 1
       end
@@ -275,15 +296,15 @@ if e then
 end
 ]] .. PRELUDE .. [[
 local token, limit = ARGV[1], tonumber(ARGV[2])
-local u = held(limit)
+local u = held()
 if was == 0 and redis.call('ZREM', Q, token) == 1 then
   redis.call('ZREM', W, token)
   redis.call('HDEL', C, token)
 end
 expire_waiters()
 u = dispatch(limit, u)
-if u < limit and redis.call('EXISTS', Q) == 0 then
-  redis.call('PUBLISH', ARGV[3], '')
+if u < limit and redis.call('EXISTS', Q) == 0 and redis.call('DEL', F) == 1 then
+  redis.call('PUBLISH', F, '')
 end
 return was
 ]]
@@ -292,30 +313,42 @@ return was
 -- now if it still holds the lock.  Returns 1 if it does, else 0.
 M.renew = PRELUDE .. [[
 local token, limit, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local u = held(limit)
+local u = held()
 expire_waiters()
 dispatch(limit, u)
-if redis.call('HEXISTS', G, token) == 1 then
-  redis.call('ZADD', H, fmt(now + ttl), token)
+local _, rest = holding(token)
+if rest then
+  redis.call('HSET', H, token, fmt(now + ttl) .. ' ' .. rest)
   return 1
 end
 return 0
 ]]
 
---- state: ARGV limit.  Returns {weight held, queue length} after expiry
--- and dispatch.
+--- state: ARGV limit [, weight, watch_ms].  Returns {weight held, queue
+-- length} after expiry and dispatch.  With watch_ms (a waitForUnlock
+-- already subscribed to the channel N:free), marks N:free for at least
+-- watch_ms when a request of 'weight' could not be granted now (no room,
+-- or a queue).  The check and the mark are one atomic step: a release
+-- before it changed the state this answer reports; a release after it
+-- finds the mark and publishes to a subscriber already listening.  So no
+-- release between the watcher's subscription and its mark goes unheard.
 M.state = PRELUDE .. [[
 local limit = tonumber(ARGV[1])
-local u = held(limit)
+local u = held()
 expire_waiters()
 u = dispatch(limit, u)
-return {u, redis.call('ZCARD', Q)}
+local q = redis.call('ZCARD', Q)
+if ARGV[3] and (q > 0 or u + tonumber(ARGV[2]) > limit) then
+  local ms = tonumber(ARGV[3])
+  if redis.call('PTTL', F) < ms then redis.call('SET', F, '1', 'PX', fmt(ms)) end
+end
+return {u, q}
 ]]
 
 --- The six keys of the lock named 'name', in the scripts' order.
 function M.keys(name)
-  return { name .. ":h", name .. ":g", name .. ":q", name .. ":w",
-           name .. ":c", name .. ":n" }
+  return { name .. ":h", name .. ":q", name .. ":w", name .. ":c", name .. ":n",
+           name .. ":free" }
 end
 
 return M
