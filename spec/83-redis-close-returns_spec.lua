@@ -1,0 +1,182 @@
+-- client:close() while the client's Redis locks are held or waited for
+-- (docs/redis-locks.md, "Closing the client"): uv.run() returns as soon as
+-- nothing else is pending, every waiter ends exactly once with
+-- E_UNAVAILABLE, and the holds end here as a release that cannot reach
+-- Redis.  Before, a hold's lease timer kept retrying its renewal on the
+-- closed client until the lease ran out (uv.run() returned after ttl, 30 s
+-- by default), and a waiter asleep in the Redis queue woke only at its
+-- next renewal (waiterTimeout / 3) to find the client closed.
+--
+-- Each case runs in a child lua5.4 (its own loop, so uv.run() is measured
+-- as a user's script sees it), which prints the ms from close() to the
+-- return of uv.run() and how each coroutine ended.  The bound, 500 ms, is
+-- far below the old delays (the defaults: ttl 30 s, waiterTimeout 3 s;
+-- the waiters here use waiterTimeout 30 s, a renewal every 10 s).
+
+local am = require "async_mutex"
+local h = require "helpers"
+local R = require "lock_redis"
+
+local server
+
+setup(function() server = R.server() end)
+teardown(function() if server then server:stop() end end)
+
+local CHILD = [[
+local am = require "async_mutex"
+local redis = require "async_mutex.redis"
+local uv = require "luv"
+local SOCK, CASE, NAME = ...
+local ended = {}                     -- label -> how it ended ("ok" or the error)
+local order = {}
+local function spawn(label, fn)
+  am.spawn(function()
+    local ok, err = pcall(fn)
+    if ended[label] then error("BUG: " .. label .. " ended twice") end
+    ended[label] = ok and "ok" or tostring(err)
+    order[#order + 1] = label
+  end)
+end
+local function sleep(ms) am.sleep(ms) end
+local closed_at
+local function close(c) closed_at = uv.hrtime(); c:close() end
+local function connect() return redis.connect { path = SOCK } end
+local SLOW = { waiterTimeout = 30000 }   -- a waiter renews every 10 s
+
+local cases = {}
+
+-- one client holds the mutex and closes
+function cases.holder()
+  local c = connect()
+  local m = am.RedisMutex.new(c, NAME)
+  spawn("holder", function()
+    local r = m:acquire()
+    close(c)
+    assert(r:check() == false, "the hold did not end at close")
+    assert(r() == false, "the releaser ended it again")
+  end)
+end
+
+-- a holder, a waiter of the same client in the Redis queue, and two
+-- more at the lock's gate; the holder closes the client
+function cases.same_client()
+  local c = connect()
+  local m = am.RedisMutex.new(c, NAME, SLOW)
+  spawn("holder", function()
+    local r <close> = m:acquire()
+    sleep(50)
+    close(c)
+  end)
+  for i = 1, 3 do
+    spawn("waiter" .. i, function() sleep(10); m:acquire() end)
+  end
+end
+
+-- two clients: the waiter's client is closed while it sleeps in the
+-- Redis queue; then the holder releases and closes its own
+function cases.waiter_client()
+  local c1, c2 = connect(), connect()
+  local m1, m2 = am.RedisMutex.new(c1, NAME), am.RedisMutex.new(c2, NAME, SLOW)
+  spawn("holder", function()
+    local r = m1:acquire()
+    sleep(50)
+    close(c2)
+    assert(r() == true)
+    c1:close()
+  end)
+  spawn("waiter", function() sleep(10); m2:acquire() end)
+end
+
+-- a semaphore held whole by one client, a waiter of another, a
+-- waitForUnlock of each; the holder's client closes, then the other
+function cases.semaphore()
+  local c1, c2 = connect(), connect()
+  local s1 = am.RedisSemaphore.new(c1, NAME, 3, SLOW)
+  local s2 = am.RedisSemaphore.new(c2, NAME, 3, SLOW)
+  spawn("holder", function()
+    local _, r = s1:acquire(3)
+    sleep(50)
+    close(c1)
+    assert(r() == false)
+    c2:close()
+  end)
+  spawn("waiter", function() sleep(10); s2:acquire(2) end)
+  spawn("unlock1", function() sleep(10); s1:waitForUnlock(1) end)
+  spawn("unlock2", function() sleep(10); s2:waitForUnlock(1) end)
+end
+
+-- a keyed set: two keys held, a waiter on one of them (same client), a
+-- waiter with a bound (withTimeout) on the other (another client)
+function cases.keyed()
+  local c1, c2 = connect(), connect()
+  local k1 = am.KeyedRedisMutex.new(c1, NAME, SLOW)
+  local k2 = am.KeyedRedisMutex.new(c2, NAME, SLOW)
+  spawn("holder", function()
+    local a, b = k1:acquire("a"), k1:acquire(7)
+    sleep(50)
+    close(c1)
+    assert(a() == false and b() == false)
+    c2:close()
+  end)
+  spawn("waiter_a", function() sleep(10); k1:acquire("a") end)
+  spawn("waiter_7", function() sleep(10); am.withTimeout(k2, 60000):acquire(7) end)
+end
+
+cases[CASE]()
+uv.run()
+local elapsed = closed_at and (uv.hrtime() - closed_at) / 1e6 or -1
+local parts = {}
+for _, label in ipairs(order) do parts[#parts + 1] = label .. "=" .. ended[label] end
+table.sort(parts)
+io.stdout:write(("%.1f\n%s\n"):format(elapsed, table.concat(parts, ",")))
+]]
+
+-- Runs a case; returns the ms from close() to uv.run()'s return and the
+-- outcomes ("label=how", sorted, joined by commas).
+local function run_case(case)
+  local child = R.child(CHILD, { server.path, case, "spec83:" .. case })
+  local rc, out, err = child:wait()
+  assert.equal(0, rc, err)
+  assert.equal("", err)
+  local ms, outcomes = out:match("^(%S+)\n(.-)\n$")
+  return tonumber(ms), outcomes
+end
+
+local BOUND = 500 * h.TIME_SCALE
+
+local function check(case, expected)
+  local ms, outcomes = run_case(case)
+  assert.equal(expected, outcomes)
+  assert.is_true(ms >= 0 and ms < BOUND, ("uv.run() returned %.1f ms after close()"):format(ms))
+end
+
+local UNAV = am.E_UNAVAILABLE
+
+describe("client:close() with Redis locks held or waited for", function()
+  it("lets uv.run() return at once when the client held a mutex (was: after ttl)",
+    h.async(function()
+      check("holder", "holder=ok")
+    end, { deadline = 60000 }))
+
+  it("ends the client's waiters, in the Redis queue and at the gate, with E_UNAVAILABLE",
+    h.async(function()
+      check("same_client", table.concat({ "holder=ok", "waiter1=" .. UNAV,
+        "waiter2=" .. UNAV, "waiter3=" .. UNAV }, ","))
+    end, { deadline = 60000 }))
+
+  it("wakes a waiter of another client at once (was: at its next renewal)",
+    h.async(function()
+      check("waiter_client", "holder=ok,waiter=" .. UNAV)
+    end, { deadline = 60000 }))
+
+  it("ends semaphore waiters and waitForUnlock calls of both clients",
+    h.async(function()
+      check("semaphore", table.concat({ "holder=ok", "unlock1=" .. UNAV,
+        "unlock2=" .. UNAV, "waiter=" .. UNAV }, ","))
+    end, { deadline = 60000 }))
+
+  it("ends every held key of a keyed set, and its waiters, decorated or not",
+    h.async(function()
+      check("keyed", "holder=ok,waiter_7=" .. UNAV .. ",waiter_a=" .. UNAV)
+    end, { deadline = 60000 }))
+end)
