@@ -69,7 +69,7 @@ local function live_waiter(name, t_live, limit)
   local c2 = server:client()
   local o = { waiterTimeout = t_live }
   h.spawn(function()
-    local r
+    local _, r
     if limit then
       _, r = am.RedisSemaphore.new(c2, name, limit, o):acquire(1)
     else
