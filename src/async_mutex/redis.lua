@@ -648,6 +648,12 @@ function Subscription.unsubscribe(self)
   if not next(sub.channels) then
     core.listen(sub.client, false)
     if sub.ping then sub.ping:stop() end
+    -- nothing left to subscribe again: a pending retry (up to
+    -- reconnectDelayMax away) would keep uv.run() from returning
+    if sub.scheduled and sub.retry then   -- (none once closed)
+      sub.scheduled = false
+      sub.retry:stop()
+    end
   end
 end
 
