@@ -122,6 +122,33 @@ function cases.keyed()
   spawn("waiter_7", function() sleep(10); am.withTimeout(k2, 60000):acquire(7) end)
 end
 
+-- two keys' waiters of one client start waiting together: the first
+-- subscribes the process's channel, the second waits for it; the client
+-- is closed before the server confirms (the next loop turn after the
+-- SUBSCRIBE is sent)
+function cases.subscribing()
+  local c1, c2 = connect(), connect()
+  local k1 = am.KeyedRedisMutex.new(c1, NAME, SLOW)
+  local k2 = am.KeyedRedisMutex.new(c2, NAME, SLOW)
+  local Client = getmetatable(c2).__index
+  local subscribe = Client.subscribe
+  Client.subscribe = function(self, ...)
+    if self == c2 then
+      local t = uv.new_timer()
+      t:start(0, 0, function() t:close(); close(c2) end)
+    end
+    return subscribe(self, ...)
+  end
+  spawn("holder", function()
+    local a, b = k1:acquire("a"), k1:acquire("b")
+    sleep(100)
+    a(); b()
+    c1:close()
+  end)
+  spawn("waiter_a", function() sleep(10); k2:acquire("a") end)
+  spawn("waiter_b", function() sleep(10); k2:acquire("b") end)
+end
+
 cases[CASE]()
 uv.run()
 local elapsed = closed_at and (uv.hrtime() - closed_at) / 1e6 or -1
@@ -173,6 +200,11 @@ describe("client:close() with Redis locks held or waited for", function()
     h.async(function()
       check("semaphore", table.concat({ "holder=ok", "unlock1=" .. UNAV,
         "unlock2=" .. UNAV, "waiter=" .. UNAV }, ","))
+    end, { deadline = 60000 }))
+
+  it("ends waiters that were subscribing, or waiting for the subscription, with E_UNAVAILABLE",
+    h.async(function()
+      check("subscribing", "holder=ok,waiter_a=" .. UNAV .. ",waiter_b=" .. UNAV)
     end, { deadline = 60000 }))
 
   it("ends every held key of a keyed set, and its waiters, decorated or not",

@@ -181,6 +181,9 @@ local function subscribe(hub)
   if hub.sub then return end
   local release <close> = hub.sub_gate:acquire()
   if hub.sub then return end
+  -- closed while the coroutine before us subscribed: a waiter's error,
+  -- not the closed client's misuse error from in here
+  if hub.closed then error(E_UNAVAILABLE, 0) end
   local fn = hub.on_message
   if not fn then
     fn = function(message) on_message(hub, message) end
