@@ -179,7 +179,35 @@ end
 
 local UNAV = am.E_UNAVAILABLE
 
+-- A client closed by a finalizer at lua_close (made before the lock was
+-- taken, so it runs after luv has freed the lease's timer), while holding
+-- and waited for by a coroutine and waitForUnlock of another client.
+local AT_EXIT = [[
+local am = require "async_mutex"
+local redis = require "async_mutex.redis"
+local uv = require "luv"
+local c1 = redis.connect { path = %q }
+local c2 = redis.connect { path = %q }
+local guard = setmetatable({}, { __gc = function() c2:close(); c1:close() end })
+local m1, m2 = am.RedisMutex.new(c1, "spec83:exit"), am.RedisMutex.new(c2, "spec83:exit")
+am.spawn(function()
+  local r = m1:acquire()
+  am.spawn(function() m2:acquire() end)
+  am.spawn(function() m2:waitForUnlock() end)
+  am.sleep(100)
+  uv.stop()
+end)
+uv.run()
+io.stdout:write("stopped\n")
+]]
+
 describe("client:close() with Redis locks held or waited for", function()
+  it("from a finalizer at lua_close, while held and waited for, reads no freed memory",
+    h.async(function()
+      local out = h.memcheck_child(AT_EXIT:format(server.path, server.path), 60)
+      assert.equal("stopped\n", out)
+    end, { deadline = 90000 }))
+
   it("lets uv.run() return at once when the client held a mutex (was: after ttl)",
     h.async(function()
       check("holder", "holder=ok")

@@ -30,6 +30,7 @@ local uv = require "luv"
 require "async_mutex.redis"
 local rcore = require "async_mutex.redis_core"
 local close_handle, run_script, is_client = rcore.close_handle, rcore.run_script, rcore.is_client
+local alive = rcore.alive
 
 local error, getmetatable, ipairs, pairs, pcall, setmetatable,
       tonumber, tostring, type =
@@ -399,6 +400,11 @@ Lease.__close = release_lease
 -- Waiters (in the Redis queue, in waitForUnlock) are woken and raise
 -- E_UNAVAILABLE, as the client's waiting calls do; later ones (queued at
 -- the lock's gate) raise it when their turn comes.
+--
+-- close() may also come from a finalizer at lua_close, after luv has freed
+-- some of the handles (docs/redis.md, "Closing and exiting"): a lease's
+-- timer that luv has finalized is dropped, not stopped, and the hub's
+-- subscription is ended here rather than by the idle timer.
 function client_closed(hub)
   hub.closed = true
   for lk in pairs(hub.locks) do
@@ -409,12 +415,17 @@ function client_closed(hub)
     for _, lease in ipairs(ended) do
       if lease.state == "held" then
         lease.state = "released"
+        local t = lease.timer
+        if t and not alive(t) then
+          lease.timer, owner[t], fire_of[t] = nil, nil, nil
+        end
         stop_timer(lease)
         forget(lease)
-        hub_unuse(hub)
+        hub.users = hub.users - 1
       end
     end
   end
+  unsubscribe_if_idle(hub)
   for _, w in pairs(hub.waiters) do
     if w.bell then w.bell:release() end
   end
