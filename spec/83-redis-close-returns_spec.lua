@@ -201,7 +201,86 @@ uv.run()
 io.stdout:write("stopped\n")
 ]]
 
+-- ROUNDS rounds, each with two clients whose mutex, semaphore and keyed set
+-- are taken, waited for (in the queue, at the gate, with withTimeout, in
+-- waitForUnlock) and released at random, and both clients closed at a
+-- random time: every coroutine ends once, with success or E_UNAVAILABLE,
+-- and uv.run() returns.  Prints the slowest return after the close (ms),
+-- then the problems (none: an empty line).
+local RANDOM = [[
+local am = require "async_mutex"
+local redis = require "async_mutex.redis"
+local uv = require "luv"
+local SOCK, SEED, ROUNDS = ...
+math.randomseed(tonumber(SEED))
+local random = math.random
+local worst, problems = 0, {}
+local function problem(s) problems[#problems + 1] = s end
+for round = 1, tonumber(ROUNDS) do
+  local name = "spec83:random:" .. round .. ":"
+  local c = { redis.connect { path = SOCK }, redis.connect { path = SOCK } }
+  local o = { waiterTimeout = 30000 }
+  local started, ended, count = 0, {}, 0
+  local function run(label, fn)
+    started = started + 1
+    am.spawn(function()
+      local ok, err = pcall(fn)
+      if ended[label] ~= nil then problem(label .. " ended twice") end
+      ended[label] = ok or err
+      count = count + 1
+      if not ok and err ~= am.E_UNAVAILABLE then problem(label .. ": " .. tostring(err)) end
+    end)
+  end
+  for j = 1, 2 do
+    local m = am.RedisMutex.new(c[j], name .. "m", o)
+    local s = am.RedisSemaphore.new(c[j], name .. "s", 2, o)
+    local k = am.KeyedRedisMutex.new(c[j], name .. "k", o)
+    for i = 1, 3 do
+      run(("m%d.%d"):format(j, i), function()
+        local r <close> = m:acquire()
+        am.sleep(random(0, 15))
+      end)
+      run(("s%d.%d"):format(j, i), function()
+        local _, r <close> = s:acquire(random(1, 2))
+        am.sleep(random(0, 15))
+      end)
+      run(("k%d.%d"):format(j, i), function()
+        local r <close> = am.withTimeout(k, 60000):acquire(i % 2)
+        am.sleep(random(0, 15))
+      end)
+    end
+    run("u" .. j, function() m:waitForUnlock() end)
+  end
+  local closed_at
+  local t = uv.new_timer()
+  t:start(random(0, 40), 0, function()
+    t:close()
+    closed_at = uv.hrtime()
+    local first = random(1, 2)
+    c[first]:close()
+    c[3 - first]:close()
+  end)
+  uv.run()
+  worst = math.max(worst, (uv.hrtime() - closed_at) / 1e6)
+  if count ~= started then problem(("round %d: %d of %d ended"):format(round, count, started)) end
+end
+io.stdout:write(("%.1f\n%s\n"):format(worst, table.concat(problems, "; ")))
+]]
+
 describe("client:close() with Redis locks held or waited for", function()
+  it("at random times, ends every coroutine once and lets uv.run() return", h.async(function()
+    local seed = os.time()
+    local child = R.child(RANDOM, { server.path, seed, 80 })
+    local rc, out, err = child:wait()
+    assert.equal(0, rc, err)
+    assert.equal("", err)
+    local worst, problems = out:match("^(%S+)\n(.-)\n$")
+    assert.equal("", problems, "seed " .. seed)
+    assert.is_true(tonumber(worst) < 500 * h.TIME_SCALE,
+      ("seed %d: uv.run() returned %s ms after a close"):format(seed, worst))
+  end, { deadline = 120000 }))
+
+
   it("from a finalizer at lua_close, while held and waited for, reads no freed memory",
     h.async(function()
       local out = h.memcheck_child(AT_EXIT:format(server.path, server.path), 60)

@@ -82,8 +82,17 @@ end
 -- Runs a script of redis_scripts for the lock record lk: an
 -- async_mutex.redis client takes the keys' list and the args as values (no
 -- table per request), another client goes through its eval.
+-- A reply that comes back after close() (a script's first run is EVAL,
+-- then SCRIPT LOAD, and the client may be closed between the two) is an
+-- E_UNAVAILABLE like any call the close cut off: a grant then is not
+-- turned into a lease after the client's holds were ended (its lease
+-- runs out in Redis).
 local function eval(lk, script, keys, ...)
-  if lk.direct then return run_script(lk.client, script, keys, ...) end
+  if lk.direct then
+    local r = run_script(lk.client, script, keys, ...)
+    if lk.hub.closed then error(E_UNAVAILABLE, 0) end
+    return r
+  end
   return lk.client:eval(script, keys, { ... })
 end
 
@@ -181,10 +190,11 @@ end
 local function subscribe(hub)
   if hub.sub then return end
   local release <close> = hub.sub_gate:acquire()
-  if hub.sub then return end
-  -- closed while the coroutine before us subscribed: a waiter's error,
-  -- not the closed client's misuse error from in here
+  -- closed while the coroutine before us subscribed (whether or not it
+  -- got the subscription): a waiter's error, not the closed client's
+  -- misuse error from our next request
   if hub.closed then error(E_UNAVAILABLE, 0) end
+  if hub.sub then return end
   local fn = hub.on_message
   if not fn then
     fn = function(message) on_message(hub, message) end
