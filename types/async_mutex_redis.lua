@@ -65,7 +65,8 @@ function Client:eval(script, keys, args) end
 function Client:subscribe(channel, fn) end
 
 ---Closes the connection: calls in flight raise `E_UNAVAILABLE`; later calls
----are errors.
+---are errors.  The client's Redis locks end their holds here (releasers
+---return `false`) and their waiters raise `E_UNAVAILABLE` at once.
 function Client:close() end
 
 ---Calls sent or queued whose reply has not come yet.

@@ -228,6 +228,10 @@ function hooks.lost(state, was_connected, final)
   if final and state.sub and not state.sub.closed then
     if final == "gc" then core.drop(state.sub.client) else state.sub.client:close() end
   end
+  -- close(): the Redis locks of this client end their holds and wake their
+  -- waiters (docs/redis-locks.md, "Closing the client"); a finalizer
+  -- resumes nobody, so "gc" tells them nothing (they are garbage too)
+  if final == "close" and state.on_close then state.on_close() end
 end
 
 -- attempt(state): whether a new connection may be tried now.
@@ -644,6 +648,12 @@ function Subscription.unsubscribe(self)
   if not next(sub.channels) then
     core.listen(sub.client, false)
     if sub.ping then sub.ping:stop() end
+    -- nothing left to subscribe again: a pending retry (up to
+    -- reconnectDelayMax away) would keep uv.run() from returning
+    if sub.scheduled and sub.retry then   -- (none once closed)
+      sub.scheduled = false
+      sub.retry:stop()
+    end
   end
 end
 

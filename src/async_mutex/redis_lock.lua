@@ -30,6 +30,7 @@ local uv = require "luv"
 require "async_mutex.redis"
 local rcore = require "async_mutex.redis_core"
 local close_handle, run_script, is_client = rcore.close_handle, rcore.run_script, rcore.is_client
+local alive = rcore.alive
 
 local error, getmetatable, ipairs, pairs, pcall, setmetatable,
       tonumber, tostring, type =
@@ -42,7 +43,7 @@ local format = string.format
 local hrtime, now = uv.hrtime, uv.now
 local limited = core.acquire
 
-local E_LOST = am.E_LOST
+local E_LOST, E_UNAVAILABLE = am.E_LOST, am.E_UNAVAILABLE
 
 local checks = require "async_mutex.checks"
 local typename, is_callable, argerror, unknown_option, check_open =
@@ -81,8 +82,17 @@ end
 -- Runs a script of redis_scripts for the lock record lk: an
 -- async_mutex.redis client takes the keys' list and the args as values (no
 -- table per request), another client goes through its eval.
+-- A reply that comes back after close() (a script's first run is EVAL,
+-- then SCRIPT LOAD, and the client may be closed between the two) is an
+-- E_UNAVAILABLE like any call the close cut off: a grant then is not
+-- turned into a lease after the client's holds were ended (its lease
+-- runs out in Redis).
 local function eval(lk, script, keys, ...)
-  if lk.direct then return run_script(lk.client, script, keys, ...) end
+  if lk.direct then
+    local r = run_script(lk.client, script, keys, ...)
+    if lk.hub.closed then error(E_UNAVAILABLE, 0) end
+    return r
+  end
   return lk.client:eval(script, keys, { ... })
 end
 
@@ -110,14 +120,31 @@ local function on_message(hub, message)
   end
 end
 
+local client_closed                  -- (hub): close() was called, below
+
+-- The hub of a client: its channel, its waiters by token, its locks (weak:
+-- to end their holds at close), the bells of its waitForUnlock calls.
 local function get_hub(client)
   local hub = hubs[client]
   if not hub then
     local id = random_hex()
     hub = { client = client, id = id, channel = "async_mutex:" .. id,
             waiters = {}, users = 0, sub = nil, sub_gate = core.Mutex.new(),
-            idle_timer = nil }
+            idle_timer = nil, locks = setmetatable({}, { __mode = "k" }),
+            unlockers = {}, closed = false }
     hubs[client] = hub
+    -- Our own client says when it is closed (docs/redis.md, "Closing and
+    -- exiting"); another client object cannot, and its locks learn it
+    -- at their next request.  The callback holds the hub weakly: the
+    -- client's state is reachable from luv (its timer's callback), and
+    -- the hub holds the client, which must stay collectable (spec 70).
+    if is_client(client) then
+      local ref = setmetatable({ hub }, { __mode = "v" })
+      rcore.state(client).on_close = function()
+        local hb = ref[1]
+        if hb then client_closed(hb) end
+      end
+    end
   end
   return hub
 end
@@ -163,6 +190,10 @@ end
 local function subscribe(hub)
   if hub.sub then return end
   local release <close> = hub.sub_gate:acquire()
+  -- closed while the coroutine before us subscribed (whether or not it
+  -- got the subscription): a waiter's error, not the closed client's
+  -- misuse error from our next request
+  if hub.closed then error(E_UNAVAILABLE, 0) end
   if hub.sub then return end
   local fn = hub.on_message
   if not fn then
@@ -370,6 +401,47 @@ end
 Lease.__call = release_lease
 Lease.__close = release_lease
 
+-- client:close() ends every hold of the client's locks here, as a release
+-- that cannot reach Redis does (docs/redis-locks.md, "Closing the
+-- client"): the releaser returns false from then on, check() false, and
+-- nobody is told it was lost; Redis ends the hold with its lease.  Its
+-- timer stops: no renewal can be sent on a closed client, and a timer left
+-- running would keep uv.run() from returning until the lease ran out.
+-- Waiters (in the Redis queue, in waitForUnlock) are woken and raise
+-- E_UNAVAILABLE, as the client's waiting calls do; later ones (queued at
+-- the lock's gate) raise it when their turn comes.
+--
+-- close() may also come from a finalizer at lua_close, after luv has freed
+-- some of the handles (docs/redis.md, "Closing and exiting"): a lease's
+-- timer that luv has finalized is dropped, not stopped, and the hub's
+-- subscription is ended here rather than by the idle timer.
+function client_closed(hub)
+  hub.closed = true
+  for lk in pairs(hub.locks) do
+    local ended = {}
+    for _, holds in pairs(lk.holds) do
+      for i = 1, #holds do ended[#ended + 1] = holds[i] end
+    end
+    for _, lease in ipairs(ended) do
+      if lease.state == "held" then
+        lease.state = "released"
+        local t = lease.timer
+        if t and not alive(t) then
+          lease.timer, owner[t], fire_of[t] = nil, nil, nil
+        end
+        stop_timer(lease)
+        forget(lease)
+        hub.users = hub.users - 1
+      end
+    end
+  end
+  unsubscribe_if_idle(hub)
+  for _, w in pairs(hub.waiters) do
+    if w.bell then w.bell:release() end
+  end
+  for bell in pairs(hub.unlockers) do bell:release() end
+end
+
 --- releaser:check(): raises the lost error if the hold was lost; true while
 -- it is held, false once it was given back.
 function lease_methods.check(lease)
@@ -441,6 +513,7 @@ end
 -- (lk, keys, token, done), one hash part of four slots.
 local function redis_acquire(lk, name, weight, deadline, err)
   local hub = lk.hub
+  if hub.closed then error(E_UNAVAILABLE, 0) end   -- closed while at the gate
   local keys = keys_of(lk, name)
   local token = hub.id .. ":" .. random_hex()
   local try = deadline == false
@@ -483,6 +556,9 @@ local function redis_acquire(lk, name, weight, deadline, err)
         end
         local ok, e = pcall(limited, bell, wait, REFRESH)
         if not ok and e ~= REFRESH then error(e, 0) end
+        -- woken by close(): a grant that came meanwhile ends with its
+        -- first lease in Redis (Pending cannot send the release)
+        if hub.closed then error(E_UNAVAILABLE, 0) end
       end
       if not w.fence then
         if w.canceled then error(lk.cancel_error, 0) end
@@ -639,6 +715,7 @@ end
 local function new_record(mt, client, name, limit, opts, keyed)
   local lk = setmetatable(opts, mt)
   lk.client, lk.hub, lk.name, lk.limit = client, get_hub(client), name, limit
+  lk.hub.locks[lk] = true
   lk.gate = keyed and core.KeyedMutex.new({ cancelError = opts.cancel_error })
     or core.Mutex.new(opts.cancel_error)
   lk.keys, lk.direct = lock_keys(name), is_client(client)
@@ -690,8 +767,11 @@ end
 -- heard, and one before it is seen by the check.
 local function wait_for_unlock(lk, limit, err, name, weight)
   local deadline = limit == false and false or (limit and limit ~= huge and now() + limit)
+  local hub = lk.hub
   local bell = core.Semaphore.new(0)
+  hub.unlockers[bell] = true          -- rung by close()
   local cleanup <close> = setmetatable({}, { __close = function(c)
+    hub.unlockers[bell] = nil
     if c.sub then c.sub:unsubscribe() end
   end })
   while true do
@@ -705,6 +785,7 @@ local function wait_for_unlock(lk, limit, err, name, weight)
       if deadline then wait = min(wait, max(0, deadline - now())) end
       local ok, e = pcall(limited, bell, wait, REFRESH)
       if not ok and e ~= REFRESH then error(e, 0) end
+      if hub.closed then error(E_UNAVAILABLE, 0) end
       if deadline and now() >= deadline then error(err, 0) end
     end
   end
