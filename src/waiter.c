@@ -166,16 +166,17 @@ void am_push_releaser (lua_State *L, int lockidx, Lock *lk,
 */
 static int releaser_release (lua_State *L) {
   Releaser *r = (Releaser *)am_checkself(L, AM_T_RELEASER);
-  int live = am_releaser_live(r);       /* read before it is released */
+  int ended;
   if (!released(r)) {                   /* given back already, or lost */
     lua_pushboolean(L, 0);
     return 1;
   }
   if (r->lease) am_lease_end(L, r);     /* out of the timer queue */
-  am_give_back(L, r->lock, r->weight, r->token, 0);
+  /* the kind tells whether this grant was still held (its token) */
+  ended = am_give_back(L, r->lock, r->weight, r->token, 0);
   am_sync(L, r->lock->st);
   if (am_debugging()) am_dbg_released(L, r->lock->st, 1);
-  lua_pushboolean(L, live);
+  lua_pushboolean(L, ended);
   return 1;
 }
 
