@@ -9,7 +9,9 @@
 --   lua5.4 bench/redis_locks.lua        (from the checkout, after make)
 --
 -- Rows: uncontended cycles per second with one coroutine (task) and with 50
--- on distinct keys over one connection; the cross-process hand-off latency
+-- on distinct keys over one connection, with the Redis server's CPU time
+-- per cycle and, for 50, how busy its one thread was (which side is bound
+-- by the server and which by its own client); the cross-process hand-off latency
 -- (release in process A to the grant in waiting process B, p50 / p99);
 -- one key contended by 4 processes (acquisitions per second, Redis
 -- commands per acquisition counted by the server, the longest wait); how
@@ -117,14 +119,41 @@ end
 io.stderr:write("bench/redis_locks: ", QUICK and "quick" or "full",
   have_node and "" or " (node-redlock not installed: its columns stay empty)", "\n")
 
+-- The server's CPU time so far (user + system, seconds, from INFO cpu).
+local function server_cpu()
+  local info = sh(("LD_PRELOAD= redis-cli -p %d info cpu"):format(port))
+  return tonumber(info:match("used_cpu_user:([%d.]+)")) + tonumber(info:match("used_cpu_sys:([%d.]+)"))
+end
+
+-- Runs one side's cycles; returns its rate and the server's CPU time per
+-- cycle in microseconds (with 50 coroutines the server's one thread is the
+-- bottleneck: 1e6 / that is the most one server can serve of this side).
+local function cycles(cmd)
+  local before = server_cpu()
+  local t = json(sh(cmd))
+  if not t then return nil end
+  local cpu = server_cpu() - before
+  return rate(t), cpu * 1e6 / t.ops, 100 * cpu / t.seconds
+end
+
 -- uncontended cycles
 for _, conc in ipairs({ 1, 50 }) do
   local n = math.floor((conc == 1 and 20000 or 50000) * SCALE)
-  local ours = rate(json(sh(ENV .. WORKER .. ("cycles %d %d %d"):format(port, n, conc))))
-  local peer = have_node and rate(json(sh(NODE .. ("cycles %d %d %d default"):format(port, n, conc))))
-  local seed = conc == 1 and rate(json(sh(ENV .. WORKER .. ("seed_cycles %d %d"):format(port, n))))
-  row(("cycles/s, %d %s"):format(conc, conc == 1 and "coroutine" or "coroutines, distinct keys"),
-      ours, peer, nil, "/s", "higher", seed or nil)
+  local ours, ours_cpu, ours_busy = cycles(ENV .. WORKER .. ("cycles %d %d %d"):format(port, n, conc))
+  local peer, peer_cpu, peer_busy
+  if have_node then
+    peer, peer_cpu, peer_busy = cycles(NODE .. ("cycles %d %d %d default"):format(port, n, conc))
+  end
+  local seed, seed_cpu
+  if conc == 1 then seed, seed_cpu = cycles(ENV .. WORKER .. ("seed_cycles %d %d"):format(port, n)) end
+  local what = conc == 1 and "1 coroutine" or ("%d coroutines"):format(conc)
+  row(("cycles/s, %s%s"):format(what, conc == 1 and "" or ", distinct keys"), ours, peer, nil, "/s",
+      "higher", seed)
+  row("server CPU per cycle, us, " .. what, ours_cpu, peer_cpu, nil, "us", "lower", seed_cpu)
+  if conc > 1 then
+    -- near 100: the server's one thread is what limits that side
+    row("server thread busy, % of the run, " .. what, ours_busy, peer_busy, nil, "%", "none")
+  end
 end
 
 -- cross-process hand-off
@@ -203,7 +232,7 @@ print("|" .. ("-"):rep(60) .. "|" .. ("-"):rep(14) .. "|" .. ("-"):rep(20) .. "|
   .. "|" .. ("-"):rep(20) .. "|")
 for _, r in ipairs(rows) do
   local function ratio(peer)
-    if not (peer and r.ours and peer > 0 and r.ours > 0) then return fmt(peer) end
+    if r.better == "none" or not (peer and r.ours and peer > 0 and r.ours > 0) then return fmt(peer) end
     local x = r.better == "higher" and r.ours / peer or peer / r.ours
     return ("%s (%.1fx)"):format(fmt(peer), x)
   end
