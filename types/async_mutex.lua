@@ -28,7 +28,7 @@
 ---as a to-be-closed variable (`local release <close> = m:acquire()`).
 ---Only its first call counts, and it only ends its own hold: the call
 ---returns `true` when it ended the hold, `false` otherwise (called before,
----or the hold was lost to a lease).
+---the hold ended by an unscoped `release()`, or lost to a lease).
 ---@class async_mutex.Releaser
 ---@operator call: boolean
 ---A readers-writer lock's write hold becomes a read hold, atomically; returns
