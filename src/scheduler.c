@@ -398,6 +398,18 @@ void am_unanchor (lua_State *L, Waiter *w) {
 /* {====================================================== errors */
 
 /*
+** The text of the error object at 1 by its __tostring, as lua5.4 prints
+** an uncaught error (lua.c, msghandler): a Redis error reply's message,
+** say.  Called protected: a __tostring that raises is ignored.
+*/
+static int error_text (lua_State *L) {
+  if (luaL_callmeta(L, 1, "__tostring") && lua_type(L, -1) == LUA_TSTRING)
+    return 1;
+  return 0;
+}
+
+
+/*
 ** A coroutine we resumed died with an error (on top of its stack).  It
 ** must not take the process down (an error escaping a luv callback makes
 ** luv exit) nor stop the rest of the batch, and it must not be
@@ -417,9 +429,17 @@ void am_report (lua_State *L, State *st, lua_State *co) {
     lua_pushliteral(L, "(error object lost: not enough memory)");
   if (lua_type(L, -1) == LUA_TSTRING)
     msg = lua_tostring(L, -1);
-  else
-    msg = lua_pushfstring(L, "(error object is a %s value)",
-                          luaL_typename(L, -1));
+  else {
+    lua_pushcfunction(L, error_text);
+    lua_pushvalue(L, -2);
+    if (lua_pcall(L, 1, 1, 0) == LUA_OK && lua_type(L, -1) == LUA_TSTRING)
+      msg = lua_tostring(L, -1);                /* L: err msg */
+    else {
+      lua_pop(L, 1);
+      msg = lua_pushfstring(L, "(error object is a %s value)",
+                            luaL_typename(L, -1));
+    }
+  }
   luaL_traceback(L, co, msg, 0);                /* L: err [msg] tb */
   /* an errored thread resets with its own error; another one on top
      means one of its __close handlers failed too */
