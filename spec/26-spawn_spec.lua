@@ -193,6 +193,28 @@ describe("async_mutex.spawn", function()
         assert.equal(2, tables, r.stderr)
       end)
 
+    it("names the error objects of a failing handler and of a failing __close the same way",
+      function()
+        local r = h.subprocess([[
+          local am = require "async_mutex"
+          local function object(text)
+            return setmetatable({}, { __tostring = function() return text end })
+          end
+          am.spawn(function()
+            local _ <close> = setmetatable({}, { __close = function() error(object("close broke")) end })
+            error("body broke", 0)
+          end)
+          am.setErrorHandler(function() error(object("handler broke")) end)
+          am.spawn(function() error("spawned broke", 0) end)
+          print("still here")
+        ]])
+        assert.equal(0, r.rc, r.stderr)
+        assert.equal("still here\n", r.stdout)
+        assert.matches("async_mutex: error closing a dead coroutine: close broke\n", r.stderr, 1, true)
+        assert.matches("async_mutex: error in the error handler: handler broke\n"
+          .. "while reporting: spawned broke\nstack traceback:", r.stderr, 1, true)
+      end)
+
     it("a handler that raises is reported on stderr and the process goes on", function()
       local r = h.subprocess([[
         local am = require "async_mutex"
