@@ -149,7 +149,7 @@ rock: deps
 	  "file://$(CURDIR)/$(TARBALL)" > $(ROCK_DIR)/rockspecs/$(ROCK).rockspec
 	cd $(ROCK_DIR) && luarocks --lua-version 5.4 pack rockspecs/$(ROCK).rockspec
 
-# Benchmarks (issue 5), never part of `make test`: one table comparing us with
+# Benchmarks, never part of `make test`: one table comparing us with
 # async-mutex on Node, a pure-Lua mutex and the floor (see bench/run.lua and
 # bench/README.md).  Each driver adds its sections to the results file
 # BENCH_JSON; bench/chart.lua then draws BENCH_SVG from that file alone.  A

@@ -1,4 +1,4 @@
--- Debug mode's cost (issue 17; docs/debug.md): the uncontended pair, the
+-- Debug mode's cost (docs/debug.md): the uncontended pair, the
 -- hand-off and the 100k chain of bench/scenarios.lua, with debug mode off,
 -- on, and on with tracebacks.  `lua5.4 bench/debug.lua` from the repository
 -- root with the module on the paths (`make bench` does it); BENCH_QUICK=1

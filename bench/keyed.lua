@@ -1,4 +1,4 @@
--- Keyed locks (issue 3): throughput over many distinct keys and memory per
+-- Keyed locks: throughput over many distinct keys and memory per
 -- live key, for KeyedMutex and for the "map of mutexes by hand" that
 -- async-mutex's maintainers suggest (a Lua table of Mutex by key, each
 -- dropped when it is unlocked), built on the same module.  One JSON line.

@@ -1,6 +1,6 @@
 -- Runs every benchmark in one invocation and prints one table: scenario,
 -- parameters, our figure, each peer's figure, and the ratios; then the
--- instruction counts (callgrind) and the targets of issue 5, met or missed.
+-- instruction counts (callgrind) and the project's targets, met or missed.
 -- Writes the same figures as the sections "local" and "keyed" of a results
 -- file (bench/results.lua), for bench/chart.lua and bench/table.lua.
 --
@@ -433,7 +433,7 @@ print(("async_mutex benchmarks, %s, %s x %s cores, %s, luv %s, %s%s"):format(sec
   m.cpu, m.cores, m.lua, m.luv, m.node and ("Node " .. m.node) or "no Node",
   QUICK and " (BENCH_QUICK: sizes / 10)" or ""))
 
--- Targets (issue 5) -------------------------------------------------------------
+-- Targets ----------------------------------------------------------------------
 
 local function target(name, value, ok, detail)
   local verdict = value == nil and "not measured" or (ok and "met" or "MISSED")
@@ -504,7 +504,7 @@ do
       fmt(beyond("rss_b").ours, "B")))
 end
 
--- Keyed locks (issue 3): ours against a map of Mutexes kept by hand.
+-- Keyed locks: ours against a map of Mutexes kept by hand.
 local keyed
 do
   local n = size(1000000)
@@ -557,7 +557,7 @@ if keyed then
   print(results.markdown(keyed))
 end
 print()
-print("Targets of issue 5 (ours):")
+print("Targets (ours):")
 for _, t in ipairs(section.targets) do
   print(("  %-12s %s: %s"):format(t.verdict, t.name, t.detail))
 end

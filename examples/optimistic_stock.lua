@@ -72,6 +72,8 @@ end
 if arg[1] == "sell" then return sell(arg[2], arg[3]) end
 
 -- {========================================================== the shop
+local function quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+
 local function sh(cmd)
   local p = assert(io.popen(cmd))
   local out = p:read("a")
@@ -105,7 +107,9 @@ local ok, err = pcall(function()
 
   local sellers = {}
   for i = 1, SELLERS do
-    sellers[i] = assert(io.popen(("lua5.4 %s sell %s %d"):format(arg[0], socket, i)))
+    -- this interpreter and this script, quoted for the shell
+    sellers[i] = assert(io.popen(("%s %s sell %s %d"):format(quote(uv.exepath()),
+      quote(arg[0]), quote(socket), i)))
   end
   local sold = 0
   for i = 1, SELLERS do

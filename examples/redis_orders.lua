@@ -3,10 +3,15 @@
 -- The parent puts 100 units in stock and starts 4 worker processes (this
 -- script again).  Each worker sells one unit at a time, read-modify-write,
 -- holding the RedisMutex "example:orders" that all of them share.  The
--- store (a Redis hash here, standing for any database) accepts a write
--- only with a fencing token above the last one it accepted: a worker
--- paused past its lease (a long GC, SIGSTOP) cannot overwrite the stock
--- with a stale value, even though it believes it still holds the lock.
+-- store (a Redis hash here, standing for any database) checks the fencing
+-- token of every read and write: it remembers the highest token it has
+-- seen, and refuses a read or a write with a lower one.  A worker paused
+-- past its lease (a long GC, SIGSTOP) cannot overwrite the stock with a
+-- stale value, even though it believes it still holds the lock: the next
+-- holder's read has already shown the store a newer token.  (Checking the
+-- token at writes only is not enough: the paused worker could write just
+-- after the next holder read, and the next holder's write, based on the
+-- stock before that sale, would then be accepted too.)
 --
 --   make && lua5.4 examples/redis_orders.lua [host [port]]   (127.0.0.1 6379)
 --   lua5.4 examples/redis_orders.lua unix:/path/to/redis.sock
@@ -35,11 +40,21 @@ local function connect()
 end
 local client = connect()
 
--- The store's conditional write: the new stock, if the fence is the
--- highest it has seen.
+-- The store's fenced read: the stock, for a fence at least as high as any
+-- it has seen (which it now remembers); nil (refused) for a lower one.
+local FENCED_READ = [[
+local last = tonumber(redis.call('HGET', KEYS[1], 'fence') or '0')
+local fence = tonumber(ARGV[1])
+if fence < last then return false end
+if fence > last then redis.call('HSET', KEYS[1], 'fence', ARGV[1]) end
+return redis.call('HGET', KEYS[1], 'units')
+]]
+
+-- The store's fenced write: the new stock, for a fence at least as high as
+-- any it has seen; 0 (refused) for a lower one.
 local FENCED_WRITE = [[
 local last = tonumber(redis.call('HGET', KEYS[1], 'fence') or '0')
-if tonumber(ARGV[2]) <= last then return 0 end
+if tonumber(ARGV[2]) < last then return 0 end
 redis.call('HSET', KEYS[1], 'units', ARGV[1], 'fence', ARGV[2])
 return 1
 ]]
@@ -49,13 +64,17 @@ local function worker()
   local sold, refused = 0, 0
   while true do
     local release <close> = orders:acquire()
-    local units = tonumber(client:call("HGET", STOCK, "units"))
+    local units = tonumber(client:eval(FENCED_READ, { STOCK }, { release.fence }))
     if units == 0 then break end
-    am.sleep(1)                                     -- preparing the order
-    if client:eval(FENCED_WRITE, { STOCK }, { units - 1, release.fence }) == 1 then
-      sold = sold + 1
+    if units == nil then
+      refused = refused + 1                         -- a stale holder's read
     else
-      refused = refused + 1                         -- a stale holder's write
+      am.sleep(1)                                   -- preparing the order
+      if client:eval(FENCED_WRITE, { STOCK }, { units - 1, release.fence }) == 1 then
+        sold = sold + 1
+      else
+        refused = refused + 1                       -- a stale holder's write
+      end
     end
     release()
   end

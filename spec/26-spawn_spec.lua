@@ -165,6 +165,56 @@ describe("async_mutex.spawn", function()
       assert.is_truthy(r.stderr:find("early failure.-late failure"), r.stderr)
     end)
 
+    it("names an error object by its __tostring, as lua5.4 does (a Redis error's message)",
+      function()
+        local r = h.subprocess([[
+          local uv = require "luv"
+          local am = require "async_mutex"
+          local function object(text)
+            return setmetatable({}, { __tostring = function() return text end })
+          end
+          am.spawn(function() error(object("WRONGTYPE at once"), 0) end)
+          am.spawn(function() am.sleep(1); error(object("WRONGTYPE later"), 0) end)
+          am.spawn(function() error({}, 0) end)
+          am.spawn(function()
+            error(setmetatable({}, { __tostring = function() error("no text") end }), 0)
+          end)
+          uv.run()
+          print("went on")
+        ]])
+        assert.equal(0, r.rc, r.stderr)
+        assert.equal("went on\n", r.stdout)
+        assert.matches("async_mutex: error in a resumed coroutine: WRONGTYPE at once\n"
+          .. "stack traceback:\n", r.stderr, 1, true)
+        assert.matches("async_mutex: error in a resumed coroutine: WRONGTYPE later\n"
+          .. "stack traceback:\n", r.stderr, 1, true)
+        -- no __tostring, or one that raises: its type, as before
+        local _, tables = r.stderr:gsub("error in a resumed coroutine: %(error object is a table value%)\n", "")
+        assert.equal(2, tables, r.stderr)
+      end)
+
+    it("names the error objects of a failing handler and of a failing __close the same way",
+      function()
+        local r = h.subprocess([[
+          local am = require "async_mutex"
+          local function object(text)
+            return setmetatable({}, { __tostring = function() return text end })
+          end
+          am.spawn(function()
+            local _ <close> = setmetatable({}, { __close = function() error(object("close broke")) end })
+            error("body broke", 0)
+          end)
+          am.setErrorHandler(function() error(object("handler broke")) end)
+          am.spawn(function() error("spawned broke", 0) end)
+          print("still here")
+        ]])
+        assert.equal(0, r.rc, r.stderr)
+        assert.equal("still here\n", r.stdout)
+        assert.matches("async_mutex: error closing a dead coroutine: close broke\n", r.stderr, 1, true)
+        assert.matches("async_mutex: error in the error handler: handler broke\n"
+          .. "while reporting: spawned broke\nstack traceback:", r.stderr, 1, true)
+      end)
+
     it("a handler that raises is reported on stderr and the process goes on", function()
       local r = h.subprocess([[
         local am = require "async_mutex"

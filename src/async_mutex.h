@@ -414,8 +414,8 @@ void am_enqueue (lua_State *L, Lock *lk, Waiter *w, const Key *priority);
 void am_dequeue (Lock *lk, Waiter *w);
 lua_Integer am_take (Lock *lk, lua_Integer weight);
 void am_dispatch (lua_State *L, Lock *lk);
-void am_give_back (lua_State *L, Lock *lk, lua_Integer weight,
-                   lua_Integer token, int saturate);
+int am_give_back (lua_State *L, Lock *lk, lua_Integer weight,
+                  lua_Integer token, int saturate);
 int am_releaser_live (const Releaser *r);
 void am_cancel (lua_State *L, Lock *lk);
 void am_expire (lua_State *L, Waiter *w);

@@ -212,16 +212,19 @@ int am_releaser_live (const Releaser *r) {
 ** release (AM_UNSCOPED), or abandoned undelivered ('saturate': must not
 ** raise).  The kind decides what that gives back (docs/semantics.md,
 ** Release and P3); if anything, the lock dispatches.  An unscoped release
-** counts as giving back a grant.
+** counts as giving back a grant.  Returns whether it gave anything back:
+** for a releaser's grant, whether that grant was still held (a releaser's
+** call returns it).
 */
-void am_give_back (lua_State *L, Lock *lk, lua_Integer weight,
-                   lua_Integer token, int saturate) {
+int am_give_back (lua_State *L, Lock *lk, lua_Integer weight,
+                  lua_Integer token, int saturate) {
   int gave = lk->kind->give_back(lk, weight, token, saturate);
   if (gave < 0) luaL_error(L, "semaphore value overflow");
   if (gave > 0) {
     lk->held = lk->held > weight ? lk->held - weight : 0;
     am_dispatch(L, lk);
   }
+  return gave > 0;
 }
 
 

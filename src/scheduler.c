@@ -398,6 +398,39 @@ void am_unanchor (lua_State *L, Waiter *w) {
 /* {====================================================== errors */
 
 /*
+** The text of the error object at 1 by its __tostring, as lua5.4 prints
+** an uncaught error (lua.c, msghandler): a Redis error reply's message,
+** say.  Called protected: a __tostring that raises is ignored.
+*/
+static int error_text (lua_State *L) {
+  if (luaL_callmeta(L, 1, "__tostring") && lua_type(L, -1) == LUA_TSTRING)
+    return 1;
+  return 0;
+}
+
+
+/*
+** Pushes and returns the text of the error object at 'idx': a string as
+** it is, else its __tostring, else "(error object is a T value)".
+*/
+static const char *push_error_text (lua_State *L, int idx) {
+  idx = lua_absindex(L, idx);
+  if (lua_type(L, idx) == LUA_TSTRING)
+    lua_pushvalue(L, idx);
+  else {
+    lua_pushcfunction(L, error_text);
+    lua_pushvalue(L, idx);
+    if (lua_pcall(L, 1, 1, 0) != LUA_OK || lua_type(L, -1) != LUA_TSTRING) {
+      lua_pop(L, 1);
+      lua_pushfstring(L, "(error object is a %s value)",
+                      luaL_typename(L, idx));
+    }
+  }
+  return lua_tostring(L, -1);
+}
+
+
+/*
 ** A coroutine we resumed died with an error (on top of its stack).  It
 ** must not take the process down (an error escaping a luv callback makes
 ** luv exit) nor stop the rest of the batch, and it must not be
@@ -415,20 +448,18 @@ void am_report (lua_State *L, State *st, lua_State *co) {
   }
   else
     lua_pushliteral(L, "(error object lost: not enough memory)");
-  if (lua_type(L, -1) == LUA_TSTRING)
-    msg = lua_tostring(L, -1);
-  else
-    msg = lua_pushfstring(L, "(error object is a %s value)",
-                          luaL_typename(L, -1));
-  luaL_traceback(L, co, msg, 0);                /* L: err [msg] tb */
+  msg = push_error_text(L, -1);                 /* L: err msg */
+  luaL_traceback(L, co, msg, 0);                /* L: err msg tb */
   /* an errored thread resets with its own error; another one on top
      means one of its __close handlers failed too */
   lua_resetthread(co);
   if (lua_gettop(co) > 0) {
     lua_xmove(co, L, 1);
-    if (!lua_rawequal(L, base + 1, -1))
+    if (!lua_rawequal(L, base + 1, -1)) {
       fprintf(stderr, "async_mutex: error closing a dead coroutine: %s\n",
-              lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "?");
+              push_error_text(L, -1));
+      lua_pop(L, 1);
+    }
     lua_pop(L, 1);
   }
   lua_settop(co, 0);
@@ -436,11 +467,10 @@ void am_report (lua_State *L, State *st, lua_State *co) {
     pushref(L, st->handler);
     lua_pushvalue(L, base + 1);                 /* err */
     lua_pushvalue(L, -3);                       /* traceback */
-    if (lua_pcall(L, 2, 0, 0) != LUA_OK) {
+    if (lua_pcall(L, 2, 0, 0) != LUA_OK) {     /* L: err msg tb e */
+      const char *e = push_error_text(L, -1);   /* L: err msg tb e etext */
       fprintf(stderr, "async_mutex: error in the error handler: %s\n"
-              "while reporting: %s\n",
-              lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "?",
-              lua_tostring(L, -2));
+              "while reporting: %s\n", e, lua_tostring(L, -3));
       fflush(stderr);
     }
   }

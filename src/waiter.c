@@ -155,25 +155,28 @@ void am_push_releaser (lua_State *L, int lockidx, Lock *lk,
 
 
 /*
-** Releases once, returning true; later calls (and a lost hold's, lease.c)
-** return false, and arguments are ignored (docs/lockkinds.md, Leases).
-** A mutex
+** Releases once, returning whether this call ended the hold: later calls
+** (and a lost hold's, lease.c) return false, and arguments are ignored
+** (docs/semantics.md, Leases and lost holds).  A mutex
 ** releaser only ends its own grant: it is a no-op once 'release()' has
 ** unlocked the mutex, even if someone else holds it since
-** (docs/semantics.md, Release and P3).  Serves __call and __close (on
-** scope exit, error, or coroutine.close).
+** (docs/semantics.md, Release and P3), and then returns false too (the
+** hold was given back already).  Serves __call and __close (on scope
+** exit, error, or coroutine.close).
 */
 static int releaser_release (lua_State *L) {
   Releaser *r = (Releaser *)am_checkself(L, AM_T_RELEASER);
+  int ended;
   if (!released(r)) {                   /* given back already, or lost */
     lua_pushboolean(L, 0);
     return 1;
   }
   if (r->lease) am_lease_end(L, r);     /* out of the timer queue */
-  am_give_back(L, r->lock, r->weight, r->token, 0);
+  /* the kind tells whether this grant was still held (its token) */
+  ended = am_give_back(L, r->lock, r->weight, r->token, 0);
   am_sync(L, r->lock->st);
   if (am_debugging()) am_dbg_released(L, r->lock->st, 1);
-  lua_pushboolean(L, 1);
+  lua_pushboolean(L, ended);
   return 1;
 }
 

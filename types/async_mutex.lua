@@ -6,8 +6,9 @@
 -- is the reference; spec/25-api-docs_spec.lua checks that every public name
 -- of the module is annotated here and documented there.
 
----Any lock the decorators accept.
----@alias async_mutex.Lock
+---A lock of this process (not a Redis lock): what `withLease` (but for a
+---ReentrantMutex) and debug mode take.
+---@alias async_mutex.LocalLock
 ---| async_mutex.Mutex
 ---| async_mutex.Semaphore
 ---| async_mutex.KeyedMutex
@@ -15,6 +16,20 @@
 ---| async_mutex.RWLock
 ---| async_mutex.ReentrantMutex
 ---| async_mutex.KeyedRWLock
+
+---A lock `withLease` takes: a local lock but a ReentrantMutex (its levels
+---are one hold).
+---@alias async_mutex.LeasableLock
+---| async_mutex.Mutex
+---| async_mutex.Semaphore
+---| async_mutex.KeyedMutex
+---| async_mutex.KeyedSemaphore
+---| async_mutex.RWLock
+---| async_mutex.KeyedRWLock
+
+---Any lock `withTimeout` and `tryAcquire` accept.
+---@alias async_mutex.Lock
+---| async_mutex.LocalLock
 ---| async_mutex.RedisMutex
 ---| async_mutex.RedisSemaphore
 ---| async_mutex.KeyedRedisMutex
@@ -28,7 +43,7 @@
 ---as a to-be-closed variable (`local release <close> = m:acquire()`).
 ---Only its first call counts, and it only ends its own hold: the call
 ---returns `true` when it ended the hold, `false` otherwise (called before,
----or the hold was lost to a lease).
+---the hold ended by an unscoped `release()`, or lost to a lease).
 ---@class async_mutex.Releaser
 ---@operator call: boolean
 ---A readers-writer lock's write hold becomes a read hold, atomically; returns
@@ -594,8 +609,9 @@ function async_mutex.tryAcquire(lock, already_locked_error) end
 
 ---A lock sharing all state with `lock`, whose holds last at most `ms`
 ---milliseconds; then the hold is lost (`releaser:check()` raises
----`lost_error`, default `async_mutex.E_LOST`).
----@generic L: async_mutex.Lock
+---`lost_error`, default `async_mutex.E_LOST`).  Not a ReentrantMutex, nor
+---a Redis lock (its holds are leases in Redis already).
+---@generic L: async_mutex.LeasableLock
 ---@param lock L
 ---@param ms number positive and finite
 ---@param lost_error? any
@@ -660,8 +676,9 @@ function async_mutex.optimistic(fn, options) end
 ---cycle of waiting coroutines.  Nothing is queued.
 async_mutex.E_DEADLOCK = "deadlock: the request would wait for ever"
 
----A lock, a keyed lock or a decorated lock, as `async_mutex.debug` takes it.
----@alias async_mutex.AnyLock async_mutex.Lock|async_mutex.KeyedMutex|async_mutex.KeyedSemaphore
+---A lock, a keyed lock or a decorated lock of this process, as
+---`async_mutex.debug` takes it (debug mode does not watch the Redis locks).
+---@alias async_mutex.AnyLock async_mutex.LocalLock
 
 ---Hears debug mode's reports: what kind, the text, and its facts as a table.
 ---@alias async_mutex.DebugReportHandler fun(kind: "deadlock"|"inversion"|"long-hold", text: string, info: table)

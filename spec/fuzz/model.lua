@@ -323,13 +323,15 @@ local function holds(rel)
   return true
 end
 
--- A releaser's call: the first one releases and returns true; later calls,
+-- A releaser's call: the first one releases and returns whether it ended
+-- the hold (false when an unscoped release ended it already); later calls,
 -- and any call once its lease ran out, return false.
 local function release_rel(w, rel)
   if rel.called or rel.lost then return false end
+  local live = holds(rel)
   rel.called = true
   give_back(w, rel)
-  return true
+  return live
 end
 
 -- A lease of releaser `rel` starts at loop time `now`, ending at `ends`: an

@@ -53,7 +53,11 @@ local uv = require "luv"
 -- The repository root: this file is ROOT/spec/fuzz/runner.lua.
 local root = debug.getinfo(1, "S").source:match("^@(.*)/spec/fuzz/[^/]*$") or "."
 
-if not package.path:find(root .. "/spec/?.lua", 1, true) then
+-- (root is "." when busted loads this file as spec/fuzz/...: its lpath has
+-- src/ and spec/ already, and a second, "./"-spelt copy would load
+-- async_mutex again under another chunk name in the later spec files)
+if not package.path:find(root .. "/spec/?.lua", 1, true)
+    and not (root == "." and package.path:find("spec/?.lua", 1, true)) then
   package.path = ("%s/src/?.lua;%s/src/?/init.lua;%s/spec/?.lua;"):format(root, root, root)
     .. package.path
 end

@@ -638,7 +638,13 @@ local function check_lock(fname, v)
   local what, inner = core.dbg_kind(v)
   if what == "decorated" then return inner end
   if what == nil then
-    argerror(1, fname, "async_mutex lock expected, got " .. checks.typename(v))
+    local name = checks.typename(v)
+    -- a Redis lock is one, but its holders are in Redis (README, Debugging
+    -- a hang): say so rather than "async_mutex lock expected"
+    if name:match("^async_mutex%.[%w ]*Redis%a*$") then
+      argerror(1, fname, "debug mode watches the local locks, not a Redis lock, got " .. name)
+    end
+    argerror(1, fname, "async_mutex lock expected, got " .. name)
   end
   return v
 end

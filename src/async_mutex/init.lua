@@ -32,7 +32,7 @@ local M = {
   sleep = core.sleeper(core.Semaphore.new(0)),
   withTimeout = core.withTimeout,   -- decorated locks are the C core's
   tryAcquire = core.tryAcquire,
-  withLease = core.withLease,
+  withLease = core.withLease,       -- (Redis locks refused by name, below)
 }
 
 local KINDS = { "Mutex", "Semaphore", "KeyedMutex", "KeyedSemaphore", "RWLock",
@@ -411,5 +411,21 @@ local function decorator(c_decorate, fname)
 end
 M.withTimeout = decorator(core.withTimeout, "withTimeout")
 M.tryAcquire = decorator(core.tryAcquire, "tryAcquire")
+
+-- A Redis lock's holds are leases in Redis already (its ttl, renewed by its
+-- watchdog): withLease names it, rather than calling it no async_mutex lock
+-- ("async_mutex lock expected, got async_mutex.RedisMutex").
+local is_redis_lock = { ["async_mutex.RedisMutex"] = true,
+  ["async_mutex.RedisSemaphore"] = true, ["async_mutex.KeyedRedisMutex"] = true,
+  ["async_mutex.decorated RedisMutex"] = true,
+  ["async_mutex.decorated RedisSemaphore"] = true,
+  ["async_mutex.decorated KeyedRedisMutex"] = true }
+function M.withLease(lock, ...)
+  if is_redis_lock[typename(lock)] then
+    argerror(1, "withLease",
+      "a Redis lock cannot be leased (its holds are leases in Redis already: option ttl)")
+  end
+  return core.withLease(lock, ...)
+end
 
 return M
