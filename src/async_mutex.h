@@ -327,6 +327,10 @@ struct Lock {
   Keyed *keyed;               /* the keyed set serving this lock, or NULL */
   int selfref;                /* keyed: 0 while in its set (and in the
                                  state's 'keyedlocks'), else LUA_NOREF */
+  int internal;               /* the library's own lock (core.dbg_internal:
+                                 a Redis lock's gate or bell): debug mode
+                                 neither records nor searches it; in the
+                                 padding after 'selfref' */
   const lua_State *owner;     /* reentrant kinds: the holding coroutine
                                  (anchored: user value 2), or NULL */
 };

@@ -42,6 +42,9 @@ local huge, min, max, floor, tointeger = math.huge, math.min, math.max, math.flo
 local format = string.format
 local hrtime, now = uv.hrtime, uv.now
 local limited = core.acquire
+-- The locks made here (gates, bells) are the library's own: debug mode
+-- does not watch them (docs/debug.md, Deadlocks).
+local internal = core.dbg_internal
 
 local E_LOST, E_UNAVAILABLE = am.E_LOST, am.E_UNAVAILABLE
 
@@ -129,7 +132,7 @@ local function get_hub(client)
   if not hub then
     local id = random_hex()
     hub = { client = client, id = id, channel = "async_mutex:" .. id,
-            waiters = {}, users = 0, sub = nil, sub_gate = core.Mutex.new(),
+            waiters = {}, users = 0, sub = nil, sub_gate = internal(core.Mutex.new()),
             idle_timer = nil, locks = setmetatable({}, { __mode = "k" }),
             unlockers = {}, closed = false }
     hubs[client] = hub
@@ -551,7 +554,7 @@ local function redis_acquire(lk, name, weight, deadline, err)
       if not w.canceled then
         local bell = w.bell
         if not bell then
-          bell = core.Semaphore.new(0)
+          bell = internal(core.Semaphore.new(0))
           w.bell = bell
         end
         local ok, e = pcall(limited, bell, wait, REFRESH)
@@ -716,8 +719,8 @@ local function new_record(mt, client, name, limit, opts, keyed)
   local lk = setmetatable(opts, mt)
   lk.client, lk.hub, lk.name, lk.limit = client, get_hub(client), name, limit
   lk.hub.locks[lk] = true
-  lk.gate = keyed and core.KeyedMutex.new({ cancelError = opts.cancel_error })
-    or core.Mutex.new(opts.cancel_error)
+  lk.gate = internal(keyed and core.KeyedMutex.new({ cancelError = opts.cancel_error })
+    or core.Mutex.new(opts.cancel_error))
   lk.keys, lk.direct = lock_keys(name), is_client(client)
   lk.s_limit, lk.s_ttl, lk.s_wait = tostring(limit), tostring(opts.ttl), tostring(opts.wait_ms)
   lk.waiting = {}
@@ -768,7 +771,7 @@ end
 local function wait_for_unlock(lk, limit, err, name, weight)
   local deadline = limit == false and false or (limit and limit ~= huge and now() + limit)
   local hub = lk.hub
-  local bell = core.Semaphore.new(0)
+  local bell = internal(core.Semaphore.new(0))
   hub.unlockers[bell] = true          -- rung by close()
   local cleanup <close> = setmetatable({}, { __close = function(c)
     hub.unlockers[bell] = nil
