@@ -23,6 +23,8 @@
 **                      lock's own
 **   scheduler.c        the ready list, the timers, the anchors of waiting
 **                      coroutines, and the luv handles that resume them
+**   error_text.c       an error object's text (error_text.h; also in the
+**                      Redis client's module)
 **   queue.c            FIFO lists and priority queues of waiters
 **   debug.c            debug mode's hooks into the Lua module
 **                      async_mutex.debug, and what it may read

@@ -614,9 +614,17 @@ local function check_priority(p, n, fname)
   end
 end
 
-local function check_key(key, n, fname)
+-- 'prefix': the set's; with an empty one, the key is the whole lock name,
+-- which must not be empty (as RedisMutex.new's name).
+local function check_key(key, n, fname, prefix)
   local t = type(key)
-  if t == "string" then return key end
+  if t == "string" then
+    if key == "" and prefix == "" then
+      argerror(3, n, fname, "key must not be empty when the prefix is empty"
+        .. " (a lock name must be a non-empty string)")
+    end
+    return key
+  end
   if t == "number" and key == key and key ~= huge and key ~= -huge then
     local i = tointeger(key)
     return i and format("%d", i) or format("%.17g", key)
@@ -970,7 +978,7 @@ end
 
 function keyed.acquire(self, key, priority)
   local lk, limit, err = check_self(self, Keyed, "acquire")
-  local k = check_key(key, 1, "acquire")
+  local k = check_key(key, 1, "acquire", lk.name)
   check_priority(priority, 2, "acquire")
   check_usable(lk, "acquire a Redis lock")
   local release = acquire(lk, limit, err, key, lk.name .. k, 1, priority)
@@ -979,7 +987,7 @@ end
 
 function keyed.runExclusive(self, key, fn, priority)
   local lk, limit, err = check_self(self, Keyed, "runExclusive")
-  local k = check_key(key, 1, "runExclusive")
+  local k = check_key(key, 1, "runExclusive", lk.name)
   check_fn(fn, 2)
   check_priority(priority, 3, "runExclusive")
   check_usable(lk, "acquire a Redis lock")
@@ -989,7 +997,7 @@ end
 
 function keyed.waitForUnlock(self, key, priority)
   local lk, limit, err = check_self(self, Keyed, "waitForUnlock")
-  local k = check_key(key, 1, "waitForUnlock")
+  local k = check_key(key, 1, "waitForUnlock", lk.name)
   check_priority(priority, 2, "waitForUnlock")
   check_usable(lk, "wait for a Redis lock")
   wait_for_unlock(lk, limit, err, lk.name .. k, 1)
@@ -997,7 +1005,7 @@ end
 
 function keyed.isLocked(self, key)
   local lk = check_self(self, Keyed, "isLocked")
-  local k = check_key(key, 1, "isLocked")
+  local k = check_key(key, 1, "isLocked", lk.name)
   check_usable(lk, "ask Redis")
   local used = state(lk, lk.name .. k)
   return used >= 1
@@ -1005,14 +1013,14 @@ end
 
 function keyed.release(self, key)
   local lk = check_self(self, Keyed, "release")
-  local k = check_key(key, 1, "release")
+  local k = check_key(key, 1, "release", lk.name)
   return release_name(lk, lk.name .. k)
 end
 
 function keyed.cancel(self, key)
   local lk = check_self(self, Keyed, "cancel")
   if key == nil then return cancel(lk, nil, nil) end
-  local k = check_key(key, 1, "cancel")
+  local k = check_key(key, 1, "cancel", lk.name)
   cancel(lk, key, lk.name .. k)
 end
 

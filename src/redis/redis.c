@@ -33,6 +33,7 @@
 #include <luv/lhandle.h>
 
 #include "redis.h"
+#include "../error_text.h"     /* shared with the core: the Makefile */
 
 
 /* the client's user values */
@@ -186,11 +187,7 @@ static void resume (lua_State *L, lua_State *co, int nargs) {
   else {
     const char *msg;
     lua_xmove(co, L, 1);                          /* error */
-    msg = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
-    if (msg == NULL)
-      msg = lua_pushfstring(L, "(error object is a %s value)",
-                            luaL_typename(L, -1));
-    else lua_pushvalue(L, -1);
+    msg = am_push_error_text(L, -1);             /* err msg: its __tostring */
     luaL_traceback(L, co, msg, 0);               /* err msg tb */
     lua_remove(L, -2);                           /* err tb */
     /* an errored thread resets with its own error; another one on top
