@@ -7,7 +7,8 @@
 -- 80-82 in one process crashed 2 times in 28 with "BUG: send on a closed
 -- client" from the ping timer.  Here the interleaving is forced: a call
 -- hook runs a full collection at the exact call (progress() or send() from
--- the ping timer; send() from unsubscribe), after the client's last
+-- the ping timer; send() from unsubscribe and from the re-subscribe timer, after
+-- the subscriber's connection was killed), after the client's last
 -- reference is gone.  The child must end cleanly: exit 0, nothing on
 -- stderr, uv.run() returned.
 
@@ -25,16 +26,20 @@ local redis = require "async_mutex.redis"
 local core = require "async_mutex.redis_core"
 local uv = require "luv"
 local SOCK, CASE = ...
-local TARGET = ({ progress = core.progress, ping = core.send, unsubscribe = core.send })[CASE]
-local CALLER = CASE == "unsubscribe" and "unsubscribe" or "ping_tick"
+local TARGET = ({ progress = core.progress, ping = core.send, unsubscribe = core.send,
+                 retry = core.send })[CASE]
+-- the re-subscribe timer's callback has no name (nil)
+local CALLER = ({ progress = "ping_tick", ping = "ping_tick", unsubscribe = "unsubscribe" })[CASE]
 local weak = setmetatable({}, { __mode = "v" })
 local armed, fired, s = false, false, nil
 
 -- runs on the main thread, where the luv callbacks run
 debug.sethook(function()
   if not armed or debug.getinfo(2, "f").func ~= TARGET then return end
-  local caller = debug.getinfo(3, "n")
-  if not caller or caller.name ~= CALLER then return end
+  local caller = debug.getinfo(3, "nS")
+  if not caller or caller.name ~= CALLER or not caller.source:find("redis.lua", 1, true) then
+    return
+  end
   armed = false
   debug.sethook()
   collectgarbage(); collectgarbage()
@@ -47,7 +52,13 @@ do
   am.spawn(function()
     s = client:subscribe("spec86:" .. CASE, function() end)
     armed = true
-    if CASE == "unsubscribe" then
+    if CASE == "retry" then
+      -- the subscriber's connection ends (not the client): it subscribes
+      -- again from its re-subscribe timer
+      local killer = redis.connect { path = SOCK }
+      killer:call("CLIENT", "KILL", "TYPE", "pubsub")
+      killer:close()
+    elseif CASE == "unsubscribe" then
       local t = uv.new_timer()
       t:start(5, 0, function() t:close(); s:unsubscribe() end)
     end
@@ -75,5 +86,8 @@ describe("a subscriber closed by its client's finalizer", function()
   end))
   it("between unsubscribe's status check and its UNSUBSCRIBE", h.async(function()
     run_case("unsubscribe")
+  end))
+  it("between the re-subscribe timer's status check and its SUBSCRIBE", h.async(function()
+    run_case("retry")
   end))
 end)
