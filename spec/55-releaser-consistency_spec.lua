@@ -1,0 +1,64 @@
+-- A review of releasers across the lock kinds (docs/semantics.md, Release
+-- and P3; Leases and lost holds; Keyed locks): a releaser's call, check(),
+-- tostring and debug mode's records agree on whether its hold is in place,
+-- and a releaser that did nothing says so.
+local h = require "helpers"
+local am = require "async_mutex"
+
+local function state_of(r) return tostring(r):match("%((%a+)%)") end
+
+describe("a KeyedSemaphore releaser whose key's lock left the set", function()
+  -- "A releaser acts on the lock that made its grant: once that lock has
+  -- left the set (after unscoped releases ended its grants), calling the
+  -- releaser no longer changes the key" (Keyed locks): it did nothing, so
+  -- its call returns false, and check()/tostring say released.
+  it("returns false, and check() and tostring say released", h.async(function()
+    local ks = am.KeyedSemaphore.new(2)
+    local _, r = ks:acquire("x")
+    ks:release("x")                       -- ends the grant: the key is idle
+    assert.equal(0, ks:count())
+    assert.is_false(r:check())
+    assert.equal("released", state_of(r))
+    assert.is_false(r())
+    assert.is_false(r())
+    assert.equal(0, ks:count())
+    assert.equal(2, ks:getValue("x"))
+  end))
+
+  it("through withLease too: its lease just ends, not lost", h.async(function()
+    local ks = am.withLease(am.KeyedSemaphore.new(1), 20)
+    local _, r = ks:acquire("x")
+    ks:release("x")
+    assert.is_false(r:check())
+    am.sleep(40)                           -- the lease runs out: not a loss
+    assert.is_false(r:check())
+    assert.is_false(r())
+    assert.equal(0, ks:count())
+  end))
+
+  it("still returns true while the key's lock is in the set", h.async(function()
+    local ks = am.KeyedSemaphore.new(2)
+    local _, r1 = ks:acquire("x")
+    local _, r2 = ks:acquire("x")
+    ks:release("x")                       -- one grant's worth back: still in use
+    assert.equal(1, ks:count())
+    assert.is_true(r1:check())
+    assert.is_true(r1())
+    assert.equal(0, ks:count())           -- idle: r2's lock left the set
+    assert.is_false(r2:check())
+    assert.is_false(r2())
+  end))
+
+  it("is no holder in debug mode's report", h.async(function()
+    am.debug.enable({ onReport = function() end })
+    local ok, err = pcall(function()
+      local ks = am.KeyedSemaphore.new(1)
+      local _, r = ks:acquire("x")
+      ks:release("x")
+      assert.same({}, am.debug.holds(ks))
+      assert.is_false(r())
+    end)
+    am.debug.disable()
+    assert(ok, err)
+  end))
+end)
