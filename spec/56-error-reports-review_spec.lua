@@ -91,3 +91,22 @@ describe("an error escaping a resumed coroutine", function()
     assert.matches("error in a resumed coroutine: (error object is a nil value)\n", r.stderr, 1, true)
   end)
 end)
+
+describe("debug mode given what is no lock", function()
+  -- The refusal names a Redis lock as one (README, Debugging a hang; spec
+  -- 76); anything else is "async_mutex lock expected", however its type is
+  -- spelt: a Redis lock's releaser (async_mutex.RedisReleaser; the check is
+  -- by the type's name, so an object of that name stands for one here)
+  -- is no Redis lock.
+  local am = require "async_mutex"
+  local releaser = setmetatable({}, { __name = "async_mutex.RedisReleaser" })
+
+  it("does not call a Redis lock's releaser a Redis lock", function()
+    for _, fname in ipairs({ "name", "holds", "report" }) do
+      local args = fname == "name" and { releaser, "x" } or { releaser }
+      h.raises_at_caller({ function() am.debug[fname](table.unpack(args)) end,
+        ("bad argument #1 to '%s' (async_mutex lock expected, got async_mutex.RedisReleaser)")
+          :format(fname) })
+    end
+  end)
+end)

@@ -415,11 +415,7 @@ M.tryAcquire = decorator(core.tryAcquire, "tryAcquire")
 -- A Redis lock's holds are leases in Redis already (its ttl, renewed by its
 -- watchdog): withLease names it, rather than calling it no async_mutex lock
 -- ("async_mutex lock expected, got async_mutex.RedisMutex").
-local is_redis_lock = { ["async_mutex.RedisMutex"] = true,
-  ["async_mutex.RedisSemaphore"] = true, ["async_mutex.KeyedRedisMutex"] = true,
-  ["async_mutex.decorated RedisMutex"] = true,
-  ["async_mutex.decorated RedisSemaphore"] = true,
-  ["async_mutex.decorated KeyedRedisMutex"] = true }
+local is_redis_lock = require("async_mutex.checks").REDIS_LOCKS
 function M.withLease(lock, ...)
   if is_redis_lock[typename(lock)] then
     argerror(1, "withLease",
