@@ -62,3 +62,36 @@ describe("a KeyedSemaphore releaser whose key's lock left the set", function()
     assert(ok, err)
   end))
 end)
+
+describe("a MultiReleaser one of whose keys raises as it is given back", function()
+  -- A key's release raises 'semaphore value overflow' when it would take
+  -- the value past math.maxinteger (Release and P3); the other keys are
+  -- still given back, then the error propagates: nothing stays held, and
+  -- the waiters of the other keys get their turn.
+  it("gives back every other key, then raises", h.async(function()
+    local ks = am.KeyedSemaphore.new(1)
+    local release = ks:acquireAll({ "a", "b" })
+    ks:release("b", math.maxinteger)      -- b's value at the top: its grant
+                                          -- cannot be given back
+    local waited = false
+    am.spawn(function() local _, r = ks:acquire("a"); waited = true; r() end)
+    local ok, err = pcall(release)
+    assert.is_false(ok)
+    assert.matches("semaphore value overflow", err)
+    am.sleep(1)
+    assert.is_true(waited)                -- granted a, and gave it back
+    assert.equal(1, ks:getValue("a"))
+    assert.is_false(release())            -- spent
+  end))
+
+  it("through <close> too", h.async(function()
+    local ks = am.KeyedSemaphore.new(1)
+    local ok, err = pcall(function()
+      local release <close> = ks:acquireAll({ "a", "b" })
+      ks:release("b", math.maxinteger)
+    end)
+    assert.is_false(ok)
+    assert.matches("semaphore value overflow", err)
+    assert.equal(1, ks:getValue("a"))
+  end))
+end)

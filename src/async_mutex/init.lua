@@ -225,14 +225,22 @@ end
 -- A releaser of several keys: callable and to-be-closed, first call only;
 -- like every releaser, its call returns whether it ended a hold (README,
 -- Releasers).
+-- A key whose release raises (semaphore value overflow) does not keep
+-- the others: each is given back, then the first error is raised again.
 local multi = { __name = "async_mutex.MultiReleaser" }
 local function release_all(self)
   if self.done then return false end
   self.done = true
-  local ended = false
+  local ended, failed, first_err = false, false, nil
   for i = #self, 1, -1 do
-    if self[i]() then ended = true end
+    local ok, gave = pcall(self[i])
+    if not ok then
+      if not failed then failed, first_err = true, gave end
+    elseif gave then
+      ended = true
+    end
   end
+  if failed then error(first_err, 0) end
   return ended
 end
 multi.__call, multi.__close = release_all, release_all
