@@ -4,7 +4,7 @@
 -- the retry's timer stayed armed until the back-off ran out (up to
 -- reconnectDelayMax, 2 s by default) and kept the loop running for a
 -- retry that had nothing left to subscribe: the "uv.run() took about 2 s
--- to return once" of issue 13.  The same through the Redis locks, whose
+-- to return once", seen in a program using the Redis locks.  The same through the Redis locks, whose
 -- waiters subscribe to their process's channel and end (E_UNAVAILABLE)
 -- when the server is gone.
 --
