@@ -63,6 +63,24 @@ describe("a KeyedSemaphore releaser whose key's lock left the set", function()
   end))
 end)
 
+describe("debug mode's long holds after ks:release(key) ended a hold", function()
+  it("reports none: the key's lock left the set, and no hold is left", h.async(function()
+    local reports = {}
+    am.debug.enable({ holdWarning = 20, onReport = function(t) reports[#reports + 1] = t end })
+    local ok, err = pcall(function()
+      local ks = am.KeyedSemaphore.new(1)
+      local _, r = ks:acquire("x")
+      ks:release("x")
+      am.sleep(80)                           -- four checks of long holds
+      assert.same({}, reports)
+      assert.same({}, am.debug.holds())
+      assert.is_false(r())
+    end)
+    am.debug.disable()
+    assert(ok, err)
+  end))
+end)
+
 describe("a MultiReleaser one of whose keys raises as it is given back", function()
   -- A key's release raises 'semaphore value overflow' when it would take
   -- the value past math.maxinteger (Release and P3); the other keys are
