@@ -81,6 +81,27 @@ describe("debug mode's long holds after ks:release(key) ended a hold", function(
   end))
 end)
 
+describe("lockdep after ks:release(key) ended a coroutine's only hold", function()
+  it("records no nesting: the coroutine held nothing when it took the next lock", h.async(function()
+    local reports = {}
+    am.debug.enable({ onReport = function(t) reports[#reports + 1] = t end })
+    local ok, err = pcall(function()
+      local ks, m = am.KeyedSemaphore.new(1), am.Mutex.new()
+      local _ = ks:acquire("x")
+      ks:release("x")                        -- holds nothing now
+      local rm = m:acquire()                 -- no edge ks -> m
+      rm()
+      local rm2 = m:acquire()                -- m -> ks: no inversion
+      local _, rk = ks:acquire("y")
+      rk()
+      rm2()
+      assert.same({}, reports)
+    end)
+    am.debug.disable()
+    assert(ok, err)
+  end))
+end)
+
 describe("a MultiReleaser one of whose keys raises as it is given back", function()
   -- A key's release raises 'semaphore value overflow' when it would take
   -- the value past math.maxinteger (Release and P3); the other keys are
