@@ -410,13 +410,16 @@ static int error_text (lua_State *L) {
 
 
 /*
-** Pushes and returns the text of the error object at 'idx': a string as
-** it is, else its __tostring, else "(error object is a T value)".
+** Pushes and returns the text of the error object at 'idx': a string or
+** a number as lua5.4 prints it (lua_tostring), else its __tostring, else
+** "(error object is a T value)".  The error object itself is left as is.
 */
 static const char *push_error_text (lua_State *L, int idx) {
   idx = lua_absindex(L, idx);
-  if (lua_type(L, idx) == LUA_TSTRING)
+  if (lua_type(L, idx) == LUA_TSTRING || lua_type(L, idx) == LUA_TNUMBER) {
     lua_pushvalue(L, idx);
+    lua_tostring(L, -1);                /* the copy becomes its text */
+  }
   else {
     lua_pushcfunction(L, error_text);
     lua_pushvalue(L, idx);
@@ -448,8 +451,13 @@ void am_report (lua_State *L, State *st, lua_State *co) {
   }
   else
     lua_pushliteral(L, "(error object lost: not enough memory)");
-  msg = push_error_text(L, -1);                 /* L: err msg */
-  luaL_traceback(L, co, msg, 0);                /* L: err msg tb */
+  /* the traceback first: the error's __tostring (run by push_error_text)
+     is Lua code, and may close the dead coroutine */
+  luaL_traceback(L, co, NULL, 0);               /* L: err tb0 */
+  msg = push_error_text(L, base + 1);           /* L: err tb0 msg */
+  lua_insert(L, -2);                            /* L: err msg tb0 */
+  lua_pushfstring(L, "%s\n%s", msg, lua_tostring(L, -1));
+  lua_remove(L, -2);                            /* L: err msg tb */
   /* an errored thread resets with its own error; another one on top
      means one of its __close handlers failed too */
   lua_resetthread(co);
