@@ -841,11 +841,16 @@ static int core_new (lua_State *L) {
 /*
 ** send(client, ...): a subscriber's command (SUBSCRIBE, ...), sent with
 ** no caller waiting; connects first if needed.  Returns false when no
-** connection can be had now.
+** connection can be had now, and on a closed client: a subscriber is
+** closed by its client's finalizer (core_drop), which may run between
+** the caller's look at status() and this call (spec/86).
 */
 static int core_send (lua_State *L) {
   Client *cl = checkclient(L, 1);
-  if (cl->closed) luaL_error(L, "BUG: send on a closed client");
+  if (cl->closed) {
+    lua_pushboolean(L, 0);
+    return 1;
+  }
   if (!append(L, cl)) {
     lua_pushboolean(L, 0);
     return 1;
