@@ -52,6 +52,14 @@ local function record(c, name, token)
            v = tonumber(v), raw = s }
 end
 
+-- Ends the lease of the holder 'token' now: its record's end is put in
+-- the past.  (A short lease instead could end, under load or
+-- AM_GC_STRESS, before the requests that must find it running.)
+local function end_lease(c, name, token)
+  local r = record(c, name, token)
+  c:call("HSET", name .. ":h", token, (r.raw:gsub("^%d+", tostring(server_ms(c) - 1))))
+end
+
 describe("a semaphore's holders of mixed weights", function()
   it("each have a record; the weight held is their sum", h.async(function()
     local c = server:client()
@@ -81,12 +89,15 @@ describe("a semaphore's holders of mixed weights", function()
       local name = fresh_name()
       local got = {}
       local sub = c:subscribe(name .. ":chan", function(m) got[#got + 1] = m end)
-      acquire(c, name, "a", 5, 2, 30)                    -- its lease ends first
+      acquire(c, name, "a", 5, 2, 30000)
       acquire(c, name, "b", 5, 1, 30000)
       acquire(c, name, "c", 5, 2, 30000)
       assert.equal(0, acquire(c, name, "d", 5, 2, 30000, "wait", 3000, name .. ":chan")[1])
       assert.equal(0, acquire(c, name, "e", 5, 1, 30000, "wait", 3000, name .. ":chan")[1])
-      h.sleep(60)
+      -- a's lease ends now: its record's end is put in the past (a lease
+      -- of 30 ms, before, could end before d asked, under load and
+      -- AM_GC_STRESS, and d was granted at once)
+      end_lease(c, name, "a")
       -- a's 2 are free: d (2) fits, e (1) then does not (strict FIFO)
       local used, queued = state(c, name, 5)
       assert.same({ 5, 1 }, { used, queued })
@@ -151,9 +162,9 @@ describe("the 'again' request of a queued waiter", function()
   it("granted by its own request (the holder's lease ended), gets its ttl too", h.async(function()
     local c = server:client()
     local name = fresh_name()
-    acquire(c, name, "dead", 2, 2, 30)
+    acquire(c, name, "dead", 2, 2, 30000)
     assert.equal(0, acquire(c, name, "w", 2, 1, 30000, "wait", 3000)[1])
-    h.sleep(60)
+    end_lease(c, name, "dead")          -- (a lease of 30 ms could end before w asked)
     local r = acquire(c, name, "w", 2, 1, 30000, "again", 3000)
     assert.equal(1, r[1])
     assert.equal(2, r[3])

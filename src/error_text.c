@@ -25,10 +25,17 @@ static int error_text (lua_State *L) {
 }
 
 
+/*
+** A string or a number as lua5.4 prints it (lua_tostring), else its
+** __tostring, else "(error object is a T value)".  The error object
+** itself is left as is.
+*/
 const char *am_push_error_text (lua_State *L, int idx) {
   idx = lua_absindex(L, idx);
-  if (lua_type(L, idx) == LUA_TSTRING)
+  if (lua_type(L, idx) == LUA_TSTRING || lua_type(L, idx) == LUA_TNUMBER) {
     lua_pushvalue(L, idx);
+    lua_tostring(L, -1);                /* the copy becomes its text */
+  }
   else {
     lua_pushcfunction(L, error_text);
     lua_pushvalue(L, idx);

@@ -8,9 +8,9 @@
 
 #include "lua.h"
 
-/* Pushes and returns the text of the error object at 'idx': a string as
-   it is, else its __tostring (called protected), else "(error object is
-   a T value)". */
+/* Pushes and returns the text of the error object at 'idx': a string or
+   a number as lua5.4 prints it, else its __tostring (called protected),
+   else "(error object is a T value)". */
 const char *am_push_error_text (lua_State *L, int idx);
 
 #endif

@@ -56,6 +56,10 @@ static lua_Integer sem_take (Lock *lk, lua_Integer weight) {
 static int sem_give_back (Lock *lk, lua_Integer weight, lua_Integer token,
                           int saturate) {
   (void)token;
+  /* a key's lock that left its set (keyed.c: am_keyed_settle) is reached
+     only by spent releasers: it serves the key no longer, so the call
+     gives nothing back (docs/semantics.md, Keyed locks) and says so */
+  if (lk->keyed != NULL && lk->selfref == LUA_NOREF) return 0;
   if (lk->value > 0 && weight > LUA_MAXINTEGER - lk->value) {
     if (!saturate) return -1;
     lk->value = LUA_MAXINTEGER;

@@ -197,7 +197,10 @@ void am_dispatch (lua_State *L, Lock *lk) {
 int am_releaser_live (const Releaser *r) {
   const Lock *lk = r->lock;
   if (r->state != S_HELD || lk->freed) return 0;
-  if (lk->kind == &am_semaphore_kind) return 1;
+  if (lk->kind == &am_semaphore_kind)      /* unless its key's lock left
+                                             the set (docs/semantics.md,
+                                             Keyed locks): it does nothing */
+    return lk->keyed == NULL || lk->selfref != LUA_NOREF;
   if (lk->kind == &am_rwlock_kind)         /* a write: readers may hold it
                                              since rw:release() ended it */
     return r->weight == AM_RW_READ ? lk->value > 0

@@ -416,8 +416,13 @@ void am_report (lua_State *L, State *st, lua_State *co) {
   }
   else
     lua_pushliteral(L, "(error object lost: not enough memory)");
-  msg = am_push_error_text(L, -1);                 /* L: err msg */
-  luaL_traceback(L, co, msg, 0);                /* L: err msg tb */
+  /* the traceback first: the error's __tostring (run by
+     am_push_error_text) is Lua code, and may close the dead coroutine */
+  luaL_traceback(L, co, NULL, 0);               /* L: err tb0 */
+  msg = am_push_error_text(L, base + 1);        /* L: err tb0 msg */
+  lua_insert(L, -2);                            /* L: err msg tb0 */
+  lua_pushfstring(L, "%s\n%s", msg, lua_tostring(L, -1));
+  lua_remove(L, -2);                            /* L: err msg tb */
   /* an errored thread resets with its own error; another one on top
      means one of its __close handlers failed too */
   lua_resetthread(co);

@@ -3,8 +3,8 @@
 -- that their usage errors read alike: "bad argument #n to 'fname' (msg)".
 -- init.lua keeps its own argerror, which finds the user's frame itself.
 
-local error, getmetatable, rawget, require, type =
-  error, getmetatable, rawget, require, type
+local error, getmetatable, ipairs, rawget, require, type =
+  error, getmetatable, ipairs, rawget, require, type
 
 local M = {}
 
@@ -13,6 +13,16 @@ function M.typename(v)
   local mt = getmetatable(v)
   return type(mt) == "table" and type(rawget(mt, "__name")) == "string"
     and mt.__name or type(v)
+end
+
+--- The type names of the Redis locks, plain and decorated (redis_lock.lua),
+-- which am.withLease and debug mode refuse by name (README, Debugging a
+-- hang): exactly these, not every name with "Redis" in it (a RedisReleaser
+-- is no lock).
+M.REDIS_LOCKS = {}
+for _, kind in ipairs({ "RedisMutex", "RedisSemaphore", "KeyedRedisMutex" }) do
+  M.REDIS_LOCKS["async_mutex." .. kind] = true
+  M.REDIS_LOCKS["async_mutex.decorated " .. kind] = true
 end
 
 --- Whether f can be called: a function, or a value whose metatable has __call.

@@ -641,7 +641,7 @@ local function check_lock(fname, v)
     local name = checks.typename(v)
     -- a Redis lock is one, but its holders are in Redis (README, Debugging
     -- a hang): say so rather than "async_mutex lock expected"
-    if name:match("^async_mutex%.[%w ]*Redis%a*$") then
+    if checks.REDIS_LOCKS[name] then
       argerror(1, fname, "debug mode watches the local locks, not a Redis lock, got " .. name)
     end
     argerror(1, fname, "async_mutex lock expected, got " .. name)

@@ -225,14 +225,22 @@ end
 -- A releaser of several keys: callable and to-be-closed, first call only;
 -- like every releaser, its call returns whether it ended a hold (README,
 -- Releasers).
+-- A key whose release raises (semaphore value overflow) does not keep
+-- the others: each is given back, then the first error is raised again.
 local multi = { __name = "async_mutex.MultiReleaser" }
 local function release_all(self)
   if self.done then return false end
   self.done = true
-  local ended = false
+  local ended, failed, first_err = false, false, nil
   for i = #self, 1, -1 do
-    if self[i]() then ended = true end
+    local ok, gave = pcall(self[i])
+    if not ok then
+      if not failed then failed, first_err = true, gave end
+    elseif gave then
+      ended = true
+    end
   end
+  if failed then error(first_err, 0) end
   return ended
 end
 multi.__call, multi.__close = release_all, release_all
@@ -415,11 +423,7 @@ M.tryAcquire = decorator(core.tryAcquire, "tryAcquire")
 -- A Redis lock's holds are leases in Redis already (its ttl, renewed by its
 -- watchdog): withLease names it, rather than calling it no async_mutex lock
 -- ("async_mutex lock expected, got async_mutex.RedisMutex").
-local is_redis_lock = { ["async_mutex.RedisMutex"] = true,
-  ["async_mutex.RedisSemaphore"] = true, ["async_mutex.KeyedRedisMutex"] = true,
-  ["async_mutex.decorated RedisMutex"] = true,
-  ["async_mutex.decorated RedisSemaphore"] = true,
-  ["async_mutex.decorated KeyedRedisMutex"] = true }
+local is_redis_lock = require("async_mutex.checks").REDIS_LOCKS
 function M.withLease(lock, ...)
   if is_redis_lock[typename(lock)] then
     argerror(1, "withLease",

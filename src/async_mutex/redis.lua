@@ -127,7 +127,7 @@ local function on_timer(state)
   elseif t - since >= limit then
     state.timing = false
     fail(client)
-  else
+  elseif state.timer then      -- nil: a finalizer closed the client meanwhile
     state.timer:start(ceil(limit - (t - since)), 0, state.on_timer)
   end
 end
@@ -145,6 +145,10 @@ local function arm(state, connecting)
   end
   uv.update_time()            -- the loop's clock, as of now, not of its turn
   state.armed_at = now()
+  -- new_timer() may have run a finalizer that closed this client (a
+  -- subscriber dropped by its client's, see ping_tick): no timer then
+  local client = state.ref and state.ref[1]
+  if not client or status(client) == "closed" then return end
   state.timing = true
   state.timer:start(ceil(limit), 0, state.on_timer)
 end
@@ -498,21 +502,25 @@ end
 -- pong is awaited as a confirmation is (busy), so commandTimeout without
 -- any reply fails the connection, and the channels are subscribed again.
 local function ping_tick(sub)
-  local client, state = sub.client, sub.state
+  local client, state, timer = sub.client, sub.state, sub.ping
   if sub.closed or not next(sub.channels) then return end    -- not armed again
   local every = state.pingInterval
+  local delay = every
   if not (sub.pinging or next(sub.waiting) or status(client) ~= "connected") then
+    -- Each call below may run finalizers (the collector steps when the
+    -- stack grows), and the client's finalizer closes this subscriber
+    -- (core.drop, sub.ping closed and nil): send() then returns false,
+    -- and sub.closed is looked at again before anything else is done.
     local quiet = now() - progress(client)
     if quiet < every then                 -- heard lately: look again when due
-      sub.ping:start(ceil(every - quiet), 0, sub.on_ping)
-      return
-    end
-    if core.send(client, "PING") then
+      delay = every - quiet
+    elseif core.send(client, "PING") and not sub.closed then
       sub.pinging = true
       if not state.timing then arm(state, false) end
     end
   end
-  sub.ping:start(ceil(every), 0, sub.on_ping)
+  if sub.closed then return end
+  timer:start(ceil(delay), 0, sub.on_ping)
 end
 
 local function start_pings(sub)

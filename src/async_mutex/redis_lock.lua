@@ -766,7 +766,7 @@ local function state(lk, name, weight)
   else
     r = eval(lk, scripts.state, keys_of(lk, name), lk.s_limit)
   end
-  return r[1], r[2]
+  return r[1], r[2], r[3]
 end
 
 -- waitForUnlock: until a request like this one could be granted at once
@@ -786,13 +786,16 @@ local function wait_for_unlock(lk, limit, err, name, weight)
     if c.sub then c.sub:unsubscribe() end
   end })
   while true do
-    local used, queued = state(lk, name, cleanup.sub and weight)
+    local used, queued, lease_end = state(lk, name, cleanup.sub and weight)
     if queued == 0 and used + weight <= lk.limit then return end
     if deadline == false then error(err, 0) end
     if not cleanup.sub then
       cleanup.sub = lk.client:subscribe(name .. ":free", function() bell:release() end)
     else
       local wait = max(1, lk.wait_ms // 3)
+      -- a holder that dies publishes nothing: look again when the first
+      -- lease ends (a renewed one is found running, and waited for again)
+      if lease_end >= 0 then wait = min(wait, lease_end + 1) end
       if deadline then wait = min(wait, max(0, deadline - now())) end
       local ok, e = pcall(limited, bell, wait, REFRESH)
       if not ok and e ~= REFRESH then error(e, 0) end

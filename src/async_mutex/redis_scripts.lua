@@ -325,7 +325,10 @@ return 0
 ]]
 
 --- state: ARGV limit [, weight, watch_ms].  Returns {weight held, queue
--- length} after expiry and dispatch.  With watch_ms (a waitForUnlock
+-- length, ms until the first holder's lease ends (-1: no holder)} after
+-- expiry and dispatch.  A holder that dies ends by its lease, with no
+-- release to publish: a waitForUnlock looks again then, as a queued waiter
+-- does (spec 87).  With watch_ms (a waitForUnlock
 -- already subscribed to the channel N:free), marks N:free for at least
 -- watch_ms when a request of 'weight' could not be granted now (no room,
 -- or a queue).  The check and the mark are one atomic step: a release
@@ -342,7 +345,7 @@ if ARGV[3] and (q > 0 or u + tonumber(ARGV[2]) > limit) then
   local ms = tonumber(ARGV[3])
   if redis.call('PTTL', F) < ms then redis.call('SET', F, '1', 'PX', fmt(ms)) end
 end
-return {u, q}
+return {u, q, first_end()}
 ]]
 
 --- The six keys of the lock named 'name', in the scripts' order.

@@ -187,9 +187,13 @@ static void resume (lua_State *L, lua_State *co, int nargs) {
   else {
     const char *msg;
     lua_xmove(co, L, 1);                          /* error */
-    msg = am_push_error_text(L, -1);             /* err msg: its __tostring */
-    luaL_traceback(L, co, msg, 0);               /* err msg tb */
-    lua_remove(L, -2);                           /* err tb */
+    /* the traceback first, as the core does (scheduler.c, am_report): the
+       error's __tostring is Lua code, and may close the dead coroutine */
+    luaL_traceback(L, co, NULL, 0);              /* err tb0 */
+    msg = am_push_error_text(L, -2);             /* err tb0 msg */
+    lua_pushfstring(L, "%s\n%s", msg, lua_tostring(L, -2));  /* ... tb */
+    lua_replace(L, -3);                          /* err tb msg */
+    lua_pop(L, 1);                               /* err tb */
     /* an errored thread resets with its own error; another one on top
        means one of its __close handlers failed too */
     if (lua_resetthread(co) != LUA_OK && lua_gettop(co) > 0) {
@@ -838,11 +842,16 @@ static int core_new (lua_State *L) {
 /*
 ** send(client, ...): a subscriber's command (SUBSCRIBE, ...), sent with
 ** no caller waiting; connects first if needed.  Returns false when no
-** connection can be had now.
+** connection can be had now, and on a closed client: a subscriber is
+** closed by its client's finalizer (core_drop), which may run between
+** the caller's look at status() and this call (spec/86).
 */
 static int core_send (lua_State *L) {
   Client *cl = checkclient(L, 1);
-  if (cl->closed) luaL_error(L, "BUG: send on a closed client");
+  if (cl->closed) {
+    lua_pushboolean(L, 0);
+    return 1;
+  }
   if (!append(L, cl)) {
     lua_pushboolean(L, 0);
     return 1;
