@@ -44,13 +44,15 @@ $(BUILD)/obj $(BUILD)/async_mutex:
 # only where hiredis's headers are, so that async_mutex builds without them.
 HIREDIS_H    = $(wildcard /usr/include/hiredis/hiredis.h)
 REDIS_SRCS   = $(wildcard src/redis/*.c)
-REDIS_OBJS   = $(patsubst src/redis/%.c,$(BUILD)/obj/redis/%.o,$(REDIS_SRCS))
+# error_text.c is the core's and the client's: each module has its copy.
+REDIS_OBJS   = $(patsubst src/redis/%.c,$(BUILD)/obj/redis/%.o,$(REDIS_SRCS)) \
+               $(BUILD)/obj/error_text.o
 REDIS_MODULE = $(BUILD)/async_mutex/redis_core.so
 ifneq ($(HIREDIS_H),)
 all: $(REDIS_MODULE)
 endif
 
-$(BUILD)/obj/redis/%.o: src/redis/%.c $(wildcard src/redis/*.h) | $(BUILD)/obj/redis
+$(BUILD)/obj/redis/%.o: src/redis/%.c $(wildcard src/redis/*.h) src/error_text.h | $(BUILD)/obj/redis
 	$(CC) $(ALLFLAGS) -c $< -o $@
 
 $(REDIS_MODULE): $(REDIS_OBJS) | $(BUILD)/async_mutex

@@ -62,6 +62,7 @@ build = {
         "src/core.c",
         "src/debug.c",
         "src/decorated.c",
+        "src/error_text.c",
         "src/keyed.c",
         "src/lease.c",
         "src/mutex_semaphore.c",
@@ -78,7 +79,7 @@ build = {
     -- The Redis client (docs/redis.md): hiredis from the system (Debian:
     -- libhiredis-dev).
     ["async_mutex.redis_core"] = {
-      sources = { "src/redis/redis.c", "src/redis/reply.c" },
+      sources = { "src/redis/redis.c", "src/redis/reply.c", "src/error_text.c" },
       libraries = { "hiredis", "uv" },
       incdirs = { "$(LUA_INCDIR)", "$(HIREDIS_INCDIR)" },
       libdirs = { "$(HIREDIS_LIBDIR)" },

@@ -48,7 +48,7 @@ local function bad_arguments(c)
   local s = { unsubscribe = f }
   local OPT = "bad argument #1 to 'connect' "
   return {
-    { function() redis.connect() end, OPT .. "(table expected, got nil)" },
+    { function() redis.connect(true) end, OPT .. "(table expected, got boolean)" },
     { function() redis.connect({ port = "6379" }) end,
       OPT .. "(port must be an integer from 1 to 65535)" },
     { function() redis.connect({ host = 1 }) end, OPT .. "(host must be a string, got number)" },

@@ -58,8 +58,8 @@ describe("redis.connect", function()
   end)
 
   it("refuses bad options with argument errors", function()
-    assert.equal("bad argument #1 to 'connect' (table expected, got nil)",
-      h.error_of(function() redis.connect() end))
+    assert.equal("bad argument #1 to 'connect' (table expected, got boolean)",
+      h.error_of(function() redis.connect(true) end))
     assert.equal("bad argument #1 to 'connect' (port must be an integer from 1 to 65535)",
       h.error_of(function() redis.connect({ port = 0 }) end))
     assert.equal("bad argument #1 to 'connect' (host must be a string, got number)",

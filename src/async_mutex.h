@@ -23,6 +23,8 @@
 **                      lock's own
 **   scheduler.c        the ready list, the timers, the anchors of waiting
 **                      coroutines, and the luv handles that resume them
+**   error_text.c       an error object's text (error_text.h; also in the
+**                      Redis client's module)
 **   queue.c            FIFO lists and priority queues of waiters
 **   debug.c            debug mode's hooks into the Lua module
 **                      async_mutex.debug, and what it may read
@@ -327,6 +329,10 @@ struct Lock {
   Keyed *keyed;               /* the keyed set serving this lock, or NULL */
   int selfref;                /* keyed: 0 while in its set (and in the
                                  state's 'keyedlocks'), else LUA_NOREF */
+  int internal;               /* the library's own lock (core.dbg_internal:
+                                 a Redis lock's gate or bell): debug mode
+                                 neither records nor searches it; in the
+                                 padding after 'selfref' */
   const lua_State *owner;     /* reentrant kinds: the holding coroutine
                                  (anchored: user value 2), or NULL */
 };

@@ -381,12 +381,14 @@ static void push_key (lua_State *L, const Key *k) {
 ** looks for the deadlock the request would close if it waited.  It may
 ** raise E_DEADLOCK; then a keyed lock made for this request leaves its
 ** set again, and the error propagates to the requester: nothing queued.
-** sleep()'s private semaphore (no error value) is not a lock to debug.
+** sleep()'s private semaphore (no error value) is not a lock to debug,
+** nor is a lock marked internal (core.dbg_internal).
 */
 void am_dbg_request (lua_State *L, const Request *rq) {
   Lock *lk = rq->lock;
   int would_wait;
   if (rq->erridx == 0 && rq->wait == AM_TIMEOUT) return;     /* sleep */
+  if (lk->internal) return;
   if (rq->wait == AM_TRY) return;       /* never waits: never deadlocks */
   if (!holds_any(L, lk->st) || !lua_checkstack(L, 8)
       || !push_hook(L, lk->st, H_REQUEST))
@@ -458,7 +460,7 @@ void am_dbg_granted (lua_State *L, State *st) {
   lua_Debug ar;
   int slot, a, level;
   if (r == NULL || d == NULL || st->dbg == LUA_NOREF || st->closed
-      || !lua_checkstack(L, 8))
+      || r->lock->internal || !lua_checkstack(L, 8))
     return;
   if (d->free < 0) {                      /* every slot used: double them */
     lua_pushcfunction(L, grow_records);
@@ -539,9 +541,12 @@ void am_dbg_granted (lua_State *L, State *st) {
 
 
 /* The running coroutine waits in the waiter at 'widx' for the lock at
-   'lockidx' (queued already): recorded if it holds anything. */
+   'lockidx' (queued already): recorded if it holds anything, and the lock
+   is not internal (a wait on it is a wait for Redis, not for a holder). */
 void am_dbg_waiting (lua_State *L, State *st, int lockidx, int widx) {
-  if (!holds_any(L, st) || !lua_checkstack(L, 4)    /* nobody can wait */
+  const Waiter *w = (const Waiter *)lua_touserdata(L, widx);
+  if ((w != NULL && w->r.lock->internal)
+      || !holds_any(L, st) || !lua_checkstack(L, 4) /* nobody can wait */
       || !push_hook(L, st, H_WAITING))              /* for it */
     return;
   lua_pushvalue(L, lockidx);
@@ -947,6 +952,34 @@ static int dbg_warned (lua_State *L) {
 }
 
 
+/*
+** core.dbg_internal(lock | keyed set): marks a lock (or every lock of a
+** keyed set, now and later) as the library's own, one debug mode does not
+** watch: no owner record, no lockdep edge, no wait in the deadlock search.
+** The Redis locks mark their gates and bells (docs/debug.md, Deadlocks):
+** a wait on one is a wait for Redis, and a bell's grant is never given
+** back.  Returns the object.
+*/
+static int dbg_internal (lua_State *L) {
+  Lock *lk = am_tolock(L, 1);
+  Keyed *kd = lk == NULL ? am_tokeyed(L, 1) : NULL;
+  luaL_argexpected(L, lk != NULL || kd != NULL, 1, "lock or keyed set");
+  if (lk != NULL) lk->internal = 1;
+  else {                        /* its locks copy the mark of 'fresh' */
+    kd->fresh.internal = 1;
+    lua_getiuservalue(L, 1, 1);                   /* the map key -> lock */
+    lua_pushnil(L);
+    while (lua_next(L, -2)) {
+      ((Lock *)lua_touserdata(L, -1))->internal = 1;
+      lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+  }
+  lua_settop(L, 1);
+  return 1;
+}
+
+
 /* core.dbg_now(): the clock of the owner records' 'since' (clock_ms). */
 static int dbg_now (lua_State *L) {
   lua_pushnumber(L, clock_ms());
@@ -980,6 +1013,7 @@ const luaL_Reg am_debug_funcs[] = {
   {"dbg_records", dbg_records},
   {"dbg_count", dbg_count},
   {"dbg_warned", dbg_warned},
+  {"dbg_internal", dbg_internal},
   {NULL, NULL}
 };
 

@@ -80,6 +80,7 @@ static Lock *getlock (lua_State *L, Keyed *kd, int keyidx, int create) {
   lua_pop(L, 1);                                  /* map */
   lk = (Lock *)lua_newuserdatauv(L, sizeof(Lock), 3);
   am_lock_init(lk, kd->kind, kd->st, kd->fresh.value);
+  lk->internal = kd->fresh.internal;              /* core.dbg_internal */
   am_pushmt(L, kd->kind->type);
   lua_setmetatable(L, -2);
   lua_getiuservalue(L, 1, 2);

@@ -280,6 +280,7 @@ void am_lock_init (Lock *lk, const LockKind *kind, State *st,
   lk->dbg = -1;
   lk->keyed = NULL;
   lk->selfref = LUA_NOREF;
+  lk->internal = 0;
   lk->owner = NULL;
 }
 

@@ -21,6 +21,7 @@
 #include "lauxlib.h"
 
 #include "async_mutex.h"
+#include "error_text.h"
 
 
 /*
@@ -398,42 +399,6 @@ void am_unanchor (lua_State *L, Waiter *w) {
 /* {====================================================== errors */
 
 /*
-** The text of the error object at 1 by its __tostring, as lua5.4 prints
-** an uncaught error (lua.c, msghandler): a Redis error reply's message,
-** say.  Called protected: a __tostring that raises is ignored.
-*/
-static int error_text (lua_State *L) {
-  if (luaL_callmeta(L, 1, "__tostring") && lua_type(L, -1) == LUA_TSTRING)
-    return 1;
-  return 0;
-}
-
-
-/*
-** Pushes and returns the text of the error object at 'idx': a string or
-** a number as lua5.4 prints it (lua_tostring), else its __tostring, else
-** "(error object is a T value)".  The error object itself is left as is.
-*/
-static const char *push_error_text (lua_State *L, int idx) {
-  idx = lua_absindex(L, idx);
-  if (lua_type(L, idx) == LUA_TSTRING || lua_type(L, idx) == LUA_TNUMBER) {
-    lua_pushvalue(L, idx);
-    lua_tostring(L, -1);                /* the copy becomes its text */
-  }
-  else {
-    lua_pushcfunction(L, error_text);
-    lua_pushvalue(L, idx);
-    if (lua_pcall(L, 1, 1, 0) != LUA_OK || lua_type(L, -1) != LUA_TSTRING) {
-      lua_pop(L, 1);
-      lua_pushfstring(L, "(error object is a %s value)",
-                      luaL_typename(L, idx));
-    }
-  }
-  return lua_tostring(L, -1);
-}
-
-
-/*
 ** A coroutine we resumed died with an error (on top of its stack).  It
 ** must not take the process down (an error escaping a luv callback makes
 ** luv exit) nor stop the rest of the batch, and it must not be
@@ -451,10 +416,10 @@ void am_report (lua_State *L, State *st, lua_State *co) {
   }
   else
     lua_pushliteral(L, "(error object lost: not enough memory)");
-  /* the traceback first: the error's __tostring (run by push_error_text)
-     is Lua code, and may close the dead coroutine */
+  /* the traceback first: the error's __tostring (run by
+     am_push_error_text) is Lua code, and may close the dead coroutine */
   luaL_traceback(L, co, NULL, 0);               /* L: err tb0 */
-  msg = push_error_text(L, base + 1);           /* L: err tb0 msg */
+  msg = am_push_error_text(L, base + 1);        /* L: err tb0 msg */
   lua_insert(L, -2);                            /* L: err msg tb0 */
   lua_pushfstring(L, "%s\n%s", msg, lua_tostring(L, -1));
   lua_remove(L, -2);                            /* L: err msg tb */
@@ -465,7 +430,7 @@ void am_report (lua_State *L, State *st, lua_State *co) {
     lua_xmove(co, L, 1);
     if (!lua_rawequal(L, base + 1, -1)) {
       fprintf(stderr, "async_mutex: error closing a dead coroutine: %s\n",
-              push_error_text(L, -1));
+              am_push_error_text(L, -1));
       lua_pop(L, 1);
     }
     lua_pop(L, 1);
@@ -476,7 +441,7 @@ void am_report (lua_State *L, State *st, lua_State *co) {
     lua_pushvalue(L, base + 1);                 /* err */
     lua_pushvalue(L, -3);                       /* traceback */
     if (lua_pcall(L, 2, 0, 0) != LUA_OK) {     /* L: err msg tb e */
-      const char *e = push_error_text(L, -1);   /* L: err msg tb e etext */
+      const char *e = am_push_error_text(L, -1);   /* L: err msg tb e etext */
       fprintf(stderr, "async_mutex: error in the error handler: %s\n"
               "while reporting: %s\n", e, lua_tostring(L, -3));
       fflush(stderr);

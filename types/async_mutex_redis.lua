@@ -80,8 +80,8 @@ local redis = {}
 ---Raised by calls the server cannot answer (also `async_mutex.E_UNAVAILABLE`).
 redis.E_UNAVAILABLE = "redis server unavailable"
 
----A client for the server at `options`; it connects at its first call.
----@param options async_mutex.redis.Options
+---A client for the server at `options` (none: 127.0.0.1:6379); it connects at its first call.
+---@param options? async_mutex.redis.Options
 ---@return async_mutex.redis.Client
 function redis.connect(options) end
 

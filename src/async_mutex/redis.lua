@@ -339,8 +339,10 @@ local function check_string(options, name)
 end
 
 --- Creates a client for the server at `options.host`/`options.port` or
--- at the unix socket `options.path`.  Connects at the first call.
+-- at the unix socket `options.path` (no options: 127.0.0.1:6379).
+-- Connects at the first call.
 function M.connect(options)
+  if options == nil then options = {} end     -- every option has a default
   if type(options) ~= "table" then
     argerror(2, 1, "connect", "table expected, got " .. typename(options))
   end

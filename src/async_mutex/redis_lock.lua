@@ -42,6 +42,9 @@ local huge, min, max, floor, tointeger = math.huge, math.min, math.max, math.flo
 local format = string.format
 local hrtime, now = uv.hrtime, uv.now
 local limited = core.acquire
+-- The locks made here (gates, bells) are the library's own: debug mode
+-- does not watch them (docs/debug.md, Deadlocks).
+local internal = core.dbg_internal
 
 local E_LOST, E_UNAVAILABLE = am.E_LOST, am.E_UNAVAILABLE
 
@@ -129,7 +132,7 @@ local function get_hub(client)
   if not hub then
     local id = random_hex()
     hub = { client = client, id = id, channel = "async_mutex:" .. id,
-            waiters = {}, users = 0, sub = nil, sub_gate = core.Mutex.new(),
+            waiters = {}, users = 0, sub = nil, sub_gate = internal(core.Mutex.new()),
             idle_timer = nil, locks = setmetatable({}, { __mode = "k" }),
             unlockers = {}, closed = false }
     hubs[client] = hub
@@ -551,7 +554,7 @@ local function redis_acquire(lk, name, weight, deadline, err)
       if not w.canceled then
         local bell = w.bell
         if not bell then
-          bell = core.Semaphore.new(0)
+          bell = internal(core.Semaphore.new(0))
           w.bell = bell
         end
         local ok, e = pcall(limited, bell, wait, REFRESH)
@@ -611,9 +614,17 @@ local function check_priority(p, n, fname)
   end
 end
 
-local function check_key(key, n, fname)
+-- 'prefix': the set's; with an empty one, the key is the whole lock name,
+-- which must not be empty (as RedisMutex.new's name).
+local function check_key(key, n, fname, prefix)
   local t = type(key)
-  if t == "string" then return key end
+  if t == "string" then
+    if key == "" and prefix == "" then
+      argerror(3, n, fname, "key must not be empty when the prefix is empty"
+        .. " (a lock name must be a non-empty string)")
+    end
+    return key
+  end
   if t == "number" and key == key and key ~= huge and key ~= -huge then
     local i = tointeger(key)
     return i and format("%d", i) or format("%.17g", key)
@@ -716,8 +727,8 @@ local function new_record(mt, client, name, limit, opts, keyed)
   local lk = setmetatable(opts, mt)
   lk.client, lk.hub, lk.name, lk.limit = client, get_hub(client), name, limit
   lk.hub.locks[lk] = true
-  lk.gate = keyed and core.KeyedMutex.new({ cancelError = opts.cancel_error })
-    or core.Mutex.new(opts.cancel_error)
+  lk.gate = internal(keyed and core.KeyedMutex.new({ cancelError = opts.cancel_error })
+    or core.Mutex.new(opts.cancel_error))
   lk.keys, lk.direct = lock_keys(name), is_client(client)
   lk.s_limit, lk.s_ttl, lk.s_wait = tostring(limit), tostring(opts.ttl), tostring(opts.wait_ms)
   lk.waiting = {}
@@ -768,7 +779,7 @@ end
 local function wait_for_unlock(lk, limit, err, name, weight)
   local deadline = limit == false and false or (limit and limit ~= huge and now() + limit)
   local hub = lk.hub
-  local bell = core.Semaphore.new(0)
+  local bell = internal(core.Semaphore.new(0))
   hub.unlockers[bell] = true          -- rung by close()
   local cleanup <close> = setmetatable({}, { __close = function(c)
     hub.unlockers[bell] = nil
@@ -970,7 +981,7 @@ end
 
 function keyed.acquire(self, key, priority)
   local lk, limit, err = check_self(self, Keyed, "acquire")
-  local k = check_key(key, 1, "acquire")
+  local k = check_key(key, 1, "acquire", lk.name)
   check_priority(priority, 2, "acquire")
   check_usable(lk, "acquire a Redis lock")
   local release = acquire(lk, limit, err, key, lk.name .. k, 1, priority)
@@ -979,7 +990,7 @@ end
 
 function keyed.runExclusive(self, key, fn, priority)
   local lk, limit, err = check_self(self, Keyed, "runExclusive")
-  local k = check_key(key, 1, "runExclusive")
+  local k = check_key(key, 1, "runExclusive", lk.name)
   check_fn(fn, 2)
   check_priority(priority, 3, "runExclusive")
   check_usable(lk, "acquire a Redis lock")
@@ -989,7 +1000,7 @@ end
 
 function keyed.waitForUnlock(self, key, priority)
   local lk, limit, err = check_self(self, Keyed, "waitForUnlock")
-  local k = check_key(key, 1, "waitForUnlock")
+  local k = check_key(key, 1, "waitForUnlock", lk.name)
   check_priority(priority, 2, "waitForUnlock")
   check_usable(lk, "wait for a Redis lock")
   wait_for_unlock(lk, limit, err, lk.name .. k, 1)
@@ -997,7 +1008,7 @@ end
 
 function keyed.isLocked(self, key)
   local lk = check_self(self, Keyed, "isLocked")
-  local k = check_key(key, 1, "isLocked")
+  local k = check_key(key, 1, "isLocked", lk.name)
   check_usable(lk, "ask Redis")
   local used = state(lk, lk.name .. k)
   return used >= 1
@@ -1005,14 +1016,14 @@ end
 
 function keyed.release(self, key)
   local lk = check_self(self, Keyed, "release")
-  local k = check_key(key, 1, "release")
+  local k = check_key(key, 1, "release", lk.name)
   return release_name(lk, lk.name .. k)
 end
 
 function keyed.cancel(self, key)
   local lk = check_self(self, Keyed, "cancel")
   if key == nil then return cancel(lk, nil, nil) end
-  local k = check_key(key, 1, "cancel")
+  local k = check_key(key, 1, "cancel", lk.name)
   cancel(lk, key, lk.name .. k)
 end
 

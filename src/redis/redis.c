@@ -33,6 +33,7 @@
 #include <luv/lhandle.h>
 
 #include "redis.h"
+#include "../error_text.h"     /* shared with the core: the Makefile */
 
 
 /* the client's user values */
@@ -186,13 +187,13 @@ static void resume (lua_State *L, lua_State *co, int nargs) {
   else {
     const char *msg;
     lua_xmove(co, L, 1);                          /* error */
-    msg = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
-    if (msg == NULL)
-      msg = lua_pushfstring(L, "(error object is a %s value)",
-                            luaL_typename(L, -1));
-    else lua_pushvalue(L, -1);
-    luaL_traceback(L, co, msg, 0);               /* err msg tb */
-    lua_remove(L, -2);                           /* err tb */
+    /* the traceback first, as the core does (scheduler.c, am_report): the
+       error's __tostring is Lua code, and may close the dead coroutine */
+    luaL_traceback(L, co, NULL, 0);              /* err tb0 */
+    msg = am_push_error_text(L, -2);             /* err tb0 msg */
+    lua_pushfstring(L, "%s\n%s", msg, lua_tostring(L, -2));  /* ... tb */
+    lua_replace(L, -3);                          /* err tb msg */
+    lua_pop(L, 1);                               /* err tb */
     /* an errored thread resets with its own error; another one on top
        means one of its __close handlers failed too */
     if (lua_resetthread(co) != LUA_OK && lua_gettop(co) > 0) {

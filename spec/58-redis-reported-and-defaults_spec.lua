@@ -1,0 +1,136 @@
+-- Three corners of the Redis client and locks found by a user's review:
+-- an error object escaping a coroutine the client resumed is reported by
+-- its __tostring (docs/redis.md; as the core does, spec 26), not as
+-- "(error object is a table value)"; a keyed set's lock name prefix .. key
+-- is refused empty as RedisMutex's name is (docs/redis-locks.md, "Usage
+-- errors"); redis.connect() with no options means the defaults (README,
+-- redis.connect).
+local am = require "async_mutex"
+local h = require "helpers"
+local R = require "lock_redis"
+local redis = require "async_mutex.redis"
+local rcore = require "async_mutex.redis_core"
+
+local server
+
+setup(function() server = R.server() end)
+teardown(function() if server then server:stop() end end)
+
+describe("an error object escaping a coroutine the Redis client resumed", function()
+  local function child(body)
+    return h.subprocess(([[
+      local uv = require "luv"
+      local am = require "async_mutex"
+      local redis = require "async_mutex.redis"
+      local c = redis.connect({ path = %q })
+      %s
+      uv.run()
+      c:close()
+      uv.run()
+      print("went on")
+    ]]):format(server.path, body))
+  end
+
+  it("is reported by its __tostring: a Redis error reply's message", function()
+    local r = child([[
+      am.spawn(function()
+        c:call("DEL", "spec58:k")
+        c:call("SET", "spec58:k", "x")
+        c:call("LPUSH", "spec58:k", "y")
+      end)
+    ]])
+    assert.equal(0, r.rc, r.stderr)
+    assert.equal("went on\n", r.stdout)
+    assert.matches("async_mutex.redis: error in a resumed coroutine: WRONGTYPE Operation against a key"
+      .. " holding the wrong kind of value\nstack traceback:\n", r.stderr, 1, true)
+    assert.not_matches("error object is a", r.stderr)
+  end)
+
+  it("is reported by its __tostring, a number as a number, else by its type", function()
+    local r = child([[
+      local function object(tostr)
+        return setmetatable({}, { __tostring = tostr })
+      end
+      am.spawn(function() c:call("PING"); error(object(function() return "mine" end), 0) end)
+      am.spawn(function() c:call("PING"); error({}, 0) end)
+      am.spawn(function() c:call("PING"); error(object(function() error("no text") end), 0) end)
+      am.spawn(function() c:call("PING"); error(object(function() return 1 end), 0) end)
+      am.spawn(function() c:call("PING"); error(42, 0) end)
+    ]])
+    assert.equal(0, r.rc, r.stderr)
+    assert.equal("went on\n", r.stdout)
+    assert.matches("async_mutex.redis: error in a resumed coroutine: mine\nstack traceback:\n",
+      r.stderr, 1, true)
+    -- a number as lua5.4 prints it (as the core, spec 56)
+    assert.matches("async_mutex.redis: error in a resumed coroutine: 42\nstack traceback:\n",
+      r.stderr, 1, true)
+    local _, tables = r.stderr:gsub(
+      "async_mutex%.redis: error in a resumed coroutine: %(error object is a table value%)\n", "")
+    assert.equal(3, tables, r.stderr)
+  end)
+end)
+
+describe("KeyedRedisMutex with an empty prefix", function()
+  local EMPTY = "key must not be empty when the prefix is empty"
+    .. " (a lock name must be a non-empty string)"
+
+  it("refuses an empty key, as RedisMutex refuses an empty name, at the caller's line",
+    h.async(function()
+      local c = server:client()
+      local k = am.KeyedRedisMutex.new(c, "")
+      h.raises_at_caller({ function() k:acquire("") end,
+        "bad argument #1 to 'acquire' (" .. EMPTY .. ")" })
+      h.raises_at_caller({ function() k:runExclusive("", function() end) end,
+        "bad argument #1 to 'runExclusive' (" .. EMPTY .. ")" })
+      h.raises_at_caller({ function() k:waitForUnlock("") end,
+        "bad argument #1 to 'waitForUnlock' (" .. EMPTY .. ")" })
+      h.raises_at_caller({ function() k:isLocked("") end,
+        "bad argument #1 to 'isLocked' (" .. EMPTY .. ")" })
+      h.raises_at_caller({ function() k:release("") end,
+        "bad argument #1 to 'release' (" .. EMPTY .. ")" })
+      h.raises_at_caller({ function() k:cancel("") end,
+        "bad argument #1 to 'cancel' (" .. EMPTY .. ")" })
+      h.raises_at_caller({ function() am.withTimeout(k, 10):acquire("") end,
+        "bad argument #1 to 'acquire' (" .. EMPTY .. ")" })
+      assert.equal("bad argument #2 to 'new' (lock name must be a non-empty string, got string)",
+        h.error_of(function() am.RedisMutex.new(c, "") end))
+      -- nothing was asked of Redis under the name ""
+      assert.equal(0, c:call("EXISTS", ":n", ":h", ":q"))
+      c:close()
+    end))
+
+  it("takes any non-empty key (the key is the whole name), and an empty key after a prefix",
+    h.async(function()
+      local c = server:client()
+      local k = am.KeyedRedisMutex.new(c, "")
+      local r = k:acquire("spec58:whole")
+      assert.is_true(k:isLocked("spec58:whole"))
+      assert.is_true(r())
+      local p = am.KeyedRedisMutex.new(c, "spec58:p")
+      local rp = p:acquire("")
+      assert.is_true(p:isLocked(""))
+      assert.is_true(rp())
+      local r0 = k:acquire(0)                -- a number is never empty
+      assert.is_true(r0())
+      c:close()
+    end))
+end)
+
+describe("redis.connect with no options", function()
+  it("means every default: 127.0.0.1, port 6379", function()
+    for _, c in ipairs({ redis.connect(), redis.connect(nil) }) do
+      local st = rcore.state(c)
+      assert.equal("127.0.0.1", st.host)
+      assert.equal(6379, st.port)
+      assert.is_nil(st.path)
+      c:close()
+    end
+  end)
+
+  it("still refuses a value that is not a table", function()
+    h.raises_at_caller({ function() redis.connect(true) end,
+      "bad argument #1 to 'connect' (table expected, got boolean)" })
+    h.raises_at_caller({ function() redis.connect("127.0.0.1") end,
+      "bad argument #1 to 'connect' (table expected, got string)" })
+  end)
+end)
