@@ -68,6 +68,26 @@ describe("an error object escaping a coroutine the Redis client resumed", functi
       "async_mutex%.redis: error in a resumed coroutine: %(error object is a table value%)\n", "")
     assert.equal(3, tables, r.stderr)
   end)
+
+  it("is reported, never raised inside the loop, when the client's Lua resumed it and its __tostring raises",
+     function()
+    -- the coroutine waits for its subscription's confirmation, which the
+    -- client's Lua side resumes (redis.lua, resume_reporting): there a
+    -- tostring(err) raised inside a luv callback and ended the process
+    local r = child([[
+      local bad = setmetatable({}, { __tostring = function() error("no text") end })
+      am.spawn(function()
+        c:subscribe("spec58:ch", function() end)
+        uv.new_timer():start(50, 0, function() c:close() end)
+        error(bad, 0)
+      end)
+    ]])
+    assert.equal(0, r.rc, r.stderr)
+    assert.equal("went on\n", r.stdout)
+    assert.matches("async_mutex.redis: error in a resumed coroutine: (error object is a table value)\n",
+      r.stderr, 1, true)
+    assert.not_matches("no text", r.stderr)
+  end)
 end)
 
 describe("KeyedRedisMutex with an empty prefix", function()

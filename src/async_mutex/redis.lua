@@ -38,6 +38,7 @@ local Client = core.Client               -- the methods of every client
 
 local hooks = core.hooks
 local status, fail, alive, progress = core.status, core.fail, core.alive, core.progress
+local error_text = core.error_text       -- an error object's text, never raising
 local WEAK_K, WEAK_V = { __mode = "k" }, { __mode = "v" }
 local ceil, max, min, random, huge = math.ceil, math.max, math.min, math.random, math.huge
 local now = uv.now
@@ -80,7 +81,7 @@ function hooks.report(err, tb)
   if handler then
     local ok, herr = pcall(handler, err, tb)
     if ok then return end
-    tb = tb .. "\nand in the error handler: " .. tostring(herr)
+    tb = tb .. "\nand in the error handler: " .. error_text(herr)
   end
   io.stderr:write("async_mutex.redis: error in a resumed coroutine: ", tb, "\n")
 end
@@ -92,10 +93,10 @@ local report = hooks.report
 local function resume_reporting(co, ...)
   local ok, err = resume(co, ...)
   if ok then return end
-  local tb = traceback(co, tostring(err))
+  local tb = traceback(co, error_text(err))
   local closed, cerr = coroutine.close(co)
   if not closed and not rawequal(cerr, err) then
-    tb = tb .. "\nand closing the coroutine: " .. tostring(cerr)
+    tb = tb .. "\nand closing the coroutine: " .. error_text(cerr)
   end
   report(err, tb)
 end
@@ -468,7 +469,7 @@ local function deliver(s, message, channel)
   local fn = s.fn
   if direct[fn] then
     local ok, err = pcall(fn, message, channel)
-    if not ok then report(err, traceback(tostring(err))) end
+    if not ok then report(err, traceback(error_text(err))) end
   else
     am_spawn(fn, message, channel)
   end

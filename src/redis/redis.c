@@ -961,6 +961,14 @@ static int core_error (lua_State *L) {
   return 1;
 }
 
+/* error_text(err): an error object's text as lua5.4 prints it, for the
+** Lua side's reports (a __tostring that raises cannot raise there) */
+static int core_error_text (lua_State *L) {
+  luaL_checkany(L, 1);
+  am_push_error_text(L, 1);
+  return 1;
+}
+
 /* }====================================================== */
 
 
@@ -988,6 +996,7 @@ static const luaL_Reg core_funcs[] = {
   {"state", core_state},
   {"alive", core_alive},
   {"error", core_error},
+  {"error_text", core_error_text},
   {"hex", core_hex},
   {"progress", core_progress},
   {"script", core_script},
