@@ -16,16 +16,13 @@ setup(function() server = R.server() end)
 teardown(function() if server then server:stop() end end)
 
 local fresh_name = R.namer("spec70")
+local release = R.release_script
 
 -- acquire(c, name, token, ttl [, mode]): the acquire script for weight 1 of
 -- a mutex, with a channel nobody listens on.
 local function acquire(c, name, token, ttl, mode)
   return c:eval(scripts.acquire, scripts.keys(name),
     { token, "1", "1", tostring(ttl), "3000", "spec70:nobody", mode or "wait" })
-end
-
-local function release(c, name, token)
-  return c:eval(scripts.release, scripts.keys(name), { token, "1" })
 end
 
 describe("the acquire script's short path (a lock with no holder and no queue)", function()

@@ -17,6 +17,7 @@ setup(function() server = R.server() end)
 teardown(function() if server then server:stop() end end)
 
 local fresh_name = R.namer("spec74")
+local release, server_ms = R.release_script, R.server_ms
 
 -- acquire(c, name, token, ttl, wait_ms, channel [, limit, weight]): the
 -- acquire script in "wait" mode
@@ -24,15 +25,6 @@ local function acquire(c, name, token, ttl, wait_ms, channel, limit, weight)
   return c:eval(scripts.acquire, scripts.keys(name),
     { token, limit or "1", weight or "1", tostring(ttl), tostring(wait_ms),
       channel or "spec74:nobody", "wait" })
-end
-
-local function release(c, name, token, limit)
-  return c:eval(scripts.release, scripts.keys(name), { token, limit or "1" })
-end
-
-local function server_ms(c)
-  local t = c:call("TIME")
-  return tonumber(t[1]) * 1000 + tonumber(t[2]) // 1000
 end
 
 describe("a new waiter behind a mutex's live holder", function()

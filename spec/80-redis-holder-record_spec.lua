@@ -17,6 +17,7 @@ setup(function() server = R.server() end)
 teardown(function() if server then server:stop() end end)
 
 local fresh_name = R.namer("spec80")
+local release, server_ms = R.release_script, R.server_ms
 
 -- acquire(c, name, token, ttl [, mode]): the acquire script, a mutex
 local function acquire(c, name, token, ttl, mode)
@@ -24,17 +25,8 @@ local function acquire(c, name, token, ttl, mode)
     { token, "1", "1", tostring(ttl), "3000", "spec80:nobody", mode or "wait" })
 end
 
-local function release(c, name, token)
-  return c:eval(scripts.release, scripts.keys(name), { token, "1" })
-end
-
 local function renew(c, name, token, ttl)
   return c:eval(scripts.renew, scripts.keys(name), { token, "1", tostring(ttl) })
-end
-
-local function server_ms(c)
-  local t = c:call("TIME")
-  return tonumber(t[1]) * 1000 + tonumber(t[2]) // 1000
 end
 
 -- The holders' tokens, sorted.

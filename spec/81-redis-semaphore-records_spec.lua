@@ -16,16 +16,13 @@ setup(function() server = R.server() end)
 teardown(function() if server then server:stop() end end)
 
 local fresh_name = R.namer("spec81")
+local release, server_ms = R.release_script, R.server_ms
 
 -- acquire(c, name, token, limit, weight, ttl [, mode, wait_ms, channel])
 local function acquire(c, name, token, limit, weight, ttl, mode, wait_ms, channel)
   return c:eval(scripts.acquire, scripts.keys(name),
     { token, tostring(limit), tostring(weight), tostring(ttl), tostring(wait_ms or 3000),
       channel or "spec81:nobody", mode or "wait" })
-end
-
-local function release(c, name, token, limit)
-  return c:eval(scripts.release, scripts.keys(name), { token, tostring(limit) })
 end
 
 local function renew(c, name, token, limit, ttl)
@@ -35,11 +32,6 @@ end
 local function state(c, name, limit)
   local r = c:eval(scripts.state, scripts.keys(name), { tostring(limit) })
   return r[1], r[2]
-end
-
-local function server_ms(c)
-  local t = c:call("TIME")
-  return tonumber(t[1]) * 1000 + tonumber(t[2]) // 1000
 end
 
 -- The record of 'token': end, weight, fence, value as integers (nil: none).

@@ -280,6 +280,21 @@ function R.queued(client, name)
   return client:call("ZCARD", name .. ":q")
 end
 
+-- The server's clock in ms (its TIME, the clock the lock scripts use for
+-- leases and deadlines).
+function R.server_ms(client)
+  local t = client:call("TIME")
+  return tonumber(t[1]) * 1000 + tonumber(t[2]) // 1000
+end
+
+-- The release script run directly, with the arguments the locks pass
+-- (token, limit: 1 for a mutex), for the specs of the data layout in Redis
+-- (docs/redis-locks.md, "In Redis").  Returns 1 if the token held the lock.
+function R.release_script(client, name, token, limit)
+  local scripts = require "async_mutex.redis_scripts"
+  return client:eval(scripts.release, scripts.keys(name), { token, tostring(limit or 1) })
+end
+
 -- A function returning a new lock name at each call: prefix:1, prefix:2, ...
 function R.namer(prefix)
   local n = 0
