@@ -63,12 +63,15 @@ local function fresh(kind, t_dead, t_live)
 end
 
 -- Starts a live waiter (its own client) that records its grant time;
--- returns a function giving that time (hrtime ns, or nil).
+-- returns a function giving that time (hrtime ns, or nil).  That function
+-- also keeps the waiter's client and coroutine reachable: nothing else
+-- refers to them, and a collection (AM_GC_STRESS) would otherwise drop
+-- them while the waiter is still connecting, and the waiter with them.
 local function live_waiter(name, t_live, limit)
   local got
   local c2 = server:client()
   local o = { waiterTimeout = t_live }
-  h.spawn(function()
+  local co = h.spawn(function()
     local _, r
     if limit then
       _, r = am.RedisSemaphore.new(c2, name, limit, o):acquire(1)
@@ -79,7 +82,10 @@ local function live_waiter(name, t_live, limit)
     r()
     c2:close()
   end)
-  return function() return got end
+  return function()
+    local _, _ = c2, co
+    return got
+  end
 end
 
 -- Queues a WAITER child for 'name' behind the lock held here, and a live
