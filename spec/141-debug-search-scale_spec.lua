@@ -139,6 +139,30 @@ describe("deadlocks still found", function()
     h.wait_until(function() return W.done and H.done end)
   end))
 
+  it("a cycle closed by a request of a coroutine that holds nothing, queued ahead of a waiter by priority", h.async(function()
+    -- s (2 units): W holds one and waits for another at priority 1 (the
+    -- other holder, O, not waiting, will give one back).  R, holding
+    -- nothing, asks for both at priority 2: served before W, it needs W's
+    -- unit, and W waits behind it.  (Found by the random programs below:
+    -- a requester that held nothing was never searched.)
+    local s = am.Semaphore.new(2)
+    local O = h.acquirer(nil, "O", s)
+    local W = {}
+    W.co = h.spawn(function()
+      local _, r1 = s:acquire()
+      coroutine.yield()
+      local _, r2 = s:acquire(1, 1)
+      r2(); r1(); W.done = true
+    end)
+    assert(coroutine.resume(W.co))             -- W waits for O's unit
+    local R = h.requester("acquire", nil, "R", s, 2, 2)
+    assert.is_true(R.done)
+    assert.equal(am.E_DEADLOCK, R.err)
+    assert.equal(2, #rec.first("deadlock").info.cycle)
+    O.release()
+    h.wait_until(function() return W.done end)
+  end))
+
   it("a cycle of 2,000 coroutines, each holding a Mutex and waiting for the next one's", h.async(function()
     local n = h.load(2000)
     local locks, t = {}, {}

@@ -54,7 +54,7 @@ describe("a leased hold in a wait-for cycle", function()
 
   it("a cycle through another coroutine's lease: A holds a by lease and waits for b, B holds b and requests a", h.async(function()
     local a, b = am.Mutex.new(), am.Mutex.new()
-    local rb = b:acquire()                     -- B: this coroutine
+    local rb_here = b:acquire()                -- B: this coroutine
     local A = {}
     A.co = h.spawn(function()
       local ra = am.withLease(a, 30):acquire()
@@ -67,7 +67,7 @@ describe("a leased hold in a wait-for cycle", function()
     local ok, ra = pcall(a.acquire, a)         -- waits for A's lease to end
     assert.is_true(ok, ra)
     assert.equal(0, deadlocks())
-    ra(); rb()
+    ra(); rb_here()
     h.wait_until(function() return A.done end)
     assert.is_true(A.lease_ended)
   end))

@@ -361,8 +361,8 @@ static int call_hook (lua_State *L, int nargs, int nres) {
 
 /*
 ** Does the running coroutine hold anything, as recorded?  One that holds
-** nothing can neither close a wait-for cycle (nobody waits for it) nor
-** record a lockdep edge: its requests and waits need no Lua.
+** nothing records no lockdep edge, and only a waiter queued behind its
+** request can wait for it (am_dbg_request).
 */
 static int holds_any (lua_State *L, State *st) {
   return st->dbg_recs != NULL && ph_find(&st->dbg_recs->cos, L) != NULL;
@@ -474,21 +474,28 @@ static int alone_and_fits (lua_State *L, const DebugRecords *d,
 ** nor is a lock marked internal (core.dbg_internal), nor a
 ** ReentrantMutex's re-entry by its holder (am_reenters): it is granted at
 ** once, past the queue, so it never waits and orders nothing (lockdep
-** recorded the lock once, when it was first taken).  A request that would
-** wait is searched in Lua only when C could not clear it (alone_and_fits);
-** a waitForUnlock so cleared needs no Lua (it records no edge).
+** recorded the lock once, when it was first taken).  Nor a request nobody
+** would wait for: its coroutine holds nothing, and no waiter would be
+** queued behind it.  (One that holds nothing but goes ahead of a waiter,
+** by priority, can close a cycle: a Semaphore waiter it needs the unit
+** of, queued behind it; spec 141.)  A request that would wait is searched
+** in Lua only when C could not clear it (alone_and_fits); a waitForUnlock
+** so cleared needs no Lua (it records no edge).
 */
 void am_dbg_request (lua_State *L, const Request *rq) {
   Lock *lk = rq->lock;
+  const DebugRecords *d = lk->st->dbg_recs;
   int behind, search;
+  if (d == NULL) return;                /* off for this state */
   if (rq->erridx == 0 && rq->wait == AM_TIMEOUT) return;     /* sleep */
   if (lk->internal) return;
   if (rq->wait == AM_TRY) return;       /* never waits: never deadlocks */
   if (lk->kind->reentrant && lk->owner == L && lk->value <= 0) return;
-  if (!holds_any(L, lk->st)) return;
   behind = served_after(lk, rq);
+  if (!behind && !holds_any(L, lk->st))   /* nobody would wait for it */
+    return;
   search = !am_can_lock_now(lk, rq->weight, &rq->priority)
-           && !alone_and_fits(L, lk->st->dbg_recs, rq, behind);
+           && !alone_and_fits(L, d, rq, behind);
   if ((rq->kind == W_UNLOCK && !search)       /* no lockdep edge either */
       || !lua_checkstack(L, 8) || !push_hook(L, lk->st, H_REQUEST))
     return;

@@ -22,7 +22,7 @@ local error, ipairs, pairs, pcall, rawget, select, setmetatable, tostring, type 
 local getinfo, traceback = debug.getinfo, debug.traceback
 local getmetatable_raw = debug.getmetatable
 local running, status = coroutine.running, coroutine.status
-local concat, insert, sort = table.concat, table.insert, table.sort
+local concat, sort = table.concat, table.sort
 local floor, max = math.floor, math.max
 local format = string.format
 local now                         -- the records' clock: core.dbg_now (install)
@@ -418,11 +418,10 @@ local function doomed_set(R, lock, weight, unlock, priority, held, behind)
       end
     end
   end
-  local r = nodes[R]
   for l, f in pairs(facts) do
-    local acq = {}
+    local acq, unl = {}, {}
     for _, n in ipairs(f.nodes) do
-      if not n.unlock then acq[#acq + 1] = n end
+      if n.unlock then unl[#unl + 1] = n else acq[#acq + 1] = n end
     end
     if l == lock and not unlock and #acq > 1 then
       -- R's place once queued: after every acquirer of its priority or above
@@ -430,30 +429,39 @@ local function doomed_set(R, lock, weight, unlock, priority, held, behind)
       for j, e in ipairs(queue_of(l)) do
         if not e[4] and e[3] >= priority then at = j + 0.5 end
       end
-      r.index = at
+      nodes[R].index = at
       sort(acq, function(a, b) return a.index < b.index end)
     end
-    for k, n in ipairs(acq) do n.pred = acq[k - 1] end
-    for _, n in ipairs(f.nodes) do
-      if n.unlock then
-        for k = #acq, 1, -1 do
-          if acq[k].prio >= n.prio then n.pred = acq[k]; break end
+    for k, n in ipairs(acq) do
+      n.pred = acq[k - 1]
+      if k > 1 then acq[k - 1].next = { n } end
+    end
+    for _, n in ipairs(unl) do
+      for k = #acq, 1, -1 do
+        local p = acq[k]
+        if p.prio >= n.prio then
+          n.pred = p
+          p.next = p.next or {}
+          p.next[#p.next + 1] = n
+          break
         end
       end
     end
-    for _, n in ipairs(f.nodes) do
-      local p = n.pred
-      if p then p.next = p.next or {}; p.next[#p.next + 1] = n end
-    end
+    f.acq, f.unl, f.head = acq, unl, 1
   end
   -- Every member doomed; clear one whose predecessor is clear and whose
-  -- request fits once the holders not doomed give back; what it holds then
-  -- counts as outside, and the members it held up are looked at again.
+  -- request fits once the holders not doomed give back.  What it holds then
+  -- counts as outside: of each such lock, the first member acquirer still
+  -- doomed (only it can be served next) and the waitForUnlock members are
+  -- looked at again; and so are the members it was served before.
   local doomed = {}
   for _, n in ipairs(order) do doomed[n.id] = true end
-  local work, w = {}, 0
+  local work = {}
   for k = #order, 1, -1 do work[#work + 1] = order[k] end
-  w = #work
+  local w = #work
+  local function push(n)
+    if n and doomed[n.id] then w = w + 1; work[w] = n end
+  end
   while w > 0 do
     local n = work[w]
     work[w] = nil
@@ -468,25 +476,20 @@ local function doomed_set(R, lock, weight, unlock, priority, held, behind)
           f.inside = f.inside - 1
           f.inside_w = f.inside_w - rec[WEIGHT]
           if rec[WEIGHT] == RW_WRITE then f.writers = f.writers - 1 end
-          for _, m in ipairs(f.nodes) do
-            if doomed[m.id] then w = w + 1; work[w] = m end
-          end
+          while f.acq[f.head] and not doomed[f.acq[f.head].id] do f.head = f.head + 1 end
+          push(f.acq[f.head])
+          for _, m in ipairs(f.unl) do push(m) end
         end
       end
-      for _, m in ipairs(n.next or {}) do
-        if doomed[m.id] then w = w + 1; work[w] = m end
-      end
+      for _, m in ipairs(n.next or {}) do push(m) end
     end
   end
+  -- the members, each with the nearest doomed member it is queued behind
   local members = {}
   for _, n in ipairs(order) do
     if doomed[n.id] and type(n.id) == "thread" then
-      local behind_of = {}                -- the doomed members ahead of it
       local p = n.pred
-      while p do
-        if doomed[p.id] and type(p.id) == "thread" then insert(behind_of, 1, p.id) end
-        p = p.pred
-      end
+      local behind_of = p and doomed[p.id] and type(p.id) == "thread" and { p.id } or {}
       members[#members + 1] = { coroutine = n.id, lock = n.lock, behind = behind_of }
     end
   end
@@ -618,10 +621,9 @@ local function on_request(lock, weight, unlock, would_wait, wait, priority, behi
   if wait == AM_TRY or not o then return end            -- never waits: never deadlocks
   local co = running()
   local held = held_by(co)
-  if not held then return end
-  if not unlock then lockdep(held, lock) end
+  if held and not unlock then lockdep(held, lock) end
   if would_wait then
-    local members, doomed = doomed_set(co, lock, weight, unlock, priority, held, behind)
+    local members, doomed = doomed_set(co, lock, weight, unlock, priority, held or {}, behind)
     -- switched off (or on anew) meanwhile: what the search read may be
     -- half gone; the request waits as it would with debug mode off
     if members and opts == o then
