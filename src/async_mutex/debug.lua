@@ -346,9 +346,9 @@ end
 -- 'held': R's records; 'behind': someone would be queued behind R's
 -- request (src/debug.c, served_after).
 --
--- Every request that may wait was searched so, so no such set exists
--- before R's: one that R's request makes holds R and only coroutines that
--- wait for R, directly or through others.  So the search starts from R and
+-- Every earlier request that could wait was searched too, so no such set
+-- exists before R's: one that R's request makes holds R and only
+-- coroutines that wait for R, directly or through others.  So the search starts from R and
 -- follows "waits for" backwards (who waits for a lock a member holds, who
 -- would be queued behind R), never through every waiter ahead: a request
 -- that nobody waits for costs a few reads, however long the queues.
