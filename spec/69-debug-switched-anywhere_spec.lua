@@ -110,10 +110,11 @@ describe("a finalizer that switches debug mode while enable() allocates", functi
     return (runner or run)(RING:gsub("TARGET", target):gsub("ACTION", action) .. body)
   end
 
-  -- A holds L1 and requests L2 (held, waiters at six priorities): the
-  -- deadlock search reads L2's queue (core.dbg_queue) while a finalizer
-  -- queues a waiter of a new priority (a new bucket) or closes a waiting
-  -- coroutine (its bucket freed)
+  -- A holds L1 and requests L2 (held, waiters at six priorities) at a
+  -- priority above theirs: they would wait behind A, so the deadlock search
+  -- reads L2's queue (core.dbg_queue) while a finalizer queues a waiter of
+  -- a new priority (a new bucket) or closes a waiting coroutine (its bucket
+  -- freed)
   local QUEUE = [[
     local L1, L2 = am.Mutex.new(), am.Mutex.new()
     local hold2
@@ -137,7 +138,7 @@ describe("a finalizer that switches debug mode while enable() allocates", functi
         while #waiters < 6 do waiters[#waiters + 1] = wait_on(#waiters + 1) end
         per, armed = 0, true
         local d = am.withTimeout(L2, 1)
-        local ok, err = pcall(d.acquire, d)   -- would wait: the search runs
+        local ok, err = pcall(d.acquire, d, 1000)   -- would wait: the search runs
         armed = false
         assert(not ok and err == am.E_TIMEOUT, tostring(err))
         r1()

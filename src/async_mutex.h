@@ -529,7 +529,6 @@ extern const luaL_Reg am_debug_funcs[];
 int am_core_debug (lua_State *L);
 void am_dbg_request (lua_State *L, const Request *rq);
 void am_dbg_granted (lua_State *L, State *st);
-void am_dbg_waiting (lua_State *L, State *st, int lockidx, int widx);
 void am_dbg_released (lua_State *L, State *st, int idx);
 void am_dbg_unscoped (lua_State *L, State *st, Lock *lk);
 void am_dbg_close (lua_State *L, State *st);

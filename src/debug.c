@@ -32,6 +32,7 @@
 #include "lauxlib.h"
 
 #include "async_mutex.h"
+#include "error_text.h"
 
 
 int am_debug_on = 0;
@@ -53,7 +54,7 @@ static lua_Number clock_ms (void) {
 ** The hook table (async_mutex.debug: hook_table): the Lua hooks, then
 ** flags.
 */
-enum { H_REQUEST = 1, H_GRANTED, H_WAITING, H_RELEASED, H_CREATED,
+enum { H_REQUEST = 1, H_GRANTED, H_RELEASED, H_CREATED,
        F_TRACEBACK,           /* true: a traceback per grant */
        F_LUA };               /* true: call the granted and released hooks */
 
@@ -87,7 +88,7 @@ enum { H_REQUEST = 1, H_GRANTED, H_WAITING, H_RELEASED, H_CREATED,
 enum { A_RELEASER = 1, A_HOLDER, A_FN, A_WHERE, A_N = 4 };
 
 enum { V_LOCK = 1, V_REL, V_HOLDER, V_SINCE, V_FN, V_LINE, V_WEIGHT,
-       V_WHERE, V_CANON = 13, V_WARNED, V_NFIELDS = 14 };
+       V_WHERE, V_LEASED, V_CANON = 13, V_WARNED, V_NFIELDS = 14 };
 
 #define FIRST_SLOTS  16
 
@@ -360,8 +361,8 @@ static int call_hook (lua_State *L, int nargs, int nres) {
 
 /*
 ** Does the running coroutine hold anything, as recorded?  One that holds
-** nothing can neither close a wait-for cycle (nobody waits for it) nor
-** record a lockdep edge: its requests and waits need no Lua.
+** nothing records no lockdep edge, and only a waiter queued behind its
+** request can wait for it (am_dbg_request).
 */
 static int holds_any (lua_State *L, State *st) {
   return st->dbg_recs != NULL && ph_find(&st->dbg_recs->cos, L) != NULL;
@@ -375,6 +376,94 @@ static void push_key (lua_State *L, const Key *k) {
 }
 
 
+/* {====================================================== deadlocks */
+
+/* The weight of the holds of 'lk' with a live owner record. */
+static lua_Integer recorded_weight (const DebugRecords *d, const Lock *lk) {
+  lua_Integer w = 0;
+  int s;
+  for (s = lk->dbg; s >= 0; s = d->slots[s].next_lock)
+    if (am_releaser_live(d->slots[s].r)) w += d->slots[s].r->weight;
+  return w;
+}
+
+
+/*
+** Could a request for 'weight' of 'lk' be granted once every holder
+** outside a doomed set has given back, the doomed ones holding 'n' of its
+** records, of weight 'w', 'writes' of them RWLock writes (docs/debug.md,
+** Deadlocks)?  A lock no doomed coroutine holds lets it in (a Semaphore
+** used as a signal, which nobody holds, is no part of a cycle).  A hold
+** with no record (granted before debug mode, or not delivered yet) counts
+** as outside: no false positive.  The one copy of this rule: the request
+** hook's and the search's (core.dbg_fits).
+*/
+static int fits_outside (const DebugRecords *d, const Lock *lk,
+                         lua_Integer weight, lua_Integer n, lua_Integer w,
+                         lua_Integer writes) {
+  lua_Integer recorded, avail;
+  if (n == 0) return 1;
+  if (lk->kind == &am_rwlock_kind)  /* a write needs every hold gone; a */
+    return weight != AM_RW_WRITE && writes == 0;    /* read, the writer's */
+  recorded = d != NULL ? recorded_weight(d, lk) : 0;
+  /* what comes back: the recorded holds outside, and those unrecorded */
+  avail = (lk->held > recorded ? lk->held : recorded) - w;
+  if (lk->value >= weight) return 1;        /* value + avail >= weight, */
+  if (lk->value < 0 && weight > LUA_MAXINTEGER + lk->value)  /* without */
+    return 0;                                            /* overflow */
+  return avail >= weight - lk->value;
+}
+
+
+/*
+** Would a waiter of 'lk' be served after a request at 'rq' once queued (an
+** acquirer of a lower priority; a waitForUnlock of an equal or lower one:
+** docs/semantics.md, Dispatch)?  Nobody waits behind a waitForUnlock.
+** The buckets are few (one per priority in use).
+*/
+static int served_after (const Lock *lk, const Request *rq) {
+  size_t i;
+  uint32_t j;
+  if (rq->kind == W_UNLOCK) return 0;
+  for (j = 0; j < lk->queue.n; j++)
+    if (am_key_above(&rq->priority, &lk->queue.heap[j]->key)) return 1;
+  for (i = 0; i < lk->nweights; i++) {
+    const Queue *q = &lk->unlock[i].queue;
+    for (j = 0; j < q->n; j++)
+      if (!am_key_above(&q->heap[j]->key, &rq->priority)) return 1;
+  }
+  return 0;
+}
+
+
+/*
+** Is the running coroutine's request at 'rq' clear of any deadlock without
+** a search?  Nobody waits for it (no waiter of a lock it holds, none
+** queued behind its request: 'behind'), and its own holds leave room for
+** it: then no set it closes can be doomed (async_mutex.debug, doomed_set),
+** and most requests that wait are so decided here, in C.  A leased hold
+** ends by itself: it keeps nobody waiting for ever.
+*/
+static int alone_and_fits (lua_State *L, const DebugRecords *d,
+                           const Request *rq, int behind) {
+  const PtrEntry *h = ph_find(&d->cos, L);
+  lua_Integer n = 0, w = 0, writes = 0;
+  int s;
+  if (behind) return 0;
+  for (s = h != NULL ? h->slot : -1; s >= 0; s = d->slots[s].next_co) {
+    const Releaser *r = d->slots[s].r;
+    if (r->lease || !am_releaser_live(r)) continue;
+    if (r->lock->queue.count + r->lock->nunlock > 0) return 0;
+    if (r->lock == rq->lock) {
+      n++;
+      w += r->weight;
+      if (r->weight == AM_RW_WRITE) writes++;
+    }
+  }
+  return fits_outside(d, rq->lock, rq->weight, n, w, writes);
+}
+
+
 /*
 ** Before a request (acquire or waitForUnlock of the lock at
 ** rq->lockidx) decides anything: the hook records lockdep's edges and
@@ -382,30 +471,48 @@ static void push_key (lua_State *L, const Key *k) {
 ** raise E_DEADLOCK; then a keyed lock made for this request leaves its
 ** set again, and the error propagates to the requester: nothing queued.
 ** sleep()'s private semaphore (no error value) is not a lock to debug,
-** nor is a lock marked internal (core.dbg_internal).
+** nor is a lock marked internal (core.dbg_internal), nor a
+** ReentrantMutex's re-entry by its holder (am_reenters): it is granted at
+** once, past the queue, so it never waits and orders nothing (lockdep
+** recorded the lock once, when it was first taken).  Nor a request nobody
+** would wait for: its coroutine holds nothing, and no waiter would be
+** queued behind it.  (One that holds nothing but goes ahead of a waiter,
+** by priority, can close a cycle: a Semaphore waiter it needs the unit
+** of, queued behind it; spec 141.)  A request that would wait is searched
+** in Lua only when C could not clear it (alone_and_fits); a waitForUnlock
+** so cleared needs no Lua (it records no edge).
 */
 void am_dbg_request (lua_State *L, const Request *rq) {
   Lock *lk = rq->lock;
-  int would_wait;
+  const DebugRecords *d = lk->st->dbg_recs;
+  int behind, search;
+  if (d == NULL) return;                /* off for this state */
   if (rq->erridx == 0 && rq->wait == AM_TIMEOUT) return;     /* sleep */
   if (lk->internal) return;
   if (rq->wait == AM_TRY) return;       /* never waits: never deadlocks */
-  if (!holds_any(L, lk->st) || !lua_checkstack(L, 8)
-      || !push_hook(L, lk->st, H_REQUEST))
+  if (lk->kind->reentrant && lk->owner == L && lk->value <= 0) return;
+  behind = served_after(lk, rq);
+  if (!behind && !holds_any(L, lk->st))   /* nobody would wait for it */
     return;
-  would_wait = !(lk->kind->reentrant && lk->owner == L && lk->value <= 0)
-               && !am_can_lock_now(lk, rq->weight, &rq->priority);
+  search = !am_can_lock_now(lk, rq->weight, &rq->priority)
+           && !alone_and_fits(L, d, rq, behind);
+  if ((rq->kind == W_UNLOCK && !search)       /* no lockdep edge either */
+      || !lua_checkstack(L, 8) || !push_hook(L, lk->st, H_REQUEST))
+    return;
   lua_pushvalue(L, rq->lockidx);
   lua_pushinteger(L, rq->weight);
   lua_pushboolean(L, rq->kind == W_UNLOCK);
-  lua_pushboolean(L, would_wait);
+  lua_pushboolean(L, search);
   lua_pushinteger(L, rq->wait);
   push_key(L, &rq->priority);
-  if (lua_pcall(L, 6, 0, 0) != LUA_OK) {
+  lua_pushboolean(L, behind);
+  if (lua_pcall(L, 7, 0, 0) != LUA_OK) {
     am_settle(L, rq->lock);
     lua_error(L);
   }
 }
+
+/* }====================================================== */
 
 
 /*
@@ -540,21 +647,6 @@ void am_dbg_granted (lua_State *L, State *st) {
 }
 
 
-/* The running coroutine waits in the waiter at 'widx' for the lock at
-   'lockidx' (queued already): recorded if it holds anything, and the lock
-   is not internal (a wait on it is a wait for Redis, not for a holder). */
-void am_dbg_waiting (lua_State *L, State *st, int lockidx, int widx) {
-  const Waiter *w = (const Waiter *)lua_touserdata(L, widx);
-  if ((w != NULL && w->r.lock->internal)
-      || !holds_any(L, st) || !lua_checkstack(L, 4) /* nobody can wait */
-      || !push_hook(L, st, H_WAITING))              /* for it */
-    return;
-  lua_pushvalue(L, lockidx);
-  lua_pushvalue(L, widx);
-  call_hook(L, 2, 0);
-}
-
-
 /* Records were ended: the Lua hook hears when the last one goes (the
    long-hold timer stops). */
 static void ended (lua_State *L, State *st) {
@@ -660,6 +752,22 @@ int am_core_debug (lua_State *L) {
 
 
 /*
+** core.dbg_fits(lock, weight, n, w, writes): fits_outside, for the
+** search (async_mutex.debug: doomed_set).
+*/
+static int dbg_fits (lua_State *L) {
+  Lock *lk = am_tolock(L, 1);
+  luaL_argexpected(L, lk != NULL, 1, "lock");
+  lua_pushboolean(L, fits_outside(am_getstate(L)->dbg_recs, lk,
+                                  luaL_checkinteger(L, 2),
+                                  luaL_checkinteger(L, 3),
+                                  luaL_checkinteger(L, 4),
+                                  luaL_checkinteger(L, 5)));
+  return 1;
+}
+
+
+/*
 ** core.dbg_lock(lock): kind name, value, weight held, queued acquirers,
 ** waitForUnlock waiters, and for a key's lock its key and keyed set.
 */
@@ -690,26 +798,6 @@ static int dbg_releaser (lua_State *L) {
   lua_pushboolean(L, am_releaser_live(r));
   lua_pushinteger(L, r->weight);
   return 2;
-}
-
-
-/*
-** core.dbg_waiter(w): whether the waiter is still queued (its outcome
-** not decided), whether it is timed, whether it is a waitForUnlock, and
-** its weight.
-** A waiter handed out as a releaser since: false.
-*/
-static int dbg_waiter (lua_State *L) {
-  Waiter *w = (Waiter *)am_testself(L, 1, AM_T_WAITER);
-  if (w == NULL) {
-    lua_pushboolean(L, 0);
-    return 1;
-  }
-  lua_pushboolean(L, w->r.state == S_QUEUED);
-  lua_pushboolean(L, w->r.timed);
-  lua_pushboolean(L, w->r.kind == W_UNLOCK);
-  lua_pushinteger(L, w->r.weight);
-  return 4;
 }
 
 
@@ -847,6 +935,8 @@ static int push_view (lua_State *L, State *st, int slot, const Lock *lk,
   lua_rawseti(L, v, V_WEIGHT);
   lua_rawgeti(L, a, A_N * slot + A_WHERE);
   lua_rawseti(L, v, V_WHERE);
+  lua_pushboolean(L, rec->r->lease);
+  lua_rawseti(L, v, V_LEASED);
   lua_pushboolean(L, rec->canon);
   lua_rawseti(L, v, V_CANON);
   lua_pushboolean(L, rec->warned);
@@ -1002,11 +1092,25 @@ static int dbg_kind (lua_State *L) {
 }
 
 
+/*
+** core.error_text(v): the text of an error object as lua5.4 prints it
+** (src/error_text.c; async_mutex.redis_core has the same function): its
+** __tostring called protected, so that a report made inside a luv callback
+** (the long-hold check) or a request (a deadlock's) cannot raise there.
+*/
+static int core_error_text (lua_State *L) {
+  luaL_checkany(L, 1);
+  am_push_error_text(L, 1);
+  return 1;
+}
+
+
 const luaL_Reg am_debug_funcs[] = {
+  {"error_text", core_error_text},
   {"debug", am_core_debug},
   {"dbg_lock", dbg_lock},
+  {"dbg_fits", dbg_fits},
   {"dbg_releaser", dbg_releaser},
-  {"dbg_waiter", dbg_waiter},
   {"dbg_queue", dbg_queue},
   {"dbg_kind", dbg_kind},
   {"dbg_now", dbg_now},

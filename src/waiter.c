@@ -440,8 +440,6 @@ static int suspend (lua_State *L, Request *rq) {
   queued(w);
   if (timed) am_timer_add(L, lk->st, w, now, rq->ms);
   am_sync(L, lk->st);                      /* arms the timer */
-  if (am_debugging())
-    am_dbg_waiting(L, lk->st, rq->lockidx, lua_gettop(L));
   return lua_yieldk(L, 0, (lua_KContext)w, finish_request);
 }
 

@@ -686,7 +686,7 @@ async_mutex.E_DEADLOCK = "deadlock: the request would wait for ever"
 ---The options of `async_mutex.debug.enable`.
 ---@class async_mutex.DebugOptions
 ---@field traceback? boolean capture a traceback at each grant (`where` of a hold)
----@field holdWarning? number ms: a hold lasting longer is reported once
+---@field holdWarning? number ms: a hold lasting longer is reported once (positive, at most 2^40)
 ---@field onReport? async_mutex.DebugReportHandler hears every report (default: stderr)
 
 ---One hold, as `async_mutex.debug.holds()` returns it.

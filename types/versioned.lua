@@ -7,7 +7,8 @@
 
 ---A value stored in Redis with a version that only grows (one hash:
 ---`value` and `version`), written only by a client that read the current
----version.  Values are strings (numbers are converted).
+---version.  Values are strings (numbers are converted); versions are exact
+---integers up to 2^63 - 1, which has no successor (a write there raises).
 ---@class async_mutex.redis.Versioned
 ---@field key string the Redis key
 ---@field client async_mutex.redis.Client the client it talks through

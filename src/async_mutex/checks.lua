@@ -48,11 +48,16 @@ M.unknown_option = require("async_mutex.core").unknown_option
 -- was closed: a call would raise it at the line of the module's own call.
 local rcore                 -- async_mutex.redis_core, loaded at the first check
 function M.check_open(client, level)
-  if not rcore then rcore = require "async_mutex.redis_core" end
-  local is_client = rcore.is_client   -- set by async_mutex.redis
-  if is_client and is_client(client) and rcore.status(client) == "closed" then
+  if M.is_closed(client) then
     error("attempt to use a closed redis client", level + 1)
   end
+end
+
+--- Whether 'client' is an async_mutex.redis client that was closed.
+function M.is_closed(client)
+  if not rcore then rcore = require "async_mutex.redis_core" end
+  local is_client = rcore.is_client   -- set by async_mutex.redis
+  return is_client ~= nil and is_client(client) and rcore.status(client) == "closed"
 end
 
 return M

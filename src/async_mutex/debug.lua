@@ -6,8 +6,8 @@
 -- From them it keeps:
 --  * owner records: each hold's holder coroutine, its loop time, where it
 --    was acquired (am.debug.holds(), am.debug.report());
---  * what each waiting coroutine waits for, so that a request that would
---    close a wait-for cycle raises E_DEADLOCK at once (detect);
+--  * a request that would close a wait-for cycle raises E_DEADLOCK at once
+--    (detect: the search reads who waits for whom from the queues);
 --  * lockdep's graph of lock classes, whose first cycle is reported as a
 --    potential deadlock although nothing hung (lockdep);
 --  * long holds (options.holdWarning), checked by an unreferenced luv timer
@@ -17,14 +17,16 @@
 local uv = require "luv"
 local checks = require "async_mutex.checks"
 
-local error, ipairs, pairs, pcall, select, setmetatable, tostring, type =
-  error, ipairs, pairs, pcall, select, setmetatable, tostring, type
+local error, ipairs, pairs, pcall, rawget, select, setmetatable, tostring, type =
+  error, ipairs, pairs, pcall, rawget, select, setmetatable, tostring, type
 local getinfo, traceback = debug.getinfo, debug.traceback
+local getmetatable_raw = debug.getmetatable
 local running, status = coroutine.running, coroutine.status
 local concat, sort = table.concat, table.sort
 local floor, max = math.floor, math.max
 local format = string.format
 local now                         -- the records' clock: core.dbg_now (install)
+local error_text                  -- an error object's text: core.error_text (install)
 
 local AM_TRY = 2                  -- Request.wait of a tryAcquire (async_mutex.h)
 local RW_WRITE = 2                -- an RWLock request's weight for a write
@@ -43,10 +45,9 @@ local CANONICAL = {}
 local opts                        -- the options while on, else nil
 -- An owner record as core.dbg_records makes it (src/debug.c: V_*; the
 -- records themselves are C structs), then this module's caches.
-local LOCK, REL, HOLDER, SINCE, FN, LINE, WEIGHT, WHERE = 1, 2, 3, 4, 5, 6, 7, 8
+local LOCK, REL, HOLDER, SINCE, FN, LINE, WEIGHT, WHERE, LEASED = 1, 2, 3, 4, 5, 6, 7, 8, 9
 local SITE, CLASS, CANON, WARNED = 11, 12, 13, 14
-local WEAKK, WEAKV = { __mode = "k" }, { __mode = "v" }
-local waiting = setmetatable({}, WEAKK)     -- coroutine -> { waiter =, lock = } (weak)
+local WEAKK = { __mode = "k" }
 local names = setmetatable({}, WEAKK)       -- lock or keyed set -> name
 local created = setmetatable({}, WEAKK)     -- lock or keyed set -> creation site
 local classof = setmetatable({}, WEAKK)     -- lock -> its class id (a cache)
@@ -106,6 +107,17 @@ local function lock_info(lock)
            key = key, set = set, object = set or lock }
 end
 
+--- A user's value in a report (a key, an error): its tostring, but a
+-- __tostring that raises, yields or returns no string cannot raise here (a
+-- report is made in a request, or in the long-hold timer's luv callback,
+-- where an error ends the process): the shared error text
+-- (src/error_text.c) calls it protected.
+local function text_of(v)
+  local mt = getmetatable_raw(v)
+  if mt ~= nil and rawget(mt, "__tostring") ~= nil then return error_text(v) end
+  return tostring(v)
+end
+
 --- A lock's name in reports: its given name, else its kind and creation site.
 local function label(lock, info)
   info = info or lock_info(lock)
@@ -114,7 +126,7 @@ local function label(lock, info)
   if names[obj] then s = format("%s %q", info.kind, names[obj])
   elseif created[obj] then s = info.kind .. " created at " .. created[obj]
   else s = tostring(obj) end
-  if info.set ~= nil then s = s .. " key " .. tostring(info.key) end
+  if info.set ~= nil then s = s .. " key " .. text_of(info.key) end
   return s
 end
 
@@ -178,16 +190,6 @@ local function held_by(co)
   return out
 end
 
---- What coroutine 'co' waits for now: the lock and the weight, or nil.
-local function waits_for(co)
-  local w = waiting[co]
-  if w and w.waiter and w.lock then
-    local queued, _, _, weight = core.dbg_waiter(w.waiter)
-    if queued then return w.lock, weight end
-  end
-  return nil
-end
-
 local function thread_traceback(co)
   if co == running() then
     local _, level = user_frame(2)
@@ -199,7 +201,7 @@ end
 
 local function describe_thread(co)
   local _, main = running()
-  return format("%s (%s)", tostring(co), co == main and "main" or status(co))
+  return format("%s (%s)", text_of(co), co == main and "main" or status(co))
 end
 
 -- }==========================================================
@@ -216,7 +218,7 @@ local function emit(kind, text, info)
   if handler then
     local ok, err = pcall(handler, kind, text, info)
     if not ok then
-      io.stderr:write("async_mutex.debug: error in onReport: ", tostring(err), "\n")
+      io.stderr:write("async_mutex.debug: error in onReport: ", text_of(err), "\n")
     end
   else
     io.stderr:write(text, "\n")
@@ -316,135 +318,179 @@ end
 
 -- {========================================================== deadlocks
 
---- Could a request for 'weight' of 'lock' fit once every holder outside
--- 'doomed' has given back?  A hold with no record (granted before debug
--- mode, or not delivered yet) counts as outside: no false positive.  A lock
--- no doomed coroutine holds lets it in (a Semaphore used as a signal,
--- which nobody holds, is no part of a cycle).
-local function could_fit(lock, weight, doomed)
-  local recs = holders_of(lock)
-  local kind, value, held = core.dbg_lock(lock)
-  local inside, writer_inside, outside, recorded = false, false, 0, 0
-  for _, rec in ipairs(recs) do
-    recorded = recorded + rec[WEIGHT]
-    if doomed[rec[HOLDER]] then
-      inside = true
-      if rec[WEIGHT] == RW_WRITE then writer_inside = true end
-    else
-      outside = outside + rec[WEIGHT]
-    end
-  end
-  if not inside then return true end
-  if kind == "RWLock" then
-    -- a write needs every hold gone; a read, the writer's
-    if weight == RW_WRITE then return false end
-    return not writer_inside
-  end
-  return value + outside + max(0, held - recorded) >= weight
+--- A record that may keep a member of a doomed set waiting: not leased (a
+-- leased hold ends by itself, docs/lockkinds.md, Leases: whoever waits for
+-- it is let in at its lease's end at the latest).
+local function binding(rec) return not rec[LEASED] end
+
+--- What the search knows of a lock members wait for or hold: how many
+-- wait for it, the members waiting for it ('nodes'), and what the members
+-- still doomed hold of it ('inside': records, their weight, and RWLock
+-- writes among them).
+local function lock_facts(lock)
+  local _, _, _, queued, unlocking = core.dbg_lock(lock)
+  return { waiters = queued + unlocking, nodes = {}, inside = 0, inside_w = 0, writers = 0 }
+end
+
+--- Could a request for 'weight' of 'lock' (facts 'f') be granted once every
+-- holder not doomed has given back?  The rule is C's (src/debug.c,
+-- fits_outside), which the request hook applies too.
+local function could_fit(lock, f, weight)
+  return core.dbg_fits(lock, weight, f.inside, f.inside_w, f.writers)
 end
 
 --- The coroutines a request of 'R' for (lock, weight) at 'priority' would
 -- leave waiting for ever, R first, or nil (docs/debug.md, Deadlocks): the
 -- greatest set of waiting coroutines (R among them, as if it waited) none
 -- of which can be granted on the releases of the holders outside the set.
--- A waiter is granted only from its queue's head (docs/semantics.md,
--- Dispatch): it also waits for the acquirers the grant rule serves before
--- it, and a doomed one among them blocks it for ever.
-local function doomed_set(R, lock, weight, unlock, priority)
-  local queues = {}
-  local function queue_of(l)
+-- 'held': R's records; 'behind': someone would be queued behind R's
+-- request (src/debug.c, served_after).
+--
+-- Every earlier request that could wait was searched too, so no such set
+-- exists before R's: one that R's request makes holds R and only
+-- coroutines that wait for R, directly or through others.  So the search starts from R and
+-- follows "waits for" backwards (who waits for a lock a member holds, who
+-- would be queued behind R), never through every waiter ahead: a request
+-- that nobody waits for costs a few reads, however long the queues.
+local function doomed_set(R, lock, weight, unlock, priority, held, behind)
+  local facts, queues = {}, {}
+  local function facts_of(l)
+    local f = facts[l]
+    if not f then f = lock_facts(l); facts[l] = f end
+    return f
+  end
+  local function queue_of(l)            -- one copy per lock: one order
     local q = queues[l]
     if not q then q = core.dbg_queue(l); queues[l] = q end
     return q
   end
-  -- node: { id =, lock =, weight =, prio =, unlock =, index = (queued) }
-  local nodes, order = {}, {}
-  local function add(id, node)
-    node.id = id
-    nodes[id] = node
-    order[#order + 1] = node
+  -- node: { id =, lock =, weight =, prio =, unlock =, index = (queued),
+  -- recs = (its binding records) }
+  local nodes, order, all_added = {}, {}, {}
+  local function add(id, l, w, prio, unl, index)
+    local n = { id = id, lock = l, weight = w, prio = prio, unlock = unl, index = index }
+    nodes[id] = n
+    order[#order + 1] = n
+    local f = facts_of(l)
+    f.nodes[#f.nodes + 1] = n
   end
-  add(R, { lock = lock, weight = weight, prio = priority, unlock = unlock })
-  --- The acquirers served before 'n' (entries of its lock's queue), and
-  -- whether R's request, once queued, is served before it too.
-  local function ahead_of(n)
-    local out = {}
-    for j, e in ipairs(queue_of(n.lock)) do
-      if e[4] then break end                  -- the unlock waiters follow
-      if n.index and not n.unlock then
-        if j >= n.index then break end
-      elseif not (e[3] >= n.prio) then break end   -- priority descending
-      out[#out + 1] = e
+  -- the waiters of 'l' (every one, or those served after R's request)
+  local function add_waiters(l, after_R)
+    if not after_R then all_added[l] = true end
+    for j, e in ipairs(queue_of(l)) do
+      local id = e[1] or e
+      if not nodes[id] and (not after_R
+          or (e[4] and not (e[3] > priority)) or (not e[4] and e[3] < priority)) then
+        add(id, l, e[2], e[3], e[4], j)
+      end
     end
-    local r = nodes[R]
-    if n.id ~= R and r.lock == n.lock and not r.unlock
-      and (r.prio > n.prio or (n.unlock and r.prio == n.prio)) then
-      out[#out + 1] = R
-    end
-    return out
   end
+  add(R, lock, weight, priority, unlock, nil)
+  if behind then add_waiters(lock, true) end
   local i = 1
   while i <= #order do
     local n = order[i]
-    for _, rec in ipairs(holders_of(n.lock)) do
-      local h = rec[HOLDER]
-      if not nodes[h] then
-        local l = waits_for(h)
-        if l then
-          for j, e in ipairs(queue_of(l)) do
-            if e[1] == h then
-              add(h, { lock = l, weight = e[2], prio = e[3], unlock = e[4], index = j })
-              break
-            end
-          end
-        end
+    local recs = {}
+    local all = n.id == R and held or (type(n.id) == "thread" and records(n.id)) or {}
+    for _, rec in ipairs(all) do
+      if binding(rec) then
+        recs[#recs + 1] = rec
+        local l = rec[LOCK]
+        if not all_added[l] and facts_of(l).waiters > 0 then add_waiters(l, false) end
       end
     end
-    n.ahead = {}
-    for _, e in ipairs(ahead_of(n)) do
-      if e == R then
-        n.ahead[#n.ahead + 1] = R
-      else
-        local id = e[1] or e
-        if not nodes[id] then
-          for j, f in ipairs(queue_of(n.lock)) do
-            if f == e then
-              add(id, { lock = n.lock, weight = e[2], prio = e[3], unlock = e[4], index = j })
-              break
-            end
-          end
-        end
-        n.ahead[#n.ahead + 1] = id
-      end
-    end
+    n.recs = recs
     i = i + 1
   end
-  local doomed = {}
-  for _, n in ipairs(order) do doomed[n.id] = true end
-  local function can_proceed(n)
-    for _, id in ipairs(n.ahead) do
-      if doomed[id] then return false end
-    end
-    return could_fit(n.lock, n.weight, doomed)
-  end
-  repeat
-    local changed = false
-    for _, n in ipairs(order) do
-      if doomed[n.id] and can_proceed(n) then
-        doomed[n.id] = nil
-        changed = true
+  -- What the members hold of the locks members wait for; and each
+  -- member's predecessor: the member the grant rule serves last before it
+  -- (docs/semantics.md, Dispatch): an acquirer's, the member acquirer
+  -- before it; a waitForUnlock's, the last member acquirer of an equal or
+  -- higher priority.  Served only once its predecessor is (which was
+  -- served once its own was), a member waits for every member ahead.
+  for _, n in ipairs(order) do
+    for _, rec in ipairs(n.recs) do
+      local f = facts[rec[LOCK]]
+      if f and f.nodes[1] then
+        f.inside = f.inside + 1
+        f.inside_w = f.inside_w + rec[WEIGHT]
+        if rec[WEIGHT] == RW_WRITE then f.writers = f.writers + 1 end
       end
     end
-  until not changed or not doomed[R]
-  if not doomed[R] then return nil end
+  end
+  for l, f in pairs(facts) do
+    local acq, unl = {}, {}
+    for _, n in ipairs(f.nodes) do
+      if n.unlock then unl[#unl + 1] = n else acq[#acq + 1] = n end
+    end
+    if l == lock and not unlock and #acq > 1 then
+      -- R's place once queued: after every acquirer of its priority or above
+      local at = 0.5
+      for j, e in ipairs(queue_of(l)) do
+        if not e[4] and e[3] >= priority then at = j + 0.5 end
+      end
+      nodes[R].index = at
+      sort(acq, function(a, b) return a.index < b.index end)
+    end
+    for k, n in ipairs(acq) do
+      n.pred = acq[k - 1]
+      if k > 1 then acq[k - 1].next = { n } end
+    end
+    for _, n in ipairs(unl) do
+      for k = #acq, 1, -1 do
+        local p = acq[k]
+        if p.prio >= n.prio then
+          n.pred = p
+          p.next = p.next or {}
+          p.next[#p.next + 1] = n
+          break
+        end
+      end
+    end
+    f.acq, f.unl, f.head = acq, unl, 1
+  end
+  -- Every member doomed; clear one whose predecessor is clear and whose
+  -- request fits once the holders not doomed give back.  What it holds then
+  -- counts as outside: of each such lock, the first member acquirer still
+  -- doomed (only it can be served next) and the waitForUnlock members are
+  -- looked at again; and so are the members it was served before.
+  local doomed = {}
+  for _, n in ipairs(order) do doomed[n.id] = true end
+  local work = {}
+  for k = #order, 1, -1 do work[#work + 1] = order[k] end
+  local w = #work
+  local function push(n)
+    if n and doomed[n.id] then w = w + 1; work[w] = n end
+  end
+  while w > 0 do
+    local n = work[w]
+    work[w] = nil
+    w = w - 1
+    if doomed[n.id] and not (n.pred and doomed[n.pred.id])
+        and could_fit(n.lock, facts[n.lock], n.weight) then
+      if n.id == R then return nil end
+      doomed[n.id] = nil
+      for _, rec in ipairs(n.recs) do
+        local f = facts[rec[LOCK]]
+        if f and f.nodes[1] then
+          f.inside = f.inside - 1
+          f.inside_w = f.inside_w - rec[WEIGHT]
+          if rec[WEIGHT] == RW_WRITE then f.writers = f.writers - 1 end
+          while f.acq[f.head] and not doomed[f.acq[f.head].id] do f.head = f.head + 1 end
+          push(f.acq[f.head])
+          for _, m in ipairs(f.unl) do push(m) end
+        end
+      end
+      for _, m in ipairs(n.next or {}) do push(m) end
+    end
+  end
+  -- the members, each with the nearest doomed member it is queued behind
   local members = {}
   for _, n in ipairs(order) do
     if doomed[n.id] and type(n.id) == "thread" then
-      local behind = {}
-      for _, id in ipairs(n.ahead) do
-        if doomed[id] and type(id) == "thread" then behind[#behind + 1] = id end
-      end
-      members[#members + 1] = { coroutine = n.id, lock = n.lock, behind = behind }
+      local p = n.pred
+      local behind_of = p and doomed[p.id] and type(p.id) == "thread" and { p.id } or {}
+      members[#members + 1] = { coroutine = n.id, lock = n.lock, behind = behind_of }
     end
   end
   return members, doomed
@@ -457,7 +503,7 @@ local function deadlock_report(R, lock, members, doomed)
   for n, m in ipairs(members) do
     local holders = {}
     for _, rec in ipairs(holders_of(m.lock)) do
-      if doomed[rec[HOLDER]] then
+      if doomed[rec[HOLDER]] and binding(rec) then
         holders[#holders + 1] = format("%s (acquired at %s)", describe_thread(rec[HOLDER]), site_of(rec))
       end
     end
@@ -511,10 +557,11 @@ local function report_once(key, kind, text, info)
   emit(kind, text, info)
 end
 
---- The running coroutine, holding 'held' (its records), requests 'lock' at
--- 'site'.
-local function lockdep(held, lock, site)
-  local cb, binfo = class_of(lock), nil
+--- The running coroutine, holding 'held' (its records), requests 'lock'.
+-- The request's site is read only for an edge or a report (most requests
+-- find their edges recorded already).
+local function lockdep(held, lock)
+  local cb, binfo, site = class_of(lock), nil, nil
   local canonical
   for _, rec in ipairs(held) do
     if rec[LOCK] ~= lock and live(rec[REL]) then
@@ -523,6 +570,7 @@ local function lockdep(held, lock, site)
       if ca == cb then
         if canonical == nil then canonical = from_canonical() end
         if not (canonical and rec[CANON]) then
+          site = site or (user_frame())
           binfo = binfo or lock_info(lock)
           local what = binfo.set ~= nil
             and "two keys of one keyed lock taken by separate nested acquires (use acquireAll)"
@@ -534,6 +582,7 @@ local function lockdep(held, lock, site)
         end
       elseif not (edges[ca] and edges[ca][cb]) then
         local back = path(cb, ca)
+        site = site or (user_frame())
         local e = { from = ca, to = cb, from_site = site_of(rec), to_site = site }
         edges[ca] = edges[ca] or {}
         edges[ca][cb] = e
@@ -567,14 +616,17 @@ end
 
 -- Each hook first checks that debug mode is on still: a "c" hook at its
 -- call may have switched it off.
-local function on_request(lock, weight, unlock, would_wait, wait, priority)
-  if wait == AM_TRY or not opts then return end         -- never waits: never deadlocks
+local function on_request(lock, weight, unlock, would_wait, wait, priority, behind)
+  local o = opts
+  if wait == AM_TRY or not o then return end            -- never waits: never deadlocks
   local co = running()
-  local held = not unlock and held_by(co)
-  if held then lockdep(held, lock, (user_frame())) end
+  local held = held_by(co)
+  if held and not unlock then lockdep(held, lock) end
   if would_wait then
-    local members, doomed = doomed_set(co, lock, weight, unlock, priority)
-    if members then
+    local members, doomed = doomed_set(co, lock, weight, unlock, priority, held or {}, behind)
+    -- switched off (or on anew) meanwhile: what the search read may be
+    -- half gone; the request waits as it would with debug mode off
+    if members and opts == o then
       local text, info = deadlock_report(co, lock, members, doomed)
       emit("deadlock", text, info)
       error(E_DEADLOCK, 0)
@@ -592,11 +644,6 @@ local function on_granted(keyed)
   if keyed then return from_canonical() end
 end
 
-local function on_waiting(lock, w)
-  if not opts then return end
-  waiting[running()] = setmetatable({ waiter = w, lock = lock }, WEAKV)
-end
-
 -- The last record ended (src/debug.c): the check stops.
 local function on_released()
   if timer_on then stop_timer() end
@@ -609,7 +656,7 @@ end
 --- The table core.debug() takes (src/debug.c: its layout): the hooks, the
 -- flags.
 local function hook_table(o)
-  return { on_request, on_granted, on_waiting, on_released, on_created,
+  return { on_request, on_granted, on_released, on_created,
            o.traceback,
            o.holdWarning ~= nil }           -- the Lua hooks have work
 end
@@ -650,12 +697,12 @@ local function check_lock(fname, v)
 end
 
 local function clear()
-  waiting = setmetatable({}, WEAKK)
   classes, nclasses, edges, nedges, reported = {}, 0, {}, 0, {}
   if timer then stop_timer() end
 end
 
 -- Every option enable knows: a misspelt one (`tracebak`) is an error.
+local MAX_MS = 2 ^ 40
 local OPTIONS = { traceback = true, holdWarning = true, onReport = true }
 
 --- enable([options]): debug mode on.  options.traceback: capture a traceback
@@ -670,8 +717,14 @@ function M.enable(options)
   local unknown = checks.unknown_option(options, OPTIONS)
   if unknown then argerror(1, "enable", unknown) end
   local hw = options.holdWarning
-  if hw ~= nil and (type(hw) ~= "number" or not (hw > 0) or hw == math.huge) then
+  if hw ~= nil and (type(hw) ~= "number" or not (hw > 0)) then
     argerror(1, "enable", "holdWarning must be a positive number of ms")
+  end
+  -- the check's luv timer takes whole ms below 2^63 (holdWarning / 4):
+  -- refused here, at the caller's line, rather than by every grant's hook;
+  -- the bound is the Redis locks' and client's (2^40 ms, about 34 years)
+  if hw ~= nil and hw > MAX_MS then
+    argerror(1, "enable", "holdWarning must be at most 2^40")
   end
   local tb = options.traceback
   if tb ~= nil and type(tb) ~= "boolean" then
@@ -753,6 +806,7 @@ end
 function M.install(am, c, source, canonical)
   core = c
   now = c.dbg_now
+  error_text = c.error_text
   E_DEADLOCK = c.E_DEADLOCK
   OURS[source] = true
   for _, f in ipairs(canonical) do CANONICAL[f] = true end

@@ -24,34 +24,67 @@ local isyieldable, running = coroutine.isyieldable, coroutine.running
 local huge, mtype, tointeger = math.huge, math.type, math.tointeger
 
 local checks = require "async_mutex.checks"
-local typename, is_callable, argerror =
-  checks.typename, checks.is_callable, checks.argerror
+local typename, is_callable, argerror, is_closed =
+  checks.typename, checks.is_callable, checks.argerror, checks.is_closed
 
 local M = {}
 
 
 -- {========================================================== scripts
--- Redis runs its scripts in Lua 5.1: numbers are doubles (versions are
--- exact up to 2^53), HGET of a missing field gives false, a script
--- returning false gives a nil reply (our "conflict"), a number an integer
--- reply.  Every script first reads the version the same way: a key that
--- does not exist is at version 0; a version field that is absent from a
--- hash that exists (another program's hash), or is not a non-negative
--- integer, means the key was not written by these scripts, and is refused
--- with a WRONGTYPE error rather than written into.
+-- Redis runs its scripts in Lua 5.1, whose numbers are doubles, exact up
+-- to 2^53 only, while a version is any integer up to 2^63 - 1 (a Lua 5.4
+-- integer, what `set` takes): so a script never makes a version a number.
+-- It compares it as a decimal string with the one given (which the client
+-- writes as "%d"), adds 1 to it digit by digit, and returns it as a
+-- string (a bulk reply; the client reads it back with tonumber, exactly).
+-- As doubles, from 2^53 on a write left the version as it was, and a
+-- second writer with the same stale version was accepted (a lost update).
+-- HGET of a missing field gives false; a script returning false gives a
+-- nil reply (our "conflict").  Every script first reads the version the
+-- same way: a key that does not exist is at version 0; a version field
+-- that is absent from a hash that exists (another program's hash), or is
+-- not a non-negative integer up to 2^63 - 1, means the key was not written
+-- by these scripts, and is refused with a WRONGTYPE error rather than
+-- written into.  The last version, 2^63 - 1, can be read but has no
+-- successor: a write there is refused with an error.
 
 local PRELUDE = [[
+local MAX = '9223372036854775807'
 local function current()
   local v = redis.call('HGET', KEYS[1], 'version')
   if not v then
     if redis.call('EXISTS', KEYS[1]) == 1 then return nil end
-    return 0
+    return '0'
   end
-  local n = tonumber(v)
-  if not n or n < 0 or n % 1 ~= 0 then
+  if string.find(v, '^%d+$') then
+    v = string.gsub(v, '^0+(%d)', '%1')
+    if #v < #MAX then return v end
+    if #v > #MAX then return nil end
+    -- digits compared as two numbers below 2^53 (string comparison
+    -- follows the server's locale)
+    local hi, max_hi = tonumber(string.sub(v, 1, 10)), tonumber(string.sub(MAX, 1, 10))
+    if hi < max_hi or (hi == max_hi
+        and tonumber(string.sub(v, 11)) <= tonumber(string.sub(MAX, 11))) then
+      return v
+    end
     return nil
   end
-  return n
+  -- another form of a number ('5.0', '1e3'): as before, below 2^53 only
+  local n = tonumber(v)
+  if not n or n < 0 or n % 1 ~= 0 or n >= 2^53 then
+    return nil
+  end
+  return string.format('%.0f', n + 0)       -- (-0 + 0 is 0)
+end
+local function succ(v)
+  if v == MAX then
+    return redis.error_reply('ERR versioned value at its last version (2^63 - 1): no write can follow it')
+  end
+  local i = #v
+  while string.byte(v, i) == 57 do i = i - 1 end
+  if i == 0 then return '1' .. string.rep('0', #v) end
+  return string.sub(v, 1, i - 1) .. string.char(string.byte(v, i) + 1)
+    .. string.rep('0', #v - i)
 end
 local NOT_VERSIONED = 'WRONGTYPE key holds a hash that is not a versioned value'
 ]]
@@ -68,9 +101,11 @@ return { version, value }
 local SET = PRELUDE .. [[
 local version = current()
 if not version then return redis.error_reply(NOT_VERSIONED) end
-if version ~= tonumber(ARGV[2]) then return false end
-redis.call('HSET', KEYS[1], 'value', ARGV[1], 'version', version + 1)
-return version + 1
+if version ~= ARGV[2] then return false end
+local new = succ(version)
+if type(new) == 'table' then return new end
+redis.call('HSET', KEYS[1], 'value', ARGV[1], 'version', new)
+return new
 ]]
 
 -- delete(expected): the version after it, or nil on a conflict.  Deleting
@@ -78,11 +113,13 @@ return version + 1
 local DELETE = PRELUDE .. [[
 local version = current()
 if not version then return redis.error_reply(NOT_VERSIONED) end
-if version ~= tonumber(ARGV[1]) then return false end
+if version ~= ARGV[1] then return false end
 if redis.call('HEXISTS', KEYS[1], 'value') == 0 then return version end
+local new = succ(version)
+if type(new) == 'table' then return new end
 redis.call('HDEL', KEYS[1], 'value')
-redis.call('HSET', KEYS[1], 'version', version + 1)
-return version + 1
+redis.call('HSET', KEYS[1], 'version', new)
+return new
 ]]
 
 M.scripts = { get = GET, set = SET, delete = DELETE }
@@ -171,17 +208,19 @@ local function get(self)
   local n = version and tointeger(tonumber(version))
   if n and n >= 0 and ("%d"):format(n) == version then return value, n end
   reply = self.client:eval(GET, { self.key })  -- raises for a bad version field
-  return reply[2], reply[1]
+  return reply[2], tonumber(reply[1])
 end
 
+-- The scripts return versions as decimal strings (above): exact integers
+-- here.  The version is sent the same way ("%d").
 local function set(self, value, version)
-  local v = self.client:eval(SET, { self.key }, { value, version })
-  return v or false
+  local v = self.client:eval(SET, { self.key }, { value, ("%d"):format(version) })
+  return v and tonumber(v) or false
 end
 
 local function delete(self, version)
-  local v = self.client:eval(DELETE, { self.key }, { version })
-  return v or false
+  local v = self.client:eval(DELETE, { self.key }, { ("%d"):format(version) })
+  return v and tonumber(v) or false
 end
 
 --- v:get(): the value (a string, nil when absent) and its version (0 when
@@ -214,9 +253,10 @@ function Versioned.delete(self, expected_version)
   return v
 end
 
--- What fn returned that is not a value: reported by update at its
--- caller's line, after the loop.
-local BAD_RESULT = {}
+-- What fn returned that is not a value, and a client closed meanwhile
+-- (by fn, or while the loop slept): reported by update at its caller's
+-- line, after the loop (a call on it would raise at this file's).
+local BAD_RESULT, CLOSED = {}, {}
 
 --- v:update(fn [, options]): am.optimistic around get and set.
 -- fn(value, version, attempt) returns the new value (or raises to give
@@ -232,10 +272,12 @@ function Versioned.update(self, ...)
   if complaint then argerror(2, 2, "update", complaint) end
   check_usable(self, "update")
   local value, version = am.optimistic(function(attempt)
+    if is_closed(self.client) then return true, CLOSED end
     local old, old_version = get(self)
     local new = fn(old, old_version, attempt)
     local s = to_value(new)
     if not s then return true, BAD_RESULT, new end
+    if is_closed(self.client) then return true, CLOSED end
     local v = set(self, s, old_version)
     if not v then return false end
     return true, s, v
@@ -244,6 +286,7 @@ function Versioned.update(self, ...)
     error(("update: fn must return a string or finite number, got %s")
       :format(typename(version)), 2)
   end
+  if value == CLOSED then checks.check_open(self.client, 2) end
   return value, version
 end
 
