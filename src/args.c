@@ -152,18 +152,39 @@ int am_usage_error (lua_State *L, const char *fmt, ...) {
 ** a function Lua cannot yield across (a metamethod, a table.sort
 ** comparator, a debug hook, a finalizer) is told so: it is inside a
 ** coroutine, and the fix is to call from the coroutine's own code.
-** 'act' is what it attempts ("acquire a mutex").
+** Pushes the complaint about attempting 'act' ("acquire a mutex") here,
+** or nothing when the running coroutine can yield; returns whether it
+** pushed one.  The one owner of these words: the Lua modules get them
+** through core.cannot_yield (async_mutex/checks.lua).
 */
-void am_check_yieldable (lua_State *L, const char *act) {
+static int push_cannot_yield (lua_State *L, const char *act) {
   int main;
-  if (lua_isyieldable(L)) return;
+  if (lua_isyieldable(L)) return 0;
   main = lua_pushthread(L);
   lua_pop(L, 1);
   if (main)
-    am_usage_error(L, "attempt to %s outside a coroutine", act);
-  am_usage_error(L, "attempt to %s where the coroutine cannot yield "
-                 "(inside a metamethod or a function called from C, "
-                 "such as a table.sort comparator)", act);
+    lua_pushfstring(L, "attempt to %s outside a coroutine", act);
+  else
+    lua_pushfstring(L, "attempt to %s where the coroutine cannot yield "
+                    "(inside a metamethod or a function called from C, "
+                    "such as a table.sort comparator)", act);
+  return 1;
+}
+
+
+/* Raises the complaint of push_cannot_yield at the user's call, if any. */
+void am_check_yieldable (lua_State *L, const char *act) {
+  if (push_cannot_yield(L, act))
+    am_usage_error(L, "%s", lua_tostring(L, -1));
+}
+
+
+/* core.cannot_yield(act): that complaint, or nil when the caller's
+   coroutine can yield. */
+int am_cannot_yield (lua_State *L) {
+  const char *act = luaL_checkstring(L, 1);
+  if (!push_cannot_yield(L, act)) lua_pushnil(L);
+  return 1;
 }
 
 /* }====================================================== */

@@ -411,6 +411,7 @@ extern const char *const am_tnames[AM_NTYPES];
 
 /* args.c */
 void am_check_yieldable (lua_State *L, const char *act);
+int am_cannot_yield (lua_State *L);
 void *am_testself (lua_State *L, int idx, AmType t);
 void *am_checkself (lua_State *L, AmType t);
 int am_argerror (lua_State *L, int idx, int base, const char *fname,

@@ -111,6 +111,7 @@ static const luaL_Reg core_funcs[] = {
   {"limit", am_core_limit},
   {"layer", am_layer},
   {"unknown_option", am_unknown_option},
+  {"cannot_yield", am_cannot_yield},
   {"withTimeout", am_withTimeout},
   {"tryAcquire", am_tryAcquire},
   {"withLease", am_withLease},

@@ -86,6 +86,22 @@ typedef struct Group {
 #define G_CHORE     0x0010
 #define G_REPORTED  0x0020
 
+/*
+** The registry field of the failure ({error, traceback}) a join raised
+** last: a task's message handler that meets its error again gives both
+** tracebacks, so that am.run's report of a failure a join passed on
+** shows where it was raised first.
+*/
+#define RETHROWN  "async_mutex.rethrown"
+
+/* Raises the error of the failure {error, traceback} on top, again. */
+static int rethrow (lua_State *L) {
+  lua_pushvalue(L, -1);
+  lua_setfield(L, LUA_REGISTRYINDEX, RETHROWN);
+  lua_rawgeti(L, -1, 1);
+  return lua_error(L);
+}
+
 /* The slots of a task's body frame (task_body). */
 #define B_TASK   1              /* the task, to-be-closed */
 #define B_TB     2              /* the traceback of an error (task_msgh) */
@@ -280,7 +296,20 @@ static int task_msgh (lua_State *L) {
   lua_Debug ar;
   int level = 1;
   while (lua_getstack(L, level + 1, &ar)) level++;
-  luaL_traceback(L, L, NULL, 1);
+  lua_settop(L, 1);                           /* err */
+  luaL_traceback(L, L, NULL, 1);              /* err tb */
+  /* a failure a join raised again: where it was raised first, then here */
+  if (lua_getfield(L, LUA_REGISTRYINDEX, RETHROWN) == LUA_TTABLE) {
+    lua_rawgeti(L, 3, 1);                     /* err tb failure its_err */
+    if (lua_rawequal(L, 4, 1)) {
+      lua_rawgeti(L, 3, 2);
+      lua_pushliteral(L, "\nraised again by a join:\n");
+      lua_pushvalue(L, 2);
+      lua_concat(L, 3);
+      lua_replace(L, 2);                      /* err tb' */
+    }
+  }
+  lua_settop(L, 2);
   if (!lua_getstack(L, level, &ar) || lua_setlocal(L, &ar, B_TB) == NULL)
     lua_pop(L, 1);                /* (lua_setlocal pops it when it sets) */
   lua_settop(L, 1);
@@ -557,8 +586,7 @@ static int deliver (lua_State *L, Task *t, int idx) {
     case T_FAILED:
       t->flags |= F_OBSERVED;
       lua_getiuservalue(L, idx, 1);
-      lua_rawgeti(L, -1, 1);
-      return lua_error(L);
+      return rethrow(L);
     default:
       lua_pushliteral(L, AM_E_CANCELED);
       return lua_error(L);
@@ -657,8 +685,7 @@ static int group_join_k (lua_State *L, int status, lua_KContext ctx) {
     if (g->flags & G_FAILED) {
       g->flags |= G_OBSERVED;
       lua_getiuservalue(L, 1, 2);
-      lua_rawgeti(L, -1, 1);
-      return lua_error(L);
+      return rethrow(L);
     }
     return 0;
   }
