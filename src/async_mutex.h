@@ -403,6 +403,7 @@ struct State {
   int collect;                       /* am.run's list of reported
                                         failures (core.collect), or
                                         LUA_NOREF */
+  int reporting;                     /* reports being made (task.c) */
   int closing;                       /* state__gc: reports to stderr */
 };
 

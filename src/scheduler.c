@@ -542,6 +542,7 @@ void am_report_error (lua_State *L, State *st, const char *what, int who) {
 void am_report (lua_State *L, State *st, lua_State *co) {
   const char *msg;
   int base = lua_gettop(L);
+  st->reporting++;                  /* (task.c, end_task) */
   if (lua_checkstack(co, 1)) {        /* a dead coroutine has no room left */
     lua_pushvalue(co, -1);
     lua_xmove(co, L, 1);                        /* L: err */
@@ -571,6 +572,7 @@ void am_report (lua_State *L, State *st, lua_State *co) {
   lua_settop(co, 0);
   am_report_error(L, st, "error in a resumed coroutine", 0);
   lua_settop(L, base);
+  st->reporting--;
 }
 
 /* }====================================================== */
@@ -848,6 +850,7 @@ static void init_state (State *st) {
   st->collect = LUA_NOREF;
   st->chore_head = st->chore_tail = 1;
   st->ncanceling = 0;
+  st->reporting = 0;
   st->closing = 0;
 }
 

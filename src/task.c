@@ -69,6 +69,7 @@ enum { T_LIVE, T_DONE, T_FAILED, T_CANCELED };
 #define F_COUNTED   0x0080      /* cancelled while running, still so at
                                    a loop turn: its next wait hands it to
                                    the chores (State.ncanceling) */
+#define F_EMPTY     0x0100      /* done with no results (user value 1 nil) */
 
 /*
 ** A group: how many of its members run, and how it stands.  User values:
@@ -251,6 +252,8 @@ static void member_ended (lua_State *L, State *st, int gidx, int tidx) {
 ** someone takes it by then.  am.run's function stops the loop instead
 ** (init.lua raises its error).
 */
+static void report_now (lua_State *L, State *st, int idx);
+
 static void end_task (lua_State *L, State *st, int tidx) {
   Task *t = (Task *)lua_touserdata(L, tidx);
   tidx = lua_absindex(L, tidx);
@@ -274,8 +277,12 @@ static void end_task (lua_State *L, State *st, int tidx) {
     }
   }
   else if (t->status == T_FAILED && !(t->flags & (F_OBSERVED | F_CHORE))) {
-    t->flags |= F_CHORE;
-    am_chore(L, st, tidx);
+    if (st->reporting > 0)        /* raised by a report's own Lua code (an */
+      report_now(L, st, tidx);    /* error's __tostring, the handler): at */
+    else {                        /* once, so a report that makes failures */
+      t->flags |= F_CHORE;        /* recurses, bounded by the C stack, */
+      am_chore(L, st, tidx);      /* rather than loop from turn to turn */
+    }
   }
   am_sync(L, st);
 }
@@ -333,7 +340,10 @@ static int task_body_k (lua_State *L, int status, lua_KContext ctx) {
       t->status = T_CANCELED;
     }
     else if (nres <= 1) {
-      if (nres == 0) lua_pushnil(L);
+      if (nres == 0) {
+        lua_pushnil(L);
+        t->flags |= F_EMPTY;
+      }
       t->status = T_DONE;
     }
     else {
@@ -565,6 +575,7 @@ static int task__close (lua_State *L) {
    many. */
 static int push_results (lua_State *L, Task *t, int idx) {
   int i, n;
+  if (t->flags & F_EMPTY) return 0;
   lua_getiuservalue(L, idx, 1);
   if (!(t->flags & F_PACKED)) return 1;
   lua_getfield(L, -1, "n");
@@ -798,6 +809,25 @@ static int push_failure (lua_State *L, int idx) {
 }
 
 
+/* Reports the failure of the task or group at 'idx' if nobody took it. */
+static void report_now (lua_State *L, State *st, int idx) {
+  Task *t = totask(L, idx);
+  Group *g = t == NULL ? togroup(L, idx) : NULL;
+  idx = lua_absindex(L, idx);
+  if ((t != NULL && (t->flags & F_REPORTED))
+      || (g != NULL && (g->flags & G_REPORTED)))
+    return;
+  st->reporting++;
+  if (push_failure(L, idx)) {
+    if (t != NULL) t->flags |= F_REPORTED;
+    else if (g != NULL) g->flags |= G_REPORTED;
+    am_report_error(L, st, t != NULL ? "error in a task"
+                                     : "error in a task of a group", idx);
+  }
+  st->reporting--;
+}
+
+
 /*
 ** One chore (scheduler.c runs them at the end of a loop turn), the object
 ** at 'idx': a task cancelled while it ran is closed now that it waits; a
@@ -824,19 +854,11 @@ void am_do_chore (lua_State *L, State *st, int idx) {
       }
       return;
     }
-    if (t->flags & F_REPORTED) return;
-    if (push_failure(L, idx)) {
-      t->flags |= F_REPORTED;
-      am_report_error(L, st, "error in a task", idx);
-    }
+    report_now(L, st, idx);
   }
   else if (g != NULL) {
     g->flags &= ~G_CHORE;
-    if (g->flags & G_REPORTED) return;
-    if (push_failure(L, idx)) {
-      g->flags |= G_REPORTED;
-      am_report_error(L, st, "error in a task of a group", idx);
-    }
+    report_now(L, st, idx);
   }
 }
 
