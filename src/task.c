@@ -86,6 +86,7 @@ typedef struct Group {
 #define G_GATE      0x0008
 #define G_CHORE     0x0010
 #define G_REPORTED  0x0020
+#define G_CLOSING   0x0040      /* its __close joins it (a guard slot) */
 
 /*
 ** The registry field of the failure ({error, traceback}) a join raised
@@ -198,7 +199,6 @@ int am_gate_wait (lua_State *L) {
 ** on in 'k' (a join's continuation, which looks again).
 */
 static int wait_gate (lua_State *L, State *st, lua_KFunction k) {
-  lua_settop(L, 1);
   lua_rawgeti(L, LUA_REGISTRYINDEX, st->gate_wait);
   push_gate(L, st, 1, 1);
   lua_callk(L, 1, 0, 0, k);
@@ -731,11 +731,22 @@ static int group_cancel (lua_State *L) {
 ** __close of a group: it takes no more members, then joins them, raising
 ** the first failure.  An error leaving the block (or a close where the
 ** coroutine cannot wait: the owner itself cancelled, coroutine.close)
-** cancels the members instead, and the error goes on.
+** cancels the members instead, and the error goes on.  While it joins,
+** the group is to-be-closed once more, in this frame: when the coroutine
+** is closed during the join (a nested group's owner cancelled with its
+** own group), that second close cancels the members; when the join ends,
+** it finds none left.
 */
 static int group__close (lua_State *L) {
   State *st = am_getstate(L);
   Group *g = (Group *)am_checkself(L, AM_T_GROUP);
+  if (g->flags & G_CLOSING) {                 /* the guard slot below */
+    g->flags &= ~G_CLOSING;
+    lua_settop(L, 1);
+    if (g->live > 0) cancel_members(L, st, 1);
+    am_sync(L, st);
+    return 0;
+  }
   g->flags |= G_CLOSED;
   if (!lua_isnoneornil(L, 2) || !lua_isyieldable(L)) {
     lua_settop(L, 1);
@@ -744,6 +755,10 @@ static int group__close (lua_State *L) {
     return 0;
   }
   lua_settop(L, 1);
+  if (g->live == 0) return group_join_k(L, LUA_OK, 0);
+  g->flags |= G_CLOSING;
+  lua_pushvalue(L, 1);
+  lua_toclose(L, 2);
   return group_join_k(L, LUA_OK, 0);
 }
 

@@ -518,11 +518,15 @@ function M.run(...)
   end
   local fn = select(first, ...)
   if not is_callable(fn) then
-    argerror(first, "run", "function expected, got " .. typename(fn))
+    argerror(first, "run", "function expected, got "
+      .. (select("#", ...) < first and "no value" or typename(fn)))
   end
-  if loop_mode() ~= nil then
-    error("attempt to call am.run while the loop runs (inside uv.run(): "
-      .. "spawn a task and join it instead)", 2)
+  local failures = {}
+  local outer = core.collect(failures)          -- (set while an am.run runs)
+  if outer ~= nil or loop_mode() ~= nil then
+    core.collect(outer)
+    error("attempt to call am.run while the loop runs or inside am.run "
+      .. "(spawn a task and join it instead)", 2)
   end
   -- coroutines waiting already (left by earlier code) are not this run's
   local before
@@ -530,8 +534,6 @@ function M.run(...)
     before = {}
     for _, r in ipairs(waiting()) do before[r.thread] = true end
   end
-  local failures = {}
-  local outer = core.collect(failures)
   local out
   do
     local _ <close> = setmetatable({}, { __close = function() core.collect(outer) end })
