@@ -70,6 +70,7 @@ enum { T_LIVE, T_DONE, T_FAILED, T_CANCELED };
                                    a loop turn: its next wait hands it to
                                    the chores (State.ncanceling) */
 #define F_EMPTY     0x0100      /* done with no results (user value 1 nil) */
+#define F_GROUP     0x0200      /* a member of a group (user value 2) */
 
 /*
 ** A group: how many of its members run, and how it stands.  User values:
@@ -254,20 +255,24 @@ static void member_ended (lua_State *L, State *st, int gidx, int tidx) {
 */
 static void report_now (lua_State *L, State *st, int idx);
 
-static void end_task (lua_State *L, State *st, int tidx) {
-  Task *t = (Task *)lua_touserdata(L, tidx);
+static void end_task (lua_State *L, State *st, Task *t, int tidx) {
   tidx = lua_absindex(L, tidx);
   if (t->flags & F_COUNTED) {
     t->flags &= ~F_COUNTED;
     st->ncanceling--;
   }
+  /* the common case, a task done that nobody joins: nothing to tell */
+  if (!(t->flags & (F_GATE | F_GROUP | F_MAIN)) && t->status == T_DONE)
+    return;
   if (t->flags & F_GATE) {
     t->flags &= ~F_GATE;
     open_gate(L, st, tidx);
   }
-  if (lua_getiuservalue(L, tidx, 2) == LUA_TUSERDATA)   /* its group */
+  if (t->flags & F_GROUP) {
+    lua_getiuservalue(L, tidx, 2);
     member_ended(L, st, lua_gettop(L), tidx);
-  lua_pop(L, 1);
+    lua_pop(L, 1);
+  }
   if (t->flags & F_MAIN) {
     if (t->status != T_DONE) {
       t->flags |= F_OBSERVED;                 /* am.run raises it */
@@ -327,7 +332,7 @@ static int task_msgh (lua_State *L) {
 /*
 ** The body of a task's coroutine, and its continuation: calls the
 ** function (at B_FN, its arguments above) protected, then records the
-** outcome in the task.  Stack: task nil msgh fn args...
+** outcome in the task.  Stack: task nil msgh fn args... (spawn_task).
 */
 static int task_body_k (lua_State *L, int status, lua_KContext ctx) {
   State *st = am_getstate(L);
@@ -372,13 +377,11 @@ static int task_body_k (lua_State *L, int status, lua_KContext ctx) {
   }
   lua_setiuservalue(L, B_TASK, 1);            /* no more the coroutine */
   lua_settop(L, B_TASK);
-  end_task(L, st, B_TASK);
+  end_task(L, st, t, B_TASK);
   return 0;
 }
 
 int am_task_body (lua_State *L) {
-  lua_pushcfunction(L, task_msgh);
-  lua_insert(L, B_MSGH);
   lua_toclose(L, B_TASK);           /* closed early: task__close ends it */
   return task_body_k(L, lua_pcallk(L, lua_gettop(L) - B_FN, LUA_MULTRET,
                                    B_MSGH, 0, task_body_k), 0);
@@ -412,6 +415,7 @@ static void spawn_task (lua_State *L, int first, int gidx, int flags) {
   lua_setiuservalue(L, -2, 1);                /* the task keeps co */
   if (gidx != 0) {                            /* a member from now on */
     Group *g = (Group *)lua_touserdata(L, gidx);
+    t->flags |= F_GROUP;
     lua_pushvalue(L, gidx);
     lua_setiuservalue(L, -2, 2);
     lua_getiuservalue(L, gidx, 1);
@@ -422,14 +426,15 @@ static void spawn_task (lua_State *L, int first, int gidx, int flags) {
     g->live++;
   }
   lua_rotate(L, first, 2);                    /* co t fn args... */
-  if (!lua_checkstack(co, n + 3))
+  if (!lua_checkstack(co, n + 4))
     luaL_error(L, "not enough memory");
   lua_rawgeti(L, LUA_REGISTRYINDEX, st->task_body);
   lua_pushvalue(L, first + 1);                /* t */
   lua_pushnil(L);                             /* B_TB */
-  lua_xmove(L, co, 3);
-  lua_xmove(L, co, n);                        /* co: body t nil fn args */
-  status = lua_resume(co, L, n + 2, &nres);
+  lua_pushcfunction(L, task_msgh);            /* B_MSGH */
+  lua_xmove(L, co, 4);
+  lua_xmove(L, co, n);                  /* co: body t nil msgh fn args */
+  status = lua_resume(co, L, n + 3, &nres);
   if (status == LUA_OK || status == LUA_YIELD)
     lua_pop(co, nres);                        /* nobody reads them */
   else
@@ -535,11 +540,15 @@ static int cancel_members (lua_State *L, State *st, int gidx) {
 ** that cancels it.  When the body returns the task has ended already.
 */
 static int task__close (lua_State *L) {
-  State *st = am_getstate(L);
-  Task *t = (Task *)am_checkself(L, AM_T_TASK);
+  /* NOTE: Lua calls __close only with a value of this metatable; the
+     common call, the body's return, has nothing to do (as waiter__close) */
+  Task *t = (Task *)lua_touserdata(L, 1);
+  State *st;
   lua_Debug ar;
   int own;
-  if (t->status != T_LIVE) return 0;
+  if (t == NULL || t->status != T_LIVE) return 0;
+  st = am_getstate(L);
+  am_checkself(L, AM_T_TASK);
   lua_getiuservalue(L, 1, 1);
   own = lua_tothread(L, -1) == L && !lua_getstack(L, 1, &ar);
   lua_pop(L, 1);
@@ -562,7 +571,7 @@ static int task__close (lua_State *L) {
     t->status = T_FAILED;
   }
   lua_setiuservalue(L, 1, 1);
-  end_task(L, st, 1);
+  end_task(L, st, t, 1);
   return 0;
 }
 
