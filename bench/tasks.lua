@@ -38,6 +38,8 @@ local function sh(cmd)
   return out
 end
 
+root = sh("cd " .. quote(root) .. " && pwd"):match("[^\n]+")  -- absolute: used from BENCH_BASE too
+
 --- Runs bench/scenarios.lua (this checkout's) with the module of checkout
 -- 'dir'; returns the decoded JSON line (flat: numbers, strings, booleans).
 local function scenario(dir, args, prefix)

@@ -403,6 +403,8 @@ struct State {
   int collect;                       /* am.run's list of reported
                                         failures (core.collect), or
                                         LUA_NOREF */
+  int collect_keep;                  /* append to it (else only mark that
+                                        am.run runs) */
   int reporting;                     /* reports being made (task.c) */
   int closing;                       /* state__gc: reports to stderr */
 };

@@ -497,7 +497,8 @@ void am_report_error (lua_State *L, State *st, const char *what, int who) {
   int text = lua_gettop(L), err = text - 1;
   if (who != 0) who = lua_absindex(L, who);
   int quiet = st->closed || st->closing;   /* lua_close: stderr only */
-  if (st->collect != LUA_NOREF && !quiet && lua_checkstack(L, 4)) {
+  if (st->collect != LUA_NOREF && st->collect_keep && !quiet
+      && lua_checkstack(L, 4)) {
     lua_rawgeti(L, LUA_REGISTRYINDEX, st->collect);
     if (who != 0) lua_pushvalue(L, who);
     else {
@@ -848,6 +849,7 @@ static void init_state (State *st) {
   st->hrtime = st->hrtime_luv = st->stop = st->loop_mode = LUA_NOREF;
   st->task_body = st->gate_wait = st->gates = st->chores = LUA_NOREF;
   st->collect = LUA_NOREF;
+  st->collect_keep = 0;
   st->chore_head = st->chore_tail = 1;
   st->ncanceling = 0;
   st->reporting = 0;

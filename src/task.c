@@ -865,7 +865,7 @@ void am_do_chore (lua_State *L, State *st, int idx) {
     t->flags &= ~F_CHORE;
     if (t->status == T_LIVE) {
       lua_State *co;
-      if (!(t->flags & F_CANCEL)) return;
+      if (!(t->flags & F_CANCEL) || st->closing) return;  /* (lua_close) */
       lua_getiuservalue(L, idx, 1);
       co = lua_tothread(L, -1);
       lua_pop(L, 1);
@@ -1078,15 +1078,18 @@ int am_waiting (lua_State *L) {
 
 
 /*
-** core.collect(list | nil): from now on every failure reported (to the
-** handler or stderr) is also appended to 'list': the task or group that
-** held it, or a record {err, text} for a coroutine the module resumed.
-** Returns the list set before.  am.run collects while it runs.
+** core.collect(list | nil [, keep]): from now on every failure reported
+** (to the handler or stderr) is also appended to 'list', when 'keep': the
+** task or group that held it, or a record {err, text} for a coroutine the
+** module resumed.  Returns the list set before.  am.run sets one while it
+** runs (without 'keep' when it only reports: a server that runs for days
+** then keeps nothing per failure).
 */
 int am_collect (lua_State *L) {
   State *st = am_getstate(L);
   luaL_argexpected(L, lua_isnoneornil(L, 1) || lua_istable(L, 1), 1,
                    "table or nil");
+  st->collect_keep = lua_toboolean(L, 2);
   lua_settop(L, 1);
   if (st->collect == LUA_NOREF) lua_pushnil(L);
   else lua_rawgeti(L, LUA_REGISTRYINDEX, st->collect);

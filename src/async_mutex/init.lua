@@ -522,9 +522,9 @@ function M.run(...)
       .. (select("#", ...) < first and "no value" or typename(fn)))
   end
   local failures = {}
-  local outer = core.collect(failures)          -- (set while an am.run runs)
+  local outer = core.collect(failures, raise_unjoined)   -- (set while an am.run runs)
   if outer ~= nil or loop_mode() ~= nil then
-    core.collect(outer)
+    core.collect(outer, true)
     error("attempt to call am.run while the loop runs or inside am.run "
       .. "(spawn a task and join it instead)", 2)
   end
@@ -536,7 +536,7 @@ function M.run(...)
   end
   local out
   do
-    local _ <close> = setmetatable({}, { __close = function() core.collect(outer) end })
+    local _ <close> = setmetatable({}, { __close = function() core.collect(outer, true) end })
     local main = core.run_main(select(first, ...))
     local status = main:status()
     -- the loop runs until nothing is left, unless fn failed already
