@@ -47,6 +47,6 @@ am.run(function()
 
   print("4. error nobody catches, in a task:")
   local failing = am.spawn(update, true)
-  local ok, err = pcall(failing.join, failing)
-  print(("  join raised %q (ok = %s), locked: %s"):format(err, ok, mutex:isLocked()))
+  local joined, failure = pcall(failing.join, failing)
+  print(("  join raised %q (ok = %s), locked: %s"):format(failure, joined, mutex:isLocked()))
 end)

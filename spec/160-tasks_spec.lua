@@ -419,6 +419,7 @@ describe("a task's cost", function()
     for i = 1, n do keep[i] = am.spawn(function() end) end
     h.gc()
     local per_task = (collectgarbage("count") - before) * 1024 / n
+    assert.equal("done", keep[n]:status())
     assert.is_true(per_task <= 64, ("%.1f bytes per task"):format(per_task))
   end)
 end)

@@ -635,7 +635,7 @@ function async_mutex.pending() end
 ---A coroutine started by `async_mutex.spawn` or `group:spawn`, and how it
 ---ended.  To-be-closed: closing it cancels it.
 ---@class async_mutex.Task
-local Task = {}
+local Task = {} -- luacheck: ignore 241 (a class of methods: nothing reads it)
 
 ---Suspends until the task has ended; returns its results, or raises its
 ---error (the value raised, unchanged), or `async_mutex.E_CANCELED`.
@@ -659,7 +659,7 @@ function Task:status() end
 ---that failure.  To-be-closed: closing joins it (an error leaving the
 ---block cancels its tasks instead).
 ---@class async_mutex.Group
-local Group = {}
+local Group = {} -- luacheck: ignore 241 (a class of methods: nothing reads it)
 
 ---Starts `fn(...)` as a task of the group (as `async_mutex.spawn`).
 ---@param fn async fun(...): ...

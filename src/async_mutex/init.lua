@@ -529,10 +529,10 @@ function M.run(...)
       .. "(spawn a task and join it instead)", 2)
   end
   -- coroutines waiting already (left by earlier code) are not this run's
-  local before
+  local waited
   if pending() > 0 then
-    before = {}
-    for _, r in ipairs(waiting()) do before[r.thread] = true end
+    waited = {}
+    for _, r in ipairs(waiting()) do waited[r.thread] = true end
   end
   local out
   do
@@ -556,7 +556,7 @@ function M.run(...)
     end
   end
   if status ~= "done" then
-    local n, lines = waiting_report(before)
+    local n, lines = waiting_report(waited)
     if loop_alive() then
       error(("am.run: the loop was stopped (uv.stop()) before the function returned; %s:\n%s")
         :format(coroutines(n), lines), 0)
@@ -565,7 +565,7 @@ function M.run(...)
       .. "%s for ever:\n%s"):format(coroutines(n), lines), 0)
   end
   if not loop_alive() then
-    local n, lines = waiting_report(before)
+    local n, lines = waiting_report(waited)
     if n > 0 then
       error(("am.run: the function returned, but %s for ever (nothing left on the loop "
         .. "can wake them):\n%s"):format(coroutines(n), lines), 0)
