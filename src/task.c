@@ -95,7 +95,7 @@ typedef struct Group {
 ** tracebacks, so that am.run's report of a failure a join passed on
 ** shows where it was raised first.
 */
-#define RETHROWN  "async_mutex.rethrown"
+#define RETHROWN  "async_mutex rethrown"     /* (no metatable's name) */
 
 /* Raises the error of the failure {error, traceback} on top, again. */
 static int rethrow (lua_State *L) {
@@ -481,7 +481,9 @@ static int cancel_task (lua_State *L, State *st, int idx) {
   t->flags |= F_CANCEL;
   lua_getiuservalue(L, idx, 1);
   co = lua_tothread(L, -1);
-  lua_pop(L, 1);                    /* the task (at idx) keeps co alive */
+  /* NOTE: co stays on this stack while it is closed: the closing drops
+     the task's reference (task__close) and its anchor (a waiter's
+     __close), and a collection meanwhile must not free it */
   if (co != NULL && lua_status(co) == LUA_YIELD) {
     lua_resetthread(co);            /* runs task__close: the task ends */
     lua_settop(co, 0);              /* (a close error is its outcome) */
@@ -490,6 +492,7 @@ static int cancel_task (lua_State *L, State *st, int idx) {
     t->flags |= F_CHORE;
     am_chore(L, st, idx);
   }
+  lua_pop(L, 1);
   return 1;
 }
 
@@ -868,7 +871,7 @@ void am_do_chore (lua_State *L, State *st, int idx) {
       if (!(t->flags & F_CANCEL) || st->closing) return;  /* (lua_close) */
       lua_getiuservalue(L, idx, 1);
       co = lua_tothread(L, -1);
-      lua_pop(L, 1);
+      lua_pop(L, 1);                          /* (the task keeps it) */
       if (co != NULL && lua_status(co) == LUA_YIELD)
         cancel_task(L, st, idx);
       else if (!(t->flags & F_COUNTED)) {     /* it runs still (a nested

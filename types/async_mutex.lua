@@ -632,10 +632,11 @@ function async_mutex.setErrorHandler(handler) end
 ---@return integer
 function async_mutex.pending() end
 
+-- luacheck: push ignore 241 (Task and Group: classes of methods, read by nothing)
 ---A coroutine started by `async_mutex.spawn` or `group:spawn`, and how it
 ---ended.  To-be-closed: closing it cancels it.
 ---@class async_mutex.Task
-local Task = {} -- luacheck: ignore 241 (a class of methods: nothing reads it)
+local Task = {}
 
 ---Suspends until the task has ended; returns its results, or raises its
 ---error (the value raised, unchanged), or `async_mutex.E_CANCELED`.
@@ -659,7 +660,7 @@ function Task:status() end
 ---that failure.  To-be-closed: closing joins it (an error leaving the
 ---block cancels its tasks instead).
 ---@class async_mutex.Group
-local Group = {} -- luacheck: ignore 241 (a class of methods: nothing reads it)
+local Group = {}
 
 ---Starts `fn(...)` as a task of the group (as `async_mutex.spawn`).
 ---@param fn async fun(...): ...
@@ -675,6 +676,7 @@ function Group:join() end
 ---Cancels every task of the group; true if one had not ended.
 ---@return boolean
 function Group:cancel() end
+-- luacheck: pop
 
 ---Starts `fn(...)` as a task: in a new coroutine at once (it runs up to its
 ---first yield), and returns the task.  An error escaping it is its outcome
