@@ -10,15 +10,7 @@ local uv = require "luv"
 -- Coroutines the module holds beyond `base`.
 local function held(base) return am.pending() - base end
 
---- Runs body with a handler collecting the reports {err, text, task};
--- returns them.
-local function reports_during(body)
-  local reports = {}
-  h.with_handler(function(err, text, task)
-    reports[#reports + 1] = { err = err, text = text, task = task }
-  end, body)
-  return reports
-end
+local reports_during = h.reports_during
 
 describe("task:join()", function()
   it("returns the task's results: none, one, several with nils", h.async(function()

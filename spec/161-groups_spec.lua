@@ -5,15 +5,7 @@
 local h = require "helpers"
 local am = require "async_mutex"
 
---- Runs body with a handler collecting the reports {err, text, task};
--- returns them.
-local function reports_during(body)
-  local reports = {}
-  h.with_handler(function(err, text, task)
-    reports[#reports + 1] = { err = err, text = text, task = task }
-  end, body)
-  return reports
-end
+local reports_during = h.reports_during
 
 describe("group:join()", function()
   it("waits for every task of the group, which keep their results", h.async(function()

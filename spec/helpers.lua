@@ -23,7 +23,8 @@
 -- (message without "file:line: "), h.keys_of(keyed), h.count_handles(kind),
 -- h.run_loop(ms) (uv.run() from main code), h.subprocess(code) (a separate
 -- lua5.4), h.load(n) (load-test sizes), h.gc(), h.ms_since(t0),
--- h.with_loop_clock(fn) (deadlines counted from uv.now(), as a model does).
+-- h.with_loop_clock(fn) (deadlines counted from uv.now(), as a model does),
+-- h.reports_during(fn) (the module's reports of failures made meanwhile).
 --
 -- The numbering of the spec files is explained in spec/README.md.
 
@@ -120,6 +121,16 @@ function helpers.with_handler(handler, body)
   local ok, err = pcall(body)
   am.setErrorHandler(prev)
   if not ok then error(err, 0) end
+end
+
+--- Runs body with a handler collecting the module's reports (its
+-- setErrorHandler's handler); returns them, each {err, text, task}.
+function helpers.reports_during(body)
+  local reports = {}
+  helpers.with_handler(function(err, text, task)
+    reports[#reports + 1] = { err = err, text = text, task = task }
+  end, body)
+  return reports
 end
 
 --- Runs body() with the deadlines of timed requests counted from the

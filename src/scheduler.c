@@ -759,13 +759,7 @@ static int state__gc (lua_State *L) {
   /* failures of tasks not reported yet (the loop did not run again):
      to stderr now, with no handler (am_report_error, closed) */
   st->closing = 1;
-  while (st->chore_head != st->chore_tail) {
-    int i = st->chore_head++;
-    lua_rawgeti(L, LUA_REGISTRYINDEX, st->chores);
-    lua_rawgeti(L, -1, i);
-    am_do_chore(L, st, -1);
-    lua_pop(L, 2);
-  }
+  do_chores(L, st, st->chore_tail);
   st->closed = 1;
   if (st->dbg != LUA_NOREF) {         /* debug mode ends with the state */
     st->dbg = LUA_NOREF;
@@ -889,6 +883,17 @@ static void open_luv (lua_State *L, State *st, int sti, int luv) {
 }
 
 
+/* A new table with weak 'mode' ("k", "v"), referenced in the registry. */
+static int weak_table (lua_State *L, const char *mode) {
+  lua_newtable(L);
+  lua_createtable(L, 0, 1);
+  lua_pushstring(L, mode);
+  lua_setfield(L, -2, "__mode");
+  lua_setmetatable(L, -2);
+  return luaL_ref(L, LUA_REGISTRYINDEX);
+}
+
+
 /*
 ** Returns the state of this lua_State, creating it (and the luv handles)
 ** on first use, and pushes the state userdata.
@@ -904,18 +909,8 @@ State *am_state_open (lua_State *L) {
   sti = lua_gettop(L);
   lua_newtable(L);
   st->anchors = luaL_ref(L, LUA_REGISTRYINDEX);
-  lua_newtable(L);                            /* keyed.c: enter_set */
-  lua_createtable(L, 0, 1);
-  lua_pushliteral(L, "v");
-  lua_setfield(L, -2, "__mode");
-  lua_setmetatable(L, -2);
-  st->keyedlocks = luaL_ref(L, LUA_REGISTRYINDEX);
-  lua_newtable(L);                            /* task.c: push_gate */
-  lua_createtable(L, 0, 1);
-  lua_pushliteral(L, "k");
-  lua_setfield(L, -2, "__mode");
-  lua_setmetatable(L, -2);
-  st->gates = luaL_ref(L, LUA_REGISTRYINDEX);
+  st->keyedlocks = weak_table(L, "v");        /* keyed.c: enter_set */
+  st->gates = weak_table(L, "k");             /* task.c: push_gate */
   lua_newtable(L);                            /* am_chore */
   st->chores = luaL_ref(L, LUA_REGISTRYINDEX);
   require_luv(L);
