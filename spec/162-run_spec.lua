@@ -275,6 +275,49 @@ describe("am.run", function()
   end)
 end)
 
+describe("am.run under a memory checker", function()
+  it("leaves no read of freed memory nor leak across tasks, groups, cancels, failures and reports",
+    function()
+      -- valgrind's memcheck, or ASan when this run is under it (h.memcheck_child)
+      local out = h.memcheck_child([[
+        local am = require "async_mutex"
+        collectgarbage("incremental", 1, 1000)      -- collections at every step
+        am.setErrorHandler(function() end)         -- (nothing on stderr)
+        local n = 0
+        for round = 1, 3 do
+          local ok, err = pcall(am.run, function()
+            local m = am.Mutex.new()
+            local outer <close> = am.group()
+            for i = 1, 20 do
+              outer:spawn(function()
+                local inner <close> = am.group()
+                inner:spawn(function() local r <close> = m:acquire(); am.sleep(i % 3) end)
+                local t = am.spawn(function() am.sleep(1); return i end)
+                n = n + t:join()
+                local c = am.spawn(function() m:acquire(); am.sleep(1000) end)
+                c:cancel()
+              end)
+            end
+            outer:spawn(function() am.sleep(2); if round == 2 then error("round 2", 0) end end)
+          end)
+          assert(ok == (round ~= 2), err)
+        end
+        -- a failure nobody joins, a coroutine left waiting: both reported
+        local ok, err = pcall(am.run, function()
+          am.spawn(function() error("lost", 0) end)
+        end)
+        assert(not ok and err:find("lost", 1, true))
+        ok, err = pcall(am.run, function()
+          local s = am.Semaphore.new(0)
+          am.spawn(function() s:acquire() end)
+        end)
+        assert(not ok and err:find("1 coroutine waits for ever", 1, true))
+        print(n > 0, am.pending())
+      ]], 300)
+      assert.equal("true\t1\n", out)
+    end)
+end)
+
 describe("am.stranded()", function()
   it("after a plain uv.run(): the count and the report am.run words; 0 and nil when none", function()
     local r = child([[
