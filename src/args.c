@@ -273,9 +273,9 @@ static const char *nearest (const char *key, const char *const names[],
 ** Pushes the complaint about the key at 'keyidx' of an options table,
 ** with the 'n' names it takes: "unknown option 'k'; did you mean 'x'?
 ** options: a, b, x" ("unknown option 'k'; options: a, b, x" when none is
-** near: nearest), k as tostring shows it.  The one owner of this text: the Lua modules get it
-** through core.unknown_option (async_mutex/checks.lua), so a misspelt
-** option reads alike everywhere.
+** near: nearest), k as tostring shows it.  The one owner of this text:
+** the Lua modules get it through core.unknown_option
+** (async_mutex/checks.lua), so a misspelt option reads alike everywhere.
 */
 static void push_unknown (lua_State *L, int keyidx, const char *names[],
                           int n) {

@@ -495,8 +495,8 @@ void am_unanchor (lua_State *L, Waiter *w) {
 */
 void am_report_error (lua_State *L, State *st, const char *what, int who) {
   int text = lua_gettop(L), err = text - 1;
-  if (who != 0) who = lua_absindex(L, who);
   int quiet = st->closed || st->closing;   /* lua_close: stderr only */
+  if (who != 0) who = lua_absindex(L, who);
   if (st->collect != LUA_NOREF && st->collect_keep && !quiet
       && lua_checkstack(L, 4)) {
     lua_rawgeti(L, LUA_REGISTRYINDEX, st->collect);
