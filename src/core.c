@@ -303,7 +303,7 @@ static void open_decorated (lua_State *L, AmType d, AmType t, int module) {
 ** the module's upvalues (task.c), made by the first copy of the module:
 ** pushing one to start a task allocates nothing.
 */
-static void open_tasks (lua_State *L, int module) {
+static void open_tasks (lua_State *L) {
   static const luaL_Reg closures[] = {
     {"body", am_task_body},
     {"gate_wait", am_gate_wait},
@@ -318,7 +318,6 @@ static void open_tasks (lua_State *L, int module) {
   lua_getfield(L, -1, "gate_wait");
   st->gate_wait = luaL_ref(L, LUA_REGISTRYINDEX);
   lua_pop(L, 1);
-  (void)module;
 }
 
 
@@ -339,7 +338,7 @@ LUAMOD_API int luaopen_async_mutex_core (lua_State *L) {
   lua_newtable(L);                          /* the module */
   module = lua_gettop(L);
   setfuncs(L, module, core_funcs, 0);
-  open_tasks(L, module);
+  open_tasks(L);
   setfuncs(L, module, am_debug_funcs, 0);
   for (t = 0; t < AM_NTYPES; t++)
     if (!types[t].decorated) open_type(L, (AmType)t, module);
