@@ -173,6 +173,7 @@ bench: deps
 	$(LUA) bench/chart.lua $(BENCH_JSON) $(BENCH_SVG)
 	$(RUNENV) $(LUA) bench/lockkinds.lua
 	$(RUNENV) $(LUA) bench/debug.lua
+	$(RUNENV) $(LUA) bench/tasks.lua
 ifneq ($(HIREDIS_H),)
 	@# the Node peers of the Redis benchmarks (ioredis, node-redlock), as
 	@# bench/run.lua installs async-mutex: without them, their columns stay empty

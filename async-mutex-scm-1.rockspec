@@ -71,6 +71,7 @@ build = {
         "src/rules.c",
         "src/rwlock.c",
         "src/scheduler.c",
+        "src/task.c",
         "src/waiter.c",
       },
       incdirs = { "$(LUA_INCDIR)" },

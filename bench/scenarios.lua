@@ -20,7 +20,7 @@ package.path = here .. "/?.lua;" .. package.path
 
 local uv = require "luv"           -- on the main thread, before any coroutine
 
-local USAGE = "usage: scenarios.lua ours|lua|floor SCENARIO [N [M]] [before | fresh]"
+local USAGE = "usage: scenarios.lua ours|lua|floor SCENARIO [N [M]] [before | fresh | wait]"
 local impl_name, scenario = arg[1], arg[2]
 local am, floor
 if impl_name == "ours" then am = require "async_mutex"
@@ -33,7 +33,7 @@ local nums, flags = {}, {}
 for i = 3, #arg do
   local v = tonumber(arg[i])
   if v then nums[#nums + 1] = v
-  elseif arg[i] == "before" or arg[i] == "fresh" then flags[arg[i]] = true
+  elseif arg[i] == "before" or arg[i] == "fresh" or arg[i] == "wait" then flags[arg[i]] = true
   else error(USAGE) end
 end
 
@@ -462,6 +462,74 @@ function S.pairs(n)
   end)
   uv.run()
   emit { scenario = "pairs", n = n }
+end
+
+-- 9. Spawn: n coroutines started and ended at once (ours: am.spawn, a task;
+-- floor: coroutine.create + resume, what am.spawn did before it made tasks);
+-- with `wait`, each first queues for a held mutex (the floor: floor.wait),
+-- and the time runs from the first start until the last has ended.
+function S.spawn(n)
+  n = n or 100000
+  local wait = flags.wait
+  local m, release_holder
+  if wait and not floor then
+    m = am.Mutex.new()
+    release_holder = hold(m)
+  end
+  local done, t_end = 0, nil
+  local function f()
+    if wait then
+      if floor then floor.wait() else m:acquire()() end
+    end
+    done = done + 1
+    if done == n then t_end = now() end
+  end
+  full_gc()
+  local t0 = now()
+  if floor then
+    for _ = 1, n do
+      local co = create(f)
+      resume(co)
+    end
+  else
+    local spawn_task = am.spawn
+    for _ = 1, n do spawn_task(f) end
+  end
+  if release_holder then release_holder() end
+  uv.run()
+  assert(done == n, "not all finished")
+  emit { scenario = "spawn", n = n, wait = wait or false, ns = (t_end - t0) / n }
+end
+
+-- 10. Memory of a task: the Lua heap per task beyond its coroutine (ours
+-- only): n tasks waiting for a held mutex against n coroutines of ours
+-- making the same wait (coroutine.create + resume), each set in the same
+-- process after a full collection; and the handle an ended task leaves.
+function S.task_memory(n)
+  assert(not floor, "task_memory: ours only")
+  n = n or 100000
+  local m = am.Mutex.new()
+  hold(m)
+  local function body() m:acquire() end
+  local function heap_per(start)
+    local keep = {}
+    for i = 1, n do keep[i] = false end
+    full_gc()
+    local before = collectgarbage("count")
+    for i = 1, n do keep[i] = start() end
+    full_gc()
+    local per = (collectgarbage("count") - before) * 1024 / n
+    return per, keep
+  end
+  local bare, bares = heap_per(function() return spawn(body) end)
+  local task, tasks = heap_per(function() return am.spawn(body) end)
+  local handle = heap_per(function() return am.spawn(function() end) end)
+  for i = 1, n do coroutine.close(bares[i]) end
+  if type(tasks[1]) ~= "thread" then
+    for i = 1, n do tasks[i]:cancel() end
+  end
+  emit { scenario = "task_memory", n = n, bare_b = bare, task_b = task,
+         beyond_b = task - bare, handle_b = handle }
 end
 
 local f = S[scenario] or error("unknown scenario " .. tostring(scenario))

@@ -2,10 +2,10 @@
 --
 -- The releaser returned by acquire() is a to-be-closed value, so
 -- `local release <close> = mutex:acquire()` releases the mutex when the block
--- ends normally, when an error leaves it, and when a coroutine suspended
--- inside it is closed, which am.spawn does to a coroutine that dies with an
--- error.  (Calling release() yourself is fine too: the releaser is
--- idempotent.)
+-- ends normally, when an error leaves it (also one nobody catches in a task:
+-- its join raises it afterwards), and when a coroutine suspended inside it
+-- is closed (task:cancel() closes it).  (Calling release() yourself is fine
+-- too: the releaser is idempotent.)
 --
 --   make && lua5.4 examples/close_guard.lua
 
@@ -15,7 +15,6 @@ local root = ((arg and arg[0] or ""):match("^(.*)/[^/]*$") or ".") .. "/.."
 package.path = root .. "/src/?.lua;" .. root .. "/src/?/init.lua;" .. package.path
 package.cpath = root .. "/build/?.so;" .. package.cpath
 
-local uv = require "luv"
 local am = require "async_mutex"
 
 local mutex = am.Mutex.new()
@@ -28,7 +27,7 @@ local function update(fail)
   print("  update written")
 end                                     -- release() runs here, in all cases
 
-am.spawn(function()
+am.run(function()
   print("1. normal exit:")
   update(false)
   print(("  after the block, locked: %s"):format(mutex:isLocked()))
@@ -37,22 +36,17 @@ am.spawn(function()
   local ok, err = pcall(update, true)
   print(("  caught %q (ok = %s), locked: %s"):format(err, ok, mutex:isLocked()))
 
-  print("3. coroutine closed while holding the lock:")
+  print("3. task canceled while holding the lock:")
   local stuck = am.spawn(function()
     local release <close> = mutex:acquire()
     coroutine.yield()                   -- waits for an event that never comes
   end)
   print(("  suspended with the lock, locked: %s"):format(mutex:isLocked()))
-  coroutine.close(stuck)
-  print(("  after coroutine.close, locked: %s"):format(mutex:isLocked()))
+  stuck:cancel()                        -- closes its coroutine
+  print(("  after stuck:cancel(), locked: %s (%s)"):format(mutex:isLocked(), stuck:status()))
 
-  print("4. error nobody catches, in a spawned coroutine:")
-  local previous = am.setErrorHandler(function(message)
-    print(("  reported %q, locked: %s"):format(message, mutex:isLocked()))
-  end)
-  am.spawn(update, true)                -- reported, then closed: released
-  am.sleep(50)
-  print(("  after the report, locked: %s"):format(mutex:isLocked()))
-  am.setErrorHandler(previous)
+  print("4. error nobody catches, in a task:")
+  local failing = am.spawn(update, true)
+  local joined, failure = pcall(failing.join, failing)
+  print(("  join raised %q (ok = %s), locked: %s"):format(failure, joined, mutex:isLocked()))
 end)
-uv.run()

@@ -17,7 +17,6 @@ local root = ((arg and arg[0] or ""):match("^(.*)/[^/]*$") or ".") .. "/.."
 package.path = root .. "/src/?.lua;" .. root .. "/src/?/init.lua;" .. package.path
 package.cpath = root .. "/build/?.so;" .. package.cpath
 
-local uv = require "luv"
 local am = require "async_mutex"
 
 am.debug.enable({
@@ -44,16 +43,17 @@ end
 
 local function run(label, ...)
   print(label)
-  local tasks = { ... }
-  for _, t in ipairs(tasks) do
-    am.spawn(function()
-      local ok, err = pcall(transfer, t[1], t[2], t[3])
-      if not ok then
-        print(("  transfer %s -> %s failed: %s"):format(t[1].name, t[2].name, tostring(err)))
-      end
-    end)
-  end
-  uv.run()
+  local transfers = { ... }
+  am.run(function()                           -- returns when all are done
+    for _, t in ipairs(transfers) do
+      am.spawn(function()
+        local ok, err = pcall(transfer, t[1], t[2], t[3])
+        if not ok then
+          print(("  transfer %s -> %s failed: %s"):format(t[1].name, t[2].name, tostring(err)))
+        end
+      end)
+    end
+  end)
 end
 
 -- 1. In the test suite: one transfer at a time.  Nothing hangs, but the

@@ -63,8 +63,8 @@ local CONNECTIONS = 8
 
 --- Resumes `co`, a coroutine waiting for an I/O event of ours (a reply, a
 -- connection); if that kills it, prints the error and closes `co` (so that
--- its <close> variables run), as am.spawn and the module do for the
--- coroutines they resume.
+-- its <close> variables run).  (The coroutines of tasks, am.spawn's, never
+-- die so: their task takes the error, and am.run raises it.)
 local function resume(co, ...)
   local ok, err = coroutine.resume(co, ...)
   if not ok then
@@ -384,10 +384,9 @@ local function round(conns, mode, title)
   local admin = conns[1]
   admin:request("RESET " .. mode)
   local sold_seen, requests, buys, moves, refused = 0, 0, 0, 0, 0
-  local left_running = CUSTOMERS
-  local me = coroutine.running()
+  local customers = am.group()
   for customer = 1, CUSTOMERS do
-    am.spawn(function()
+    customers:spawn(function()
       local conn = conns[customer % #conns + 1]
       for _ = 1, ORDERS_EACH do
         local text
@@ -409,11 +408,9 @@ local function round(conns, mode, title)
           refused = refused + 1
         end
       end
-      left_running = left_running - 1
-      if left_running == 0 then resume(me) end
     end)
   end
-  coroutine.yield()                                   -- until all are done
+  customers:join()                                    -- until all are done
 
   local reply = table.pack(admin:request("STOCK"))
   local left, negative, total = 0, {}, 0
@@ -447,26 +444,25 @@ local function round(conns, mode, title)
   return verdict == "nothing lost or oversold"
 end
 
---- Opens the connections, runs both rounds, closes them; then done(ok).
-local function run_client(port, done)
+--- Opens the connections, runs both rounds, closes them; returns whether
+-- nothing was lost or oversold with the locks.
+local function run_client(port)
   local conns, ready = {}, 0
-  am.spawn(function()
-    local me = coroutine.running()
-    for i = 1, CONNECTIONS do
-      conns[i] = connect(port, function()
-        ready = ready + 1
-        if ready == CONNECTIONS then resume(me) end
-      end)
-    end
-    coroutine.yield()                                 -- until all connected
-    math.randomseed(3)
-    round(conns, "nolock", "Without a lock:")
-    math.randomseed(3)                                -- the same mix again
-    local ok = round(conns, "lock", "With a KeyedMutex per item:")
-    print(("  item locks still in use: %d"):format(locks:count()))
-    for _, c in ipairs(conns) do c.tcp:shutdown() end -- the server closes
-    done(ok)
-  end)
+  local me = coroutine.running()
+  for i = 1, CONNECTIONS do
+    conns[i] = connect(port, function()
+      ready = ready + 1
+      if ready == CONNECTIONS then resume(me) end
+    end)
+  end
+  coroutine.yield()                                   -- until all connected
+  math.randomseed(3)
+  round(conns, "nolock", "Without a lock:")
+  math.randomseed(3)                                  -- the same mix again
+  local ok = round(conns, "lock", "With a KeyedMutex per item:")
+  print(("  item locks still in use: %d"):format(locks:count()))
+  for _, c in ipairs(conns) do c.tcp:shutdown() end   -- the server closes
+  return ok
 end
 
 -- }==========================================================
@@ -476,23 +472,23 @@ local mode, port = arg[1], arg[2]
 if mode ~= "server" and mode ~= "client" then mode, port = "both", arg[1] end
 port = tonumber(port) or 0
 
+-- am.run runs the loop until everything is closed; an error in a request's
+-- task that nobody joined makes it raise (the exit status is then 1)
 if mode == "server" then
-  local _, actual = start_server(port)
-  print(("inventory server on %s:%d"):format(HOST, actual))
-  io.stdout:flush()
-  uv.run()
+  am.run(function()
+    local _, actual = start_server(port)
+    print(("inventory server on %s:%d"):format(HOST, actual))
+    io.stdout:flush()
+  end)
 elseif mode == "client" then
   assert(port ~= 0, "usage: lua5.4 examples/inventory.lua client PORT")
-  local ok
-  run_client(port, function(result) ok = result end)
-  uv.run()
-  os.exit(ok and 0 or 1)
+  os.exit(am.run(run_client, port) and 0 or 1)
 else
-  local server, actual = start_server(port)
-  print(("inventory server on %s:%d"):format(HOST, actual))
-  run_client(actual, function()
+  am.run(function()
+    local server, actual = start_server(port)
+    print(("inventory server on %s:%d"):format(HOST, actual))
+    run_client(actual)
     server:close()
     print("server closed")
   end)
-  uv.run()                                -- returns once everything is closed
 end

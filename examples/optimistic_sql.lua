@@ -17,7 +17,6 @@ local root = ((arg and arg[0] or ""):match("^(.*)/[^/]*$") or ".") .. "/.."
 package.path = root .. "/src/?.lua;" .. root .. "/src/?/init.lua;" .. package.path
 package.cpath = root .. "/build/?.so;" .. package.cpath
 
-local uv = require "luv"
 local am = require "async_mutex"
 
 local IO_MS = 5                         -- a simulated database round trip
@@ -56,15 +55,16 @@ local function run(title, buy)
   items[42] = { stock = 3, version = 1 }
   local sold = 0
   print(title)
-  for customer = 1, CUSTOMERS do
-    am.spawn(function()
-      local result, attempts = buy()
-      if result == "bought" then sold = sold + 1 end
-      print(("  customer %d: %s%s"):format(customer, result,
-        attempts and (" (attempt %d)"):format(attempts) or ""))
-    end)
-  end
-  uv.run()                                -- returns when every customer is done
+  am.run(function()                       -- returns when every customer is done
+    for customer = 1, CUSTOMERS do
+      am.spawn(function()
+        local result, attempts = buy()
+        if result == "bought" then sold = sold + 1 end
+        print(("  customer %d: %s%s"):format(customer, result,
+          attempts and (" (attempt %d)"):format(attempts) or ""))
+      end)
+    end
+  end)
   print(("  sold %d, stock left %d: %s"):format(sold, items[42].stock,
     sold + items[42].stock == 3 and "nothing oversold" or "oversold"))
 end

@@ -24,48 +24,39 @@ local redis = require "async_mutex.redis"
 local STOCK, SELLERS, COROUTINES = 100, 4, 25
 local SOLD_OUT = setmetatable({}, { __name = "sold out" })
 
--- An error escaping a coroutine (am.spawn's) is reported on stderr, and
--- makes the exit status 1.
-local failed = false
-am.setErrorHandler(function(_, traceback)
-  failed = true
-  io.stderr:write(traceback, "\n")
-end)
-
---- Runs fn in a coroutine on the loop until the loop is idle.
-local function run(fn)
-  am.spawn(fn)
-  uv.run()
-end
-
 -- {========================================================== a seller
 -- lua5.4 examples/optimistic_stock.lua sell SOCKET ID
 local function sell(socket, id)
-  local client = redis.connect({ path = socket })
-  local stock = redis.versioned(client, "stock:42")
   local sold, attempts = 0, 0
-  for _ = 1, COROUTINES do
-    am.spawn(function()
-      while true do
-        local ok, err = pcall(stock.update, stock, function(value)
-          attempts = attempts + 1
-          local left = tonumber(value)
-          if left < 1 then error(SOLD_OUT) end    -- give up: nothing is written
-          return left - 1
-        end, { maxAttempts = math.huge })
-        if not ok then
-          if err == SOLD_OUT then break end
-          error(err, 0)
+  -- am.run raises the first failure (the exit status is then 1), after the
+  -- group has cancelled the other sellers
+  local ok, err = pcall(am.run, function()
+    local client = redis.connect({ path = socket })
+    local stock = redis.versioned(client, "stock:42")
+    local sellers = am.group()
+    for _ = 1, COROUTINES do
+      sellers:spawn(function()
+        while true do
+          local ok, err = pcall(stock.update, stock, function(value)
+            attempts = attempts + 1
+            local left = tonumber(value)
+            if left < 1 then error(SOLD_OUT) end    -- give up: nothing is written
+            return left - 1
+          end, { maxAttempts = math.huge })
+          if not ok then
+            if err == SOLD_OUT then break end
+            error(err, 0)
+          end
+          sold = sold + 1
         end
-        sold = sold + 1
-      end
-    end)
-  end
-  uv.run()
-  client:close()
-  uv.run()
+      end)
+    end
+    local joined, failure = pcall(sellers.join, sellers)
+    client:close()
+    if not joined then error(failure, 0) end
+  end)
   print(("process %s sold %d (%d attempts)"):format(id, sold, attempts))
-  if failed then os.exit(1) end
+  if not ok then error(err, 0) end
 end
 -- }==========================================================
 
@@ -97,7 +88,7 @@ local ok, err = pcall(function()
     uv.sleep(10)
   end
 
-  run(function()
+  am.run(function()
     local client = redis.connect({ path = socket })
     assert(redis.versioned(client, "stock:42"):set(STOCK, 0))
     client:close()
@@ -119,17 +110,16 @@ local ok, err = pcall(function()
     sold = sold + tonumber(line:match("sold (%d+)"))
   end
 
-  run(function()
+  am.run(function()
     local client = redis.connect({ path = socket })
     local left, version = redis.versioned(client, "stock:42"):get()
     client:close()
     left = tonumber(left)
     print(("sold %d of %d, stock left %d, version %d: %s"):format(sold, STOCK, left,
       version, sold + left == STOCK and left == 0 and "nothing oversold" or "WRONG"))
-    if sold + left ~= STOCK or left ~= 0 then failed = true end
+    if sold + left ~= STOCK or left ~= 0 then error("oversold", 0) end
   end)
 end)
 stop_server()
 if not ok then error(err, 0) end
-if failed then os.exit(1) end
 -- }==========================================================

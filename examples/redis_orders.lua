@@ -127,17 +127,15 @@ local function parent()
   client:call("DEL", STOCK)
 end
 
--- An error escaping a coroutine (am.spawn's, or one the module resumed) is
--- reported here; the exit status says whether anything failed.
-am.setErrorHandler(function(err, traceback)
-  failed = true
-  io.stderr:write(type(err) == "string" and err:match("^no Redis server") and err
-    or traceback, "\n")
-end)
-
-am.spawn(function()
+-- am.run raises what failed, with its traceback (the exit status is 1):
+-- the one failure a user expects, no server, in one line
+local ok, err = pcall(am.run, function()
   if role == "worker" then worker() else parent() end
   client:close()
 end)
-uv.run()
+if not ok then
+  io.stderr:write(type(err) == "string" and err:match("^no Redis server[^\n]*")
+    or tostring(err), "\n")
+  os.exit(1)
+end
 if failed then os.exit(1) end

@@ -12,13 +12,12 @@ local root = ((arg and arg[0] or ""):match("^(.*)/[^/]*$") or ".") .. "/.."
 package.path = root .. "/src/?.lua;" .. root .. "/src/?/init.lua;" .. package.path
 package.cpath = root .. "/build/?.so;" .. package.cpath
 
-local uv = require "luv"
 local am = require "async_mutex"
 
 local MAX_JOBS = 3
 local durations = { 60, 20, 40, 30, 50, 10, 30, 20 }   -- milliseconds
 local slots = am.Semaphore.new(MAX_JOBS)
-local running, most, finished = 0, 0, 0
+local running, most = 0, 0
 
 local function job(i)
   slots:runExclusive(function(free)     -- free: permits left before ours
@@ -30,14 +29,13 @@ local function job(i)
     running = running - 1
     print(("job %d done"):format(i))
   end)
-  finished = finished + 1
-  if finished == #durations then
-    print(("all %d jobs done, at most %d ran at once (limit %d)")
-      :format(finished, most, MAX_JOBS))
-  end
 end
 
-for i = 1, #durations do
-  am.spawn(job, i)                      -- the first three start at once
-end
-uv.run()
+am.run(function()
+  local jobs <close> = am.group()       -- joined when this block ends
+  for i = 1, #durations do
+    jobs:spawn(job, i)                  -- the first three start at once
+  end
+end)
+print(("all %d jobs done, at most %d ran at once (limit %d)")
+  :format(#durations, most, MAX_JOBS))

@@ -12,7 +12,6 @@ local root = ((arg and arg[0] or ""):match("^(.*)/[^/]*$") or ".") .. "/.."
 package.path = root .. "/src/?.lua;" .. root .. "/src/?/init.lua;" .. package.path
 package.cpath = root .. "/build/?.so;" .. package.cpath
 
-local uv = require "luv"
 local am = require "async_mutex"
 
 local mutex = am.Mutex.new()
@@ -31,11 +30,12 @@ local function refresh(who)
   end
 end
 
-am.spawn(refresh, "A")
-am.spawn(refresh, "B")
-am.spawn(refresh, "C")
-am.spawn(function()
-  am.sleep(100)                         -- well after A has finished
-  refresh("D")
+am.run(function()                       -- runs the loop until all is done
+  am.spawn(refresh, "A")
+  am.spawn(refresh, "B")
+  am.spawn(refresh, "C")
+  am.spawn(function()
+    am.sleep(100)                       -- well after A has finished
+    refresh("D")
+  end)
 end)
-uv.run()

@@ -12,27 +12,27 @@ local root = ((arg and arg[0] or ""):match("^(.*)/[^/]*$") or ".") .. "/.."
 package.path = root .. "/src/?.lua;" .. root .. "/src/?/init.lua;" .. package.path
 package.cpath = root .. "/build/?.so;" .. package.cpath
 
-local uv = require "luv"
 local am = require "async_mutex"
 
 local mutex = am.Mutex.new()
 local schema = 1
 
-am.spawn(function()
-  mutex:runExclusive(function()
-    print("migration: upgrading the schema (holding the lock)")
-    am.sleep(60)
-    schema = 2
-    print("migration: done")
-  end)
-end)
-
-for i = 1, 3 do
+am.run(function()                       -- runs the loop until all is done
   am.spawn(function()
-    print(("reader %d: waiting for the migration"):format(i))
-    mutex:waitForUnlock()
-    print(("reader %d: reads schema v%d (mutex locked: %s)")
-      :format(i, schema, mutex:isLocked()))
+    mutex:runExclusive(function()
+      print("migration: upgrading the schema (holding the lock)")
+      am.sleep(60)
+      schema = 2
+      print("migration: done")
+    end)
   end)
-end
-uv.run()
+
+  for i = 1, 3 do
+    am.spawn(function()
+      print(("reader %d: waiting for the migration"):format(i))
+      mutex:waitForUnlock()
+      print(("reader %d: reads schema v%d (mutex locked: %s)")
+        :format(i, schema, mutex:isLocked()))
+    end)
+  end
+end)

@@ -14,7 +14,6 @@ local root = ((arg and arg[0] or ""):match("^(.*)/[^/]*$") or ".") .. "/.."
 package.path = root .. "/src/?.lua;" .. root .. "/src/?/init.lua;" .. package.path
 package.cpath = root .. "/build/?.so;" .. package.cpath
 
-local uv = require "luv"
 local am = require "async_mutex"
 
 local IO_MS = 50                        -- a simulated database round trip
@@ -35,9 +34,10 @@ end
 
 print("Without a lock:")
 balance = 100
-am.spawn(withdraw, 30)                  -- two customers, at the same time
-am.spawn(withdraw, 80)
-uv.run()                                -- returns when both are done
+am.run(function()                       -- returns when both are done
+  am.spawn(withdraw, 30)                -- two customers, at the same time
+  am.spawn(withdraw, 80)
+end)
 print(("  final balance %d: 110 withdrawn from 100, an update was lost")
   :format(balance))
 
@@ -47,6 +47,7 @@ local mutex = am.Mutex.new()
 local function safe_withdraw(amount)
   mutex:runExclusive(function() withdraw(amount) end)
 end
-am.spawn(safe_withdraw, 30)
-am.spawn(safe_withdraw, 80)             -- waits until the first one is done
-uv.run()
+am.run(function()
+  am.spawn(safe_withdraw, 30)
+  am.spawn(safe_withdraw, 80)           -- waits until the first one is done
+end)

@@ -178,7 +178,7 @@ describe("examples/wait_for_unlock.lua", function()
 end)
 
 describe("examples/close_guard.lua", function()
-  it("releases on scope exit, on error, on coroutine.close and when a spawned coroutine dies",
+  it("releases on scope exit, on error, when a task is canceled and when a task dies",
     function()
     check("close_guard", {
       "1. normal exit:",
@@ -186,12 +186,11 @@ describe("examples/close_guard.lua", function()
       "  after the block, locked: false",
       "2. error:",
       '  caught "disk full" (ok = false), locked: false',
-      "3. coroutine closed while holding the lock:",
+      "3. task canceled while holding the lock:",
       "  suspended with the lock, locked: true",
-      "  after coroutine.close, locked: false",
-      "4. error nobody catches, in a spawned coroutine:",
-      '  reported "disk full", locked: false',
-      "  after the report, locked: false",
+      "  after stuck:cancel(), locked: false (canceled)",
+      "4. error nobody catches, in a task:",
+      '  join raised "disk full" (ok = false), locked: false',
     })
   end)
 end)

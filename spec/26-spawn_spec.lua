@@ -1,7 +1,8 @@
 -- am.spawn(fn, ...): starts fn(...) in a new coroutine at once and returns
--- the coroutine; an error escaping it is reported like one escaping a
--- coroutine the module resumed (README, "Errors in resumed coroutines"),
--- and the dead coroutine is closed.
+-- its task; an error escaping it, when nobody joins the task, is reported
+-- at the end of the next loop turn (README, "Errors in resumed
+-- coroutines"), its <close> variables having run as the error left them.
+-- The task's own API (join, cancel, status) is spec/160-tasks_spec.lua's.
 local h = require "helpers"
 local am = require "async_mutex"
 local uv = require "luv"
@@ -12,36 +13,43 @@ local function held(base) return am.pending() - base end
 
 local with_handler = h.with_handler
 
---- Runs body with a handler that collects the reports; returns them, each
--- { err = ..., tb = ... }.
+--- Runs body with a handler that collects the reports, then the loop (a
+-- failure nobody took is reported at the end of the next loop turn);
+-- returns them, each { err = ..., tb = ..., task = ... }.
 local function reports_of(body)
   local reports = {}
-  with_handler(function(err, tb) reports[#reports + 1] = { err = err, tb = tb } end, body)
+  with_handler(function(err, tb, task)
+    reports[#reports + 1] = { err = err, tb = tb, task = task }
+  end, function()
+    body()
+    h.run_loop()
+  end)
   return reports
 end
 
 describe("async_mutex.spawn", function()
-  it("runs fn with its arguments at once, up to its first yield, and returns the coroutine",
+  it("runs fn with its arguments at once, up to its first yield, and returns its task",
     h.async(function()
       local log = {}
-      local co = am.spawn(function(...)
+      local t = am.spawn(function(...)
         log[#log + 1] = table.pack(...)
         am.sleep(0)
         log[#log + 1] = "after the yield"
       end, 1, nil, "x", nil)
-      assert.equal("thread", type(co))
-      assert.equal("suspended", coroutine.status(co))
+      assert.equal("userdata", type(t))
+      assert.matches("^async_mutex%.Task %(waiting%): 0x", tostring(t))
+      assert.equal("waiting", t:status())
       assert.equal(1, #log)
       assert.same({ n = 4, 1, nil, "x", nil }, log[1])
       h.tick(2)
       assert.same("after the yield", log[2])
-      assert.equal("dead", coroutine.status(co))
+      assert.equal("done", t:status())
     end))
 
-  it("returns the coroutine alone, dead, when fn returns without yielding", function()
-    local co = table.pack(am.spawn(function() return 1, 2, 3 end))
-    assert.equal(1, co.n)
-    assert.equal("dead", coroutine.status(co[1]))
+  it("returns the task alone, done, when fn returns without yielding", function()
+    local t = table.pack(am.spawn(function() return 1, 2, 3 end))
+    assert.equal(1, t.n)
+    assert.equal("done", t[1]:status())
   end)
 
   it("works from the main thread, inside a coroutine and inside a luv callback",
@@ -62,7 +70,7 @@ describe("async_mutex.spawn", function()
         am.spawn(function() log[#log + 1] = "callback"; am.sleep(0); log[#log + 1] = "callback woke" end)
       end)
       h.wait_until(function() return #log == 5 end)
-      assert.equal("dead", coroutine.status(inner))
+      assert.equal("done", inner:status())
       assert.same({ "inner", "outer" }, { log[1], log[2] })
       assert.equal(0, held(base))
     end))
@@ -70,42 +78,51 @@ describe("async_mutex.spawn", function()
   it("accepts a callable table, as runExclusive does", function()
     local got
     local callable = setmetatable({}, { __call = function(self, x) got = { self, x } end })
-    local co = am.spawn(callable, 42)
-    assert.equal("dead", coroutine.status(co))
+    local t = am.spawn(callable, 42)
+    assert.equal("done", t:status())
     assert.same({ callable, 42 }, got)
   end)
 
   describe("with an error escaping the coroutine", function()
-    it("before its first yield: raises nothing, hands the error value and a traceback to the handler",
+    it("before its first yield: raises nothing, hands the error value, a traceback and the task to the handler at the next loop turn",
       function()
         local e = { "boom" }
-        local co
-        local reports = reports_of(function()
-          co = am.spawn(function() error(e) end)
+        local t, now
+        local reports = {}
+        with_handler(function(err, tb, task)
+          reports[#reports + 1] = { err = err, tb = tb, task = task }
+        end, function()
+          t = am.spawn(function() error(e) end)
+          now = #reports                           -- nothing yet: no loop turn
+          h.run_loop()
         end)
+        assert.equal(0, now)
         assert.equal(1, #reports)
         assert.is_true(rawequal(e, reports[1].err))
         assert.is_truthy(reports[1].tb:find("stack traceback", 1, true))
         assert.is_truthy(reports[1].tb:find("26-spawn_spec.lua", 1, true))
-        assert.equal("dead", coroutine.status(co))
+        assert.is_true(rawequal(t, reports[1].task))
+        assert.equal("failed", t:status())
       end)
 
-    it("closes the dead coroutine: its <close> releaser runs and the lock is free", function()
-      local m = am.Mutex.new()
-      local closed = false
-      local co
-      local reports = reports_of(function()
-        co = am.spawn(function()
-          local release <close> = m:acquire()
-          local _ <close> = setmetatable({}, { __close = function() closed = true end })
-          error("failed while holding the lock", 0)
+    it("runs its <close> variables as the error leaves them: the releaser runs and the lock is free at once",
+      function()
+        local m = am.Mutex.new()
+        local closed, locked_after = false, nil
+        local t
+        local reports = reports_of(function()
+          t = am.spawn(function()
+            local release <close> = m:acquire()
+            local _ <close> = setmetatable({}, { __close = function() closed = true end })
+            error("failed while holding the lock", 0)
+          end)
+          locked_after = m:isLocked()              -- before any loop turn
         end)
+        assert.same({ "failed while holding the lock" }, { reports[1].err })
+        assert.is_true(closed)
+        assert.is_false(locked_after)
+        assert.equal("failed", t:status())
       end)
-      assert.same({ "failed while holding the lock" }, { reports[1].err })
-      assert.is_true(closed)
-      assert.is_false(m:isLocked())
-      assert.is_true(coroutine.close(co))        -- already closed: nothing left
-    end)
 
     it("after a wake-up by the module: reported, closed, the lock passes on (the Quick start with an error after the I/O)",
       h.async(function()
@@ -142,6 +159,18 @@ describe("async_mutex.spawn", function()
       assert.equal(1, #reports)
     end)
 
+    it("is not reported when a join takes it in the same loop turn", function()
+      local got
+      local reports = reports_of(function()
+        am.spawn(function()
+          local t = am.spawn(function() error("taken", 0) end)
+          got = select(2, pcall(t.join, t))
+        end)
+      end)
+      assert.equal("taken", got)
+      assert.equal(0, #reports)
+    end)
+
     it("goes to stderr with its traceback when no handler is set, and the process goes on", function()
       local r = h.subprocess([[
         local uv = require "luv"
@@ -158,9 +187,9 @@ describe("async_mutex.spawn", function()
       ]])
       assert.equal(0, r.rc, r.stderr)
       assert.equal("locked\tfalse\tpending\t0\n", r.stdout)
-      assert.matches("async_mutex: error in a resumed coroutine: [^\n]*:9: early failure\n"
+      assert.matches("async_mutex: error in a task: [^\n]*:9: early failure\n"
         .. "stack traceback:\n", r.stderr)
-      assert.matches("async_mutex: error in a resumed coroutine: [^\n]*:7: late failure\n"
+      assert.matches("async_mutex: error in a task: [^\n]*:7: late failure\n"
         .. "stack traceback:\n", r.stderr)
       assert.is_truthy(r.stderr:find("early failure.-late failure"), r.stderr)
     end)
@@ -184,42 +213,49 @@ describe("async_mutex.spawn", function()
         ]])
         assert.equal(0, r.rc, r.stderr)
         assert.equal("went on\n", r.stdout)
-        assert.matches("async_mutex: error in a resumed coroutine: WRONGTYPE at once\n"
+        assert.matches("async_mutex: error in a task: WRONGTYPE at once\n"
           .. "stack traceback:\n", r.stderr, 1, true)
-        assert.matches("async_mutex: error in a resumed coroutine: WRONGTYPE later\n"
+        assert.matches("async_mutex: error in a task: WRONGTYPE later\n"
           .. "stack traceback:\n", r.stderr, 1, true)
         -- no __tostring, or one that raises: its type, as before
-        local _, tables = r.stderr:gsub("error in a resumed coroutine: %(error object is a table value%)\n", "")
+        local _, tables = r.stderr:gsub("error in a task: %(error object is a table value%)\n", "")
         assert.equal(2, tables, r.stderr)
       end)
 
     it("names the error objects of a failing handler and of a failing __close the same way",
       function()
         local r = h.subprocess([[
+          local uv = require "luv"
           local am = require "async_mutex"
           local function object(text)
             return setmetatable({}, { __tostring = function() return text end })
           end
+          -- a <close> that raises as the error leaves: its error is the
+          -- task's (Lua's rule for errors in closing methods)
           am.spawn(function()
             local _ <close> = setmetatable({}, { __close = function() error(object("close broke")) end })
             error("body broke", 0)
           end)
+          uv.run()
           am.setErrorHandler(function() error(object("handler broke")) end)
           am.spawn(function() error("spawned broke", 0) end)
+          uv.run()
           print("still here")
         ]])
         assert.equal(0, r.rc, r.stderr)
         assert.equal("still here\n", r.stdout)
-        assert.matches("async_mutex: error closing a dead coroutine: close broke\n", r.stderr, 1, true)
+        assert.matches("async_mutex: error in a task: close broke\n", r.stderr, 1, true)
         assert.matches("async_mutex: error in the error handler: handler broke\n"
           .. "while reporting: spawned broke\nstack traceback:", r.stderr, 1, true)
       end)
 
     it("a handler that raises is reported on stderr and the process goes on", function()
       local r = h.subprocess([[
+        local uv = require "luv"
         local am = require "async_mutex"
         am.setErrorHandler(function() error("handler broke", 0) end)
         am.spawn(function() error("spawned broke", 0) end)
+        uv.run()
         print("still here")
       ]])
       assert.equal(0, r.rc, r.stderr)
@@ -229,17 +265,17 @@ describe("async_mutex.spawn", function()
     end)
   end)
 
-  describe("under coroutine.close", function()
+  describe("under task:cancel()", function()
     it("a spawned coroutine waiting for a lock leaves the queue; the lock passes on",
       h.async(function()
         local base = am.pending()
         local m = am.Mutex.new()
         local release = m:acquire()
         local log = {}
-        local co = am.spawn(function() m:acquire(); log[#log + 1] = "closed one ran" end)
+        local t = am.spawn(function() m:acquire(); log[#log + 1] = "closed one ran" end)
         am.spawn(function() local r = m:acquire(); log[#log + 1] = "next"; r() end)
         assert.equal(2, held(base))
-        assert.is_true(coroutine.close(co))
+        assert.is_true(t:cancel())
         assert.equal(1, held(base))
         release()
         h.tick()
@@ -314,17 +350,27 @@ describe("README's Quick start", function()
     assert.equal("", r.stderr)
   end)
 
-  it("with an error thrown after the I/O: reports it, leaves the mutex unlocked, runs the second withdrawal",
+  it("with an error thrown after the I/O: am.run raises it with its traceback, the other withdrawal canceled, the mutex unlocked",
     function()
       assert.is_truthy(code:find(IO_LINE, 1, true), "the Quick start has no line " .. IO_LINE)
       local failing = code:gsub("\n" .. IO_LINE:gsub("%p", "%%%0"), function(line)
         return line .. '  if amount == 30 then error("I/O failed") end\n'
-      end) .. '\nprint(balance, mutex:isLocked(), am.pending())\n'
+      end)
+      -- as a user runs it: the error ends the script (stderr, exit 1)
       local r = h.subprocess(failing)
+      assert.equal(1, r.rc)
+      assert.equal("", r.stdout)
+      assert.matches("^lua5.4: [^\n]*:%d+: I/O failed\nstack traceback:\n%s*%[C%]: in function 'error'\n",
+        r.stderr)
+      -- and caught, to look inside: nothing withdrawn, nothing held or waiting
+      local RUN, END = "\nam.run(function()", "\nend)                                         -- raises"
+      assert.is_truthy(failing:find(RUN, 1, true) and failing:find(END, 1, true))
+      local caught = failing:gsub(RUN:gsub("%p", "%%%0"), "\nlocal ran, err = pcall(am.run, function()")
+        :gsub(END:gsub("%p", "%%%0"), "\nend) print(ran, err:match('I/O failed'), mutex:isLocked(), am.pending()) --")
+      r = h.subprocess(caught)
       assert.equal(0, r.rc, r.stderr)
-      assert.equal("20\n20\tfalse\t0\n", r.stdout)  -- print(balance), then ours
-      assert.matches("^async_mutex: error in a resumed coroutine: [^\n]*:%d+: I/O failed\n"
-        .. "stack traceback:\n", r.stderr)
+      assert.equal("false\tI/O failed\tfalse\t0\n100\n", r.stdout)
+      assert.equal("", r.stderr)
     end)
 end)
 

@@ -47,6 +47,8 @@ local function bad_arguments(c)
   local v = redis.versioned(c, "spec28:v")
   local s = { unsubscribe = f }
   local OPT = "bad argument #1 to 'connect' "
+  -- an unknown option is answered with the options connect takes
+  local CONNECT_OPTIONS = "commandTimeout, connectTimeout, db, host, password, path, pingInterval, port, reconnectDelay, reconnectDelayMax, username"
   return {
     { function() redis.connect(true) end, OPT .. "(table expected, got boolean)" },
     { function() redis.connect({ port = "6379" }) end,
@@ -66,8 +68,10 @@ local function bad_arguments(c)
       OPT .. "(path excludes host and port)" },
     { function() redis.connect({ db = 1.5 }) end, OPT .. "(db must be a non-negative integer)" },
     { function() redis.connect({ commandTimout = math.huge }) end,
-      OPT .. "(unknown option 'commandTimout')" },
-    { function() redis.connect({ [1] = "127.0.0.1" }) end, OPT .. "(unknown option '1')" },
+      OPT .. "(unknown option 'commandTimout'; did you mean 'commandTimeout'? options: "
+        .. CONNECT_OPTIONS .. ")" },
+    { function() redis.connect({ [1] = "127.0.0.1" }) end,
+      OPT .. "(unknown option '1'; options: " .. CONNECT_OPTIONS .. ")" },
     { function() c.call("PING") end,
       "bad argument #1 to 'call' (async_mutex.redis.Client expected, got string)" },
     { function() c:call("SET", {}, 1) end,
@@ -96,7 +100,8 @@ local function bad_arguments(c)
     { function() v:update() end, "bad argument #1 to 'update' (function expected, got no value)" },
     { function() redis.versioned(c, 1) end, "bad argument #2 to 'versioned' (string expected, got number)" },
     { function() am.optimistic(f, { maxAttempt = 3 }) end,
-      "bad argument #2 to 'optimistic' (unknown option 'maxAttempt')" },
+      "bad argument #2 to 'optimistic' (unknown option 'maxAttempt'; did you mean 'maxAttempts'?"
+        .. " options: baseDelay, conflictError, maxAttempts, maxDelay, random, sleep)" },
   }
 end
 

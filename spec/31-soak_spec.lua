@@ -263,8 +263,9 @@ end)
 
 describe("timeouts en masse", function()
   it("settles 100,000 waiters whose deadlines pass at the same instant as racing releases, each exactly once", h.async(function()
+   h.with_loop_clock(function()
     -- Every waiter is queued in the same loop turn, so all deadlines are
-    -- the same instant T.  Two releases are due at T as well: one from a
+    -- the same instant T (counted from the loop's time: h.with_loop_clock).  Two releases are due at T as well: one from a
     -- timer started before the waiters queued (libuv runs timers due at
     -- the same time in start order, so it runs before the module's
     -- deadline timer and its grants win), one from a timer started after
@@ -330,6 +331,7 @@ describe("timeouts en masse", function()
     local late = h.acquirer(nil, "late", wt, K1 + K2)
     assert.is_true(late.ok)
     late.release()
+   end)
   end, { deadline = 60000 }))
 end)
 

@@ -1,4 +1,4 @@
--- Re-entry from debug hooks: the module calls luv through Lua (uv.now,
+-- Re-entry from debug hooks: the module calls luv through Lua (uv.hrtime,
 -- idle:start, timer:start), where a "c" hook runs, and the hook may call
 -- the module back.  It only does so once its queues are consistent
 -- (docs/semantics.md, Re-entry).  Each case runs in a child process, so
@@ -11,14 +11,14 @@ local h = require "helpers"
 local function run(body) return h.reentry_child(body, 60) end
 
 describe("a debug hook", function()
-  it("that releases the mutex from the uv.now call of a withTimeout acquire: granted at once, no timer left", function()
+  it("that releases the mutex from the clock read (uv.hrtime) of a withTimeout acquire: granted at once, no timer left", function()
     assert.equal("true false 0 0\n", run([[
       local m = am.Mutex.new()
       local holder
       coroutine.wrap(function() holder = m:acquire() end)()
       local got
       coroutine.wrap(function()
-        on_call(uv.now, function() m:release() end)
+        on_call(uv.hrtime, function() m:release() end)
         local d = am.withTimeout(m, 20)
         local ok, r = pcall(d.acquire, d)
         debug.sethook()

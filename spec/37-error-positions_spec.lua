@@ -151,22 +151,27 @@ end)
 -- the Lua modules' words (checks.unknown_option, owned by src/args.c): a
 -- misspelt option would otherwise leave its default silently in place.
 describe("unknown options", function()
-  local function unknown(n, fname, key)
-    return ("bad argument #%d to '%s' (unknown option '%s')"):format(n, fname, key)
+  local KEYED = "cancelError, maxPending, maxPendingError"
+  -- the complaint: the key, the option meant when one is near, the options
+  local function unknown(n, fname, key, options, near)
+    return ("bad argument #%d to '%s' (unknown option '%s'; %soptions: %s)"):format(n, fname, key,
+      near and ("did you mean '%s'? "):format(near) or "", options)
   end
 
   it("are refused by every option table of the core, at the user's line", h.async(function()
     local m, km = am.Mutex.new(), am.KeyedMutex.new()
     for _, case in ipairs({
-      { function() am.KeyedMutex.new({ maxPendng = 1 }) end, unknown(1, "new", "maxPendng") },
-      { function() am.KeyedSemaphore.new(2, { cancelErr = "x" }) end, unknown(2, "new", "cancelErr") },
+      { function() am.KeyedMutex.new({ maxPendng = 1 }) end,
+        unknown(1, "new", "maxPendng", KEYED, "maxPending") },
+      { function() am.KeyedSemaphore.new(2, { cancelErr = "x" }) end,
+        unknown(2, "new", "cancelErr", KEYED, "cancelError") },
       { function() am.KeyedRWLock.new({ maxPendingErorr = "x" }) end,
-        unknown(1, "new", "maxPendingErorr") },
+        unknown(1, "new", "maxPendingErorr", KEYED, "maxPendingError") },
       { function() am.withLease(m, 10, nil, { fromRequst = true }) end,
-        unknown(4, "withLease", "fromRequst") },
+        unknown(4, "withLease", "fromRequst", "fromRequest", "fromRequest") },
       { function() am.withLease(km, 10, "lost", { fromRequest = true, x = 1 }) end,
-        unknown(4, "withLease", "x") },
-      { function() am.KeyedMutex.new({ [1] = true }) end, unknown(1, "new", "1") },
+        unknown(4, "withLease", "x", "fromRequest") },
+      { function() am.KeyedMutex.new({ [1] = true }) end, unknown(1, "new", "1", KEYED) },
     }) do check(case) end
   end))
 
@@ -175,9 +180,12 @@ describe("unknown options", function()
     local redis = require "async_mutex.redis"
     local from_core = h.error_of(function() am.KeyedMutex.new({ bogus = 1 }) end)
     local from_lua = h.error_of(function() redis.connect({ bogus = 1 }) end)
-    assert.equal("bad argument #1 to 'new' (unknown option 'bogus')", from_core)
-    assert.equal("bad argument #1 to 'connect' (unknown option 'bogus')", from_lua)
-    assert.equal("unknown option 'bogus'", checks.unknown_option({ bogus = 1 }, { other = true }))
+    assert.equal("bad argument #1 to 'new' (unknown option 'bogus'; options: " .. KEYED .. ")",
+      from_core)
+    assert.equal("bad argument #1 to 'connect' (unknown option 'bogus'; options: commandTimeout, connectTimeout, db, host, password, path, pingInterval, port, reconnectDelay, reconnectDelayMax, username)",
+      from_lua)
+    assert.equal("unknown option 'bogus'; options: other",
+      checks.unknown_option({ bogus = 1 }, { other = true }))
     assert.is_nil(checks.unknown_option({ other = 1 }, { other = true }))
   end)
 

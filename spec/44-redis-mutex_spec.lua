@@ -116,7 +116,8 @@ describe("RedisMutex:acquire", function()
     local m = am.RedisMutex.new(c, fresh_name())
     local outside
     ("x"):gsub(".", function() outside = h.error_of(function() m:acquire() end) end)
-    assert.equal("attempt to acquire a Redis lock outside a coroutine", outside)
+    assert.equal("attempt to acquire a Redis lock where the coroutine cannot yield (inside a"
+      .. " metamethod or a function called from C, such as a table.sort comparator)", outside)
     assert.equal("bad argument #1 to 'acquire' (priority must be a number, got string)",
       h.error_of(function() m:acquire("high") end))
     assert.equal("bad argument #1 to 'acquire' (priority must not be NaN)",

@@ -301,7 +301,8 @@ describe("am.optimistic's bad input", function()
     { "options not a table", function() am.optimistic(fn, 5) end,
       "bad argument #2 to 'optimistic' (table expected, got number)" },
     { "an unknown option", function() am.optimistic(fn, { maxAttempt = 3 }) end,
-      "bad argument #2 to 'optimistic' (unknown option 'maxAttempt')" },
+      "bad argument #2 to 'optimistic' (unknown option 'maxAttempt'; did you mean"
+        .. " 'maxAttempts'? options: baseDelay, conflictError, maxAttempts, maxDelay, random, sleep)" },
     { "maxAttempts 0", function() am.optimistic(fn, { maxAttempts = 0 }) end,
       "bad argument #2 to 'optimistic' (maxAttempts must be a positive integer or math.huge)" },
     { "maxAttempts -1", function() am.optimistic(fn, { maxAttempts = -1 }) end,

@@ -554,7 +554,7 @@ describe("versioned values' bad input", function()
     { "update with bad options", function() v:update(tostring, { maxAttempts = 0 }) end,
       "bad argument #2 to 'update' (maxAttempts must be a positive integer or math.huge)" },
     { "update with an unknown option", function() v:update(tostring, { retries = 3 }) end,
-      "bad argument #2 to 'update' (unknown option 'retries')" },
+      "bad argument #2 to 'update' (unknown option 'retries'; options: baseDelay, conflictError, maxAttempts, maxDelay, random, sleep)" },
     { "update on something else", function() v.update(nil, tostring) end,
       "bad argument #1 to 'update' (async_mutex.redis.Versioned expected, got nil)" },
   }

@@ -1,7 +1,7 @@
--- A review of how errors escaping coroutines the module resumed are
--- reported (README, Errors in resumed coroutines; spec 26): the text is
--- the one lua5.4 prints for an uncaught error, and the traceback is the
--- error's, whatever the error object's __tostring does.
+-- A review of how errors escaping tasks and coroutines the module resumed
+-- are reported (README, Errors in tasks and resumed coroutines; spec 26):
+-- the text is the one lua5.4 prints for an uncaught error, and the
+-- traceback is the error's, whatever the error object's __tostring does.
 -- (Uses spec number 56 of the 50-59 range; it is about error reports.)
 local h = require "helpers"
 
@@ -17,9 +17,9 @@ describe("an error escaping a resumed coroutine", function()
     ]])
     assert.equal(0, r.rc, r.stderr)
     assert.equal("went on\n", r.stdout)
-    assert.matches("async_mutex: error in a resumed coroutine: 404\nstack traceback:\n",
+    assert.matches("async_mutex: error in a task: 404\nstack traceback:\n",
       r.stderr, 1, true)
-    assert.matches("async_mutex: error in a resumed coroutine: 2.5\nstack traceback:\n",
+    assert.matches("async_mutex: error in a task: 2.5\nstack traceback:\n",
       r.stderr, 1, true)
   end)
 
@@ -36,7 +36,9 @@ describe("an error escaping a resumed coroutine", function()
           return "closed by its text"
         end }), 0)
       end
-      co = am.spawn(function() am.sleep(1); failing_here() end)
+      -- a coroutine of ours (a task's catches its error: none dies)
+      co = coroutine.create(function() am.sleep(1); failing_here() end)
+      assert(coroutine.resume(co))
       am.spawn(function() am.sleep(2); local r = m:acquire(); print("next holder", r()) end)
       uv.run()
       print("went on", m:isLocked(), am.pending())
@@ -50,9 +52,10 @@ describe("an error escaping a resumed coroutine", function()
 
   it("is reported, the lock passed on, whatever its __tostring does", function()
     -- yields (across the C call: ignored), raises an object, returns a
-    -- number, recurses without end, spawns a coroutine failing with the
-    -- same object (nested reports down to the C stack's limit); a userdata
-    -- error object with __tostring; a nil error
+    -- number, recurses without end, spawns a task failing with the same
+    -- object (a failure met while reporting is reported at once: nested
+    -- reports down to the C stack's limit, not one a turn for ever); a
+    -- userdata error object with __tostring; a nil error
     local r = h.subprocess([[
       local uv = require "luv"
       local am = require "async_mutex"
@@ -82,13 +85,13 @@ describe("an error escaping a resumed coroutine", function()
     ]])
     assert.equal(0, r.rc, r.stderr)
     assert.equal("went on\t1\tfalse\t0\n", r.stdout)
-    local _, tables = r.stderr:gsub("error in a resumed coroutine: %(error object is a table value%)\n", "")
+    local _, tables = r.stderr:gsub("error in a task: %(error object is a table value%)\n", "")
     -- yields, raises, 42, recursion (and maybe the innermost 'again', whose
     -- spawn met the C stack's limit)
     assert.is_true(tables >= 4, r.stderr)
-    assert.matches("error in a resumed coroutine: again\n", r.stderr, 1, true)
-    assert.matches("error in a resumed coroutine: file %(0x", r.stderr)
-    assert.matches("error in a resumed coroutine: (error object is a nil value)\n", r.stderr, 1, true)
+    assert.matches("error in a task: again\n", r.stderr, 1, true)
+    assert.matches("error in a task: file %(0x", r.stderr)
+    assert.matches("error in a task: (error object is a nil value)\n", r.stderr, 1, true)
   end)
 end)
 

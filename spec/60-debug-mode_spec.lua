@@ -354,9 +354,11 @@ describe("am.debug usage errors", function()
       err_at(function() am.debug.enable({ traceback = 1 }) end))
     assert.equal("bad argument #1 to 'enable' (onReport must be a function)",
       err_at(function() am.debug.enable({ onReport = "stderr" }) end))
-    assert.equal("bad argument #1 to 'enable' (unknown option 'tracebak')",
+    assert.equal("bad argument #1 to 'enable' (unknown option 'tracebak'; did you mean"
+      .. " 'traceback'? options: holdWarning, onReport, traceback)",
       err_at(function() am.debug.enable({ tracebak = true }) end))
-    assert.equal("bad argument #1 to 'enable' (unknown option '1')",
+    assert.equal("bad argument #1 to 'enable' (unknown option '1'; options: holdWarning,"
+      .. " onReport, traceback)",
       err_at(function() am.debug.enable({ true }) end))
     assert.is_false(am.debug.isEnabled())     -- nothing changed
   end)

@@ -20,20 +20,23 @@ local check = h.raises_at_caller
 describe("Redis lock options", function()
   it("refuses an unknown option name, as redis.connect does", h.async(function()
     local c = server:client()
+    local LOCK = "cancelError, lostError, onLost, renewInterval, ttl, waiterTimeout"
     check { function() am.RedisMutex.new(c, "x", { tll = 5 }) end,
-      "bad argument #3 to 'new' (unknown option 'tll')" }
+      "bad argument #3 to 'new' (unknown option 'tll'; did you mean 'ttl'? options: " .. LOCK .. ")" }
     check { function() am.KeyedRedisMutex.new(c, "k:", { onlost = print }) end,
-      "bad argument #3 to 'new' (unknown option 'onlost')" }
+      "bad argument #3 to 'new' (unknown option 'onlost'; did you mean 'onLost'? options: "
+        .. LOCK .. ")" }
     check { function() am.RedisSemaphore.new(c, "s", 2, { renew = 5 }) end,
-      "bad argument #4 to 'new' (unknown option 'renew')" }
-    assert.equal("bad argument #3 to 'new' (unknown option '1')",
+      "bad argument #4 to 'new' (unknown option 'renew'; did you mean 'renewInterval'? options: "
+        .. LOCK .. ")" }
+    assert.equal("bad argument #3 to 'new' (unknown option '1'; options: " .. LOCK .. ")",
       h.error_of(function() am.RedisMutex.new(c, "x", { 100 }) end))
     -- the same wording as connect's and optimistic's
-    assert.equal("bad argument #1 to 'connect' (unknown option 'tll')",
+    assert.matches("^bad argument #1 to 'connect' %(unknown option 'tll'; options: ",
       h.error_of(function() redis.connect { path = server.path, tll = 5 } end))
     local ok, err = pcall(am.optimistic, function() end, { tll = 5 })
     assert.is_false(ok)
-    assert.matches("%(unknown option 'tll'%)$", err)
+    assert.matches("%(unknown option 'tll'; options: [^)]*%)$", err)
     c:close()
   end))
 

@@ -46,7 +46,7 @@ describe("am.withLease of a Redis lock", function()
       h.raises_at_caller({ function() am.withLease(m, 0) end,
         "bad argument #2 to 'withLease' (lease must be a positive finite number)" })
       h.raises_at_caller({ function() am.withLease(m, 10, nil, { x = 1 }) end,
-        "bad argument #4 to 'withLease' (unknown option 'x')" })
+        "bad argument #4 to 'withLease' (unknown option 'x'; options: fromRequest)" })
     end)
 end)
 

@@ -1,13 +1,14 @@
--- Test helpers: run a spec body as a coroutine on luv's loop, with a deadline,
--- and check that the loop is left with nothing active.
+-- Test helpers: run a spec body as a task on luv's loop (am.run), with a
+-- deadline, and check that the loop is left with nothing active.
 --
 --   local h = require "helpers"
 --   it("waits", h.async(function() ... h.sleep(10) ... end))
 --
--- busted runs bodies on the main thread, which cannot yield; h.async wraps the
--- body in a coroutine, runs uv.run() until the loop is idle, then re-raises the
--- body's error (with its traceback), fails if the body never finished, and
--- fails if a handle other than the module's stopped ones is still active.
+-- busted runs bodies on the main thread, which cannot yield; h.async runs the
+-- body with am.run (README, "Tests with busted"), which runs the loop until it
+-- is idle, raises the body's error (with its traceback), and fails when
+-- coroutines are left waiting for ever; h.run also fails if the deadline
+-- passed or a handle other than the module's stopped ones is still active.
 --
 -- Errors that happen outside the body (in a coroutine started with h.spawn, in
 -- a coroutine the module resumed and that died, in a helper timer) are
@@ -21,7 +22,9 @@
 -- a section at once), h.without_yield(fn), h.try_now(fn), h.error_of(fn)
 -- (message without "file:line: "), h.keys_of(keyed), h.count_handles(kind),
 -- h.run_loop(ms) (uv.run() from main code), h.subprocess(code) (a separate
--- lua5.4), h.load(n) (load-test sizes), h.gc(), h.ms_since(t0).
+-- lua5.4), h.load(n) (load-test sizes), h.gc(), h.ms_since(t0),
+-- h.with_loop_clock(fn) (deadlines counted from uv.now(), as a model does),
+-- h.reports_during(fn) (the module's reports of failures made meanwhile).
 --
 -- The numbering of the spec files is explained in spec/README.md.
 
@@ -120,18 +123,42 @@ function helpers.with_handler(handler, body)
   if not ok then error(err, 0) end
 end
 
---- Runs `body(...)` in a coroutine on the loop; returns what it returned.
--- opts.deadline (ms) bounds the run; opts.allow_active skips the handle check.
+--- Runs body with a handler collecting the module's reports (its
+-- setErrorHandler's handler); returns them, each {err, text, task}.
+function helpers.reports_during(body)
+  local reports = {}
+  helpers.with_handler(function(err, text, task)
+    reports[#reports + 1] = { err = err, text = text, task = task }
+  end, body)
+  return reports
+end
+
+--- Runs body() with the deadlines of timed requests counted from the
+-- loop's cached time (uv.now()), as they were before the module read the
+-- clock at each request (docs/semantics.md, Timeouts): for specs of the
+-- queues' order that need deadlines made in one loop turn to be equal.
+-- Restores the clock after, also when body fails.
+function helpers.with_loop_clock(body)
+  local core = require "async_mutex.core"
+  local clock = core.clock(function() return uv.now() * 1e6 end)
+  local ok, err = pcall(body)
+  core.clock(clock)
+  if not ok then error(err, 0) end
+end
+
+--- Runs `body()` as a task on the loop with am.run (README, "Tests with
+-- busted"); returns what it returned.  am.run fails the test when the body
+-- raises (with its traceback), and when coroutines are left waiting for
+-- ever; failures of other coroutines are reported to this file's handler
+-- (unjoined = "report"), so that a test may set its own handler for them
+-- (h.with_handler), and fail the test here otherwise.
+-- opts.deadline (ms) bounds the run (uv.stop(): am.run then says what
+-- still waits); opts.allow_active skips the handle check.
 function helpers.run(body, opts)
   opts = opts or {}
   stray = {}
+  local am = require "async_mutex"
   local restore_handler = install_error_handler()
-  local finished, ok, result = false, nil, nil
-  local co = coroutine.create(function()
-    local packed = table.pack(xpcall(body, debug.traceback))
-    finished, ok = true, packed[1]
-    result = ok and table.pack(table.unpack(packed, 2, packed.n)) or packed[2]
-  end)
   uv.update_time()      -- timers started before uv.run() count from now
   local timed_out = false
   local deadline = own_handle(uv.new_timer())
@@ -141,30 +168,23 @@ function helpers.run(body, opts)
     uv.stop()
   end)
   deadline:unref()                       -- do not keep uv.run() alive by itself
-  local started, err = coroutine.resume(co)
-  if not started then restore_handler(); error(err, 0) end
-  if not finished or not opts.no_loop then uv.run() end
+  local result = table.pack(pcall(am.run, { unjoined = "report" }, body))
   local left = active_handles(deadline)
   deadline:close()
   uv.run("nowait")                       -- let the close complete
   restore_handler()
   if timed_out then
-    error(("deadline of %d ms passed, body %s%s"):format(
-      deadline_ms,
-      finished and "finished" or "still suspended",
-      finished and not ok and (": " .. tostring(result)) or ""), 0)
+    error(("deadline of %d ms passed: %s"):format(deadline_ms,
+      result[1] and "the body finished, the loop did not" or tostring(result[2])), 0)
   end
-  if not finished then
-    error("body never finished: the loop ran out of work with it suspended", 0)
-  end
-  if not ok then error(result, 0) end
+  if not result[1] then error(result[2], 0) end
   if #stray > 0 then
     error("error outside the body: " .. table.concat(stray, "\n---\n"), 0)
   end
   if not opts.allow_active and #left > 0 then
     error("handles left active after the body: " .. table.concat(left, ", "), 0)
   end
-  return table.unpack(result, 1, result.n)
+  return table.unpack(result, 2, result.n)
 end
 
 --- Wraps a spec body for `it(...)`.

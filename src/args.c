@@ -7,7 +7,9 @@
 
 #define LUA_LIB
 
+#include <ctype.h>
 #include <stdarg.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "lua.h"
@@ -142,21 +144,163 @@ int am_usage_error (lua_State *L, const char *fmt, ...) {
   return lua_error(L);
 }
 
+
+/*
+** A request that may wait needs a coroutine that can yield (docs/
+** semantics.md, Coroutines and the loop).  The main thread (a luv
+** callback runs there too) is "outside a coroutine"; a coroutine running
+** a function Lua cannot yield across (a metamethod, a table.sort
+** comparator, a debug hook, a finalizer) is told so: it is inside a
+** coroutine, and the fix is to call from the coroutine's own code.
+** Pushes the complaint about attempting 'act' ("acquire a mutex") here,
+** or nothing when the running coroutine can yield; returns whether it
+** pushed one.  The one owner of these words: the Lua modules get them
+** through core.cannot_yield (async_mutex/checks.lua).
+*/
+static int push_cannot_yield (lua_State *L, const char *act) {
+  int main;
+  if (lua_isyieldable(L)) return 0;
+  main = lua_pushthread(L);
+  lua_pop(L, 1);
+  if (main)
+    lua_pushfstring(L, "attempt to %s outside a coroutine", act);
+  else
+    lua_pushfstring(L, "attempt to %s where the coroutine cannot yield "
+                    "(inside a metamethod or a function called from C, "
+                    "such as a table.sort comparator)", act);
+  return 1;
+}
+
+
+/* Raises the complaint of push_cannot_yield at the user's call, if any. */
+void am_check_yieldable (lua_State *L, const char *act) {
+  if (push_cannot_yield(L, act))
+    am_usage_error(L, "%s", lua_tostring(L, -1));
+}
+
+
+/* core.cannot_yield(act): that complaint, or nil when the caller's
+   coroutine can yield. */
+int am_cannot_yield (lua_State *L) {
+  const char *act = luaL_checkstring(L, 1);
+  if (!push_cannot_yield(L, act)) lua_pushnil(L);
+  return 1;
+}
+
 /* }====================================================== */
 
 
 /* {====================================================== options */
 
+/* How many option names a complaint lists, at most. */
+#define MAX_OPTIONS  64
+/* Names longer than this get no suggestion. */
+#define MAX_NAME     64
+
+static int cmp_names (const void *a, const void *b) {
+  return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+
 /*
-** Pushes the complaint about the key at 'keyidx' of an options table:
-** "unknown option 'k'", k as tostring shows it.  The one owner of this
-** text: the Lua modules get it through core.unknown_option
+** The edit distance between 'a' and 'b', ignoring case: insertions,
+** deletions, substitutions and swaps of two neighbours (optimal string
+** alignment).  Both at most MAX_NAME long.
+*/
+static size_t distance (const char *a, size_t la, const char *b, size_t lb) {
+  unsigned char d[MAX_NAME + 1][MAX_NAME + 1];    /* each at most 64 */
+  size_t i, j;
+  for (i = 0; i <= la; i++) d[i][0] = (unsigned char)i;
+  for (j = 0; j <= lb; j++) d[0][j] = (unsigned char)j;
+  for (i = 1; i <= la; i++)
+    for (j = 1; j <= lb; j++) {
+      int ca = tolower((unsigned char)a[i - 1]);
+      int cb = tolower((unsigned char)b[j - 1]);
+      size_t best = (size_t)d[i - 1][j - 1] + (ca != cb);
+      if ((size_t)d[i - 1][j] + 1 < best) best = (size_t)d[i - 1][j] + 1;
+      if ((size_t)d[i][j - 1] + 1 < best) best = (size_t)d[i][j - 1] + 1;
+      if (i > 1 && j > 1 && ca == tolower((unsigned char)b[j - 2])
+          && tolower((unsigned char)a[i - 2]) == cb
+          && (size_t)d[i - 2][j - 2] + 1 < best)
+        best = (size_t)d[i - 2][j - 2] + 1;
+      d[i][j] = (unsigned char)best;
+    }
+  return d[la][lb];
+}
+
+
+/* Does 'p' (length 'lp') begin 's', ignoring case? */
+static int is_prefix (const char *p, size_t lp, const char *s) {
+  size_t i;
+  for (i = 0; i < lp; i++)
+    if (s[i] == '\0'
+        || tolower((unsigned char)p[i]) != tolower((unsigned char)s[i]))
+      return 0;
+  return 1;
+}
+
+
+/*
+** The option 'key' most likely meant, among 'names' (sorted): the nearest
+** by edit distance, if near enough for its length (a typo, a swap, a
+** wrong case: 'maxPendng', 'tll', 'onlost'), or one it begins or that
+** begins it ('renew', 'ttlMs'); NULL if none.
+*/
+static const char *nearest (const char *key, const char *const names[],
+                            int n) {
+  size_t lk = strlen(key), limit, best = (size_t)-1;
+  const char *found = NULL;
+  int i;
+  if (lk == 0 || lk > MAX_NAME) return NULL;
+  limit = lk <= 3 ? 1 : lk <= 8 ? 2 : 3;
+  for (i = 0; i < n; i++) {
+    size_t ln = strlen(names[i]), d;
+    if (ln > MAX_NAME) continue;
+    d = distance(key, lk, names[i], ln);
+    if (d > limit && !(lk >= 3 && is_prefix(key, lk, names[i]))
+        && !(ln >= 3 && is_prefix(names[i], ln, key)))
+      continue;
+    if (d < best) {
+      best = d;
+      found = names[i];
+    }
+  }
+  return found;
+}
+
+
+/*
+** Pushes the complaint about the key at 'keyidx' of an options table,
+** with the 'n' names it takes: "unknown option 'k'; did you mean 'x'?
+** options: a, b, x" ("unknown option 'k'; options: a, b, x" when none is
+** near: nearest), k as tostring shows it.  The one owner of this text:
+** the Lua modules get it through core.unknown_option
 ** (async_mutex/checks.lua), so a misspelt option reads alike everywhere.
 */
-static void push_unknown (lua_State *L, int keyidx) {
-  luaL_tolstring(L, keyidx, NULL);
-  lua_pushfstring(L, "unknown option '%s'", lua_tostring(L, -1));
-  lua_remove(L, -2);
+static void push_unknown (lua_State *L, int keyidx, const char *names[],
+                          int n) {
+  luaL_Buffer b;
+  const char *key, *near = NULL;
+  int i;
+  keyidx = lua_absindex(L, keyidx);
+  qsort((void *)names, (size_t)n, sizeof(names[0]), cmp_names);
+  key = luaL_tolstring(L, keyidx, NULL);
+  if (lua_type(L, keyidx) == LUA_TSTRING) near = nearest(key, names, n);
+  luaL_buffinit(L, &b);
+  lua_pushfstring(L, "unknown option '%s'", key);
+  luaL_addvalue(&b);
+  if (near != NULL) {
+    lua_pushfstring(L, "; did you mean '%s'?", near);
+    luaL_addvalue(&b);
+  }
+  luaL_addstring(&b, n == 0 ? "; it takes no options"
+                     : near != NULL ? " options: " : "; options: ");
+  for (i = 0; i < n; i++) {
+    if (i > 0) luaL_addstring(&b, ", ");
+    luaL_addstring(&b, names[i]);
+  }
+  luaL_pushresult(&b);
+  lua_remove(L, -2);                              /* the key's text */
 }
 
 
@@ -174,7 +318,7 @@ static int is_known (lua_State *L, const char *const known[]) {
 
 /*
 ** Refuses the options table at 'idx' (a table) when it has a key not in
-** 'known': "bad argument #n to 'fname' (unknown option 'k')" at the
+** 'known': "bad argument #n to 'fname' (unknown option 'k'; ...)" at the
 ** user's call, as am_argerror numbers it.  A misspelt option is an error,
 ** not a default silently kept.
 */
@@ -185,7 +329,13 @@ void am_checkoptions (lua_State *L, int idx, int base, const char *fname,
   while (lua_next(L, idx) != 0) {
     lua_pop(L, 1);                                /* the value */
     if (!is_known(L, known)) {
-      push_unknown(L, -1);
+      const char *names[MAX_OPTIONS];
+      int n = 0;
+      while (known[n] != NULL && n < MAX_OPTIONS) {
+        names[n] = known[n];
+        n++;
+      }
+      push_unknown(L, -1, names, n);
       am_argerror(L, idx, base, fname, lua_tostring(L, -1));
     }
   }
@@ -194,7 +344,8 @@ void am_checkoptions (lua_State *L, int idx, int base, const char *fname,
 
 /*
 ** core.unknown_option(options, known): the complaint about the first key
-** of 'options' that the set 'known' lacks, or nil (checks.unknown_option).
+** of 'options' that the set 'known' lacks (a key with a true value), or
+** nil (checks.unknown_option).
 */
 int am_unknown_option (lua_State *L) {
   luaL_checktype(L, 1, LUA_TTABLE);
@@ -205,7 +356,17 @@ int am_unknown_option (lua_State *L) {
     lua_pop(L, 1);                                /* the value */
     lua_pushvalue(L, -1);
     if (lua_gettable(L, 2) == LUA_TNIL || !lua_toboolean(L, -1)) {
-      push_unknown(L, 3);
+      const char *names[MAX_OPTIONS];             /* anchored by 'known' */
+      int n = 0;
+      lua_pop(L, 1);
+      lua_pushnil(L);
+      while (lua_next(L, 2) != 0) {
+        if (lua_type(L, -2) == LUA_TSTRING && lua_toboolean(L, -1)
+            && n < MAX_OPTIONS)
+          names[n++] = lua_tostring(L, -2);
+        lua_pop(L, 1);
+      }
+      push_unknown(L, 3, names, n);
       return 1;
     }
     lua_pop(L, 1);
@@ -294,6 +455,7 @@ void am_parse_request (lua_State *L, Request *rq, const LockKind *kind) {
                               : rq->mode ? rq->mode : 1;
   rq->priority = optpriority(L, idx, rq->base, rq->fname);
   if (rq->wait != AM_TRY && !lua_isyieldable(L))
-    am_usage_error(L, "attempt to %s %s outside a coroutine",
-               rq->kind == W_ACQUIRE ? "acquire" : "wait for", kind->noun);
+    am_check_yieldable(L, lua_pushfstring(L, "%s %s",
+                       rq->kind == W_ACQUIRE ? "acquire" : "wait for",
+                       kind->noun));
 }

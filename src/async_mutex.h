@@ -22,7 +22,12 @@
 **                      requests have a limit; every other method is the
 **                      lock's own
 **   scheduler.c        the ready list, the timers, the anchors of waiting
-**                      coroutines, and the luv handles that resume them
+**                      coroutines, and the luv handles that resume them;
+**                      the chores of the next loop turn (reports of
+**                      failed tasks, deferred cancels)
+**   task.c             tasks (am.spawn) and groups (am.group): the body
+**                      that records how a task ends, join, cancel; the
+**                      waiting coroutines listed (am.stranded)
 **   error_text.c       an error object's text (error_text.h; also in the
 **                      Redis client's module)
 **   queue.c            FIFO lists and priority queues of waiters
@@ -60,6 +65,8 @@
 #define AM_DECORATED_RWLOCK  "async_mutex.decorated RWLock"
 #define AM_DECORATED_REENTRANT_MUTEX  "async_mutex.decorated ReentrantMutex"
 #define AM_DECORATED_KEYED_RWLOCK  "async_mutex.decorated KeyedRWLock"
+#define AM_TASK       "async_mutex.Task"
+#define AM_GROUP      "async_mutex.Group"
 
 /* async-mutex's exact messages; they are also the error values. */
 #define AM_E_TIMEOUT  "timeout while waiting for mutex to become available"
@@ -85,6 +92,7 @@ typedef enum AmType {
   AM_T_RWLOCK, AM_T_DECORATED_RWLOCK,
   AM_T_REENTRANT_MUTEX, AM_T_DECORATED_REENTRANT_MUTEX,
   AM_T_KEYED_RWLOCK, AM_T_DECORATED_KEYED_RWLOCK,
+  AM_T_TASK, AM_T_GROUP,
   AM_NTYPES                   /* not a type: how many there are */
 } AmType;
 
@@ -379,12 +387,34 @@ struct State {
   lua_State **athreads;              /* anchor threads (scheduler.c) */
   int nathreads;
   int nanchors, free_anchor;         /* their slots; first free one, or 0 */
+  int hrtime, stop, loop_mode;       /* more of luv's functions */
+  int hrtime_luv;                    /* uv.hrtime, when core.clock moved
+                                        'hrtime' elsewhere */
+  /* tasks (task.c) */
+  int task_body, gate_wait;          /* closures: a task's body, a join */
+  int gates;                         /* weak: task or group -> its gate */
+  int chores;                        /* what the end of a loop turn does
+                                        (am_chore), at chore_head ..
+                                        chore_tail - 1 */
+  int chore_head, chore_tail;
+  int ncanceling;                    /* tasks cancelled as they ran, to
+                                        be handed to the chores at their
+                                        next wait (task.c) */
+  int collect;                       /* am.run's list of reported
+                                        failures (core.collect), or
+                                        LUA_NOREF */
+  int collect_keep;                  /* append to it (else only mark that
+                                        am.run runs) */
+  int reporting;                     /* reports being made (task.c) */
+  int closing;                       /* state__gc: reports to stderr */
 };
 
 /* core.c */
 extern const char *const am_tnames[AM_NTYPES];
 
 /* args.c */
+void am_check_yieldable (lua_State *L, const char *act);
+int am_cannot_yield (lua_State *L);
 void *am_testself (lua_State *L, int idx, AmType t);
 void *am_checkself (lua_State *L, AmType t);
 int am_argerror (lua_State *L, int idx, int base, const char *fname,
@@ -508,14 +538,36 @@ int am_decorated_request (lua_State *L, int kind, const char *fname,
 State *am_state_open (lua_State *L);
 void am_schedule (State *st, Waiter *w);
 void am_sync (lua_State *L, State *st);
-lua_Number am_timer_now (lua_State *L, State *st);
+lua_Number am_timer_now (lua_State *L, State *st, lua_Number ms);
+int am_core_clock (lua_State *L);
 void am_timer_add (lua_State *L, State *st, Waiter *w, lua_Number now,
                    lua_Number ms);
 void am_timer_remove (lua_State *L, State *st, Waiter *w);
 void am_anchor (lua_State *L, Waiter *w);
 void am_unanchor (lua_State *L, Waiter *w);
 void am_push_anchored (lua_State *L, const Waiter *w);
+void am_push_anchored_threads (lua_State *L, State *st);
 void am_report (lua_State *L, State *st, lua_State *co);
+void am_report_error (lua_State *L, State *st, const char *what, int who);
+void am_chore (lua_State *L, State *st, int idx);
+void am_stop_loop (lua_State *L, State *st);
+
+/* task.c */
+extern const luaL_Reg am_task_methods[];
+extern const luaL_Reg am_task_metamethods[];
+extern const luaL_Reg am_group_methods[];
+extern const luaL_Reg am_group_metamethods[];
+int am_task_body (lua_State *L);
+int am_gate_wait (lua_State *L);
+int am_spawn (lua_State *L);
+int am_run_main (lua_State *L);
+int am_group (lua_State *L);
+int am_outcome (lua_State *L);
+int am_failure (lua_State *L);
+int am_waiting (lua_State *L);
+int am_collect (lua_State *L);
+void am_do_chore (lua_State *L, State *st, int idx);
+void am_task_waits (lua_State *L, State *st);
 
 /* debug.c: debug mode (docs/debug.md).  Each hook site tests the global
    'am_debug_on' (states with debug mode on) and nothing else when off. */

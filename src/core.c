@@ -48,36 +48,6 @@ static int core_setErrorHandler (lua_State *L) {
 
 
 /*
-** spawn(fn, ...): runs fn(...) in a new coroutine at once, up to its first
-** yield, and returns the coroutine.  An error escaping this first run is
-** the module's to report, like one escaping a resume by the scheduler:
-** the handler or stderr hears of it, and the dead coroutine is closed so
-** its to-be-closed variables run.  Nothing is raised to the caller, who
-** may be the main chunk or a luv callback.  Callable tables are accepted,
-** as runExclusive accepts them.
-*/
-static int core_spawn (lua_State *L) {
-  State *st = am_getstate(L);
-  int n = lua_gettop(L);                      /* fn and its arguments */
-  int status, nres;
-  lua_State *co;
-  luaL_argexpected(L, lua_type(L, 1) == LUA_TFUNCTION
-                   || luaL_getmetafield(L, 1, "__call") != LUA_TNIL,
-                   1, "function");
-  lua_settop(L, n);                           /* drop the __call found */
-  co = lua_newthread(L);
-  lua_insert(L, 1);                           /* co fn ... */
-  lua_xmove(L, co, n);                        /* co; co: fn ... */
-  status = lua_resume(co, L, n - 1, &nres);
-  if (status == LUA_OK || status == LUA_YIELD)
-    lua_pop(co, nres);                        /* nobody reads them */
-  else
-    am_report(L, st, co);                     /* and closes it */
-  return 1;
-}
-
-
-/*
 ** sleep(ms): a timed acquire of weight 1 on a semaphore of value 0 that
 ** nobody else can reach (upvalue UV_ASLEEP): it can only time out, and a
 ** timed request with no error index returns nothing when it does
@@ -100,8 +70,7 @@ static int core_sleep (lua_State *L) {
   ms = lua_tonumber(L, 1);
   luaL_argcheck(L, ms >= 0 && ms < HUGE_VAL, 1,
                 "ms must be a non-negative finite number");
-  if (!lua_isyieldable(L))
-    return luaL_error(L, "attempt to sleep outside a coroutine");
+  am_check_yieldable(L, "sleep");
   lua_settop(L, 0);
   lua_pushvalue(L, lua_upvalueindex(UV_ASLEEP));            /* 1: the lock */
   rq = (Request){.kind = W_ACQUIRE, .wait = AM_TIMEOUT, .ms = ms,
@@ -142,14 +111,22 @@ static const luaL_Reg core_funcs[] = {
   {"limit", am_core_limit},
   {"layer", am_layer},
   {"unknown_option", am_unknown_option},
+  {"cannot_yield", am_cannot_yield},
   {"withTimeout", am_withTimeout},
   {"tryAcquire", am_tryAcquire},
   {"withLease", am_withLease},
   {"kind", core_kind},
   {"setErrorHandler", core_setErrorHandler},
   {"pending", core_pending},
-  {"spawn", core_spawn},
+  {"spawn", am_spawn},
   {"sleeper", core_sleeper},
+  {"group", am_group},
+  {"run_main", am_run_main},
+  {"outcome", am_outcome},
+  {"failure", am_failure},
+  {"waiting", am_waiting},
+  {"collect", am_collect},
+  {"clock", am_core_clock},
   {NULL, NULL}
 };
 
@@ -172,6 +149,8 @@ const char *const am_tnames[AM_NTYPES] = {
   [AM_T_DECORATED_REENTRANT_MUTEX] = AM_DECORATED_REENTRANT_MUTEX,
   [AM_T_KEYED_RWLOCK] = AM_KEYED_RWLOCK,
   [AM_T_DECORATED_KEYED_RWLOCK] = AM_DECORATED_KEYED_RWLOCK,
+  [AM_T_TASK] = AM_TASK,
+  [AM_T_GROUP] = AM_GROUP,
 };
 
 
@@ -228,6 +207,8 @@ static const TypeReg types[AM_NTYPES] = {
   [AM_T_DECORATED_KEYED_RWLOCK] = {
     .methods = am_decorated_keyed_rwlock_methods, .decorated = 1,
     .decorates = AM_T_KEYED_RWLOCK},
+  [AM_T_TASK] = {NULL, am_task_metamethods, am_task_methods, NULL},
+  [AM_T_GROUP] = {NULL, am_group_metamethods, am_group_methods, NULL},
 };
 
 /*
@@ -317,6 +298,29 @@ static void open_decorated (lua_State *L, AmType d, AmType t, int module) {
 }
 
 
+/*
+** The closures every task's coroutine runs, and a join waits in, with
+** the module's upvalues (task.c), made by the first copy of the module:
+** pushing one to start a task allocates nothing.
+*/
+static void open_tasks (lua_State *L) {
+  static const luaL_Reg closures[] = {
+    {"body", am_task_body},
+    {"gate_wait", am_gate_wait},
+    {NULL, NULL}
+  };
+  State *st = (State *)lua_touserdata(L, 1);
+  if (st->task_body != LUA_NOREF) return;
+  lua_newtable(L);
+  setfuncs(L, -1, closures, 0);
+  lua_getfield(L, -1, "body");
+  st->task_body = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_getfield(L, -1, "gate_wait");
+  st->gate_wait = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_pop(L, 1);
+}
+
+
 __attribute__((visibility("default")))
 LUAMOD_API int luaopen_async_mutex_core (lua_State *L) {
   int t, module;
@@ -334,6 +338,7 @@ LUAMOD_API int luaopen_async_mutex_core (lua_State *L) {
   lua_newtable(L);                          /* the module */
   module = lua_gettop(L);
   setfuncs(L, module, core_funcs, 0);
+  open_tasks(L);
   setfuncs(L, module, am_debug_funcs, 0);
   for (t = 0; t < AM_NTYPES; t++)
     if (!types[t].decorated) open_type(L, (AmType)t, module);

@@ -288,7 +288,7 @@ static int finish_request (lua_State *L, int status, lua_KContext ctx) {
       if (w->r.lock->kind->reentrant)      /* its holder, from now on */
         am_reentrant_owned(L, w->r.lock, w->r.lockidx);
       if (w->r.leased) {                     /* the lease starts (or ran) */
-        lua_Number now = am_timer_now(L, w->r.lock->st);
+        lua_Number now = am_timer_now(L, w->r.lock->st, 1);
         n = push_leased_grant(L, w->r.lockidx, w->r.lostidx, w->r.lock,
                               w->r.weight, w->r.token, now,
                               w->r.lease_from_request ? w->lease
@@ -391,8 +391,8 @@ static int suspend (lua_State *L, Request *rq) {
   int leased = rq->lease > 0 && rq->kind == W_ACQUIRE;
   int hands_out = HAND_OUT_WAITERS && !timed && !leased
                   && rq->kind == W_ACQUIRE;
-  int clocked;
-  lua_Number now = 0;
+  int clocked, precise;
+  lua_Number now = 0, need;
   Waiter *w;
   /* keep what the continuation reads; the waiter goes just above */
   lua_settop(L, top_kept(rq->lockidx, rq->erridx, rq->lostidx));
@@ -407,10 +407,13 @@ static int suspend (lua_State *L, Request *rq) {
      anchor back (am_waiter_abandon) */
   am_anchor(L, w);                         /* may run the collector */
   /* the clock, if the wait needs it (a lease counted from the grant
-     reads it when the grant comes) */
+     reads it when the grant comes); a wait of 0 ms reads the loop's
+     cached time, which a lease never starts from ('precise') */
   clocked = timed || (leased && rq->lease_from_request);
+  need = (leased && rq->lease_from_request) ? rq->lease : rq->ms;
+  precise = clocked && need > 0;
   if (clocked)
-    now = am_timer_now(L, lk->st);         /* calls luv: a hook may run */
+    now = am_timer_now(L, lk->st, need);   /* calls luv: a hook may run */
   if (leased && rq->lease_from_request)
     w->lease = now + rq->lease;            /* the lease's end */
  decide:
@@ -423,9 +426,9 @@ static int suspend (lua_State *L, Request *rq) {
     lua_setiuservalue(L, -2, 1);
   }
   if (am_can_lock_now(lk, rq->weight, &rq->priority)) {  /* freed meanwhile */
-    if (leased && !clocked) {     /* its lease starts now: the clock (Lua) */
-      now = am_timer_now(L, lk->st);
-      clocked = 1;
+    if (leased && !precise) {     /* its lease starts now: the clock (Lua) */
+      now = am_timer_now(L, lk->st, rq->lease);
+      clocked = precise = 1;
       goto decide;                             /* then decide again */
     }
     am_unanchor(L, w);            /* never queued: its __close is a no-op */
@@ -439,6 +442,8 @@ static int suspend (lua_State *L, Request *rq) {
   am_enqueue(L, lk, w, &rq->priority);
   queued(w);
   if (timed) am_timer_add(L, lk->st, w, now, rq->ms);
+  /* a task cancelled while it ran is closed once it waits (task.c) */
+  if (lk->st->ncanceling > 0) am_task_waits(L, lk->st);
   am_sync(L, lk->st);                      /* arms the timer */
   return lua_yieldk(L, 0, (lua_KContext)w, finish_request);
 }
@@ -458,7 +463,7 @@ int am_request (lua_State *L, Request *rq) {
        hook may run and change the lock), then decide again below.  A
        request that waits reads it only if it must (suspend), so that the
        clock's Lua call leaves no frame behind in a waiting coroutine. */
-    now = am_timer_now(L, rq->lock->st);
+    now = am_timer_now(L, rq->lock->st, rq->lease);
   }
   /* RE-ENTRY: both calls above may run Lua code (a hook), which may have
      dropped a key's lock from its set (a cancel settling the idle lock

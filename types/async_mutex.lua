@@ -36,7 +36,7 @@
 
 ---Called with the error and its traceback when a coroutine resumed by the
 ---module dies with an error.
----@alias async_mutex.ErrorHandler fun(err: any, traceback: string)
+---@alias async_mutex.ErrorHandler fun(err: any, traceback: string, task: async_mutex.Task|async_mutex.Group|nil)
 
 
 ---Ends one hold of a lock: call it (`release()`) or let it go out of scope
@@ -619,30 +619,107 @@ function async_mutex.tryAcquire(lock, already_locked_error) end
 ---@return L
 function async_mutex.withLease(lock, ms, lost_error, options) end
 
----Sets the handler of errors in coroutines the module resumes (`nil`: print
----the traceback on stderr); returns the previous one.
+---Sets the handler of failures nobody took: an error of a task nobody joined
+---(at the end of the next loop turn; `task` the task, or the group whose
+---first failure it is), or of a coroutine of yours the module resumed
+---(`task` nil).  `nil`: print them on stderr.  Returns the previous one.
 ---@param handler async_mutex.ErrorHandler?
 ---@return async_mutex.ErrorHandler? previous
 function async_mutex.setErrorHandler(handler) end
 
----How many coroutines the module holds right now (queued, or granted and
----about to be resumed).
+---How many coroutines the module holds right now (queued, granted and about
+---to be resumed, sleeping, joining a task or a group).
 ---@return integer
 function async_mutex.pending() end
 
----Starts `fn(...)` in a new coroutine at once (it runs up to its first
----yield) and returns the coroutine.  An error escaping it, there or after a
----wake-up by the module, goes to the error handler (`setErrorHandler`) or
----stderr, never to the caller; the dead coroutine is closed, so its
----to-be-closed variables (releasers) run.
+-- luacheck: push ignore 241 (Task and Group: classes of methods, read by nothing)
+---A coroutine started by `async_mutex.spawn` or `group:spawn`, and how it
+---ended.  To-be-closed: closing it cancels it.
+---@class async_mutex.Task
+local Task = {}
+
+---Suspends until the task has ended; returns its results, or raises its
+---error (the value raised, unchanged), or `async_mutex.E_CANCELED`.
+---@async
+---@return any ...
+function Task:join() end
+
+---Closes the task's coroutine (its `<close>` variables run; its joiners
+---get `E_CANCELED`); a running task is closed at the loop turn after its
+---next yield.  Returns false when the task had ended already.
+---@return boolean
+function Task:cancel() end
+
+---@alias async_mutex.TaskStatus "running"|"waiting"|"done"|"failed"|"canceled"
+
+---How the task stands.
+---@return async_mutex.TaskStatus
+function Task:status() end
+
+---A set of tasks: the first to fail cancels the others, and joining raises
+---that failure.  To-be-closed: closing joins it (an error leaving the
+---block cancels its tasks instead).
+---@class async_mutex.Group
+local Group = {}
+
+---Starts `fn(...)` as a task of the group (as `async_mutex.spawn`).
 ---@param fn async fun(...): ...
 ---@param ... any
----@return thread
+---@return async_mutex.Task
+function Group:spawn(fn, ...) end
+
+---Suspends until every task of the group has ended; raises the first
+---failure.
+---@async
+function Group:join() end
+
+---Cancels every task of the group; true if one had not ended.
+---@return boolean
+function Group:cancel() end
+-- luacheck: pop
+
+---Starts `fn(...)` as a task: in a new coroutine at once (it runs up to its
+---first yield), and returns the task.  An error escaping it is its outcome
+---(`task:join()` raises it); one nobody takes by the end of the next loop
+---turn goes to the error handler (`setErrorHandler`) or stderr, never to
+---the caller.  Its `<close>` variables run as the error leaves them.
+---@param fn async fun(...): ...
+---@param ... any
+---@return async_mutex.Task
 function async_mutex.spawn(fn, ...) end
 
----Suspends the calling coroutine for `ms` milliseconds of loop time (at
----least), as a timed waiter of the scheduler: no luv handle of its own.
----`sleep(0)` always yields to the loop.  Raises outside a coroutine.
+---A new, empty group of tasks.
+---@return async_mutex.Group
+function async_mutex.group() end
+
+---The options of `async_mutex.run`.
+---@class async_mutex.RunOptions
+---@field unjoined? "raise"|"report" a failure nobody took: raise the first (default), or only report them
+---@field traceback? boolean false: raise errors unchanged, without their traceback (default true)
+
+---Runs `fn(...)` as a task and luv's loop until nothing is left to run;
+---returns fn's results.  Raises fn's error (its text with its traceback),
+---else the first failure nobody joined, else a report of the coroutines
+---left waiting for ever.  Not while the loop runs.  `options` may come
+---first.
+---@param fn fun(...): ...
+---@param ... any
+---@return any ...
+---@overload fun(options: async_mutex.RunOptions, fn: fun(...): ..., ...): ...
+function async_mutex.run(fn, ...) end
+
+---How many coroutines the module holds waiting (for a lock, a task or a
+---group, or asleep), and a report naming each with what it waits for and
+---where; 0 and nil when none.  After `uv.run()` returned, each waits for
+---ever.
+---@return integer count
+---@return string? report
+function async_mutex.stranded() end
+
+---Suspends the calling coroutine for at least `ms` milliseconds, counted
+---from the call (the monotonic clock), as a timed waiter of the scheduler:
+---no luv handle of its own.  `sleep(0)` always yields to the loop.  Raises
+---outside a coroutine.
 ---@async
 ---@param ms number non-negative and finite
 function async_mutex.sleep(ms) end

@@ -9,7 +9,8 @@
 --
 -- IMPL: ours | lua | floor.  SCENARIO: pairs (one uncontended pair),
 -- handoff (one hand-off, 10 coroutines), handoff1000 (1000 coroutines),
--- chain, timeout, cancel, priority, semaphore (one waiter).  `self` sorts by
+-- chain, timeout, cancel, priority, semaphore (one waiter), spawn (a task
+-- started and ended), spawnwait (one that waits for a mutex once).  `self` sorts by
 -- self cost instead of inclusive cost.  Run from the repository root after
 -- `make`; needs valgrind and liblua5.4-dev.
 
@@ -24,11 +25,13 @@ local presets = {
   cancel = { n = 10000, args = function(n) return tostring(n) end },
   priority = { n = 10000, args = function(n) return tostring(n) end },
   semaphore = { n = 5000, args = function(n) return n .. " 16" end },
+  spawn = { n = 20000, args = function(n) return tostring(n) end },
+  spawnwait = { name = "spawn", n = 10000, args = function(n) return n .. " wait" end },
 }
 local preset = presets[scenario or ""]
 if not impl or not preset then
   io.stderr:write("usage: lua5.4 bench/tools/profile.lua ours|lua|floor ",
-    "pairs|handoff|handoff1000|chain|timeout|cancel|priority|semaphore [N] [self]\n")
+    "pairs|handoff|handoff1000|chain|timeout|cancel|priority|semaphore|spawn|spawnwait [N] [self]\n")
   os.exit(2)
 end
 local n = tonumber(arg[3]) or preset.n

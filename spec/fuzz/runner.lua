@@ -35,7 +35,11 @@
 -- callback reads uv.now(): that is exactly the loop time at which libuv runs
 -- every timer due in that turn, so the model knows which withTimeout
 -- deadlines (due = uv.now() at the call + ms) have passed and fires them in
--- libuv's order (due time, then start order).  Then the idle phase resumes the
+-- libuv's order (due time, then start order).  (The module counts a
+-- deadline from the clock read at the call, which the model cannot see:
+-- while a sequence runs, core.clock pins it to uv.now(), the loop's cached
+-- time, as the model counts.  spec/170-deadlines_spec.lua checks the
+-- clock itself.)  Then the idle phase resumes the
 -- settlements.  Real time only decides *which* deadlines pass (turn ops sleep
 -- 0-6 ms to make some of them pass), never how the model and the module
 -- disagree.
@@ -324,7 +328,10 @@ function runner.run_sequence(seq, opts)
     step = 0, op = nil,
     stats = { ops = 0, skipped = 0 },
   }
+  local core = require "async_mutex.core"
+  local clock = core.clock(function() return uv.now() * 1e6 end)
   local ok, e = xpcall(play, as_failure, t)
+  core.clock(clock)
   t.run:close()
   if not ok then
     e.step = t.step

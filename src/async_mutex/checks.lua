@@ -43,6 +43,13 @@ end
 -- its own option tables (KeyedMutex.new, withLease) are checked there.
 M.unknown_option = require("async_mutex.core").unknown_option
 
+--- The complaint about attempting 'act' ("acquire a Redis lock") where
+-- the running coroutine cannot yield, or nil when it can: "attempt to
+-- <act> outside a coroutine" on the main thread, "attempt to <act> where
+-- the coroutine cannot yield (...)" in a metamethod or a function called
+-- from C.  The C core owns the words (src/args.c), as the core locks'.
+M.cannot_yield = require("async_mutex.core").cannot_yield
+
 --- Raises "attempt to use a closed redis client" at 'level' (1 = the
 -- caller of check_open) when 'client' is an async_mutex.redis client that
 -- was closed: a call would raise it at the line of the module's own call.

@@ -129,6 +129,7 @@ local function label(lock, info)
   if info.set ~= nil then s = s .. " key " .. text_of(info.key) end
   return s
 end
+M.label = label                   -- am.run's reports name locks as these do
 
 --- Its lockdep class: a named lock's name, else its creation site, else the
 -- lock itself (made before debug mode was on).  One class for all the keys of a

@@ -1,16 +1,21 @@
 --- async_mutex: async-mutex's Mutex and Semaphore for Lua coroutines on luv.
--- The C core (async_mutex.core) owns the queues and the scheduling; this
--- layer composes its calls into runExclusive, withTimeout, tryAcquire and
--- the multi-key requests of keyed locks.
+-- The C core (async_mutex.core) owns the queues, the scheduling and the
+-- tasks; this layer composes its calls into runExclusive, the multi-key
+-- requests of keyed locks, and am.run.
 
 local core = require "async_mutex.core"
 local uv = require "luv"
 
-local error, getmetatable, ipairs, pcall, rawget, setmetatable, type =
-  error, getmetatable, ipairs, pcall, rawget, setmetatable, type
+local error, getmetatable, ipairs, pcall, rawget, select, setmetatable, tostring, type =
+  error, getmetatable, ipairs, pcall, rawget, select, setmetatable, tostring, type
 local getinfo = debug.getinfo
 local huge, max, sort = math.huge, math.max, table.sort
-local now = uv.now
+local concat, pack, unpack = table.concat, table.pack, table.unpack
+local hrtime = uv.hrtime
+
+-- The clock a limit counts from (ms): read now, never the loop's cached
+-- time, as the core's timed requests do (docs/semantics.md, Timeouts).
+local function now() return hrtime() / 1e6 end
 
 local limit_of = core.limit
 local limited_acquire = core.acquire
@@ -28,6 +33,7 @@ local M = {
   setErrorHandler = core.setErrorHandler,
   pending = core.pending,
   spawn = core.spawn,
+  group = core.group,
   -- a private semaphore that nobody releases: its requests can only time out
   sleep = core.sleeper(core.Semaphore.new(0)),
   withTimeout = core.withTimeout,   -- decorated locks are the C core's
@@ -393,7 +399,182 @@ core.layer(SOURCE, {
 
 -- am.debug and am.E_DEADLOCK (docs/debug.md); acquireAll takes its keys in
 -- canonical order, so they are no nesting for lockdep
-require("async_mutex.debug").install(M, core, SOURCE, { acquire_all })
+local debug_mode = require "async_mutex.debug"
+debug_mode.install(M, core, SOURCE, { acquire_all })
+
+
+-- {========================================================== am.run
+-- am.run runs a function as a task and the loop until nothing is left to
+-- run, then says what went wrong: the function's error, a failure nobody
+-- joined, coroutines left waiting for ever (docs/semantics.md, Tasks).
+-- The core keeps the tasks and lists the waiters (core.waiting); this
+-- part only runs the loop and words the reports.
+
+local loop_mode, loop_alive, uv_run = uv.loop_mode, uv.loop_alive, uv.run
+local pending, waiting, dbg_lock = core.pending, core.waiting, core.dbg_lock
+
+local ACTS = { acquire = "waits to acquire", waitForUnlock = "waits for the unlock of",
+  sleep = "sleeps", join = "waits for the end of" }
+
+--- A lock as a report names it: debug mode's name (its given name, or
+-- its kind and creation site) or tostring; a key's lock as its set and
+-- key; a Semaphore's request with its weight and the value.
+local function lock_name(lock, weight)
+  local ok, kind, value, held, _, _, key, set = pcall(dbg_lock, lock)
+  if not ok then return tostring(lock) end       -- a task or a group joined
+  local s
+  if debug_mode.isEnabled() then s = debug_mode.label(lock)
+  elseif set ~= nil then s = tostring(set) .. " key " .. tostring(key)
+  else s = tostring(lock) end
+  if kind == "Semaphore" then
+    s = s .. (" (weight %d; value %d, %d held)"):format(weight, value, held)
+  end
+  return s
+end
+
+--- In debug mode, who holds the lock of a waiting record and where each
+-- acquired it (README, Debugging a hang): lines for a report.
+local function holders(lock, lines)
+  if not debug_mode.isEnabled() then return end
+  local ok, _, _, _, _, _, key, set = pcall(dbg_lock, lock)
+  if not ok then return end
+  for _, h in ipairs(M.debug.holds(set or lock)) do
+    if set == nil or h.key == key then
+      lines[#lines + 1] = ("      held by %s, acquired at %s"):format(tostring(h.holder), h.where)
+    end
+  end
+end
+
+--- The coroutines waiting now, but those in 'skip' (a set of threads):
+-- how many, and a line each (more in debug mode).
+local function waiting_report(skip)
+  local lines, n = {}, 0
+  for _, r in ipairs(waiting()) do
+    if not (skip and skip[r.thread]) then
+      n = n + 1
+      local who = r.task and tostring(r.task) or tostring(r.thread)
+      local what = r.what == "sleep" and "" or (" " .. lock_name(r.lock, r.weight))
+      lines[#lines + 1] = ("  %s %s%s%s"):format(who, ACTS[r.what], what,
+        r.where and (" at " .. r.where) or "")
+      if r.what ~= "join" and r.what ~= "sleep" then holders(r.lock, lines) end
+    end
+  end
+  return n, concat(lines, "\n")
+end
+
+local function coroutines(n)
+  return n == 1 and "1 coroutine waits" or (n .. " coroutines wait")
+end
+
+--- am.stranded(): how many coroutines the module holds waiting (for a
+-- lock, a task or a group, or sleeping), and a report naming each with
+-- what it waits for and where; after uv.run() has returned they wait
+-- for ever.  0 and nil when none.
+function M.stranded()
+  local n, lines = waiting_report(nil)
+  if n == 0 then return 0, nil end
+  return n, ("%s for ever (nothing left on the loop can wake them):\n%s"):format(
+    coroutines(n), lines)
+end
+
+local RUN_OPTIONS = { unjoined = true, traceback = true }
+
+-- The kind of failure an entry of am.run's list holds (core.collect).
+local FAILED_IN = { ["async_mutex.Task"] = "error in a task nobody joined",
+  ["async_mutex.Group"] = "error in a group nobody joined" }
+
+--- Raises a failure: the text with its traceback for a string or a number
+-- (unless traceback is false), any other value unchanged.
+local function raise(err, text, traceback, prefix)
+  local t = type(err)
+  if traceback == false or (t ~= "string" and t ~= "number") then error(err, 0) end
+  error(prefix and (prefix .. ": " .. text) or text, 0)
+end
+
+local function run_options(options)
+  local unknown = core.unknown_option(options, RUN_OPTIONS)
+  if unknown then argerror(1, "run", unknown) end
+  local u, tb = options.unjoined, options.traceback
+  if u ~= nil and u ~= "raise" and u ~= "report" then
+    argerror(1, "run", "unjoined must be \"raise\" or \"report\"")
+  end
+  if tb ~= nil and type(tb) ~= "boolean" then
+    argerror(1, "run", "traceback must be a boolean, got " .. typename(tb))
+  end
+  return u ~= "report", tb
+end
+
+--- am.run([options,] fn, ...): runs fn(...) as a task and the loop until
+-- nothing is left to run; returns fn's results.  Raises fn's error (with
+-- its traceback); else the first failure of a task nobody joined (unless
+-- options.unjoined = "report"); else a report of the coroutines left
+-- waiting for ever.
+function M.run(...)
+  local first, raise_unjoined, traceback = 1, true, nil
+  local options = ...
+  if type(options) == "table" and not is_callable(options) then
+    first = 2
+    raise_unjoined, traceback = run_options(options)
+  end
+  local fn = select(first, ...)
+  if not is_callable(fn) then
+    argerror(first, "run", "function expected, got "
+      .. (select("#", ...) < first and "no value" or typename(fn)))
+  end
+  local failures = {}
+  local outer = core.collect(failures, raise_unjoined)   -- (set while an am.run runs)
+  if outer ~= nil or loop_mode() ~= nil then
+    core.collect(outer, true)
+    error("attempt to call am.run while the loop runs or inside am.run "
+      .. "(spawn a task and join it instead)", 2)
+  end
+  -- coroutines waiting already (left by earlier code) are not this run's
+  local waited
+  if pending() > 0 then
+    waited = {}
+    for _, r in ipairs(waiting()) do waited[r.thread] = true end
+  end
+  local out
+  do
+    local _ <close> = setmetatable({}, { __close = function() core.collect(outer, true) end })
+    local main = core.run_main(select(first, ...))
+    local status = main:status()
+    -- the loop runs until nothing is left, unless fn failed already
+    if status ~= "failed" and status ~= "canceled" then uv_run() end
+    out = pack(core.outcome(main))
+  end
+  local status = out[1]
+  if status == "failed" then raise(out[2], out[3], traceback) end
+  if status == "canceled" then error(M.E_CANCELED, 0) end
+  if raise_unjoined then
+    for _, f in ipairs(failures) do
+      local failed = pack(core.failure(f))
+      if failed.n > 0 then
+        raise(failed[1], failed[2], traceback,
+          "am.run: " .. (FAILED_IN[typename(f)] or "error in a coroutine async_mutex resumed"))
+      end
+    end
+  end
+  if status ~= "done" then
+    local n, lines = waiting_report(waited)
+    if loop_alive() then
+      error(("am.run: the loop was stopped (uv.stop()) before the function returned; %s:\n%s")
+        :format(coroutines(n), lines), 0)
+    end
+    error(("am.run: the function never returned, and nothing left on the loop can wake it; "
+      .. "%s for ever:\n%s"):format(coroutines(n), lines), 0)
+  end
+  if not loop_alive() then
+    local n, lines = waiting_report(waited)
+    if n > 0 then
+      error(("am.run: the function returned, but %s for ever (nothing left on the loop "
+        .. "can wake them):\n%s"):format(coroutines(n), lines), 0)
+    end
+  end
+  return unpack(out, 2, out.n)
+end
+
+-- }==========================================================
 
 -- am.optimistic and am.E_CONFLICT (docs/optimistic.md)
 require("async_mutex.optimistic").install(M)

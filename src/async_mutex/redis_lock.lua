@@ -638,7 +638,7 @@ end
 local function check_usable(lk, what)
   check_open(lk.client, 3)
   if not isyieldable() then
-    error(format("attempt to %s outside a coroutine", what), 3)
+    error(checks.cannot_yield(what), 3)
   end
 end
 
