@@ -129,6 +129,23 @@ describe("a group closed", function()
     assert.equal("attempt to spawn into a closed group", h.error_of(function() g:spawn(print) end))
   end))
 
+  it("once it failed, starts a new task canceled: its function never runs", h.async(function()
+    local g = am.group()
+    local ran = false
+    local t
+    g:spawn(function()
+      g:spawn(function() error("first", 0) end)  -- fails at once: the group fails
+      t = g:spawn(function() ran = true end)     -- this member still runs, and spawns
+    end)
+    assert.equal("canceled", t:status())
+    assert.is_false(ran)
+    assert.equal(am.E_CANCELED, h.error_of(function() t:join() end))
+    assert.equal("first", h.error_of(function() g:join() end))
+    local late = g:spawn(function() ran = true end)
+    assert.equal("canceled", late:status())
+    assert.is_false(ran)
+  end))
+
   it("when the coroutine owning it is closed cancels its tasks (it cannot wait then)",
     h.async(function()
       local inner

@@ -383,6 +383,10 @@ static int task_body_k (lua_State *L, int status, lua_KContext ctx) {
 
 int am_task_body (lua_State *L) {
   lua_toclose(L, B_TASK);           /* closed early: task__close ends it */
+  if (((Task *)lua_touserdata(L, B_TASK))->flags & F_CANCEL) {
+    lua_settop(L, B_MSGH);          /* born canceled (group_spawn): its */
+    return task_body_k(L, LUA_OK, 0);          /* function never runs */
+  }
   return task_body_k(L, lua_pcallk(L, lua_gettop(L) - B_FN, LUA_MULTRET,
                                    B_MSGH, 0, task_body_k), 0);
 }
@@ -691,12 +695,17 @@ int am_group (lua_State *L) {
 }
 
 
-/* group:spawn(fn, ...): am.spawn, the task a member of the group. */
+/*
+** group:spawn(fn, ...): am.spawn, the task a member of the group.  Into
+** a group that failed (its other members are being canceled) the task is
+** born canceled: fn never runs, as it would be canceled at its first
+** yield anyway, and a spawning loop in a member goes on to that yield.
+*/
 static int group_spawn (lua_State *L) {
   Group *g = (Group *)am_checkself(L, AM_T_GROUP);
   if (g->flags & G_CLOSED)
     am_usage_error(L, "attempt to spawn into a closed group");
-  spawn_task(L, 2, 1, 0);
+  spawn_task(L, 2, 1, (g->flags & G_FAILED) ? F_CANCEL : 0);
   return 1;
 }
 
