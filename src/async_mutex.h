@@ -583,6 +583,8 @@ void am_dbg_request (lua_State *L, const Request *rq);
 void am_dbg_granted (lua_State *L, State *st);
 void am_dbg_released (lua_State *L, State *st, int idx);
 void am_dbg_unscoped (lua_State *L, State *st, Lock *lk);
+void am_dbg_returned (lua_State *L, State *st, Lock *lk,
+                      lua_Integer weight);
 void am_dbg_close (lua_State *L, State *st);
 void am_dbg_created (lua_State *L, State *st);
 

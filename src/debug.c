@@ -124,6 +124,9 @@ struct DebugRecords {
   int aref;                   /* registry reference of 'anchors' */
   PtrHash cos;                /* holder -> its newest record */
   PtrHash rels;               /* releaser -> its record */
+  PtrHash credit;             /* Semaphore -> weight its unscoped releases
+                                 gave back beyond the records they ended
+                                 (am_dbg_returned), in 'slot' */
 };
 
 
@@ -324,6 +327,7 @@ void am_dbg_close (lua_State *L, State *st) {
   free(d->slots);
   free(d->cos.e);
   free(d->rels.e);
+  free(d->credit.e);
   free(d);
 }
 
@@ -549,6 +553,19 @@ static int where_traceback (lua_State *L) {
 
 
 /*
+** Does a grant of releaser 'r' take credit an unscoped release of its
+** Semaphore left (am_dbg_returned)?  Then it gets no record.
+*/
+static int take_credit (DebugRecords *d, const Releaser *r) {
+  PtrEntry *e = ph_find(&d->credit, r->lock);
+  if (e == NULL) return 0;
+  if (e->slot > r->weight) e->slot -= (int)r->weight;
+  else ph_remove(&d->credit, e);
+  return 1;
+}
+
+
+/*
 ** A grant was delivered to the running coroutine: its releaser is on
 ** top.  Its owner record is made here, in C, allocating nothing the
 ** collector sees (above): the releaser and the holder, the loop time,
@@ -584,6 +601,7 @@ void am_dbg_granted (lua_State *L, State *st) {
       return;
     }
   }
+  if (d->credit.n > 0 && take_credit(d, r)) return;
   if (!ph_reserve(&d->cos) || !ph_reserve(&d->rels)) return;
   lk = r->lock;
   slot = d->free;
@@ -686,9 +704,78 @@ void am_dbg_unscoped (lua_State *L, State *st, Lock *lk) {
 }
 
 
-/* A lock or keyed set was made (on top): its creation site names it. */
+/*
+** A Semaphore's unscoped release (semaphore:release(w), keyed:release(key,
+** w)) gave back 'weight' that no releaser accounts for.  Used in
+** async-mutex's way (acquire, then release() rather than the releaser;
+** or as a signal: one coroutine acquires, another releases), the grants
+** it gives back have records that no releaser will ever end: they stayed
+** holds for ever, one more at each such acquire, and the deadlock search
+** counted their units as held by their coroutines (two workers that
+** released this way: the one asking again while the other's grant was
+** being delivered raised E_DEADLOCK; spec 146).  So the release ends
+** records of that weight, the releasing coroutine's own on the lock
+** first, then the oldest; what it gave back beyond them is credit, which
+** the next grants of the lock take instead of a record (a signal released
+** before its waiter's grant is delivered), up to what can still be
+** granted.  A record so ended may have been a hold a releaser will give
+** back: it is no longer seen, and counts as a holder outside (never a
+** false report).
+*/
+void am_dbg_returned (lua_State *L, State *st, Lock *lk,
+                      lua_Integer weight) {
+  DebugRecords *d = st->dbg_recs;
+  lua_Integer left = weight, room;
+  int n, s, a;
+  PtrEntry *e;
+  if (d == NULL || lk->internal || !lua_checkstack(L, 4)) return;
+  n = d->n;
+  if (lk->dbg >= 0) {
+    lua_rawgeti(L, LUA_REGISTRYINDEX, d->aref);
+    a = lua_gettop(L);
+    prune_lock(L, d, lk, a);        /* (a key's lock that left its set) */
+    for (s = lk->dbg; s >= 0 && left > 0; ) {       /* its own, newest */
+      int next = d->slots[s].next_lock;             /* first */
+      if (d->slots[s].holder == L) {
+        left -= d->slots[s].r->weight;
+        end_record(L, d, s, a, NULL);
+      }
+      s = next;
+    }
+    s = lk->dbg;                                    /* then the oldest */
+    while (s >= 0 && d->slots[s].next_lock >= 0) s = d->slots[s].next_lock;
+    while (s >= 0 && left > 0) {
+      int prev = d->slots[s].prev_lock;
+      left -= d->slots[s].r->weight;
+      end_record(L, d, s, a, NULL);
+      s = prev;
+    }
+    lua_pop(L, 1);
+  }
+  /* credit, up to what may still be granted: the value and this release
+     (its dispatch may have granted it already) */
+  room = (lk->value > 0 ? lk->value : 0);
+  room = room > INT_MAX - weight ? INT_MAX : room + weight;
+  if (left > 0 && ph_reserve(&d->credit)) {
+    if ((e = ph_find(&d->credit, lk)) == NULL) {
+      ph_put(&d->credit, lk, 0);
+      e = ph_find(&d->credit, lk);
+    }
+    e->slot = (int)(left >= room - e->slot ? room : e->slot + left);
+  }
+  if (d->n < n) ended(L, st);
+}
+
+
+/* A lock or keyed set was made (on top): its creation site names it.  A
+   Semaphore's credit left by a collected one at its address goes. */
 void am_dbg_created (lua_State *L, State *st) {
   int top = lua_gettop(L);
+  const Lock *lk = am_tolock(L, top);
+  PtrEntry *e;
+  if (lk != NULL && st->dbg_recs != NULL
+      && (e = ph_find(&st->dbg_recs->credit, lk)) != NULL)
+    ph_remove(&st->dbg_recs->credit, e);
   if (!lua_checkstack(L, 3) || !push_hook(L, st, H_CREATED)) return;
   lua_pushvalue(L, top);
   call_hook(L, 1, 0);
