@@ -565,6 +565,7 @@ int am_group (lua_State *L);
 int am_outcome (lua_State *L);
 int am_failure (lua_State *L);
 int am_waiting (lua_State *L);
+Waiter *am_waiter_of (lua_State *L, lua_State *co);
 int am_collect (lua_State *L);
 void am_do_chore (lua_State *L, State *st, int idx);
 void am_task_waits (lua_State *L, State *st);

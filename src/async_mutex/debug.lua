@@ -46,7 +46,7 @@ local opts                        -- the options while on, else nil
 -- An owner record as core.dbg_records makes it (src/debug.c: V_*; the
 -- records themselves are C structs), then this module's caches.
 local LOCK, REL, HOLDER, SINCE, FN, LINE, WEIGHT, WHERE, LEASED = 1, 2, 3, 4, 5, 6, 7, 8, 9
-local SITE, CLASS, CANON, WARNED = 11, 12, 13, 14
+local SITE, CANON, WARNED = 11, 13, 14
 local WEAKK = { __mode = "k" }
 local names = setmetatable({}, WEAKK)       -- lock or keyed set -> name
 local created = setmetatable({}, WEAKK)     -- lock or keyed set -> creation site
@@ -160,10 +160,6 @@ end
 
 
 -- {========================================================== records
-
-local function live(r)
-  return (core.dbg_releaser(r))
-end
 
 --- "file:line" of a record's acquire (made lazily from its function).
 local function site_of(rec)
@@ -558,19 +554,78 @@ local function report_once(key, kind, text, info)
   emit(kind, text, info)
 end
 
---- The running coroutine, holding 'held' (its records), requests 'lock'.
--- The request's site is read only for an edge or a report (most requests
--- find their edges recorded already).
-local function lockdep(held, lock)
+-- What each coroutine holds, by class, as lockdep last counted it (a
+-- cache): memo[co] = { n = records counted, classes = { [class] = { all =
+-- {lock -> records}, plain = {lock -> records not taken by acquireAll} } } };
+-- newest[co]: the releaser of the newest record counted.
+local memo = setmetatable({}, WEAKK)
+local newest = setmetatable({}, { __mode = "kv" })
+
+--- The classes of what coroutine 'co' holds.  Counted again only from the
+-- records made since the last count, while none ended (core.dbg_held_count
+-- says so; the core ends a record as its grant ends, so a count that adds
+-- up holds only live ones): a coroutine taking its n-th lock reads one
+-- record, not n (each acquire read every record: acquireAll of 2,000 keys
+-- took 120 times its CPU time with debug mode off, growing as the square;
+-- spec 147).
+local function held_classes(co)
+  local m, rel = memo[co], newest[co]
+  local total, newer = core.dbg_held_count(co, rel)
+  local recs
+  if m and newer and total == m.n + newer then
+    if newer == 0 then return m end
+    recs = core.dbg_records(co, newer)
+  else
+    m = { n = 0, classes = {} }
+    memo[co] = m
+    recs = records(co)
+  end
+  for _, rec in ipairs(recs) do
+    local l = rec[LOCK]
+    local ca = class_of(l)
+    local c = m.classes[ca]
+    if not c then
+      c = { all = setmetatable({}, WEAKK), plain = setmetatable({}, WEAKK) }
+      m.classes[ca] = c
+    end
+    c.all[l] = (c.all[l] or 0) + 1
+    if not rec[CANON] then c.plain[l] = (c.plain[l] or 0) + 1 end
+  end
+  m.n = m.n + #recs
+  if recs[1] then newest[co] = recs[1][REL] end
+  return m
+end
+
+--- A lock of table 't' (lock -> records) other than 'lock', or nil.
+local function other_than(t, lock)
+  for l in pairs(t) do
+    if l ~= lock then return l end
+  end
+end
+
+--- A record of 'co' on 'l' (for a report's site and label): read only
+-- when an edge is new or a report made.
+local function record_on(co, l, plain)
+  for _, rec in ipairs(records(co)) do
+    if rec[LOCK] == l and not (plain and rec[CANON]) then return rec end
+  end
+end
+
+--- The running coroutine 'co' requests 'lock'.  For each class it holds
+-- (not by the lock requested itself): the edge to the lock's class, or a
+-- report of two of one class taken nested.  The request's site is read
+-- only for an edge or a report (most requests find their edges recorded
+-- already).
+local function lockdep(co, lock)
   local cb, binfo, site = class_of(lock), nil, nil
-  local canonical
-  for _, rec in ipairs(held) do
-    if rec[LOCK] ~= lock and live(rec[REL]) then
-      local ca = rec[CLASS]
-      if not ca then ca = class_of(rec[LOCK]); rec[CLASS] = ca end
-      if ca == cb then
-        if canonical == nil then canonical = from_canonical() end
-        if not (canonical and rec[CANON]) then
+  local m = held_classes(co)
+  for ca, c in pairs(m.classes) do
+    if ca == cb then
+      if not reported["nest:" .. cb] then
+        local canonical = from_canonical()
+        local l = other_than(canonical and c.plain or c.all, lock)
+        local rec = l and record_on(co, l, canonical)
+        if rec then
           site = site or (user_frame())
           binfo = binfo or lock_info(lock)
           local what = binfo.set ~= nil
@@ -581,7 +636,10 @@ local function lockdep(held, lock)
             what, classes[cb], label(rec[LOCK]), site_of(rec), label(lock, binfo), site),
             { kind = "inversion", classes = { classes[cb] }, sites = { site_of(rec), site } })
         end
-      elseif not (edges[ca] and edges[ca][cb]) then
+      end
+    elseif not (edges[ca] and edges[ca][cb]) then
+      local rec = record_on(co, (next(c.all)))
+      if rec then
         local back = path(cb, ca)
         site = site or (user_frame())
         local e = { from = ca, to = cb, from_site = site_of(rec), to_site = site }
@@ -592,11 +650,11 @@ local function lockdep(held, lock)
           local cycle = { e }
           for _, b in ipairs(back) do cycle[#cycle + 1] = b end
           local ids, lines, sites = {}, {}, {}
-          for n, c in ipairs(cycle) do
-            ids[n] = c.from
-            lines[n] = edge_line(c)
-            sites[n] = { from = classes[c.from], to = classes[c.to],
-                         from_site = c.from_site, to_site = c.to_site }
+          for n, cy in ipairs(cycle) do
+            ids[n] = cy.from
+            lines[n] = edge_line(cy)
+            sites[n] = { from = classes[cy.from], to = classes[cy.to],
+                         from_site = cy.from_site, to_site = cy.to_site }
           end
           sort(ids)
           report_once("cycle:" .. concat(ids, "\0"), "inversion",
@@ -621,9 +679,9 @@ local function on_request(lock, weight, unlock, would_wait, wait, priority, behi
   local o = opts
   if wait == AM_TRY or not o then return end            -- never waits: never deadlocks
   local co = running()
-  local held = held_by(co)
-  if held and not unlock then lockdep(held, lock) end
+  if not unlock then lockdep(co, lock) end
   if would_wait then
+    local held = held_by(co)
     local members, doomed = doomed_set(co, lock, weight, unlock, priority, held or {}, behind)
     -- switched off (or on anew) meanwhile: what the search read may be
     -- half gone; the request waits as it would with debug mode off
@@ -699,6 +757,7 @@ end
 
 local function clear()
   classes, nclasses, edges, nedges, reported = {}, 0, {}, 0, {}
+  memo = setmetatable({}, WEAKK)
   if timer then stop_timer() end
 end
 
@@ -768,6 +827,7 @@ function M.name(lock, name)
   end
   names[obj] = name
   classof = setmetatable({}, WEAKK)
+  memo = setmetatable({}, WEAKK)            -- counted by the old classes
   return lock
 end
 
