@@ -122,6 +122,7 @@ typedef struct PtrHash {      /* open addressing, linear probing */
 struct DebugRecords {
   Record *slots;
   int cap, n, free;           /* slots, records, first free slot or -1 */
+  lua_Integer epoch;          /* records made or ended so far */
   int aref;                   /* registry reference of 'anchors' */
   int rref;                   /* of 'returned' (weak keys): releasers whose
                                  records a Semaphore's unscoped release
@@ -248,6 +249,7 @@ static void end_record (lua_State *L, DebugRecords *d, int slot, int a,
   rec->next_lock = d->free;
   d->free = slot;
   d->n--;
+  d->epoch++;
 }
 
 
@@ -683,6 +685,7 @@ void am_dbg_granted (lua_State *L, State *st) {
   h->n++;
   ph_put(&d->rels, r, slot);
   d->n++;
+  d->epoch++;
   lua_settop(L, top);
   if (st->dbg_flags & DF_TRACEBACK) {
     lua_pushcfunction(L, where_traceback);
@@ -1230,11 +1233,15 @@ static int dbg_held_count (lua_State *L) {
 }
 
 
-/* core.dbg_count(): how many records there are. */
+/*
+** core.dbg_count(): how many records there are, and how many were made or
+** ended so far (a search that read them knows whether they changed since).
+*/
 static int dbg_count (lua_State *L) {
-  State *st = am_getstate(L);
-  lua_pushinteger(L, st->dbg_recs != NULL ? st->dbg_recs->n : 0);
-  return 1;
+  const DebugRecords *d = am_getstate(L)->dbg_recs;
+  lua_pushinteger(L, d != NULL ? d->n : 0);
+  lua_pushinteger(L, d != NULL ? d->epoch : 0);
+  return 2;
 }
 
 

@@ -490,7 +490,17 @@ local function doomed_set(R, lock, weight, unlock, priority, held, behind)
       members[#members + 1] = { coroutine = n.id, lock = n.lock, behind = behind_of }
     end
   end
-  return members, doomed
+  return members, doomed, facts
+end
+
+--- Has nothing a search read changed since: no record made or ended
+-- (core.dbg_count's epoch), no waiter come or gone on a lock it read?
+local function unchanged(epoch, facts)
+  for l, f in pairs(facts) do
+    local _, _, _, queued, unlocking = core.dbg_lock(l)
+    if queued + unlocking ~= f.waiters then return false end
+  end
+  return select(2, core.dbg_count()) == epoch
 end
 
 local function deadlock_report(R, lock, members, doomed)
@@ -681,14 +691,27 @@ local function on_request(lock, weight, unlock, would_wait, wait, priority, behi
   local co = running()
   if not unlock then lockdep(co, lock) end
   if would_wait then
-    local held = held_by(co)
-    local members, doomed = doomed_set(co, lock, weight, unlock, priority, held or {}, behind)
-    -- switched off (or on anew) meanwhile: what the search read may be
-    -- half gone; the request waits as it would with debug mode off
-    if members and opts == o then
+    -- The search and the report run Lua, and so maybe a count hook or a
+    -- finalizer at an allocation, which may let a member in after the
+    -- search read its queue (a release, a cancel, a coroutine closed):
+    -- the request would then be served, yet raised E_DEADLOCK (spec 148).
+    -- So a deadlock stands only if nothing it read changed meanwhile;
+    -- else the search is made again.  One that never settles lets the
+    -- request wait, as it would with debug mode off.
+    for _ = 1, 4 do
+      local epoch = select(2, core.dbg_count())
+      local members, doomed, facts = doomed_set(co, lock, weight, unlock, priority,
+                                                held_by(co) or {}, behind)
+      -- switched off (or on anew) meanwhile: what the search read may be
+      -- half gone; the request waits as it would with debug mode off
+      if not members or opts ~= o then return end
       local text, info = deadlock_report(co, lock, members, doomed)
-      emit("deadlock", text, info)
-      error(E_DEADLOCK, 0)
+      -- (switched off while the report was made: decided, still raised;
+      -- emit drops the report)
+      if opts ~= o or unchanged(epoch, facts) then
+        emit("deadlock", text, info)
+        error(E_DEADLOCK, 0)
+      end
     end
   end
 end
