@@ -123,6 +123,9 @@ struct DebugRecords {
   Record *slots;
   int cap, n, free;           /* slots, records, first free slot or -1 */
   lua_Integer epoch;          /* records made or ended so far */
+  /* recorded_weight's last answer, and what it depended on */
+  const Lock *rw_lock;
+  lua_Integer rw_epoch, rw_held, rw_value, rw_weight;
   int aref;                   /* registry reference of 'anchors' */
   int rref;                   /* of 'returned' (weak keys): releasers whose
                                  records a Semaphore's unscoped release
@@ -396,12 +399,26 @@ static void push_key (lua_State *L, const Key *k) {
 
 /* {====================================================== deadlocks */
 
-/* The weight of the holds of 'lk' with a live owner record. */
-static lua_Integer recorded_weight (const DebugRecords *d, const Lock *lk) {
+/*
+** The weight of the holds of 'lk' with a live owner record.  The last
+** answer is kept while no record was made or ended and nothing was given
+** back: a search asks it for each member it looks at, and walking the
+** lock's records each time made a search of a Semaphore whose n waiters
+** each hold a unit cost n^2 (spec 147).
+*/
+static lua_Integer recorded_weight (DebugRecords *d, const Lock *lk) {
   lua_Integer w = 0;
   int s;
+  if (d->rw_lock == lk && d->rw_epoch == d->epoch && d->rw_held == lk->held
+      && d->rw_value == lk->value)
+    return d->rw_weight;
   for (s = lk->dbg; s >= 0; s = d->slots[s].next_lock)
     if (am_releaser_live(d->slots[s].r)) w += d->slots[s].r->weight;
+  d->rw_lock = lk;
+  d->rw_epoch = d->epoch;
+  d->rw_held = lk->held;
+  d->rw_value = lk->value;
+  d->rw_weight = w;
   return w;
 }
 
@@ -416,17 +433,17 @@ static lua_Integer recorded_weight (const DebugRecords *d, const Lock *lk) {
 ** as outside: no false positive.  The one copy of this rule: the request
 ** hook's and the search's (core.dbg_fits).
 */
-static int fits_outside (const DebugRecords *d, const Lock *lk,
+static int fits_outside (DebugRecords *d, const Lock *lk,
                          lua_Integer weight, lua_Integer n, lua_Integer w,
                          lua_Integer writes) {
   lua_Integer recorded, avail;
   if (n == 0) return 1;
   if (lk->kind == &am_rwlock_kind)  /* a write needs every hold gone; a */
     return weight != AM_RW_WRITE && writes == 0;    /* read, the writer's */
+  if (lk->value >= weight) return 1;        /* value + avail >= weight, */
   recorded = d != NULL ? recorded_weight(d, lk) : 0;
   /* what comes back: the recorded holds outside, and those unrecorded */
   avail = (lk->held > recorded ? lk->held : recorded) - w;
-  if (lk->value >= weight) return 1;        /* value + avail >= weight, */
   if (lk->value < 0 && weight > LUA_MAXINTEGER + lk->value)  /* without */
     return 0;                                            /* overflow */
   return avail >= weight - lk->value;
@@ -483,7 +500,7 @@ static int may_wait (lua_State *L, const lua_State *co) {
 **    behind a holder that runs, ahead of a long queue: the search copied
 **    the whole queue each time, spec 147).
 */
-static int alone_and_fits (lua_State *L, const DebugRecords *d,
+static int alone_and_fits (lua_State *L, DebugRecords *d,
                            const Request *rq, int behind) {
   const PtrEntry *h = ph_find(&d->cos, L);
   lua_Integer n = 0, w = 0, writes = 0;
@@ -531,7 +548,7 @@ static int alone_and_fits (lua_State *L, const DebugRecords *d,
 */
 void am_dbg_request (lua_State *L, const Request *rq) {
   Lock *lk = rq->lock;
-  const DebugRecords *d = lk->st->dbg_recs;
+  DebugRecords *d = lk->st->dbg_recs;
   int behind, search;
   if (d == NULL) return;                /* off for this state */
   if (rq->erridx == 0 && rq->wait == AM_TIMEOUT) return;     /* sleep */
