@@ -97,3 +97,75 @@ describe("requests of a higher priority than a long queue", function()
     linear("jumpers", 5)
   end)
 end)
+
+describe("lockdep for a coroutine that holds many locks: the same reports", function()
+  local dr = require "debug_reports"
+  local am = require "async_mutex"
+  local rec = dr.recorder()
+  before_each(rec.enable)
+  after_each(rec.disable)
+
+  -- n mutexes named apart (a class each), taken in order
+  local function named(prefix, n)
+    local t = {}
+    for i = 1, n do t[i] = am.debug.name(am.Mutex.new(), prefix .. i) end
+    return t
+  end
+
+  it("20 held, then one taken in an order that inverts an earlier one: reported", h.async(function()
+    local ms = named("m", 20)
+    local rs = {}
+    for i = 1, 20 do rs[i] = ms[i]:acquire() end
+    for i = 20, 1, -1 do rs[i]() end
+    assert.equal(0, rec.count("inversion"))
+    local r20 = ms[20]:acquire()
+    local r5 = ms[5]:acquire()                 -- m20 -> m5 against m5 -> m20
+    r5(); r20()
+    assert.equal(1, rec.count("inversion"))
+    assert.truthy(rec.first("inversion").text:find("lock order inversion", 1, true))
+  end))
+
+  it("an edge only from what is held at the request: 20 held, 10 of them given back, then a new lock", h.async(function()
+    local ms, z = named("n", 20), am.debug.name(am.Mutex.new(), "z")
+    local rs = {}
+    for i = 1, 20 do rs[i] = ms[i]:acquire() end
+    for i = 11, 20 do rs[i]() end              -- n11..n20 no longer held
+    local rz = z:acquire()                     -- edges n1..n10 -> z only
+    rz()
+    for i = 1, 10 do rs[i]() end
+    rz = z:acquire()                           -- z -> n15: no cycle
+    local r15 = ms[15]:acquire()
+    r15(); rz()
+    assert.equal(0, rec.count("inversion"))
+    rz = z:acquire()                           -- z -> n5: closes n5 -> z
+    local r5 = ms[5]:acquire()
+    r5(); rz()
+    assert.equal(1, rec.count("inversion"))
+  end))
+
+  it("12 keys of one keyed lock taken one by one: reported once; acquireAll of 12: not", h.async(function()
+    local km = am.KeyedMutex.new()
+    local rs = {}
+    for i = 1, 12 do rs[i] = km:acquire(i) end
+    for i = 12, 1, -1 do rs[i]() end
+    assert.equal(1, rec.count("inversion"))
+    assert.truthy(rec.first("inversion").text:find("two keys of one keyed lock", 1, true))
+    local k2 = am.KeyedMutex.new()
+    local keys = {}
+    for i = 1, 12 do keys[i] = i end
+    k2:acquireAll(keys)()
+    assert.equal(1, rec.count("inversion"))
+  end))
+
+  it("a lock requested again by a coroutine holding it among 12: no report of two of one class", h.async(function()
+    local s = am.Semaphore.new(20)
+    local ms = named("p", 11)
+    local rs = {}
+    for i = 1, 11 do rs[i] = ms[i]:acquire() end
+    local _, r1 = s:acquire()
+    local _, r2 = s:acquire()                  -- s again: the same lock
+    r2(); r1()
+    for i = 11, 1, -1 do rs[i]() end
+    assert.equal(0, rec.count("inversion"))
+  end))
+end)

@@ -88,7 +88,7 @@ enum { H_REQUEST = 1, H_GRANTED, H_RELEASED, H_CREATED,
 enum { A_RELEASER = 1, A_HOLDER, A_FN, A_WHERE, A_N = 4 };
 
 enum { V_LOCK = 1, V_REL, V_HOLDER, V_SINCE, V_FN, V_LINE, V_WEIGHT,
-       V_WHERE, V_LEASED, V_CANON = 13, V_WARNED, V_NFIELDS = 14 };
+       V_WHERE, V_LEASED, V_LOCKID, V_CANON = 13, V_WARNED, V_NFIELDS = 14 };
 
 #define FIRST_SLOTS  16
 
@@ -96,6 +96,7 @@ typedef struct Record {
   Releaser *r;                /* anchored; NULL: a free slot */
   const lua_State *holder;    /* anchored */
   lua_Number since;           /* clock_ms() at the grant */
+  lua_Integer serial;         /* DebugRecords.epoch when it was made */
   int line;                   /* of the request in the user's function */
   int next_lock, prev_lock;   /* its lock's chain, -1 at an end; a free
                                  slot: 'next_lock' is the next free one */
@@ -570,7 +571,8 @@ void am_dbg_request (lua_State *L, const Request *rq) {
   lua_pushinteger(L, rq->wait);
   push_key(L, &rq->priority);
   lua_pushboolean(L, behind);
-  if (lua_pcall(L, 7, 0, 0) != LUA_OK) {
+  lua_pushlightuserdata(L, lk);               /* as records name it */
+  if (lua_pcall(L, 8, 0, 0) != LUA_OK) {
     am_settle(L, rq->lock);
     lua_error(L);
   }
@@ -702,7 +704,7 @@ void am_dbg_granted (lua_State *L, State *st) {
   h->n++;
   ph_put(&d->rels, r, slot);
   d->n++;
-  d->epoch++;
+  rec->serial = ++d->epoch;
   lua_settop(L, top);
   if (st->dbg_flags & DF_TRACEBACK) {
     lua_pushcfunction(L, where_traceback);
@@ -1136,6 +1138,8 @@ static int push_view (lua_State *L, State *st, int slot, const Lock *lk,
   lua_rawseti(L, v, V_WHERE);
   lua_pushboolean(L, rec->r->lease);
   lua_rawseti(L, v, V_LEASED);
+  lua_pushlightuserdata(L, rec->r->lock);     /* (allocates nothing) */
+  lua_rawseti(L, v, V_LOCKID);
   lua_pushboolean(L, rec->canon);
   lua_rawseti(L, v, V_CANON);
   lua_pushboolean(L, rec->warned);
@@ -1224,29 +1228,30 @@ static int dbg_records (lua_State *L) {
 
 
 /*
-** core.dbg_held_count(co [, releaser]): how many records coroutine 'co'
-** has, and how many of them are newer than the record of 'releaser' (nil
-** when that is no record of 'co').  Lockdep reads only the new ones when
-** the counts say none ended since (async_mutex.debug: held_classes).
-** Allocates nothing.
+** core.dbg_held_count(co [, serial]): how many records coroutine 'co' has,
+** how many of them were made after 'serial' (a record's: its number among
+** the records made and ended so far, DebugRecords.epoch), and the newest
+** one's serial.  Lockdep reads only the new ones when the counts say none
+** ended since (async_mutex.debug: lockdep).  Allocates nothing.
 */
 static int dbg_held_count (lua_State *L) {
   const DebugRecords *d = am_getstate(L)->dbg_recs;
   const lua_State *co = lua_tothread(L, 1);
-  const Releaser *r = (const Releaser *)am_testself(L, 2, AM_T_RELEASER);
+  lua_Integer since = luaL_optinteger(L, 2, LUA_MAXINTEGER);
   const PtrEntry *h;
-  int s, at, newer = 0;
+  int s, newer = 0;
   luaL_argexpected(L, co != NULL, 1, "coroutine");
   if (d == NULL || (h = ph_find(&d->cos, co)) == NULL) {
     lua_pushinteger(L, 0);
     return 1;
   }
+  for (s = h->slot; s >= 0 && d->slots[s].serial > since;
+       s = d->slots[s].next_co)
+    newer++;
   lua_pushinteger(L, h->n);
-  if (r == NULL || (at = find_record(d, r)) < 0 || d->slots[at].holder != co)
-    return 1;
-  for (s = h->slot; s >= 0 && s != at; s = d->slots[s].next_co) newer++;
   lua_pushinteger(L, newer);
-  return 2;
+  lua_pushinteger(L, d->slots[h->slot].serial);
+  return 3;
 }
 
 

@@ -45,7 +45,7 @@ local CANONICAL = {}
 local opts                        -- the options while on, else nil
 -- An owner record as core.dbg_records makes it (src/debug.c: V_*; the
 -- records themselves are C structs), then this module's caches.
-local LOCK, REL, HOLDER, SINCE, FN, LINE, WEIGHT, WHERE, LEASED = 1, 2, 3, 4, 5, 6, 7, 8, 9
+local LOCK, REL, HOLDER, SINCE, FN, LINE, WEIGHT, WHERE, LEASED, LOCKID = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10
 local SITE, CANON, WARNED = 11, 13, 14
 local WEAKK = { __mode = "k" }
 local names = setmetatable({}, WEAKK)       -- lock or keyed set -> name
@@ -564,113 +564,135 @@ local function report_once(key, kind, text, info)
   emit(kind, text, info)
 end
 
--- What each coroutine holds, by class, as lockdep last counted it (a
--- cache): memo[co] = { n = records counted, classes = { [class] = { all =
--- {lock -> records}, plain = {lock -> records not taken by acquireAll} } } };
--- newest[co]: the releaser of the newest record counted.
-local memo = setmetatable({}, WEAKK)
-local newest = setmetatable({}, { __mode = "kv" })
-
---- The classes of what coroutine 'co' holds.  Counted again only from the
--- records made since the last count, while none ended (core.dbg_held_count
--- says so; the core ends a record as its grant ends, so a count that adds
--- up holds only live ones): a coroutine taking its n-th lock reads one
--- record, not n (each acquire read every record: acquireAll of 2,000 keys
--- took 120 times its CPU time with debug mode off, growing as the square;
--- spec 147).
-local function held_classes(co)
-  local m, rel = memo[co], newest[co]
-  local total, newer = core.dbg_held_count(co, rel)
-  local recs
-  if m and newer and total == m.n + newer then
-    if newer == 0 then return m end
-    recs = core.dbg_records(co, newer)
-  else
-    m = { n = 0, classes = {} }
-    memo[co] = m
-    recs = records(co)
-  end
-  for _, rec in ipairs(recs) do
-    local l = rec[LOCK]
-    local ca = class_of(l)
-    local c = m.classes[ca]
-    if not c then
-      c = { all = setmetatable({}, WEAKK), plain = setmetatable({}, WEAKK) }
-      m.classes[ca] = c
+--- A record of 'co' of class 'ca' (on a lock other than 'lockid', and not
+-- taken by acquireAll when 'plain'), for a report's sites: read only when
+-- an edge is new or a report made.
+local function record_of(co, ca, lockid, plain)
+  for _, rec in ipairs(records(co)) do
+    if rec[LOCKID] ~= lockid and not (plain and rec[CANON])
+        and class_of(rec[LOCK]) == ca then
+      return rec
     end
-    c.all[l] = (c.all[l] or 0) + 1
-    if not rec[CANON] then c.plain[l] = (c.plain[l] or 0) + 1 end
+  end
+end
+
+--- The request of the running coroutine 'co' for 'lock' (its records name
+-- it 'lockid'), after class 'ca' held as 'rec' (nil: read it if needed).
+local function follow(co, lock, lockid, ca, cb, rec, canonical)
+  if ca == cb then
+    if reported["nest:" .. cb] then return end
+    rec = rec or record_of(co, ca, lockid, canonical)
+    if not rec then return end
+    local site = (user_frame(3))
+    local binfo = lock_info(lock)
+    local what = binfo.set ~= nil
+      and "two keys of one keyed lock taken by separate nested acquires (use acquireAll)"
+      or "two locks of one class taken nested (name them apart if their order is fixed)"
+    report_once("nest:" .. cb, "inversion", format(
+      "async_mutex.debug: possible deadlock: %s\n  %s: %s (acquired at %s)\n  then %s (acquired at %s)",
+      what, classes[cb], label(rec[LOCK]), site_of(rec), label(lock, binfo), site),
+      { kind = "inversion", classes = { classes[cb] }, sites = { site_of(rec), site } })
+  elseif not (edges[ca] and edges[ca][cb]) then
+    rec = rec or record_of(co, ca, lockid)
+    if not rec then return end
+    local back = path(cb, ca)
+    local e = { from = ca, to = cb, from_site = site_of(rec), to_site = (user_frame(3)) }
+    edges[ca] = edges[ca] or {}
+    edges[ca][cb] = e
+    nedges = nedges + 1
+    if back then
+      local cycle = { e }
+      for _, b in ipairs(back) do cycle[#cycle + 1] = b end
+      local ids, lines, sites = {}, {}, {}
+      for n, cy in ipairs(cycle) do
+        ids[n] = cy.from
+        lines[n] = edge_line(cy)
+        sites[n] = { from = classes[cy.from], to = classes[cy.to],
+                     from_site = cy.from_site, to_site = cy.to_site }
+      end
+      sort(ids)
+      report_once("cycle:" .. concat(ids, "\0"), "inversion",
+        "async_mutex.debug: possible deadlock: lock order inversion (lockdep), "
+        .. "locks taken in a cycle of orders:\n" .. concat(lines, "\n"),
+        { kind = "inversion", edges = sites })
+    end
+  end
+end
+
+-- A coroutine that holds more than SMALL records: the classes it holds as
+-- lockdep last counted them, memo[co] = { n = records counted, s = the
+-- newest one's serial, [class] = { l1 = a lock's id, multi = records on
+-- another lock too, p1, pmulti = the same of those not taken by
+-- acquireAll } }.  Lock ids are light userdata: the cache keeps nothing
+-- alive.
+local SMALL = 8
+local memo = setmetatable({}, WEAKK)
+
+--- Adds records 'recs' to the count 'm'.
+local function count(m, recs)
+  for _, rec in ipairs(recs) do
+    local ca, id = class_of(rec[LOCK]), rec[LOCKID]
+    local c = m[ca]
+    if not c then
+      c = {}
+      m[ca] = c
+    end
+    if not c.l1 then c.l1 = id elseif c.l1 ~= id then c.multi = true end
+    if not rec[CANON] then
+      if not c.p1 then c.p1 = id elseif c.p1 ~= id then c.pmulti = true end
+    end
   end
   m.n = m.n + #recs
-  if recs[1] then newest[co] = recs[1][REL] end
-  return m
 end
 
---- A lock of table 't' (lock -> records) other than 'lock', or nil.
-local function other_than(t, lock)
-  for l in pairs(t) do
-    if l ~= lock then return l end
-  end
-end
-
---- A record of 'co' on 'l' (for a report's site and label): read only
--- when an edge is new or a report made.
-local function record_on(co, l, plain)
-  for _, rec in ipairs(records(co)) do
-    if rec[LOCK] == l and not (plain and rec[CANON]) then return rec end
-  end
-end
-
---- The running coroutine 'co' requests 'lock'.  For each class it holds
--- (not by the lock requested itself): the edge to the lock's class, or a
--- report of two of one class taken nested.  The request's site is read
--- only for an edge or a report (most requests find their edges recorded
--- already).
-local function lockdep(co, lock)
-  local cb, binfo, site = class_of(lock), nil, nil
-  local m = held_classes(co)
-  for ca, c in pairs(m.classes) do
-    if ca == cb then
-      if not reported["nest:" .. cb] then
-        local canonical = from_canonical()
-        local l = other_than(canonical and c.plain or c.all, lock)
-        local rec = l and record_on(co, l, canonical)
-        if rec then
-          site = site or (user_frame())
-          binfo = binfo or lock_info(lock)
-          local what = binfo.set ~= nil
-            and "two keys of one keyed lock taken by separate nested acquires (use acquireAll)"
-            or "two locks of one class taken nested (name them apart if their order is fixed)"
-          report_once("nest:" .. cb, "inversion", format(
-            "async_mutex.debug: possible deadlock: %s\n  %s: %s (acquired at %s)\n  then %s (acquired at %s)",
-            what, classes[cb], label(rec[LOCK]), site_of(rec), label(lock, binfo), site),
-            { kind = "inversion", classes = { classes[cb] }, sites = { site_of(rec), site } })
+--- The running coroutine 'co' requests 'lock' ('lockid').  For each class
+-- it holds (not by the lock requested itself): the edge to the lock's
+-- class, or a report of two of one class taken nested.  A coroutine that
+-- holds many locks is looked at by class: counted again only from the
+-- records made since the last count, while none ended (core.dbg_held_count;
+-- the core ends a record as its grant ends, so counts that add up hold
+-- only live ones).  Each acquire read every record: a coroutine taking n
+-- locks one by one paid n^2/2 (acquireAll of 2,000 keys: 187 times its
+-- instructions with debug mode off; spec 147).
+local function lockdep(co, lock, lockid)
+  local cb = class_of(lock)
+  local m = memo[co]
+  local total, newer, serial = core.dbg_held_count(co, m and m.s)
+  if total <= SMALL then
+    memo[co] = nil
+    local canonical
+    for _, rec in ipairs(records(co)) do
+      if rec[LOCKID] ~= lockid then
+        local ca = class_of(rec[LOCK])
+        if ca ~= cb then follow(co, lock, lockid, ca, cb, rec)
+        elseif not reported["nest:" .. cb] then     -- (frames read once)
+          if canonical == nil then canonical = from_canonical() end
+          if not (canonical and rec[CANON]) then follow(co, lock, lockid, ca, cb, rec) end
         end
       end
-    elseif not (edges[ca] and edges[ca][cb]) then
-      local rec = record_on(co, (next(c.all)))
-      if rec then
-        local back = path(cb, ca)
-        site = site or (user_frame())
-        local e = { from = ca, to = cb, from_site = site_of(rec), to_site = site }
-        edges[ca] = edges[ca] or {}
-        edges[ca][cb] = e
-        nedges = nedges + 1
-        if back then
-          local cycle = { e }
-          for _, b in ipairs(back) do cycle[#cycle + 1] = b end
-          local ids, lines, sites = {}, {}, {}
-          for n, cy in ipairs(cycle) do
-            ids[n] = cy.from
-            lines[n] = edge_line(cy)
-            sites[n] = { from = classes[cy.from], to = classes[cy.to],
-                         from_site = cy.from_site, to_site = cy.to_site }
+    end
+    return
+  end
+  if m and total == m.n + newer then
+    if newer > 0 then count(m, core.dbg_records(co, newer)) end
+  else
+    m = { n = 0 }
+    memo[co] = m
+    count(m, records(co))
+  end
+  m.s = serial
+  for ca, c in pairs(m) do
+    if type(c) == "table" then
+      if ca ~= cb then
+        follow(co, lock, lockid, ca, cb)
+      elseif not reported["nest:" .. cb] then
+        local canonical = from_canonical()
+        if canonical then
+          if c.pmulti or (c.p1 and c.p1 ~= lockid) then
+            follow(co, lock, lockid, ca, cb, nil, true)
           end
-          sort(ids)
-          report_once("cycle:" .. concat(ids, "\0"), "inversion",
-            "async_mutex.debug: possible deadlock: lock order inversion (lockdep), "
-            .. "locks taken in a cycle of orders:\n" .. concat(lines, "\n"),
-            { kind = "inversion", edges = sites })
+        elseif c.multi or c.l1 ~= lockid then
+          follow(co, lock, lockid, ca, cb)
         end
       end
     end
@@ -685,11 +707,11 @@ end
 
 -- Each hook first checks that debug mode is on still: a "c" hook at its
 -- call may have switched it off.
-local function on_request(lock, weight, unlock, would_wait, wait, priority, behind)
+local function on_request(lock, weight, unlock, would_wait, wait, priority, behind, lockid)
   local o = opts
   if wait == AM_TRY or not o then return end            -- never waits: never deadlocks
   local co = running()
-  if not unlock then lockdep(co, lock) end
+  if not unlock then lockdep(co, lock, lockid) end
   if would_wait then
     -- The search and the report run Lua, and so maybe a count hook or a
     -- finalizer at an allocation, which may let a member in after the
