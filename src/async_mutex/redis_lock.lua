@@ -605,18 +605,22 @@ end
 local function eviction(lk)
   local hub = lk.hub
   local evicts = hub.evicts
-  if evicts == nil then
+  local warn = lk.unsafe_eviction == "warn"
+  -- not read on this connection yet; or refused, then read again at each
+  -- use: a lock that refuses sends nothing else, and would never see a
+  -- new connection, or a server whose policy was changed
+  if evicts == nil or (evicts and not warn) then
     local _ <close> = hub.evicts_gate:acquire()
     -- closed while the coroutine before us read it
     if hub.closed then error(E_UNAVAILABLE, 0) end
     evicts = hub.evicts
-    if evicts == nil then
+    if evicts == nil or (evicts and not warn) then
       evicts = read_policy(hub)
       hub.evicts = evicts
     end
     if not evicts then return end
   end
-  if lk.unsafe_eviction == "warn" then
+  if warn then
     if not hub.warned then
       hub.warned = true
       io.stderr:write("async_mutex: warning: the Redis server may evict the Redis locks' keys (",
@@ -687,10 +691,15 @@ local function keys_of(lk, name)
   return lock_keys(name, lk.s_limit)
 end
 
--- The acquire request of the waiter w (mode "wait", "try" or "again").
+-- The acquire request of the waiter w (mode "wait", "try" or "again").  A
+-- request that opened a new connection (on_connected) is followed by the
+-- eviction check of that connection: refused, its grant or place in the
+-- queue is given back (Pending) as for any error.
 local function ask(lk, w, s_weight, mode)
-  return eval(lk, scripts.acquire, w.keys, w.token, lk.s_limit, s_weight, lk.s_ttl,
-              lk.s_wait, lk.hub.channel, mode)
+  local r = eval(lk, scripts.acquire, w.keys, w.token, lk.s_limit, s_weight, lk.s_ttl,
+                 lk.s_wait, lk.hub.channel, mode)
+  if lk.hub.evicts == nil then eviction(lk) end
+  return r
 end
 
 -- Sleeps in the Redis queue until the hand-off message comes (nil) or a
@@ -770,8 +779,7 @@ local function redis_acquire(lk, name, weight, deadline, err)
   hub_use(hub)
   w.done = false
   local sent = hrtime()
-  local r = eval(lk, scripts.acquire, keys, token, lk.s_limit, s_weight, lk.s_ttl,
-                 lk.s_wait, hub.channel, try and "try" or "wait")
+  local r = ask(lk, w, s_weight, try and "try" or "wait")
   local first                       -- the length of the lease Redis granted
   while true do
     if r and r[1] == 1 then
@@ -1019,6 +1027,7 @@ local function state(lk, name, weight)
   else
     r = eval(lk, scripts.state, keys_of(lk, name), lk.s_limit)
   end
+  if lk.hub.evicts == nil then eviction(lk) end     -- a new connection (see ask)
   return r[1], r[2], r[3]
 end
 
