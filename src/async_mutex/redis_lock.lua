@@ -470,6 +470,7 @@ local function give_back(client, items)
   end
   if ms ~= huge then
     bound = uv.new_timer()
+    update_time()                     -- (a full commandTimeout from now)
     bound:start(ceil(ms), 0, finish)
   end
   for i = 1, #items do
