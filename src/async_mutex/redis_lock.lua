@@ -450,10 +450,20 @@ Lease.__close = release_lease
 -- client's commandTimeout.  Without it the other processes waited for the
 -- leases to run out (ttl, 30 s by default) and for dead waiters to be
 -- skipped (waiterTimeout).  The loop turn: close() may come from a
--- finalizer at lua_close, where no connection may be made; the timer,
--- made long before (get_hub), is then finalized already or never runs.
+-- finalizer at lua_close, where no connection may be made (its client
+-- would never be finalized: a leak); the timer, made long before
+-- (get_hub), is then finalized already or never runs.  Nor may the job
+-- run when the script ends after close() (no uv.run() again) and
+-- lua_close runs the loop once to complete pending handle closes
+-- (close_handle's guards, in redis.lua): each job has a sentinel, made
+-- after those guards, whose finalizer (run first, newest first) marks the
+-- job dead.
 
 local giveback_jobs = {}
+-- The connections giving back, until done: nothing else may reference
+-- them (a client whose calls wait is collected with them when nothing
+-- does, spec 42), and the give-back would end unsent.
+local giving = {}                    -- luacheck: ignore 241 (an anchor)
 
 -- Sends the release of every {keys, token} of 'items' on a new connection
 -- to the server of 'client' (closed), in coroutines of their own.
@@ -462,6 +472,7 @@ local function give_back(client, items)
   local ms = rcore.state(client).commandTimeout
   local left, bound = #items, nil
   local function finish()
+    giving[c] = nil
     c:close()
     if bound then
       close_handle(bound)
@@ -473,6 +484,7 @@ local function give_back(client, items)
     update_time()                     -- (a full commandTimeout from now)
     bound:start(ceil(ms), 0, finish)
   end
+  giving[c] = true
   for i = 1, #items do
     local keys, token = items[i][1], items[i][2]
     background(function()
@@ -487,8 +499,15 @@ end
 local function on_giveback()
   local jobs = giveback_jobs
   giveback_jobs = {}
-  for i = 1, #jobs do give_back(jobs[i][1], jobs[i][2]) end
+  -- (nil: inside a finalizer, Lua 5.4.4 and later: lua_close's loop run)
+  if collectgarbage("isrunning") == nil then return end
+  for i = 1, #jobs do
+    local job = jobs[i]
+    if not job.dead then give_back(job[1], job[2]) end
+  end
 end
+
+local SENTINEL = { __gc = function(s) s.job.dead = true end }
 -- }----------------------------------------------------------
 
 -- client:close() ends every hold of the client's locks here, as a release
@@ -539,7 +558,9 @@ function client_closed(hub)
     end
   end
   if items[1] and alive(giveback_timer) then
-    giveback_jobs[#giveback_jobs + 1] = { hub.client, items }
+    local job = { hub.client, items }
+    job.sentinel = setmetatable({ job = job }, SENTINEL)
+    giveback_jobs[#giveback_jobs + 1] = job
     giveback_timer:start(0, 0, on_giveback)
   end
   unsubscribe_if_idle(hub)
