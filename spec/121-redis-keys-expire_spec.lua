@@ -12,10 +12,13 @@ local h = require "helpers"
 local R = require "lock_redis"
 local scripts = require "async_mutex.redis_scripts"
 
-local server
+local server, churn_server         -- (the churn's own: DBSIZE counts every key)
 
-setup(function() server = R.server() end)
-teardown(function() if server then server:stop() end end)
+setup(function() server, churn_server = R.server(), R.server() end)
+teardown(function()
+  if server then server:stop() end
+  if churn_server then churn_server:stop() end
+end)
 
 local fresh_name = R.namer("spec121")
 
@@ -117,7 +120,7 @@ describe("100,000 keys churned with SIGKILLs (here 2,000: make test's time; benc
   .. " runs 100,000)", function()
   it("leave only their counters once the leases and deadlines they held have passed",
     h.async(function()
-      local s = R.server()                 -- its own: DBSIZE counts every key
+      local s = churn_server
       local c = s:client()
       -- (at least 5 ranges, so that some process is killed)
       local child = R.child(CHURN, { "churn", s.port, math.max(h.load(2000), 1000) })
@@ -143,6 +146,5 @@ describe("100,000 keys churned with SIGKILLs (here 2,000: make test's time; benc
       assert.equal(t.counters, n)
       assert.equal(n, c:call("DBSIZE"))
       c:close()
-      s:stop()
     end, { deadline = 120000 }))
 end)
