@@ -14,9 +14,10 @@
 -- by the server and which by its own client); the cross-process hand-off latency
 -- (release in process A to the grant in waiting process B, p50 / p99);
 -- one key contended by 4 processes (acquisitions per second, Redis
--- commands per acquisition counted by the server, the longest wait); how
--- late a lost lease is reported after its local end; how fast acquire fails
--- on a refused connection.
+-- commands per acquisition counted by the server, the longest wait); the
+-- keys left in Redis after 100,000 distinct keys were churned by processes
+-- killed at random; how late a lost lease is reported after its local end;
+-- how fast acquire fails on a refused connection.
 
 local here = arg[0]:match("^(.*)/[^/]*$") or "."
 local root = here .. "/.."
@@ -208,6 +209,17 @@ do
   row("4 processes, one key: acquisitions/s", o_rate, nil, t_rate, "/s", "higher")
   row("4 processes: Redis commands per acquisition", o_req, nil, t_req, "", "lower")
   row("4 processes: longest wait, ms", o_wait, nil, t_wait, "ms", "lower")
+end
+
+-- keys left behind: 100,000 distinct keys churned by 4 processes killed at
+-- random (docs/redis-locks.md, "Keys that expire")
+do
+  local n = math.floor(100000 * SCALE)
+  local t = json(sh(ENV .. WORKER .. ("churn %d %d"):format(port, n)))
+  local what = ("%d keys churned with SIGKILLs"):format(n)
+  row(what .. ": other keys left", t and t.others, nil, nil, "", "lower")
+  row(what .. ": counters left (1 h)", t and t.counters, nil, nil, "", "none")
+  row(what .. ": expired, unreclaimed", t and t.unreclaimed, nil, nil, "", "none")
 end
 
 -- failures

@@ -388,7 +388,7 @@ describe("busted with am.run (README, Tests with busted)", function()
     assert.are_not.equal(snippet, broken)
     local rc, out = busted(broken)
     assert.equal(1, rc, out)
-    assert.matches("\nnot ok 1 ", out)
+    assert.matches("not ok 1 ", out, 1, true)
     assert.matches("Expected objects to be equal", out, 1, true)
   end)
 

@@ -88,6 +88,9 @@ describe("the release script's short path (a holder, nobody queued)", function()
     local c = server:client()
     local name = fresh_name()
     acquire(c, name, "t1", 10)
+    -- kept past its lease, as another holder's longer lease keeps a
+    -- semaphore's N:h (docs/redis-locks.md, "Keys that expire")
+    c:call("PERSIST", name .. ":h")
     h.sleep(30)
     assert.is_truthy(c:call("HGET", name .. ":h", "t1"))      -- still there
     assert.equal(0, release(c, name, "t1"))
@@ -251,6 +254,7 @@ describe("cancel() while the first request of an acquire is in flight", function
     mb:cancel()
     h.wait_until(function() return outcome ~= nil end)
     assert.equal("stop", outcome)
+    b:call("PING")                        -- the withdrawal (in the background) is done
     assert.equal(0, a:call("ZCARD", name .. ":q"))
     assert.is_true(ra())
     a:close(); b:close()

@@ -101,6 +101,9 @@ describe("a new waiter behind a mutex's live holder", function()
     local c = server:client()
     local name = fresh_name()
     acquire(c, name, "holder", 20, 3000)
+    -- kept past its lease, as another holder's longer lease keeps a
+    -- semaphore's N:h (docs/redis-locks.md, "Keys that expire")
+    c:call("PERSIST", name .. ":h")
     h.sleep(40)                              -- ended in Redis, still recorded
     assert.is_truthy(c:call("HGET", name .. ":h", "holder"))
     local r = acquire(c, name, "newcomer", 30000, 3000)
@@ -116,6 +119,9 @@ describe("a new waiter behind a mutex's live holder", function()
     local name = fresh_name()
     acquire(c, name, "holder", 30000, 3000)
     acquire(c, name, "dead", 30000, 10)      -- renews nothing: dead after 10 ms
+    -- the queue's keys kept past its deadline, as a waiter with a longer
+    -- waiterTimeout keeps them (docs/redis-locks.md, "Keys that expire")
+    for _, k in ipairs({ ":q", ":w", ":c" }) do c:call("PERSIST", name .. k) end
     h.sleep(30)
     -- queued by the short path: the dead waiter is not expired here
     assert.equal(0, acquire(c, name, "live", 30000, 30000)[1])

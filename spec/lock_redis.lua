@@ -295,6 +295,18 @@ function R.release_script(client, name, token, limit)
   return client:eval(scripts.release, scripts.keys(name), { token, tostring(limit or 1) })
 end
 
+-- The scripts the server has run so far (EVAL and EVALSHA requests, from
+-- INFO commandstats: the requests of every client, not the commands run
+-- inside the scripts).
+function R.scripts_run(client)
+  local stats = client:call("INFO", "commandstats")
+  local n = 0
+  for name, calls in stats:gmatch("cmdstat_(%w+):calls=(%d+)") do
+    if name == "eval" or name == "evalsha" then n = n + tonumber(calls) end
+  end
+  return n
+end
+
 -- A function returning a new lock name at each call: prefix:1, prefix:2, ...
 function R.namer(prefix)
   local n = 0

@@ -16,6 +16,7 @@
 ---@field onLost? fun(info: async_mutex.RedisLostInfo) called when a hold is lost
 ---@field cancelError? any what `cancel()` raises (default `async_mutex.E_CANCELED`)
 ---@field lostError? any what a lost hold raises (default `async_mutex.E_LOST`)
+---@field unsafeEviction? "error"|"warn" maxmemory-policy may evict the keys: refuse (default) or warn
 
 ---What `onLost` is called with.
 ---@class async_mutex.RedisLostInfo

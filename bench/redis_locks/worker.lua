@@ -5,6 +5,8 @@
 --   worker.lua lost     PORT             how late onLost comes after the lease's local end
 --   worker.lua refused  PORT             how fast acquire fails on a port nobody listens on
 --   worker.lua seed_cycles PORT N / seed_pingpong PORT N ID: the seed's SET NX PX recipe
+--   worker.lua churn    PORT N           N distinct keys churned by 4 processes killed at random
+--                                        (churn_one), then what is left in Redis, and when
 -- Prints one JSON line at the end (except pingpong).
 
 local uv = require "luv"
@@ -115,9 +117,14 @@ end
 
 function modes.lost()
   local lates = {}
-  for _ = 1, 5 do
+  -- connected first (and, where the locks read it, the server's eviction
+  -- policy read): each run below times its acquire's request alone
+  am.RedisMutex.new(client, "bench:lost:0"):isLocked()
+  for i = 1, 5 do
     local lost_at
-    local m = am.RedisMutex.new(client, "bench:lost", { ttl = 100, renewInterval = 0,
+    -- a lock of its own each time: a lost lease is not given back early, and
+    -- the next acquire of the same lock would wait for it in Redis first
+    local m = am.RedisMutex.new(client, "bench:lost:" .. i, { ttl = 100, renewInterval = 0,
       onLost = function() lost_at = hr() end })
     local sent = hr()
     m:acquire()
@@ -136,6 +143,102 @@ function modes.refused()
   assert(not ok and err == am.E_UNAVAILABLE)
   json { refused_ms = (hr() - t) / 1e6 }
   dead:close()
+end
+
+-- One churning process: 8 coroutines take the keys FROM..TO of a keyed
+-- set in turn (every 50th a semaphore of 2, every 7th a waitForUnlock),
+-- holding each 0-2 ms, until the range is done or the process is killed.
+-- Two such processes share each range, so that they queue for each other.
+local CHURN_OPTIONS = { ttl = 200, waiterTimeout = 200 }
+
+function modes.churn_one(prefix, from, to, seed)
+  from, to = tonumber(from), tonumber(to)
+  math.randomseed(tonumber(seed))
+  local k = am.KeyedRedisMutex.new(client, prefix, CHURN_OPTIONS)
+  local next_key, left = from, 8
+  local done = coroutine.running()
+  for _ = 1, 8 do
+    am.spawn(function()
+      while next_key <= to do
+        local key = next_key
+        next_key = next_key + 1
+        if key % 50 == 0 then
+          local s = am.RedisSemaphore.new(client, prefix .. "s" .. key, 2, CHURN_OPTIONS)
+          local _, r = s:acquire(math.random(2))
+          am.sleep(math.random(0, 2))
+          r()
+        elseif key % 7 == 0 then
+          pcall(k.waitForUnlock, am.withTimeout(k, 10), key)
+        else
+          local r = k:acquire(key)
+          am.sleep(math.random(0, 2))
+          r()
+        end
+      end
+      left = left - 1
+      if left == 0 then coroutine.resume(done) end
+    end)
+  end
+  coroutine.yield()
+end
+
+-- The driver: ranges of 200 keys, two processes on each, two ranges at a
+-- time (4 processes); every 20-120 ms each running pair has one process
+-- SIGKILLed with probability 1/2.  Then, once every process is gone and
+-- the keys' bound has passed (max(ttl, 2 * waiterTimeout) = 400 ms), the
+-- keys are counted: DBSIZE (which counts keys whose expiry has passed but
+-- that Redis has not reclaimed yet: its active expiry cycle stops while
+-- fewer than about a tenth of the keys it samples have expired), then by
+-- SCAN (which reclaims those it meets): counters (N:n), and any other key.
+function modes.churn(n)
+  n = tonumber(n)
+  local prefix = ("bench:churn:%d:"):format(uv.os_getpid())
+  local seed = os.time()
+  math.randomseed(seed)
+  local RANGE = 200
+  local function start(from, to, i)
+    local child = { done = false }
+    local handle
+    handle, child.pid = uv.spawn(arg[-1] or "lua5.4", {
+      args = { arg[0], "churn_one", tostring(port), prefix, tostring(from), tostring(to),
+               tostring(seed + from * 2 + i) },
+      stdio = { nil, nil, 2 },
+    }, function() handle:close(); child.done = true end)
+    return child
+  end
+  local base = client:call("DBSIZE")
+  local t0 = hr()
+  local running, from, kills = {}, 1, 0
+  while from <= n or #running > 0 do
+    while from <= n and #running < 2 do
+      local to = math.min(from + RANGE - 1, n)
+      running[#running + 1] = { start(from, to, 1), start(from, to, 2) }
+      from = from + RANGE
+    end
+    am.sleep(math.random(20, 120))
+    for i = #running, 1, -1 do
+      local pair = running[i]
+      local victim = pair[math.random(2)]
+      if math.random() < 0.5 and not victim.done then
+        uv.kill(victim.pid, "sigkill")
+        kills = kills + 1
+      end
+      if pair[1].done and pair[2].done then table.remove(running, i) end
+    end
+  end
+  local churned = (hr() - t0) / 1e9
+  am.sleep(400)                              -- the bound
+  local at_bound = client:call("DBSIZE") - base
+  local cursor, counters, others = "0", 0, 0
+  repeat
+    local r = client:call("SCAN", cursor, "MATCH", prefix .. "*", "COUNT", "1000")
+    cursor = r[1]
+    for _, key in ipairs(r[2]) do
+      if key:sub(-2) == ":n" then counters = counters + 1 else others = others + 1 end
+    end
+  until cursor == "0"
+  json { keys = n, seconds = churned, kills = kills, counters = counters, others = others,
+         unreclaimed = at_bound - counters - others, after_scan = client:call("DBSIZE") - base }
 end
 
 am.spawn(function()

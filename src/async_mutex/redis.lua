@@ -535,16 +535,31 @@ local function start_pings(sub)
   if not sub.ping:is_active() then sub.ping:start(ceil(every), 0, sub.on_ping) end
 end
 
-local function subscriber(self)
-  local state = core.state(self)
-  local sub = state.sub
-  if sub then return sub end
-  local sstate = {
+-- The state of another connection to the server of `state`'s client,
+-- with its set-up commands and timing options: its subscriber's, and the
+-- one on which the Redis locks give back a closed client's holds
+-- (core.sibling, async_mutex.redis_lock).
+local function same_server(state)
+  return {
     host = state.host, port = state.port, path = state.path, setup = state.setup,
     connectTimeout = state.connectTimeout, commandTimeout = state.commandTimeout,
     reconnectDelay = state.reconnectDelay, reconnectDelayMax = state.reconnectDelayMax,
     pingInterval = state.pingInterval,
   }
+end
+
+function core.sibling(client)
+  local state = same_server(core.state(client))
+  local c = core.new(state)
+  state.ref = setmetatable({ c }, WEAK_V)
+  return c
+end
+
+local function subscriber(self)
+  local state = core.state(self)
+  local sub = state.sub
+  if sub then return sub end
+  local sstate = same_server(state)
   sub = { state = sstate, channels = {}, waiting = {} }
   sub.client = core.new(sstate, true)
   sstate.ref = setmetatable({ sub.client }, WEAK_V)

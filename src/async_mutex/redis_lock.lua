@@ -38,9 +38,10 @@ local error, getmetatable, ipairs, pairs, pcall, setmetatable,
   tonumber, tostring, type
 local co_create, co_resume, isyieldable =
   coroutine.create, coroutine.resume, coroutine.isyieldable
-local huge, min, max, floor, tointeger = math.huge, math.min, math.max, math.floor, math.tointeger
+local huge, min, max, floor, ceil, tointeger =
+  math.huge, math.min, math.max, math.floor, math.ceil, math.tointeger
 local format = string.format
-local hrtime, now = uv.hrtime, uv.now
+local hrtime, update_time = uv.hrtime, uv.update_time
 local limited = core.acquire
 -- The locks made here (gates, bells) are the library's own: debug mode
 -- does not watch them (docs/debug.md, Deadlocks).
@@ -99,8 +100,18 @@ local function eval(lk, script, keys, ...)
   return lk.client:eval(script, keys, { ... })
 end
 
-local function quiet_eval(lk, script, keys, ...)
-  pcall(eval, lk, script, keys, ...)
+-- Runs the release script for 'token' (a hold, or a waiter leaving the
+-- queue: the script removes either), with the lock's limit from its keys'
+-- list.  The hub knows the token until the answer, so that a close() that
+-- cuts the request off gives it back all the same (client_closed).
+-- Returns pcall's results: an unreachable Redis is not an error here
+-- (each caller says why).
+local function release_token(lk, keys, token)
+  local inflight = lk.hub.inflight
+  inflight[token] = keys
+  local ok, r = pcall(eval, lk, scripts.release, keys, token, keys.limit)
+  inflight[token] = nil
+  return ok, r
 end
 
 
@@ -113,11 +124,16 @@ end
 
 local hubs = setmetatable({}, { __mode = "k" })
 
+-- 'ended': the fence of a grant of this waiter that ended before it was
+-- taken (redis_acquire), whose message may still come: fences of later
+-- grants are larger.
 local function on_message(hub, message)
   local token, fence, value = message:match("^(%S+) (%d+) (%-?%d+)$")
   local w = token and hub.waiters[token]
   if w and not w.fence then
-    w.fence, w.value = tointeger(tonumber(fence)), tointeger(tonumber(value))
+    fence = tointeger(tonumber(fence))
+    if w.ended and fence <= w.ended then return end
+    w.fence, w.value = fence, tointeger(tonumber(value))
     -- a waiter that sleeps has a bell: its coroutine is resumed by the core
     if w.bell then w.bell:release() end
   end
@@ -125,8 +141,13 @@ end
 
 local client_closed                  -- (hub): close() was called, below
 
+local giveback_timer                 -- made with the first hub, see give_back
+
 -- The hub of a client: its channel, its waiters by token, its locks (weak:
--- to end their holds at close), the bells of its waitForUnlock calls.
+-- to end their holds at close), the bells of its waitForUnlock calls, the
+-- keys of its tokens whose release is in flight (release_token), and what
+-- the server on its connection may do to the locks' keys ('evicts': nil
+-- not read yet, false safe, or the policy, see eviction()).
 local function get_hub(client)
   local hub = hubs[client]
   if not hub then
@@ -134,19 +155,33 @@ local function get_hub(client)
     hub = { client = client, id = id, channel = "async_mutex:" .. id,
             waiters = {}, users = 0, sub = nil, sub_gate = internal(core.Mutex.new()),
             idle_timer = nil, locks = setmetatable({}, { __mode = "k" }),
-            unlockers = {}, closed = false }
+            unlockers = {}, closed = false, inflight = {},
+            evicts = false, evicts_gate = nil, warned = false }
     hubs[client] = hub
+    -- Made here, by the program's own code: close() may come from a
+    -- finalizer at lua_close, where no handle may be made any more.
+    if not giveback_timer then giveback_timer = uv.new_timer() end
     -- Our own client says when it is closed (docs/redis.md, "Closing and
-    -- exiting"); another client object cannot, and its locks learn it
-    -- at their next request.  The callback holds the hub weakly: the
-    -- client's state is reachable from luv (its timer's callback), and
-    -- the hub holds the client, which must stay collectable (spec 70).
+    -- exiting") and when it has a new connection; another client object
+    -- cannot, and its locks learn of a close at their next request (and
+    -- do not read the eviction policy).  The callbacks hold the hub
+    -- weakly: the client's state is reachable from luv (its timer's
+    -- callback), and the hub holds the client, which must stay
+    -- collectable (spec 70).
     if is_client(client) then
       local ref = setmetatable({ hub }, { __mode = "v" })
-      rcore.state(client).on_close = function()
+      local state = rcore.state(client)
+      state.on_close = function()
         local hb = ref[1]
         if hb then client_closed(hb) end
       end
+      -- the server's policy is read again on each connection (a restart
+      -- or another server behind the address may have changed it)
+      state.on_connected = function()
+        local hb = ref[1]
+        if hb then hb.evicts, hb.warned = nil, false end
+      end
+      hub.evicts, hub.evicts_gate = nil, internal(core.Mutex.new())
     end
   end
   return hub
@@ -266,9 +301,12 @@ local function forget(lease)
   end
 end
 
--- The hold is lost: tell the holder's onLost, and give the lock back in
--- Redis in case the server still has it (the script touches only our own
--- token, so this can never end a later holder's grant).
+-- The hold is lost: tell the holder's onLost.  Redis is not asked to end
+-- it.  A lease that ended by the local clock may still run in Redis for
+-- up to the drift allowance (its local end comes first), and a release
+-- then would let the next process in while this one, told only by onLost
+-- or check(), may still be in its section: the server's lease runs out
+-- by itself.  A refused one is no longer in Redis.
 local function lose(lease, reason)
   if lease.state ~= "held" then return end
   lease.state = "lost"
@@ -277,7 +315,6 @@ local function lose(lease, reason)
   local lk = lease.lock
   hub_unuse(lk.hub)
   local keys = lease.keys
-  background(quiet_eval, lk, scripts.release, keys, lease.token, lk.s_limit)
   if lk.on_lost then
     local ok, err = pcall(lk.on_lost, { name = keys.name, fence = lease.fence,
                                         reason = reason, releaser = lease })
@@ -368,12 +405,13 @@ end
 -- Ends the hold: true if this call ended it, false if it had already been
 -- given back or lost (docs/semantics.md, "Leases and lost holds").  In a
 -- coroutine that can yield (<close> included) the call waits for Redis's
--- answer, so that a client closed right after it has delivered the release,
--- and a hold Redis no longer had is reported lost (false, onLost).  Where
--- it cannot yield, the release is sent without waiting: it is written
--- before any later request of this client, and if it is never delivered
--- the lease runs out in Redis.  A release that cannot reach Redis still
--- returns true: the hold ended here, and ends in Redis with its lease.
+-- answer, so that a hold Redis no longer had is reported lost (false,
+-- onLost).  Where it cannot yield, the release is sent without waiting: it
+-- is written before any later request of this client.  A release that
+-- cannot reach Redis still returns true: the hold ended here, and ends in
+-- Redis with its lease.  A close() while the release is in flight sends
+-- it again (client_closed).  A lease that ended by the local clock is
+-- lost, and not released in Redis (lose).
 local function release_lease(lease)
   if lease.state ~= "held" then return false end
   if hrtime() >= lease.valid_until then
@@ -386,12 +424,12 @@ local function release_lease(lease)
   local lk, keys = lease.lock, lease.keys
   if not isyieldable() then
     hub_unuse(lk.hub)
-    background(quiet_eval, lk, scripts.release, keys, lease.token, lk.s_limit)
+    background(release_token, lk, keys, lease.token)
     return true
   end
   -- The hub stays in use until the answer, so that a coroutine that
   -- acquires again at once keeps the subscription.
-  local ok, r = pcall(eval, lk, scripts.release, keys, lease.token, lk.s_limit)
+  local ok, r = release_token(lk, keys, lease.token)
   if ok and r == 0 then
     lease.state = "held"            -- so that lose() reports it
     lose(lease, "refused")
@@ -404,22 +442,102 @@ end
 Lease.__call = release_lease
 Lease.__close = release_lease
 
+-- {---------------------------------------------------------- give-back
+-- What a closed client had in Redis (holds, places in queues, releases and
+-- withdrawals cut off by the close) is given back on a connection of its
+-- own to the same server, one loop turn after the close, and that
+-- connection is closed once every release is answered, or after the
+-- client's commandTimeout.  Without it the other processes waited for the
+-- leases to run out (ttl, 30 s by default) and for dead waiters to be
+-- skipped (waiterTimeout).  The loop turn: close() may come from a
+-- finalizer at lua_close, where no connection may be made (its client
+-- would never be finalized: a leak); the timer, made long before
+-- (get_hub), is then finalized already or never runs.  Nor may the job
+-- run when the script ends after close() (no uv.run() again) and
+-- lua_close runs the loop once to complete pending handle closes
+-- (close_handle's guards, in redis.lua): each job has a sentinel, made
+-- after those guards, whose finalizer (run first, newest first) marks the
+-- job dead.
+
+local giveback_jobs = {}
+-- The connections giving back, until done: nothing else may reference
+-- them (a client whose calls wait is collected with them when nothing
+-- does, spec 42), and the give-back would end unsent.
+local giving = {}                    -- luacheck: ignore 241 (an anchor)
+
+-- Sends the release of every {keys, token} of 'items' on a new connection
+-- to the server of 'client' (closed), in coroutines of their own.
+local function give_back(client, items)
+  local c = rcore.sibling(client)
+  local ms = rcore.state(client).commandTimeout
+  local left, bound = #items, nil
+  local function finish()
+    giving[c] = nil
+    c:close()
+    if bound then
+      close_handle(bound)
+      bound = nil
+    end
+  end
+  if ms ~= huge then
+    bound = uv.new_timer()
+    update_time()                     -- (a full commandTimeout from now)
+    bound:start(ceil(ms), 0, finish)
+  end
+  giving[c] = true
+  for i = 1, #items do
+    local keys, token = items[i][1], items[i][2]
+    background(function()
+      -- an unreachable server, or the bound: the lease ends in Redis
+      pcall(run_script, c, scripts.release, keys, token, keys.limit)
+      left = left - 1
+      if left == 0 then finish() end
+    end)
+  end
+end
+
+local function on_giveback()
+  local jobs = giveback_jobs
+  giveback_jobs = {}
+  -- (nil: inside a finalizer, Lua 5.4.4 and later: lua_close's loop run)
+  if collectgarbage("isrunning") == nil then return end
+  for i = 1, #jobs do
+    local job = jobs[i]
+    if not job.dead then give_back(job[1], job[2]) end
+  end
+end
+
+local SENTINEL = { __gc = function(s) s.job.dead = true end }
+-- }----------------------------------------------------------
+
 -- client:close() ends every hold of the client's locks here, as a release
 -- that cannot reach Redis does (docs/redis-locks.md, "Closing the
 -- client"): the releaser returns false from then on, check() false, and
--- nobody is told it was lost; Redis ends the hold with its lease.  Its
--- timer stops: no renewal can be sent on a closed client, and a timer left
--- running would keep uv.run() from returning until the lease ran out.
--- Waiters (in the Redis queue, in waitForUnlock) are woken and raise
--- E_UNAVAILABLE, as the client's waiting calls do; later ones (queued at
--- the lock's gate) raise it when their turn comes.
+-- nobody is told it was lost; then the holds are given back in Redis
+-- (give_back), so that the next process need not wait for the lease.
+-- Its timer stops: no renewal can be sent on a closed client, and a timer
+-- left running would keep uv.run() from returning until the lease ran
+-- out.  Waiters (in the Redis queue, in waitForUnlock) are woken and raise
+-- E_UNAVAILABLE, as the client's waiting calls do, and leave the Redis
+-- queue with the give-back; later ones (queued at the lock's gate) raise
+-- it when their turn comes.
 --
 -- close() may also come from a finalizer at lua_close, after luv has freed
 -- some of the handles (docs/redis.md, "Closing and exiting"): a lease's
--- timer that luv has finalized is dropped, not stopped, and the hub's
--- subscription is ended here rather than by the idle timer.
+-- timer that luv has finalized is dropped, not stopped, the hub's
+-- subscription is ended here rather than by the idle timer, and nothing
+-- is given back (a finalized timer, or one that never runs again).
 function client_closed(hub)
   hub.closed = true
+  local items, seen = {}, {}
+  local function give(keys, token)
+    if not seen[token] then
+      seen[token] = true
+      items[#items + 1] = { keys, token }
+    end
+  end
+  for token, keys in pairs(hub.inflight) do give(keys, token) end
+  for token, w in pairs(hub.waiters) do give(w.keys, token) end
   for lk in pairs(hub.locks) do
     local ended = {}
     for _, holds in pairs(lk.holds) do
@@ -435,8 +553,15 @@ function client_closed(hub)
         stop_timer(lease)
         forget(lease)
         hub.users = hub.users - 1
+        give(lease.keys, lease.token)
       end
     end
+  end
+  if items[1] and alive(giveback_timer) then
+    local job = { hub.client, items }
+    job.sentinel = setmetatable({ job = job }, SENTINEL)
+    giveback_jobs[#giveback_jobs + 1] = job
+    giveback_timer:start(0, 0, on_giveback)
   end
   unsubscribe_if_idle(hub)
   for _, w in pairs(hub.waiters) do
@@ -466,19 +591,102 @@ end
 -- }==========================================================
 
 
+-- {---------------------------------------------------------- eviction
+-- A server that may evict keys when it reaches maxmemory may evict a
+-- lock's holders (two holders) or its queue: the locks refuse such a
+-- server, or warn about it once per connection with the option
+-- unsafeEviction = "warn" (docs/redis-locks.md, "Eviction").  Since every
+-- key of a lock has an expiry, the volatile-* policies may evict them
+-- too: only noeviction, or no maxmemory at all, is safe.  The policy is
+-- read (INFO memory) at the first use of a lock on each connection of the
+-- client (get_hub resets it), by one coroutine while the others wait.  A
+-- server that does not let us read it (an ACL) is not refused.  The
+-- refusal is raised as the request's outcome (at level 0, as
+-- E_UNAVAILABLE is): it is the server's, not a misuse at the caller's line.
+
+-- The first line of 'info' with 'field', as a string.
+local function info_field(info, field)
+  return info:match("\n" .. field .. ":([^\r\n]*)") or info:match("^" .. field .. ":([^\r\n]*)")
+end
+
+local function read_policy(hub)
+  local ok, info = pcall(hub.client.call, hub.client, "INFO", "memory")
+  if not ok then
+    if info == E_UNAVAILABLE then error(info, 0) end
+    return false                      -- refused (ACL): not checked
+  end
+  local policy = type(info) == "string" and info_field(info, "maxmemory_policy")
+  local limit = type(info) == "string" and tonumber(info_field(info, "maxmemory"))
+  if not policy or policy == "noeviction" or limit == 0 then return false end
+  return format("maxmemory-policy %s, maxmemory %s", policy, limit or "?")
+end
+
+-- Raises if the server may evict the lock's keys and the lock does not
+-- take that (unsafeEviction).  Called before a lock's requests while the
+-- answer is not known to be safe (hub.evicts ~= false).
+local function eviction(lk)
+  local hub = lk.hub
+  local evicts = hub.evicts
+  local warn = lk.unsafe_eviction == "warn"
+  -- not read on this connection yet; or refused, then read again at each
+  -- use: a lock that refuses sends nothing else, and would never see a
+  -- new connection, or a server whose policy was changed
+  if evicts == nil or (evicts and not warn) then
+    local _ <close> = hub.evicts_gate:acquire()
+    -- closed while the coroutine before us read it
+    if hub.closed then error(E_UNAVAILABLE, 0) end
+    evicts = hub.evicts
+    if evicts == nil or (evicts and not warn) then
+      evicts = read_policy(hub)
+      hub.evicts = evicts
+    end
+    if not evicts then return end
+  end
+  if warn then
+    if not hub.warned then
+      hub.warned = true
+      io.stderr:write("async_mutex: warning: the Redis server may evict the Redis locks' keys (",
+        evicts, "): two holders are possible; use maxmemory-policy noeviction",
+        " (docs/redis-locks.md, \"Eviction\")\n")
+    end
+    return
+  end
+  error(format("the Redis server may evict the lock's keys (%s): use maxmemory-policy"
+    .. " noeviction, or the option unsafeEviction = \"warn\"", evicts), 0)
+end
+-- }----------------------------------------------------------
+
 -- {========================================================== acquire
 -- The Redis half of an acquisition, run by the holder of the local gate:
 -- one ACQUIRE request grants at once or queues this process; a queued
 -- waiter then sleeps on a private core Semaphore (its "bell"), rung by the
 -- hand-off message, and wakes every waiterTimeout/3 to renew its place
--- (which also catches a lost message).  'limit' is nil (no bound), a
--- deadline in loop time, or false (a try); 'err' is raised when it is hit.
+-- (which also catches a lost message).  'deadline' is nil (no bound), the
+-- monotonic time (uv.hrtime) at which 'err' is raised, or false (a try).
 
 local REFRESH = setmetatable({}, { __name = "async_mutex.refresh" })
 
+-- Sleeps on 'bell' until it is rung (true) or the monotonic time 'due'
+-- (false; at once if it has passed).  The core's timer counts from the
+-- loop's time, which lags behind while a callback runs (blocking work
+-- before the call): it is brought up to date first, and the callers
+-- compare the clock, not the timer, with their deadlines, so that none
+-- is ever taken as passed before it has.
+local function doze(bell, due)
+  local ms = (due - hrtime()) / NS
+  if ms <= 0 then return false end
+  update_time()
+  local ok, e = pcall(limited, bell, ceil(ms), REFRESH)
+  if not ok and e ~= REFRESH then error(e, 0) end
+  return ok
+end
+
 -- The waiter's cleanup when its acquisition does not complete (error,
 -- timeout, cancel, coroutine closed): leave the Redis queue, or give back
--- a grant that arrived too late.
+-- a grant that arrived too late.  In the background: the caller's error is
+-- raised at once (after one commandTimeout, not two, when Redis does not
+-- answer), and the withdrawal is written before any later request of this
+-- client, so the process's next request finds it done.
 local Pending = {
   __close = function(w)
     local lk = w.lk
@@ -487,33 +695,87 @@ local Pending = {
     lk.waiting[w] = nil
     if w.done then return end
     hub_unuse(hub)
-    local keys = w.keys
-    if isyieldable() then             -- the error waits until Redis has it
-      quiet_eval(lk, scripts.release, keys, w.token, lk.s_limit)
-    else                              -- coroutine.close: cannot wait
-      background(quiet_eval, lk, scripts.release, keys, w.token, lk.s_limit)
-    end
+    background(release_token, lk, w.keys, w.token)
   end,
 }
 
 -- The keys of the lock 'name' (scripts.keys), with the name as field
--- 'name'.
-local function lock_keys(name)
+-- 'name' and the limit the scripts take (a string) as 'limit'.
+local function lock_keys(name, s_limit)
   local keys = scripts.keys(name)
-  keys.name = name
+  keys.name, keys.limit = name, s_limit
   return keys
 end
 
 -- The keys of the lock 'name' of lk: a plain lock's are made once.
 local function keys_of(lk, name)
   if name == lk.name then return lk.keys end
-  return lock_keys(name)
+  return lock_keys(name, lk.s_limit)
+end
+
+-- The acquire request of the waiter w (mode "wait", "try" or "again").  A
+-- request that opened a new connection (on_connected) is followed by the
+-- eviction check of that connection: refused, its grant or place in the
+-- queue is given back (Pending) as for any error.
+local function ask(lk, w, s_weight, mode)
+  local r = eval(lk, scripts.acquire, w.keys, w.token, lk.s_limit, s_weight, lk.s_ttl,
+                 lk.s_wait, lk.hub.channel, mode)
+  if lk.hub.evicts == nil then eviction(lk) end
+  return r
+end
+
+-- Sleeps in the Redis queue until the hand-off message comes (nil) or a
+-- request of its own is granted (that reply); asks again at every third
+-- of waiterTimeout and when the first holder's lease ends ('r' the last
+-- reply).  Raises the cancel error, 'err' at the deadline, E_UNAVAILABLE
+-- when the client is closed.  Returns the reply that granted (or nil) and
+-- the time its request was sent (nil: none sent).
+local function wait_in_queue(lk, w, s_weight, deadline, err, r)
+  local hub = lk.hub
+  local refresh = max(1, lk.wait_ms // 3) * NS
+  local sent
+  while r[1] ~= 1 and not w.fence do
+    local t = hrtime()
+    local again = t + refresh
+    if r[2] and r[2] >= 0 then again = min(again, t + (r[2] + 1) * NS) end
+    repeat
+      if not w.canceled then
+        local bell = w.bell
+        if not bell then
+          bell = internal(core.Semaphore.new(0))
+          w.bell = bell
+        end
+        doze(bell, deadline and min(again, deadline) or again)
+        -- woken by close(): a grant that came meanwhile is given back
+        -- with the close (client_closed)
+        if hub.closed then error(E_UNAVAILABLE, 0) end
+      end
+      if w.fence then return nil, sent end
+      if w.canceled then error(lk.cancel_error, 0) end
+      t = hrtime()
+      if deadline and t >= deadline then error(err, 0) end
+    until t >= again
+    sent = t
+    r = ask(lk, w, s_weight, "again")
+  end
+  if r[1] == 1 then return r, sent end
+  return nil, sent
 end
 
 -- The request's numbers go as strings made once (the client would format
 -- them per call), and its arguments as values: no table per request.
 -- The waiter record 'w' has four fields while the lock is granted at once
 -- (lk, keys, token, done), one hash part of four slots.
+--
+-- A grant's lease is counted from the request that set it: the one that
+-- was answered, or for a hand-off the last one that found this waiter
+-- queued (Redis starts that lease later, at the release), so the count
+-- here ends first.  But a waiter sleeps up to a third of waiterTimeout
+-- between requests, and a hand-off that comes late in that sleep was
+-- counted from long ago: when the lease's renewal is due already, the
+-- grant is confirmed by one renewal before acquire() returns (the renewal
+-- that would be sent at once anyway), and counted from it.  So acquire()
+-- never returns a lease that is over, or nearly so.
 local function redis_acquire(lk, name, weight, deadline, err)
   local hub = lk.hub
   if hub.closed then error(E_UNAVAILABLE, 0) end   -- closed while at the gate
@@ -521,63 +783,69 @@ local function redis_acquire(lk, name, weight, deadline, err)
   local token = hub.id .. ":" .. random_hex()
   local try = deadline == false
   local s_weight = weight == 1 and "1" or tostring(weight)
-  local mode = try and "try" or "wait"
-  hub_use(hub)
-  local w <close> = setmetatable({ lk = lk, keys = keys, token = token, done = false },
+  -- (done: nothing to withdraw until the first request goes out)
+  local w <close> = setmetatable({ lk = lk, keys = keys, token = token, done = true },
                                  Pending)
   -- Known to the hub before the request goes out: the hand-off message
   -- comes on the other connection and may be read before the reply; and
-  -- to cancel(), which may come before the reply too.  The waiter's bell
-  -- (a core Semaphore) is made only when it has to sleep.
-  if not try then
-    hub.waiters[token] = w
-    lk.waiting[w] = true
+  -- to cancel(), which may come before the reply too (not a try's: it
+  -- never waits); and to close(), which gives back what it had in Redis.
+  -- The waiter's bell (a core Semaphore) is made only when it has to sleep.
+  hub.waiters[token] = w
+  if not try then lk.waiting[w] = true end
+  if hub.evicts ~= false then
+    eviction(lk)
+    if w.canceled then error(lk.cancel_error, 0) end
+    if deadline and hrtime() >= deadline then error(err, 0) end
   end
-  local acquire, s_limit, s_ttl, s_wait, channel =
-    scripts.acquire, lk.s_limit, lk.s_ttl, lk.s_wait, hub.channel
+  hub_use(hub)
+  w.done = false
   local sent = hrtime()
-  local r = eval(lk, acquire, keys, token, s_limit, s_weight, s_ttl, s_wait, channel, mode)
-  if r[1] ~= 1 then
-    if try then error(err, 0) end
-    -- Queued: wait for the hand-off.  Later requests ask again.
-    mode = "again"
-    if not hub.sub then
-      subscribe(hub)
-      sent = hrtime()               -- a hand-off before we listened: ask again
-      r = eval(lk, acquire, keys, token, s_limit, s_weight, s_ttl, s_wait, channel, mode)
-    end
-    local refresh = max(1, lk.wait_ms // 3)
-    while r[1] ~= 1 and not w.fence do
-      local wait = refresh
-      if r[2] and r[2] >= 0 then wait = min(wait, r[2] + 1) end
-      if deadline then wait = min(wait, max(0, deadline - now())) end
-      if not w.canceled then
-        local bell = w.bell
-        if not bell then
-          bell = internal(core.Semaphore.new(0))
-          w.bell = bell
-        end
-        local ok, e = pcall(limited, bell, wait, REFRESH)
-        if not ok and e ~= REFRESH then error(e, 0) end
-        -- woken by close(): a grant that came meanwhile ends with its
-        -- first lease in Redis (Pending cannot send the release)
-        if hub.closed then error(E_UNAVAILABLE, 0) end
+  local r = ask(lk, w, s_weight, try and "try" or "wait")
+  local first                       -- the length of the lease Redis granted
+  while true do
+    if r and r[1] == 1 then
+      first = lk.ttl
+    elseif w.fence then             -- the hand-off message
+      first = min(lk.ttl, lk.wait_ms)
+    elseif try then
+      error(err, 0)
+    else
+      -- Queued: wait for the hand-off.  Later requests ask again.
+      if not hub.sub then
+        subscribe(hub)
+        sent = hrtime()             -- a hand-off before we listened: ask again
+        r = ask(lk, w, s_weight, "again")
       end
-      if not w.fence then
-        if w.canceled then error(lk.cancel_error, 0) end
-        if deadline and now() >= deadline then error(err, 0) end
-        sent = hrtime()
-        r = eval(lk, acquire, keys, token, s_limit, s_weight, s_ttl, s_wait, channel, mode)
-      end
+      local at
+      r, at = wait_in_queue(lk, w, s_weight, deadline, err, r)
+      sent = at or sent
+      first = r and lk.ttl or min(lk.ttl, lk.wait_ms)
     end
-    if w.fence and r[1] ~= 1 then
-      w.done = true
-      return new_lease(lk, keys, token, w.fence, sent, min(lk.ttl, lk.wait_ms)), w.value
+    if hrtime() - sent < first * NS / 3 then break end
+    -- Stale: confirm it (Redis renews it to ttl from this request), or
+    -- learn that it ended meanwhile (this process was too slow to take
+    -- it): then queued again, or granted anew, by the next request, and a
+    -- late message of the ended grant is ignored (on_message).
+    local fence, value
+    if r and r[1] == 1 then fence, value = r[2], r[3] else fence, value = w.fence, w.value end
+    w.fence = nil
+    sent = hrtime()
+    if eval(lk, scripts.renew, keys, token, lk.s_limit, lk.s_ttl) == 1 then
+      r = { 1, fence, value }
+    else
+      if try then error(err, 0) end
+      w.ended, w.fence = tointeger(tonumber(fence)), nil
+      sent = hrtime()
+      r = ask(lk, w, s_weight, "again")
     end
   end
   w.done = true
-  local fence = tointeger(tonumber(r[2]))
-  return new_lease(lk, keys, token, fence, sent, lk.ttl), tointeger(tonumber(r[3]))
+  if r and r[1] == 1 then
+    return new_lease(lk, keys, token, tointeger(tonumber(r[2])), sent, first),
+           tointeger(tonumber(r[3]))
+  end
+  return new_lease(lk, keys, token, w.fence, sent, first), w.value
 end
 
 -- }==========================================================
@@ -642,15 +910,24 @@ local function check_usable(lk, what)
   end
 end
 
+-- The monotonic time (uv.hrtime) at which a bound of 'limit' ms taken now
+-- ends (nil: no bound; false: a try).  Not the loop's time, which lags
+-- behind while a callback runs: blocking work before the call would have
+-- ended the bound early by as long as it took.  The loop's time is
+-- brought up to date too, for the timer of the core lock ('limited')
+-- that bounds a wait at the gate.
+local function deadline_of(limit)
+  if limit == false then return false end
+  if limit and limit ~= huge then
+    update_time()
+    return hrtime() + limit * NS
+  end
+end
+
 -- The whole acquisition: the local gate (with the decorator's bound),
 -- then Redis with what is left of it.
 local function acquire(lk, limit, err, key, name, weight, priority)
-  local deadline
-  if limit == false then
-    deadline = false
-  elseif limit and limit ~= huge then
-    deadline = now() + limit
-  end
+  local deadline = deadline_of(limit)
   local gate = lk.gate
   local gate_release
   if limit == nil then
@@ -669,7 +946,7 @@ end
 -- as it is to redis.connect and am.optimistic.
 local OPTIONS = {
   ttl = true, renewInterval = true, waiterTimeout = true, onLost = true,
-  cancelError = true, lostError = true,
+  cancelError = true, lostError = true, unsafeEviction = true,
 }
 
 -- The largest ttl / waiterTimeout (ms, about 34 years) and semaphore
@@ -704,12 +981,17 @@ local function options_of(opts, n, fname)
     on_lost = opts.onLost,
     cancel_error = opts.cancelError,
     lost_error = opts.lostError,
+    unsafe_eviction = opts.unsafeEviction,
   }
   if o.renew >= ttl then
     argerror(3, n, fname, "options.renewInterval must be below options.ttl")
   end
   if o.on_lost ~= nil and not is_callable(o.on_lost) then
     argerror(3, n, fname, "options.onLost must be callable")
+  end
+  local ue = o.unsafe_eviction
+  if ue ~= nil and ue ~= "error" and ue ~= "warn" then
+    argerror(3, n, fname, "options.unsafeEviction must be \"error\" or \"warn\"")
   end
   if o.cancel_error == nil then o.cancel_error = am.E_CANCELED end
   if o.lost_error == nil then o.lost_error = E_LOST end
@@ -729,8 +1011,8 @@ local function new_record(mt, client, name, limit, opts, keyed)
   lk.hub.locks[lk] = true
   lk.gate = internal(keyed and core.KeyedMutex.new({ cancelError = opts.cancel_error })
     or core.Mutex.new(opts.cancel_error))
-  lk.keys, lk.direct = lock_keys(name), is_client(client)
   lk.s_limit, lk.s_ttl, lk.s_wait = tostring(limit), tostring(opts.ttl), tostring(opts.wait_ms)
+  lk.keys, lk.direct = lock_keys(name, lk.s_limit), is_client(client)
   lk.waiting = {}
   lk.holds = {}
   return lk
@@ -760,12 +1042,14 @@ end
 -- the lock for waitForUnlock when such a request could not be granted now
 -- (redis_scripts.lua, M.state).
 local function state(lk, name, weight)
+  if lk.hub.evicts ~= false then eviction(lk) end
   local r
   if weight then
     r = eval(lk, scripts.state, keys_of(lk, name), lk.s_limit, tostring(weight), lk.s_wait)
   else
     r = eval(lk, scripts.state, keys_of(lk, name), lk.s_limit)
   end
+  if lk.hub.evicts == nil then eviction(lk) end     -- a new connection (see ask)
   return r[1], r[2], r[3]
 end
 
@@ -777,7 +1061,7 @@ end
 -- in the same atomic step, so a release that comes after the check is
 -- heard, and one before it is seen by the check.
 local function wait_for_unlock(lk, limit, err, name, weight)
-  local deadline = limit == false and false or (limit and limit ~= huge and now() + limit)
+  local deadline = deadline_of(limit)
   local hub = lk.hub
   local bell = internal(core.Semaphore.new(0))
   hub.unlockers[bell] = true          -- rung by close()
@@ -792,15 +1076,18 @@ local function wait_for_unlock(lk, limit, err, name, weight)
     if not cleanup.sub then
       cleanup.sub = lk.client:subscribe(name .. ":free", function() bell:release() end)
     else
-      local wait = max(1, lk.wait_ms // 3)
+      local t = hrtime()
+      local again = t + max(1, lk.wait_ms // 3) * NS
       -- a holder that dies publishes nothing: look again when the first
       -- lease ends (a renewed one is found running, and waited for again)
-      if lease_end >= 0 then wait = min(wait, lease_end + 1) end
-      if deadline then wait = min(wait, max(0, deadline - now())) end
-      local ok, e = pcall(limited, bell, wait, REFRESH)
-      if not ok and e ~= REFRESH then error(e, 0) end
-      if hub.closed then error(E_UNAVAILABLE, 0) end
-      if deadline and now() >= deadline then error(err, 0) end
+      if lease_end >= 0 then again = min(again, t + (lease_end + 1) * NS) end
+      local rung
+      repeat
+        rung = doze(bell, deadline and min(again, deadline) or again)
+        if hub.closed then error(E_UNAVAILABLE, 0) end
+        t = hrtime()
+        if deadline and t >= deadline then error(err, 0) end
+      until rung or t >= again
     end
   end
 end

@@ -29,9 +29,23 @@
 --               watcher woken asks the state again, which marks again if it
 --               must go on waiting (see M.state for why no wake-up is lost)
 -- Collections that become empty vanish (Redis removes empty keys), so an
--- idle lock leaves only N:n, which expires on its own.  Every process
--- sharing a lock name must run the same layout: an older one (N:h a zset)
--- meets this one's N:h with a WRONGTYPE error, never a second holder.
+-- idle lock leaves only N:n, which expires on its own.  And every key
+-- expires by itself once nothing live can need it, also when its holders
+-- and waiters die and no script ever runs on it again (docs/redis-locks.md,
+-- "Keys that expire"):
+--   N:h      at the end of its last lease (PEXPIREAT, written with it);
+--   N:q, N:w, N:c  together, at least as late as the last deadline in N:w:
+--            whoever writes a deadline and finds less than its own
+--            waiterTimeout left sets two waiterTimeouts (so a busy queue
+--            pays one PTTL per arrival, not three PEXPIREs), so they
+--            expire at most 2 * waiterTimeout after the last arrival or
+--            renewal, and never before a live waiter's deadline (an
+--            expiry only ever grows);
+--   N:free   after the longest waiterTimeout of its watchers;
+--   N:n      an hour after its last draw.
+-- Every process sharing a lock name must run the same layout: an older
+-- one (N:h a zset) meets this one's N:h with a WRONGTYPE error, never a
+-- second holder.
 --
 -- Numbers: Redis runs scripts on Lua 5.1 with doubles; every number here
 -- is an integer below 2^53 and is written with %d (tostring would give
@@ -73,9 +87,15 @@ local function draw()
   return v
 end
 
--- The end of the first lease (server ms) among the holders seen by held()
--- and the grants made since; nil: no holder.
-local first
+-- The ends of the first and the last lease (server ms) among the holders
+-- seen by held() and the leases written since; nil: no holder.  'wrote':
+-- a lease was written, so N:h must expire later (keep()).
+local first, last, wrote
+
+local function note(e)
+  if not first or e < first then first = e end
+  if not last or e > last then last = e end
+end
 
 -- Removes the holders whose lease ended; returns the weight the others
 -- hold.
@@ -89,10 +109,38 @@ local function held()
       redis.call('HDEL', H, all[i])
     else
       sum = sum + tonumber(w)
-      if not first or e < first then first = e end
+      note(e)
     end
   end
   return sum
+end
+
+-- Writes the token's record with its lease ending at e ('rest': weight,
+-- fence, value).  Only after held(): keep() sets N:h's expiry from the
+-- ends held() saw.
+local function put(token, e, rest)
+  redis.call('HSET', H, token, fmt(e) .. ' ' .. rest)
+  note(e)
+  wrote = true
+end
+
+-- At the end of a script that wrote a lease: N:h expires with its last
+-- lease (Redis removes a key only once the time is past its expiry, as
+-- held() removes a lease only once now is past its end).
+local function keep()
+  if wrote then redis.call('PEXPIREAT', H, fmt(last)) end
+end
+
+-- After a waiter's deadline (now + wait_ms) was written: N:q, N:w and N:c
+-- live at least until then (see the header; their expiries are always
+-- set together, so N:w's stands for all three).
+local function waiters_until(wait_ms)
+  if redis.call('PTTL', W) < wait_ms then
+    local ms = fmt(2 * wait_ms)
+    redis.call('PEXPIRE', Q, ms)
+    redis.call('PEXPIRE', W, ms)
+    redis.call('PEXPIRE', C, ms)
+  end
 end
 
 -- Waiters that stopped renewing their place are removed.
@@ -107,10 +155,7 @@ end
 
 local function grant(token, weight, ttl, value)
   local fence = draw()
-  local e = now + ttl
-  redis.call('HSET', H, token,
-    fmt(e) .. ' ' .. fmt(weight) .. ' ' .. fmt(fence) .. ' ' .. fmt(value))
-  if not first or e < first then first = e end
+  put(token, now + ttl, fmt(weight) .. ' ' .. fmt(fence) .. ' ' .. fmt(value))
   return fence
 end
 
@@ -174,9 +219,9 @@ if ARGV[7] ~= 'again' then
     local last = tonumber(redis.call('GET', KEYS[5]) or '0')
     local fence = string.format('%d', math.max(last + 1, sec * 1000000 + usec))
     redis.call('SET', KEYS[5], fence, 'PX', 3600000)
-    redis.call('HSET', KEYS[1], ARGV[1], string.format('%d',
-      sec * 1000 + math.floor(usec / 1000) + tonumber(ARGV[4])) .. ' ' ..
-      ARGV[3] .. ' ' .. fence .. ' ' .. ARGV[2])
+    local e = string.format('%d', sec * 1000 + math.floor(usec / 1000) + tonumber(ARGV[4]))
+    redis.call('HSET', KEYS[1], ARGV[1], e .. ' ' .. ARGV[3] .. ' ' .. fence .. ' ' .. ARGV[2])
+    redis.call('PEXPIREAT', KEYS[1], e)       -- N:h was absent: this lease is its last
     return {1, fence, tonumber(ARGV[2])}
   end
   -- A new waiter on a mutex whose one holder's lease is running (the
@@ -201,6 +246,12 @@ if ARGV[7] ~= 'again' then
         redis.call('ZADD', KEYS[3], string.format('%d', now + wait_ms), ARGV[1])
         redis.call('HSET', KEYS[4], ARGV[1],
           ARGV[3] .. ' ' .. string.format('%d', math.min(ttl, wait_ms)) .. ' ' .. ARGV[6])
+        if redis.call('PTTL', KEYS[3]) < wait_ms then   -- as waiters_until() below
+          local ms = string.format('%d', 2 * wait_ms)
+          redis.call('PEXPIRE', KEYS[2], ms)
+          redis.call('PEXPIRE', KEYS[3], ms)
+          redis.call('PEXPIRE', KEYS[4], ms)
+        end
         return {0, e - now}
       end
     end
@@ -214,7 +265,8 @@ expire_waiters()
 if mode == 'again' then
   local h, rest = holding(token)
   if h then
-    redis.call('HSET', H, token, fmt(now + ttl) .. ' ' .. rest)
+    put(token, now + ttl, rest)
+    keep()
     return h
   end
   if redis.call('ZSCORE', Q, token) then
@@ -226,21 +278,28 @@ if mode == 'again' then
       -- lease of a hand-off is for a waiter that may have died before its
       -- turn; this one is asking).  Left at min(ttl, waiter_timeout), it
       -- ended in Redis while its holder still counted on it (two holders).
-      redis.call('HSET', H, token, fmt(now + ttl) .. ' ' .. rest)
+      put(token, now + ttl, rest)
+      keep()
       return h
     end
     redis.call('ZADD', W, fmt(now + wait_ms), token)
+    waiters_until(wait_ms)
+    keep()
     return {0, first_end()}
   end
 end
 u = dispatch(limit, u)
 if u + weight <= limit and redis.call('EXISTS', Q) == 0 then
-  return {1, fmt(grant(token, weight, ttl, limit - u)), limit - u}
+  local fence = grant(token, weight, ttl, limit - u)
+  keep()
+  return {1, fmt(fence), limit - u}
 end
-if mode == 'try' then return {0} end
+if mode == 'try' then keep(); return {0} end
 redis.call('ZADD', Q, fmt(draw()), token)
 redis.call('ZADD', W, fmt(now + wait_ms), token)
 redis.call('HSET', C, token, fmt(weight) .. ' ' .. fmt(math.min(ttl, wait_ms)) .. ' ' .. ARGV[6])
+waiters_until(wait_ms)
+keep()
 return {0, first_end()}
 ]]
 
@@ -286,8 +345,9 @@ if e then
         local last = tonumber(redis.call('GET', KEYS[5]) or '0')
         local fence = string.format('%d', math.max(last + 1, sec * 1000000 + usec))
         redis.call('SET', KEYS[5], fence, 'PX', 3600000)
-        redis.call('HSET', KEYS[1], head,
-          string.format('%d', now + tonumber(ttl)) .. ' ' .. w .. ' ' .. fence .. ' 1')
+        local he = string.format('%d', now + tonumber(ttl))
+        redis.call('HSET', KEYS[1], head, he .. ' ' .. w .. ' ' .. fence .. ' 1')
+        redis.call('PEXPIREAT', KEYS[1], he)    -- N:h was empty: its one lease
         redis.call('PUBLISH', ch, head .. ' ' .. fence .. ' 1')
         return 1
       end
@@ -303,6 +363,7 @@ if was == 0 and redis.call('ZREM', Q, token) == 1 then
 end
 expire_waiters()
 u = dispatch(limit, u)
+keep()
 if u < limit and redis.call('EXISTS', Q) == 0 and redis.call('DEL', F) == 1 then
   redis.call('PUBLISH', F, '')
 end
@@ -317,11 +378,9 @@ local u = held()
 expire_waiters()
 dispatch(limit, u)
 local _, rest = holding(token)
-if rest then
-  redis.call('HSET', H, token, fmt(now + ttl) .. ' ' .. rest)
-  return 1
-end
-return 0
+if rest then put(token, now + ttl, rest) end
+keep()
+return rest and 1 or 0
 ]]
 
 --- state: ARGV limit [, weight, watch_ms].  Returns {weight held, queue
@@ -340,6 +399,7 @@ local limit = tonumber(ARGV[1])
 local u = held()
 expire_waiters()
 u = dispatch(limit, u)
+keep()
 local q = redis.call('ZCARD', Q)
 if ARGV[3] and (q > 0 or u + tonumber(ARGV[2]) > limit) then
   local ms = tonumber(ARGV[3])

@@ -1,0 +1,101 @@
+-- One timeout means one timeout (docs/redis-locks.md, "What cannot mean the
+-- same across processes"): against a server that accepts connections and
+-- never answers, or a SIGSTOPped one, acquire and tryAcquire raise
+-- E_UNAVAILABLE within one commandTimeout (+20 ms), and the withdrawal of
+-- the request that got no answer goes on in the background.  Before, the
+-- caller waited for that withdrawal too, on a fresh connection: two
+-- commandTimeouts (10 s with the default 5000).
+
+local am = require "async_mutex"
+local h = require "helpers"
+local R = require "lock_redis"
+local redis = require "async_mutex.redis"
+local uv = require "luv"
+
+local server
+
+setup(function() server = R.server() end)
+teardown(function() if server then server:resume(); server:stop() end end)
+
+local fresh_name = R.namer("spec122")
+
+local TIMEOUT = 300
+local SLACK = 20 * h.TIME_SCALE
+
+-- A TCP server on loopback that accepts connections, reads what it is
+-- sent and never answers.  Returns its port and a function that closes it.
+local function silent_server()
+  local listener = uv.new_tcp()
+  assert(listener:bind("127.0.0.1", 0))
+  local conns = {}
+  assert(listener:listen(16, function()
+    local conn = uv.new_tcp()
+    listener:accept(conn)
+    conns[#conns + 1] = conn
+    conn:read_start(function() end)
+  end))
+  return listener:getsockname().port, function()
+    for _, conn in ipairs(conns) do conn:close() end
+    listener:close()
+  end
+end
+
+-- Runs fn() (which must raise E_UNAVAILABLE) and returns how long it took
+-- in ms.
+local function unavailable_after(fn)
+  uv.update_time()
+  local t0 = uv.hrtime()
+  local ok, err = pcall(fn)
+  local ms = (uv.hrtime() - t0) / 1e6
+  assert.is_false(ok)
+  assert.is_true(err == am.E_UNAVAILABLE, tostring(err))
+  return ms
+end
+
+-- (the client's timer counts from the last reply it got, not from the
+-- request: it may come a little before TIMEOUT after the call)
+local function within_one(ms, what)
+  assert.is_true(ms >= TIMEOUT / 2 and ms < TIMEOUT + SLACK,
+    ("%s raised E_UNAVAILABLE after %.1f ms (commandTimeout %d)"):format(what, ms, TIMEOUT))
+end
+
+describe("against a server that accepts and never answers", function()
+  it("acquire and tryAcquire raise E_UNAVAILABLE within one commandTimeout", h.async(function()
+    local port, stop = silent_server()
+    local c = redis.connect { host = "127.0.0.1", port = port, commandTimeout = TIMEOUT }
+    local m = am.RedisMutex.new(c, fresh_name())
+    within_one(unavailable_after(function() m:acquire() end), "acquire")
+    within_one(unavailable_after(function() am.tryAcquire(m):acquire() end), "tryAcquire")
+    local s = am.RedisSemaphore.new(c, fresh_name(), 2)
+    within_one(unavailable_after(function() s:acquire(2) end), "a semaphore's acquire")
+    h.sleep(TIMEOUT + 100)             -- the background withdrawals end too
+    c:close()
+    stop()
+  end))
+end)
+
+describe("against a SIGSTOPped server", function()
+  it("acquire and tryAcquire raise E_UNAVAILABLE within one commandTimeout, while the"
+    .. " withdrawal of their request is in flight", h.async(function()
+    local c = server:client({ commandTimeout = TIMEOUT })
+    local other = server:client()
+    local name = fresh_name()
+    local o = { ttl = 2000 }
+    local m = am.RedisMutex.new(c, name, o)
+    assert.is_false(m:isLocked())        -- connected, the eviction policy read
+    server:pause()
+    within_one(unavailable_after(function() m:acquire() end), "acquire")
+    assert.equal(1, c:pending())         -- the withdrawal, not waited for
+    within_one(unavailable_after(function() am.tryAcquire(m):acquire() end), "tryAcquire")
+    local k = am.KeyedRedisMutex.new(c, name .. ":", o)
+    within_one(unavailable_after(function() am.withTimeout(k, 60000):acquire("x") end),
+      "a keyed set's acquire through withTimeout")
+    server:resume()
+    -- requests the server takes only now may be granted after their
+    -- withdrawal (another connection's): the lease ends them then
+    h.wait_until(function()
+      return other:call("EXISTS", name .. ":h", name .. ":x:h") == 0
+    end, 5000)
+    c:close(); other:close()
+  end, { deadline = 15000 }))
+end)
