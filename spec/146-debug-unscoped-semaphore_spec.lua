@@ -20,23 +20,29 @@ after_each(rec.disable)
 
 local function holds_of(lock) return #am.debug.holds(lock) end
 
+--- Two workers that each take(), sleep and give() back three times:
+-- returns the errors they met.
+local function two_workers(take, give)
+  local done, errs = 0, {}
+  local function worker()
+    for _ = 1, 3 do
+      local ok, err = pcall(take)
+      if not ok then errs[#errs + 1] = err; return end
+      h.sleep(1)
+      give()
+    end
+    done = done + 1
+  end
+  h.spawn(worker)
+  h.spawn(worker)
+  h.wait_until(function() return done + #errs == 2 end)
+  return errs
+end
+
 describe("a Semaphore released by release() in async-mutex's style", function()
   it("two workers that each acquire, sleep and release() three times: no E_DEADLOCK, no hold left", h.async(function()
     local s = am.Semaphore.new(1)
-    local done, errs = 0, {}
-    local function worker()
-      for _ = 1, 3 do
-        local ok, err = pcall(s.acquire, s)
-        if not ok then errs[#errs + 1] = err; return end
-        h.sleep(1)
-        s:release()
-      end
-      done = done + 1
-    end
-    h.spawn(worker)
-    h.spawn(worker)
-    h.wait_until(function() return done + #errs == 2 end)
-    assert.same({}, errs)
+    assert.same({}, two_workers(function() s:acquire() end, function() s:release() end))
     assert.equal(0, rec.count("deadlock"))
     assert.equal(0, holds_of(s))
   end))
@@ -76,20 +82,7 @@ describe("a Semaphore released by release() in async-mutex's style", function()
 
   it("a KeyedSemaphore key released with release(key) in the same style", h.async(function()
     local ks = am.KeyedSemaphore.new(1)
-    local done, errs = 0, {}
-    local function worker()
-      for _ = 1, 3 do
-        local ok, err = pcall(ks.acquire, ks, "k")
-        if not ok then errs[#errs + 1] = err; return end
-        h.sleep(1)
-        ks:release("k")
-      end
-      done = done + 1
-    end
-    h.spawn(worker)
-    h.spawn(worker)
-    h.wait_until(function() return done + #errs == 2 end)
-    assert.same({}, errs)
+    assert.same({}, two_workers(function() ks:acquire("k") end, function() ks:release("k") end))
     assert.equal(0, rec.count("deadlock"))
     assert.equal(0, holds_of(ks))
   end))

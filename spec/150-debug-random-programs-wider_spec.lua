@@ -14,22 +14,11 @@
 -- released still counted as held (spec 146).
 local h = require "helpers"
 local am = require "async_mutex"
-local uv = require "luv"
+local dp = require "debug_programs"
 
 local KINDS = { "Mutex", "Semaphore", "RWLock", "ReentrantMutex", "KeyedMutex",
                 "KeyedSemaphore", "KeyedRWLock" }
 local PRIOS = { 0, 0, 0, 1, 2, -1, 0.5 }
-
---- A seeded generator (spec 141's): rnd(a) in 1..a, rnd(a, b) in a..b.
-local function lcg(seed)
-  local state = seed
-  return function(a, b)
-    state = (state * 1103515245 + 12345) % 2147483648
-    local x = state // 65536
-    if b then return a + x % (b - a + 1) end
-    return x % a + 1
-  end
-end
 
 -- A program: locks (kind, value), and per coroutine its operations:
 -- { "release", n } | { "downgrade", n } | { what, lock, weight, priority,
@@ -108,23 +97,18 @@ end
 -- 'debug_until' (nil: throughout).  Returns the steps that raised
 -- E_DEADLOCK, the coroutines left waiting, and the coroutines' records.
 local function run_program(p, seed, debug_until)
-  local rnd = lcg(seed)
   local locks = {}
   for i, spec in ipairs(p.locks) do locks[i] = make_lock(spec) end
-  local cos, raised, step = {}, {}, 0
-  for c, ops in ipairs(p.cos) do
-    local t = { ready = false, done = false }
-    cos[c] = t
-    t.co = coroutine.create(function()
+  local cos, raised = {}, {}
+  for _, ops in ipairs(p.cos) do
+    dp.actor(cos, function(t)
       local held = {}
       local function release_all()
         for i = #held, 1, -1 do held[i].r() end
         held = {}
       end
       for _, op in ipairs(ops) do
-        t.ready = true
-        coroutine.yield()
-        t.ready = false
+        t.step_in()
         if op[1] == "release" then
           if #held > 0 then table.remove(held, op[2] % #held + 1).r() end
         elseif op[1] == "downgrade" then
@@ -161,53 +145,14 @@ local function run_program(p, seed, debug_until)
       release_all()
       t.done = true
     end)
-    assert(coroutine.resume(t.co))
   end
-  while true do
-    local ready = {}
-    for _, t in ipairs(cos) do if t.ready then ready[#ready + 1] = t end end
-    if #ready == 0 then break end
-    step = step + 1
-    if debug_until and step == debug_until then am.debug.disable() end
-    local t = ready[rnd(#ready)]
-    t.step = step
-    local ok, err = coroutine.resume(t.co)
-    if not ok then error(("seed %d: %s"):format(seed, tostring(err)), 0) end
-    uv.run("nowait"); uv.run("nowait")
-  end
-  local stuck = {}
-  for c, t in ipairs(cos) do if not t.done then stuck[#stuck + 1] = c end end
-  for _, t in ipairs(cos) do
-    if not t.done then coroutine.close(t.co) end
-  end
-  h.tick(2)
-  return raised, stuck, cos
+  return raised, dp.drive(cos, dp.lcg(seed), debug_until), cos
 end
 
 describe("random programs over every lock kind, keyed forms and release() included", function()
   local n = h.load(2000)
   it(("%d programs: every deadlock raised at a request, and each one raised is real"):format(n), h.async(function()
-    local deadlocks = 0
-    for seed = 1, n do
-      local p = gen_program(lcg(seed * 7919 + 1))
-      am.debug.enable({ onReport = function() end })
-      local raised, stuck = run_program(p, seed)
-      am.debug.disable()
-      assert.same({}, stuck, ("seed %d: coroutines left waiting with debug mode on"):format(seed))
-      deadlocks = deadlocks + #raised
-      for _, at in ipairs(raised) do
-        am.debug.enable({ onReport = function() end })
-        local _, stuck_off, cos = run_program(p, seed, at)
-        am.debug.disable()
-        local requester
-        for c, t in ipairs(cos) do if t.step == at then requester = c end end
-        local found = false
-        for _, c in ipairs(stuck_off) do if c == requester then found = true end end
-        assert.is_true(found, ("seed %d: E_DEADLOCK at step %d, but with debug mode off the request was granted")
-          :format(seed, at))
-      end
-      assert.equal(0, am.pending(), ("seed %d: waiters left"):format(seed))
-    end
+    local deadlocks = dp.check_both_ways(n, function(seed) return seed * 7919 + 1 end, gen_program, run_program)
     assert.is_true(deadlocks > n // 10, ("only %d deadlocks in %d programs"):format(deadlocks, n))
   end, { deadline = 240000 }))
 end)
