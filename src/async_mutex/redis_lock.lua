@@ -755,8 +755,17 @@ local function wait_in_queue(lk, w, s_weight, deadline, err, r)
       t = hrtime()
       if deadline and t >= deadline then error(err, 0) end
     until t >= again
+    local before = sent
     sent = t
     r = ask(lk, w, s_weight, "again")
+    -- A message read while this request was in flight, whose answer says
+    -- that this waiter does not hold: the grant may have come before the
+    -- request was taken, and ended since (the message was read late:
+    -- blocking work in this process, a pause).  Its lease is counted from
+    -- the request before (nil: the caller's), the last one known to
+    -- precede it, so that a grant already over is confirmed, and found
+    -- ended, never taken (spec 126).
+    if r[1] ~= 1 and w.fence then return nil, before end
   end
   if r[1] == 1 then return r, sent end
   return nil, sent
@@ -814,8 +823,10 @@ local function redis_acquire(lk, name, weight, deadline, err)
       -- Queued: wait for the hand-off.  Later requests ask again.
       if not hub.sub then
         subscribe(hub)
+        local before = sent
         sent = hrtime()             -- a hand-off before we listened: ask again
         r = ask(lk, w, s_weight, "again")
+        if r[1] ~= 1 and w.fence then sent = before end     -- as in wait_in_queue
       end
       local at
       r, at = wait_in_queue(lk, w, s_weight, deadline, err, r)
@@ -823,21 +834,31 @@ local function redis_acquire(lk, name, weight, deadline, err)
       first = r and lk.ttl or min(lk.ttl, lk.wait_ms)
     end
     if hrtime() - sent < first * NS / 3 then break end
-    -- Stale: confirm it (Redis renews it to ttl from this request), or
-    -- learn that it ended meanwhile (this process was too slow to take
-    -- it): then queued again, or granted anew, by the next request, and a
-    -- late message of the ended grant is ignored (on_message).
+    -- Stale: confirm it by asking again (Redis renews a grant it still
+    -- has to ttl from this request, and answers with its fence), or learn
+    -- that it ended meanwhile (this process was too slow to take it): the
+    -- same request then queues this waiter again, or grants anew, and a
+    -- late message of the ended grant is ignored (on_message).  Its
+    -- answer, not the grant seen before, gives the fence: a renewal
+    -- answers only "held", and the hold it renewed may be a later grant
+    -- (one that came while it was in flight, after the first had ended).
+    -- A try is never queued: it renews, and its token can hold no other
+    -- grant.
     local fence, value
     if r and r[1] == 1 then fence, value = r[2], r[3] else fence, value = w.fence, w.value end
     w.fence = nil
+    local before = sent
     sent = hrtime()
-    if eval(lk, scripts.renew, keys, token, lk.s_limit, lk.s_ttl) == 1 then
+    if try then
+      if eval(lk, scripts.renew, keys, token, lk.s_limit, lk.s_ttl) ~= 1 then
+        w.done = true                 -- not held, never queued: nothing to withdraw
+        error(err, 0)
+      end
       r = { 1, fence, value }
     else
-      if try then error(err, 0) end
-      w.ended, w.fence = tointeger(tonumber(fence)), nil
-      sent = hrtime()
+      w.ended = tointeger(tonumber(fence))
       r = ask(lk, w, s_weight, "again")
+      if r[1] ~= 1 and w.fence then sent = before end     -- as in wait_in_queue
     end
   end
   w.done = true
