@@ -818,6 +818,7 @@ local function redis_acquire(lk, name, weight, deadline, err)
     elseif w.fence then             -- the hand-off message
       first = min(lk.ttl, lk.wait_ms)
     elseif try then
+      w.done = true                 -- refused: never queued, nothing to withdraw
       error(err, 0)
     else
       -- Queued: wait for the hand-off.  Later requests ask again.
