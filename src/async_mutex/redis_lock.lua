@@ -93,8 +93,12 @@ end
 -- runs out in Redis).
 local function eval(lk, script, keys, ...)
   if lk.direct then
+    local hub = lk.hub
+    -- (closed by a finalizer or a hook since the caller looked: a waiter's
+    -- outcome, not the closed client's misuse error)
+    if hub.closed then error(E_UNAVAILABLE, 0) end
     local r = run_script(lk.client, script, keys, ...)
-    if lk.hub.closed then error(E_UNAVAILABLE, 0) end
+    if hub.closed then error(E_UNAVAILABLE, 0) end
     return r
   end
   return lk.client:eval(script, keys, { ... })
@@ -377,6 +381,11 @@ function arm(lease)
     owner[t] = lease
   end
   t:start(floor(ms) + (ms % 1 > 0 and 1 or 0), 0, fire_of[t])
+  -- ended by a close() in a hook of the luv calls above: its timer must not
+  -- run (it would keep uv.run() from returning)
+  if lease.state ~= "held" then
+    if lease.timer == t then stop_timer(lease) else t:stop() end
+  end
 end
 
 -- 'first' is the length of the lease Redis granted: the ttl, or for a
@@ -863,11 +872,27 @@ local function redis_acquire(lk, name, weight, deadline, err)
     end
   end
   w.done = true
+  local lease, value
   if r and r[1] == 1 then
-    return new_lease(lk, keys, token, tointeger(tonumber(r[2])), sent, first),
-           tointeger(tonumber(r[3]))
+    lease, value = new_lease(lk, keys, token, tointeger(tonumber(r[2])), sent, first),
+                   tointeger(tonumber(r[3]))
+  else
+    lease, value = new_lease(lk, keys, token, w.fence, sent, first), w.value
   end
-  return new_lease(lk, keys, token, w.fence, sent, first), w.value
+  -- Closed by a finalizer or a hook since the last look (at an allocation
+  -- or a luv call of new_lease): the close gave the token back, as this
+  -- waiter's or as the hold's, and the next process may hold already.
+  -- The hold is not handed out; it ends here as the close ends holds.
+  if hub.closed then
+    if lease.state == "held" then   -- not among the holds when the close came
+      lease.state = "released"
+      stop_timer(lease)
+      forget(lease)
+      hub.users = hub.users - 1
+    end
+    error(E_UNAVAILABLE, 0)
+  end
+  return lease, value
 end
 
 -- }==========================================================
