@@ -830,7 +830,11 @@ local function redis_acquire(lk, name, weight, deadline, err)
       w.done = true                 -- refused: never queued, nothing to withdraw
       error(err, 0)
     else
-      -- Queued: wait for the hand-off.  Later requests ask again.
+      -- Queued: wait for the hand-off.  Later requests ask again.  The
+      -- bound is checked between requests: one that passed while this one
+      -- was in flight sends nothing more (the withdrawal goes out with
+      -- Pending).
+      if deadline and hrtime() >= deadline then error(err, 0) end
       if not hub.sub then
         subscribe(hub)
         local before = sent
@@ -1121,6 +1125,8 @@ local function wait_for_unlock(lk, limit, err, name, weight)
     if queued == 0 and used + weight <= lk.limit then return end
     if deadline == false then error(err, 0) end
     if not cleanup.sub then
+      -- (the bound, checked between requests, as in redis_acquire)
+      if deadline and hrtime() >= deadline then error(err, 0) end
       cleanup.sub = lk.client:subscribe(name .. ":free", function() bell:release() end)
     else
       local t = hrtime()
