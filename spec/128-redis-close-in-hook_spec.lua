@@ -10,6 +10,10 @@
 -- granted the lock (two holders), and uv.run() kept running until the
 -- lease ended.  Now acquire() raises E_UNAVAILABLE there, as a waiter of a
 -- closed client does, and a releaser it returned after a close is not held.
+-- Likewise a close at a call of a release, after the hold had left the
+-- lock's holds and before its request was known to be in flight: the
+-- close gave nothing back and the other process waited for the lease
+-- (ttl); the release is now in flight from its first step.
 -- The hook closes at calls made by the lock's own code: a close inside the
 -- client's own calls (its hooks.watch, while a request is being written)
 -- left that request waiting for ever, a defect of the client's, reported.
@@ -17,6 +21,7 @@
 local am = require "async_mutex"
 local h = require "helpers"
 local R = require "lock_redis"
+local uv = require "luv"
 
 local server
 
@@ -115,4 +120,69 @@ describe("client:close() from a hook at any call of acquire", function()
     assert.equal("", table.concat(problems, "; "))
     b:close()
   end, { deadline = 120000 }))
+end)
+
+-- Releases the hold of a new client's lock with a call hook that closes
+-- that client at the k-th call the lock's code makes; 'release(r)' calls
+-- the releaser (yieldable or not).  The other process must then be
+-- granted at once.  Returns nil when the release finished before the k-th
+-- call, else how long the other process waited (ms).
+local function close_in_release_at(k, other_client, release)
+  local a = server:client()
+  local name = fresh_name()
+  local la = am.RedisMutex.new(a, name, { ttl = 1000 })
+  local lb = am.RedisMutex.new(other_client, name, { ttl = 1000 })
+  local ra = la:acquire()
+  local ok, closed
+  local calls = 0
+  h.spawn(function()
+    debug.sethook(function()
+      local caller = debug.getinfo(3, "S")
+      if not (caller and caller.short_src:find("redis_lock.lua", 1, true)) then return end
+      calls = calls + 1
+      if calls == k then
+        debug.sethook()
+        closed = true
+        a:close()
+      end
+    end, "c")
+    ok = pcall(release, ra)
+    debug.sethook()
+  end)
+  h.wait_until(function() return ok ~= nil end, 3000)
+  assert.is_true(ok)
+  if not closed then
+    a:close()
+    return nil
+  end
+  local rb
+  local t0 = uv.hrtime()
+  h.spawn(function() rb = lb:acquire() end)
+  h.wait_until(function() return rb ~= nil end, 3000)
+  assert.is_true(rb())
+  return (uv.hrtime() - t0) / 1e6
+end
+
+describe("client:close() from a hook at any call of a release", function()
+  for _, case in ipairs({
+    { "that waits for Redis", function(r) return r() end },
+    { "that cannot wait (a comparator of table.sort)", function(r)
+      table.sort({ 2, 1 }, function(x, y) r(); return x < y end)
+    end },
+  }) do
+    it(case[1] .. ": gives the hold back, the other process is let in at once",
+      h.async(function()
+        local b = server:client()
+        local late = {}
+        local k = 0
+        repeat
+          k = k + 1
+          local ms = close_in_release_at(k, b, case[2])
+          if ms and ms > 500 then late[#late + 1] = ("%d: %.0f ms"):format(k, ms) end
+        until ms == nil
+        assert.is_true(k > 5)
+        assert.equal("", table.concat(late, "; "))
+        b:close()
+      end, { deadline = 60000 }))
+  end
 end)

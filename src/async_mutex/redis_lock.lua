@@ -427,10 +427,15 @@ local function release_lease(lease)
     lose(lease, "expired")
     return false
   end
+  -- (ended by a close() in a hook of that luv call: given back with it)
+  if lease.state ~= "held" then return false end
   lease.state = "released"
+  local lk, keys = lease.lock, lease.keys
+  -- In flight from here on, for a close() in a hook of the calls below:
+  -- the lease is no longer among the holds it gives back (release_token)
+  lk.hub.inflight[lease.token] = keys
   stop_timer(lease)
   forget(lease)
-  local lk, keys = lease.lock, lease.keys
   if not isyieldable() then
     hub_unuse(lk.hub)
     background(release_token, lk, keys, lease.token)
