@@ -93,12 +93,8 @@ end
 -- runs out in Redis).
 local function eval(lk, script, keys, ...)
   if lk.direct then
-    local hub = lk.hub
-    -- (closed by a finalizer or a hook since the caller looked: a waiter's
-    -- outcome, not the closed client's misuse error)
-    if hub.closed then error(E_UNAVAILABLE, 0) end
     local r = run_script(lk.client, script, keys, ...)
-    if hub.closed then error(E_UNAVAILABLE, 0) end
+    if lk.hub.closed then error(E_UNAVAILABLE, 0) end
     return r
   end
   return lk.client:eval(script, keys, { ... })
@@ -109,13 +105,17 @@ end
 -- list.  The hub knows the token until the answer, so that a close() that
 -- cuts the request off gives it back all the same (client_closed).
 -- Returns pcall's results: an unreachable Redis is not an error here
--- (each caller says why).
-local function release_token(lk, keys, token)
-  local inflight = lk.hub.inflight
-  inflight[token] = keys
+-- (each caller says why).  send_release: the same, for a token the caller
+-- has put in 'inflight' already.
+local function send_release(lk, keys, token)
   local ok, r = pcall(eval, lk, scripts.release, keys, token, keys.limit)
-  inflight[token] = nil
+  lk.hub.inflight[token] = nil
   return ok, r
+end
+
+local function release_token(lk, keys, token)
+  lk.hub.inflight[token] = keys
+  return send_release(lk, keys, token)
 end
 
 
@@ -422,28 +422,28 @@ end
 -- it again (client_closed).  A lease that ended by the local clock is
 -- lost, and not released in Redis (lose).
 local function release_lease(lease)
+  -- (the clock first: a close() in a hook of that luv call ends the hold)
+  local now = hrtime()
   if lease.state ~= "held" then return false end
-  if hrtime() >= lease.valid_until then
+  if now >= lease.valid_until then
     lose(lease, "expired")
     return false
   end
-  -- (ended by a close() in a hook of that luv call: given back with it)
-  if lease.state ~= "held" then return false end
   lease.state = "released"
   local lk, keys = lease.lock, lease.keys
   -- In flight from here on, for a close() in a hook of the calls below:
-  -- the lease is no longer among the holds it gives back (release_token)
+  -- the lease is no longer among the holds it gives back (send_release)
   lk.hub.inflight[lease.token] = keys
   stop_timer(lease)
   forget(lease)
   if not isyieldable() then
     hub_unuse(lk.hub)
-    background(release_token, lk, keys, lease.token)
+    background(send_release, lk, keys, lease.token)
     return true
   end
   -- The hub stays in use until the answer, so that a coroutine that
   -- acquires again at once keeps the subscription.
-  local ok, r = release_token(lk, keys, lease.token)
+  local ok, r = send_release(lk, keys, lease.token)
   if ok and r == 0 then
     lease.state = "held"            -- so that lose() reports it
     lose(lease, "refused")
@@ -732,6 +732,9 @@ end
 -- eviction check of that connection: refused, its grant or place in the
 -- queue is given back (Pending) as for any error.
 local function ask(lk, w, s_weight, mode)
+  -- (closed by a finalizer or a hook since the caller looked: a waiter's
+  -- outcome, not the closed client's misuse error)
+  if lk.hub.closed then error(E_UNAVAILABLE, 0) end
   local r = eval(lk, scripts.acquire, w.keys, w.token, lk.s_limit, s_weight, lk.s_ttl,
                  lk.s_wait, lk.hub.channel, mode)
   if lk.hub.evicts == nil then eviction(lk) end
@@ -1099,6 +1102,7 @@ end
 -- (redis_scripts.lua, M.state).
 local function state(lk, name, weight)
   if lk.hub.evicts ~= false then eviction(lk) end
+  if lk.hub.closed then error(E_UNAVAILABLE, 0) end     -- as in ask
   local r
   if weight then
     r = eval(lk, scripts.state, keys_of(lk, name), lk.s_limit, tostring(weight), lk.s_wait)
