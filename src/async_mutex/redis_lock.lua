@@ -343,6 +343,15 @@ local function renew(lease)
     arm(lease)
   elseif ok then
     lose(lease, "refused")          -- Redis no longer has our token
+  elseif not lease.next_renew then
+    -- Unreachable, and no watchdog: the one renewal of a hand-off's short
+    -- first lease failed.  Tried again halfway to the lease's end (one
+    -- transient failure ended the hold at waiterTimeout instead of ttl).
+    local t = hrtime()
+    if t < lease.valid_until then
+      lease.next_renew = t + (lease.valid_until - t) / 2
+      arm(lease)
+    end
   end                               -- unreachable: try again at the next turn
 end
 
