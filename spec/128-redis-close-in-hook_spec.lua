@@ -116,7 +116,7 @@ describe("client:close() from a hook at any call of acquire", function()
       end)
       if p then problems[#problems + 1] = k .. ": " .. p end
     until p == nil
-    assert.is_true(k > 45)
+    assert.is_true(k > 35)                   -- more than granted at once: the queue's calls too
     assert.equal("", table.concat(problems, "; "))
     b:close()
   end, { deadline = 120000 }))
