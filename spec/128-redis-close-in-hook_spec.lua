@@ -30,6 +30,34 @@ teardown(function() if server then server:stop() end end)
 
 local fresh_name = R.namer("spec128")
 
+-- Runs fn(...) in a coroutine of its own with a call hook that closes
+-- 'client' at the k-th call made by the lock's code (the client's own
+-- windows are the client's: docs/redis.md).  Returns a function that
+-- tells, once fn has returned, pcall's results and whether the close came.
+local function with_close_at(k, client, fn, ...)
+  local args = table.pack(...)
+  local result, closed
+  local calls = 0
+  h.spawn(function()
+    debug.sethook(function()
+      local caller = debug.getinfo(3, "S")
+      if not (caller and caller.short_src:find("redis_lock.lua", 1, true)) then return end
+      calls = calls + 1
+      if calls == k then
+        debug.sethook()
+        closed = true
+        client:close()
+      end
+    end, "c")
+    result = table.pack(pcall(fn, table.unpack(args, 1, args.n)))
+    debug.sethook()
+  end)
+  return function()
+    if not result then return nil end
+    return closed or false, table.unpack(result, 1, result.n)
+  end
+end
+
 -- Runs acquire on a new client's lock with a call hook that closes that
 -- client at the k-th call; 'other' (a lock of another client, on the same
 -- name) must then be granted at once.  'setup(la)' prepares the scene (may
@@ -43,26 +71,10 @@ local function close_at(k, other_client, setup_scene)
   local lb = am.RedisMutex.new(other_client, name, { ttl = 1000 })
   assert.is_false(la:isLocked())          -- connected, eviction policy read
   local after = setup_scene and setup_scene(lb, name)
-  local ok, r, closed
-  local calls = 0
-  h.spawn(function()
-    debug.sethook(function()
-      -- calls made by the lock's code (the client's own windows are the
-      -- client's: docs/redis.md)
-      local caller = debug.getinfo(3, "S")
-      if not (caller and caller.short_src:find("redis_lock.lua", 1, true)) then return end
-      calls = calls + 1
-      if calls == k then
-        debug.sethook()
-        closed = true
-        a:close()
-      end
-    end, "c")
-    ok, r = pcall(la.acquire, la)
-    debug.sethook()
-  end)
-  if after then after(function() return ok ~= nil end) end
-  h.wait_until(function() return ok ~= nil end, 3000)
+  local outcome = with_close_at(k, a, la.acquire, la)
+  if after then after(function() return outcome() ~= nil end) end
+  h.wait_until(function() return outcome() ~= nil end, 3000)
+  local closed, ok, r = outcome()
   if not closed then
     a:close()
     assert.is_true(ok, r)
@@ -133,23 +145,9 @@ local function close_in_release_at(k, other_client, release)
   local la = am.RedisMutex.new(a, name, { ttl = 1000 })
   local lb = am.RedisMutex.new(other_client, name, { ttl = 1000 })
   local ra = la:acquire()
-  local ok, closed
-  local calls = 0
-  h.spawn(function()
-    debug.sethook(function()
-      local caller = debug.getinfo(3, "S")
-      if not (caller and caller.short_src:find("redis_lock.lua", 1, true)) then return end
-      calls = calls + 1
-      if calls == k then
-        debug.sethook()
-        closed = true
-        a:close()
-      end
-    end, "c")
-    ok = pcall(release, ra)
-    debug.sethook()
-  end)
-  h.wait_until(function() return ok ~= nil end, 3000)
+  local outcome = with_close_at(k, a, release, ra)
+  h.wait_until(function() return outcome() ~= nil end, 3000)
+  local closed, ok = outcome()
   assert.is_true(ok)
   if not closed then
     a:close()
