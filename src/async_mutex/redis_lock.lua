@@ -803,14 +803,15 @@ end
 -- (lk, keys, token, done), one hash part of four slots.
 --
 -- A grant's lease is counted from the request that set it: the one that
--- was answered, or for a hand-off the last one that found this waiter
--- queued (Redis starts that lease later, at the release), so the count
--- here ends first.  But a waiter sleeps up to a third of waiterTimeout
--- between requests, and a hand-off that comes late in that sleep was
--- counted from long ago: when the lease's renewal is due already, the
--- grant is confirmed by one renewal before acquire() returns (the renewal
--- that would be sent at once anyway), and counted from it.  So acquire()
--- never returns a lease that is over, or nearly so.
+-- was answered, or for a hand-off the last one whose answer found this
+-- waiter queued before the message was read (Redis starts that lease
+-- later, at the release), so the count here ends first.  But a waiter
+-- sleeps up to a third of waiterTimeout between requests, and a hand-off
+-- that comes late in that sleep was counted from long ago: when the
+-- lease's renewal is due already, the grant is confirmed by one request
+-- before acquire() returns (it replaces the renewal that would be sent at
+-- once anyway), and counted from it.  So acquire() never returns a lease
+-- that is over, or nearly so.
 local function redis_acquire(lk, name, weight, deadline, err)
   local hub = lk.hub
   if hub.closed then error(E_UNAVAILABLE, 0) end   -- closed while at the gate
