@@ -56,7 +56,7 @@ $(BUILD)/obj/redis/%.o: src/redis/%.c $(wildcard src/redis/*.h) src/error_text.h
 	$(CC) $(ALLFLAGS) -c $< -o $@
 
 $(REDIS_MODULE): $(REDIS_OBJS) | $(BUILD)/async_mutex
-	$(CC) $(SOFLAGS) $(LDFLAGS) -o $@ $(REDIS_OBJS) -lhiredis -luv
+	$(CC) $(SOFLAGS) $(LDFLAGS) -o $@ $(REDIS_OBJS) -lhiredis
 
 $(BUILD)/obj/redis:
 	mkdir -p $@

@@ -90,6 +90,7 @@ build = {
     ["async_mutex.redis_lock"] = "src/async_mutex/redis_lock.lua",
     ["async_mutex.redis_scripts"] = "src/async_mutex/redis_scripts.lua",
     ["async_mutex.checks"] = "src/async_mutex/checks.lua",
+    ["async_mutex.unavailable"] = "src/async_mutex/unavailable.lua",
     ["async_mutex.debug"] = "src/async_mutex/debug.lua",
   },
   -- Installed beside the rock (luarocks show --rock-dir async-mutex): the

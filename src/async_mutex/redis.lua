@@ -9,8 +9,8 @@ local core = require "async_mutex.redis_core"
 local uv = require "luv"
 local am_spawn = require("async_mutex").spawn
 
-local error, getmetatable, ipairs, pairs, pcall, rawequal, setmetatable, tostring, type =
-  error, getmetatable, ipairs, pairs, pcall, rawequal, setmetatable, tostring, type
+local error, getmetatable, ipairs, pairs, pcall, rawequal, rawget, setmetatable, tostring, type =
+  error, getmetatable, ipairs, pairs, pcall, rawequal, rawget, setmetatable, tostring, type
 local running, yield, resume, isyieldable =
   coroutine.running, coroutine.yield, coroutine.resume, coroutine.isyieldable
 local mtype, unpack, traceback = math.type, table.unpack, debug.traceback
@@ -28,20 +28,26 @@ local Client = core.Client               -- the methods of every client
 
 
 -- {========================================================== hooks
--- What the C part calls (docs/redis.md): the poll handle of each
--- connection and the client's timer, made and driven through luv's Lua
--- API; the back-off between connection attempts; the messages of a
--- subscriber; the report of an error escaping a coroutine it resumed.
--- `state` is the client's table (its C user value); callbacks hold the
--- client through the weak state.ref, so that an unreferenced client can
--- be collected (its __gc ends the connection).
+-- What the C part calls (docs/redis.md): the stream of each connection
+-- (a luv TCP or pipe handle, made, connected, read and closed through
+-- luv's Lua API, its callbacks C functions of the C part) and the
+-- client's timer; the back-off between connection attempts; the messages
+-- of a subscriber; the report of an error escaping a coroutine it
+-- resumed.  `state` is the client's table (its C user value); `conn` a
+-- connection's table (made by the C part: stream, dead, reading and its
+-- callbacks on_connect, on_read, on_written).  Callbacks hold the client
+-- through the weak state.ref, so that an unreferenced client can be
+-- collected (its __gc ends the connection).
 
 local hooks = core.hooks
 local status, fail, alive, progress = core.status, core.fail, core.alive, core.progress
 local error_text = core.error_text       -- an error object's text, never raising
-local WEAK_K, WEAK_V = { __mode = "k" }, { __mode = "v" }
+local unavailable = hooks.unavailable    -- an E_UNAVAILABLE that says why
+local is_unavailable = require("async_mutex.unavailable").is
+local WEAK_K, WEAK_V = { __mode = "k" }, hooks.WEAK_V
 local ceil, max, min, random, huge = math.ceil, math.max, math.min, math.random, math.huge
 local now = uv.now
+hooks.now = now                          -- when replies came (progress)
 
 -- close_handle(h): closes a luv handle, safely even when the script ends
 -- before the loop runs again (docs/redis.md, "Closing and exiting").  A
@@ -107,6 +113,11 @@ local function busy(state, client)
   return client:pending() > 0 or (state.awaits ~= nil and state.awaits())
 end
 
+-- A number of ms as the reasons write it: whole, or as %g.
+local function ms_text(ms)
+  return ms == ms // 1 and ("%d"):format(ms) or ("%g"):format(ms)
+end
+
 -- The timer: while connecting, fails the attempt after connectTimeout;
 -- while calls wait, fails the connection when no reply came for
 -- commandTimeout ms (then every waiting call raises E_UNAVAILABLE).
@@ -127,7 +138,9 @@ local function on_timer(state)
     state.timing = false
   elseif t - since >= limit then
     state.timing = false
-    fail(client)
+    fail(client, st == "connecting"
+      and ("no connection to %s within %s ms"):format(state.addr, ms_text(limit))
+      or ("no reply from %s within %s ms"):format(state.addr, ms_text(limit)))
   elseif state.timer then      -- nil: a finalizer closed the client meanwhile
     state.timer:start(ceil(limit - (t - since)), 0, state.on_timer)
   end
@@ -154,13 +167,32 @@ local function arm(state, connecting)
   state.timer:start(ceil(limit), 0, state.on_timer)
 end
 
--- open(fd, client, state): the poll handle of a new connection, made by
--- luv (so that uv.walk and luv's exit handle it as any other); the C part
--- starts and stops it with a callback of its own.
-function hooks.open(fd, client, state)
-  if not state.ref then state.ref = setmetatable({ client }, WEAK_V) end
-  state.poll = uv.new_socket_poll(fd)
-  return state.poll
+-- open(state, conn): the stream of a new connection, made by luv (so that
+-- uv.walk and luv's exit handle it as any other), connecting; returns its
+-- socket, for the C part's writes, or nil and luv's error.  Looked up in
+-- `uv` at each call.  RE-ENTRY: a finalizer at one of its allocations may
+-- end this connection (hooks.lost marks it dead): the stream is set in
+-- conn first and conn.dead looked at after, so that either hooks.lost
+-- closes it or this does.
+function hooks.open(state, conn)
+  local s, err, name
+  if state.path then s, err, name = uv.new_pipe(false) else s, err, name = uv.new_tcp() end
+  if not s then return nil, name or err end
+  conn.stream = s
+  if conn.dead then
+    close_handle(s)
+    return nil, "closed"
+  end
+  local req
+  if state.path then
+    req, err, name = s:connect(state.path, conn.on_connect)
+  else
+    req, err, name = s:connect(state.host, state.port, conn.on_connect)
+  end
+  if not req then return nil, name or err end   -- hooks.lost closes s
+  local fd
+  fd, err, name = s:fileno()
+  return fd, name or err
 end
 
 -- progress(state): replies came to a subscriber, which stays readable when
@@ -172,19 +204,31 @@ function hooks.progress(state)
   end
 end
 
--- watch(state, events): what the poll handle now watches ("r", "w", "rw";
--- nil: nothing): the timer runs while something is awaited.
-function hooks.watch(state, events)
-  -- The connection is ending: hooks.lost has closed its poll handle, and
-  -- a subscriber's on_lost resumes the coroutines waiting in subscribe
-  -- (which unsubscribe, or subscribe again) before the C side is done;
-  -- nothing is left to watch, and the C side forgets these events.
-  if not state.poll then return end
-  if events then
+-- watch(state, conn, mode, data): what the stream now watches ("c": its
+-- connect, "r": replies, nil: nothing), and output the socket did not
+-- take (data), which luv writes (then conn.on_written); the timer runs
+-- while something is awaited.
+function hooks.watch(state, conn, mode, data)
+  local s = conn and not conn.dead and conn.stream
+  if s then
+    if mode == "r" then
+      if not conn.reading then
+        conn.reading = true
+        s:read_start(conn.on_read)
+      end
+    elseif conn.reading then
+      conn.reading = false
+      s:read_stop()
+    end
+    if data and not conn.dead then
+      local req, err, name = s:write(data, conn.on_written)
+      if not req then conn.on_written(name or err) end   -- ends the connection
+    end
+  end
+  if mode then
     if not state.timing then
       local client = state.ref[1]
-      local connecting = status(client) == "connecting"
-      if connecting or busy(state, client) then arm(state, connecting) end
+      if mode == "c" or busy(state, client) then arm(state, mode == "c") end
     end
   elseif state.timing then
     state.timer:stop()
@@ -203,14 +247,17 @@ function hooks.connected(state)
   if state.on_connected then state.on_connected() end
 end
 
--- lost(state, was_connected, final): the connection ended (final:
--- "close" or "gc" when the client itself ends).  A connection that had
--- been established may be retried at once; a failed attempt delays the
--- next one: capped exponential back-off, with jitter (half to all of it).
-function hooks.lost(state, was_connected, final)
-  if state.poll then
-    close_handle(state.poll)
-    state.poll = nil
+-- lost(state, conn, was_connected, final, err): the connection ended
+-- (conn: its table, nil if there was none; final: "close" or "gc" when
+-- the client itself ends; err: what its callers raise).  A connection
+-- that had been established may be retried at once; a failed attempt
+-- delays the next one: capped exponential back-off, with jitter (half to
+-- all of it), and calls meanwhile raise E_UNAVAILABLE with err's reason.
+function hooks.lost(state, conn, was_connected, final, err)
+  if conn then
+    conn.dead = true
+    local s = conn.stream
+    if s then close_handle(s) end
   end
   if state.timer then
     state.timing = false
@@ -228,8 +275,9 @@ function hooks.lost(state, was_connected, final)
     state.failures = f
     local delay = min(state.reconnectDelayMax, state.reconnectDelay * 2 ^ (f - 1))
     state.next_attempt = now() + delay * (0.5 + 0.5 * random())
+    state.failure = type(err) == "table" and rawget(err, "reason") or error_text(err)
   end
-  if state.on_lost then state.on_lost(was_connected, final) end
+  if state.on_lost then state.on_lost(was_connected, final, err) end
   if final and state.sub and not state.sub.closed then
     if final == "gc" then core.drop(state.sub.client) else state.sub.client:close() end
   end
@@ -239,9 +287,12 @@ function hooks.lost(state, was_connected, final)
   if final == "close" and state.on_close then state.on_close() end
 end
 
--- attempt(state): whether a new connection may be tried now.
+-- attempt(state): nil when a new connection may be tried now; else why
+-- not (the last attempt's failure, and when the next one may come).
 function hooks.attempt(state)
-  return now() >= (state.next_attempt or 0)
+  local wait = (state.next_attempt or 0) - now()
+  if wait <= 0 then return nil end
+  return ("%s (next attempt in %d ms)"):format(state.failure or "no connection", ceil(wait))
 end
 
 function hooks.message(state, reply)
@@ -255,33 +306,35 @@ end
 
 -- The numeric address of `host`: at once when it is one already; else
 -- by luv's asynchronous getaddrinfo when called in a coroutine (which
--- waits), or its synchronous form outside one.  IPv4 is preferred.
+-- waits: a stray resume of it goes on waiting), or its synchronous form
+-- outside one.  IPv4 is preferred.  nil and luv's error when it does not
+-- resolve.
 local function resolve(host)
   local hints = { socktype = "stream", numerichost = true }
-  local res = uv.getaddrinfo(host, nil, hints)
+  local res, err, name = uv.getaddrinfo(host, nil, hints)
   if not res then
     hints.numerichost = nil
     local co, main = running()
     if main or not isyieldable() then
-      res = uv.getaddrinfo(host, nil, hints)
+      res, err, name = uv.getaddrinfo(host, nil, hints)
     else
       local done, waiting = false, false
-      uv.getaddrinfo(host, nil, hints, function(_, r)
-        res, done = r, true
+      uv.getaddrinfo(host, nil, hints, function(e, r)
+        res, name, done = r, e, true
         -- (a coroutine closed meanwhile is dead: nothing to resume)
         if waiting and coroutine.status(co) == "suspended" then
           waiting = false
           resume_reporting(co)
         end
       end)
-      if not done then
+      while not done do
         waiting = true
         yield()
-        waiting = false
       end
+      waiting = false
     end
   end
-  if type(res) ~= "table" or not res[1] then return nil end
+  if type(res) ~= "table" or not res[1] then return nil, name or err end
   for _, a in ipairs(res) do
     if a.family == "inet" then return a.addr end
   end
@@ -387,14 +440,17 @@ function M.connect(options)
   state.setup = setup
   if path then
     state.path = path
+    state.addr = path
   else
-    state.host = resolve(host)
-    if not state.host then error(M.E_UNAVAILABLE, 0) end
-    state.port = port
+    local addr, err = resolve(host)
+    if not addr then
+      error(unavailable(("name not resolved: %s (%s)"):format(host, tostring(err or "?"))), 0)
+    end
+    state.host, state.port = addr, port
+    -- as the reasons of E_UNAVAILABLE name it: the name the user gave
+    state.addr = (addr:find(":", 1, true) and "[%s]:%d" or "%s:%d"):format(host, port)
   end
-  local client = core.new(state)
-  state.ref = setmetatable({ client }, WEAK_V)
-  return client
+  return core.new(state)               -- sets state.ref (weak)
 end
 
 -- }==========================================================
@@ -405,8 +461,11 @@ end
 -- first subscribe and shared by all (docs/redis.md, Pub/sub).  Its
 -- state: sub.client (a core client in subscriber mode), sub.channels
 -- (channel -> list of Subscriptions), sub.waiting (channel -> coroutines
--- waiting for the server's confirmation).  After a lost connection the
--- confirmed channels are subscribed again, with the client's back-off.
+-- waiting for the server's confirmation), sub.sent (the channels of each
+-- SUBSCRIBE sent and not answered yet, oldest first: the server answers
+-- each channel with its confirmation, in order, or the whole command with
+-- one error).  After a lost connection the confirmed channels are
+-- subscribed again, with the client's back-off.
 
 local Subscription = { __name = "async_mutex.redis.Subscription" }
 Subscription.__index = Subscription
@@ -424,13 +483,45 @@ local function check_client(self, fname)
 end
 
 
+-- What confirm resumes a coroutine waiting in subscribe with, first: a
+-- value nobody else has, so that a stray resume (someone else's
+-- coroutine.resume) is told from the confirmation, and the coroutine goes
+-- on waiting, as callers waiting in the module do (docs/semantics.md,
+-- "Spurious resumes").
+local CONFIRMED = {}
+
 -- Resumes every coroutine waiting for `channel`'s confirmation.
 local function confirm(sub, channel, ok, err)
   local list = sub.waiting[channel]
   if not list then return end
   sub.waiting[channel] = nil
   for _, co in ipairs(list) do
-    if coroutine.status(co) == "suspended" then resume_reporting(co, ok, err) end
+    if coroutine.status(co) == "suspended" then resume_reporting(co, CONFIRMED, ok, err) end
+  end
+end
+
+-- The server refused a SUBSCRIBE (an error reply, such as NOPERM from an
+-- ACL): its channels' subscriptions end, the coroutines waiting for them
+-- raise that error, and one with nobody waiting (subscribed again after a
+-- lost connection) is reported to the error handler.  The connection and
+-- the other channels go on.
+local function refused(sub, list, err)
+  for _, channel in ipairs(list) do
+    local subs = sub.channels[channel]
+    if subs then
+      sub.channels[channel] = nil
+      for _, s in ipairs(subs) do s.active = false end
+      if sub.waiting[channel] then
+        confirm(sub, channel, false, err)
+      else
+        report(err, traceback(("subscription to channel '%s' refused: %s"):format(
+          channel, error_text(err))))
+      end
+    end
+  end
+  if not next(sub.channels) and not sub.closed then
+    core.listen(sub.client, false)
+    if sub.ping then sub.ping:stop() end
   end
 end
 
@@ -453,8 +544,11 @@ local function restore(sub)
     sub.scheduled = false
     if sub.closed or not next(sub.channels) then return end
     if status(sub.client) ~= "idle" then return end
-    if not core.send(sub.client, "SUBSCRIBE", unpack(channel_list(sub))) then
+    local list = channel_list(sub)
+    if not core.send(sub.client, "SUBSCRIBE", unpack(list)) then
       restore(sub)
+    elseif not sub.closed then
+      sub.sent[#sub.sent + 1] = list             -- answered in order
     end
   end)
 end
@@ -475,8 +569,28 @@ local function deliver(s, message, channel)
   end
 end
 
+local ERROR_MT = getmetatable(core.error("ERR x"))
+
+-- The first command of sub.sent has had its answer for `channel`.
+local function answered(sub, channel)
+  local head = sub.sent[1]
+  if not head then return end
+  for i = 1, #head do
+    if head[i] == channel then
+      table.remove(head, i)
+      break
+    end
+  end
+  if #head == 0 then table.remove(sub.sent, 1) end
+end
+
 local function on_message(sub, reply)
   if type(reply) ~= "table" then return end
+  if getmetatable(reply) == ERROR_MT then      -- a SUBSCRIBE refused
+    local list = table.remove(sub.sent, 1)
+    if list then refused(sub, list, reply) end
+    return
+  end
   local kind = reply[1]
   if kind == "message" then
     local list = sub.channels[reply[2]]
@@ -490,6 +604,7 @@ local function on_message(sub, reply)
       if s.active then deliver(s, reply[3], reply[2]) end
     end
   elseif kind == "subscribe" then
+    answered(sub, reply[2])
     confirm(sub, reply[2], true)
   elseif kind == "pong" then
     sub.pinging = false                -- hooks.progress stops the timer
@@ -540,26 +655,31 @@ local function subscriber(self)
   local sub = state.sub
   if sub then return sub end
   local sstate = {
-    host = state.host, port = state.port, path = state.path, setup = state.setup,
+    host = state.host, port = state.port, path = state.path, addr = state.addr,
+    setup = state.setup,
     connectTimeout = state.connectTimeout, commandTimeout = state.commandTimeout,
     reconnectDelay = state.reconnectDelay, reconnectDelayMax = state.reconnectDelayMax,
     pingInterval = state.pingInterval,
   }
-  sub = { state = sstate, channels = {}, waiting = {} }
+  sub = { state = sstate, channels = {}, waiting = {}, sent = {} }
   sub.client = core.new(sstate, true)
-  sstate.ref = setmetatable({ sub.client }, WEAK_V)
   sstate.on_message = function(reply) on_message(sub, reply) end
   sstate.awaits = function() return sub.pinging or next(sub.waiting) ~= nil end
-  sstate.on_lost = function(_, final)
-    -- calls waiting for a confirmation fail (but a finalizer resumes
-    -- nobody: they are garbage too); confirmed channels come back
+  sstate.on_lost = function(_, final, err)
+    -- calls waiting for a confirmation fail, with E_UNAVAILABLE and the
+    -- connection's reason (but a finalizer resumes nobody: they are
+    -- garbage too); confirmed channels come back
+    if not is_unavailable(err) then       -- AUTH or SELECT refused
+      err = unavailable(("set-up refused by %s (%s)"):format(sstate.addr, error_text(err)))
+    end
     local waiting = sub.waiting
     sub.waiting = {}
+    sub.sent = {}
     sub.pinging = false
     for channel, list in pairs(waiting) do
       if final ~= "gc" then
         sub.waiting[channel] = list
-        confirm(sub, channel, false, M.E_UNAVAILABLE)
+        confirm(sub, channel, false, err)
       end
       local subs = sub.channels[channel]
       if subs and #subs == 0 then sub.channels[channel] = nil end
@@ -605,10 +725,12 @@ function Client.subscribe(self, channel, fn)
   if not list then
     list = {}
     sub.channels[channel] = list
-    if not core.send(sub.client, "SUBSCRIBE", channel) then
+    local sent, err = core.send(sub.client, "SUBSCRIBE", channel)
+    if not sent then
       sub.channels[channel] = nil
-      error(M.E_UNAVAILABLE, 0)
+      error(err, 0)
     end
+    if not sub.closed then sub.sent[#sub.sent + 1] = { channel } end
     core.listen(sub.client, true)
     start_pings(sub)
   end
@@ -627,7 +749,8 @@ function Client.subscribe(self, channel, fn)
     end
     s:unsubscribe()
   end })
-  local ok, err = yield()
+  local token, ok, err
+  repeat token, ok, err = yield() until token == CONFIRMED
   settled = true
   if not ok then
     s:unsubscribe()
@@ -724,26 +847,34 @@ local function remember(script, sha)
 end
 -- }----------------------------------------------------------
 
+-- The list (keys or args of eval) checked: strings and numbers.  A table
+-- with a metatable (a __len or __index of its own) is read once, into a
+-- plain list: what was checked is what is sent.
 local function check_list(list, n, what)
-  if list == nil then return 0 end
+  if list == nil then return nil end
   if type(list) ~= "table" then
     argerror(3, n, "eval", ("table of %s expected, got %s"):format(what, typename(list)))
   end
   local len = #list
+  if mtype(len) ~= "integer" or len < 0 then
+    argerror(3, n, "eval", ("%s has no valid length"):format(what))
+  end
+  local plain = getmetatable(list) == nil
+  local out = plain and list or {}
   for i = 1, len do
-    local t = type(list[i])
+    local v = list[i]
+    local t = type(v)
     if t ~= "string" and t ~= "number" then
       argerror(3, n, "eval", ("%s[%d] must be a string or number, got %s"):format(
-        what, i, typename(list[i])))
+        what, i, typename(v)))
     end
-    if list[i] ~= list[i] then   -- NaN: refused here, where the message names eval
+    if v ~= v then   -- NaN: refused here, where the message names eval
       argerror(3, n, "eval", ("%s[%d] must not be NaN"):format(what, i))
     end
+    if not plain then out[i] = v end
   end
-  return len
+  return out
 end
-
-local ERROR_MT = getmetatable(core.error("NOSCRIPT x"))
 
 local function is_noscript(err)
   return getmetatable(err) == ERROR_MT and err.code == "NOSCRIPT"
@@ -783,8 +914,8 @@ function Client.eval(self, script, keys, args)
   if type(script) ~= "string" then
     argerror(2, 1, "eval", "string expected, got " .. typename(script))
   end
-  check_list(keys, 2, "keys")
-  check_list(args, 3, "args")
+  keys = check_list(keys, 2, "keys")
+  args = check_list(args, 3, "args")
   -- call's own misuse errors, here at eval's caller's line (call would
   -- raise them at this file's)
   check_open(self, 2)
