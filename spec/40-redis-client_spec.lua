@@ -444,9 +444,9 @@ describe("client:close", function()
     h.gc()
     assert.is_nil(weak[1])
     assert.same({}, h.active_handles())
-    -- the stream's close completes in the loop: a luv handle whose
+    -- the poll handle's close completes in the loop: a luv handle whose
     -- close is still pending at exit is freed before its close callback
     assert.is_true(h.run_loop(1000))
-    assert.equal(0, h.count_handles("uv_tcp_t"))
+    assert.equal(0, h.count_handles("uv_poll_t"))
   end)
 end)

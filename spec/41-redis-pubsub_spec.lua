@@ -38,7 +38,7 @@ describe("client:subscribe", function()
       local s1 = c:subscribe("x", function() a = a + 1 end)
       local s2 = c:subscribe("x", function() b = b + 1 end)
       local s3 = c:subscribe("y", function() d = d + 1 end)
-      assert.equal(1, h.count_handles("uv_tcp_t"))    -- the call connection is not open yet
+      assert.equal(1, h.count_handles("uv_poll_t"))    -- the call connection is not open yet
       assert.equal(1, c:call("PUBLISH", "x", "m"))    -- one subscriber connection
       assert.equal(1, c:call("PUBLISH", "y", "m"))
       h.wait_until(function() return a == 1 and b == 1 and d == 1 end)
@@ -186,7 +186,7 @@ describe("client:subscribe", function()
     end)()
     h.run_loop(200)                     -- the subscription keeps it running
     assert.is_true(subscribed)
-    assert.equal(2, #h.active_handles())   -- the subscriber's stream and ping timer
+    assert.equal(2, #h.active_handles())   -- the subscriber's poll handle and ping timer
     weak[1], c = c, nil
     h.gc()
     assert.is_nil(weak[1])

@@ -125,11 +125,11 @@ describe("a connection that cannot be made", function()
       assert.equal(redis.E_UNAVAILABLE, err)
       local other = redis_server.start(port)
       -- within the back-off: no attempt, at once
-      local polls = h.count_handles("uv_tcp_t")
+      local polls = h.count_handles("uv_poll_t")
       ok, err = pcall(c.call, c, "PING")
       assert.is_false(ok)
       assert.equal(redis.E_UNAVAILABLE, err)
-      assert.equal(polls, h.count_handles("uv_tcp_t"))
+      assert.equal(polls, h.count_handles("uv_poll_t"))
       h.sleep(320)
       assert.equal("PONG", c:call("PING"))
       c:close()
@@ -225,7 +225,7 @@ describe("a client collected with calls in flight", function()
       h.spawn(function() pcall(c.call, c, "PING"); resumed = resumed + 1 end)
     end
     assert.equal(10, c:pending())
-    assert.equal(1, #h.active_handles())        -- the stream, reading
+    assert.equal(1, #h.active_handles())        -- the poll handle, reading
     weak[1], c = c, nil
     h.gc()
     assert.is_nil(weak[1])

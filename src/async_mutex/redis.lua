@@ -28,16 +28,15 @@ local Client = core.Client               -- the methods of every client
 
 
 -- {========================================================== hooks
--- What the C part calls (docs/redis.md): the stream of each connection
--- (a luv TCP or pipe handle, made, connected, read and closed through
--- luv's Lua API, its callbacks C functions of the C part) and the
--- client's timer; the back-off between connection attempts; the messages
--- of a subscriber; the report of an error escaping a coroutine it
--- resumed.  `state` is the client's table (its C user value); `conn` a
--- connection's table (made by the C part: stream, dead, reading and its
--- callbacks on_connect, on_read, on_written).  Callbacks hold the client
--- through the weak state.ref, so that an unreferenced client can be
--- collected (its __gc ends the connection).
+-- What the C part calls (docs/redis.md): the luv poll handle of each
+-- connection (made, started, stopped and closed through luv's Lua API; its
+-- callback is a C function of the C part) and the client's timer; the
+-- back-off between connection attempts; the messages of a subscriber; the
+-- report of an error escaping a coroutine it resumed.  `state` is the
+-- client's table (its C user value); `conn` a connection's table (made by
+-- the C part: poll, dead, and the callbacks on_event and on_closed).
+-- Callbacks hold the client through the weak state.ref, so that an
+-- unreferenced client can be collected (its __gc ends the connection).
 
 local hooks = core.hooks
 local status, fail, alive, progress = core.status, core.fail, core.alive, core.progress
@@ -46,8 +45,12 @@ local unavailable = hooks.unavailable    -- an E_UNAVAILABLE that says why
 local is_unavailable = require("async_mutex.unavailable").is
 local WEAK_K, WEAK_V = { __mode = "k" }, hooks.WEAK_V
 local ceil, max, min, random, huge = math.ceil, math.max, math.min, math.random, math.huge
-local now = uv.now
-hooks.now = now                          -- when replies came (progress)
+-- The client's clock (ms, monotonic): when replies came (progress), when
+-- a timer was armed, when the back-off ends.  The C part's, which reads
+-- it for every batch of replies at the cost of a system clock read (luv's
+-- uv.now, a registry lookup through luv's context, cost more than the
+-- rest of a reply's handling); luv's timers only schedule the checks.
+local now = core.now
 
 -- close_handle(h): closes a luv handle, safely even when the script ends
 -- before the loop runs again (docs/redis.md, "Closing and exiting").  A
@@ -67,11 +70,17 @@ local GUARD = { __gc = function(guard)
   end
 end }
 
-local function close_handle(h)
-  if not alive(h) or h:is_closing() then return end
+local function close_handle(h, after)
+  if not alive(h) or h:is_closing() then
+    if after then after() end
+    return
+  end
   local guard = setmetatable({}, GUARD)
   pending[guard] = true
-  h:close(function() pending[guard] = nil end)
+  h:close(function()
+    pending[guard] = nil
+    if after then after() end
+  end)
 end
 core.close_handle = close_handle   -- the Redis locks' timers too: one owner
 
@@ -157,7 +166,6 @@ local function arm(state, connecting)
     state.timer = uv.new_timer()
     state.on_timer = function() on_timer(state) end
   end
-  uv.update_time()            -- the loop's clock, as of now, not of its turn
   state.armed_at = now()
   -- new_timer() may have run a finalizer that closed this client (a
   -- subscriber dropped by its client's, see ping_tick): no timer then
@@ -167,32 +175,19 @@ local function arm(state, connecting)
   state.timer:start(ceil(limit), 0, state.on_timer)
 end
 
--- open(state, conn): the stream of a new connection, made by luv (so that
--- uv.walk and luv's exit handle it as any other), connecting; returns its
--- socket, for the C part's writes, or nil and luv's error.  Looked up in
--- `uv` at each call.  RE-ENTRY: a finalizer at one of its allocations may
--- end this connection (hooks.lost marks it dead): the stream is set in
--- conn first and conn.dead looked at after, so that either hooks.lost
--- closes it or this does.
-function hooks.open(state, conn)
-  local s, err, name
-  if state.path then s, err, name = uv.new_pipe(false) else s, err, name = uv.new_tcp() end
-  if not s then return nil, name or err end
-  conn.stream = s
-  if conn.dead then
-    close_handle(s)
-    return nil, "closed"
-  end
-  local req
-  if state.path then
-    req, err, name = s:connect(state.path, conn.on_connect)
-  else
-    req, err, name = s:connect(state.host, state.port, conn.on_connect)
-  end
-  if not req then return nil, name or err end   -- hooks.lost closes s
-  local fd
-  fd, err, name = s:fileno()
-  return fd, name or err
+-- open(state, conn, fd): the poll handle of a new connection, on fd (the
+-- socket, or on Linux the epoll set that holds it), made by luv (so that
+-- uv.walk and luv's exit handle it as any other); true, or nil and luv's
+-- error.  Looked up in `uv` at each call.  RE-ENTRY: a finalizer at one of
+-- its allocations may end this connection (hooks.lost marks it dead): the
+-- handle is set in conn first and conn.dead looked at after, so that
+-- either hooks.lost closes it or this does.
+function hooks.open(state, conn, fd)
+  local p, err, name = uv.new_poll(fd)
+  if not p then return nil, name or err end
+  conn.poll = p
+  if conn.dead then close_handle(p) end
+  return true
 end
 
 -- progress(state): replies came to a subscriber, which stays readable when
@@ -204,31 +199,18 @@ function hooks.progress(state)
   end
 end
 
--- watch(state, conn, mode, data): what the stream now watches ("c": its
--- connect, "r": replies, nil: nothing), and output the socket did not
--- take (data), which luv writes (then conn.on_written); the timer runs
--- while something is awaited.
-function hooks.watch(state, conn, mode, data)
-  local s = conn and not conn.dead and conn.stream
-  if s then
-    if mode == "r" then
-      if not conn.reading then
-        conn.reading = true
-        s:read_start(conn.on_read)
-      end
-    elseif conn.reading then
-      conn.reading = false
-      s:read_stop()
-    end
-    if data and not conn.dead then
-      local req, err, name = s:write(data, conn.on_written)
-      if not req then conn.on_written(name or err) end   -- ends the connection
-    end
+-- watch(state, conn, connecting, events): what the poll handle now
+-- watches ("r", "w", "rw"; nil: nothing); the timer runs while it watches
+-- and something is awaited (the connect, or replies).
+function hooks.watch(state, conn, connecting, events)
+  local p = conn and not conn.dead and conn.poll
+  if p then
+    if events then p:start(events, conn.on_event) else p:stop() end
   end
-  if mode then
+  if events then
     if not state.timing then
       local client = state.ref[1]
-      if mode == "c" or busy(state, client) then arm(state, mode == "c") end
+      if connecting or busy(state, client) then arm(state, connecting) end
     end
   elseif state.timing then
     state.timer:stop()
@@ -248,16 +230,17 @@ function hooks.connected(state)
 end
 
 -- lost(state, conn, was_connected, final, err): the connection ended
--- (conn: its table, nil if there was none; final: "close" or "gc" when
+-- (conn: its table, nil if the attempt failed before there was one; final: "close" or "gc" when
 -- the client itself ends; err: what its callers raise).  A connection
 -- that had been established may be retried at once; a failed attempt
 -- delays the next one: capped exponential back-off, with jitter (half to
 -- all of it), and calls meanwhile raise E_UNAVAILABLE with err's reason.
 function hooks.lost(state, conn, was_connected, final, err)
   if conn then
+    -- the fds the handle watched are closed once its close is complete
+    -- (conn.on_closed; docs/redis.md, "Closing and exiting")
     conn.dead = true
-    local s = conn.stream
-    if s then close_handle(s) end
+    if conn.poll then close_handle(conn.poll, conn.on_closed) else conn.on_closed() end
   end
   if state.timer then
     state.timing = false

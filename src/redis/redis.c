@@ -20,11 +20,24 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <fcntl.h>
+#include <netdb.h>
 #include <poll.h>
+#include <unistd.h>
 #include <sys/types.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+
+/* Linux: the poll handle watches an epoll set holding the socket (see
+   update_watch); AM_NO_EPOLL builds the portable path, which watches the
+   socket itself, for testing it there */
+#if defined(__linux__) && !defined(AM_NO_EPOLL)
+#define AM_EPOLL
+#include <sys/epoll.h>
+#endif
 
 #include <hiredis/hiredis.h>
 
@@ -54,21 +67,22 @@
 */
 #define FLUSH_AT  2048
 
-/* what the Lua layer watches (hooks.watch): nothing, the connect, replies */
-#define W_NONE        0
-#define W_CONNECTING  1
-#define W_READING     2
+/* events watched: readable, writable */
+#define EV_R  1
+#define EV_W  2
 
 typedef struct Client {
   redisReader *reader;  /* the connection's parser; NULL: no connection */
   char *out;            /* requests not written yet (malloc'd) */
   size_t outlen, outcap;
-  int fd;               /* the connection's socket (luv's; -1: none) */
-  uint64_t progress;    /* loop time (ms) of the last reply delivered */
+  int fd;               /* the connection's socket (-1: none) */
+  int epfd;             /* Linux: its epoll set, which the handle watches */
+  lua_Integer progress; /* now_ms() of the last batch of replies */
   int connecting;       /* the connect is under way */
-  int writing;          /* output handed to luv is being written: more
-                           output waits for its end */
-  int watching;         /* what hooks.watch was last told (W_*) */
+  int blocked;          /* output waits for the socket to be writable */
+  int watching;         /* what hooks.watch was last told: connecting */
+  int events;           /* ... and the events of the poll handle (EV_*) */
+  int inner;            /* the socket's events in the epoll set (EV_*) */
   int nsetup;           /* replies due to the set-up commands (AUTH,
                            SELECT), which come before any call's */
   int in_event;         /* inside a read callback: writes wait for its end */
@@ -138,6 +152,19 @@ static int is_current (lua_State *L, int i, int conn) {
   same = lua_rawequal(L, -1, conn);
   lua_pop(L, 1);
   return same;
+}
+
+
+/*
+** The client's clock, in ms: CLOCK_MONOTONIC (POSIX), read for every
+** batch of replies (cheap: no system call where the C library reads it
+** from the vDSO), and by the Lua layer for its timeouts and back-off
+** (core.now), so that every comparison uses one clock.
+*/
+static lua_Integer now_ms (void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (lua_Integer)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 
@@ -231,19 +258,24 @@ static int out_reserve (Client *cl, size_t extra) {
 
 /*
 ** Writes what the output buffer holds, as far as the socket takes it,
-** unless the connect is under way or luv is writing an earlier part.
-** send() with MSG_NOSIGNAL: a lost connection must be an error here, not
-** a SIGPIPE that kills the process.  Returns 0, or the errno of a broken
-** connection.  Pure C: runs no Lua.
+** unless the connect is under way.  send() with MSG_NOSIGNAL: a lost
+** connection must be an error here, not a SIGPIPE that kills the process.
+** What the socket does not take waits for it to be writable (cl->blocked:
+** the poll handle then watches that too).  Returns 0, or the errno of a
+** broken connection.  Pure C: runs no Lua.
 */
 static int flush (Client *cl) {
   size_t off = 0;
-  if (cl->fd < 0 || cl->connecting || cl->writing) return 0;
+  if (cl->fd < 0 || cl->connecting) return 0;
+  cl->blocked = 0;
   while (off < cl->outlen) {
     ssize_t n = send(cl->fd, cl->out + off, cl->outlen - off, MSG_NOSIGNAL);
     if (n < 0) {
       if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        cl->blocked = 1;
+        break;
+      }
       return errno;
     }
     off += (size_t)n;
@@ -258,41 +290,54 @@ static int flush (Client *cl) {
 
 
 /*
-** Tells the Lua layer what to watch (hooks.watch(state, conn, mode,
-** data)): mode "c" while connecting, "r" while replies are due (or a
-** subscriber listens), nil when nothing (so an idle client keeps no
-** active handle; the Lua layer also runs the connect and command
-** timeouts on it); data: output the socket did not take, which luv
-** writes (hooks.watch hands it to the stream's write).  Calls the hook
-** only when one of them changes: never per call while calls flow.
+** Watches what the connection needs: writable while connecting or while
+** output waits for the socket; readable while replies are due (or a
+** subscriber listens); nothing when idle, so that an idle client keeps no
+** active handle.  On Linux the socket is in the connection's own epoll
+** set (cl->epfd), whose interest changes here with epoll_ctl, and the luv
+** poll handle watches that set, readable whenever the socket has any of
+** those events: libuv never sees the socket (so no poll error of it
+** reaches luv, whose poll callback printed each on stderr up to luv
+** 1.44.2-0; docs/redis.md, Connection).  Elsewhere the handle watches
+** the socket itself.  The Lua layer is told (hooks.watch(state, conn,
+** connecting, events)) only when one of these changes: events, what the
+** handle watches ("r", "w", "rw"; nil: stopped), and whether the connect
+** is under way; its timer runs the connect and command timeouts while
+** the handle watches.  While calls flow, nothing changes: no Lua call.
 */
 static void update_watch (lua_State *L, int i, Client *cl) {
-  int want = W_NONE, handoff, top = lua_gettop(L);
-  if (cl->reader != NULL) {
-    if (cl->connecting) want = W_CONNECTING;
-    else if (cl->tail > cl->head || cl->nsetup > 0 || cl->listening)
-      want = W_READING;
+  int connecting = 0, ev = 0, handle;
+  if (cl->fd >= 0) {
+    if (cl->connecting) {
+      connecting = 1;
+      ev = EV_W;
+    }
+    else {
+      if (cl->tail > cl->head || cl->nsetup > 0 || cl->listening) ev |= EV_R;
+      if (cl->blocked) ev |= EV_W;
+    }
   }
-  handoff = cl->reader != NULL && !cl->connecting && !cl->writing
-            && cl->outlen > 0;
-  if (want == cl->watching && !handoff) return;
+#ifdef AM_EPOLL
+  if (ev != cl->inner && cl->epfd >= 0) {
+    struct epoll_event e;
+    memset(&e, 0, sizeof e);
+    e.events = (ev & EV_R ? EPOLLIN : 0) | (ev & EV_W ? EPOLLOUT : 0);
+    epoll_ctl(cl->epfd, EPOLL_CTL_MOD, cl->fd, &e);
+    cl->inner = ev;
+  }
+  handle = ev ? EV_R : 0;              /* the set: readable when ready */
+#else
+  handle = ev;
+#endif
+  if (connecting == cl->watching && handle == cl->events) return;
+  cl->watching = connecting;
+  cl->events = handle;
   lua_getfield(L, HOOKS, "watch");
   lua_getiuservalue(L, i, UV_STATE);
   lua_getiuservalue(L, i, UV_CONN);
-  if (want == W_NONE) lua_pushnil(L);
-  else lua_pushstring(L, want == W_CONNECTING ? "c" : "r");
-  if (handoff) {
-    int conn = top + 3;
-    lua_pushlstring(L, cl->out, cl->outlen);   /* may run a finalizer */
-    if (!is_current(L, i, conn) || cl->writing || cl->connecting) {
-      lua_settop(L, top);       /* ended meanwhile: a new call updates */
-      return;
-    }
-    cl->outlen = 0;
-    cl->writing = 1;
-  }
-  else lua_pushnil(L);
-  cl->watching = want;
+  lua_pushboolean(L, connecting);
+  if (handle == 0) lua_pushnil(L);
+  else lua_pushstring(L, handle == EV_R ? "r" : handle == EV_W ? "w" : "rw");
   lua_call(L, 4, 0);
 }
 
@@ -341,28 +386,25 @@ static void resume (lua_State *L, lua_State *co, int nargs) {
   }
 }
 
-/* Resumes co, waiting in call, with (ok, the value on top). */
-static void deliver (lua_State *L, lua_State *co, int ok) {
-  lua_pushlightuserdata(L, (void *)&DELIVER);
-  lua_pushboolean(L, ok);
-  lua_rotate(L, -3, -1);                         /* DELIVER ok value */
-  resume(L, co, 3);
-}
+/* Resumes co, waiting in call, with (DELIVER, ok, value): the three
+   values on top. */
+#define deliver(L, co)  resume(L, co, 3)
 
 
 /*
 ** Ends the connection, if any, with the error on top of the stack (an
 ** E_UNAVAILABLE that says why, or a set-up command's error reply), which
 ** it pops.  Everything the connection had is detached first (its table,
-** parser, output, the FIFO of callers), so that Lua code run from then on
-** (hooks, resumed coroutines, finalizers at any allocation) sees no
-** connection, and a caller's new call starts a new one.  Then tells the
-** Lua layer (hooks.lost closes the stream; `final` is FINAL_CLOSE or
-** FINAL_GC when the client itself ends), then resumes every caller that
-** waited, in call order, with (false, error).  `resume_them` is 0 from
-** __gc.  The running coroutine, whose own call may have ended the
-** connection, is not resumed: it sees the epoch change (call) and raises
-** the error, kept as the client's UV_ERROR.
+** socket, parser, output, the FIFO of callers), so that Lua code run from
+** then on (hooks, resumed coroutines, finalizers at any allocation) sees
+** no connection, and a caller's new call starts a new one.  Then tells
+** the Lua layer (hooks.lost closes the poll handle, and the fds once that
+** close is complete; `final` is FINAL_CLOSE or FINAL_GC when the client
+** itself ends), then resumes every caller that waited, in call order,
+** with (false, error).  `resume_them` is 0 from __gc.  The running
+** coroutine, whose own call may have ended the connection, is not
+** resumed: it sees the epoch change (call) and raises the error, kept as
+** the client's UV_ERROR.
 */
 #define FINAL_NOT    0
 #define FINAL_CLOSE  1
@@ -377,12 +419,24 @@ static void disconnect (lua_State *L, int i, Client *cl, int resume_them,
   was_connected = had && !cl->connecting;
   lua_pushnil(L);
   lua_setiuservalue(L, i, UV_CONN);
+#ifdef AM_EPOLL
+  /* the socket leaves the set now (libuv never watched it), and is
+     closed: the server sees the end at once; the set itself, which the
+     poll handle watches, is closed once the handle's close is complete */
+  if (cl->fd >= 0 && had) {
+    struct epoll_event e;
+    memset(&e, 0, sizeof e);
+    epoll_ctl(cl->epfd, EPOLL_CTL_DEL, cl->fd, &e);
+    close(cl->fd);
+  }
+#endif
   if (cl->reader != NULL) redisReaderFree(cl->reader);
   cl->reader = NULL;
   cl->outlen = 0;
-  cl->fd = -1;
-  cl->connecting = cl->writing = cl->nsetup = 0;
-  cl->watching = W_NONE;
+  cl->fd = cl->epfd = -1;
+  cl->connecting = cl->blocked = cl->nsetup = 0;
+  cl->watching = 0;
+  cl->events = cl->inner = 0;
   cl->head = cl->tail = 0;
   cl->epoch++;
   lua_pushvalue(L, err);
@@ -406,8 +460,10 @@ static void disconnect (lua_State *L, int i, Client *cl, int resume_them,
       if (lua_rawgeti(L, err + 2, k) == LUA_TTHREAD
           && lua_tothread(L, -1) != L) {
         lua_State *co = lua_tothread(L, -1);
+        lua_pushlightuserdata(L, (void *)&DELIVER);
+        lua_pushboolean(L, 0);
         lua_pushvalue(L, err);
-        deliver(L, co, 0);
+        deliver(L, co);
       }
       lua_pop(L, 1);
     }
@@ -424,16 +480,27 @@ static void fail_errno (lua_State *L, int i, Client *cl, int e) {
 
 /* {====================================================== connecting */
 
-static int conn_connect (lua_State *L);
-static int conn_read (lua_State *L);
-static int conn_written (lua_State *L);
+static int conn_event (lua_State *L);
 
-/* Pushes a callback of the connection at index conn. */
-static void push_callback (lua_State *L, int conn, lua_CFunction f) {
-  lua_pushvalue(L, HOOKS);
-  lua_pushvalue(L, CLIENT_MT);
-  lua_pushvalue(L, conn);
-  lua_pushcclosure(L, f, 3);
+/*
+** conn.on_closed(): closes the connection's fds that the poll handle
+** watched (upvalue 1, and 2 if not -1), once libuv has completed the
+** handle's close: libuv >= 1.45 may apply the removal of a handle's fd
+** from its epoll set only at the end of the loop iteration (it batches
+** epoll changes on io_uring), and an fd closed before, still open in
+** another process (a child that inherited it), left its registration
+** behind for the next socket of that number (docs/redis.md, "Closing and
+** exiting").  Runs once.
+*/
+static int conn_closed (lua_State *L) {
+  int k;
+  for (k = 1; k <= 2; k++) {
+    int fd = (int)lua_tointeger(L, lua_upvalueindex(k));
+    if (fd >= 0) close(fd);
+    lua_pushinteger(L, -1);
+    lua_replace(L, lua_upvalueindex(k));
+  }
+  return 0;
 }
 
 /*
@@ -465,35 +532,156 @@ static int queue_setup (lua_State *L, int i, Client *cl) {
   return ok;
 }
 
+
 /*
-** Opens a connection to the address in the state table (host = a
-** numeric address, resolved by the Lua layer, and port; or path): its
-** table and callbacks, its parser, the set-up commands, then the stream,
-** made and connected by hooks.open.  Returns 1; or 0 with the error to
-** raise on top (the attempt failed at once: hooks.lost has been told).
+** Sets TCP keepalive on a socket as hiredis's redisEnableKeepAlive does
+** (first probe after 15 s idle, then every 5 s, 3 probes: docs/redis.md,
+** Connection), where the system has the options; and TCP_NODELAY, as
+** hiredis does: requests go out at once, not held for the next reply.
+*/
+static void tcp_options (int fd) {
+  int on = 1, idle = 15, intvl = 5, cnt = 3;
+  (void)idle; (void)intvl; (void)cnt;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on);
+  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on);
+#if defined(TCP_KEEPIDLE)
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+#elif defined(TCP_KEEPALIVE)
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPALIVE, &idle, sizeof idle);
+#endif
+#if defined(TCP_KEEPINTVL)
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+#endif
+#if defined(TCP_KEEPCNT)
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+#endif
+}
+
+/* A socket of `family`, non-blocking and closed on exec (a child process
+   must not keep the connection open); -1 and errno on failure. */
+static int new_socket (int family) {
+  int fd = socket(family, SOCK_STREAM, 0), flags;
+  if (fd < 0) return -1;
+  flags = fcntl(fd, F_GETFD);
+  if (flags < 0 || fcntl(fd, F_SETFD, flags | FD_CLOEXEC) < 0
+      || (flags = fcntl(fd, F_GETFL)) < 0
+      || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) {
+    int e = errno;
+    close(fd);
+    errno = e;
+    return -1;
+  }
+#ifdef SO_NOSIGPIPE            /* macOS: no MSG_NOSIGNAL */
+  {
+    int on = 1;
+    setsockopt(fd, SOL_SOCKET, SO_NOSIGPIPE, &on, sizeof on);
+  }
+#endif
+  return fd;
+}
+
+/*
+** Opens a socket to the address in the state table (host, a numeric
+** address resolved by the Lua layer, and port; or path) and starts
+** connecting.  Returns the socket (*inprogress: the connect is under
+** way); or -1, with errno.
+*/
+static int open_socket (lua_State *L, int i, int *inprogress) {
+  int fd, r;
+  *inprogress = 0;
+  if (getstatefield(L, i, "path") == LUA_TSTRING) {
+    struct sockaddr_un sa;
+    size_t len;
+    const char *path = lua_tolstring(L, -1, &len);
+    lua_pop(L, 1);
+    memset(&sa, 0, sizeof sa);
+    if (len >= sizeof sa.sun_path) {
+      errno = ENAMETOOLONG;
+      return -1;
+    }
+    sa.sun_family = AF_UNIX;
+    memcpy(sa.sun_path, path, len);
+    if ((fd = new_socket(AF_UNIX)) < 0) return -1;
+    do r = connect(fd, (struct sockaddr *)&sa, sizeof sa);
+    while (r < 0 && errno == EINTR);
+  }
+  else {
+    struct addrinfo hints, *ai;
+    char port[16];
+    lua_pop(L, 1);
+    getstatefield(L, i, "host");
+    getstatefield(L, i, "port");
+    snprintf(port, sizeof port, "%d", (int)lua_tointeger(L, -1));
+    memset(&hints, 0, sizeof hints);
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;   /* never blocks */
+    r = getaddrinfo(lua_tostring(L, -2), port, &hints, &ai);
+    lua_pop(L, 2);
+    if (r != 0) {
+      errno = EINVAL;
+      return -1;
+    }
+    if ((fd = new_socket(ai->ai_family)) < 0) {
+      freeaddrinfo(ai);
+      return -1;
+    }
+    tcp_options(fd);
+    do r = connect(fd, ai->ai_addr, ai->ai_addrlen);
+    while (r < 0 && errno == EINTR);
+    freeaddrinfo(ai);
+  }
+  if (r < 0) {
+    if (errno != EINPROGRESS) {
+      int e = errno;
+      close(fd);
+      errno = e;
+      return -1;
+    }
+    *inprogress = 1;
+  }
+  return fd;
+}
+
+/* Pushes a C closure of the connection at index conn: f with upvalues
+   hooks, the clients' metatable and conn. */
+static void push_callback (lua_State *L, int conn, lua_CFunction f) {
+  lua_pushvalue(L, HOOKS);
+  lua_pushvalue(L, CLIENT_MT);
+  lua_pushvalue(L, conn);
+  lua_pushcclosure(L, f, 3);
+}
+
+/*
+** Opens a connection: its socket (a refusal known at once, as on
+** loopback, fails the attempt here, with nothing queued and no luv handle
+** made), its epoll set on Linux, its table (conn: poll, dead, and the
+** callbacks on_event and on_closed), its parser and the set-up commands;
+** then its luv poll handle, made by hooks.open.  Returns 1; or 0 with the
+** error to raise on top (the attempt failed at once: hooks.lost has been
+** told, if a connection had been set up).
 */
 static int connect_now (lua_State *L, int i, Client *cl) {
-  int conn, status, fd;
-  /* the connection's table and callbacks first (allocations: a finalizer
-     may close the client), the client looked at after */
-  lua_createtable(L, 1, 6);
+  int conn, fd, epfd = -1, inprogress, status;
+  /* RE-ENTRY: the connection's table and callbacks first (allocations:
+     a finalizer may close the client), the client looked at after; the
+     socket only then, so that nothing is left open if it was */
+  lua_createtable(L, 1, 4);
   conn = lua_gettop(L);
   getstatefield(L, i, "ref");                 /* the client, weakly held */
   lua_rawseti(L, conn, 1);
   /* every field the Lua layer sets is there from the start: setting it
      then allocates nothing (and so runs no finalizer) */
   lua_pushboolean(L, 0);
-  lua_setfield(L, conn, "stream");
+  lua_setfield(L, conn, "poll");
   lua_pushboolean(L, 0);
   lua_setfield(L, conn, "dead");
-  lua_pushboolean(L, 0);
-  lua_setfield(L, conn, "reading");
-  push_callback(L, conn, conn_connect);
-  lua_setfield(L, conn, "on_connect");
-  push_callback(L, conn, conn_read);
-  lua_setfield(L, conn, "on_read");
-  push_callback(L, conn, conn_written);
-  lua_setfield(L, conn, "on_written");
+  push_callback(L, conn, conn_event);
+  lua_setfield(L, conn, "on_event");
+  lua_pushinteger(L, -1);
+  lua_pushinteger(L, -1);
+  lua_pushcclosure(L, conn_closed, 2);               /* conn ... closed */
+  lua_pushvalue(L, -1);
+  lua_setfield(L, conn, "on_closed");
   if (cl->closed) {
     lua_settop(L, conn - 1);
     push_unavailable(L, "client closed");
@@ -503,69 +691,95 @@ static int connect_now (lua_State *L, int i, Client *cl) {
     lua_settop(L, conn - 1);
     return 1;
   }
+  fd = open_socket(L, i, &inprogress);
+  if (fd >= 0 && inprogress) {
+    /* on loopback a refused connect is known at once: seen here, it
+       needs no luv handle */
+    struct pollfd p;
+    p.fd = fd;
+    p.events = POLLOUT;
+    p.revents = 0;
+    if (poll(&p, 1, 0) == 1 && (p.revents & (POLLERR | POLLHUP))) {
+      int soerr = 0;
+      socklen_t len = sizeof soerr;
+      if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &len) < 0 || !soerr)
+        soerr = ECONNREFUSED;
+      close(fd);
+      errno = soerr;
+      fd = -1;
+    }
+  }
+#ifdef AM_EPOLL
+  if (fd >= 0) {
+    struct epoll_event e;
+    memset(&e, 0, sizeof e);
+    e.events = EPOLLOUT;
+    epfd = epoll_create1(EPOLL_CLOEXEC);
+    if (epfd < 0 || epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &e) < 0) {
+      int err = errno;
+      if (epfd >= 0) close(epfd);
+      close(fd);
+      errno = err;
+      fd = -1;
+    }
+  }
+#endif
+  if (fd < 0) {
+    lua_settop(L, conn - 1);
+    push_errno_failure(L, i, errno);
+    lua_getiuservalue(L, i, UV_STATE);
+    lua_pushnil(L);
+    lua_pushboolean(L, 0);
+    lua_pushnil(L);
+    lua_pushvalue(L, -5);                      /* the error */
+    callhook(L, "lost", 5, 0);                 /* (the back-off) */
+    return 0;
+  }
+  /* from here on the fds are the connection's: disconnect closes them */
   cl->reader = redisReaderCreate();
-  if (cl->reader == NULL) return luaL_error(L, "not enough memory");
+  lua_pushinteger(L, epfd >= 0 ? epfd : fd);  /* what the handle watches */
+  lua_setupvalue(L, conn + 1, 1);             /* conn_closed closes it */
+  lua_pop(L, 1);                              /* (on_closed) */
   lua_pushvalue(L, conn);
   lua_setiuservalue(L, i, UV_CONN);
-  cl->connecting = 1;
-  cl->fd = -1;
+  cl->fd = fd;
+  cl->epfd = epfd;
+  cl->connecting = 1;       /* done at the first writable event, whether
+                               or not connect() completed at once */
+  cl->inner = EV_W;
+  cl->events = 0;
   cl->outlen = 0;
-  cl->writing = 0;
-  cl->watching = W_NONE;
+  cl->blocked = 0;
+  cl->watching = 0;
   cl->nsetup = 0;
   cl->progress = 0;
-  if (!queue_setup(L, i, cl)) {
+  if (cl->reader == NULL || !queue_setup(L, i, cl)) {
     lua_pushliteral(L, "not enough memory");
     disconnect(L, i, cl, 1, FINAL_NOT);
     return luaL_error(L, "not enough memory");
   }
-  /* the stream: luv makes it and starts connecting (hooks.open returns
-     its socket, or nil and luv's error); a Lua error in it fails the
-     attempt rather than leaving a connection with no stream */
+  /* the poll handle: made by luv (hooks.open returns true, or nil and
+     luv's error); a Lua error in it fails the attempt rather than leaving
+     a connection with no handle */
   lua_getfield(L, HOOKS, "open");
   lua_getiuservalue(L, i, UV_STATE);
   lua_pushvalue(L, conn);
-  status = lua_pcall(L, 2, 2, 0);
+  lua_pushinteger(L, epfd >= 0 ? epfd : fd);
+  status = lua_pcall(L, 3, 2, 0);
   if (!is_current(L, i, conn)) {        /* ended meanwhile (a finalizer) */
     lua_settop(L, conn - 1);
     lua_getiuservalue(L, i, UV_ERROR);
     return 0;
   }
-  if (status != LUA_OK) {
-    const char *addr = push_addr(L, i);
-    const char *msg = am_push_error_text(L, -2);
-    push_unavailable(L, "cannot open a connection to %s (%s)", addr, msg);
-  }
-  else if (!lua_isinteger(L, -2)) {
-    const char *addr = push_addr(L, i);
-    push_unavailable(L, "cannot open a connection to %s (%s)", addr,
-                     lua_isstring(L, -2) ? lua_tostring(L, -2) : "?");
-  }
-  else {
-    struct pollfd p;
-    fd = (int)lua_tointeger(L, -2);
-    lua_settop(L, conn);
-    cl->fd = fd;
-    /* on loopback a refused connect is known at once: seen here, the call
-       fails with nothing queued (luv would report it a loop turn later) */
-    p.fd = fd;
-    p.events = POLLOUT;
-    p.revents = 0;
-    if (poll(&p, 1, 0) == 1 && (p.revents & POLLERR)) {
-      int soerr = 0;
-      socklen_t len = sizeof soerr;
-      if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &len) == 0
-          && soerr != 0) {
-        push_errno_failure(L, i, soerr);
-        lua_pushvalue(L, -1);
-        disconnect(L, i, cl, 1, FINAL_NOT);
-        lua_replace(L, conn);
-        lua_settop(L, conn);
-        return 0;
-      }
-    }
+  if (status == LUA_OK && lua_toboolean(L, -2)) {
     lua_settop(L, conn - 1);
     return 1;
+  }
+  {
+    const char *addr = push_addr(L, i);
+    const char *msg = status != LUA_OK ? am_push_error_text(L, -2)
+                      : lua_isstring(L, -2) ? lua_tostring(L, -2) : "?";
+    push_unavailable(L, "cannot watch the connection to %s (%s)", addr, msg);
   }
   lua_pushvalue(L, -1);                  /* the error: raised, and ends */
   disconnect(L, i, cl, 1, FINAL_NOT);
@@ -581,9 +795,9 @@ static int connect_now (lua_State *L, int i, Client *cl) {
 ** with the E_UNAVAILABLE to raise on top.
 */
 static int ensure_connection (lua_State *L, int i, Client *cl) {
-  if (cl->reader != NULL && !cl->connecting && cl->head == cl->tail
-      && cl->nsetup == 0 && !cl->writing && !cl->in_event
-      && !cl->subscriber && cl->fd >= 0) {
+  if (cl->fd >= 0 && !cl->connecting && cl->head == cl->tail
+      && cl->nsetup == 0 && cl->outlen == 0 && !cl->in_event
+      && !cl->subscriber) {
     /* idle, so unwatched: a connection the server ended meanwhile (a
        restart, an idle timeout) is readable now; replace it rather than
        fail this call */
@@ -624,33 +838,10 @@ static int ensure_connection (lua_State *L, int i, Client *cl) {
 
 
 /*
-** Sets TCP keepalive on a connected socket as hiredis's
-** redisEnableKeepAlive does (first probe after 15 s idle, then every 5 s,
-** 3 probes: docs/redis.md, Connection), where the system has the options.
-*/
-static void keepalive (int fd) {
-  int on = 1, idle = 15, intvl = 5, cnt = 3;
-  (void)idle; (void)intvl; (void)cnt;
-  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on);
-#if defined(TCP_KEEPIDLE)
-  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
-#elif defined(TCP_KEEPALIVE)
-  setsockopt(fd, IPPROTO_TCP, TCP_KEEPALIVE, &idle, sizeof idle);
-#endif
-#if defined(TCP_KEEPINTVL)
-  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
-#endif
-#if defined(TCP_KEEPCNT)
-  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
-#endif
-}
-
-
-/*
 ** The client of a connection's callback (its table is upvalue CONN),
 ** pushed at index 3 with the arguments luv gave at 1 and 2; NULL when
 ** the client was collected or this connection is no longer its own (a
-** stale callback: a connect canceled by the close, a write's end).
+** stale event).
 */
 static Client *conn_client (lua_State *L) {
   lua_settop(L, 2);
@@ -663,54 +854,24 @@ static Client *conn_client (lua_State *L) {
   return (Client *)lua_touserdata(L, 3);
 }
 
-
 /*
-** conn.on_connect(err): luv's connect callback.  On success: TCP
-** keepalive, hooks.connected (resets the back-off, switches the timer to
-** commandTimeout), then the output queued meanwhile goes.
+** The connect is complete (the socket is writable), or failed (its error
+** is pending).  Returns 0 (connected, or not yet: a spurious wake-up), or
+** the errno of the failure.
 */
-static int conn_connect (lua_State *L) {
-  Client *cl = conn_client(L);
-  int e;
-  if (cl == NULL || !cl->connecting) return 0;
-  if (!lua_isnil(L, 1)) {
-    push_failure(L, 3, lua_tostring(L, 1));
-    disconnect(L, 3, cl, 1, FINAL_NOT);
-    return 0;
-  }
+static int finish_connect (Client *cl) {
+  struct pollfd p;
+  int soerr = 0;
+  socklen_t len = sizeof soerr;
+  p.fd = cl->fd;
+  p.events = POLLOUT;
+  p.revents = 0;
+  if (poll(&p, 1, 0) != 1) return 0;              /* not yet */
+  if (getsockopt(cl->fd, SOL_SOCKET, SO_ERROR, &soerr, &len) < 0)
+    return errno;
+  if (soerr) return soerr;
+  if (p.revents & (POLLERR | POLLHUP)) return ECONNREFUSED;
   cl->connecting = 0;
-  if (getstatefield(L, 3, "path") != LUA_TSTRING) keepalive(cl->fd);
-  lua_pop(L, 1);
-#ifdef SO_NOSIGPIPE
-  {
-    int on = 1;
-    setsockopt(cl->fd, SOL_SOCKET, SO_NOSIGPIPE, &on, sizeof on);
-  }
-#endif
-  lua_getiuservalue(L, 3, UV_STATE);
-  callhook(L, "connected", 1, 0);
-  if (!is_current(L, 3, CONN)) return 0;
-  if (!cl->in_event && (e = flush(cl)) != 0) fail_errno(L, 3, cl, e);
-  else update_watch(L, 3, cl);
-  return 0;
-}
-
-
-/*
-** conn.on_written(err): luv wrote the output handed to it (update_watch);
-** what came meanwhile goes now.
-*/
-static int conn_written (lua_State *L) {
-  Client *cl = conn_client(L);
-  int e;
-  if (cl == NULL || !cl->writing) return 0;
-  cl->writing = 0;
-  if (!lua_isnil(L, 1)) {
-    push_failure(L, 3, lua_tostring(L, 1));
-    disconnect(L, 3, cl, 1, FINAL_NOT);
-  }
-  else if (!cl->in_event && (e = flush(cl)) != 0) fail_errno(L, 3, cl, e);
-  else if (!cl->in_event) update_watch(L, 3, cl);
   return 0;
 }
 
@@ -720,15 +881,38 @@ static int conn_written (lua_State *L) {
 /* {====================================================== replies */
 
 /*
-** conn.on_read(err, data): luv's read callback, with what arrived (data;
-** nil and nil: end of file; err: the read failed).  Parses every complete
-** reply and pairs it with its caller first, then resumes the callers in
-** call order, each with its reply (a subscriber hands each reply to
-** hooks.message instead); then writes the calls those coroutines made
-** meanwhile (2 KB at a time while it goes on).  An end of file, a read
-** error or a protocol error ends the connection (E_UNAVAILABLE for every
-** call still waiting); so does an error reply to a set-up command (AUTH,
-** SELECT), with that error.
+** Reads what the socket has into the parser: on while reads come back
+** full (a 10 MB reply in one callback, not in 640 loop turns), up to 1 MB
+** so that other handles get their turn.  Returns 0, or an errno (EOF: -1).
+*/
+static int read_socket (Client *cl) {
+  char buf[16 * 1024];
+  int k;
+  for (k = 0; k < 64; k++) {
+    ssize_t n = recv(cl->fd, buf, sizeof buf, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+      return errno;
+    }
+    if (n == 0) return -1;                          /* the server closed */
+    if (redisReaderFeed(cl->reader, buf, (size_t)n) != REDIS_OK) return ENOMEM;
+    if ((size_t)n < sizeof buf) return 0;
+  }
+  return 0;
+}
+
+/*
+** conn.on_event(err, events): the poll handle's callback (err: a poll
+** error, which only a handle on the socket itself can report).  Completes
+** the connect; writes output that waited for the socket; reads and parses
+** every complete reply and pairs it with its caller first, then resumes
+** the callers in call order, each with its reply (a subscriber hands each
+** reply to hooks.message instead); then writes the calls those coroutines
+** made meanwhile (2 KB at a time while it goes on).  An end of file, a
+** read error or a protocol error ends the connection (E_UNAVAILABLE for
+** every call still waiting); so does an error reply to a set-up command
+** (AUTH, SELECT), with that error.
 **
 ** RE-ENTRY: converting a reply allocates, and so may run a finalizer that
 ** closes the client or ends this connection (which frees its parser);
@@ -737,111 +921,121 @@ static int conn_written (lua_State *L) {
 ** happens: their callers left the FIFO, and nobody else would resume
 ** them.
 */
-static int conn_read (lua_State *L) {
+static int conn_event (lua_State *L) {
   Client *cl = conn_client(L);
-  int broken = 0, nready = 0, r, was, errpos;
+  int nready = 0, r, was, errpos = 0, e = 0;
+  unsigned epoch;
   void *reply;
   if (cl == NULL) return 0;
-  if (!lua_isnil(L, 1)) {                       /* 1: a read error */
-    push_failure(L, 3, lua_tostring(L, 1));
-    broken = 1;
-  }
-  else if (lua_type(L, 2) != LUA_TSTRING) {       /* end of file */
-    push_failure(L, 3, "EOF");
-    broken = 1;
-  }
-  else {
-    size_t len;
-    const char *data = lua_tolstring(L, 2, &len);
-    if (redisReaderFeed(cl->reader, data, len) != REDIS_OK) {
-      lua_pushliteral(L, "not enough memory");
-      broken = 1;
-    }
-  }
-  if (broken) {                                 /* the error on top */
-    disconnect(L, 3, cl, 1, FINAL_NOT);
+  epoch = cl->epoch;                 /* changes when the connection ends */
+  if (!lua_isnil(L, 1)) {                /* a poll error: the socket's own */
+    int soerr = 0;
+    socklen_t len = sizeof soerr;
+    if (getsockopt(cl->fd, SOL_SOCKET, SO_ERROR, &soerr, &len) < 0 || !soerr)
+      soerr = ECONNRESET;
+    fail_errno(L, 3, cl, soerr);
     return 0;
   }
-  lua_settop(L, 3);
-  lua_newtable(L);                     /* 4: ready {co|false, ok, reply}... */
-  lua_getiuservalue(L, 3, UV_WAITERS);           /* 5 */
-  for (;;) {
-    redisReply *rp;
-    int t;
-    if (!is_current(L, 3, CONN)) break;
-    r = redisReaderGetReply(cl->reader, &reply);
-    if (r != REDIS_OK) {                         /* a protocol error */
-      char msg[sizeof cl->reader->errstr];
-      const char *addr;
-      memcpy(msg, cl->reader->errstr, sizeof msg);   /* before allocating */
-      msg[sizeof msg - 1] = '\0';
-      addr = push_addr(L, 3);
-      push_unavailable(L, "protocol error from %s (%s)", addr, msg);
-      lua_remove(L, -2);                                /* the address */
-      broken = 1;
-      break;
+  if (cl->connecting) {
+    if ((e = finish_connect(cl)) != 0) {
+      fail_errno(L, 3, cl, e);
+      return 0;
     }
-    if (reply == NULL) break;
-    rp = (redisReply *)reply;
-    if (cl->nsetup > 0) {                       /* a set-up command's */
-      cl->nsetup--;
-      if (rp->type == REDIS_REPLY_ERROR) {          /* AUTH, SELECT failed */
-        amr_pushreply(L, rp);
-        freeReplyObject(reply);
-        broken = 1;
+    if (cl->connecting) return 0;                   /* a spurious wake-up */
+    lua_getiuservalue(L, 3, UV_STATE);
+    callhook(L, "connected", 1, 0);
+    if (!is_current(L, 3, CONN)) return 0;
+    if (!cl->in_event && (e = flush(cl)) != 0) fail_errno(L, 3, cl, e);
+    else update_watch(L, 3, cl);
+    return 0;
+  }
+  if (cl->blocked && !cl->in_event && (e = flush(cl)) != 0) {
+    fail_errno(L, 3, cl, e);
+    return 0;
+  }
+  if ((e = read_socket(cl)) != 0) {
+    if (e < 0) push_failure(L, 3, "EOF");
+    else push_errno_failure(L, 3, e);
+    errpos = lua_gettop(L);
+  }
+  lua_newtable(L);                     /* ready {co|false, ok, reply}... */
+  lua_getiuservalue(L, 3, UV_WAITERS);
+  {
+    int ready = lua_gettop(L) - 1, fifo = ready + 1;
+    for (;;) {
+      redisReply *rp;
+      int t;
+      if (cl->epoch != epoch) break;   /* ended by a finalizer: no parser */
+      r = redisReaderGetReply(cl->reader, &reply);
+      if (r != REDIS_OK) {                       /* a protocol error */
+        char msg[sizeof cl->reader->errstr];
+        const char *addr;
+        memcpy(msg, cl->reader->errstr, sizeof msg);  /* before allocating */
+        msg[sizeof msg - 1] = '\0';
+        addr = push_addr(L, 3);
+        push_unavailable(L, "protocol error from %s (%s)", addr, msg);
+        lua_remove(L, -2);                              /* the address */
+        if (errpos) lua_replace(L, errpos);
+        else errpos = lua_gettop(L);
         break;
       }
+      if (reply == NULL) break;
+      rp = (redisReply *)reply;
+      if (cl->nsetup > 0) {                     /* a set-up command's */
+        cl->nsetup--;
+        if (rp->type == REDIS_REPLY_ERROR) {        /* AUTH, SELECT failed */
+          amr_pushreply(L, rp);
+          freeReplyObject(reply);
+          if (errpos) lua_replace(L, errpos);
+          else errpos = lua_gettop(L);
+          break;
+        }
+        freeReplyObject(reply);
+        continue;
+      }
+      if (cl->subscriber) {                 /* a message: nobody waits */
+        lua_pushboolean(L, 0);
+        t = LUA_TBOOLEAN;
+      }
+      else if (cl->head < cl->tail) {
+        t = lua_rawgeti(L, fifo, cl->head);         /* its caller */
+        lua_pushnil(L);
+        lua_rawseti(L, fifo, cl->head++);
+      }
+      else t = LUA_TNIL;
+      if (t == LUA_TNIL) {              /* nobody asked for it: dropped */
+        lua_pop(L, 1);
+        freeReplyObject(reply);
+        continue;
+      }
+      lua_rawseti(L, ready, ++nready);
+      lua_pushboolean(L, rp->type != REDIS_REPLY_ERROR);
+      lua_rawseti(L, ready, ++nready);
+      amr_pushreply(L, rp);
       freeReplyObject(reply);
-      continue;
+      lua_rawseti(L, ready, ++nready);
     }
-    if (cl->subscriber) {                 /* a message: nobody waits */
-      lua_pushboolean(L, 0);
-      t = LUA_TBOOLEAN;
-    }
-    else if (cl->head < cl->tail) {
-      t = lua_rawgeti(L, 5, cl->head);              /* its caller */
-      lua_pushnil(L);
-      lua_rawseti(L, 5, cl->head++);
-    }
-    else t = LUA_TNIL;
-    if (t == LUA_TNIL) {              /* nobody asked for it: dropped */
+    if (nready > 0) cl->progress = now_ms();   /* the command timeout
+                                                  counts from now */
+    was = cl->in_event;
+    cl->in_event = 1;
+    for (r = 1; r <= nready; r += 3) {
+      if (lua_rawgeti(L, ready, r) == LUA_TTHREAD) {
+        lua_State *co = lua_tothread(L, -1);
+        lua_pushlightuserdata(L, (void *)&DELIVER);
+        lua_rawgeti(L, ready, r + 1);                 /* ok */
+        lua_rawgeti(L, ready, r + 2);                 /* the reply */
+        deliver(L, co);
+      }
+      else {                                    /* a subscriber's message */
+        lua_getiuservalue(L, 3, UV_STATE);
+        lua_rawgeti(L, ready, r + 2);
+        callhook(L, "message", 2, 0);
+      }
       lua_pop(L, 1);
-      freeReplyObject(reply);
-      continue;
     }
-    lua_rawseti(L, 4, ++nready);
-    lua_pushboolean(L, rp->type != REDIS_REPLY_ERROR);
-    lua_rawseti(L, 4, ++nready);
-    amr_pushreply(L, rp);
-    freeReplyObject(reply);
-    lua_rawseti(L, 4, ++nready);
+    cl->in_event = was;
   }
-  errpos = broken ? lua_gettop(L) : 0;           /* the error, kept */
-  if (nready > 0) {                 /* the command timeout counts from now */
-    callhook(L, "now", 0, 1);
-    cl->progress = (uint64_t)lua_tointeger(L, -1);
-    lua_pop(L, 1);
-  }
-  was = cl->in_event;
-  cl->in_event = 1;
-  for (r = 1; r <= nready; r += 3) {
-    if (lua_rawgeti(L, 4, r) == LUA_TTHREAD) {
-      lua_State *co = lua_tothread(L, -1);
-      int ok;
-      lua_rawgeti(L, 4, r + 1);
-      ok = lua_toboolean(L, -1);
-      lua_pop(L, 1);
-      lua_rawgeti(L, 4, r + 2);
-      deliver(L, co, ok);
-    }
-    else {                                      /* a subscriber's message */
-      lua_getiuservalue(L, 3, UV_STATE);
-      lua_rawgeti(L, 4, r + 2);
-      callhook(L, "message", 2, 0);
-    }
-    lua_pop(L, 1);
-  }
-  cl->in_event = was;
   if (nready > 0 && cl->subscriber && !cl->closed) {
     lua_getiuservalue(L, 3, UV_STATE);
     callhook(L, "progress", 1, 0);
@@ -857,8 +1051,7 @@ static int conn_read (lua_State *L) {
   /* this connection, or one that a resumed coroutine opened meanwhile
      (whose output waited for this end) */
   if (cl->reader != NULL) {
-    int e = flush(cl);
-    if (e != 0) fail_errno(L, 3, cl, e);
+    if ((e = flush(cl)) != 0) fail_errno(L, 3, cl, e);
     else update_watch(L, 3, cl);
   }
   return 0;
@@ -1275,10 +1468,16 @@ static int core_alive (lua_State *L) {
 }
 
 
-/* progress(client): loop time (ms) when replies last came; 0: none yet */
+/* progress(client): now() when replies last came; 0: none yet */
 static int core_progress (lua_State *L) {
   Client *cl = checkclient(L, 1);
-  lua_pushinteger(L, (lua_Integer)cl->progress);
+  lua_pushinteger(L, cl->progress);
+  return 1;
+}
+
+/* now(): the client's clock (ms, monotonic) */
+static int core_now (lua_State *L) {
+  lua_pushinteger(L, now_ms());
   return 1;
 }
 
@@ -1357,6 +1556,7 @@ static const luaL_Reg core_funcs[] = {
   {"error_text", core_error_text},
   {"hex", core_hex},
   {"progress", core_progress},
+  {"now", core_now},
   {"script", core_script},
   {NULL, NULL}
 };
