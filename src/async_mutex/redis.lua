@@ -5,7 +5,18 @@
 -- (through luv's Lua API), and composes calls into `eval`.
 -- See docs/redis.md.
 
-local core = require "async_mutex.redis_core"
+-- The C part is built only where hiredis is installed (README, "Install
+-- with luarocks"): without it, this says so rather than "module not found".
+local found, core = pcall(require, "async_mutex.redis_core")
+if not found then
+  local why = tostring(core)
+  if why:find("module 'async_mutex.redis_core' not found", 1, true) then
+    why = "not installed"
+  end
+  error("async_mutex.redis needs its C part, async_mutex.redis_core, built only where"
+    .. " hiredis is installed (Debian: libhiredis-dev): install hiredis, then reinstall"
+    .. " async-mutex (async_mutex.redis_core: " .. why .. ")", 2)
+end
 local uv = require "luv"
 local am_spawn = require("async_mutex").spawn
 
@@ -178,15 +189,22 @@ end
 -- open(state, conn, fd): the poll handle of a new connection, on fd (the
 -- socket, or on Linux the epoll set that holds it), made by luv (so that
 -- uv.walk and luv's exit handle it as any other); true, or nil and luv's
--- error.  Looked up in `uv` at each call.  RE-ENTRY: a finalizer at one of
--- its allocations may end this connection (hooks.lost marks it dead): the
--- handle is set in conn first and conn.dead looked at after, so that
--- either hooks.lost closes it or this does.
+-- error.  Looked up in `uv` at each call.  RE-ENTRY: a finalizer at the
+-- handle's allocation may end this connection: hooks.lost then leaves the
+-- fds to this function (conn.opening), which closes the handle, if made,
+-- and the fds after it; a connection ended before it starts is not
+-- touched (its fds are closed: a number that may be another file's now).
 function hooks.open(state, conn, fd)
+  if conn.dead then return nil, "closed" end
+  conn.opening = true
   local p, err, name = uv.new_poll(fd)
+  conn.opening = false
+  if p then conn.poll = p end
+  if conn.dead then
+    if p then close_handle(p, conn.on_closed) else conn.on_closed() end
+    return nil, "closed"
+  end
   if not p then return nil, name or err end
-  conn.poll = p
-  if conn.dead then close_handle(p) end
   return true
 end
 
@@ -240,7 +258,11 @@ function hooks.lost(state, conn, was_connected, final, err)
     -- the fds the handle watched are closed once its close is complete
     -- (conn.on_closed; docs/redis.md, "Closing and exiting")
     conn.dead = true
-    if conn.poll then close_handle(conn.poll, conn.on_closed) else conn.on_closed() end
+    if conn.poll then
+      close_handle(conn.poll, conn.on_closed)
+    elseif not conn.opening then           -- (else hooks.open closes them)
+      conn.on_closed()
+    end
   end
   if state.timer then
     state.timing = false

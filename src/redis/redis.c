@@ -665,7 +665,7 @@ static int connect_now (lua_State *L, int i, Client *cl) {
   /* RE-ENTRY: the connection's table and callbacks first (allocations:
      a finalizer may close the client), the client looked at after; the
      socket only then, so that nothing is left open if it was */
-  lua_createtable(L, 1, 4);
+  lua_createtable(L, 1, 5);
   conn = lua_gettop(L);
   getstatefield(L, i, "ref");                 /* the client, weakly held */
   lua_rawseti(L, conn, 1);
@@ -675,6 +675,8 @@ static int connect_now (lua_State *L, int i, Client *cl) {
   lua_setfield(L, conn, "poll");
   lua_pushboolean(L, 0);
   lua_setfield(L, conn, "dead");
+  lua_pushboolean(L, 0);
+  lua_setfield(L, conn, "opening");
   push_callback(L, conn, conn_event);
   lua_setfield(L, conn, "on_event");
   lua_pushinteger(L, -1);
