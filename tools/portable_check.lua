@@ -176,7 +176,7 @@ local reply
 coroutine.wrap(function() reply = client:call("PING"); client:close() end)()
 uv.run()
 server:stop()
-local pid = uv.os_getpid()
+local pid = ("%d"):format(uv.os_getpid())   -- (a float from luv 1.48)
 local p = io.popen("grep -E 'libuv|luv' /proc/" .. pid .. "/maps | awk '{print $6}' | sort -u")
 io.write("pid ", pid, ", PING: ", tostring(reply), "\n", p:read("a"))
 p:close()
