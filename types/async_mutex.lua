@@ -562,7 +562,7 @@ async_mutex.E_MAX_PENDING = "too many pending requests for this key"
 
 ---What `async_mutex.redis` calls raise when the server cannot answer, and
 ---why: an error object equal (`==`) to `async_mutex.E_UNAVAILABLE` whatever
----its reason; `tostring` gives its message.  Read-only.
+---its reason; `tostring` gives its message.  Shared: not to be changed.
 ---@class async_mutex.E_UNAVAILABLE
 ---@field message string "redis server unavailable", then ": " and the reason if any
 ---@field reason? string why ("connection refused to 127.0.0.1:6379"); nil on the constant itself

@@ -549,11 +549,16 @@ local function restore(sub)
     sub.scheduled = false
     if sub.closed or not next(sub.channels) then return end
     if status(sub.client) ~= "idle" then return end
-    local list = channel_list(sub)
-    if not core.send(sub.client, "SUBSCRIBE", unpack(list)) then
-      restore(sub)
-    elseif not sub.closed then
-      sub.sent[#sub.sent + 1] = list             -- answered in order
+    -- one SUBSCRIBE a channel: a server that now refuses one (an ACL
+    -- changed meanwhile) answers that command with an error, and only that
+    -- channel's subscriptions end
+    for _, channel in ipairs(channel_list(sub)) do
+      if not core.send(sub.client, "SUBSCRIBE", channel) then
+        restore(sub)
+        return
+      end
+      if sub.closed then return end
+      sub.sent[#sub.sent + 1] = { channel }      -- answered in order
     end
   end)
 end

@@ -9,11 +9,12 @@
 -- what tostring gives) and `reason` (the part after the colon; nil
 -- for the constant itself, which the Redis locks raise when their client
 -- was closed).  Any two of them are equal (__eq), so `err ==
--- redis.E_UNAVAILABLE` holds for each one, whatever its reason.  They are
--- read-only: the constant is shared by every caller.
+-- redis.E_UNAVAILABLE` holds for each one, whatever its reason.  The fields
+-- are plain (a logger that walks the table sees them); one object is
+-- shared by every call a failure ends, and the constant by everyone, so
+-- they are not to be changed.
 
-local error, getmetatable, rawset, setmetatable, tostring =
-  error, getmetatable, rawset, setmetatable, tostring
+local getmetatable, setmetatable = getmetatable, setmetatable
 
 local MESSAGE = "redis server unavailable"
 
@@ -27,15 +28,8 @@ end
 
 function MT.__tostring(e) return e.message end
 
-function MT.__newindex(_, k)
-  error(("attempt to change field '%s' of E_UNAVAILABLE"):format(tostring(k)), 2)
-end
-
 local function make(message, reason)
-  local e = {}
-  rawset(e, "message", message)
-  rawset(e, "reason", reason)
-  return setmetatable(e, MT)
+  return setmetatable({ message = message, reason = reason }, MT)
 end
 
 local M = {

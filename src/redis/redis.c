@@ -210,6 +210,8 @@ static void push_failure (lua_State *L, int i, const char *name) {
     push_unavailable(L, "connection reset by %s", addr);
   else if (strcmp(name, "ETIMEDOUT") == 0)
     push_unavailable(L, "connection to %s timed out", addr);
+  else if (strcmp(name, "ENOENT") == 0)               /* a unix socket's */
+    push_unavailable(L, "no socket at %s", addr);
   else
     push_unavailable(L, "connection to %s failed (%s)", addr, name);
   lua_remove(L, -2);                                    /* the address */
