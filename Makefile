@@ -252,3 +252,7 @@ SEED ?=
 fuzz: all
 	$(RUNENV) $(LUA) spec/fuzz/runner.lua fuzz $(N) $(J) $(SEED)
 	$(RUNENV) $(LUA) spec/fuzz/reentrancy.lua fuzz $(N) $(J) $(SEED)
+ifneq ($(HIREDIS_H),)
+	@# the Redis client's (docs/redis.md, "Re-entry"), against a fake server
+	$(RUNENV) $(LUA) spec/fuzz/redis_reentrancy.lua fuzz $(N) $(J) $(SEED)
+endif

@@ -18,6 +18,12 @@ local uv = require "luv"
 
 local M = { DEFAULT = {} }
 
+-- libuv writes with write(): a reply to a client that has gone would
+-- raise SIGPIPE, and end this process.  A luv signal handle catches it
+-- while a server runs (unreferenced: it keeps no loop running; closed
+-- with the last server).
+local sigpipe, running = nil, 0
+
 function M.bulk(s) return ("$%d\r\n%s\r\n"):format(#s, s) end
 function M.array(items)
   local out = { ("*%d\r\n"):format(#items) }
@@ -30,6 +36,12 @@ function M.message(channel, payload) return M.array({ "message", channel, payloa
 
 -- Redis's answer to the commands the client and its locks use here.
 local function default_reply(srv, cmd)
+  return M.reply(srv, cmd)
+end
+
+--- Redis's answer to cmd on srv (what a handler returning fake.DEFAULT
+-- sends).
+function M.reply(srv, cmd)
   local name = (cmd[1] or ""):upper()
   if name == "PING" then return "+PONG\r\n"
   elseif name == "ECHO" then return M.bulk(cmd[2] or "")
@@ -94,11 +106,23 @@ Server.__index = Server
 
 function Server:stop()
   for conn in pairs(self.conns) do conn:close() end
-  if not self.tcp:is_closing() then self.tcp:close() end
+  if self.tcp:is_closing() then return end
+  self.tcp:close()
+  running = running - 1
+  if running == 0 and sigpipe then
+    sigpipe:close()
+    sigpipe = nil
+  end
 end
 
 --- Starts a server on a free loopback port.
 function M.start(handler)
+  if not sigpipe then
+    sigpipe = uv.new_signal()
+    sigpipe:start("sigpipe", function() end)
+    sigpipe:unref()
+  end
+  running = running + 1
   local srv = setmetatable({ conns = {}, commands = {}, data = {} }, Server)
   srv.tcp = uv.new_tcp()
   assert(srv.tcp:bind("127.0.0.1", 0))

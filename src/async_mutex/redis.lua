@@ -81,11 +81,18 @@ local GUARD = { __gc = function(guard)
   end
 end }
 
+-- `after` (optional) runs once the close is complete; at once if luv has
+-- finalized the handle already, or someone else is closing it.  A handle
+-- this closes already is left to that close (and its `after`).
+local ours = setmetatable({}, WEAK_K)     -- handles closed here
+
 local function close_handle(h, after)
+  if ours[h] then return end
   if not alive(h) or h:is_closing() then
     if after then after() end
     return
   end
+  ours[h] = true
   local guard = setmetatable({}, GUARD)
   pending[guard] = true
   h:close(function()
@@ -94,6 +101,17 @@ local function close_handle(h, after)
   end)
 end
 core.close_handle = close_handle   -- the Redis locks' timers too: one owner
+
+-- RE-ENTRY: a debug hook may run at any instruction of this file, and a
+-- finalizer at any allocation, and close the client: the timers are read
+-- once into locals (luv's timer methods accept a closing timer; a field
+-- read again may be nil by then), through these.
+local function stop_timer(t)
+  if t and alive(t) then t:stop() end
+end
+local function start_timer(t, ms, fn)
+  if t and alive(t) then t:start(ms, 0, fn) end
+end
 
 -- An error escaped a coroutine resumed by this module: it goes to the
 -- handler set with async_mutex.setErrorHandler, as the locks' do.
@@ -113,19 +131,12 @@ function hooks.report(err, tb)
 end
 local report = hooks.report
 
--- Resumes co with ...; an error escaping it is reported, after co is
--- closed so that its pending to-be-closed variables (releasers) run, as
--- for every coroutine the module resumes (README, Conventions).
-local function resume_reporting(co, ...)
-  local ok, err = resume(co, ...)
-  if ok then return end
-  local tb = traceback(co, error_text(err))
-  local closed, cerr = coroutine.close(co)
-  if not closed and not rawequal(cerr, err) then
-    tb = tb .. "\nand closing the coroutine: " .. error_text(cerr)
-  end
-  report(err, tb)
-end
+-- Resumes co if it is suspended (core.wake: the look and the resume are
+-- one step of C, which a hook cannot come between); an error escaping it
+-- is reported, after co is closed so that its pending to-be-closed
+-- variables (releasers) run, as for every coroutine the module resumes
+-- (README, Conventions).
+local wake = core.wake
 
 -- Whether calls wait for replies (a subscriber: also confirmations and
 -- its health check's PING, state.awaits).
@@ -161,29 +172,37 @@ local function on_timer(state)
     fail(client, st == "connecting"
       and ("no connection to %s within %s ms"):format(state.addr, ms_text(limit))
       or ("no reply from %s within %s ms"):format(state.addr, ms_text(limit)))
-  elseif state.timer then      -- nil: a finalizer closed the client meanwhile
-    state.timer:start(ceil(limit - (t - since)), 0, state.on_timer)
+  else                         -- (no timer: a finalizer closed the client)
+    start_timer(state.timer, ceil(limit - (t - since)), state.on_timer)
   end
 end
 
 local function arm(state, connecting)
   local limit = connecting and state.connectTimeout or state.commandTimeout
   if limit == huge then
-    if state.timer then state.timer:stop() end
+    stop_timer(state.timer)
     state.timing = false
     return
   end
+  -- RE-ENTRY: the allocations here may run a finalizer that closes this
+  -- client (a subscriber dropped by its client's, see ping_tick): a timer
+  -- made meanwhile is closed, none is started
+  -- (and a timer made meanwhile, by a hook that armed it, is kept: the
+  -- look and the store have no call between them)
   if not state.timer then
-    state.timer = uv.new_timer()
-    state.on_timer = function() on_timer(state) end
+    local t = uv.new_timer()
+    if not state.on_timer then state.on_timer = function() on_timer(state) end end
+    local client = state.ref and state.ref[1]
+    local closed = not client or status(client) == "closed"
+    if closed or state.timer then close_handle(t) else state.timer = t end
+    if closed then return end
   end
+  uv.update_time()    -- luv's timers count from the loop's clock: as of now
   state.armed_at = now()
-  -- new_timer() may have run a finalizer that closed this client (a
-  -- subscriber dropped by its client's, see ping_tick): no timer then
   local client = state.ref and state.ref[1]
   if not client or status(client) == "closed" then return end
   state.timing = true
-  state.timer:start(ceil(limit), 0, state.on_timer)
+  start_timer(state.timer, ceil(limit), state.on_timer)
 end
 
 -- open(state, conn, fd): the poll handle of a new connection, on fd (the
@@ -212,7 +231,9 @@ end
 -- idle: its timer stops once no confirmation is awaited.
 function hooks.progress(state)
   if state.timing and not busy(state, state.ref[1]) then
-    state.timer:stop()
+    -- (busy() runs Lua: a finalizer there may have closed the client, and
+    -- its timer with it)
+    if state.timing then stop_timer(state.timer) end
     state.timing = false
   end
 end
@@ -221,9 +242,20 @@ end
 -- watches ("r", "w", "rw"; nil: nothing); the timer runs while it watches
 -- and something is awaited (the connect, or replies).
 function hooks.watch(state, conn, connecting, events)
-  local p = conn and not conn.dead and conn.poll
+  local p = conn and conn.poll
   if p then
-    if events then p:start(events, conn.on_event) else p:stop() end
+    -- RE-ENTRY: a finalizer or a debug hook may end this connection at
+    -- any moment, also inside luv's start (it refs the callback, an
+    -- allocation, before it starts the handle).  While conn.busy,
+    -- hooks.lost leaves the handle to this function, which closes it once
+    -- luv is done with it: libuv asserts that a handle it starts or stops
+    -- is not closing.
+    conn.busy = true
+    if not conn.dead then
+      if events then p:start(events, conn.on_event) else p:stop() end
+    end
+    conn.busy = false
+    if conn.dead then close_handle(p, conn.on_closed) end
   end
   if events then
     if not state.timing then
@@ -231,7 +263,7 @@ function hooks.watch(state, conn, connecting, events)
       if connecting or busy(state, client) then arm(state, connecting) end
     end
   elseif state.timing then
-    state.timer:stop()
+    stop_timer(state.timer)
     state.timing = false
   end
 end
@@ -241,7 +273,7 @@ function hooks.connected(state)
   state.next_attempt = 0
   if busy(state, state.ref[1]) then arm(state, false)
   elseif state.timing then
-    state.timer:stop()
+    stop_timer(state.timer)
     state.timing = false
   end
   if state.on_connected then state.on_connected() end
@@ -258,19 +290,21 @@ function hooks.lost(state, conn, was_connected, final, err)
     -- the fds the handle watched are closed once its close is complete
     -- (conn.on_closed; docs/redis.md, "Closing and exiting")
     conn.dead = true
-    if conn.poll then
+    if conn.busy then                      -- (hooks.watch closes them)
+    elseif conn.poll then
       close_handle(conn.poll, conn.on_closed)
     elseif not conn.opening then           -- (else hooks.open closes them)
       conn.on_closed()
     end
   end
-  if state.timer then
+  local timer = state.timer
+  if timer then
     state.timing = false
-    if alive(state.timer) then
-      state.timer:stop()
-      if final then close_handle(state.timer) end
+    stop_timer(timer)
+    if final then
+      state.timer = nil
+      close_handle(timer)
     end
-    if final then state.timer = nil end
   end
   if was_connected then
     state.failures = 0
@@ -323,20 +357,13 @@ local function resolve(host)
     if main or not isyieldable() then
       res, err, name = uv.getaddrinfo(host, nil, hints)
     else
-      local done, waiting = false, false
+      local rec = { done = false }
       uv.getaddrinfo(host, nil, hints, function(e, r)
-        res, name, done = r, e, true
+        res, name, rec.done = r, e, true
         -- (a coroutine closed meanwhile is dead: nothing to resume)
-        if waiting and coroutine.status(co) == "suspended" then
-          waiting = false
-          resume_reporting(co)
-        end
+        wake(co)
       end)
-      while not done do
-        waiting = true
-        yield()
-      end
-      waiting = false
+      core.wait(rec)
     end
   end
   if type(res) ~= "table" or not res[1] then return nil, name or err end
@@ -443,6 +470,7 @@ function M.connect(options)
   end
   if db and db ~= 0 then setup[#setup + 1] = { "SELECT", tostring(db) } end
   state.setup = setup
+  state.sub = false         -- its subscriber, made by the first subscribe
   if path then
     state.path = path
     state.addr = path
@@ -488,20 +516,20 @@ local function check_client(self, fname)
 end
 
 
--- What confirm resumes a coroutine waiting in subscribe with, first: a
--- value nobody else has, so that a stray resume (someone else's
--- coroutine.resume) is told from the confirmation, and the coroutine goes
--- on waiting, as callers waiting in the module do (docs/semantics.md,
--- "Spurious resumes").
-local CONFIRMED = {}
-
--- Resumes every coroutine waiting for `channel`'s confirmation.
+-- Settles the waits for `channel`'s confirmation: each waiter's record
+-- gets the outcome (ok, err), then its coroutine is resumed if it waits
+-- (in core.wait, which looks at the record: a stray resume finds it
+-- unsettled and goes on waiting; a wait settled while its coroutine was
+-- not suspended, by a hook or finalizer in it, does not begin).
 local function confirm(sub, channel, ok, err)
   local list = sub.waiting[channel]
   if not list then return end
   sub.waiting[channel] = nil
-  for _, co in ipairs(list) do
-    if coroutine.status(co) == "suspended" then resume_reporting(co, CONFIRMED, ok, err) end
+  for _, rec in ipairs(list) do
+    if not rec.done then
+      rec.done, rec.ok, rec.err = true, ok, err
+      wake(rec.co)
+    end
   end
 end
 
@@ -526,7 +554,7 @@ local function refused(sub, list, err)
   end
   if not next(sub.channels) and not sub.closed then
     core.listen(sub.client, false)
-    if sub.ping then sub.ping:stop() end
+    stop_timer(sub.ping)
   end
 end
 
@@ -544,24 +572,39 @@ local function restore(sub)
   local state = sub.state
   local delay = ceil(max(0, (state.next_attempt or 0) - now()))
   sub.scheduled = true
-  if not sub.retry then sub.retry = uv.new_timer() end
-  sub.retry:start(delay, 0, function()
-    sub.scheduled = false
-    if sub.closed or not next(sub.channels) then return end
-    if status(sub.client) ~= "idle" then return end
-    -- one SUBSCRIBE a channel: a server that now refuses one (an ACL
-    -- changed meanwhile) answers that command with an error, and only that
-    -- channel's subscriptions end
-    for _, channel in ipairs(channel_list(sub)) do
-      if not core.send(sub.client, "SUBSCRIBE", channel) then
-        restore(sub)
-        return
-      end
+  if not sub.retry then
+    -- (a hook or finalizer at that call may have closed the subscriber, or
+    -- made its timer: the look and the store have no call between them)
+    local t = uv.new_timer()
+    if sub.closed or sub.retry then
+      close_handle(t)
       if sub.closed then return end
-      sub.sent[#sub.sent + 1] = { channel }      -- answered in order
+    else
+      sub.retry = t
     end
-  end)
+  end
+  if not sub.on_retry then
+    sub.on_retry = function()
+      sub.scheduled = false
+      if sub.closed or not next(sub.channels) then return end
+      if status(sub.client) ~= "idle" then return end
+      -- one SUBSCRIBE a channel: a server that now refuses one (an ACL
+      -- changed meanwhile) answers that command with an error, and only that
+      -- channel's subscriptions end
+      for _, channel in ipairs(channel_list(sub)) do
+        if not core.send(sub.client, "SUBSCRIBE", channel) then
+          restore(sub)
+          return
+        end
+        if sub.closed then return end
+        sub.sent[#sub.sent + 1] = { channel }      -- answered in order
+      end
+    end
+    if sub.closed then return end              -- (closed at that allocation)
+  end
+  start_timer(sub.retry, delay, sub.on_retry)
 end
+
 
 -- Callbacks that never yield (the Redis locks' hand-off messages, see
 -- async_mutex.redis_lock) are called directly, not in a coroutine of their
@@ -569,13 +612,17 @@ end
 local direct = setmetatable({}, WEAK_K)
 core.direct_callbacks = direct
 
+-- RE-ENTRY: a new coroutine is an allocation, where a finalizer may end
+-- the subscription: the function is called through s.call, which looks at
+-- s.active again once the coroutine runs (an ended subscription's function
+-- is never called).
 local function deliver(s, message, channel)
   local fn = s.fn
   if direct[fn] then
     local ok, err = pcall(fn, message, channel)
     if not ok then report(err, traceback(error_text(err))) end
   else
-    am_spawn(fn, message, channel)
+    am_spawn(s.call, message, channel)
   end
 end
 
@@ -646,18 +693,27 @@ local function ping_tick(sub)
     end
   end
   if sub.closed then return end
-  timer:start(ceil(delay), 0, sub.on_ping)
+  start_timer(timer, ceil(delay), sub.on_ping)
 end
 
 local function start_pings(sub)
   local every = sub.state.pingInterval
   if every == huge or sub.closed then return end
   if not sub.ping then
-    sub.ping = uv.new_timer()
-    sub.ping:unref()                     -- the subscription keeps the loop
-    sub.on_ping = function() ping_tick(sub) end
+    -- (a hook or finalizer at that call may have closed this subscriber,
+    -- or made its timer: the look and the store have no call between them)
+    local t = uv.new_timer()
+    if sub.closed or sub.ping then
+      close_handle(t)
+    else
+      sub.ping = t
+      t:unref()                          -- the subscription keeps the loop
+    end
   end
-  if not sub.ping:is_active() then sub.ping:start(ceil(every), 0, sub.on_ping) end
+  if not sub.on_ping then sub.on_ping = function() ping_tick(sub) end end
+  if sub.closed then return end
+  local t = sub.ping
+  if t and alive(t) and not t:is_active() then t:start(ceil(every), 0, sub.on_ping) end
 end
 
 local function subscriber(self)
@@ -695,7 +751,7 @@ local function subscriber(self)
       if subs and #subs == 0 then sub.channels[channel] = nil end
     end
     -- at lua_close luv may have finalized the timer already (alive)
-    if sub.ping and alive(sub.ping) and not next(sub.channels) then sub.ping:stop() end
+    if not next(sub.channels) then stop_timer(sub.ping) end
     if final then
       sub.closed = true
       if sub.retry then close_handle(sub.retry) end
@@ -705,7 +761,16 @@ local function subscriber(self)
       restore(sub)
     end
   end
-  state.sub = sub
+  -- RE-ENTRY: a hook or a finalizer at one of the calls above may have
+  -- made the client's subscriber (a subscribe of its own), or closed the
+  -- client (whose close closes only the subscriber it saw): one claim, in
+  -- one step of C, then a look at the client
+  local claimed = core.claim(state, "sub", sub)
+  if claimed ~= sub then
+    core.drop(sub.client)                  -- (never connected)
+    return claimed
+  end
+  if status(self) == "closed" and not sub.closed then sub.client:close() end
   return sub
 end
 
@@ -727,6 +792,9 @@ function Client.subscribe(self, channel, fn)
   end
   local sub = subscriber(self)
   local s = setmetatable({ channel = channel, fn = fn, active = true, sub = sub }, Subscription)
+  s.call = function(message, ch)
+    if s.active then return fn(message, ch) end
+  end
   local list = sub.channels[channel]
   if list and not sub.waiting[channel] then            -- confirmed already
     list[#list + 1] = s
@@ -747,24 +815,28 @@ function Client.subscribe(self, channel, fn)
   list[#list + 1] = s
   local waiting = sub.waiting[channel] or {}
   sub.waiting[channel] = waiting
-  waiting[#waiting + 1] = co
+  local rec = { co = co, done = false }
+  waiting[#waiting + 1] = rec
+  -- RE-ENTRY: the subscriber may have been closed by Lua code run since
+  -- the look above (a hook, a finalizer): nobody would settle this wait
+  if sub.closed and not rec.done then
+    rec.done, rec.ok, rec.err = true, false, unavailable("client closed")
+  end
   -- A coroutine closed (coroutine.close) while it waits never gets its
   -- subscription: it ends here, or fn would be called for ever with
   -- nobody holding the subscription to end it, and the loop never return.
-  local settled = false
   local _ <close> = setmetatable({}, { __close = function()
-    if settled then return end
+    if rec.done then return end
+    rec.done = true
     for i = #waiting, 1, -1 do
-      if waiting[i] == co then table.remove(waiting, i) end
+      if waiting[i] == rec then table.remove(waiting, i) end
     end
     s:unsubscribe()
   end })
-  local token, ok, err
-  repeat token, ok, err = yield() until token == CONFIRMED
-  settled = true
-  if not ok then
+  core.wait(rec)
+  if not rec.ok then
     s:unsubscribe()
-    error(err, 0)
+    error(rec.err, 0)
   end
   return s
 end
@@ -791,12 +863,12 @@ function Subscription.unsubscribe(self)
   end
   if not next(sub.channels) then
     core.listen(sub.client, false)
-    if sub.ping then sub.ping:stop() end
+    stop_timer(sub.ping)
     -- nothing left to subscribe again: a pending retry (up to
     -- reconnectDelayMax away) would keep uv.run() from returning
     if sub.scheduled and sub.retry then   -- (none once closed)
       sub.scheduled = false
-      sub.retry:stop()
+      stop_timer(sub.retry)
     end
   end
 end

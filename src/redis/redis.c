@@ -667,7 +667,7 @@ static int connect_now (lua_State *L, int i, Client *cl) {
   /* RE-ENTRY: the connection's table and callbacks first (allocations:
      a finalizer may close the client), the client looked at after; the
      socket only then, so that nothing is left open if it was */
-  lua_createtable(L, 1, 5);
+  lua_createtable(L, 1, 6);
   conn = lua_gettop(L);
   getstatefield(L, i, "ref");                 /* the client, weakly held */
   lua_rawseti(L, conn, 1);
@@ -679,6 +679,8 @@ static int connect_now (lua_State *L, int i, Client *cl) {
   lua_setfield(L, conn, "dead");
   lua_pushboolean(L, 0);
   lua_setfield(L, conn, "opening");
+  lua_pushboolean(L, 0);
+  lua_setfield(L, conn, "busy");
   push_callback(L, conn, conn_event);
   lua_setfield(L, conn, "on_event");
   lua_pushinteger(L, -1);
@@ -1274,6 +1276,13 @@ static int core_script (lua_State *L) {
   int top = lua_gettop(L);
   int list = top == 5 && lua_type(L, 5) == LUA_TTABLE;
   Client *cl = checkclient(L, 1);
+  if (cl->closed) {
+    /* its callers (client:eval, the Redis locks) refuse a closed client at
+       their own entry: closed since, by a hook or a finalizer, it cut the
+       operation off, as a close cuts off the calls in flight */
+    push_unavailable(L, "client closed");
+    return lua_error(L);
+  }
   luaL_checktype(L, 4, LUA_TTABLE);
   nk = luaL_len(L, 4);
   luaL_argcheck(L, nk >= 0 && nk <= MAX_SCRIPT_ARGS, 4, "too many keys");
@@ -1486,6 +1495,68 @@ static int core_now (lua_State *L) {
 }
 
 
+/*
+** wait(record): suspends the running coroutine until record.done is true;
+** returns at once if it is.  The Lua layer's waits (subscribe's
+** confirmation, a host name's resolution) use it: their record is settled
+** by whoever ends the wait, who then resumes the coroutine if it is
+** suspended.  Written in C so that the look at record.done and the yield
+** are one step no Lua code can come between: from Lua, a debug hook (or a
+** finalizer) between the two could settle the record while the coroutine
+** is not suspended, and the coroutine would then yield for ever.  A resume
+** that finds the record unsettled is a stray one: the coroutine goes on
+** waiting (docs/semantics.md, "Spurious resumes").
+*/
+static int wait_k (lua_State *L, int status, lua_KContext ctx) {
+  (void)status;
+  lua_settop(L, 1);                    /* what a stray resume passed: gone */
+  lua_getfield(L, 1, "done");   /* (after any allocation the key needs) */
+  if (lua_toboolean(L, -1)) return 0;
+  lua_pop(L, 1);
+  return lua_yieldk(L, 0, ctx, wait_k);
+}
+
+static int core_wait (lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  if (!lua_isyieldable(L)) return luaL_error(L, "BUG: wait outside a coroutine");
+  return wait_k(L, LUA_OK, 0);
+}
+
+
+/*
+** wake(co): resumes coroutine co if it is suspended (its errors reported
+** as resume does).  The Lua layer's waits are ended so: from Lua, a look at
+** coroutine.status then a resume could have a hook between the two.
+*/
+static int core_wake (lua_State *L) {
+  lua_State *co = lua_tothread(L, 1);
+  luaL_argexpected(L, co != NULL, 1, "thread");
+  lua_settop(L, 1);
+  resume(L, co, 0);                 /* nothing unless co is suspended */
+  return 0;
+}
+
+
+/*
+** claim(t, key, v): t[key] if it is set (not false or nil), else v, stored
+** there; raw accesses, in one step no hook can come between (the Lua
+** layer's subscriber, made once per client: a second one made meanwhile
+** by a hook would be left open).
+*/
+static int core_claim (lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  lua_settop(L, 3);
+  lua_pushvalue(L, 2);
+  lua_rawget(L, 1);
+  if (lua_toboolean(L, -1)) return 1;
+  lua_pop(L, 1);
+  lua_pushvalue(L, 2);
+  lua_pushvalue(L, 3);
+  lua_rawset(L, 1);
+  return 1;                                          /* v */
+}
+
+
 /* state(client): the Lua layer's table */
 static int core_state (lua_State *L) {
   checkclient(L, 1);
@@ -1562,6 +1633,9 @@ static const luaL_Reg core_funcs[] = {
   {"progress", core_progress},
   {"now", core_now},
   {"script", core_script},
+  {"wait", core_wait},
+  {"wake", core_wake},
+  {"claim", core_claim},
   {NULL, NULL}
 };
 
