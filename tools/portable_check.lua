@@ -126,7 +126,8 @@ local ENV = ("env -u LUA_PATH_5_4 -u LUA_CPATH_5_4 -u LUA_INIT LUA_PATH=%s LUA_C
   :format(q(LUA_PATH), q(LUA_CPATH))
 
 local version = must(ENV .. "lua5.4 -e 'io.write(require(\"luv\").version_string())'")
-log("luv's libuv: ", version, " (", must(ENV .. [[lua5.4 -e 'io.write(package.searchpath("luv", package.cpath))']]), ")")
+local luv_so = must(ENV .. [[lua5.4 -e 'io.write(package.searchpath("luv", package.cpath))']])
+log("luv's libuv: ", version, " (", luv_so, ")")
 
 -- 4. what the modules include and link
 log("== the tree")

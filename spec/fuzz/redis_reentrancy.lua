@@ -346,7 +346,7 @@ function R.run_sequence(seed, nops)
       elseif n == 8 then
         local c = clients[rnd(#clients + 1)]
         if c then
-          local _ = c.obj:pending(), tostring(c.obj)
+          local _, _ = c.obj:pending(), tostring(c.obj)
         end
       elseif n == 9 then collectgarbage("step", rnd(4) - 1)
       elseif #clients < 4 then new_client() end

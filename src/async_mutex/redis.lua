@@ -20,10 +20,9 @@ end
 local uv = require "luv"
 local am_spawn = require("async_mutex").spawn
 
-local error, getmetatable, ipairs, pairs, pcall, rawequal, rawget, setmetatable, tostring, type =
-  error, getmetatable, ipairs, pairs, pcall, rawequal, rawget, setmetatable, tostring, type
-local running, yield, resume, isyieldable =
-  coroutine.running, coroutine.yield, coroutine.resume, coroutine.isyieldable
+local error, getmetatable, ipairs, pairs, pcall, rawget, setmetatable, tostring, type =
+  error, getmetatable, ipairs, pairs, pcall, rawget, setmetatable, tostring, type
+local running, isyieldable = coroutine.running, coroutine.isyieldable
 local mtype, unpack, traceback = math.type, table.unpack, debug.traceback
 local next = next
 
@@ -54,7 +53,7 @@ local status, fail, alive, progress = core.status, core.fail, core.alive, core.p
 local error_text = core.error_text       -- an error object's text, never raising
 local unavailable = hooks.unavailable    -- an E_UNAVAILABLE that says why
 local is_unavailable = require("async_mutex.unavailable").is
-local WEAK_K, WEAK_V = { __mode = "k" }, hooks.WEAK_V
+local WEAK_K = { __mode = "k" }
 local ceil, max, min, random, huge = math.ceil, math.max, math.min, math.random, math.huge
 -- The client's clock (ms, monotonic): when replies came (progress), when
 -- a timer was armed, when the back-off ends.  The C part's, which reads
@@ -213,7 +212,7 @@ end
 -- fds to this function (conn.opening), which closes the handle, if made,
 -- and the fds after it; a connection ended before it starts is not
 -- touched (its fds are closed: a number that may be another file's now).
-function hooks.open(state, conn, fd)
+function hooks.open(_, conn, fd)
   if conn.dead then return nil, "closed" end
   conn.opening = true
   local p, err, name = uv.new_poll(fd)
@@ -290,11 +289,13 @@ function hooks.lost(state, conn, was_connected, final, err)
     -- the fds the handle watched are closed once its close is complete
     -- (conn.on_closed; docs/redis.md, "Closing and exiting")
     conn.dead = true
-    if conn.busy then                      -- (hooks.watch closes them)
-    elseif conn.poll then
-      close_handle(conn.poll, conn.on_closed)
-    elseif not conn.opening then           -- (else hooks.open closes them)
-      conn.on_closed()
+    -- (while busy, hooks.watch closes them; while opening, hooks.open)
+    if not conn.busy then
+      if conn.poll then
+        close_handle(conn.poll, conn.on_closed)
+      elseif not conn.opening then
+        conn.on_closed()
+      end
     end
   end
   local timer = state.timer
