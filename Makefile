@@ -17,7 +17,8 @@ LDFLAGS  ?= -O2 -flto
 # No -llua5.4: the interpreter that loads the module already holds the Lua core.
 SOFLAGS  ?= -shared
 
-DEB_PKGS  = lua5.4 liblua5.4-dev lua-luv lua-luv-dev lua-busted luarocks libuv1-dev \
+# (no luv or libuv header: the modules use luv's public Lua API only)
+DEB_PKGS  = lua5.4 liblua5.4-dev lua-luv lua-busted luarocks \
             redis-server libhiredis-dev
 
 # BUILD is where objects and the module go; sanitizer builds use their own.
@@ -217,7 +218,8 @@ else
 BENCH_JSON ?= bench/results/latest.json
 BENCH_SVG  ?= docs/bench.svg
 endif
-BENCH_PKGS = gnuplot-nox
+# (libuv1-dev: bench/redis/hiredis_uv.c, the C peer, links the system's libuv)
+BENCH_PKGS = gnuplot-nox libuv1-dev
 REDIS_NODE_PEERS = bench/redis/node bench/redis_locks/node
 
 bench: deps

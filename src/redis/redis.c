@@ -197,8 +197,8 @@ static const char *push_addr (lua_State *L, int i) {
 
 /*
 ** Pushes the E_UNAVAILABLE of a connection that failed with the error
-** `name` (luv's name of it, such as "ECONNREFUSED"; "EOF": the server
-** closed it).
+** `name` (the errno's name, as luv names it too, such as "ECONNREFUSED";
+** "EOF": the server closed it).
 */
 static void push_failure (lua_State *L, int i, const char *name) {
   const char *addr = push_addr(L, i);
@@ -217,7 +217,8 @@ static void push_failure (lua_State *L, int i, const char *name) {
   lua_remove(L, -2);                                    /* the address */
 }
 
-/* The name luv gives errno value e, for the errors a socket reports. */
+/* The name of errno value e, for the errors a socket reports (else its
+   text). */
 static const char *errno_name (int e, char *buf, size_t size) {
   switch (e) {
     case ECONNREFUSED: return "ECONNREFUSED";
@@ -485,23 +486,20 @@ static void fail_errno (lua_State *L, int i, Client *cl, int e) {
 static int conn_event (lua_State *L);
 
 /*
-** conn.on_closed(): closes the connection's fds that the poll handle
-** watched (upvalue 1, and 2 if not -1), once libuv has completed the
-** handle's close: libuv >= 1.45 may apply the removal of a handle's fd
-** from its epoll set only at the end of the loop iteration (it batches
-** epoll changes on io_uring), and an fd closed before, still open in
-** another process (a child that inherited it), left its registration
-** behind for the next socket of that number (docs/redis.md, "Closing and
-** exiting").  Runs once.
+** conn.on_closed(): closes the fd the connection's poll handle watched
+** (upvalue 1: the epoll set on Linux, else the socket), once libuv has
+** completed the handle's close: libuv >= 1.45 may apply the removal of a
+** handle's fd from its epoll set only at the end of the loop iteration (it
+** batches epoll changes on io_uring), and an fd closed before, still open
+** in another process (a child that inherited it), left its registration
+** behind for the next socket of that number (docs/redis.md, Connection).
+** Runs once.
 */
 static int conn_closed (lua_State *L) {
-  int k;
-  for (k = 1; k <= 2; k++) {
-    int fd = (int)lua_tointeger(L, lua_upvalueindex(k));
-    if (fd >= 0) close(fd);
-    lua_pushinteger(L, -1);
-    lua_replace(L, lua_upvalueindex(k));
-  }
+  int fd = (int)lua_tointeger(L, lua_upvalueindex(1));
+  if (fd >= 0) close(fd);
+  lua_pushinteger(L, -1);
+  lua_replace(L, lua_upvalueindex(1));
   return 0;
 }
 
@@ -684,8 +682,7 @@ static int connect_now (lua_State *L, int i, Client *cl) {
   push_callback(L, conn, conn_event);
   lua_setfield(L, conn, "on_event");
   lua_pushinteger(L, -1);
-  lua_pushinteger(L, -1);
-  lua_pushcclosure(L, conn_closed, 2);               /* conn ... closed */
+  lua_pushcclosure(L, conn_closed, 1);               /* conn ... closed */
   lua_pushvalue(L, -1);
   lua_setfield(L, conn, "on_closed");
   if (cl->closed) {
