@@ -89,7 +89,10 @@ must(("mkdir -p %s && cp %s %s"):format(q(INC),
   table.concat({ "lua.h", "luaconf.h", "lualib.h", "lauxlib.h", "lua.hpp" }, " ")
     :gsub("(%S+)", function(h) return q(LUA_INC .. "/" .. h) end), q(INC)))
 
--- 2. luv, as its rock builds it
+-- 2. luv, as its rock builds it (with cmake)
+if sh("command -v cmake") ~= 0 then
+  fail("luv's rock builds with cmake: install it (apt-get install cmake)")
+end
 if LUV_SRC == "download" then
   local code = sh(("cd %s && luarocks --lua-version 5.4 download --source luv"):format(q(DIR)))
   local found = code == 0 and io.popen("ls " .. q(DIR) .. "/luv-*.src.rock 2>/dev/null"):read("l")
