@@ -445,16 +445,6 @@ function R.run_sequence(seed, nops)
       if t:match("^uv_timer") then
         t = t .. (" (due in %d ms%s)"):format(hd:get_due_in(), hd:has_ref() and "" or ", unreferenced")
       end
-      if os.getenv("AM_REENTRY_DEBUG") then
-        local core = require "async_mutex.redis_core"
-        for i, c in ipairs(clients) do
-          local st = core.state(c.obj)
-          local sb = st.sub
-          io.stderr:write(("client %d %s sub %s closed %s ping %s status %s\n"):format(i,
-            tostring(c.obj), tostring(sb), sb and tostring(sb.closed), sb and tostring(sb.ping),
-            sb and core.status(sb.client)))
-        end
-      end
       violation("an active handle left: " .. t)
     end
   end)
