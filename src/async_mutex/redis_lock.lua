@@ -48,6 +48,10 @@ local limited = core.acquire
 local internal = core.dbg_internal
 
 local E_LOST, E_UNAVAILABLE = am.E_LOST, am.E_UNAVAILABLE
+-- What a request cut off by its client's close raises: the E_UNAVAILABLE
+-- whose reason says so, as the client's own calls cut off that way
+-- (docs/redis.md, Failures)
+local CLOSED = require("async_mutex.unavailable").new("client closed")
 
 local checks = require "async_mutex.checks"
 local typename, is_callable, argerror, unknown_option, check_open =
@@ -94,7 +98,7 @@ end
 local function eval(lk, script, keys, ...)
   if lk.direct then
     local r = run_script(lk.client, script, keys, ...)
-    if lk.hub.closed then error(E_UNAVAILABLE, 0) end
+    if lk.hub.closed then error(CLOSED, 0) end
     return r
   end
   return lk.client:eval(script, keys, { ... })
@@ -235,7 +239,7 @@ local function subscribe(hub)
   -- closed while the coroutine before us subscribed (whether or not it
   -- got the subscription): a waiter's error, not the closed client's
   -- misuse error from our next request
-  if hub.closed then error(E_UNAVAILABLE, 0) end
+  if hub.closed then error(CLOSED, 0) end
   if hub.sub then return end
   local fn = hub.on_message
   if not fn then
@@ -657,7 +661,7 @@ local function eviction(lk)
   if evicts == nil or (evicts and not warn) then
     local _ <close> = hub.evicts_gate:acquire()
     -- closed while the coroutine before us read it
-    if hub.closed then error(E_UNAVAILABLE, 0) end
+    if hub.closed then error(CLOSED, 0) end
     evicts = hub.evicts
     if evicts == nil or (evicts and not warn) then
       evicts = read_policy(hub)
@@ -743,7 +747,7 @@ end
 local function ask(lk, w, s_weight, mode)
   -- (closed by a finalizer or a hook since the caller looked: a waiter's
   -- outcome, not the closed client's misuse error)
-  if lk.hub.closed then error(E_UNAVAILABLE, 0) end
+  if lk.hub.closed then error(CLOSED, 0) end
   local r = eval(lk, scripts.acquire, w.keys, w.token, lk.s_limit, s_weight, lk.s_ttl,
                  lk.s_wait, lk.hub.channel, mode)
   if lk.hub.evicts == nil then eviction(lk) end
@@ -774,7 +778,7 @@ local function wait_in_queue(lk, w, s_weight, deadline, err, r)
         doze(bell, deadline and min(again, deadline) or again)
         -- woken by close(): a grant that came meanwhile is given back
         -- with the close (client_closed)
-        if hub.closed then error(E_UNAVAILABLE, 0) end
+        if hub.closed then error(CLOSED, 0) end
       end
       if w.fence then return nil, sent end
       if w.canceled then error(lk.cancel_error, 0) end
@@ -814,7 +818,7 @@ end
 -- that is over, or nearly so.
 local function redis_acquire(lk, name, weight, deadline, err)
   local hub = lk.hub
-  if hub.closed then error(E_UNAVAILABLE, 0) end   -- closed while at the gate
+  if hub.closed then error(CLOSED, 0) end   -- closed while at the gate
   local keys = keys_of(lk, name)
   local token = hub.id .. ":" .. random_hex()
   local try = deadline == false
@@ -912,7 +916,7 @@ local function redis_acquire(lk, name, weight, deadline, err)
       forget(lease)
       hub.users = hub.users - 1
     end
-    error(E_UNAVAILABLE, 0)
+    error(CLOSED, 0)
   end
   return lease, value
 end
@@ -1112,7 +1116,7 @@ end
 -- (redis_scripts.lua, M.state).
 local function state(lk, name, weight)
   if lk.hub.evicts ~= false then eviction(lk) end
-  if lk.hub.closed then error(E_UNAVAILABLE, 0) end     -- as in ask
+  if lk.hub.closed then error(CLOSED, 0) end     -- as in ask
   local r
   if weight then
     r = eval(lk, scripts.state, keys_of(lk, name), lk.s_limit, tostring(weight), lk.s_wait)
@@ -1156,7 +1160,7 @@ local function wait_for_unlock(lk, limit, err, name, weight)
       local rung
       repeat
         rung = doze(bell, deadline and min(again, deadline) or again)
-        if hub.closed then error(E_UNAVAILABLE, 0) end
+        if hub.closed then error(CLOSED, 0) end
         t = hrtime()
         if deadline and t >= deadline then error(err, 0) end
       until rung or t >= again
