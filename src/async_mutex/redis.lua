@@ -808,28 +808,41 @@ function Client.subscribe(self, channel, fn)
   s.call = function(message, ch)
     if s.active then return fn(message, ch) end
   end
+  -- RE-ENTRY: a lost connection settles every wait in sub.waiting and
+  -- replaces the table; a hook or a finalizer (at an allocation) can end
+  -- the connection, or bring the channel's confirmation, between any two
+  -- steps here.  So the caller's record is among the waits before its
+  -- SUBSCRIBE can be answered or lost (a record stored after a loss, in a
+  -- list the loss dropped, or after the answer, would wait for ever), and
+  -- the look at the waits and the store are one step of C.
+  local rec = { co = co, done = false }
+  local fresh = { s }
+  local waiting = core.enlist(sub, channel, rec, { rec })
   local list = sub.channels[channel]
-  if list and not sub.waiting[channel] then            -- confirmed already
+  if not waiting then                      -- confirmed already: no wait
+    if not list then return Client.subscribe(self, channel, fn) end  -- (ended since)
     list[#list + 1] = s
     return s
   end
-  if not list then
-    list = {}
+  if list then
+    list[#list + 1] = s
+  else
+    list = fresh
     sub.channels[channel] = list
     local sent, err = core.send(sub.client, "SUBSCRIBE", channel)
     if not sent then
-      sub.channels[channel] = nil
+      rec.done = true
+      for i = #waiting, 1, -1 do
+        if waiting[i] == rec then table.remove(waiting, i) end
+      end
+      if sub.waiting[channel] == waiting and #waiting == 0 then sub.waiting[channel] = nil end
+      if sub.channels[channel] == list then sub.channels[channel] = nil end
       error(err, 0)
     end
     if not sub.closed then sub.sent[#sub.sent + 1] = { channel } end
     core.listen(sub.client, true)
     start_pings(sub)
   end
-  list[#list + 1] = s
-  local waiting = sub.waiting[channel] or {}
-  sub.waiting[channel] = waiting
-  local rec = { co = co, done = false }
-  waiting[#waiting + 1] = rec
   -- RE-ENTRY: the subscriber may have been closed by Lua code run since
   -- the look above (a hook, a finalizer): nobody would settle this wait
   if sub.closed and not rec.done then
