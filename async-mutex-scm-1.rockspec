@@ -89,6 +89,7 @@ build = {
     ["async_mutex.optimistic"] = "src/async_mutex/optimistic.lua",
     ["async_mutex.versioned"] = "src/async_mutex/versioned.lua",
     ["async_mutex.redis_lock"] = "src/async_mutex/redis_lock.lua",
+    ["async_mutex.redis_lock_base"] = "src/async_mutex/redis_lock_base.lua",
     ["async_mutex.redis_scripts"] = "src/async_mutex/redis_scripts.lua",
     ["async_mutex.checks"] = "src/async_mutex/checks.lua",
     ["async_mutex.debug"] = "src/async_mutex/debug.lua",
