@@ -7,11 +7,10 @@
 -- The machinery they share (the hub of each client, leases, the Redis half
 -- of an acquisition, the lock records) is async_mutex.redis_lock_base.
 
-local am = require "async_mutex"
 local base = require "async_mutex.redis_lock_base"
 
-local ipairs, pcall, setmetatable, tointeger, type =
-  ipairs, pcall, setmetatable, math.tointeger, type
+local ipairs, pcall, tointeger, type =
+  ipairs, pcall, math.tointeger, type
 local format = string.format
 local checks = require "async_mutex.checks"
 local typename, argerror = checks.typename, checks.argerror
@@ -21,7 +20,7 @@ local check_self, check_priority, check_key, check_usable, acquire, finish, chec
 local options_of, check_client, new_record, release_name, cancel, state, wait_for_unlock =
   base.options_of, base.check_client, base.new_record, base.release_name, base.cancel,
   base.state, base.wait_for_unlock
-local decorated_of, MAX_LIMIT = base.decorated_of, base.MAX_LIMIT
+local MAX_LIMIT = base.MAX_LIMIT
 
 local M = {}
 
@@ -244,29 +243,10 @@ end
 
 
 -- {========================================================== decorators
--- am.withTimeout and am.tryAcquire hand Redis locks to mt.__decorate: the
--- decorated lock is {lock, limit, err} (as for local locks) whose methods
--- are the plain ones, which read the bound from it.
+-- am.withTimeout and am.tryAcquire hand Redis locks to mt.__decorate
+-- (redis_lock_base.lua, decorable).
 
-for _, mt in ipairs({ Mutex, Semaphore, Keyed }) do
-  local d = { __name = "async_mutex.decorated " .. mt.__name:match("%.(.*)$") }
-  d.__index = mt.__index
-  decorated_of[mt] = d
-  -- (fname, lock, ms, timeout_error) for withTimeout, (fname, lock,
-  -- already_locked_error) for tryAcquire; tail-called by am's decorators,
-  -- so level 2 is the user's call.
-  mt.__decorate = function(fname, lock, a, b)
-    if fname == "tryAcquire" then
-      if a == nil then a = am.E_ALREADY_LOCKED end
-      return setmetatable({ lock, false, a }, d)
-    end
-    if type(a) ~= "number" or not (a >= 0) then
-      error("bad argument #2 to 'withTimeout' (timeout must be a non-negative number)", 2)
-    end
-    if b == nil then b = am.E_TIMEOUT end
-    return setmetatable({ lock, a, b }, d)
-  end
-end
+for _, mt in ipairs({ Mutex, Semaphore, Keyed }) do base.decorable(mt) end
 
 -- }==========================================================
 

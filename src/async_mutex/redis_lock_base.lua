@@ -1106,6 +1106,34 @@ local function check_fn(fn, n)
   end
 end
 
+-- {========================================================== decorators
+-- am.withTimeout and am.tryAcquire hand Redis locks to mt.__decorate: the
+-- decorated lock is {lock, limit, err} (as for local locks) whose methods
+-- are the plain ones, which read the bound from it (check_self).
+
+-- Makes the Redis lock kind of metatable 'mt' decorable.
+local function decorable(mt)
+  local d = { __name = "async_mutex.decorated " .. mt.__name:match("%.(.*)$") }
+  d.__index = mt.__index
+  decorated_of[mt] = d
+  -- (fname, lock, ms, timeout_error) for withTimeout, (fname, lock,
+  -- already_locked_error) for tryAcquire; tail-called by am's decorators,
+  -- so level 2 is the user's call.
+  mt.__decorate = function(fname, lock, a, b)
+    if fname == "tryAcquire" then
+      if a == nil then a = am.E_ALREADY_LOCKED end
+      return setmetatable({ lock, false, a }, d)
+    end
+    if type(a) ~= "number" or not (a >= 0) then
+      error("bad argument #2 to 'withTimeout' (timeout must be a non-negative number)", 2)
+    end
+    if b == nil then b = am.E_TIMEOUT end
+    return setmetatable({ lock, a, b }, d)
+  end
+end
+
+-- }==========================================================
+
 return {
   random_hex = random_hex, background = background, eval = eval,
   release_token = release_token, get_hub = get_hub, hub_use = hub_use,
@@ -1114,7 +1142,7 @@ return {
   lose = lose, forget = forget, new_lease = new_lease, release_lease = release_lease,
   eviction = eviction, doze = doze, lock_keys = lock_keys, keys_of = keys_of,
   redis_acquire = redis_acquire,
-  decorated_of = decorated_of, check_self = check_self, check_priority = check_priority,
+  decorated_of = decorated_of, decorable = decorable, check_self = check_self, check_priority = check_priority,
   check_key = check_key, check_usable = check_usable, deadline_of = deadline_of,
   acquire = acquire, OPTIONS = OPTIONS, MAX_MS = MAX_MS, MAX_LIMIT = MAX_LIMIT,
   options_of = options_of, check_client = check_client, new_record = new_record,
