@@ -23,6 +23,8 @@ local MODULES = {
   { name = "async_mutex", readme = "am" },
   { name = "async_mutex.redis", readme = "redis" },
   { name = "async_mutex.redis_lock", readme = "am", into = "async_mutex" },
+  { name = "async_mutex.redis_reentrant", readme = "am", into = "async_mutex" },
+  { name = "async_mutex.redis_rwlock", readme = "am", into = "async_mutex" },
 }
 
 -- Metatables the C code registers that no user ever holds.
@@ -42,6 +44,8 @@ local RECEIVERS = {
   ["async_mutex.RedisMutex"] = { "rm" },
   ["async_mutex.RedisSemaphore"] = { "rs" },
   ["async_mutex.KeyedRedisMutex"] = { "krm" },
+  ["async_mutex.RedisReentrantMutex"] = { "rrm" },
+  ["async_mutex.RedisRWLock"] = { "rrw" },
   ["async_mutex.RedisReleaser"] = { "releaser" },
   ["async_mutex.redis.Versioned"] = { "versioned", "v" },
   ["async_mutex.redis.Error"] = { "err" },
@@ -215,10 +219,18 @@ local function redis_types()
     add(m, "a RedisMutex")
     add(am.RedisSemaphore.new(client, "spec25s", 2), "a RedisSemaphore")
     add(am.KeyedRedisMutex.new(client, "spec25:"), "a KeyedRedisMutex")
+    local rrm = am.RedisReentrantMutex.new(client, "spec25r")
+    add(rrm, "a RedisReentrantMutex")
+    add(am.RedisRWLock.new(client, "spec25rw"), "a RedisRWLock")
     local release = m:acquire()
     local mt = getmetatable(release)
     redis_found[#redis_found + 1] = { mt.__name, rawget(mt, "__index"),
       "a Redis lock's releaser", release }
+    release()
+    release = rrm:acquire()
+    mt = getmetatable(release)
+    redis_found[#redis_found + 1] = { mt.__name, rawget(mt, "__index"),
+      "a RedisReentrantMutex's level", release }
     release()
     -- the Redis client's types made in Lua, and its error value's fields
     local redis = require "async_mutex.redis"

@@ -33,6 +33,8 @@
 ---| async_mutex.RedisMutex
 ---| async_mutex.RedisSemaphore
 ---| async_mutex.KeyedRedisMutex
+---| async_mutex.RedisReentrantMutex
+---| async_mutex.RedisRWLock
 
 ---Called with the error and its traceback when a coroutine resumed by the
 ---module dies with an error.
@@ -583,6 +585,10 @@ async_mutex.RedisMutex = nil
 async_mutex.RedisSemaphore = nil
 ---@type async_mutex.KeyedRedisMutex
 async_mutex.KeyedRedisMutex = nil
+---@type async_mutex.RedisReentrantMutex
+async_mutex.RedisReentrantMutex = nil
+---@type async_mutex.RedisRWLock
+async_mutex.RedisRWLock = nil
 
 ---A lock sharing all state with `lock`, whose requests raise
 ---`timeout_error` (default `async_mutex.E_TIMEOUT`) when not granted within

@@ -585,6 +585,27 @@ function lease_methods.check(lease)
   return lease.state == "held"
 end
 
+--- releaser:downgrade(): the write hold of a readers-writer lock becomes
+-- a read hold (its lock record's 'downgrade', redis_rwlock.lua); refused
+-- for any other releaser, as the local releasers refuse it (src/rwlock.c).
+function lease_methods.downgrade(lease)
+  local down = getmetatable(lease) == Lease and lease.lock.downgrade
+  if not down then
+    error("attempt to downgrade a releaser that is not a readers-writer lock's write hold", 2)
+  end
+  return down(lease)                -- (a tail call: level 2 is the user's there too)
+end
+
+--- releaser:upgrade(): not offered, as locally: two readers that both
+-- upgrade would each wait for the other's read hold to end.
+function lease_methods.upgrade(lease)
+  if typename(lease) ~= "async_mutex.RedisReleaser" then
+    argerror(2, 1, "upgrade", "async_mutex.RedisReleaser expected, got " .. typename(lease))
+  end
+  error("attempt to upgrade a read hold: not offered (two upgraders would deadlock);"
+    .. " release it, then acquireWrite", 2)
+end
+
 function Lease.__tostring(lease)
   return format("async_mutex.RedisReleaser (%s, fence %d, %s)", lease.keys.name,
                 lease.fence, lease.state)
@@ -1140,6 +1161,7 @@ return {
   hub_unuse = hub_unuse, subscribe = subscribe,
   Lease = Lease, lease_methods = lease_methods, NS = NS, drift = drift,
   lose = lose, forget = forget, new_lease = new_lease, release_lease = release_lease,
+  stop_timer = stop_timer,
   eviction = eviction, doze = doze, lock_keys = lock_keys, keys_of = keys_of,
   redis_acquire = redis_acquire,
   decorated_of = decorated_of, decorable = decorable, check_self = check_self, check_priority = check_priority,
