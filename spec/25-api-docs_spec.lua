@@ -46,6 +46,8 @@ local RECEIVERS = {
   ["async_mutex.KeyedRedisMutex"] = { "krm" },
   ["async_mutex.RedisReentrantMutex"] = { "rrm" },
   ["async_mutex.RedisRWLock"] = { "rrw" },
+  ["async_mutex.KeyedRedisRWLock"] = { "krrw" },
+  ["async_mutex.RedisMultiReleaser"] = { "all" },
   ["async_mutex.RedisReleaser"] = { "releaser" },
   ["async_mutex.redis.Versioned"] = { "versioned", "v" },
   ["async_mutex.redis.Error"] = { "err" },
@@ -63,6 +65,7 @@ local OPTIONS = {
 -- state (README.md writes them `receiver.field`).
 local FIELDS = {
   ["async_mutex.RedisReleaser"] = { "fence" },
+  ["async_mutex.RedisMultiReleaser"] = { "fences" },
   ["async_mutex.redis.Error"] = { "code", "message" },
   ["async_mutex.redis.Versioned"] = { "client", "key" },
 }
@@ -222,11 +225,17 @@ local function redis_types()
     local rrm = am.RedisReentrantMutex.new(client, "spec25r")
     add(rrm, "a RedisReentrantMutex")
     add(am.RedisRWLock.new(client, "spec25rw"), "a RedisRWLock")
+    add(am.KeyedRedisRWLock.new(client, "spec25krw:"), "a KeyedRedisRWLock")
     local release = m:acquire()
     local mt = getmetatable(release)
     redis_found[#redis_found + 1] = { mt.__name, rawget(mt, "__index"),
       "a Redis lock's releaser", release }
     release()
+    local all = am.KeyedRedisMutex.new(client, "spec25:"):acquireAll({ "a", "b" })
+    mt = getmetatable(all)
+    redis_found[#redis_found + 1] = { mt.__name, rawget(mt, "__index"), "acquireAll's releaser",
+      all }
+    all()
     release = rrm:acquire()
     mt = getmetatable(release)
     redis_found[#redis_found + 1] = { mt.__name, rawget(mt, "__index"),

@@ -35,6 +35,7 @@
 ---| async_mutex.KeyedRedisMutex
 ---| async_mutex.RedisReentrantMutex
 ---| async_mutex.RedisRWLock
+---| async_mutex.KeyedRedisRWLock
 
 ---Called with the error and its traceback when a coroutine resumed by the
 ---module dies with an error.
@@ -589,6 +590,8 @@ async_mutex.KeyedRedisMutex = nil
 async_mutex.RedisReentrantMutex = nil
 ---@type async_mutex.RedisRWLock
 async_mutex.RedisRWLock = nil
+---@type async_mutex.KeyedRedisRWLock
+async_mutex.KeyedRedisRWLock = nil
 
 ---A lock sharing all state with `lock`, whose requests raise
 ---`timeout_error` (default `async_mutex.E_TIMEOUT`) when not granted within

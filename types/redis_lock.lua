@@ -3,7 +3,7 @@
 -- LuaLS annotations of the Redis locks: `async_mutex.RedisMutex`,
 -- `async_mutex.RedisSemaphore` and `async_mutex.KeyedRedisMutex` (loaded
 -- on first use from src/async_mutex/redis_lock.lua), and the kinds built on
--- them (redis_reentrant.lua, redis_rwlock.lua).  README.md, "Redis
+-- them (redis_reentrant.lua, redis_rwlock.lua, redis_multi.lua).  README.md, "Redis
 -- locks", is the reference and docs/redis-locks.md the design;
 -- spec/25-api-docs_spec.lua checks that every public name is annotated here
 -- and documented there.
@@ -189,6 +189,35 @@ function KeyedRedisMutex:release(key) end
 ---@param key? string|number
 function KeyedRedisMutex:cancel(key) end
 
+---Every key of `keys`, all or nothing: in one atomic request when all their
+---locks are free, else one by one in the canonical order of the lock names.
+---@async
+---@param keys (string|number)[]
+---@param priority? number
+---@return async_mutex.RedisMultiReleaser release
+function KeyedRedisMutex:acquireAll(keys, priority) end
+
+---@async
+---@param keys (string|number)[]
+---@param fn fun(): ...
+---@param priority? number
+---@return any ...
+function KeyedRedisMutex:runExclusiveAll(keys, fn, priority) end
+
+
+---What `acquireAll` returns: call it, or let it go out of scope, to give
+---every key back (each by its own request, all at once).  `true` when this
+---call gave them all back held; `false` if called before or a key was lost.
+---@class async_mutex.RedisMultiReleaser
+---@field fences table<string|number, integer> each key (as given) to its hold's fencing token
+---@operator call: boolean
+local RedisMultiReleaser = {}
+
+---Raises the lost error if a key's hold was lost; `true` while every key is
+---held, `false` once they were given back.
+---@return boolean
+function RedisMultiReleaser:check() end
+
 
 ---A RedisMutex that the coroutine holding it may acquire again at once:
 ---one hold in Redis, counted in levels here (the API of
@@ -303,3 +332,111 @@ function RedisRWLock:release() end
 
 ---Rejects this process's waiters with the cancel error.
 function RedisRWLock:cancel() end
+
+
+---A RedisRWLock per key, named `prefix .. key` (the API of `async_mutex.KeyedRWLock`).
+---@class async_mutex.KeyedRedisRWLock
+local KeyedRedisRWLock = {}
+
+---@param client async_mutex.redis.Client
+---@param prefix string
+---@param options? async_mutex.RedisLockOptions
+---@return async_mutex.KeyedRedisRWLock
+function KeyedRedisRWLock.new(client, prefix, options) end
+
+---@async
+---@param key string|number
+---@param priority? number
+---@return async_mutex.RedisReleaser release
+function KeyedRedisRWLock:acquireRead(key, priority) end
+
+---@async
+---@param key string|number
+---@param priority? number
+---@return async_mutex.RedisReleaser release
+function KeyedRedisRWLock:acquireWrite(key, priority) end
+
+---`acquireWrite`.
+---@async
+---@param key string|number
+---@param priority? number
+---@return async_mutex.RedisReleaser release
+function KeyedRedisRWLock:acquire(key, priority) end
+
+---@async
+---@param key string|number
+---@param fn fun(): ...
+---@param priority? number
+---@return any ...
+function KeyedRedisRWLock:runShared(key, fn, priority) end
+
+---@async
+---@param key string|number
+---@param fn fun(): ...
+---@param priority? number
+---@return any ...
+function KeyedRedisRWLock:runExclusive(key, fn, priority) end
+
+---Every key, read, all or nothing, in the canonical order.
+---@async
+---@param keys (string|number)[]
+---@param priority? number
+---@return async_mutex.RedisMultiReleaser release
+function KeyedRedisRWLock:acquireAllRead(keys, priority) end
+
+---Every key, written, all or nothing, in the canonical order.
+---@async
+---@param keys (string|number)[]
+---@param priority? number
+---@return async_mutex.RedisMultiReleaser release
+function KeyedRedisRWLock:acquireAllWrite(keys, priority) end
+
+---`acquireAllWrite`.
+---@async
+---@param keys (string|number)[]
+---@param priority? number
+---@return async_mutex.RedisMultiReleaser release
+function KeyedRedisRWLock:acquireAll(keys, priority) end
+
+---@async
+---@param keys (string|number)[]
+---@param fn fun(): ...
+---@param priority? number
+---@return any ...
+function KeyedRedisRWLock:runSharedAll(keys, fn, priority) end
+
+---@async
+---@param keys (string|number)[]
+---@param fn fun(): ...
+---@param priority? number
+---@return any ...
+function KeyedRedisRWLock:runExclusiveAll(keys, fn, priority) end
+
+---@async
+---@param key string|number
+---@param priority? number
+function KeyedRedisRWLock:waitForUnlock(key, priority) end
+
+---@async
+---@param key string|number
+---@return boolean
+function KeyedRedisRWLock:isLocked(key) end
+
+---@async
+---@param key string|number
+---@return boolean
+function KeyedRedisRWLock:isWriteLocked(key) end
+
+---@async
+---@param key string|number
+---@return integer
+function KeyedRedisRWLock:readers(key) end
+
+---Ends this process's oldest write hold of `key`; `false` if it has none.
+---@param key string|number
+---@return boolean
+function KeyedRedisRWLock:release(key) end
+
+---Rejects this process's waiters of `key`, or of every key when `key` is nil.
+---@param key? string|number
+function KeyedRedisRWLock:cancel(key) end

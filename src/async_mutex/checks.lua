@@ -21,7 +21,7 @@ end
 -- is no lock).
 M.REDIS_LOCKS = {}
 for _, kind in ipairs({ "RedisMutex", "RedisSemaphore", "KeyedRedisMutex",
-                        "RedisReentrantMutex", "RedisRWLock" }) do
+                        "RedisReentrantMutex", "RedisRWLock", "KeyedRedisRWLock" }) do
   M.REDIS_LOCKS["async_mutex." .. kind] = true
   M.REDIS_LOCKS["async_mutex.decorated " .. kind] = true
 end

@@ -239,6 +239,10 @@ function Keyed.__tostring(lk)
   return format("async_mutex.KeyedRedisMutex (%s*)", lk.name)
 end
 
+-- acquireAll, runExclusiveAll: several keys at once (redis_multi.lua)
+require("async_mutex.redis_multi").install(keyed, Keyed,
+  { { all = "acquireAll", run = "runExclusiveAll", weight = 1 } })
+
 -- }==========================================================
 
 

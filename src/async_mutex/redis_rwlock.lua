@@ -218,4 +218,146 @@ end
 
 base.decorable(RW)
 
-return { RedisRWLock = { new = new } }
+-- KeyedRedisRWLock ------------------------------------------------------
+-- A RedisRWLock per key, named prefix .. key, with the gate of a keyed set
+-- (a core KeyedMutex) and the multi-key requests of redis_multi.lua: the
+-- API of am.KeyedRWLock.
+
+local Keyed = { __name = "async_mutex.KeyedRedisRWLock" }
+local keyed = {}
+Keyed.__index = keyed
+
+local check_key = base.check_key
+
+--- KeyedRedisRWLock.new(client, prefix [, options])
+local function new_keyed(client, prefix, opts)
+  base.check_client(client, "new")
+  if type(prefix) ~= "string" then
+    argerror(2, 2, "new", "key prefix must be a string, got " .. typename(prefix))
+  end
+  local o = base.options_of(opts, 3, "new")
+  local lk = base.new_record(Keyed, client, prefix, WRITE, o, true)
+  lk.downgrade = downgrade
+  return lk
+end
+
+local function keyed_write(lk, limit, err, key, name, priority)
+  local lease = acquire(lk, limit, err, key, name, WRITE, priority)
+  writes[lease] = true
+  return lease
+end
+
+function keyed.acquireRead(self, key, priority)
+  local lk, limit, err = check_self(self, Keyed, "acquireRead")
+  local k = check_key(key, 1, "acquireRead", lk.name)
+  check_priority(priority, 2, "acquireRead")
+  base.check_usable(lk, "acquire a Redis lock")
+  local release = acquire(lk, limit, err, key, lk.name .. k, 1, priority)
+  return release
+end
+
+function keyed.acquireWrite(self, key, priority)
+  local lk, limit, err = check_self(self, Keyed, "acquireWrite")
+  local k = check_key(key, 1, "acquireWrite", lk.name)
+  check_priority(priority, 2, "acquireWrite")
+  base.check_usable(lk, "acquire a Redis lock")
+  local release = keyed_write(lk, limit, err, key, lk.name .. k, priority)
+  return release
+end
+
+function keyed.acquire(self, key, priority)
+  local lk, limit, err = check_self(self, Keyed, "acquire")
+  local k = check_key(key, 1, "acquire", lk.name)
+  check_priority(priority, 2, "acquire")
+  base.check_usable(lk, "acquire a Redis lock")
+  local release = keyed_write(lk, limit, err, key, lk.name .. k, priority)
+  return release
+end
+
+function keyed.runShared(self, key, fn, priority)
+  local lk, limit, err = check_self(self, Keyed, "runShared")
+  local k = check_key(key, 1, "runShared", lk.name)
+  if not checks.is_callable(fn) then
+    argerror(2, 2, "runShared", "function expected, got " .. typename(fn))
+  end
+  check_priority(priority, 3, "runShared")
+  base.check_usable(lk, "acquire a Redis lock")
+  local release <close> = acquire(lk, limit, err, key, lk.name .. k, 1, priority)
+  return finish(lk, release, pcall(fn))
+end
+
+function keyed.runExclusive(self, key, fn, priority)
+  local lk, limit, err = check_self(self, Keyed, "runExclusive")
+  local k = check_key(key, 1, "runExclusive", lk.name)
+  check_fn(fn, 2)
+  check_priority(priority, 3, "runExclusive")
+  base.check_usable(lk, "acquire a Redis lock")
+  local release <close> = keyed_write(lk, limit, err, key, lk.name .. k, priority)
+  return finish(lk, release, pcall(fn))
+end
+
+function keyed.waitForUnlock(self, key, priority)
+  local lk, limit, err = check_self(self, Keyed, "waitForUnlock")
+  local k = check_key(key, 1, "waitForUnlock", lk.name)
+  check_priority(priority, 2, "waitForUnlock")
+  base.check_usable(lk, "wait for a Redis lock")
+  base.wait_for_unlock(lk, limit, err, lk.name .. k, WRITE)
+end
+
+-- (Each method checks its arguments itself: the errors are at the level
+-- of the user's call.)
+function keyed.isLocked(self, key)
+  local lk = check_self(self, Keyed, "isLocked")
+  local k = check_key(key, 1, "isLocked", lk.name)
+  base.check_usable(lk, "ask Redis")
+  return (base.state(lk, lk.name .. k)) > 0
+end
+
+function keyed.isWriteLocked(self, key)
+  local lk = check_self(self, Keyed, "isWriteLocked")
+  local k = check_key(key, 1, "isWriteLocked", lk.name)
+  base.check_usable(lk, "ask Redis")
+  return (base.state(lk, lk.name .. k)) >= WRITE
+end
+
+function keyed.readers(self, key)
+  local lk = check_self(self, Keyed, "readers")
+  local k = check_key(key, 1, "readers", lk.name)
+  base.check_usable(lk, "ask Redis")
+  local used = base.state(lk, lk.name .. k)
+  return used < WRITE and used or 0
+end
+
+--- release(key): ends this process's oldest write hold of the key.
+function keyed.release(self, key)
+  local lk = check_self(self, Keyed, "release")
+  local k = check_key(key, 1, "release", lk.name)
+  local holds = lk.holds[lk.name .. k]
+  for i = 1, holds and #holds or 0 do
+    if writes[holds[i]] then return base.release_lease(holds[i]) end
+  end
+  return false
+end
+
+function keyed.cancel(self, key)
+  local lk = check_self(self, Keyed, "cancel")
+  if key == nil then return base.cancel(lk, nil, nil) end
+  local k = check_key(key, 1, "cancel", lk.name)
+  base.cancel(lk, key, lk.name .. k)
+end
+
+function Keyed.__tostring(lk)
+  return format("async_mutex.KeyedRedisRWLock (%s*)", lk.name)
+end
+
+local function mark_write(lease) writes[lease] = true end
+require("async_mutex.redis_multi").install(keyed, Keyed, {
+  { all = "acquireAll", run = "runExclusiveAll", weight = WRITE, on_lease = mark_write },
+  { all = "acquireAllWrite", run = "runExclusiveAllWrite", weight = WRITE, on_lease = mark_write },
+  { all = "acquireAllRead", run = "runSharedAll", weight = 1 },
+})
+keyed.runExclusiveAllWrite = nil      -- (runExclusiveAll writes)
+
+base.decorable(Keyed)
+
+return { RedisRWLock = { new = new }, KeyedRedisRWLock = { new = new_keyed } }
