@@ -93,6 +93,7 @@ build = {
     ["async_mutex.redis_reentrant"] = "src/async_mutex/redis_reentrant.lua",
     ["async_mutex.redis_rwlock"] = "src/async_mutex/redis_rwlock.lua",
     ["async_mutex.redis_multi"] = "src/async_mutex/redis_multi.lua",
+    ["async_mutex.redlock"] = "src/async_mutex/redlock.lua",
     ["async_mutex.redis_scripts"] = "src/async_mutex/redis_scripts.lua",
     ["async_mutex.checks"] = "src/async_mutex/checks.lua",
     ["async_mutex.debug"] = "src/async_mutex/debug.lua",

@@ -25,6 +25,7 @@ local MODULES = {
   { name = "async_mutex.redis_lock", readme = "am", into = "async_mutex" },
   { name = "async_mutex.redis_reentrant", readme = "am", into = "async_mutex" },
   { name = "async_mutex.redis_rwlock", readme = "am", into = "async_mutex" },
+  { name = "async_mutex.redlock", readme = "am", into = "async_mutex" },
 }
 
 -- Metatables the C code registers that no user ever holds.
@@ -48,6 +49,7 @@ local RECEIVERS = {
   ["async_mutex.RedisRWLock"] = { "rrw" },
   ["async_mutex.KeyedRedisRWLock"] = { "krrw" },
   ["async_mutex.RedisMultiReleaser"] = { "all" },
+  ["async_mutex.RedlockMutex"] = { "q" },
   ["async_mutex.RedisReleaser"] = { "releaser" },
   ["async_mutex.redis.Versioned"] = { "versioned", "v" },
   ["async_mutex.redis.Error"] = { "err" },
@@ -226,6 +228,7 @@ local function redis_types()
     add(rrm, "a RedisReentrantMutex")
     add(am.RedisRWLock.new(client, "spec25rw"), "a RedisRWLock")
     add(am.KeyedRedisRWLock.new(client, "spec25krw:"), "a KeyedRedisRWLock")
+    add(am.RedlockMutex.new({ client }, "spec25q"), "a RedlockMutex")
     local release = m:acquire()
     local mt = getmetatable(release)
     redis_found[#redis_found + 1] = { mt.__name, rawget(mt, "__index"),

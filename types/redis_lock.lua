@@ -3,7 +3,7 @@
 -- LuaLS annotations of the Redis locks: `async_mutex.RedisMutex`,
 -- `async_mutex.RedisSemaphore` and `async_mutex.KeyedRedisMutex` (loaded
 -- on first use from src/async_mutex/redis_lock.lua), and the kinds built on
--- them (redis_reentrant.lua, redis_rwlock.lua, redis_multi.lua).  README.md, "Redis
+-- them (redis_reentrant.lua, redis_rwlock.lua, redis_multi.lua, redlock.lua).  README.md, "Redis
 -- locks", is the reference and docs/redis-locks.md the design;
 -- spec/25-api-docs_spec.lua checks that every public name is annotated here
 -- and documented there.
@@ -440,3 +440,42 @@ function KeyedRedisRWLock:release(key) end
 ---Rejects this process's waiters of `key`, or of every key when `key` is nil.
 ---@param key? string|number
 function KeyedRedisRWLock:cancel(key) end
+
+
+---A mutex held by a quorum (a majority) of N independent Redis servers.
+---@class async_mutex.RedlockMutex
+local RedlockMutex = {}
+
+---A mutex named `name` on every server of `clients` (one client per
+---server, each counted once); the options are the Redis locks'.
+---@param clients async_mutex.redis.Client[]
+---@param name string non-empty
+---@param options? async_mutex.RedisLockOptions
+---@return async_mutex.RedlockMutex
+function RedlockMutex.new(clients, name, options) end
+
+---Suspends until a quorum of the servers granted the lock to this process
+---(each server's queue served in order); raises `E_UNAVAILABLE` when a
+---quorum cannot be had.
+---@async
+---@param priority? number
+---@return async_mutex.RedisReleaser release its `fence` strictly increases over the quorum
+function RedlockMutex:acquire(priority) end
+
+---@async
+---@param fn fun(): ...
+---@param priority? number
+---@return any ...
+function RedlockMutex:runExclusive(fn, priority) end
+
+---Whether a quorum of the servers have a holder.
+---@async
+---@return boolean
+function RedlockMutex:isLocked() end
+
+---Ends this process's oldest hold; `false` if it had none.
+---@return boolean
+function RedlockMutex:release() end
+
+---Rejects this process's waiters with the cancel error.
+function RedlockMutex:cancel() end

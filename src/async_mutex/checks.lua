@@ -21,7 +21,8 @@ end
 -- is no lock).
 M.REDIS_LOCKS = {}
 for _, kind in ipairs({ "RedisMutex", "RedisSemaphore", "KeyedRedisMutex",
-                        "RedisReentrantMutex", "RedisRWLock", "KeyedRedisRWLock" }) do
+                        "RedisReentrantMutex", "RedisRWLock", "KeyedRedisRWLock",
+                        "RedlockMutex" }) do
   M.REDIS_LOCKS["async_mutex." .. kind] = true
   M.REDIS_LOCKS["async_mutex.decorated " .. kind] = true
 end

@@ -588,7 +588,7 @@ local REDIS_LOCKS = {
   RedisMutex = "async_mutex.redis_lock", RedisSemaphore = "async_mutex.redis_lock",
   KeyedRedisMutex = "async_mutex.redis_lock",
   RedisReentrantMutex = "async_mutex.redis_reentrant", RedisRWLock = "async_mutex.redis_rwlock",
-  KeyedRedisRWLock = "async_mutex.redis_rwlock",
+  KeyedRedisRWLock = "async_mutex.redis_rwlock", RedlockMutex = "async_mutex.redlock",
 }
 setmetatable(M, { __index = function(_, name)
   local module = REDIS_LOCKS[name]

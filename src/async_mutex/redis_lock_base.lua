@@ -181,7 +181,7 @@ local function get_hub(client)
       -- or another server behind the address may have changed it)
       state.on_connected = function()
         local hb = ref[1]
-        if hb then hb.evicts, hb.warned = nil, false end
+        if hb then hb.evicts, hb.warned, hb.started = nil, false, nil end
       end
       hub.evicts, hub.evicts_gate = nil, internal(core.Mutex.new())
     end
@@ -798,12 +798,14 @@ end
 -- counted from long ago: when the lease's renewal is due already, the
 -- grant is confirmed by one renewal before acquire() returns (the renewal
 -- that would be sent at once anyway), and counted from it.  So acquire()
--- never returns a lease that is over, or nearly so.
-local function redis_acquire(lk, name, weight, deadline, err)
+-- never returns a lease that is over, or nearly so.  'token': the token to
+-- use (redlock.lua sends a request with it behind the acquire's), else a
+-- fresh one.
+local function redis_acquire(lk, name, weight, deadline, err, token)
   local hub = lk.hub
   if hub.closed then error(E_UNAVAILABLE, 0) end   -- closed while at the gate
   local keys = keys_of(lk, name)
-  local token = hub.id .. ":" .. random_hex()
+  token = token or hub.id .. ":" .. random_hex()
   local try = deadline == false
   local s_weight = weight == 1 and "1" or tostring(weight)
   -- (done: nothing to withdraw until the first request goes out)

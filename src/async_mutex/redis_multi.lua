@@ -155,6 +155,8 @@ local function each(list, fn)
   return results, first_err
 end
 
+M.each = each
+
 -- true if this call gave every key back with its hold in place; false if
 -- it had been called before, or if a key's hold was lost (or ended by a
 -- close).  Each key is released as a single key's releaser releases it
