@@ -222,7 +222,7 @@ describe("RedlockMutex and restarted servers", function()
         clients({ reconnectDelay = 10, reconnectDelayMax = 50 })
       local name = fresh()
       local lost = {}
-      local qa = am.RedlockMutex.new(ca, name, { ttl = 600, onLost = function(info)
+      local qa = am.RedlockMutex.new(ca, name, { ttl = 600, onLost = function()
         lost[#lost + 1] = uv.hrtime() end })
       local qb = am.RedlockMutex.new(cb, name, { ttl = 600 })
       local r = qa:acquire()
