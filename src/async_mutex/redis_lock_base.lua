@@ -736,13 +736,15 @@ local function keys_of(lk, name)
   return lock_keys(name, lk.s_limit)
 end
 
--- The acquire request of the waiter w (mode "wait", "try" or "again").  A
+-- The acquire request of the waiter w (mode "wait", "try" or "again"), by
+-- the lock's own script if it has one (redlock.lua's: the acquire script,
+-- then more in the same call when it grants).  A
 -- request that opened a new connection (on_connected) is followed by the
 -- eviction check of that connection: refused, its grant or place in the
 -- queue is given back (Pending) as for any error.
 local function ask(lk, w, s_weight, mode)
-  local r = eval(lk, scripts.acquire, w.keys, w.token, lk.s_limit, s_weight, lk.s_ttl,
-                 lk.s_wait, lk.hub.channel, mode)
+  local r = eval(lk, lk.acquire_script or scripts.acquire, w.keys, w.token, lk.s_limit,
+                 s_weight, lk.s_ttl, lk.s_wait, lk.hub.channel, mode)
   if lk.hub.evicts == nil then eviction(lk) end
   return r
 end
@@ -867,8 +869,9 @@ local function redis_acquire(lk, name, weight, deadline, err, token)
   end
   w.done = true
   if r and r[1] == 1 then
+    -- (r[4]: what a lock's own acquire script adds to a grant it answers)
     return new_lease(lk, keys, token, tointeger(tonumber(r[2])), sent, first),
-           tointeger(tonumber(r[3]))
+           tointeger(tonumber(r[3])), r[4]
   end
   return new_lease(lk, keys, token, w.fence, sent, first), w.value
 end

@@ -27,14 +27,14 @@
 local am = require "async_mutex"
 local core = require "async_mutex.core"
 local base = require "async_mutex.redis_lock_base"
+local scripts = require "async_mutex.redis_scripts"
 local multi = require "async_mutex.redis_multi"
 local checks = require "async_mutex.checks"
 local uv = require "luv"
 
 local error, getmetatable, ipairs, pairs, pcall, setmetatable, tonumber, tostring, type =
   error, getmetatable, ipairs, pairs, pcall, setmetatable, tonumber, tostring, type
-local co_create, co_resume, co_status, isyieldable =
-  coroutine.create, coroutine.resume, coroutine.status, coroutine.isyieldable
+local co_create, co_resume, isyieldable = coroutine.create, coroutine.resume, coroutine.isyieldable
 local min, max, random, tointeger = math.min, math.max, math.random, math.tointeger
 local format = string.format
 local hrtime = uv.hrtime
@@ -45,6 +45,28 @@ local NS = base.NS
 local limited = core.acquire
 
 local M = {}
+
+--- ACQUIRE: a server's acquire request, in one call: the acquire script of
+-- redis_scripts.lua (its keys and arguments, KEYS[1..6]), and when it
+-- grants, the draw of the quorum fence from N:qf (KEYS[7]), as DRAW below
+-- draws it, added to its answer: {1, fence, value, drawn}.  A grant by
+-- hand-off (the release script's) draws with DRAW once it is known.
+M.ACQUIRE = "local function acquire()\n" .. scripts.acquire .. "\nend\n" .. [[
+local r = acquire()
+if r[1] == 1 then
+  local last = redis.call('GET', KEYS[7])
+  local v
+  if last then
+    v = tonumber(last) + 1
+  else
+    local t = redis.call('TIME')
+    v = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+  r[4] = string.format('%d', v)
+  redis.call('SET', KEYS[7], r[4], 'PX', 3600000)
+end
+return r
+]]
 
 --- DRAW: KEYS N:h, N:qf; ARGV token.  If the token holds the lock on this
 -- server (its lease running), draws the next quorum fence here: the
@@ -200,26 +222,44 @@ local function hold_now(hold)
   return hold
 end
 
--- Releases every server's lease at once (waiting for them all in a
--- coroutine that can yield): true if a quorum of them still had it (or
--- could not be reached: those end with their leases); false if the hold
--- had ended, or if so many servers no longer had it that it was lost.
+-- Releases every server's lease at once: true if a quorum of them still
+-- had it (a server that cannot be reached counts as having it: its lease
+-- ends by itself); false if the hold had ended, or if so many servers no
+-- longer had it that it was lost.  In a coroutine that can yield, the call
+-- returns as soon as the answers decide it (a quorum either way), as an
+-- acquisition returns with a quorum: the others go on in the background.
 local function release_hold(hold)
   if hold_now(hold).state ~= "held" then return false end
   hold.state = "released"
   forget(hold)
+  local rl = hold.lock
   local list = {}
   for _, lease in pairs(hold.leases) do
     hold_of[lease] = nil
     list[#list + 1] = lease
   end
-  local results = multi.each(list, base.release_lease)
-  local had = 0
-  for i = 1, #list do
-    if results[i] then had = had + 1 end
+  if not isyieldable() then
+    for i = 1, #list do base.release_lease(list[i]) end
+    return true
   end
-  if had < hold.lock.quorum and isyieldable() then
-    local rl = hold.lock
+  local n, quorum = #list, rl.quorum
+  local had, refused, waiting, bell = 0, 0, nil, nil
+  for i = 1, n do
+    co_resume(co_create(function()
+      local ok, r = pcall(base.release_lease, list[i])
+      if ok and r then had = had + 1 else refused = refused + 1 end
+      if waiting and (had >= quorum or n - refused < quorum) then
+        waiting = false
+        bell:release()
+      end
+    end))
+  end
+  if had < quorum and n - refused >= quorum then
+    bell = internal(core.Semaphore.new(0))
+    waiting = true
+    local _ = bell:acquire()
+  end
+  if had < quorum then
     hold.state = "lost"
     if rl.on_lost then
       local ok, err = pcall(rl.on_lost, { name = rl.name, fence = hold.fence,
@@ -260,6 +300,11 @@ end
 
 local TRY = setmetatable({}, { __name = "async_mutex.redlock try" })   -- a server's try failed
 
+-- How long a partial grant may make no progress (a split, see
+-- give_back_partial): jittered, so that two processes do not give up
+-- together.
+local function settle_ms(rl) return rl.settle * (1 + random()) end
+
 local function ring(att)
   if att.asleep then
     att.asleep = false
@@ -267,12 +312,9 @@ local function ring(att)
   end
 end
 
--- The keys of a server's draw and raise: N:h and N:qf.
-local function fence_keys(lk)
-  local k = lk.keys
-  if not k.qf then k.qf = { k[1], lk.name .. ":qf" } end
-  return k.qf
-end
+-- The keys of a server's draw and raise: N:h and N:qf (its lock's keys'
+-- seventh, made with the record).
+local function fence_keys(lk) return lk.fence_keys end
 
 local start                           -- (att, i): a request on server i
 
@@ -288,29 +330,42 @@ local function fail_server(att, s, err)
   ring(att)
 end
 
--- Sends the draw of server i's token; 'early': sent behind the acquire,
--- before its answer.
-local function draw(att, i, s, early)
+-- The servers' states.
+local function counts(att)
+  local drawn, granted, pending = 0, 0, 0
+  for i = 1, att.rl.n do
+    local st = att.srv[i].state
+    if st == "drawn" then drawn = drawn + 1
+    elseif st == "granted" then granted = granted + 1
+    elseif st == "pending" then pending = pending + 1 end
+  end
+  return drawn, granted, pending
+end
+
+-- Server s drew its fence: the caller is woken when that makes a quorum
+-- (it looks for a split at its own times, acquire_quorum).
+local function drawn(att, s, value)
+  s.draw, s.state = value, "drawn"
+  if counts(att) >= att.rl.quorum then ring(att) end
+end
+
+-- Draws the fence of server i's token, granted by hand-off.
+local function draw(att, i, s)
   local lk = att.rl.servers[i]
-  s.draw = "pending"
   base.background(function()
     local ok, v = pcall(base.eval, lk, M.DRAW, fence_keys(lk), s.token)
-    s.draw = ok and (tonumber(v) or 0) or false
     if att.srv[i] ~= s or att.done or s.state ~= "granted" then return end
-    -- an early draw that found no hold ran before a grant by hand-off:
-    -- the grant's own draw now
-    if s.draw == 0 and early then return draw(att, i, s, false) end
-    if s.draw == false then return fail_server(att, s, v) end
-    if s.draw == 0 then return fail_server(att, s, E_UNAVAILABLE) end   -- its lease ended
-    s.state = "drawn"
-    ring(att)
+    if not ok then return fail_server(att, s, v) end
+    v = tonumber(v)
+    if v == 0 then return fail_server(att, s, E_UNAVAILABLE) end   -- its lease ended
+    drawn(att, s, v)
   end)
 end
 
 -- Server i answered its request: 'lease' granted, or 'err'.  A grant on a
 -- connection whose server's age is not known yet waits for it (one INFO);
 -- a grant from a young server is given back.
-local function answered(att, i, s, ok, lease)
+local function answered(att, i, s, ok, lease, value)
   local rl = att.rl
   local lk = rl.servers[i]
   if ok and lk.hub.started == nil and att.srv[i] == s and not att.done then
@@ -340,14 +395,9 @@ local function answered(att, i, s, ok, lease)
   end
   s.lease = lease
   s.state = "granted"
-  att.progress, att.split_at = hrtime(), nil
-  local d = s.draw
-  if d == "pending" then return end               -- its answer comes next
-  if type(d) == "number" and d > 0 then
-    s.state = "drawn"
-    return ring(att)
-  end
-  draw(att, i, s, false)
+  att.progress = hrtime()
+  if value then return drawn(att, s, tonumber(value)) end   -- granted at once: drawn too
+  draw(att, i, s)
 end
 
 function start(att, i)
@@ -363,32 +413,11 @@ function start(att, i)
   end
   local bound                        -- nil: the attempt's caller bounds it
   if att.try then bound = false end
-  local co = co_create(function()
-    local ok, lease = pcall(base.redis_acquire, lk, rl.name, 1, bound, TRY, s.token)
-    answered(att, i, s, ok, lease)
-  end)
-  local ok, err = co_resume(co)
+  local ok, err = co_resume(co_create(function()
+    local ok, lease, _, value = pcall(base.redis_acquire, lk, rl.name, 1, bound, TRY, s.token)
+    answered(att, i, s, ok, lease, value)
+  end))
   if not ok then error(err, 0) end
-  -- The acquire's request is out (its coroutine waits for the answer, and
-  -- the server's eviction policy is known, so that request was the first):
-  -- its fence is drawn by a request right behind it, in the same round
-  -- trip; it finds no hold if the acquire queued, and is drawn again then.
-  if s.state == "pending" and co_status(co) == "suspended" and lk.hub.evicts == false
-      and s.draw == nil then
-    draw(att, i, s, true)
-  end
-end
-
--- The servers' states.
-local function counts(att)
-  local drawn, granted, pending = 0, 0, 0
-  for i = 1, att.rl.n do
-    local st = att.srv[i].state
-    if st == "drawn" then drawn = drawn + 1
-    elseif st == "granted" then granted = granted + 1
-    elseif st == "pending" then pending = pending + 1 end
-  end
-  return drawn, granted, pending
 end
 
 -- Ends the attempt: the servers still waiting are withdrawn (their
@@ -426,7 +455,7 @@ end
 -- processes do not give up together), its grants are given back and asked
 -- for again, at the tails of their queues: the servers go on to the next
 -- waiters, one of which completes its quorum.
-local function settle_ms(rl) return rl.settle * (1 + random()) end
+
 
 local function give_back_partial(att)
   local rl = att.rl
@@ -485,30 +514,31 @@ end
 local function acquire_quorum(rl, deadline, err)
   local try = deadline == false
   local att = { rl = rl, srv = {}, failed = 0, done = false, asleep = false, try = try,
-                bell = internal(core.Semaphore.new(0)), progress = hrtime() }
+                bell = internal(core.Semaphore.new(0)), progress = hrtime(),
+                settle = settle_ms(rl) * NS }
   rl.waiting[att] = true
   local ok, res = pcall(function()
     for i = 1, rl.n do start(att, i) end
     while true do
-      local drawn, granted, pending = counts(att)
-      if drawn >= rl.quorum then break end
+      local have, granted, pending = counts(att)
+      if have >= rl.quorum then break end
       if rl.n - att.failed < rl.quorum or (try and pending == 0 and granted == 0) then
         error(failure(att, err), 0)
       end
       if att.canceled then error(rl.cancel_error, 0) end
       local t = hrtime()
       if deadline and t >= deadline then error(err, 0) end
-      -- a partial grant that makes no progress: a split, maybe
-      local split_at = nil
-      if not try and drawn + granted > 0 then
-        if not att.split_at then att.split_at = att.progress + settle_ms(rl) * NS end
-        split_at = att.split_at
-        if t >= split_at then
-          give_back_partial(att)
-          att.progress, att.split_at, split_at = hrtime(), nil, nil
+      -- a partial grant that makes no progress for a while: a split,
+      -- maybe.  The caller is not woken at each grant (only at a quorum):
+      -- it looks every so often while it waits.
+      local due = nil
+      if not try then
+        if t >= att.progress + att.settle then
+          if have + granted > 0 then give_back_partial(att) end
+          att.progress, att.settle = hrtime(), settle_ms(rl) * NS
         end
+        due = att.progress + att.settle
       end
-      local due = split_at
       if deadline then due = due and min(due, deadline) or deadline end
       att.asleep = true
       if due then base.doze(att.bell, due) else local _ = att.bell:acquire() end
@@ -590,7 +620,11 @@ local function new(clients, name, opts)
     for _, field in ipairs(OPTIONS_ORDER) do so[field] = o[field] end
     so.on_lost = on_server_lost
     rl.clients[i] = clients[i]
-    rl.servers[i] = base.new_record(Server, clients[i], name, 1, so, false)
+    local lk = base.new_record(Server, clients[i], name, 1, so, false)
+    lk.acquire_script = M.ACQUIRE
+    lk.keys[7] = name .. ":qf"
+    lk.fence_keys = { lk.keys[1], lk.keys[7] }
+    rl.servers[i] = lk
   end
   return rl
 end
