@@ -8,13 +8,17 @@ LUA_INC  ?= /usr/include/lua5.4
 # Link-time optimization lets the hot path cross the files of src/ (one
 # file per concept) as if it were one.
 CFLAGS   ?= -O2 -g -flto
-WARN      = -Wall -Wextra -Werror -std=c99 -pedantic
+# -Werror is for this project's own builds; a user's compiler (the rock's
+# build, rock-build below) may warn where ours does not.
+WERROR   ?= -Werror
+WARN      = -Wall -Wextra $(WERROR) -std=c99 -pedantic
 ALLFLAGS  = $(WARN) $(CFLAGS) -fPIC -fvisibility=hidden -I$(LUA_INC)
 LDFLAGS  ?= -O2 -flto
 # No -llua5.4: the interpreter that loads the module already holds the Lua core.
-SOFLAGS   = -shared
+SOFLAGS  ?= -shared
 
-DEB_PKGS  = lua5.4 liblua5.4-dev lua-luv lua-luv-dev lua-busted luarocks libuv1-dev \
+# (no luv or libuv header: the modules use luv's public Lua API only)
+DEB_PKGS  = lua5.4 liblua5.4-dev lua-luv lua-busted luarocks \
             redis-server libhiredis-dev
 
 # BUILD is where objects and the module go; sanitizer builds use their own.
@@ -41,8 +45,19 @@ $(BUILD)/obj $(BUILD)/async_mutex:
 	mkdir -p $@
 
 # async_mutex.redis_core (docs/redis.md): a shared object of its own, built
-# only where hiredis's headers are, so that async_mutex builds without them.
-HIREDIS_H    = $(wildcard /usr/include/hiredis/hiredis.h)
+# only where hiredis is (its header and library, found by the compiler, or
+# under HIREDIS_INCDIR and HIREDIS_LIBDIR, from the command line or the
+# environment), so that async_mutex builds and installs without it:
+# `require "async_mutex.redis"` then says what is missing.  hiredis is the
+# Redis part's only external dependency: it includes no luv or libuv header
+# and links no libuv (luv's public Lua API only).  NO_HIREDIS=1 builds as
+# if hiredis were missing.
+HIREDIS_CFLAGS = $(if $(HIREDIS_INCDIR),-I$(HIREDIS_INCDIR))
+HIREDIS_LIBS   = $(if $(HIREDIS_LIBDIR),-L$(HIREDIS_LIBDIR)) -lhiredis
+ifneq ($(NO_HIREDIS),1)
+HIREDIS_H     := $(shell printf '\043include <hiredis/hiredis.h>\nint main(void) { redisReaderFree(redisReaderCreate()); return 0; }\n' \
+                   | $(CC) -x c $(HIREDIS_CFLAGS) - -o /dev/null $(HIREDIS_LIBS) >/dev/null 2>&1 && echo yes)
+endif
 REDIS_SRCS   = $(wildcard src/redis/*.c)
 # error_text.c is the core's and the client's: each module has its copy.
 REDIS_OBJS   = $(patsubst src/redis/%.c,$(BUILD)/obj/redis/%.o,$(REDIS_SRCS)) \
@@ -53,10 +68,10 @@ all: $(REDIS_MODULE)
 endif
 
 $(BUILD)/obj/redis/%.o: src/redis/%.c $(wildcard src/redis/*.h) src/error_text.h | $(BUILD)/obj/redis
-	$(CC) $(ALLFLAGS) -c $< -o $@
+	$(CC) $(ALLFLAGS) $(HIREDIS_CFLAGS) -c $< -o $@
 
 $(REDIS_MODULE): $(REDIS_OBJS) | $(BUILD)/async_mutex
-	$(CC) $(SOFLAGS) $(LDFLAGS) -o $@ $(REDIS_OBJS) -lhiredis -luv
+	$(CC) $(SOFLAGS) $(LDFLAGS) -o $@ $(REDIS_OBJS) $(HIREDIS_LIBS)
 
 $(BUILD)/obj/redis:
 	mkdir -p $@
@@ -127,10 +142,50 @@ lint:
 clean:
 	rm -rf build async_mutex src/*.o rockspecs async-mutex-*.src.rock
 
+# What luarocks runs (async-mutex-scm-1.rockspec, build type "make"): make
+# rock-build, with luarocks' CC, CFLAGS, LIBFLAG and LUA_INCDIR, builds the
+# C modules in build/luarocks (the Redis part where hiredis is, see above;
+# only Lua's headers are needed, never luv's); make rock-install, with
+# INST_LIBDIR and INST_LUADIR, installs them, every Lua module of
+# src/async_mutex/ under its name, and the LuaLS annotations of types/ as
+# async_mutex/types/ in the tree's Lua directory, a path that stays the
+# same across versions (README, "Editor support").
+LIBFLAG    ?= -shared
+LUA_INCDIR ?= $(LUA_INC)
+.PHONY: rock-build rock-install
+rock-build:
+	@$(MAKE) --no-print-directory BUILD=build/luarocks CFLAGS="$(CFLAGS)" LDFLAGS= \
+	  SOFLAGS="$(LIBFLAG)" LUA_INC="$(LUA_INCDIR)" WERROR= all
+ifeq ($(HIREDIS_H),)
+	@rm -f build/luarocks/async_mutex/redis_core.so
+	@echo "hiredis not found: async_mutex.redis is not built (Debian: libhiredis-dev;" \
+	  "elsewhere set HIREDIS_INCDIR and HIREDIS_LIBDIR)"
+endif
+
+rock-install:
+	@test -n "$(INST_LIBDIR)" && test -n "$(INST_LUADIR)" \
+	  || { echo "rock-install needs INST_LIBDIR and INST_LUADIR (luarocks passes them)"; exit 1; }
+	mkdir -p $(INST_LIBDIR)/async_mutex $(INST_LUADIR)/async_mutex/types
+	cp build/luarocks/async_mutex/*.so $(INST_LIBDIR)/async_mutex/
+	cp src/async_mutex/*.lua $(INST_LUADIR)/async_mutex/
+	cp types/*.lua $(INST_LUADIR)/async_mutex/types/
+
+# The suite against luv as luarocks builds it for users outside Debian (its
+# own libuv inside; no C headers), in a tree of its own with only Lua's
+# headers visible, this checkout's rock installed into it; once with
+# libuv's defaults, once with UV_USE_IO_URING=1 (tools/portable_check.lua,
+# log in build/portable/check.log).  LUV_SRC: luv's source rock (`luarocks
+# download --source luv`), a tarball of an unpacked one, or its directory;
+# without it, the source rock is downloaded.
+.PHONY: portable-check
+portable-check: deps
+	@$(MAKE) --no-print-directory all
+	$(LUA) tools/portable_check.lua "$(or $(LUV_SRC),download)" build/portable
+
 # A source rock of this release, installable with no checkout and no network:
 #   luarocks --lua-version 5.4 install ./async-mutex-$(VERSION)-1.src.rock
-# Its rockspec is the development one (async-mutex-scm-1.rockspec: modules
-# are listed there, and only there) with this version and, as its source, a
+# Its rockspec is the development one (async-mutex-scm-1.rockspec, which
+# runs rock-build and rock-install above) with this version and, as its source, a
 # tarball of the files git tracks, as they are in the work tree.  ROCK_DIR
 # is where rockspecs/ and the rock go (spec/24-rock_spec.lua uses a
 # temporary one).
@@ -163,7 +218,8 @@ else
 BENCH_JSON ?= bench/results/latest.json
 BENCH_SVG  ?= docs/bench.svg
 endif
-BENCH_PKGS = gnuplot-nox
+# (libuv1-dev: bench/redis/hiredis_uv.c, the C peer, links the system's libuv)
+BENCH_PKGS = gnuplot-nox libuv1-dev
 REDIS_NODE_PEERS = bench/redis/node bench/redis_locks/node
 
 bench: deps
@@ -200,3 +256,7 @@ SEED ?=
 fuzz: all
 	$(RUNENV) $(LUA) spec/fuzz/runner.lua fuzz $(N) $(J) $(SEED)
 	$(RUNENV) $(LUA) spec/fuzz/reentrancy.lua fuzz $(N) $(J) $(SEED)
+ifneq ($(HIREDIS_H),)
+	@# the Redis client's (docs/redis.md, "Re-entry"), against a fake server
+	$(RUNENV) $(LUA) spec/fuzz/redis_reentrancy.lua fuzz $(N) $(J) $(SEED)
+endif

@@ -1,6 +1,7 @@
 -- Development rockspec: builds the checkout it sits in.  It is also the
--- template of the release rockspecs: list a new module here (one line in
--- build.modules) and `make rock` carries it into the release.
+-- template of the release rockspecs (`make rock`).  The Makefile builds and
+-- installs the modules (rock-build, rock-install): a new src/*.c or
+-- src/async_mutex/*.lua needs no line here.
 --
 --   luarocks --lua-version 5.4 make --deps-mode=none   # luv from Debian's lua-luv
 --   luarocks --lua-version 5.4 make                    # luv from luarocks.org
@@ -43,64 +44,35 @@ leases and fencing tokens, and optimistic versioned writes.
   labels = { "coroutine", "mutex", "semaphore", "luv", "libuv", "async" },
 }
 
-external_dependencies = {
-  HIREDIS = { header = "hiredis/hiredis.h" },
-}
-
 dependencies = {
   "lua >= 5.4",
   "luv >= 1.30",                        -- Debian: lua-luv (see above)
 }
 
+-- The C modules are built by the Makefile (rock-build, rock-install), so
+-- that the Redis client's C part is built only where hiredis, its one
+-- external dependency (Debian: libhiredis-dev), is found: elsewhere the
+-- rest installs, and `require "async_mutex.redis"` says what is missing
+-- (luarocks' builtin build would refuse the whole rock).  Only Lua's
+-- headers are needed: no luv or libuv header, no libuv link.  hiredis in
+-- another prefix: HIREDIS_INCDIR=... HIREDIS_LIBDIR=... in the environment.
 build = {
-  type = "builtin",
-  modules = {
-    -- No Lua library is linked in: the interpreter already holds the Lua core.
-    ["async_mutex.core"] = {
-      sources = {
-        "src/args.c",
-        "src/core.c",
-        "src/debug.c",
-        "src/decorated.c",
-        "src/error_text.c",
-        "src/keyed.c",
-        "src/lease.c",
-        "src/mutex_semaphore.c",
-        "src/queue.c",
-        "src/reentrant.c",
-        "src/rules.c",
-        "src/rwlock.c",
-        "src/scheduler.c",
-        "src/task.c",
-        "src/waiter.c",
-      },
-      incdirs = { "$(LUA_INCDIR)" },
-    },
-    async_mutex = "src/async_mutex/init.lua",
-    -- The Redis client (docs/redis.md): hiredis from the system (Debian:
-    -- libhiredis-dev).
-    ["async_mutex.redis_core"] = {
-      sources = { "src/redis/redis.c", "src/redis/reply.c", "src/error_text.c" },
-      libraries = { "hiredis", "uv" },
-      incdirs = { "$(LUA_INCDIR)", "$(HIREDIS_INCDIR)" },
-      libdirs = { "$(HIREDIS_LIBDIR)" },
-    },
-    ["async_mutex.redis"] = "src/async_mutex/redis.lua",
-    ["async_mutex.optimistic"] = "src/async_mutex/optimistic.lua",
-    ["async_mutex.versioned"] = "src/async_mutex/versioned.lua",
-    ["async_mutex.redis_lock"] = "src/async_mutex/redis_lock.lua",
-    ["async_mutex.redis_lock_base"] = "src/async_mutex/redis_lock_base.lua",
-    ["async_mutex.redis_reentrant"] = "src/async_mutex/redis_reentrant.lua",
-    ["async_mutex.redis_rwlock"] = "src/async_mutex/redis_rwlock.lua",
-    ["async_mutex.redis_multi"] = "src/async_mutex/redis_multi.lua",
-    ["async_mutex.redlock"] = "src/async_mutex/redlock.lua",
-    ["async_mutex.redis_scripts"] = "src/async_mutex/redis_scripts.lua",
-    ["async_mutex.checks"] = "src/async_mutex/checks.lua",
-    ["async_mutex.debug"] = "src/async_mutex/debug.lua",
+  type = "make",
+  build_target = "rock-build",
+  build_variables = {
+    CFLAGS = "$(CFLAGS)",
+    LIBFLAG = "$(LIBFLAG)",
+    LUA_INCDIR = "$(LUA_INCDIR)",
+  },
+  install_target = "rock-install",
+  install_variables = {
+    INST_LIBDIR = "$(LIBDIR)",
+    INST_LUADIR = "$(LUADIR)",
   },
   -- Installed beside the rock (luarocks show --rock-dir async-mutex): the
-  -- LuaLS annotations, for editors, and the examples.
-  copy_directories = { "types", "examples" },
+  -- examples.  The LuaLS annotations go with the modules (rock-install),
+  -- where an upgrade does not move them.
+  copy_directories = { "examples" },
 }
 
 test = {

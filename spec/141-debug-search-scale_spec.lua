@@ -195,30 +195,12 @@ end)
 -- A program: coroutines, each with a list of operations on shared locks
 -- of every kind (acquire at a weight, mode and priority; waitForUnlock;
 -- release one of its holds, in any order), releasing what it still holds
--- at its end or when a request raises E_DEADLOCK.  A driver runs one step
--- of a coroutine chosen at random (seeded) at a time, then lets the loop
--- deliver grants.
---  * Debug mode on: every program ends with every coroutine done.  A
---    coroutine left waiting when no other can move was in a deadlock no
---    request raised for.
---  * Each E_DEADLOCK raised is real: the program is run again, identically
---    up to that request, then with debug mode off from it on: the request
---    waits, the others run as far as they can, and it is never granted.
+-- at its end or when a request raises E_DEADLOCK; checked both ways
+-- (spec/debug_programs.lua).
+
+local dp = require "debug_programs"
 
 local KINDS = { "Mutex", "Semaphore", "RWLock", "ReentrantMutex", "KeyedMutex" }
-
---- A seeded generator of integers, the same on every run: rnd(a) in
--- 1..a, rnd(a, b) in a..b (an LCG's high bits: its low bits repeat with
--- short periods).
-local function lcg(seed)
-  local state = seed
-  return function(a, b)
-    state = (state * 1103515245 + 12345) % 2147483648
-    local x = state // 65536
-    if b then return a + x % (b - a + 1) end
-    return x % a + 1
-  end
-end
 
 local function gen_program(rnd)
   local locks = {}
@@ -249,25 +231,18 @@ end
 -- (by index), and the coroutines' records (t.step: the step that last ran
 -- it).
 local function run_program(p, seed, debug_until)
-  local rnd = lcg(seed)
   local locks = {}
   for i, kind in ipairs(p.locks) do locks[i] = make_lock(kind) end
-  local cos = {}
-  local raised = {}
-  local step = 0
-  for c, ops in ipairs(p.cos) do
-    local t = { ready = false, done = false }
-    cos[c] = t
-    t.co = coroutine.create(function()
+  local cos, raised = {}, {}
+  for _, ops in ipairs(p.cos) do
+    dp.actor(cos, function(t)
       local held = {}
       local function release_all()
         for i = #held, 1, -1 do held[i]() end
         held = {}
       end
       for _, op in ipairs(ops) do
-        t.ready = true
-        coroutine.yield()                      -- the driver says go
-        t.ready = false
+        t.step_in()
         if op[1] == "release" then
           if #held > 0 then
             local r = table.remove(held, op[2] % #held + 1)
@@ -301,53 +276,14 @@ local function run_program(p, seed, debug_until)
       release_all()
       t.done = true
     end)
-    assert(coroutine.resume(t.co))             -- to its first yield
   end
-  while true do
-    local ready = {}
-    for _, t in ipairs(cos) do if t.ready then ready[#ready + 1] = t end end
-    if #ready == 0 then break end
-    step = step + 1
-    if debug_until and step == debug_until then am.debug.disable() end
-    local t = ready[rnd(#ready)]
-    t.step = step
-    local ok, err = coroutine.resume(t.co)
-    if not ok then error(err, 0) end
-    h.tick(2)
-  end
-  local stuck = {}
-  for c, t in ipairs(cos) do if not t.done then stuck[#stuck + 1] = c end end
-  -- the stuck ones leave their queues (their locks are dropped with them)
-  for _, t in ipairs(cos) do
-    if not t.done then coroutine.close(t.co) end
-  end
-  h.tick(2)
-  return raised, stuck, cos
+  return raised, dp.drive(cos, dp.lcg(seed), debug_until), cos
 end
 
 describe("random programs over every lock kind", function()
   local n = h.load(1000)
   it(("%d programs: every deadlock raised at a request, and each one raised is real"):format(n), h.async(function()
-    local deadlocks = 0
-    for seed = 1, n do
-      local p = gen_program(lcg(seed * 7919))
-      am.debug.enable({ onReport = function() end })
-      local raised, stuck = run_program(p, seed)
-      am.debug.disable()
-      assert.same({}, stuck, ("seed %d: coroutines left waiting with debug mode on"):format(seed))
-      deadlocks = deadlocks + #raised
-      for _, at in ipairs(raised) do
-        am.debug.enable({ onReport = function() end })
-        local _, stuck_off, cos = run_program(p, seed, at)
-        am.debug.disable()
-        local requester
-        for c, t in ipairs(cos) do if t.step == at then requester = c end end
-        local found = false
-        for _, c in ipairs(stuck_off) do if c == requester then found = true end end
-        assert.is_true(found, ("seed %d: E_DEADLOCK at step %d, but with debug mode off the request was granted")
-          :format(seed, at))
-      end
-    end
+    local deadlocks = dp.check_both_ways(n, function(seed) return seed * 7919 end, gen_program, run_program)
     assert.is_true(deadlocks > n // 10, ("only %d deadlocks in %d programs"):format(deadlocks, n))
   end, { deadline = 120000 }))
 end)

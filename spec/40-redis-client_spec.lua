@@ -230,13 +230,16 @@ describe("client:call", function()
 
   it("raises E_UNAVAILABLE at once when the connection is refused", h.async(function()
     -- no timeout to wait for: only the refusal itself can end the call
-    local c = redis.connect({ port = redis_server.free_port(), connectTimeout = math.huge,
+    local port = redis_server.free_port()
+    local c = redis.connect({ port = port, connectTimeout = math.huge,
                               commandTimeout = math.huge })
     local ok, err = pcall(c.call, c, "PING")
     assert.is_false(ok)
     assert.equal(redis.E_UNAVAILABLE, err)
     assert.equal(am.E_UNAVAILABLE, err)
-    assert.equal("redis server unavailable", err)
+    assert.equal("redis server unavailable: connection refused to 127.0.0.1:" .. port,
+      tostring(err))
+    assert.equal(0, c:pending())               -- nothing was queued
     c:close()
   end))
 
@@ -264,7 +267,7 @@ describe("client:call", function()
       h.wait_until(function() return #reported == 2 end)
       assert.is_false(m:isLocked())
     end)
-    assert.same({ "after the reply", redis.E_UNAVAILABLE }, reported)
+    assert.same({ "after the reply", "redis server unavailable: client closed" }, reported)
     c:close()
   end))
 

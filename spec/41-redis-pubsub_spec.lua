@@ -38,7 +38,7 @@ describe("client:subscribe", function()
       local s1 = c:subscribe("x", function() a = a + 1 end)
       local s2 = c:subscribe("x", function() b = b + 1 end)
       local s3 = c:subscribe("y", function() d = d + 1 end)
-      assert.equal(1, h.count_handles("uv_poll_t"))   -- the call connection is not open yet
+      assert.equal(1, h.count_handles("uv_poll_t"))    -- the call connection is not open yet
       assert.equal(1, c:call("PUBLISH", "x", "m"))    -- one subscriber connection
       assert.equal(1, c:call("PUBLISH", "y", "m"))
       h.wait_until(function() return a == 1 and b == 1 and d == 1 end)
@@ -229,6 +229,7 @@ describe("client:subscribe", function()
     assert(body_ok, body_err)
     assert.is_false(ok)
     assert.equal(redis.E_UNAVAILABLE, err)
+    assert.matches("^set%-up refused by 127%.0%.0%.1:%d+ %(WRONGPASS ", err.reason)
   end)
 
   it("raises E_UNAVAILABLE when the server cannot be reached", h.async(function()

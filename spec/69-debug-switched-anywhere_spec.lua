@@ -114,11 +114,14 @@ describe("a finalizer that switches debug mode while enable() allocates", functi
   -- priority above theirs: they would wait behind A, so the deadlock search
   -- reads L2's queue (core.dbg_queue) while a finalizer queues a waiter of
   -- a new priority (a new bucket) or closes a waiting coroutine (its bucket
-  -- freed)
+  -- freed).  L2's holder waits for L3 (held by the chunk): with a holder
+  -- that waits for nothing, C clears A's request without a search
+  -- (src/debug.c, alone_and_fits).
   local QUEUE = [[
-    local L1, L2 = am.Mutex.new(), am.Mutex.new()
+    local L1, L2, L3 = am.Mutex.new(), am.Mutex.new(), am.Mutex.new()
     local hold2
-    coroutine.wrap(function() hold2 = L2:acquire() end)()
+    local hold3 = am.tryAcquire(L3):acquire()
+    coroutine.wrap(function() hold2 = L2:acquire(); L3:acquire()() end)()
     local served = 0
     function wait_on(p)
       local co = coroutine.create(function()
@@ -147,6 +150,7 @@ describe("a finalizer that switches debug mode while enable() allocates", functi
     end
     collectgarbage("generational")
     hold2()
+    hold3()
     uv.run()
     io.write(tostring(fired > 0), " ", am.pending(), "\n")
   ]]

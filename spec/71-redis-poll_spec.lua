@@ -1,9 +1,11 @@
--- async_mutex.redis's poll handle: made by luv (uv.new_socket_poll), started
--- and stopped by the C part with a callback of its own (docs/redis.md,
--- Connection).  luv still owns the handle: uv.walk visits it and luv's exit
--- closes it; and the C callback reports a poll error as a lost connection
--- without luv's own callback printing it on stderr.  Cases that could crash
--- or print run in a child lua5.4 process.
+-- async_mutex.redis's poll handle: made by luv (uv.new_poll), started and
+-- stopped through luv's Lua API, its callback a C function of the client
+-- (docs/redis.md, Connection).  luv owns the handle: uv.walk visits it and
+-- luv's exit closes it.  On Linux it watches an epoll set holding the
+-- socket, not the socket: a reset connection's poll error never reaches
+-- luv, whose poll callback printed each on stderr up to luv 1.44.2-0
+-- (Debian 12's); the read reports it, as a lost connection.  Cases that
+-- could crash or print run in a child lua5.4 process.
 
 local uv = require "luv"
 local h = require "helpers"

@@ -565,6 +565,7 @@ int am_group (lua_State *L);
 int am_outcome (lua_State *L);
 int am_failure (lua_State *L);
 int am_waiting (lua_State *L);
+Waiter *am_waiter_of (lua_State *L, lua_State *co);
 int am_collect (lua_State *L);
 void am_do_chore (lua_State *L, State *st, int idx);
 void am_task_waits (lua_State *L, State *st);
@@ -583,6 +584,8 @@ void am_dbg_request (lua_State *L, const Request *rq);
 void am_dbg_granted (lua_State *L, State *st);
 void am_dbg_released (lua_State *L, State *st, int idx);
 void am_dbg_unscoped (lua_State *L, State *st, Lock *lk);
+void am_dbg_returned (lua_State *L, State *st, Lock *lk,
+                      lua_Integer weight);
 void am_dbg_close (lua_State *L, State *st);
 void am_dbg_created (lua_State *L, State *st);
 

@@ -88,7 +88,7 @@ enum { H_REQUEST = 1, H_GRANTED, H_RELEASED, H_CREATED,
 enum { A_RELEASER = 1, A_HOLDER, A_FN, A_WHERE, A_N = 4 };
 
 enum { V_LOCK = 1, V_REL, V_HOLDER, V_SINCE, V_FN, V_LINE, V_WEIGHT,
-       V_WHERE, V_LEASED, V_CANON = 13, V_WARNED, V_NFIELDS = 14 };
+       V_WHERE, V_LEASED, V_LOCKID, V_CANON = 13, V_WARNED, V_NFIELDS = 14 };
 
 #define FIRST_SLOTS  16
 
@@ -96,6 +96,7 @@ typedef struct Record {
   Releaser *r;                /* anchored; NULL: a free slot */
   const lua_State *holder;    /* anchored */
   lua_Number since;           /* clock_ms() at the grant */
+  lua_Integer serial;         /* DebugRecords.epoch when it was made */
   int line;                   /* of the request in the user's function */
   int next_lock, prev_lock;   /* its lock's chain, -1 at an end; a free
                                  slot: 'next_lock' is the next free one */
@@ -111,6 +112,7 @@ typedef struct Record {
 typedef struct PtrEntry {
   const void *key;            /* NULL: an empty entry */
   int slot;
+  int n;                      /* 'cos': how many records the holder has */
 } PtrEntry;
 
 typedef struct PtrHash {      /* open addressing, linear probing */
@@ -121,9 +123,19 @@ typedef struct PtrHash {      /* open addressing, linear probing */
 struct DebugRecords {
   Record *slots;
   int cap, n, free;           /* slots, records, first free slot or -1 */
+  lua_Integer epoch;          /* records made or ended so far */
+  /* recorded_weight's last answer, and what it depended on */
+  const Lock *rw_lock;
+  lua_Integer rw_epoch, rw_held, rw_value, rw_weight;
   int aref;                   /* registry reference of 'anchors' */
+  int rref;                   /* of 'returned' (weak keys): releasers whose
+                                 records a Semaphore's unscoped release
+                                 ended (am_dbg_returned) */
   PtrHash cos;                /* holder -> its newest record */
   PtrHash rels;               /* releaser -> its record */
+  PtrHash credit;             /* Semaphore -> weight its unscoped releases
+                                 gave back beyond the records they ended
+                                 (am_dbg_returned), in 'slot' */
 };
 
 
@@ -144,13 +156,15 @@ static PtrEntry *ph_find (const PtrHash *t, const void *key) {
 }
 
 
-/* Adds 'key' (not in 't'; room reserved). */
-static void ph_put (PtrHash *t, const void *key, int slot) {
+/* Adds 'key' (not in 't'; room reserved); returns its entry. */
+static PtrEntry *ph_put (PtrHash *t, const void *key, int slot) {
   unsigned mask = (unsigned)t->cap - 1, i;
   for (i = ptr_hash(key) & mask; t->e[i].key != NULL; i = (i + 1) & mask) ;
   t->e[i].key = key;
   t->e[i].slot = slot;
+  t->e[i].n = 0;
   t->n++;
+  return &t->e[i];
 }
 
 
@@ -164,7 +178,8 @@ static int ph_reserve (PtrHash *t) {
   nt.e = (PtrEntry *)calloc((size_t)nt.cap, sizeof(PtrEntry));
   if (nt.e == NULL) return 0;
   for (i = 0; i < t->cap; i++)
-    if (t->e[i].key != NULL) ph_put(&nt, t->e[i].key, t->e[i].slot);
+    if (t->e[i].key != NULL)
+      ph_put(&nt, t->e[i].key, t->e[i].slot)->n = t->e[i].n;
   free(t->e);
   *t = nt;
   return 1;
@@ -206,16 +221,18 @@ static int find_record (const DebugRecords *d, const Releaser *r) {
 static void end_record (lua_State *L, DebugRecords *d, int slot, int a,
                         PtrEntry *e) {
   Record *rec = &d->slots[slot];
+  PtrEntry *h;
   if (rec->prev_lock >= 0) d->slots[rec->prev_lock].next_lock = rec->next_lock;
   else rec->r->lock->dbg = rec->next_lock;
   if (rec->next_lock >= 0) d->slots[rec->next_lock].prev_lock = rec->prev_lock;
+  h = ph_find(&d->cos, rec->holder);
+  assert(h != NULL && h->n > 0);
   if (rec->prev_co >= 0) d->slots[rec->prev_co].next_co = rec->next_co;
   else {
-    PtrEntry *h = ph_find(&d->cos, rec->holder);
-    assert(h != NULL && h->slot == slot);
-    if (rec->next_co >= 0) h->slot = rec->next_co;
-    else ph_remove(&d->cos, h);
+    assert(h->slot == slot);
+    h->slot = rec->next_co;
   }
+  if (--h->n == 0) ph_remove(&d->cos, h);
   if (rec->next_co >= 0) d->slots[rec->next_co].prev_co = rec->prev_co;
   if (e == NULL) e = ph_find(&d->rels, rec->r);
   assert(e != NULL && e->slot == slot);
@@ -236,6 +253,7 @@ static void end_record (lua_State *L, DebugRecords *d, int slot, int a,
   rec->next_lock = d->free;
   d->free = slot;
   d->n--;
+  d->epoch++;
 }
 
 
@@ -302,7 +320,7 @@ static DebugRecords *new_records (lua_State *L) {
     d->slots[i].next_lock = d->free;
     d->free = i;
   }
-  d->aref = LUA_NOREF;
+  d->aref = d->rref = LUA_NOREF;
   return d;
 }
 
@@ -320,10 +338,14 @@ void am_dbg_close (lua_State *L, State *st) {
   st->dbg_recs = NULL;
   for (s = 0; s < d->cap; s++)
     if (d->slots[s].r != NULL) d->slots[s].r->lock->dbg = -1;
-  if (!st->closed) luaL_unref(L, LUA_REGISTRYINDEX, d->aref);
+  if (!st->closed) {
+    luaL_unref(L, LUA_REGISTRYINDEX, d->aref);
+    luaL_unref(L, LUA_REGISTRYINDEX, d->rref);
+  }
   free(d->slots);
   free(d->cos.e);
   free(d->rels.e);
+  free(d->credit.e);
   free(d);
 }
 
@@ -378,12 +400,26 @@ static void push_key (lua_State *L, const Key *k) {
 
 /* {====================================================== deadlocks */
 
-/* The weight of the holds of 'lk' with a live owner record. */
-static lua_Integer recorded_weight (const DebugRecords *d, const Lock *lk) {
+/*
+** The weight of the holds of 'lk' with a live owner record.  The last
+** answer is kept while no record was made or ended and nothing was given
+** back: a search asks it for each member it looks at, and walking the
+** lock's records each time made a search of a Semaphore whose n waiters
+** each hold a unit cost n^2 (spec 147).
+*/
+static lua_Integer recorded_weight (DebugRecords *d, const Lock *lk) {
   lua_Integer w = 0;
   int s;
+  if (d->rw_lock == lk && d->rw_epoch == d->epoch && d->rw_held == lk->held
+      && d->rw_value == lk->value)
+    return d->rw_weight;
   for (s = lk->dbg; s >= 0; s = d->slots[s].next_lock)
     if (am_releaser_live(d->slots[s].r)) w += d->slots[s].r->weight;
+  d->rw_lock = lk;
+  d->rw_epoch = d->epoch;
+  d->rw_held = lk->held;
+  d->rw_value = lk->value;
+  d->rw_weight = w;
   return w;
 }
 
@@ -398,17 +434,17 @@ static lua_Integer recorded_weight (const DebugRecords *d, const Lock *lk) {
 ** as outside: no false positive.  The one copy of this rule: the request
 ** hook's and the search's (core.dbg_fits).
 */
-static int fits_outside (const DebugRecords *d, const Lock *lk,
+static int fits_outside (DebugRecords *d, const Lock *lk,
                          lua_Integer weight, lua_Integer n, lua_Integer w,
                          lua_Integer writes) {
   lua_Integer recorded, avail;
   if (n == 0) return 1;
   if (lk->kind == &am_rwlock_kind)  /* a write needs every hold gone; a */
     return weight != AM_RW_WRITE && writes == 0;    /* read, the writer's */
+  if (lk->value >= weight) return 1;        /* value + avail >= weight, */
   recorded = d != NULL ? recorded_weight(d, lk) : 0;
   /* what comes back: the recorded holds outside, and those unrecorded */
   avail = (lk->held > recorded ? lk->held : recorded) - w;
-  if (lk->value >= weight) return 1;        /* value + avail >= weight, */
   if (lk->value < 0 && weight > LUA_MAXINTEGER + lk->value)  /* without */
     return 0;                                            /* overflow */
   return avail >= weight - lk->value;
@@ -437,19 +473,39 @@ static int served_after (const Lock *lk, const Request *rq) {
 
 
 /*
-** Is the running coroutine's request at 'rq' clear of any deadlock without
-** a search?  Nobody waits for it (no waiter of a lock it holds, none
-** queued behind its request: 'behind'), and its own holds leave room for
-** it: then no set it closes can be doomed (async_mutex.debug, doomed_set),
-** and most requests that wait are so decided here, in C.  A leased hold
-** ends by itself: it keeps nobody waiting for ever.
+** Could coroutine 'co' be a member of a doomed set: is it queued for a
+** lock the search follows (async_mutex.debug: doomed_set collects only
+** the queues of locks someone holds; a Redis lock's or a task's internal
+** one, or a sleep's, has no holder)?  Allocates nothing.
 */
-static int alone_and_fits (lua_State *L, const DebugRecords *d,
+static int may_wait (lua_State *L, const lua_State *co) {
+  const Waiter *w;
+  if (co == L || !lua_checkstack(L, 2)) return co != L;
+  w = am_waiter_of(L, (lua_State *)co);
+  return w != NULL && w->r.state == S_QUEUED && !w->r.lock->internal
+         && !(w->r.erridx == 0 && w->r.timed);
+}
+
+
+/*
+** Is the running coroutine's request at 'rq' clear of any deadlock without
+** a search?  Then no set it closes can be doomed (async_mutex.debug,
+** doomed_set), and most requests that wait are so decided here, in C.  A
+** leased hold ends by itself: it keeps nobody waiting for ever.
+**  - Nobody waits for it (no waiter of a lock it holds, none queued behind
+**    its request: 'behind'), and its own holds leave room for it.
+**  - Only the waiters its request goes ahead of (by priority) would wait
+**    for it, and no holder of the lock waits for anything: those waiters
+**    cannot keep it waiting, since whatever is ahead of it on the lock
+**    waits only for holders outside, as it does (a high-priority request
+**    behind a holder that runs, ahead of a long queue: the search copied
+**    the whole queue each time, spec 147).
+*/
+static int alone_and_fits (lua_State *L, DebugRecords *d,
                            const Request *rq, int behind) {
   const PtrEntry *h = ph_find(&d->cos, L);
   lua_Integer n = 0, w = 0, writes = 0;
   int s;
-  if (behind) return 0;
   for (s = h != NULL ? h->slot : -1; s >= 0; s = d->slots[s].next_co) {
     const Releaser *r = d->slots[s].r;
     if (r->lease || !am_releaser_live(r)) continue;
@@ -459,6 +515,15 @@ static int alone_and_fits (lua_State *L, const DebugRecords *d,
       w += r->weight;
       if (r->weight == AM_RW_WRITE) writes++;
     }
+  }
+  if (behind) {     /* (so it holds none of the lock: it has waiters) */
+    for (s = rq->lock->dbg; s >= 0; s = d->slots[s].next_lock) {
+      const Record *rec = &d->slots[s];
+      if (!rec->r->lease && am_releaser_live(rec->r)
+          && may_wait(L, rec->holder))
+        return 0;
+    }
+    return 1;
   }
   return fits_outside(d, rq->lock, rq->weight, n, w, writes);
 }
@@ -484,7 +549,7 @@ static int alone_and_fits (lua_State *L, const DebugRecords *d,
 */
 void am_dbg_request (lua_State *L, const Request *rq) {
   Lock *lk = rq->lock;
-  const DebugRecords *d = lk->st->dbg_recs;
+  DebugRecords *d = lk->st->dbg_recs;
   int behind, search;
   if (d == NULL) return;                /* off for this state */
   if (rq->erridx == 0 && rq->wait == AM_TIMEOUT) return;     /* sleep */
@@ -506,7 +571,8 @@ void am_dbg_request (lua_State *L, const Request *rq) {
   lua_pushinteger(L, rq->wait);
   push_key(L, &rq->priority);
   lua_pushboolean(L, behind);
-  if (lua_pcall(L, 7, 0, 0) != LUA_OK) {
+  lua_pushlightuserdata(L, lk);               /* as records name it */
+  if (lua_pcall(L, 8, 0, 0) != LUA_OK) {
     am_settle(L, rq->lock);
     lua_error(L);
   }
@@ -549,6 +615,19 @@ static int where_traceback (lua_State *L) {
 
 
 /*
+** Does a grant of releaser 'r' take credit an unscoped release of its
+** Semaphore left (am_dbg_returned)?  Then it gets no record.
+*/
+static int take_credit (DebugRecords *d, const Releaser *r) {
+  PtrEntry *e = ph_find(&d->credit, r->lock);
+  if (e == NULL) return 0;
+  if (e->slot > r->weight) e->slot -= (int)r->weight;
+  else ph_remove(&d->credit, e);
+  return 1;
+}
+
+
+/*
 ** A grant was delivered to the running coroutine: its releaser is on
 ** top.  Its owner record is made here, in C, allocating nothing the
 ** collector sees (above): the releaser and the holder, the loop time,
@@ -584,6 +663,7 @@ void am_dbg_granted (lua_State *L, State *st) {
       return;
     }
   }
+  if (d->credit.n > 0 && take_credit(d, r)) return;
   if (!ph_reserve(&d->cos) || !ph_reserve(&d->rels)) return;
   lk = r->lock;
   slot = d->free;
@@ -619,10 +699,12 @@ void am_dbg_granted (lua_State *L, State *st) {
   }
   else {
     rec->next_co = -1;
-    ph_put(&d->cos, L, slot);
+    h = ph_put(&d->cos, L, slot);
   }
+  h->n++;
   ph_put(&d->rels, r, slot);
   d->n++;
+  rec->serial = ++d->epoch;
   lua_settop(L, top);
   if (st->dbg_flags & DF_TRACEBACK) {
     lua_pushcfunction(L, where_traceback);
@@ -656,15 +738,134 @@ static void ended (lua_State *L, State *st) {
 }
 
 
+/*
+** Marks the releasers on the stack above 'base' as returned (in the weak
+** table 'returned'), then drops them.  Protected: the table grows.
+*/
+static int mark_returned (lua_State *L) {
+  int i, n = lua_gettop(L);                 /* 1: returned; 2..n */
+  for (i = 2; i <= n; i++) {
+    lua_pushvalue(L, i);
+    lua_pushboolean(L, 1);
+    lua_rawset(L, 1);
+  }
+  return 0;
+}
+
+
+/*
+** A Semaphore's unscoped release (semaphore:release(w), keyed:release(key,
+** w)) gave back 'weight' that no releaser accounts for.  Used in
+** async-mutex's way (acquire, then release() rather than the releaser;
+** or as a signal: one coroutine acquires, another releases), the grants
+** it gives back have records that no releaser will ever end: they stayed
+** holds for ever, one more at each such acquire, and the deadlock search
+** counted their units as held by their coroutines (two workers that
+** released this way: the one asking again while the other's grant was
+** being delivered raised E_DEADLOCK; spec 146).  So the release ends
+** records of that weight: the releasing coroutine's own on the lock
+** first, one of exactly that weight if there is one, then the oldest;
+** what it gives back beyond them is credit, which
+** the next grants of the lock take instead of a record (a signal released
+** before its waiter's grant is delivered), up to what can still be
+** granted.  A record so ended may be a hold whose releaser will yet be
+** called (a coroutine that holds two, one given back each way): its
+** releaser is marked returned, and when it is called, that call ends
+** records of its weight in turn (returned_again).  A hold whose record
+** ended is no longer seen: it counts as a holder outside, which can hide
+** a deadlock, never report one.
+*/
+void am_dbg_returned (lua_State *L, State *st, Lock *lk,
+                      lua_Integer weight) {
+  DebugRecords *d = st->dbg_recs;
+  lua_Integer left = weight, room;
+  int n, s, a, pass, base = lua_gettop(L);
+  PtrEntry *e;
+  if (d == NULL || lk->internal || !lua_checkstack(L, 8)) return;
+  n = d->n;
+  lua_pushcfunction(L, mark_returned);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, d->rref);
+  if (lk->dbg >= 0) {
+    lua_rawgeti(L, LUA_REGISTRYINDEX, d->aref);
+    a = lua_gettop(L);
+    prune_lock(L, d, lk, a);        /* (a key's lock that left its set) */
+    /* its own, newest first, of the weight given back if there is one
+       (async-mutex's way gives back what it took); then any that fit
+       within what is left, oldest first; then any (ending too much only
+       hides a hold) */
+    for (pass = 0; pass < 4 && left > 0 && lk->dbg >= 0; pass++) {
+      s = lk->dbg;
+      if (pass >= 2)                                  /* from the oldest */
+        while (d->slots[s].next_lock >= 0) s = d->slots[s].next_lock;
+      while (s >= 0 && left > 0) {
+        const Record *rec = &d->slots[s];
+        int next = pass >= 2 ? rec->prev_lock : rec->next_lock;
+        lua_Integer w = rec->r->weight;
+        if (pass == 0 ? rec->holder == L && w == left
+            : pass == 1 ? rec->holder == L && w <= left
+            : pass == 2 ? w <= left : 1) {
+          left -= w;
+          if (lua_checkstack(L, 2)) lua_rawgeti(L, a, A_N * s + A_RELEASER);
+          end_record(L, d, s, a, NULL);
+          if (pass == 0) break;
+        }
+        s = next;
+      }
+    }
+    lua_remove(L, a);
+  }
+  /* credit, up to what may still be granted: the value and this release
+     (its dispatch may have granted it already) */
+  room = (lk->value > 0 ? lk->value : 0);
+  room = room > INT_MAX - weight ? INT_MAX : room + weight;
+  if (left > 0 && ph_reserve(&d->credit)) {
+    if ((e = ph_find(&d->credit, lk)) == NULL) e = ph_put(&d->credit, lk, 0);
+    e->slot = (int)(left >= room - e->slot ? room : e->slot + left);
+  }
+  /* the marks last: they allocate, and what runs then may end records
+     or debug mode */
+  if (lua_gettop(L) > base + 2 && lua_pcall(L, lua_gettop(L) - base - 1,
+                                            0, 0) != LUA_OK)
+    lua_pop(L, 1);
+  lua_settop(L, base);
+  if ((d = st->dbg_recs) != NULL && d->n < n) ended(L, st);
+}
+
+
+/*
+** Releaser 'r' (at 'idx') of a Semaphore was given back, and has no
+** record: if an unscoped release ended it in place of another's
+** (am_dbg_returned), this release ends records of its weight in turn.
+*/
+static void returned_again (lua_State *L, State *st, int idx,
+                            const Releaser *r) {
+  idx = lua_absindex(L, idx);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, st->dbg_recs->rref);
+  lua_pushvalue(L, idx);
+  if (lua_rawget(L, -2) == LUA_TNIL) {
+    lua_pop(L, 2);
+    return;
+  }
+  lua_pop(L, 1);
+  lua_pushvalue(L, idx);
+  lua_pushnil(L);
+  lua_rawset(L, -3);                      /* (removing allocates nothing) */
+  lua_pop(L, 1);
+  am_dbg_returned(L, st, r->lock, r->weight);
+}
+
+
 /* The releaser at 'idx' was given back, lost or downgraded: its record
    ends. */
 void am_dbg_released (lua_State *L, State *st, int idx) {
   Releaser *r = (Releaser *)lua_touserdata(L, idx);
   DebugRecords *d = st->dbg_recs;
   PtrEntry *e;
-  if (r == NULL || d == NULL || (e = ph_find(&d->rels, r)) == NULL
-      || !lua_checkstack(L, 4))
+  if (r == NULL || d == NULL || !lua_checkstack(L, 4)) return;
+  if ((e = ph_find(&d->rels, r)) == NULL) {
+    if (r->lock->kind == &am_semaphore_kind) returned_again(L, st, idx, r);
     return;
+  }
   lua_rawgeti(L, LUA_REGISTRYINDEX, d->aref);
   end_record(L, d, e->slot, lua_gettop(L), e);
   lua_pop(L, 1);
@@ -686,9 +887,15 @@ void am_dbg_unscoped (lua_State *L, State *st, Lock *lk) {
 }
 
 
-/* A lock or keyed set was made (on top): its creation site names it. */
+/* A lock or keyed set was made (on top): its creation site names it.  A
+   Semaphore's credit left by a collected one at its address goes. */
 void am_dbg_created (lua_State *L, State *st) {
   int top = lua_gettop(L);
+  const Lock *lk = am_tolock(L, top);
+  PtrEntry *e;
+  if (lk != NULL && st->dbg_recs != NULL
+      && (e = ph_find(&st->dbg_recs->credit, lk)) != NULL)
+    ph_remove(&st->dbg_recs->credit, e);
   if (!lua_checkstack(L, 3) || !push_hook(L, st, H_CREATED)) return;
   lua_pushvalue(L, top);
   call_hook(L, 1, 0);
@@ -726,11 +933,18 @@ int am_core_debug (lua_State *L) {
     if (st->dbg_recs == NULL) {         /* the last allocation: may raise */
       DebugRecords *d;
       lua_createtable(L, A_N * FIRST_SLOTS, 0);     /* anchors */
+      lua_createtable(L, 0, 0);                     /* returned */
+      lua_createtable(L, 0, 1);
+      lua_pushliteral(L, "k");
+      lua_setfield(L, -2, "__mode");
+      lua_setmetatable(L, -2);
       d = new_records(L);
+      d->rref = luaL_ref(L, LUA_REGISTRYINDEX);
       d->aref = luaL_ref(L, LUA_REGISTRYINDEX);
       if (st->dbg_recs == NULL) st->dbg_recs = d;
       else {                            /* a finalizer switched it on */
         luaL_unref(L, LUA_REGISTRYINDEX, d->aref);
+        luaL_unref(L, LUA_REGISTRYINDEX, d->rref);
         free(d->slots);
         free(d);
       }
@@ -785,19 +999,6 @@ static int dbg_lock (lua_State *L) {
     return 7;
   }
   return 5;
-}
-
-
-/*
-** core.dbg_releaser(r): whether its grant is held still, its weight and
-** its lock.  Anything else: nothing.
-*/
-static int dbg_releaser (lua_State *L) {
-  Releaser *r = (Releaser *)am_testself(L, 1, AM_T_RELEASER);
-  if (r == NULL) return 0;
-  lua_pushboolean(L, am_releaser_live(r));
-  lua_pushinteger(L, r->weight);
-  return 2;
 }
 
 
@@ -937,6 +1138,8 @@ static int push_view (lua_State *L, State *st, int slot, const Lock *lk,
   lua_rawseti(L, v, V_WHERE);
   lua_pushboolean(L, rec->r->lease);
   lua_rawseti(L, v, V_LEASED);
+  lua_pushlightuserdata(L, rec->r->lock);     /* (allocates nothing) */
+  lua_rawseti(L, v, V_LOCKID);
   lua_pushboolean(L, rec->canon);
   lua_rawseti(L, v, V_CANON);
   lua_pushboolean(L, rec->warned);
@@ -963,9 +1166,10 @@ static int next_selected (const DebugRecords *d, int slot, const Lock *lk,
 
 
 /*
-** core.dbg_records([lock | coroutine]): the records in place (all, of a
-** lock, or of a holder, newest first per lock or holder), as tables with
-** the fields V_*; those whose grant an unscoped release ended go first.
+** core.dbg_records([lock | coroutine [, limit]]): the records in place
+** (all, of a lock, or of a holder, newest first per lock or holder), as
+** tables with the fields V_*; those whose grant an unscoped release ended
+** go first.  With 'limit', the newest 'limit' at most.
 */
 static int dbg_records (lua_State *L) {
   State *st = am_getstate(L);
@@ -974,6 +1178,7 @@ static int dbg_records (lua_State *L) {
   const lua_State *co = NULL;
   int *list;
   int n = 0, m = 0, s, i, before;
+  lua_Integer limit = luaL_optinteger(L, 2, INT_MAX);
   if (!lua_isnoneornil(L, 1)) {
     lk = am_tolock(L, 1);
     if (lk == NULL) co = lua_tothread(L, 1);
@@ -986,7 +1191,7 @@ static int dbg_records (lua_State *L) {
   }
   before = d->n;
   lua_rawgeti(L, LUA_REGISTRYINDEX, d->aref);       /* ends the dead ones */
-  for (s = next_selected(d, -1, lk, co); s >= 0; ) {
+  for (s = next_selected(d, -1, lk, co); s >= 0 && n < limit; ) {
     int next = next_selected(d, s, lk, co);
     if (!am_releaser_live(d->slots[s].r)) end_record(L, d, s, 2, NULL);
     else n++;
@@ -1002,7 +1207,7 @@ static int dbg_records (lua_State *L) {
     list = (int *)lua_newuserdatauv(L, (size_t)n * sizeof(int) + 1, 0);
     m = 0;
     if ((d = st->dbg_recs) != NULL)
-      for (s = next_selected(d, -1, lk, co); s >= 0;
+      for (s = next_selected(d, -1, lk, co); s >= 0 && m < limit;
            s = next_selected(d, s, lk, co))
         m++;
     if (m <= n) break;
@@ -1012,7 +1217,7 @@ static int dbg_records (lua_State *L) {
   }
   m = 0;
   if (d != NULL)
-    for (s = next_selected(d, -1, lk, co); s >= 0;
+    for (s = next_selected(d, -1, lk, co); s >= 0 && m < limit;
          s = next_selected(d, s, lk, co))
       list[m++] = s;
   lua_createtable(L, m, 0);
@@ -1022,11 +1227,43 @@ static int dbg_records (lua_State *L) {
 }
 
 
-/* core.dbg_count(): how many records there are. */
+/*
+** core.dbg_held_count(co [, serial]): how many records coroutine 'co' has,
+** how many of them were made after 'serial' (a record's: its number among
+** the records made and ended so far, DebugRecords.epoch), and the newest
+** one's serial.  Lockdep reads only the new ones when the counts say none
+** ended since (async_mutex.debug: lockdep).  Allocates nothing.
+*/
+static int dbg_held_count (lua_State *L) {
+  const DebugRecords *d = am_getstate(L)->dbg_recs;
+  const lua_State *co = lua_tothread(L, 1);
+  lua_Integer since = luaL_optinteger(L, 2, LUA_MAXINTEGER);
+  const PtrEntry *h;
+  int s, newer = 0;
+  luaL_argexpected(L, co != NULL, 1, "coroutine");
+  if (d == NULL || (h = ph_find(&d->cos, co)) == NULL) {
+    lua_pushinteger(L, 0);
+    return 1;
+  }
+  for (s = h->slot; s >= 0 && d->slots[s].serial > since;
+       s = d->slots[s].next_co)
+    newer++;
+  lua_pushinteger(L, h->n);
+  lua_pushinteger(L, newer);
+  lua_pushinteger(L, d->slots[h->slot].serial);
+  return 3;
+}
+
+
+/*
+** core.dbg_count(): how many records there are, and how many were made or
+** ended so far (a search that read them knows whether they changed since).
+*/
 static int dbg_count (lua_State *L) {
-  State *st = am_getstate(L);
-  lua_pushinteger(L, st->dbg_recs != NULL ? st->dbg_recs->n : 0);
-  return 1;
+  const DebugRecords *d = am_getstate(L)->dbg_recs;
+  lua_pushinteger(L, d != NULL ? d->n : 0);
+  lua_pushinteger(L, d != NULL ? d->epoch : 0);
+  return 2;
 }
 
 
@@ -1110,12 +1347,12 @@ const luaL_Reg am_debug_funcs[] = {
   {"debug", am_core_debug},
   {"dbg_lock", dbg_lock},
   {"dbg_fits", dbg_fits},
-  {"dbg_releaser", dbg_releaser},
   {"dbg_queue", dbg_queue},
   {"dbg_kind", dbg_kind},
   {"dbg_now", dbg_now},
   {"dbg_records", dbg_records},
   {"dbg_count", dbg_count},
+  {"dbg_held_count", dbg_held_count},
   {"dbg_warned", dbg_warned},
   {"dbg_internal", dbg_internal},
   {NULL, NULL}

@@ -360,6 +360,7 @@ static int kmutex_release (lua_State *L) {
 */
 static int ksem_release (lua_State *L) {
   Keyed *kd = checkksem(L);
+  Lock *lk;
   lua_Integer weight;
   am_checkkey(L, 2, 1, "release");
   weight = am_optweight(L, 3, 1, "release");
@@ -369,8 +370,10 @@ static int ksem_release (lua_State *L) {
       && weight > LUA_MAXINTEGER - kd->fresh.value)
     luaL_error(L, "semaphore value overflow");
   lua_pop(L, 1);
-  am_give_back(L, getlock(L, kd, 2, 1), weight, AM_UNSCOPED, 0);
+  lk = getlock(L, kd, 2, 1);                /* (on the stack: anchored) */
+  am_give_back(L, lk, weight, AM_UNSCOPED, 0);
   am_sync(L, kd->st);
+  if (am_debugging()) am_dbg_returned(L, kd->st, lk, weight);
   return 0;
 }
 

@@ -240,8 +240,10 @@ static int sem_setValue (lua_State *L) {
 
 static int sem_release (lua_State *L) {
   Lock *lk = checksem(L);
-  am_give_back(L, lk, am_optweight(L, 2, 1, "release"), AM_UNSCOPED, 0);
+  lua_Integer weight = am_optweight(L, 2, 1, "release");
+  am_give_back(L, lk, weight, AM_UNSCOPED, 0);
   am_sync(L, lk->st);
+  if (am_debugging()) am_dbg_returned(L, lk->st, lk, weight);
   return 0;
 }
 

@@ -1015,9 +1015,10 @@ static void push_where (lua_State *L, State *st, lua_State *co) {
 /*
 ** The waiter of coroutine 'co', anchored by the scheduler: the
 ** to-be-closed userdata at the top of its waiting frame (waiter.c,
-** suspend), if it has the waiters' metatable; else NULL.
+** suspend), if it has the waiters' metatable; else NULL.  (Debug mode's
+** request hook asks it too: debug.c, alone_and_fits.)
 */
-static Waiter *waiter_of (lua_State *L, lua_State *co) {
+Waiter *am_waiter_of (lua_State *L, lua_State *co) {
   int top = lua_gettop(co), same;
   void *p;
   if (top < 1 || lua_status(co) != LUA_YIELD || !lua_checkstack(co, 1))
@@ -1052,7 +1053,7 @@ int am_waiting (lua_State *L) {
     int joined = 0;
     lua_rawgeti(L, 1, i);
     co = lua_tothread(L, -1);
-    w = waiter_of(L, co);
+    w = am_waiter_of(L, co);
     if (w == NULL || w->r.state != S_QUEUED) {
       lua_pop(L, 1);
       continue;

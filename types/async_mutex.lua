@@ -564,9 +564,18 @@ async_mutex.E_CANCELED = "request for lock canceled"
 ---Raised when a keyed lock's `maxPending` bound is reached.
 async_mutex.E_MAX_PENDING = "too many pending requests for this key"
 
+---What `async_mutex.redis` calls raise when the server cannot answer, and
+---why: an error object equal (`==`) to `async_mutex.E_UNAVAILABLE` whatever
+---its reason; `tostring` gives its message.  Shared: not to be changed.
+---@class async_mutex.E_UNAVAILABLE
+---@field message string "redis server unavailable", then ": " and the reason if any
+---@field reason? string why ("connection refused to 127.0.0.1:6379"); nil on the constant itself
+
 ---Raised by `async_mutex.redis` calls that the server cannot answer
----(refused, lost or timed-out connection); the same as `redis.E_UNAVAILABLE`.
-async_mutex.E_UNAVAILABLE = "redis server unavailable"
+---(refused, lost or timed-out connection, closed client), with the reason;
+---the same as `redis.E_UNAVAILABLE`.  Compare with `==`.
+---@type async_mutex.E_UNAVAILABLE
+async_mutex.E_UNAVAILABLE = {}
 
 ---Raised by `check()` and `runExclusive` once a lease-based hold was lost
 ---(`withLease` ran out, or a Redis lock's lease could not be renewed).

@@ -77,8 +77,10 @@ function Client:pending() end
 ---@class async_mutex.redis
 local redis = {}
 
----Raised by calls the server cannot answer (also `async_mutex.E_UNAVAILABLE`).
-redis.E_UNAVAILABLE = "redis server unavailable"
+---Raised by calls the server cannot answer, with the reason (also
+---`async_mutex.E_UNAVAILABLE`); every such error is `==` to it.
+---@type async_mutex.E_UNAVAILABLE
+redis.E_UNAVAILABLE = {}
 
 ---A client for the server at `options` (none: 127.0.0.1:6379); it connects at its first call.
 ---@param options? async_mutex.redis.Options

@@ -45,8 +45,8 @@ local CANONICAL = {}
 local opts                        -- the options while on, else nil
 -- An owner record as core.dbg_records makes it (src/debug.c: V_*; the
 -- records themselves are C structs), then this module's caches.
-local LOCK, REL, HOLDER, SINCE, FN, LINE, WEIGHT, WHERE, LEASED = 1, 2, 3, 4, 5, 6, 7, 8, 9
-local SITE, CLASS, CANON, WARNED = 11, 12, 13, 14
+local LOCK, REL, HOLDER, SINCE, FN, LINE, WEIGHT, WHERE, LEASED, LOCKID = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10
+local SITE, CANON, WARNED = 11, 13, 14
 local WEAKK = { __mode = "k" }
 local names = setmetatable({}, WEAKK)       -- lock or keyed set -> name
 local created = setmetatable({}, WEAKK)     -- lock or keyed set -> creation site
@@ -160,10 +160,6 @@ end
 
 
 -- {========================================================== records
-
-local function live(r)
-  return (core.dbg_releaser(r))
-end
 
 --- "file:line" of a record's acquire (made lazily from its function).
 local function site_of(rec)
@@ -494,7 +490,17 @@ local function doomed_set(R, lock, weight, unlock, priority, held, behind)
       members[#members + 1] = { coroutine = n.id, lock = n.lock, behind = behind_of }
     end
   end
-  return members, doomed
+  return members, doomed, facts
+end
+
+--- Has nothing a search read changed since: no record made or ended
+-- (core.dbg_count's epoch), no waiter come or gone on a lock it read?
+local function unchanged(epoch, facts)
+  for l, f in pairs(facts) do
+    local _, _, _, queued, unlocking = core.dbg_lock(l)
+    if queued + unlocking ~= f.waiters then return false end
+  end
+  return select(2, core.dbg_count()) == epoch
 end
 
 local function deadlock_report(R, lock, members, doomed)
@@ -558,51 +564,135 @@ local function report_once(key, kind, text, info)
   emit(kind, text, info)
 end
 
---- The running coroutine, holding 'held' (its records), requests 'lock'.
--- The request's site is read only for an edge or a report (most requests
--- find their edges recorded already).
-local function lockdep(held, lock)
-  local cb, binfo, site = class_of(lock), nil, nil
-  local canonical
-  for _, rec in ipairs(held) do
-    if rec[LOCK] ~= lock and live(rec[REL]) then
-      local ca = rec[CLASS]
-      if not ca then ca = class_of(rec[LOCK]); rec[CLASS] = ca end
-      if ca == cb then
-        if canonical == nil then canonical = from_canonical() end
-        if not (canonical and rec[CANON]) then
-          site = site or (user_frame())
-          binfo = binfo or lock_info(lock)
-          local what = binfo.set ~= nil
-            and "two keys of one keyed lock taken by separate nested acquires (use acquireAll)"
-            or "two locks of one class taken nested (name them apart if their order is fixed)"
-          report_once("nest:" .. cb, "inversion", format(
-            "async_mutex.debug: possible deadlock: %s\n  %s: %s (acquired at %s)\n  then %s (acquired at %s)",
-            what, classes[cb], label(rec[LOCK]), site_of(rec), label(lock, binfo), site),
-            { kind = "inversion", classes = { classes[cb] }, sites = { site_of(rec), site } })
+--- A record of 'co' of class 'ca' (on a lock other than 'lockid', and not
+-- taken by acquireAll when 'plain'), for a report's sites: read only when
+-- an edge is new or a report made.
+local function record_of(co, ca, lockid, plain)
+  for _, rec in ipairs(records(co)) do
+    if rec[LOCKID] ~= lockid and not (plain and rec[CANON])
+        and class_of(rec[LOCK]) == ca then
+      return rec
+    end
+  end
+end
+
+--- The request of the running coroutine 'co' for 'lock' (its records name
+-- it 'lockid'), after class 'ca' held as 'rec' (nil: read it if needed).
+local function follow(co, lock, lockid, ca, cb, rec, canonical)
+  if ca == cb then
+    if reported["nest:" .. cb] then return end
+    rec = rec or record_of(co, ca, lockid, canonical)
+    if not rec then return end
+    local site = (user_frame(3))
+    local binfo = lock_info(lock)
+    local what = binfo.set ~= nil
+      and "two keys of one keyed lock taken by separate nested acquires (use acquireAll)"
+      or "two locks of one class taken nested (name them apart if their order is fixed)"
+    report_once("nest:" .. cb, "inversion", format(
+      "async_mutex.debug: possible deadlock: %s\n  %s: %s (acquired at %s)\n  then %s (acquired at %s)",
+      what, classes[cb], label(rec[LOCK]), site_of(rec), label(lock, binfo), site),
+      { kind = "inversion", classes = { classes[cb] }, sites = { site_of(rec), site } })
+  elseif not (edges[ca] and edges[ca][cb]) then
+    rec = rec or record_of(co, ca, lockid)
+    if not rec then return end
+    local back = path(cb, ca)
+    local e = { from = ca, to = cb, from_site = site_of(rec), to_site = (user_frame(3)) }
+    edges[ca] = edges[ca] or {}
+    edges[ca][cb] = e
+    nedges = nedges + 1
+    if back then
+      local cycle = { e }
+      for _, b in ipairs(back) do cycle[#cycle + 1] = b end
+      local ids, lines, sites = {}, {}, {}
+      for n, cy in ipairs(cycle) do
+        ids[n] = cy.from
+        lines[n] = edge_line(cy)
+        sites[n] = { from = classes[cy.from], to = classes[cy.to],
+                     from_site = cy.from_site, to_site = cy.to_site }
+      end
+      sort(ids)
+      report_once("cycle:" .. concat(ids, "\0"), "inversion",
+        "async_mutex.debug: possible deadlock: lock order inversion (lockdep), "
+        .. "locks taken in a cycle of orders:\n" .. concat(lines, "\n"),
+        { kind = "inversion", edges = sites })
+    end
+  end
+end
+
+-- A coroutine that holds more than SMALL records: the classes it holds as
+-- lockdep last counted them, memo[co] = { n = records counted, s = the
+-- newest one's serial, [class] = { l1 = a lock's id, multi = records on
+-- another lock too, p1, pmulti = the same of those not taken by
+-- acquireAll } }.  Lock ids are light userdata: the cache keeps nothing
+-- alive.
+local SMALL = 8
+local memo = setmetatable({}, WEAKK)
+
+--- Adds records 'recs' to the count 'm'.
+local function count(m, recs)
+  for _, rec in ipairs(recs) do
+    local ca, id = class_of(rec[LOCK]), rec[LOCKID]
+    local c = m[ca]
+    if not c then
+      c = {}
+      m[ca] = c
+    end
+    if not c.l1 then c.l1 = id elseif c.l1 ~= id then c.multi = true end
+    if not rec[CANON] then
+      if not c.p1 then c.p1 = id elseif c.p1 ~= id then c.pmulti = true end
+    end
+  end
+  m.n = m.n + #recs
+end
+
+--- The running coroutine 'co' requests 'lock' ('lockid').  For each class
+-- it holds (not by the lock requested itself): the edge to the lock's
+-- class, or a report of two of one class taken nested.  A coroutine that
+-- holds many locks is looked at by class: counted again only from the
+-- records made since the last count, while none ended (core.dbg_held_count;
+-- the core ends a record as its grant ends, so counts that add up hold
+-- only live ones).  Each acquire read every record: a coroutine taking n
+-- locks one by one paid n^2/2 (acquireAll of 2,000 keys: 187 times its
+-- instructions with debug mode off; spec 147).
+local function lockdep(co, lock, lockid)
+  local cb = class_of(lock)
+  local m = memo[co]
+  local total, newer, serial = core.dbg_held_count(co, m and m.s)
+  if total <= SMALL then
+    memo[co] = nil
+    local canonical
+    for _, rec in ipairs(records(co)) do
+      if rec[LOCKID] ~= lockid then
+        local ca = class_of(rec[LOCK])
+        if ca ~= cb then follow(co, lock, lockid, ca, cb, rec)
+        elseif not reported["nest:" .. cb] then     -- (frames read once)
+          if canonical == nil then canonical = from_canonical() end
+          if not (canonical and rec[CANON]) then follow(co, lock, lockid, ca, cb, rec) end
         end
-      elseif not (edges[ca] and edges[ca][cb]) then
-        local back = path(cb, ca)
-        site = site or (user_frame())
-        local e = { from = ca, to = cb, from_site = site_of(rec), to_site = site }
-        edges[ca] = edges[ca] or {}
-        edges[ca][cb] = e
-        nedges = nedges + 1
-        if back then
-          local cycle = { e }
-          for _, b in ipairs(back) do cycle[#cycle + 1] = b end
-          local ids, lines, sites = {}, {}, {}
-          for n, c in ipairs(cycle) do
-            ids[n] = c.from
-            lines[n] = edge_line(c)
-            sites[n] = { from = classes[c.from], to = classes[c.to],
-                         from_site = c.from_site, to_site = c.to_site }
+      end
+    end
+    return
+  end
+  if m and total == m.n + newer then
+    if newer > 0 then count(m, core.dbg_records(co, newer)) end
+  else
+    m = { n = 0 }
+    memo[co] = m
+    count(m, records(co))
+  end
+  m.s = serial
+  for ca, c in pairs(m) do
+    if type(c) == "table" then
+      if ca ~= cb then
+        follow(co, lock, lockid, ca, cb)
+      elseif not reported["nest:" .. cb] then
+        local canonical = from_canonical()
+        if canonical then
+          if c.pmulti or (c.p1 and c.p1 ~= lockid) then
+            follow(co, lock, lockid, ca, cb, nil, true)
           end
-          sort(ids)
-          report_once("cycle:" .. concat(ids, "\0"), "inversion",
-            "async_mutex.debug: possible deadlock: lock order inversion (lockdep), "
-            .. "locks taken in a cycle of orders:\n" .. concat(lines, "\n"),
-            { kind = "inversion", edges = sites })
+        elseif c.multi or c.l1 ~= lockid then
+          follow(co, lock, lockid, ca, cb)
         end
       end
     end
@@ -617,20 +707,33 @@ end
 
 -- Each hook first checks that debug mode is on still: a "c" hook at its
 -- call may have switched it off.
-local function on_request(lock, weight, unlock, would_wait, wait, priority, behind)
+local function on_request(lock, weight, unlock, would_wait, wait, priority, behind, lockid)
   local o = opts
   if wait == AM_TRY or not o then return end            -- never waits: never deadlocks
   local co = running()
-  local held = held_by(co)
-  if held and not unlock then lockdep(held, lock) end
+  if not unlock then lockdep(co, lock, lockid) end
   if would_wait then
-    local members, doomed = doomed_set(co, lock, weight, unlock, priority, held or {}, behind)
-    -- switched off (or on anew) meanwhile: what the search read may be
-    -- half gone; the request waits as it would with debug mode off
-    if members and opts == o then
+    -- The search and the report run Lua, and so maybe a count hook or a
+    -- finalizer at an allocation, which may let a member in after the
+    -- search read its queue (a release, a cancel, a coroutine closed):
+    -- the request would then be served, yet raised E_DEADLOCK (spec 148).
+    -- So a deadlock stands only if nothing it read changed meanwhile;
+    -- else the search is made again.  One that never settles lets the
+    -- request wait, as it would with debug mode off.
+    for _ = 1, 4 do
+      local epoch = select(2, core.dbg_count())
+      local members, doomed, facts = doomed_set(co, lock, weight, unlock, priority,
+                                                held_by(co) or {}, behind)
+      -- switched off (or on anew) meanwhile: what the search read may be
+      -- half gone; the request waits as it would with debug mode off
+      if not members or opts ~= o then return end
       local text, info = deadlock_report(co, lock, members, doomed)
-      emit("deadlock", text, info)
-      error(E_DEADLOCK, 0)
+      -- (switched off while the report was made: decided, still raised;
+      -- emit drops the report)
+      if opts ~= o or unchanged(epoch, facts) then
+        emit("deadlock", text, info)
+        error(E_DEADLOCK, 0)
+      end
     end
   end
 end
@@ -699,6 +802,7 @@ end
 
 local function clear()
   classes, nclasses, edges, nedges, reported = {}, 0, {}, 0, {}
+  memo = setmetatable({}, WEAKK)
   if timer then stop_timer() end
 end
 
@@ -768,6 +872,7 @@ function M.name(lock, name)
   end
   names[obj] = name
   classof = setmetatable({}, WEAKK)
+  memo = setmetatable({}, WEAKK)            -- counted by the old classes
   return lock
 end
 

@@ -28,7 +28,8 @@ local M = {
   E_ALREADY_LOCKED = core.E_ALREADY_LOCKED,
   E_CANCELED = core.E_CANCELED,
   E_MAX_PENDING = core.E_MAX_PENDING,
-  E_UNAVAILABLE = "redis server unavailable",   -- async_mutex.redis (docs/redis.md)
+  -- async_mutex.redis's, an error object (docs/redis.md, Failures)
+  E_UNAVAILABLE = require("async_mutex.unavailable").E_UNAVAILABLE,
   E_LOST = "lock lost: lease expired",          -- docs/semantics.md, Leases and lost holds
   setErrorHandler = core.setErrorHandler,
   pending = core.pending,

@@ -5,14 +5,24 @@
 -- (through luv's Lua API), and composes calls into `eval`.
 -- See docs/redis.md.
 
-local core = require "async_mutex.redis_core"
+-- The C part is built only where hiredis is installed (README, "Install
+-- with luarocks"): without it, this says so rather than "module not found".
+local found, core = pcall(require, "async_mutex.redis_core")
+if not found then
+  local why = tostring(core)
+  if why:find("module 'async_mutex.redis_core' not found", 1, true) then
+    why = "not installed"
+  end
+  error("async_mutex.redis needs its C part, async_mutex.redis_core, built only where"
+    .. " hiredis is installed (Debian: libhiredis-dev): install hiredis, then reinstall"
+    .. " async-mutex (async_mutex.redis_core: " .. why .. ")", 2)
+end
 local uv = require "luv"
 local am_spawn = require("async_mutex").spawn
 
-local error, getmetatable, ipairs, pairs, pcall, rawequal, setmetatable, tostring, type =
-  error, getmetatable, ipairs, pairs, pcall, rawequal, setmetatable, tostring, type
-local running, yield, resume, isyieldable =
-  coroutine.running, coroutine.yield, coroutine.resume, coroutine.isyieldable
+local error, getmetatable, ipairs, pairs, pcall, rawget, setmetatable, tostring, type =
+  error, getmetatable, ipairs, pairs, pcall, rawget, setmetatable, tostring, type
+local running, isyieldable = coroutine.running, coroutine.isyieldable
 local mtype, unpack, traceback = math.type, table.unpack, debug.traceback
 local next = next
 
@@ -28,20 +38,29 @@ local Client = core.Client               -- the methods of every client
 
 
 -- {========================================================== hooks
--- What the C part calls (docs/redis.md): the poll handle of each
--- connection and the client's timer, made and driven through luv's Lua
--- API; the back-off between connection attempts; the messages of a
--- subscriber; the report of an error escaping a coroutine it resumed.
--- `state` is the client's table (its C user value); callbacks hold the
--- client through the weak state.ref, so that an unreferenced client can
--- be collected (its __gc ends the connection).
+-- What the C part calls (docs/redis.md): the luv poll handle of each
+-- connection (made, started, stopped and closed through luv's Lua API; its
+-- callback is a C function of the C part) and the client's timer; the
+-- back-off between connection attempts; the messages of a subscriber; the
+-- report of an error escaping a coroutine it resumed.  `state` is the
+-- client's table (its C user value); `conn` a connection's table (made by
+-- the C part: poll, dead, and the callbacks on_event and on_closed).
+-- Callbacks hold the client through the weak state.ref, so that an
+-- unreferenced client can be collected (its __gc ends the connection).
 
 local hooks = core.hooks
 local status, fail, alive, progress = core.status, core.fail, core.alive, core.progress
 local error_text = core.error_text       -- an error object's text, never raising
-local WEAK_K, WEAK_V = { __mode = "k" }, { __mode = "v" }
+local unavailable = hooks.unavailable    -- an E_UNAVAILABLE that says why
+local is_unavailable = require("async_mutex.unavailable").is
+local WEAK_K = { __mode = "k" }
 local ceil, max, min, random, huge = math.ceil, math.max, math.min, math.random, math.huge
-local now = uv.now
+-- The client's clock (ms, monotonic): when replies came (progress), when
+-- a timer was armed, when the back-off ends.  The C part's, which reads
+-- it for every batch of replies at the cost of a system clock read (luv's
+-- uv.now, a registry lookup through luv's context, cost more than the
+-- rest of a reply's handling); luv's timers only schedule the checks.
+local now = core.now
 
 -- close_handle(h): closes a luv handle, safely even when the script ends
 -- before the loop runs again (docs/redis.md, "Closing and exiting").  A
@@ -61,13 +80,37 @@ local GUARD = { __gc = function(guard)
   end
 end }
 
-local function close_handle(h)
-  if not alive(h) or h:is_closing() then return end
+-- `after` (optional) runs once the close is complete; at once if luv has
+-- finalized the handle already, or someone else is closing it.  A handle
+-- this closes already is left to that close (and its `after`).
+local ours = setmetatable({}, WEAK_K)     -- handles closed here
+
+local function close_handle(h, after)
+  if ours[h] then return end
+  if not alive(h) or h:is_closing() then
+    if after then after() end
+    return
+  end
+  ours[h] = true
   local guard = setmetatable({}, GUARD)
   pending[guard] = true
-  h:close(function() pending[guard] = nil end)
+  h:close(function()
+    pending[guard] = nil
+    if after then after() end
+  end)
 end
 core.close_handle = close_handle   -- the Redis locks' timers too: one owner
+
+-- RE-ENTRY: a debug hook may run at any instruction of this file, and a
+-- finalizer at any allocation, and close the client: the timers are read
+-- once into locals (luv's timer methods accept a closing timer; a field
+-- read again may be nil by then), through these.
+local function stop_timer(t)
+  if t and alive(t) then t:stop() end
+end
+local function start_timer(t, ms, fn)
+  if t and alive(t) then t:start(ms, 0, fn) end
+end
 
 -- An error escaped a coroutine resumed by this module: it goes to the
 -- handler set with async_mutex.setErrorHandler, as the locks' do.
@@ -87,24 +130,22 @@ function hooks.report(err, tb)
 end
 local report = hooks.report
 
--- Resumes co with ...; an error escaping it is reported, after co is
--- closed so that its pending to-be-closed variables (releasers) run, as
--- for every coroutine the module resumes (README, Conventions).
-local function resume_reporting(co, ...)
-  local ok, err = resume(co, ...)
-  if ok then return end
-  local tb = traceback(co, error_text(err))
-  local closed, cerr = coroutine.close(co)
-  if not closed and not rawequal(cerr, err) then
-    tb = tb .. "\nand closing the coroutine: " .. error_text(cerr)
-  end
-  report(err, tb)
-end
+-- Resumes co if it is suspended (core.wake: the look and the resume are
+-- one step of C, which a hook cannot come between); an error escaping it
+-- is reported, after co is closed so that its pending to-be-closed
+-- variables (releasers) run, as for every coroutine the module resumes
+-- (README, Conventions).
+local wake = core.wake
 
 -- Whether calls wait for replies (a subscriber: also confirmations and
 -- its health check's PING, state.awaits).
 local function busy(state, client)
   return client:pending() > 0 or (state.awaits ~= nil and state.awaits())
+end
+
+-- A number of ms as the reasons write it: whole, or as %g.
+local function ms_text(ms)
+  return ms == ms // 1 and ("%d"):format(ms) or ("%g"):format(ms)
 end
 
 -- The timer: while connecting, fails the attempt after connectTimeout;
@@ -127,67 +168,101 @@ local function on_timer(state)
     state.timing = false
   elseif t - since >= limit then
     state.timing = false
-    fail(client)
-  elseif state.timer then      -- nil: a finalizer closed the client meanwhile
-    state.timer:start(ceil(limit - (t - since)), 0, state.on_timer)
+    fail(client, st == "connecting"
+      and ("no connection to %s within %s ms"):format(state.addr, ms_text(limit))
+      or ("no reply from %s within %s ms"):format(state.addr, ms_text(limit)))
+  else                         -- (no timer: a finalizer closed the client)
+    start_timer(state.timer, ceil(limit - (t - since)), state.on_timer)
   end
 end
 
 local function arm(state, connecting)
   local limit = connecting and state.connectTimeout or state.commandTimeout
   if limit == huge then
-    if state.timer then state.timer:stop() end
+    stop_timer(state.timer)
     state.timing = false
     return
   end
+  -- RE-ENTRY: the allocations here may run a finalizer that closes this
+  -- client (a subscriber dropped by its client's, see ping_tick): a timer
+  -- made meanwhile is closed, none is started
+  -- (and a timer made meanwhile, by a hook that armed it, is kept: the
+  -- look and the store have no call between them)
   if not state.timer then
-    state.timer = uv.new_timer()
-    state.on_timer = function() on_timer(state) end
+    local t = uv.new_timer()
+    if not state.on_timer then state.on_timer = function() on_timer(state) end end
+    local client = state.ref and state.ref[1]
+    local closed = not client or status(client) == "closed"
+    if closed or state.timer then close_handle(t) else state.timer = t end
+    if closed then return end
   end
-  uv.update_time()            -- the loop's clock, as of now, not of its turn
+  uv.update_time()    -- luv's timers count from the loop's clock: as of now
   state.armed_at = now()
-  -- new_timer() may have run a finalizer that closed this client (a
-  -- subscriber dropped by its client's, see ping_tick): no timer then
   local client = state.ref and state.ref[1]
   if not client or status(client) == "closed" then return end
   state.timing = true
-  state.timer:start(ceil(limit), 0, state.on_timer)
+  start_timer(state.timer, ceil(limit), state.on_timer)
 end
 
--- open(fd, client, state): the poll handle of a new connection, made by
--- luv (so that uv.walk and luv's exit handle it as any other); the C part
--- starts and stops it with a callback of its own.
-function hooks.open(fd, client, state)
-  if not state.ref then state.ref = setmetatable({ client }, WEAK_V) end
-  state.poll = uv.new_socket_poll(fd)
-  return state.poll
+-- open(state, conn, fd): the poll handle of a new connection, on fd (the
+-- socket, or on Linux the epoll set that holds it), made by luv (so that
+-- uv.walk and luv's exit handle it as any other); true, or nil and luv's
+-- error.  Looked up in `uv` at each call.  RE-ENTRY: a finalizer at the
+-- handle's allocation may end this connection: hooks.lost then leaves the
+-- fds to this function (conn.opening), which closes the handle, if made,
+-- and the fds after it; a connection ended before it starts is not
+-- touched (its fds are closed: a number that may be another file's now).
+function hooks.open(_, conn, fd)
+  if conn.dead then return nil, "closed" end
+  conn.opening = true
+  local p, err, name = uv.new_poll(fd)
+  conn.opening = false
+  if p then conn.poll = p end
+  if conn.dead then
+    if p then close_handle(p, conn.on_closed) else conn.on_closed() end
+    return nil, "closed"
+  end
+  if not p then return nil, name or err end
+  return true
 end
 
 -- progress(state): replies came to a subscriber, which stays readable when
 -- idle: its timer stops once no confirmation is awaited.
 function hooks.progress(state)
   if state.timing and not busy(state, state.ref[1]) then
-    state.timer:stop()
+    -- (busy() runs Lua: a finalizer there may have closed the client, and
+    -- its timer with it)
+    if state.timing then stop_timer(state.timer) end
     state.timing = false
   end
 end
 
--- watch(state, events): what the poll handle now watches ("r", "w", "rw";
--- nil: nothing): the timer runs while something is awaited.
-function hooks.watch(state, events)
-  -- The connection is ending: hooks.lost has closed its poll handle, and
-  -- a subscriber's on_lost resumes the coroutines waiting in subscribe
-  -- (which unsubscribe, or subscribe again) before the C side is done;
-  -- nothing is left to watch, and the C side forgets these events.
-  if not state.poll then return end
+-- watch(state, conn, connecting, events): what the poll handle now
+-- watches ("r", "w", "rw"; nil: nothing); the timer runs while it watches
+-- and something is awaited (the connect, or replies).
+function hooks.watch(state, conn, connecting, events)
+  local p = conn and conn.poll
+  if p then
+    -- RE-ENTRY: a finalizer or a debug hook may end this connection at
+    -- any moment, also inside luv's start (it refs the callback, an
+    -- allocation, before it starts the handle).  While conn.busy,
+    -- hooks.lost leaves the handle to this function, which closes it once
+    -- luv is done with it: libuv asserts that a handle it starts or stops
+    -- is not closing.
+    conn.busy = true
+    if not conn.dead then
+      if events then p:start(events, conn.on_event) else p:stop() end
+    end
+    conn.busy = false
+    if conn.dead then close_handle(p, conn.on_closed) end
+  end
   if events then
     if not state.timing then
       local client = state.ref[1]
-      local connecting = status(client) == "connecting"
       if connecting or busy(state, client) then arm(state, connecting) end
     end
   elseif state.timing then
-    state.timer:stop()
+    stop_timer(state.timer)
     state.timing = false
   end
 end
@@ -197,28 +272,40 @@ function hooks.connected(state)
   state.next_attempt = 0
   if busy(state, state.ref[1]) then arm(state, false)
   elseif state.timing then
-    state.timer:stop()
+    stop_timer(state.timer)
     state.timing = false
   end
   if state.on_connected then state.on_connected() end
 end
 
--- lost(state, was_connected, final): the connection ended (final:
--- "close" or "gc" when the client itself ends).  A connection that had
--- been established may be retried at once; a failed attempt delays the
--- next one: capped exponential back-off, with jitter (half to all of it).
-function hooks.lost(state, was_connected, final)
-  if state.poll then
-    close_handle(state.poll)
-    state.poll = nil
-  end
-  if state.timer then
-    state.timing = false
-    if alive(state.timer) then
-      state.timer:stop()
-      if final then close_handle(state.timer) end
+-- lost(state, conn, was_connected, final, err): the connection ended
+-- (conn: its table, nil if the attempt failed before there was one; final: "close" or "gc" when
+-- the client itself ends; err: what its callers raise).  A connection
+-- that had been established may be retried at once; a failed attempt
+-- delays the next one: capped exponential back-off, with jitter (half to
+-- all of it), and calls meanwhile raise E_UNAVAILABLE with err's reason.
+function hooks.lost(state, conn, was_connected, final, err)
+  if conn then
+    -- the fds the handle watched are closed once its close is complete
+    -- (conn.on_closed; docs/redis.md, "Closing and exiting")
+    conn.dead = true
+    -- (while busy, hooks.watch closes them; while opening, hooks.open)
+    if not conn.busy then
+      if conn.poll then
+        close_handle(conn.poll, conn.on_closed)
+      elseif not conn.opening then
+        conn.on_closed()
+      end
     end
-    if final then state.timer = nil end
+  end
+  local timer = state.timer
+  if timer then
+    state.timing = false
+    stop_timer(timer)
+    if final then
+      state.timer = nil
+      close_handle(timer)
+    end
   end
   if was_connected then
     state.failures = 0
@@ -228,8 +315,9 @@ function hooks.lost(state, was_connected, final)
     state.failures = f
     local delay = min(state.reconnectDelayMax, state.reconnectDelay * 2 ^ (f - 1))
     state.next_attempt = now() + delay * (0.5 + 0.5 * random())
+    state.failure = type(err) == "table" and rawget(err, "reason") or error_text(err)
   end
-  if state.on_lost then state.on_lost(was_connected, final) end
+  if state.on_lost then state.on_lost(was_connected, final, err) end
   if final and state.sub and not state.sub.closed then
     if final == "gc" then core.drop(state.sub.client) else state.sub.client:close() end
   end
@@ -239,9 +327,12 @@ function hooks.lost(state, was_connected, final)
   if final == "close" and state.on_close then state.on_close() end
 end
 
--- attempt(state): whether a new connection may be tried now.
+-- attempt(state): nil when a new connection may be tried now; else why
+-- not (the last attempt's failure, and when the next one may come).
 function hooks.attempt(state)
-  return now() >= (state.next_attempt or 0)
+  local wait = (state.next_attempt or 0) - now()
+  if wait <= 0 then return nil end
+  return ("%s (next attempt in %d ms)"):format(state.failure or "no connection", ceil(wait))
 end
 
 function hooks.message(state, reply)
@@ -255,33 +346,28 @@ end
 
 -- The numeric address of `host`: at once when it is one already; else
 -- by luv's asynchronous getaddrinfo when called in a coroutine (which
--- waits), or its synchronous form outside one.  IPv4 is preferred.
+-- waits: a stray resume of it goes on waiting), or its synchronous form
+-- outside one.  IPv4 is preferred.  nil and luv's error when it does not
+-- resolve.
 local function resolve(host)
   local hints = { socktype = "stream", numerichost = true }
-  local res = uv.getaddrinfo(host, nil, hints)
+  local res, err, name = uv.getaddrinfo(host, nil, hints)
   if not res then
     hints.numerichost = nil
     local co, main = running()
     if main or not isyieldable() then
-      res = uv.getaddrinfo(host, nil, hints)
+      res, err, name = uv.getaddrinfo(host, nil, hints)
     else
-      local done, waiting = false, false
-      uv.getaddrinfo(host, nil, hints, function(_, r)
-        res, done = r, true
+      local rec = { done = false }
+      uv.getaddrinfo(host, nil, hints, function(e, r)
+        res, name, rec.done = r, e, true
         -- (a coroutine closed meanwhile is dead: nothing to resume)
-        if waiting and coroutine.status(co) == "suspended" then
-          waiting = false
-          resume_reporting(co)
-        end
+        wake(co)
       end)
-      if not done then
-        waiting = true
-        yield()
-        waiting = false
-      end
+      core.wait(rec)
     end
   end
-  if type(res) ~= "table" or not res[1] then return nil end
+  if type(res) ~= "table" or not res[1] then return nil, name or err end
   for _, a in ipairs(res) do
     if a.family == "inet" then return a.addr end
   end
@@ -385,16 +471,20 @@ function M.connect(options)
   end
   if db and db ~= 0 then setup[#setup + 1] = { "SELECT", tostring(db) } end
   state.setup = setup
+  state.sub = false         -- its subscriber, made by the first subscribe
   if path then
     state.path = path
+    state.addr = path
   else
-    state.host = resolve(host)
-    if not state.host then error(M.E_UNAVAILABLE, 0) end
-    state.port = port
+    local addr, err = resolve(host)
+    if not addr then
+      error(unavailable(("name not resolved: %s (%s)"):format(host, tostring(err or "?"))), 0)
+    end
+    state.host, state.port = addr, port
+    -- as the reasons of E_UNAVAILABLE name it: the name the user gave
+    state.addr = (addr:find(":", 1, true) and "[%s]:%d" or "%s:%d"):format(host, port)
   end
-  local client = core.new(state)
-  state.ref = setmetatable({ client }, WEAK_V)
-  return client
+  return core.new(state)               -- sets state.ref (weak)
 end
 
 -- }==========================================================
@@ -405,8 +495,11 @@ end
 -- first subscribe and shared by all (docs/redis.md, Pub/sub).  Its
 -- state: sub.client (a core client in subscriber mode), sub.channels
 -- (channel -> list of Subscriptions), sub.waiting (channel -> coroutines
--- waiting for the server's confirmation).  After a lost connection the
--- confirmed channels are subscribed again, with the client's back-off.
+-- waiting for the server's confirmation), sub.sent (the channels of each
+-- SUBSCRIBE sent and not answered yet, oldest first: the server answers
+-- each channel with its confirmation, in order, or the whole command with
+-- one error).  After a lost connection the confirmed channels are
+-- subscribed again, with the client's back-off.
 
 local Subscription = { __name = "async_mutex.redis.Subscription" }
 Subscription.__index = Subscription
@@ -424,13 +517,45 @@ local function check_client(self, fname)
 end
 
 
--- Resumes every coroutine waiting for `channel`'s confirmation.
+-- Settles the waits for `channel`'s confirmation: each waiter's record
+-- gets the outcome (ok, err), then its coroutine is resumed if it waits
+-- (in core.wait, which looks at the record: a stray resume finds it
+-- unsettled and goes on waiting; a wait settled while its coroutine was
+-- not suspended, by a hook or finalizer in it, does not begin).
 local function confirm(sub, channel, ok, err)
   local list = sub.waiting[channel]
   if not list then return end
   sub.waiting[channel] = nil
-  for _, co in ipairs(list) do
-    if coroutine.status(co) == "suspended" then resume_reporting(co, ok, err) end
+  for _, rec in ipairs(list) do
+    if not rec.done then
+      rec.done, rec.ok, rec.err = true, ok, err
+      wake(rec.co)
+    end
+  end
+end
+
+-- The server refused a SUBSCRIBE (an error reply, such as NOPERM from an
+-- ACL): its channels' subscriptions end, the coroutines waiting for them
+-- raise that error, and one with nobody waiting (subscribed again after a
+-- lost connection) is reported to the error handler.  The connection and
+-- the other channels go on.
+local function refused(sub, list, err)
+  for _, channel in ipairs(list) do
+    local subs = sub.channels[channel]
+    if subs then
+      sub.channels[channel] = nil
+      for _, s in ipairs(subs) do s.active = false end
+      if sub.waiting[channel] then
+        confirm(sub, channel, false, err)
+      else
+        report(err, traceback(("subscription to channel '%s' refused: %s"):format(
+          channel, error_text(err))))
+      end
+    end
+  end
+  if not next(sub.channels) and not sub.closed then
+    core.listen(sub.client, false)
+    stop_timer(sub.ping)
   end
 end
 
@@ -448,16 +573,39 @@ local function restore(sub)
   local state = sub.state
   local delay = ceil(max(0, (state.next_attempt or 0) - now()))
   sub.scheduled = true
-  if not sub.retry then sub.retry = uv.new_timer() end
-  sub.retry:start(delay, 0, function()
-    sub.scheduled = false
-    if sub.closed or not next(sub.channels) then return end
-    if status(sub.client) ~= "idle" then return end
-    if not core.send(sub.client, "SUBSCRIBE", unpack(channel_list(sub))) then
-      restore(sub)
+  if not sub.retry then
+    -- (a hook or finalizer at that call may have closed the subscriber, or
+    -- made its timer: the look and the store have no call between them)
+    local t = uv.new_timer()
+    if sub.closed or sub.retry then
+      close_handle(t)
+      if sub.closed then return end
+    else
+      sub.retry = t
     end
-  end)
+  end
+  if not sub.on_retry then
+    sub.on_retry = function()
+      sub.scheduled = false
+      if sub.closed or not next(sub.channels) then return end
+      if status(sub.client) ~= "idle" then return end
+      -- one SUBSCRIBE a channel: a server that now refuses one (an ACL
+      -- changed meanwhile) answers that command with an error, and only that
+      -- channel's subscriptions end
+      for _, channel in ipairs(channel_list(sub)) do
+        if not core.send(sub.client, "SUBSCRIBE", channel) then
+          restore(sub)
+          return
+        end
+        if sub.closed then return end
+        sub.sent[#sub.sent + 1] = { channel }      -- answered in order
+      end
+    end
+    if sub.closed then return end              -- (closed at that allocation)
+  end
+  start_timer(sub.retry, delay, sub.on_retry)
 end
+
 
 -- Callbacks that never yield (the Redis locks' hand-off messages, see
 -- async_mutex.redis_lock) are called directly, not in a coroutine of their
@@ -465,18 +613,42 @@ end
 local direct = setmetatable({}, WEAK_K)
 core.direct_callbacks = direct
 
+-- RE-ENTRY: a new coroutine is an allocation, where a finalizer may end
+-- the subscription: the function is called through s.call, which looks at
+-- s.active again once the coroutine runs (an ended subscription's function
+-- is never called).
 local function deliver(s, message, channel)
   local fn = s.fn
   if direct[fn] then
     local ok, err = pcall(fn, message, channel)
     if not ok then report(err, traceback(error_text(err))) end
   else
-    am_spawn(fn, message, channel)
+    am_spawn(s.call, message, channel)
   end
+end
+
+local ERROR_MT = getmetatable(core.error("ERR x"))
+
+-- The first command of sub.sent has had its answer for `channel`.
+local function answered(sub, channel)
+  local head = sub.sent[1]
+  if not head then return end
+  for i = 1, #head do
+    if head[i] == channel then
+      table.remove(head, i)
+      break
+    end
+  end
+  if #head == 0 then table.remove(sub.sent, 1) end
 end
 
 local function on_message(sub, reply)
   if type(reply) ~= "table" then return end
+  if getmetatable(reply) == ERROR_MT then      -- a SUBSCRIBE refused
+    local list = table.remove(sub.sent, 1)
+    if list then refused(sub, list, reply) end
+    return
+  end
   local kind = reply[1]
   if kind == "message" then
     local list = sub.channels[reply[2]]
@@ -490,6 +662,7 @@ local function on_message(sub, reply)
       if s.active then deliver(s, reply[3], reply[2]) end
     end
   elseif kind == "subscribe" then
+    answered(sub, reply[2])
     confirm(sub, reply[2], true)
   elseif kind == "pong" then
     sub.pinging = false                -- hooks.progress stops the timer
@@ -521,18 +694,27 @@ local function ping_tick(sub)
     end
   end
   if sub.closed then return end
-  timer:start(ceil(delay), 0, sub.on_ping)
+  start_timer(timer, ceil(delay), sub.on_ping)
 end
 
 local function start_pings(sub)
   local every = sub.state.pingInterval
   if every == huge or sub.closed then return end
   if not sub.ping then
-    sub.ping = uv.new_timer()
-    sub.ping:unref()                     -- the subscription keeps the loop
-    sub.on_ping = function() ping_tick(sub) end
+    -- (a hook or finalizer at that call may have closed this subscriber,
+    -- or made its timer: the look and the store have no call between them)
+    local t = uv.new_timer()
+    if sub.closed or sub.ping then
+      close_handle(t)
+    else
+      sub.ping = t
+      t:unref()                          -- the subscription keeps the loop
+    end
   end
-  if not sub.ping:is_active() then sub.ping:start(ceil(every), 0, sub.on_ping) end
+  if not sub.on_ping then sub.on_ping = function() ping_tick(sub) end end
+  if sub.closed then return end
+  local t = sub.ping
+  if t and alive(t) and not t:is_active() then t:start(ceil(every), 0, sub.on_ping) end
 end
 
 -- The state of another connection to the server of `state`'s client,
@@ -541,7 +723,8 @@ end
 -- (core.sibling, async_mutex.redis_lock).
 local function same_server(state)
   return {
-    host = state.host, port = state.port, path = state.path, setup = state.setup,
+    host = state.host, port = state.port, path = state.path, addr = state.addr,
+    setup = state.setup,
     connectTimeout = state.connectTimeout, commandTimeout = state.commandTimeout,
     reconnectDelay = state.reconnectDelay, reconnectDelayMax = state.reconnectDelayMax,
     pingInterval = state.pingInterval,
@@ -549,10 +732,7 @@ local function same_server(state)
 end
 
 function core.sibling(client)
-  local state = same_server(core.state(client))
-  local c = core.new(state)
-  state.ref = setmetatable({ c }, WEAK_V)
-  return c
+  return core.new(same_server(core.state(client)))   -- sets state.ref (weak)
 end
 
 local function subscriber(self)
@@ -560,27 +740,31 @@ local function subscriber(self)
   local sub = state.sub
   if sub then return sub end
   local sstate = same_server(state)
-  sub = { state = sstate, channels = {}, waiting = {} }
+  sub = { state = sstate, channels = {}, waiting = {}, sent = {} }
   sub.client = core.new(sstate, true)
-  sstate.ref = setmetatable({ sub.client }, WEAK_V)
   sstate.on_message = function(reply) on_message(sub, reply) end
   sstate.awaits = function() return sub.pinging or next(sub.waiting) ~= nil end
-  sstate.on_lost = function(_, final)
-    -- calls waiting for a confirmation fail (but a finalizer resumes
-    -- nobody: they are garbage too); confirmed channels come back
+  sstate.on_lost = function(_, final, err)
+    -- calls waiting for a confirmation fail, with E_UNAVAILABLE and the
+    -- connection's reason (but a finalizer resumes nobody: they are
+    -- garbage too); confirmed channels come back
+    if not is_unavailable(err) then       -- AUTH or SELECT refused
+      err = unavailable(("set-up refused by %s (%s)"):format(sstate.addr, error_text(err)))
+    end
     local waiting = sub.waiting
     sub.waiting = {}
+    sub.sent = {}
     sub.pinging = false
     for channel, list in pairs(waiting) do
       if final ~= "gc" then
         sub.waiting[channel] = list
-        confirm(sub, channel, false, M.E_UNAVAILABLE)
+        confirm(sub, channel, false, err)
       end
       local subs = sub.channels[channel]
       if subs and #subs == 0 then sub.channels[channel] = nil end
     end
     -- at lua_close luv may have finalized the timer already (alive)
-    if sub.ping and alive(sub.ping) and not next(sub.channels) then sub.ping:stop() end
+    if not next(sub.channels) then stop_timer(sub.ping) end
     if final then
       sub.closed = true
       if sub.retry then close_handle(sub.retry) end
@@ -590,7 +774,16 @@ local function subscriber(self)
       restore(sub)
     end
   end
-  state.sub = sub
+  -- RE-ENTRY: a hook or a finalizer at one of the calls above may have
+  -- made the client's subscriber (a subscribe of its own), or closed the
+  -- client (whose close closes only the subscriber it saw): one claim, in
+  -- one step of C, then a look at the client
+  local claimed = core.claim(state, "sub", sub)
+  if claimed ~= sub then
+    core.drop(sub.client)                  -- (never connected)
+    return claimed
+  end
+  if status(self) == "closed" and not sub.closed then sub.client:close() end
   return sub
 end
 
@@ -612,6 +805,9 @@ function Client.subscribe(self, channel, fn)
   end
   local sub = subscriber(self)
   local s = setmetatable({ channel = channel, fn = fn, active = true, sub = sub }, Subscription)
+  s.call = function(message, ch)
+    if s.active then return fn(message, ch) end
+  end
   local list = sub.channels[channel]
   if list and not sub.waiting[channel] then            -- confirmed already
     list[#list + 1] = s
@@ -620,33 +816,40 @@ function Client.subscribe(self, channel, fn)
   if not list then
     list = {}
     sub.channels[channel] = list
-    if not core.send(sub.client, "SUBSCRIBE", channel) then
+    local sent, err = core.send(sub.client, "SUBSCRIBE", channel)
+    if not sent then
       sub.channels[channel] = nil
-      error(M.E_UNAVAILABLE, 0)
+      error(err, 0)
     end
+    if not sub.closed then sub.sent[#sub.sent + 1] = { channel } end
     core.listen(sub.client, true)
     start_pings(sub)
   end
   list[#list + 1] = s
   local waiting = sub.waiting[channel] or {}
   sub.waiting[channel] = waiting
-  waiting[#waiting + 1] = co
+  local rec = { co = co, done = false }
+  waiting[#waiting + 1] = rec
+  -- RE-ENTRY: the subscriber may have been closed by Lua code run since
+  -- the look above (a hook, a finalizer): nobody would settle this wait
+  if sub.closed and not rec.done then
+    rec.done, rec.ok, rec.err = true, false, unavailable("client closed")
+  end
   -- A coroutine closed (coroutine.close) while it waits never gets its
   -- subscription: it ends here, or fn would be called for ever with
   -- nobody holding the subscription to end it, and the loop never return.
-  local settled = false
   local _ <close> = setmetatable({}, { __close = function()
-    if settled then return end
+    if rec.done then return end
+    rec.done = true
     for i = #waiting, 1, -1 do
-      if waiting[i] == co then table.remove(waiting, i) end
+      if waiting[i] == rec then table.remove(waiting, i) end
     end
     s:unsubscribe()
   end })
-  local ok, err = yield()
-  settled = true
-  if not ok then
+  core.wait(rec)
+  if not rec.ok then
     s:unsubscribe()
-    error(err, 0)
+    error(rec.err, 0)
   end
   return s
 end
@@ -673,12 +876,12 @@ function Subscription.unsubscribe(self)
   end
   if not next(sub.channels) then
     core.listen(sub.client, false)
-    if sub.ping then sub.ping:stop() end
+    stop_timer(sub.ping)
     -- nothing left to subscribe again: a pending retry (up to
     -- reconnectDelayMax away) would keep uv.run() from returning
     if sub.scheduled and sub.retry then   -- (none once closed)
       sub.scheduled = false
-      sub.retry:stop()
+      stop_timer(sub.retry)
     end
   end
 end
@@ -739,26 +942,34 @@ local function remember(script, sha)
 end
 -- }----------------------------------------------------------
 
+-- The list (keys or args of eval) checked: strings and numbers.  A table
+-- with a metatable (a __len or __index of its own) is read once, into a
+-- plain list: what was checked is what is sent.
 local function check_list(list, n, what)
-  if list == nil then return 0 end
+  if list == nil then return nil end
   if type(list) ~= "table" then
     argerror(3, n, "eval", ("table of %s expected, got %s"):format(what, typename(list)))
   end
   local len = #list
+  if mtype(len) ~= "integer" or len < 0 then
+    argerror(3, n, "eval", ("%s has no valid length"):format(what))
+  end
+  local plain = getmetatable(list) == nil
+  local out = plain and list or {}
   for i = 1, len do
-    local t = type(list[i])
+    local v = list[i]
+    local t = type(v)
     if t ~= "string" and t ~= "number" then
       argerror(3, n, "eval", ("%s[%d] must be a string or number, got %s"):format(
-        what, i, typename(list[i])))
+        what, i, typename(v)))
     end
-    if list[i] ~= list[i] then   -- NaN: refused here, where the message names eval
+    if v ~= v then   -- NaN: refused here, where the message names eval
       argerror(3, n, "eval", ("%s[%d] must not be NaN"):format(what, i))
     end
+    if not plain then out[i] = v end
   end
-  return len
+  return out
 end
-
-local ERROR_MT = getmetatable(core.error("NOSCRIPT x"))
 
 local function is_noscript(err)
   return getmetatable(err) == ERROR_MT and err.code == "NOSCRIPT"
@@ -798,8 +1009,8 @@ function Client.eval(self, script, keys, args)
   if type(script) ~= "string" then
     argerror(2, 1, "eval", "string expected, got " .. typename(script))
   end
-  check_list(keys, 2, "keys")
-  check_list(args, 3, "args")
+  keys = check_list(keys, 2, "keys")
+  args = check_list(args, 3, "args")
   -- call's own misuse errors, here at eval's caller's line (call would
   -- raise them at this file's)
   check_open(self, 2)

@@ -14,7 +14,6 @@
 -- gives back the keys taken before it.  The releaser gives every key back,
 -- each by its own request, all in flight at once, even when one fails.
 
-local am = require "async_mutex"
 local core = require "async_mutex.core"
 local base = require "async_mutex.redis_lock_base"
 local checks = require "async_mutex.checks"
@@ -27,7 +26,6 @@ local byte, format, concat, sort = string.byte, string.format, table.concat, tab
 local min, max, huge = math.min, math.max, math.huge
 local hrtime = uv.hrtime
 local typename, argerror, is_callable = checks.typename, checks.argerror, checks.is_callable
-local E_UNAVAILABLE = am.E_UNAVAILABLE
 local NS = base.NS
 
 local M = {}
@@ -234,7 +232,7 @@ end
 -- gives them back in the background, as a waiter that gives up does.
 local function take_atomic(lk, sorted, s_weight)
   local hub = lk.hub
-  if hub.closed then error(E_UNAVAILABLE, 0) end
+  if hub.closed then error(base.CLOSED, 0) end
   if hub.evicts ~= false then base.eviction(lk) end
   local list, keys = atomic_keys(lk, sorted)
   local n = #sorted
@@ -266,6 +264,22 @@ local function take_atomic(lk, sorted, s_weight)
     base.hub_use(hub)
     leases[i] = base.new_lease(lk, keys[i], tokens[i], tointeger(tonumber(r[i + 1])), sent,
                                lk.ttl)
+  end
+  -- Closed by a finalizer or a hook since the answer (at an allocation or
+  -- a luv call of new_lease): the close gave every token back (still
+  -- waiters' here, or holds'); the holds are not handed out, as
+  -- redis_acquire does not hand out its own.
+  if hub.closed then
+    for i = 1, n do
+      local lease = leases[i]
+      if lease.state == "held" then   -- not among the holds when the close came
+        lease.state = "released"
+        base.stop_timer(lease)
+        base.forget(lease)
+        hub.users = hub.users - 1
+      end
+    end
+    error(base.CLOSED, 0)
   end
   return leases
 end

@@ -69,7 +69,9 @@ local function downgrade(lease)
   if not writes[lease] then
     error("attempt to downgrade a releaser that is not a readers-writer lock's write hold", 2)
   end
-  if lease.state == "held" and hrtime() >= lease.valid_until then base.lose(lease, "expired") end
+  -- (the clock first: a close() in a hook of that luv call ends the hold)
+  local now = hrtime()
+  if lease.state == "held" and now >= lease.valid_until then base.lose(lease, "expired") end
   if lease.state == "lost" then error(lk.lost_error, 0) end
   if lease.state ~= "held" then error("attempt to downgrade a write hold that has ended", 2) end
   check_open(lk.client, 2)
@@ -86,6 +88,7 @@ local function downgrade(lease)
     -- lost meanwhile by the local clock (or the client closed): the read
     -- hold Redis may have now ends with its lease, as a lost one does
     if lease.state == "lost" then error(lk.lost_error, 0) end
+    if lk.hub.closed then error(base.CLOSED, 0) end   -- the close gave it back
     error("attempt to downgrade a write hold that has ended", 2)
   end
   if r == 0 then
@@ -93,12 +96,27 @@ local function downgrade(lease)
     error(lk.lost_error, 0)
   end
   -- the write ends here without a request (Redis has the read now); the
-  -- hub stays in use for the read hold
+  -- hub stays in use for the read hold.  The token is in flight until the
+  -- read lease holds it, for a close() in a hook or finalizer of the calls
+  -- between: the close gives it back, and the read is not handed out.
+  local hub = lk.hub
   lease.state = "released"
   writes[lease] = nil
+  hub.inflight[lease.token] = lease.keys
   base.stop_timer(lease)
   base.forget(lease)
-  return base.new_lease(lk, lease.keys, lease.token, tointeger(tonumber(r[2])), sent, lk.ttl)
+  local read = base.new_lease(lk, lease.keys, lease.token, tointeger(tonumber(r[2])), sent, lk.ttl)
+  hub.inflight[lease.token] = nil
+  if hub.closed then
+    if read.state == "held" then      -- not among the holds when the close came
+      read.state = "released"
+      base.stop_timer(read)
+      base.forget(read)
+      hub.users = hub.users - 1
+    end
+    error(base.CLOSED, 0)
+  end
+  return read
 end
 
 local RW = { __name = "async_mutex.RedisRWLock" }

@@ -41,6 +41,11 @@ local hrtime = uv.hrtime
 local internal = core.dbg_internal
 local typename, argerror, check_open = checks.typename, checks.argerror, checks.check_open
 local E_UNAVAILABLE = am.E_UNAVAILABLE
+local unavailable = require "async_mutex.unavailable"
+-- Why a server failed an attempt, besides its client's own errors
+local YOUNG = unavailable.new("server up for less than ttl (restarted)")
+local DRAW_ENDED = unavailable.new("lease ended before its fence was drawn")
+local FENCE_UNSETTLED = unavailable.new("fence not written to a quorum")
 local NS = base.NS
 local limited = core.acquire
 
@@ -130,7 +135,7 @@ local function started(lk)
   if hub.started ~= nil then return hub.started end
   if not hub.started_gate then hub.started_gate = internal(core.Mutex.new()) end
   local _ <close> = hub.started_gate:acquire()
-  if hub.closed then error(E_UNAVAILABLE, 0) end
+  if hub.closed then error(base.CLOSED, 0) end
   if hub.started == nil then
     local ok, info = pcall(lk.client.call, lk.client, "INFO", "server")
     if not ok and info == E_UNAVAILABLE then error(info, 0) end
@@ -357,7 +362,7 @@ local function draw(att, i, s)
     if att.srv[i] ~= s or att.done or s.state ~= "granted" then return end
     if not ok then return fail_server(att, s, v) end
     v = tonumber(v)
-    if v == 0 then return fail_server(att, s, E_UNAVAILABLE) end   -- its lease ended
+    if v == 0 then return fail_server(att, s, DRAW_ENDED) end   -- its lease ended
     drawn(att, s, v)
   end)
 end
@@ -391,7 +396,7 @@ local function answered(att, i, s, ok, lease, value)
   if not ok then return fail_server(att, s, lease) end
   if young(rl, lk) then
     base.background(base.release_lease, lease)
-    return fail_server(att, s, E_UNAVAILABLE)
+    return fail_server(att, s, YOUNG)
   end
   s.lease = lease
   s.state = "granted"
@@ -408,7 +413,7 @@ function start(att, i)
   if young(rl, lk) then                           -- known to be young: not asked
     s.state = "failed"
     att.failed = att.failed + 1
-    s.err = E_UNAVAILABLE
+    s.err = YOUNG
     return
   end
   local bound                        -- nil: the attempt's caller bounds it
@@ -438,15 +443,20 @@ local function finish(att, keep)
 end
 
 -- The error of an attempt that cannot reach a quorum: the try's, or a
--- server's own (an eviction refusal), else E_UNAVAILABLE.
+-- server's own (an eviction refusal), else E_UNAVAILABLE saying why, server
+-- by server.
 local function failure(att, err)
-  local found
+  local found, why = nil, {}
   for i = 1, att.rl.n do
     local e = att.srv[i].err
     if e == TRY then return err end
     if e ~= nil and e ~= E_UNAVAILABLE and found == nil then found = e end
+    if e ~= nil then
+      why[#why + 1] = format("#%d %s", i, unavailable.is(e) and e.reason or tostring(e))
+    end
   end
-  return found or E_UNAVAILABLE
+  return found or unavailable.new(format("no quorum of %d of %d servers (%s)", att.rl.quorum,
+                                         att.rl.n, table.concat(why, "; ")))
 end
 
 -- A split: this process has some servers, others have the rest, and
@@ -552,7 +562,7 @@ local function acquire_quorum(rl, deadline, err)
     end
     local settled = settle_fence(att, fence, deadline or nil)
     if settled == nil then error(err, 0) end
-    if not settled then error(E_UNAVAILABLE, 0) end
+    if not settled then error(FENCE_UNSETTLED, 0) end
     return fence
   end)
   if not ok then
@@ -569,6 +579,23 @@ local function acquire_quorum(rl, deadline, err)
   end
   att.hold = hold
   finish(att, true)
+  -- Clients closed by a finalizer or a hook since their grants (at an
+  -- allocation above): the close gave their tokens back.  With fewer than
+  -- a quorum of leases left the hold is not handed out, as redis_acquire
+  -- does not hand out its own; the others are given back.
+  local left, closed = 0, false
+  for _, lease in pairs(hold.leases) do
+    if lease.state == "held" then left = left + 1
+    elseif lease.state == "released" then closed = true end
+  end
+  if closed and left < rl.quorum then
+    hold.state = "released"
+    for _, lease in pairs(hold.leases) do
+      hold_of[lease] = nil
+      if lease.state == "held" then base.background(base.release_lease, lease) end
+    end
+    error(base.CLOSED, 0)
+  end
   local holds = rl.holds
   holds[#holds + 1] = hold
   return hold
@@ -689,7 +716,10 @@ function methods.isLocked(self)
       locked = locked + results[i]
     end
   end
-  if replied < rl.quorum then error(E_UNAVAILABLE, 0) end
+  if replied < rl.quorum then
+    error(unavailable.new(format("%d of %d servers answered (quorum %d)", replied, rl.n,
+                                 rl.quorum)), 0)
+  end
   return locked >= rl.quorum
 end
 

@@ -45,7 +45,8 @@ local M = {}
 -- that is absent from a hash that exists (another program's hash), or is
 -- not a non-negative integer up to 2^63 - 1, means the key was not written
 -- by these scripts, and is refused with a WRONGTYPE error rather than
--- written into.  The last version, 2^63 - 1, can be read but has no
+-- written into (so is one with a NUL, which the server's tonumber reads
+-- up to the NUL).  The last version, 2^63 - 1, can be read but has no
 -- successor: a write there is refused with an error.
 
 local PRELUDE = [[
@@ -69,7 +70,9 @@ local function current()
     end
     return nil
   end
-  -- another form of a number ('5.0', '1e3'): as before, below 2^53 only
+  -- another form of a number ('5.0', '1e3'): as before, below 2^53 only.
+  -- Lua 5.1's tonumber stops at a NUL ('5\0abc' read as 5): not a number
+  if string.find(v, '%z') then return nil end
   local n = tonumber(v)
   if not n or n < 0 or n % 1 ~= 0 or n >= 2^53 then
     return nil

@@ -1,6 +1,6 @@
 /*
 ** redis.h: private header of async_mutex.redis_core, the Redis client
-** driven by hiredis on luv's loop (see docs/redis.md)
+** on luv's loop, hiredis's reader parsing its replies (see docs/redis.md)
 */
 #ifndef AM_REDIS_H
 #define AM_REDIS_H
@@ -10,9 +10,6 @@
 /* metatable names (also what argument errors name) */
 #define AM_REDIS_CLIENT  "async_mutex.redis.Client"
 #define AM_REDIS_ERROR   "async_mutex.redis.Error"
-
-/* the exact value raised when the server cannot be reached */
-#define AM_E_UNAVAILABLE "redis server unavailable"
 
 /* reply.c: converts a hiredis reply to a Lua value (pushed) */
 struct redisReply;
