@@ -305,20 +305,26 @@ main(function()
 end)
 ]]
 
+  -- Slowed down (sanitizers, valgrind, GC stress) a worker's turn of the
+  -- loop can take longer than a third of a short lease, and a renewal then
+  -- comes too late: a paused holder, a fault, which this case leaves out
+  -- (as spec 120 does there).
+  local NO_FAULT_TTLS = h.SLOW and { 400, 1000 } or { 50, 200 }
+
   it("never lets an exclusive hold overlap another: ttl {50, 200} x waiterTimeout {90, 3000}",
     h.async(function()
       local seed = os.time()
       local report = {}
       for _, kind in ipairs(KINDS) do
         local cells = {}
-        for _, ttl in ipairs({ 50, 200 }) do
+        for _, ttl in ipairs(NO_FAULT_TTLS) do
           for _, wait in ipairs({ 90, 3000 }) do
             local log = os.tmpname()
             local cell = { ttl = ttl, wait = wait, log = log, children = {} }
             local name = fresh()
             for p = 1, 3 do
               cell.children[p] = R.child(WORKER, { server.path, kind[2], name, ttl, wait,
-                ttl == 50 and 8 or 4, seed + p, log, "p" .. p })
+                ttl == 50 and 8 or ttl == 200 and 4 or 2, seed + p, log, "p" .. p })
             end
             cells[#cells + 1] = cell
           end
