@@ -426,6 +426,20 @@ local function new_lease(lk, keys, token, fence, sent, first)
   return lease
 end
 
+-- A hold made after its client's close, by a finalizer or a hook at an
+-- allocation or a luv call of new_lease: it was not among the holds the
+-- close ended (the close gave its token back all the same), so it ends
+-- here as they did.  The caller then raises CLOSED.
+local function end_after_close(lease)
+  if lease.state == "held" then
+    lease.state = "released"
+    stop_timer(lease)
+    forget(lease)
+    local hub = lease.lock.hub
+    hub.users = hub.users - 1
+  end
+end
+
 -- Ends the hold: true if this call ended it, false if it had already been
 -- given back or lost (docs/semantics.md, "Leases and lost holds").  In a
 -- coroutine that can yield (<close> included) the call waits for Redis's
@@ -938,12 +952,7 @@ local function redis_acquire(lk, name, weight, deadline, err, token)
   -- waiter's or as the hold's, and the next process may hold already.
   -- The hold is not handed out; it ends here as the close ends holds.
   if hub.closed then
-    if lease.state == "held" then   -- not among the holds when the close came
-      lease.state = "released"
-      stop_timer(lease)
-      forget(lease)
-      hub.users = hub.users - 1
-    end
+    end_after_close(lease)
     error(CLOSED, 0)
   end
   return lease, value, extra
@@ -1237,7 +1246,8 @@ end
 -- }==========================================================
 
 return {
-  CLOSED = CLOSED, random_hex = random_hex, background = background, eval = eval,
+  CLOSED = CLOSED, end_after_close = end_after_close,
+  random_hex = random_hex, background = background, eval = eval,
   release_token = release_token, get_hub = get_hub, hub_use = hub_use,
   hub_unuse = hub_unuse, subscribe = subscribe,
   Lease = Lease, lease_methods = lease_methods, NS = NS, drift = drift,

@@ -270,15 +270,7 @@ local function take_atomic(lk, sorted, s_weight)
   -- waiters' here, or holds'); the holds are not handed out, as
   -- redis_acquire does not hand out its own.
   if hub.closed then
-    for i = 1, n do
-      local lease = leases[i]
-      if lease.state == "held" then   -- not among the holds when the close came
-        lease.state = "released"
-        base.stop_timer(lease)
-        base.forget(lease)
-        hub.users = hub.users - 1
-      end
-    end
+    for i = 1, n do base.end_after_close(leases[i]) end
     error(base.CLOSED, 0)
   end
   return leases

@@ -108,12 +108,7 @@ local function downgrade(lease)
   local read = base.new_lease(lk, lease.keys, lease.token, tointeger(tonumber(r[2])), sent, lk.ttl)
   hub.inflight[lease.token] = nil
   if hub.closed then
-    if read.state == "held" then      -- not among the holds when the close came
-      read.state = "released"
-      base.stop_timer(read)
-      base.forget(read)
-      hub.users = hub.users - 1
-    end
+    base.end_after_close(read)
     error(base.CLOSED, 0)
   end
   return read
