@@ -787,8 +787,8 @@ local function ask(lk, w, s_weight, mode)
   -- (closed by a finalizer or a hook since the caller looked: a waiter's
   -- outcome, not the closed client's misuse error)
   if lk.hub.closed then error(CLOSED, 0) end
-  local r = eval(lk, lk.acquire_script or scripts.acquire, w.keys, w.token, lk.s_limit,
-                 s_weight, lk.s_ttl, lk.s_wait, lk.hub.channel, mode)
+  local r = eval(lk, lk.acquire_script, w.keys, w.token, lk.s_limit, s_weight, lk.s_ttl,
+                 lk.s_wait, lk.hub.channel, mode)
   if lk.hub.evicts == nil then eviction(lk) end
   return r
 end
@@ -1120,6 +1120,7 @@ local function new_record(mt, client, name, limit, opts, keyed)
     or core.Mutex.new(opts.cancel_error))
   lk.s_limit, lk.s_ttl, lk.s_wait = tostring(limit), tostring(opts.ttl), tostring(opts.wait_ms)
   lk.keys, lk.direct = lock_keys(name, lk.s_limit), is_client(client)
+  lk.acquire_script = scripts.acquire     -- (a kind may put its own: ask)
   lk.waiting = {}
   lk.holds = {}
   return lk
