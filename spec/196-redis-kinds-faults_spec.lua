@@ -159,7 +159,9 @@ for _, kind in ipairs(KINDS) do
         local name = fresh()
         local c = server:client({ reconnectDelay = 10, reconnectDelayMax = 50 })
         local lost = {}
-        local k = adapter(src, c, name, { ttl = 300, onLost = function(info)
+        -- (slowed down, a restart can outlast a 300 ms lease: the renewal
+        -- would then find the lease over by the local clock, not refused)
+        local k = adapter(src, c, name, { ttl = 300 * h.TIME_SCALE, onLost = function(info)
           lost[#lost + 1] = info.reason end })
         local function fence(r) return r.fence or r.fences.a end
         local r1 = k.take()
