@@ -242,6 +242,7 @@ ifneq ($(HIREDIS_H),)
 	$(RUNENV) $(LUA) bench/redis/run.lua
 	$(RUNENV) $(LUA) bench/optimistic.lua
 	$(RUNENV) $(LUA) bench/redis_locks.lua
+	$(RUNENV) $(LUA) bench/redis_kinds.lua
 endif
 
 # Model-based random testing: N generated sequences, each run against the
