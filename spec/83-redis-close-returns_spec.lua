@@ -145,8 +145,13 @@ function cases.subscribing()
     a(); b()
     c1:close()
   end)
-  spawn("waiter_a", function() sleep(10); k2:acquire("a") end)
-  spawn("waiter_b", function() sleep(10); k2:acquire("b") end)
+  -- both requests sent in one turn of the loop (two timers of 10 ms may
+  -- fire in two turns, and the close could then come before waiter_b asks)
+  am.spawn(function()
+    sleep(10)
+    spawn("waiter_a", function() k2:acquire("a") end)
+    spawn("waiter_b", function() k2:acquire("b") end)
+  end)
 end
 
 cases[CASE]()

@@ -105,13 +105,17 @@ end
 -- list.  The hub knows the token until the answer, so that a close() that
 -- cuts the request off gives it back all the same (client_closed).
 -- Returns pcall's results: an unreachable Redis is not an error here
--- (each caller says why).
-local function release_token(lk, keys, token)
-  local inflight = lk.hub.inflight
-  inflight[token] = keys
+-- (each caller says why).  send_release: the same, for a token the caller
+-- has put in 'inflight' already.
+local function send_release(lk, keys, token)
   local ok, r = pcall(eval, lk, scripts.release, keys, token, keys.limit)
-  inflight[token] = nil
+  lk.hub.inflight[token] = nil
   return ok, r
+end
+
+local function release_token(lk, keys, token)
+  lk.hub.inflight[token] = keys
+  return send_release(lk, keys, token)
 end
 
 
@@ -339,6 +343,15 @@ local function renew(lease)
     arm(lease)
   elseif ok then
     lose(lease, "refused")          -- Redis no longer has our token
+  elseif not lease.next_renew then
+    -- Unreachable, and no watchdog: the one renewal of a hand-off's short
+    -- first lease failed.  Tried again halfway to the lease's end (one
+    -- transient failure ended the hold at waiterTimeout instead of ttl).
+    local t = hrtime()
+    if t < lease.valid_until then
+      lease.next_renew = t + (lease.valid_until - t) / 2
+      arm(lease)
+    end
   end                               -- unreachable: try again at the next turn
 end
 
@@ -377,6 +390,11 @@ function arm(lease)
     owner[t] = lease
   end
   t:start(floor(ms) + (ms % 1 > 0 and 1 or 0), 0, fire_of[t])
+  -- ended by a close() in a hook of the luv calls above: its timer must not
+  -- run (it would keep uv.run() from returning)
+  if lease.state ~= "held" then
+    if lease.timer == t then stop_timer(lease) else t:stop() end
+  end
 end
 
 -- 'first' is the length of the lease Redis granted: the ttl, or for a
@@ -413,23 +431,28 @@ end
 -- it again (client_closed).  A lease that ended by the local clock is
 -- lost, and not released in Redis (lose).
 local function release_lease(lease)
+  -- (the clock first: a close() in a hook of that luv call ends the hold)
+  local now = hrtime()
   if lease.state ~= "held" then return false end
-  if hrtime() >= lease.valid_until then
+  if now >= lease.valid_until then
     lose(lease, "expired")
     return false
   end
   lease.state = "released"
+  local lk, keys = lease.lock, lease.keys
+  -- In flight from here on, for a close() in a hook of the calls below:
+  -- the lease is no longer among the holds it gives back (send_release)
+  lk.hub.inflight[lease.token] = keys
   stop_timer(lease)
   forget(lease)
-  local lk, keys = lease.lock, lease.keys
   if not isyieldable() then
     hub_unuse(lk.hub)
-    background(release_token, lk, keys, lease.token)
+    background(send_release, lk, keys, lease.token)
     return true
   end
   -- The hub stays in use until the answer, so that a coroutine that
   -- acquires again at once keeps the subscription.
-  local ok, r = release_token(lk, keys, lease.token)
+  local ok, r = send_release(lk, keys, lease.token)
   if ok and r == 0 then
     lease.state = "held"            -- so that lose() reports it
     lose(lease, "refused")
@@ -718,6 +741,9 @@ end
 -- eviction check of that connection: refused, its grant or place in the
 -- queue is given back (Pending) as for any error.
 local function ask(lk, w, s_weight, mode)
+  -- (closed by a finalizer or a hook since the caller looked: a waiter's
+  -- outcome, not the closed client's misuse error)
+  if lk.hub.closed then error(E_UNAVAILABLE, 0) end
   local r = eval(lk, scripts.acquire, w.keys, w.token, lk.s_limit, s_weight, lk.s_ttl,
                  lk.s_wait, lk.hub.channel, mode)
   if lk.hub.evicts == nil then eviction(lk) end
@@ -755,8 +781,17 @@ local function wait_in_queue(lk, w, s_weight, deadline, err, r)
       t = hrtime()
       if deadline and t >= deadline then error(err, 0) end
     until t >= again
+    local before = sent
     sent = t
     r = ask(lk, w, s_weight, "again")
+    -- A message read while this request was in flight, whose answer says
+    -- that this waiter does not hold: the grant may have come before the
+    -- request was taken, and ended since (the message was read late:
+    -- blocking work in this process, a pause).  Its lease is counted from
+    -- the request before (nil: the caller's), the last one known to
+    -- precede it, so that a grant already over is confirmed, and found
+    -- ended, never taken (spec 126).
+    if r[1] ~= 1 and w.fence then return nil, before end
   end
   if r[1] == 1 then return r, sent end
   return nil, sent
@@ -768,14 +803,15 @@ end
 -- (lk, keys, token, done), one hash part of four slots.
 --
 -- A grant's lease is counted from the request that set it: the one that
--- was answered, or for a hand-off the last one that found this waiter
--- queued (Redis starts that lease later, at the release), so the count
--- here ends first.  But a waiter sleeps up to a third of waiterTimeout
--- between requests, and a hand-off that comes late in that sleep was
--- counted from long ago: when the lease's renewal is due already, the
--- grant is confirmed by one renewal before acquire() returns (the renewal
--- that would be sent at once anyway), and counted from it.  So acquire()
--- never returns a lease that is over, or nearly so.
+-- was answered, or for a hand-off the last one whose answer found this
+-- waiter queued before the message was read (Redis starts that lease
+-- later, at the release), so the count here ends first.  But a waiter
+-- sleeps up to a third of waiterTimeout between requests, and a hand-off
+-- that comes late in that sleep was counted from long ago: when the
+-- lease's renewal is due already, the grant is confirmed by one request
+-- before acquire() returns (it replaces the renewal that would be sent at
+-- once anyway), and counted from it.  So acquire() never returns a lease
+-- that is over, or nearly so.
 local function redis_acquire(lk, name, weight, deadline, err)
   local hub = lk.hub
   if hub.closed then error(E_UNAVAILABLE, 0) end   -- closed while at the gate
@@ -809,13 +845,20 @@ local function redis_acquire(lk, name, weight, deadline, err)
     elseif w.fence then             -- the hand-off message
       first = min(lk.ttl, lk.wait_ms)
     elseif try then
+      w.done = true                 -- refused: never queued, nothing to withdraw
       error(err, 0)
     else
-      -- Queued: wait for the hand-off.  Later requests ask again.
+      -- Queued: wait for the hand-off.  Later requests ask again.  The
+      -- bound is checked between requests: one that passed while this one
+      -- was in flight sends nothing more (the withdrawal goes out with
+      -- Pending).
+      if deadline and hrtime() >= deadline then error(err, 0) end
       if not hub.sub then
         subscribe(hub)
+        local before = sent
         sent = hrtime()             -- a hand-off before we listened: ask again
         r = ask(lk, w, s_weight, "again")
+        if r[1] ~= 1 and w.fence then sent = before end     -- as in wait_in_queue
       end
       local at
       r, at = wait_in_queue(lk, w, s_weight, deadline, err, r)
@@ -823,29 +866,55 @@ local function redis_acquire(lk, name, weight, deadline, err)
       first = r and lk.ttl or min(lk.ttl, lk.wait_ms)
     end
     if hrtime() - sent < first * NS / 3 then break end
-    -- Stale: confirm it (Redis renews it to ttl from this request), or
-    -- learn that it ended meanwhile (this process was too slow to take
-    -- it): then queued again, or granted anew, by the next request, and a
-    -- late message of the ended grant is ignored (on_message).
+    -- Stale: confirm it by asking again (Redis renews a grant it still
+    -- has to ttl from this request, and answers with its fence), or learn
+    -- that it ended meanwhile (this process was too slow to take it): the
+    -- same request then queues this waiter again, or grants anew, and a
+    -- late message of the ended grant is ignored (on_message).  Its
+    -- answer, not the grant seen before, gives the fence: a renewal
+    -- answers only "held", and the hold it renewed may be a later grant
+    -- (one that came while it was in flight, after the first had ended).
+    -- A try is never queued: it renews, and its token can hold no other
+    -- grant.
     local fence, value
     if r and r[1] == 1 then fence, value = r[2], r[3] else fence, value = w.fence, w.value end
     w.fence = nil
+    local before = sent
     sent = hrtime()
-    if eval(lk, scripts.renew, keys, token, lk.s_limit, lk.s_ttl) == 1 then
+    if try then
+      if eval(lk, scripts.renew, keys, token, lk.s_limit, lk.s_ttl) ~= 1 then
+        w.done = true                 -- not held, never queued: nothing to withdraw
+        error(err, 0)
+      end
       r = { 1, fence, value }
     else
-      if try then error(err, 0) end
-      w.ended, w.fence = tointeger(tonumber(fence)), nil
-      sent = hrtime()
+      w.ended = tointeger(tonumber(fence))
       r = ask(lk, w, s_weight, "again")
+      if r[1] ~= 1 and w.fence then sent = before end     -- as in wait_in_queue
     end
   end
   w.done = true
+  local lease, value
   if r and r[1] == 1 then
-    return new_lease(lk, keys, token, tointeger(tonumber(r[2])), sent, first),
-           tointeger(tonumber(r[3]))
+    lease, value = new_lease(lk, keys, token, tointeger(tonumber(r[2])), sent, first),
+                   tointeger(tonumber(r[3]))
+  else
+    lease, value = new_lease(lk, keys, token, w.fence, sent, first), w.value
   end
-  return new_lease(lk, keys, token, w.fence, sent, first), w.value
+  -- Closed by a finalizer or a hook since the last look (at an allocation
+  -- or a luv call of new_lease): the close gave the token back, as this
+  -- waiter's or as the hold's, and the next process may hold already.
+  -- The hold is not handed out; it ends here as the close ends holds.
+  if hub.closed then
+    if lease.state == "held" then   -- not among the holds when the close came
+      lease.state = "released"
+      stop_timer(lease)
+      forget(lease)
+      hub.users = hub.users - 1
+    end
+    error(E_UNAVAILABLE, 0)
+  end
+  return lease, value
 end
 
 -- }==========================================================
@@ -1043,6 +1112,7 @@ end
 -- (redis_scripts.lua, M.state).
 local function state(lk, name, weight)
   if lk.hub.evicts ~= false then eviction(lk) end
+  if lk.hub.closed then error(E_UNAVAILABLE, 0) end     -- as in ask
   local r
   if weight then
     r = eval(lk, scripts.state, keys_of(lk, name), lk.s_limit, tostring(weight), lk.s_wait)
@@ -1074,6 +1144,8 @@ local function wait_for_unlock(lk, limit, err, name, weight)
     if queued == 0 and used + weight <= lk.limit then return end
     if deadline == false then error(err, 0) end
     if not cleanup.sub then
+      -- (the bound, checked between requests, as in redis_acquire)
+      if deadline and hrtime() >= deadline then error(err, 0) end
       cleanup.sub = lk.client:subscribe(name .. ":free", function() bell:release() end)
     else
       local t = hrtime()

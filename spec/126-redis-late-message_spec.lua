@@ -1,0 +1,177 @@
+-- A hand-off message read late (docs/redis-locks.md, "Waiting without
+-- polling"): a waiter's process that does blocking work (or is slow to
+-- run) reads the message of its grant only after its own next request
+-- went out.  When that request's answer says it does not hold, the grant
+-- may have ended before the request was taken, and been given to the next
+-- process: the waiter must not take it.  Before, it counted the message's
+-- lease from that request, found it fresh, and acquire() returned a hold
+-- Redis had already given to another process: two holders, with no fault
+-- but blocking work in the waiter's process.
+--
+-- Exclusion is also checked independently of the library, as in spec 120:
+-- worker processes write begin and end markers to one file opened with
+-- O_APPEND, and overlaps are read from the order of the lines.
+
+local am = require "async_mutex"
+local h = require "helpers"
+local R = require "lock_redis"
+local scripts = require "async_mutex.redis_scripts"
+local uv = require "luv"
+
+local server
+
+setup(function() server = R.server() end)
+teardown(function() if server then server:stop() end end)
+
+local fresh_name = R.namer("spec126")
+
+local function raw(client, name, script, ...)
+  return client:eval(script, scripts.keys(name), { ... })
+end
+
+-- The fence of the holder 'token' in Redis (nil: not a holder).
+local function fence_in_redis(client, name, token)
+  local rec = client:call("HGET", name .. ":h", token)
+  return rec and math.tointeger(tonumber(rec:match("^%d+ %d+ (%d+)")))
+end
+
+describe("a hand-off message read after the waiter's next request went out", function()
+  it("is not taken when that request finds the grant over: the next process holds, the waiter"
+    .. " waits its turn", h.async(function()
+    local a, b, x = server:client(), server:client(), server:client()
+    local name = fresh_name()
+    local k = scripts.keys(name)
+    -- A holds for long; B waits with a short first lease (min(ttl,
+    -- waiterTimeout) = 100 ms) and asks again every 100 ms; C is queued
+    -- behind B (played by the spec, with a long waiterTimeout)
+    assert.equal(1, raw(a, name, scripts.acquire, "A", "1", "1", "100000", "3000", "none",
+                        "wait")[1])
+    local mb = am.RedisMutex.new(b, name, { ttl = 100, waiterTimeout = 300 })
+    local rb
+    h.spawn(function() rb = mb:acquire() end)
+    h.wait_until(function() return R.queued(a, name) == 1 end)
+    h.sleep(30)                              -- B subscribed and asked again
+    assert.equal(0, raw(a, name, scripts.acquire, "C", "1", "1", "100000", "100000", "chC",
+                        "wait")[1])
+    local sha = a:call("SCRIPT", "LOAD", scripts.release)
+    -- Resumed by a reply, from the loop's poll phase: this process blocks
+    -- there while another process releases A (the hand-off message to B
+    -- waits in B's socket) and B's first lease runs out in Redis.  B's
+    -- timer comes first in the next loop turn: B asks again, and reads the
+    -- message while that request is in flight; the request finds B's
+    -- grant over, grants C and queues B again.
+    x:call("PING")
+    assert(os.execute(("LD_PRELOAD= redis-cli -s %s EVALSHA %s 6 %s %s %s %s %s %s A 1 >/dev/null")
+      :format(server.path, sha, k[1], k[2], k[3], k[4], k[5], k[6])))
+    uv.sleep(250)
+    h.sleep(400)
+    assert.is_not_nil(fence_in_redis(a, name, "C"))      -- C holds
+    assert.is_nil(rb)                                    -- and B waits
+    assert.equal(1, R.queued(a, name))
+    assert.equal(1, raw(a, name, scripts.release, "C", "1"))
+    h.wait_until(function() return rb ~= nil end, 2000)
+    assert.equal(fence_in_redis(a, name, rb.token), rb.fence)
+    assert.is_true(rb:check())
+    assert.is_true(rb())
+    a:close(); b:close(); x:close()
+  end, { deadline = 20000 }))
+end)
+
+-- A worker: N sections of the mutex NAME with markers in LOG; meanwhile,
+-- while the section's acquire waits, another coroutine blocks the loop
+-- from a reply's callback now and then, for up to twice the first lease
+-- (never while the process holds: a holder blocked past its lease is the
+-- pause no lock can survive, docs/redis-locks.md, "Limits").  Prints
+-- "stale falses" (releasers not held right after acquire returned,
+-- releasers that returned false).
+local WORKER = R.PROLOGUE .. [[
+local NAME, TTL, WAIT, N, SEED, LOG, ID = table.unpack(ARGS)
+TTL, WAIT, N = tonumber(TTL), tonumber(WAIT), tonumber(N)
+math.randomseed(tonumber(SEED))
+local f = assert(io.open(LOG, "a"))
+f:setvbuf("no")
+local m = am.RedisMutex.new(client, NAME, { ttl = TTL, waiterTimeout = WAIT })
+local other = redis.connect { path = SOCK }
+local waiting, done = false, false
+local stale, falses = 0, 0
+am.spawn(function()
+  local first = math.min(TTL, WAIT)
+  while not done do
+    am.sleep(math.random(1, first))
+    if waiting then
+      other:call("PING")
+      if waiting then uv.sleep(math.random(0, 2 * first)) end
+    end
+  end
+  other:close()
+end)
+main(function()
+  for i = 1, N do
+    waiting = true
+    local r = m:acquire()
+    waiting = false
+    f:write(("B %s %d\n"):format(ID, i))
+    if not pcall(r.check, r) or not r:check() then stale = stale + 1 end
+    am.sleep(math.random(1, TTL // 2))
+    f:write(("E %s %d\n"):format(ID, i))
+    if not r() then falses = falses + 1 end
+  end
+  done = true
+  f:close()
+  io.stdout:write(("%d %d\n"):format(stale, falses))
+end)
+]]
+
+local function overlaps_in(path)
+  local inside, overlaps, sections = {}, 0, 0
+  for line in io.lines(path) do
+    local kind, id = line:match("^(%u) (%S+)")
+    if kind == "B" then
+      sections = sections + 1
+      if next(inside) then overlaps = overlaps + 1 end
+      inside[id] = true
+    elseif kind == "E" then
+      inside[id] = nil
+    end
+  end
+  return overlaps, sections
+end
+
+describe("RedisMutex across processes whose loops block while they wait", function()
+  it("never has two holders: ttl {50, 100} x waiterTimeout {60, 300}, 3 processes",
+    h.async(function()
+      local seed = os.time()
+      local N = 30
+      local cells = {}
+      for _, ttl in ipairs({ 50, 100 }) do
+        for _, wait in ipairs({ 60, 300 }) do
+          local log = os.tmpname()
+          local cell = { ttl = ttl, wait = wait, log = log, children = {} }
+          local name = fresh_name()
+          for p = 1, 3 do
+            cell.children[p] = R.child(WORKER, { server.path, name, ttl, wait, N,
+              seed + p * 7919 + ttl + wait, log, "p" .. p })
+          end
+          cells[#cells + 1] = cell
+        end
+      end
+      local report = {}
+      for _, cell in ipairs(cells) do
+        local stale, falses = 0, 0
+        for _, child in ipairs(cell.children) do
+          local rc, out, err = child:wait()
+          assert.equal(0, rc, err)
+          local s, f = out:match("^(%d+) (%d+)")
+          stale, falses = stale + tonumber(s), falses + tonumber(f)
+        end
+        local overlaps, sections = overlaps_in(cell.log)
+        os.remove(cell.log)
+        assert.equal(3 * N, sections)
+        if overlaps + stale + falses > 0 then
+          report[#report + 1] = ("ttl %d, waiterTimeout %d: %d overlaps, %d stale grants,"
+            .. " %d releasers false"):format(cell.ttl, cell.wait, overlaps, stale, falses)
+        end
+      end
+      assert.equal("", table.concat(report, "; "), "seed " .. seed)
+    end, { deadline = 120000 }))
+end)
