@@ -63,10 +63,14 @@ fi
 say "   ($(elapsed)); $(du -sh "$root" | cut -f1), $(chroot "$root" dpkg-query -W | wc -l) packages;" \
   "no make: $(chroot "$root" sh -c 'command -v make || echo yes')"
 
-# What a real machine has and a bare chroot lacks: name resolution.  Package
-# scripts start no service (there is no init in a chroot; policy-rc.d is how
-# Debian's own images say so).
+# What a real machine has and a bare chroot lacks: name resolution (a DNS
+# server, and the /etc/hosts that Debian's installer and images write, with
+# localhost in it: debootstrap writes none, and the specs connect to
+# "localhost").  Package scripts start no service (there is no init in a
+# chroot; policy-rc.d is how Debian's own images say so).
 cp /etc/resolv.conf "$root/etc/resolv.conf"
+[ -e "$root/etc/hosts" ] || printf '%s\n' '127.0.0.1	localhost' \
+  '::1		localhost ip6-localhost ip6-loopback' > "$root/etc/hosts"
 printf '#!/bin/sh\nexit 101\n' > "$root/usr/sbin/policy-rc.d"
 chmod +x "$root/usr/sbin/policy-rc.d"
 
