@@ -77,13 +77,15 @@ end
 -- keeper process in a session of its own (Ctrl-C does not reach it) makes
 -- the directory, starts the server, and removes both once this process is
 -- gone.  It prints the directory first, then lets go of our pipe.
--- (the server writes its log until it exits: remove the directory after)
+-- (the server writes its log until it exits: remove the directory after,
+-- waiting 5 s at most, for an exited server nobody reaps still "exists")
 local STOP = [[
 pid=$(cat "$dir/redis.pid" 2>/dev/null) && kill "$pid" 2>/dev/null &&
-  while kill -0 "$pid" 2>/dev/null; do sleep 0.01; done
+  for _ in $(seq 500); do kill -0 "$pid" 2>/dev/null || break; sleep 0.01; done
 rm -rf "$dir"
 ]]
 local keeper = ([[
+trap '' INT HUP PIPE    # (PIPE: this process may be gone before our echo)
 dir=$(mktemp -d "${TMPDIR:-/tmp}/optimistic-stock-XXXXXX") || exit 1
 echo "$dir"
 exec >/dev/null 2>&1 </dev/null

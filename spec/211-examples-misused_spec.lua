@@ -168,31 +168,56 @@ describe("examples/optimistic_stock.lua", function()
     return out ~= ""
   end
 
+  --- The names in `dir`, as one string ("" when empty).
   local function entries(dir)
-    local p = assert(io.popen("ls -A " .. quote(dir)))
-    local out = p:read("a")
-    p:close()
-    return out
+    local names, scan = {}, assert(uv.fs_scandir(dir))
+    for name in uv.fs_scandir_next, scan do names[#names + 1] = name end
+    return table.concat(names, " ")
+  end
+
+  --- Waits, blocking, until pred() holds: a loop turn or a process per look
+  -- (h.wait_until, ls) would miss the few milliseconds between the script
+  -- making its directory and its server started.
+  local function spin_until(pred, what)
+    for _ = 1, 20000 do
+      if pred() then return end
+      uv.sleep(0)
+    end
+    error("still not " .. what)
   end
 
   -- Ctrl-C reaches the script and its sellers (one process group) at a
-  -- moment of its run: while it starts its server, while the sellers sell,
-  -- near the end; and once after it ended.
-  for _, after_ms in ipairs({ 10, 40, 100, 200, 400, 3000 }) do
-    it(("leaves no redis-server and no directory behind, Ctrl-C after %d ms"):format(after_ms),
+  -- moment of its run: as soon as its directory exists (the server
+  -- starting), a little later, once it printed its first line (the sellers
+  -- starting or selling), later still.
+  for _, case in ipairs({ { "dir", 0 }, { "dir", 10 }, { "dir", 30 },
+      { "output", 0 }, { "output", 20 }, { "output", 100 } }) do
+    local event, after_ms = case[1], case[2]
+    it(("leaves no redis-server and no directory behind, Ctrl-C %d ms after %s"):format(
+      after_ms, event == "dir" and "its directory appeared" or "its first line"),
       h.async(function()
         local tmp = os.tmpname()
         os.remove(tmp)
         assert(os.execute("mkdir " .. quote(tmp)))
+        finally(function()                          -- also when this test fails
+          local p = assert(io.popen("pgrep -f " .. quote("[" .. tmp:sub(1, 1) .. "]" .. tmp:sub(2))))
+          for pid in p:lines() do uv.kill(tonumber(pid), "sigkill") end
+          p:close()
+          os.execute("rm -rf " .. quote(tmp))
+        end)
         local run = start("optimistic_stock", {}, { "TMPDIR=" .. tmp })
+        if event == "dir" then
+          spin_until(function() return entries(tmp) ~= "" end, "its directory in TMPDIR")
+        else
+          h.wait_until(function() return #run.out > 0 end, 10000, "its first line")
+        end
         h.sleep(after_ms)
-        os.execute(("kill -INT -- -%d 2>/dev/null"):format(run.pid))
+        uv.kill(-run.pid, "sigint")               -- its process group, at once
         local code = run.wait()
         assert(code == 0 or code == 1 or code == 130 or code == 255, code)
         -- the keeper removes them once the script's process is gone
         h.wait_until(function() return entries(tmp) == "" and not runs_in(tmp) end, 10000,
           "the server and the directory gone")
-        os.remove(tmp)
       end, { deadline = 30000 }))
   end
 end)
