@@ -78,10 +78,15 @@ end
 -- the directory, starts the server, and removes both once this process is
 -- gone.  It prints the directory first, then lets go of our pipe.
 -- (the server writes its log until it exits: remove the directory after,
--- waiting 5 s at most, for an exited server nobody reaps still "exists")
+-- waiting 5 s at most.  The keeper starts the server as its own child and
+-- knows its pid at once: a script killed before the server wrote its pid
+-- file must not leave it running.)
 local STOP = [[
-pid=$(cat "$dir/redis.pid" 2>/dev/null) && kill "$pid" 2>/dev/null &&
-  for _ in $(seq 500); do kill -0 "$pid" 2>/dev/null || break; sleep 0.01; done
+pid=${server:-$(cat "$dir/redis.pid" 2>/dev/null)}
+if [ -n "$pid" ] && kill "$pid" 2>/dev/null; then
+  wait "$pid" 2>/dev/null ||
+    for _ in $(seq 500); do kill -0 "$pid" 2>/dev/null || break; sleep 0.01; done
+fi
 rm -rf "$dir"
 ]]
 local keeper = ([[
@@ -90,7 +95,8 @@ dir=$(mktemp -d "${TMPDIR:-/tmp}/optimistic-stock-XXXXXX") || exit 1
 echo "$dir"
 exec >/dev/null 2>&1 </dev/null
 redis-server --port 0 --unixsocket "$dir/redis.sock" --save '' --appendonly no \
-  --daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" --dir "$dir"
+  --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" --dir "$dir" &
+server=$!
 while kill -0 %d; do sleep 0.1; done
 ]]):format(uv.os_getpid()) .. STOP
 local dir = sh(("setsid sh -c %s &"):format(quote(keeper))):gsub("\n$", "")
