@@ -91,7 +91,9 @@ rm -rf "$dir"
 ]]
 local keeper = ([[
 trap '' INT HUP PIPE    # (PIPE: this process may be gone before our echo)
-dir=$(mktemp -d "${TMPDIR:-/tmp}/optimistic-stock-XXXXXX") || exit 1
+dir=$(mktemp -d "${TMPDIR:-/tmp}/optimistic-stock-XXXXXX")
+[ -d "$dir" ] || exit 1   # (the directory, not mktemp's status: a tool run under
+                          # a preloaded sanitizer can fail at its exit after its work)
 echo "$dir"
 exec >/dev/null 2>&1 </dev/null
 redis-server --port 0 --unixsocket "$dir/redis.sock" --save '' --appendonly no \
