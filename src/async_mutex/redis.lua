@@ -245,16 +245,17 @@ function hooks.watch(state, conn, connecting, events)
   if p then
     -- RE-ENTRY: a finalizer or a debug hook may end this connection at
     -- any moment, also inside luv's start (it refs the callback, an
-    -- allocation, before it starts the handle).  While conn.busy,
-    -- hooks.lost leaves the handle to this function, which closes it once
-    -- luv is done with it: libuv asserts that a handle it starts or stops
-    -- is not closing.
-    conn.busy = true
+    -- allocation, before it starts the handle).  While conn.busy (a count:
+    -- such a hook may call the client, and so this function, again for
+    -- the same handle), hooks.lost leaves the handle to this function,
+    -- whose outermost call closes it once luv is done with it: libuv
+    -- asserts that a handle it starts or stops is not closing.
+    conn.busy = (conn.busy or 0) + 1
     if not conn.dead then
       if events then p:start(events, conn.on_event) else p:stop() end
     end
-    conn.busy = false
-    if conn.dead then close_handle(p, conn.on_closed) end
+    conn.busy = conn.busy - 1
+    if conn.dead and conn.busy == 0 then close_handle(p, conn.on_closed) end
   end
   if events then
     if not state.timing then
@@ -290,7 +291,7 @@ function hooks.lost(state, conn, was_connected, final, err)
     -- (conn.on_closed; docs/redis.md, "Closing and exiting")
     conn.dead = true
     -- (while busy, hooks.watch closes them; while opening, hooks.open)
-    if not conn.busy then
+    if not conn.busy or conn.busy == 0 then
       if conn.poll then
         close_handle(conn.poll, conn.on_closed)
       elseif not conn.opening then
