@@ -184,10 +184,13 @@ describe("examples/optimistic_stock.lua", function()
   -- (h.wait_until, ls) would miss the few milliseconds between the script
   -- making its directory and its server started.
   local function spin_until(pred, what)
-    for _ = 1, 20000 do
+    -- (a time, not a count of turns: under the sanitizers the script takes
+    -- seconds to start)
+    local give_up = uv.hrtime() + 10e9
+    repeat
       if pred() then return end
       uv.sleep(0)
-    end
+    until uv.hrtime() > give_up
     error("still not " .. what)
   end
 
