@@ -518,21 +518,26 @@ local function check_client(self, fname)
 end
 
 
--- Settles the waits for `channel`'s confirmation: each waiter's record
--- gets the outcome (ok, err), then its coroutine is resumed if it waits
+-- Settles a list of waits for a confirmation: each waiter's record gets
+-- the outcome (ok, err), then its coroutine is resumed if it waits
 -- (in core.wait, which looks at the record: a stray resume finds it
 -- unsettled and goes on waiting; a wait settled while its coroutine was
 -- not suspended, by a hook or finalizer in it, does not begin).
-local function confirm(sub, channel, ok, err)
-  local list = sub.waiting[channel]
-  if not list then return end
-  sub.waiting[channel] = nil
+local function settle(list, ok, err)
   for _, rec in ipairs(list) do
     if not rec.done then
       rec.done, rec.ok, rec.err = true, ok, err
       wake(rec.co)
     end
   end
+end
+
+-- The waits for `channel`'s confirmation, settled.
+local function confirm(sub, channel, ok, err)
+  local list = sub.waiting[channel]
+  if not list then return end
+  sub.waiting[channel] = nil
+  settle(list, ok, err)
 end
 
 -- The server refused a SUBSCRIBE (an error reply, such as NOPERM from an
@@ -756,11 +761,10 @@ local function subscriber(self)
     sub.waiting = {}
     sub.sent = {}
     sub.pinging = false
+    -- (each list settled where it is: a coroutine woken here may subscribe
+    -- again, into the new sub.waiting, which must keep what it enlists)
     for channel, list in pairs(waiting) do
-      if final ~= "gc" then
-        sub.waiting[channel] = list
-        confirm(sub, channel, false, err)
-      end
+      if final ~= "gc" then settle(list, false, err) end
       local subs = sub.channels[channel]
       if subs and #subs == 0 then sub.channels[channel] = nil end
     end
