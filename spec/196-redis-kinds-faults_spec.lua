@@ -125,7 +125,7 @@ for _, kind in ipairs(KINDS) do
         got = hrtime()
         r()
       end)
-      h.wait_until(function() return R.queued(a, ka.watch) == 2 end)
+      h.wait_until(function() return R.queued(a, ka.watch) == 2 end, 10000)
       local t0 = hrtime()
       assert.is_true(held())
       h.wait_until(function() return got ~= nil end, 5000)
