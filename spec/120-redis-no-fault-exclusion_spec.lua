@@ -56,22 +56,7 @@ main(function()
 end)
 ]]
 
--- Reads a marker file: the number of sections that began while another
--- was still running (by the order of the lines), and of sections.
-local function overlaps_in(path)
-  local inside, overlaps, sections = {}, 0, 0
-  for line in io.lines(path) do
-    local kind, id = line:match("^(%u) (%S+)")
-    if kind == "B" then
-      sections = sections + 1
-      if next(inside) then overlaps = overlaps + 1 end
-      inside[id] = true
-    elseif kind == "E" then
-      inside[id] = nil
-    end
-  end
-  return overlaps, sections
-end
+local overlaps_in = R.overlaps_in
 
 -- Sections per process for a ttl: the ttl-1000 cells dominate the run
 -- time (about P * N * 1.1 * ttl each, run side by side).
