@@ -204,6 +204,15 @@ local function arm(state, connecting)
   start_timer(state.timer, ceil(limit), state.on_timer)
 end
 
+-- A wait (a confirmation, a pong) about to begin on a connection that
+-- awaits nothing: its commandTimeout counts from now.  The timer may run
+-- on from an earlier wait (it stops once a batch of replies is handled),
+-- and the time since that wait's last reply is no part of this one.
+-- (client:call does the same in C: progress.)
+local function wait_begins(state, client)
+  if state.timing and not busy(state, client) then state.armed_at = now() end
+end
+
 -- open(state, conn, fd): the poll handle of a new connection, on fd (the
 -- socket, or on Linux the epoll set that holds it), made by luv (so that
 -- uv.walk and luv's exit handle it as any other); true, or nil and luv's
@@ -694,9 +703,12 @@ local function ping_tick(sub)
     local quiet = now() - progress(client)
     if quiet < every then                 -- heard lately: look again when due
       delay = every - quiet
-    elseif core.send(client, "PING") and not sub.closed then
-      sub.pinging = true
-      if not state.timing then arm(state, false) end
+    else
+      wait_begins(state, client)
+      if core.send(client, "PING") and not sub.closed then
+        sub.pinging = true
+        if not state.timing then arm(state, false) end
+      end
     end
   end
   if sub.closed then return end
@@ -822,6 +834,7 @@ function Client.subscribe(self, channel, fn)
   -- the look at the waits and the store are one step of C.
   local rec = { co = co, done = false }
   local fresh = { s }
+  wait_begins(sub.state, sub.client)
   local waiting = core.enlist(sub, channel, rec, { rec })
   local list = sub.channels[channel]
   if not waiting then                      -- confirmed already: no wait

@@ -77,7 +77,9 @@ typedef struct Client {
   size_t outlen, outcap;
   int fd;               /* the connection's socket (-1: none) */
   int epfd;             /* Linux: its epoll set, which the handle watches */
-  lua_Integer progress; /* now_ms() of the last batch of replies */
+  lua_Integer progress; /* now_ms() of the last batch of replies, or of a
+                           call sent with nothing in flight: a wait's
+                           commandTimeout counts from the later */
   int connecting;       /* the connect is under way */
   int blocked;          /* output waits for the socket to be writable */
   int watching;         /* what hooks.watch was last told: connecting */
@@ -1211,6 +1213,10 @@ static int call (lua_State *L, Client *cl) {
   if (ismain || !lua_isyieldable(L))
     return luaL_error(L, "attempt to call redis outside a coroutine");
   if (!append(L, cl)) return lua_error(L);
+  /* a wait begins: the time since the last reply is not part of it (the
+     command timer may run on from an earlier wait, when this call is made
+     from the callback that delivered its reply, after blocking work) */
+  if (cl->tail == cl->head) cl->progress = now_ms();
   epoch = cl->epoch;
   lua_getiuservalue(L, 1, UV_WAITERS);
   lua_pushthread(L);
@@ -1478,7 +1484,8 @@ static int core_alive (lua_State *L) {
 }
 
 
-/* progress(client): now() when replies last came; 0: none yet */
+/* progress(client): now() when replies last came, or a call was sent with
+   none in flight; 0: neither yet */
 static int core_progress (lua_State *L) {
   Client *cl = checkclient(L, 1);
   lua_pushinteger(L, cl->progress);
