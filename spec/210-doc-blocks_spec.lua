@@ -247,6 +247,34 @@ describe("the code blocks of README.md and docs/*.md", function()
   end
 end)
 
+describe("the KeyedRWLock cache of README.md and docs/api.md", function()
+  -- The cache's point: readers that miss an entry at the same moment load
+  -- it once (a miss takes the key for writing and looks again).  Each block
+  -- prints its load count; the same block loading under the read lock, as
+  -- a cache without the second look would, must fail that check.
+  local MISS = "local release <close> = cache:acquireWrite(name)"
+  local caches = {}
+  for _, b in ipairs(BLOCKS) do
+    if b.code:find("am.KeyedRWLock.new()", 1, true) and b.code:find("load_entry", 1, true) then
+      caches[#caches + 1] = b
+    end
+  end
+
+  it("are found, two of them, each run by the cases above", function()
+    assert.equal(2, #caches)
+  end)
+
+  for _, b in ipairs(caches) do
+    it(where(b) .. " would print another count if the miss loaded under the read lock",
+      function()
+        assert(b.code:find(MISS, 1, true), where(b) .. ": no line " .. MISS)
+        local naive = b.code:gsub(MISS:gsub("%p", "%%%0"),
+          "local release <close> = cache:acquireRead(name)")
+        assert.has_error(function() check_run(b, naive) end)
+      end)
+  end
+end)
+
 describe("the doc-test markers", function()
   it("catch a block that does not compile, fails, prints otherwise or names a missing method",
     function()
