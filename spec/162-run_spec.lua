@@ -1,4 +1,4 @@
--- am.run (README, am.run, Tests with busted, am.stranded; docs/
+-- am.run (docs/api.md, am.run, am.stranded; README, Testing your own code; docs/
 -- semantics.md, Tasks): runs a function as a task and the loop until
 -- nothing is left; raises the function's error with its traceback, else a
 -- failure nobody joined, else a report of the coroutines left waiting for

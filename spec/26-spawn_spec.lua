@@ -1,6 +1,6 @@
 -- am.spawn(fn, ...): starts fn(...) in a new coroutine at once and returns
 -- its task; an error escaping it, when nobody joins the task, is reported
--- at the end of the next loop turn (README, "Errors in resumed
+-- at the end of the next loop turn (docs/api.md, "Errors in resumed
 -- coroutines"), its <close> variables having run as the error left them.
 -- The task's own API (join, cancel, status) is spec/160-tasks_spec.lua's.
 local h = require "helpers"
