@@ -350,7 +350,7 @@ end)
 
 describe("busted with am.run (README, Testing your own code)", function()
   local readme = h.read_file(ROOT .. "/README.md")
-  local snippet = readme:match("\n## Testing your own code\n.-\n```lua\n(.-)```\n")
+  local snippet = readme:match("\n## Testing your own code\n.-\n<!%-%- doctest: busted %-%->\n```lua\n(.-)```\n")
 
   --- Runs 'spec' (a spec file's text) under busted in a child; returns the
   -- exit code and the output.

@@ -275,6 +275,46 @@ describe("the KeyedRWLock cache of README.md and docs/api.md", function()
   end
 end)
 
+describe("README's .busted file", function()
+  it("makes plain `busted` run a spec under Lua 5.4, which plain busted does not", function()
+    local dotbusted
+    for _, b in ipairs(BLOCKS) do
+      if b.file == "README.md" and b.code:find('lua = "lua5.4"', 1, true) then dotbusted = b.code end
+    end
+    assert(dotbusted, "README.md has no .busted block")
+    local function run(with_file)
+      local dir = os.tmpname()
+      os.remove(dir)
+      assert(os.execute("mkdir " .. quote(dir)))
+      if with_file then
+        local f = assert(io.open(dir .. "/.busted", "w"))
+        f:write(dotbusted)
+        f:close()
+      end
+      local f = assert(io.open(dir .. "/v_spec.lua", "w"))
+      f:write('it("runs", function() local x <close> = nil; assert.equal("Lua 5.4", _VERSION) end)\n')
+      f:close()
+      local p = assert(io.popen(("cd %s && timeout -s KILL 60 busted -o utfTerminal v_spec.lua 2>&1")
+        :format(quote(dir))))
+      local out = p:read("a")
+      local _, _, rc = p:close()
+      os.execute("rm -rf " .. quote(dir))
+      return rc, out
+    end
+    local rc, out = run(true)
+    assert(rc == 0 and out:find("1 success / 0 failures / 0 errors", 1, true), out)
+    -- without it, busted runs under `lua` (Debian's busted: #!/usr/bin/env
+    -- lua), which is Lua 5.1 where luarocks is installed: the spec fails
+    local p = assert(io.popen("lua -v 2>&1"))
+    local plain = p:read("a")
+    p:close()
+    if plain:find("^Lua 5%.1") then
+      rc = run(false)
+      assert.are_not.equal(0, rc)
+    end
+  end)
+end)
+
 describe("the doc-test markers", function()
   it("catch a block that does not compile, fails, prints otherwise or names a missing method",
     function()
