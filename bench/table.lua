@@ -1,5 +1,5 @@
 -- Prints the tables of a results file in Markdown, as bench/run.lua printed
--- them (the README's table is this output), one per section.
+-- them (docs/bench.md's table is this output), one per section.
 --
 --   lua5.4 bench/table.lua [RESULTS [SECTION]]
 --

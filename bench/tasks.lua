@@ -1,4 +1,4 @@
--- What a task costs (README, Performance; docs/internals.md, Tasks), and
+-- What a task costs (docs/bench.md; docs/internals.md, Tasks), and
 -- whether tasks slowed anything else: `lua5.4 bench/tasks.lua`, from the
 -- repository root after `make` (`make bench` runs it).  Prints Markdown.
 --

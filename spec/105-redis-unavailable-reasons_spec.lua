@@ -1,4 +1,4 @@
--- Every E_UNAVAILABLE says why, and stays E_UNAVAILABLE (README, "Errors:
+-- Every E_UNAVAILABLE says why, and stays E_UNAVAILABLE (docs/api.md, "Errors:
 -- `redis.E_UNAVAILABLE`"; docs/redis.md, Failures): an error object whose
 -- tostring is "redis server unavailable: " and the reason, equal (==) to
 -- am.E_UNAVAILABLE and redis.E_UNAVAILABLE whatever the reason, read-only.

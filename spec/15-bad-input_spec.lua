@@ -1,6 +1,6 @@
 -- Bad input raises a clear error naming the argument and changes nothing;
 -- blocking calls outside a yieldable coroutine raise and change nothing
--- (docs/semantics.md, Errors; the README lists every message).
+-- (docs/semantics.md, Errors; docs/api.md lists every message).
 --
 -- Messages are compared after stripping one leading "file:line: " (usage
 -- errors may carry a position).  The API is called as a statement inside the

@@ -1,4 +1,4 @@
--- Tasks (README, am.spawn, task:join, task:cancel, task:status; docs/
+-- Tasks (docs/api.md, am.spawn, task:join, task:cancel, task:status; docs/
 -- semantics.md, Tasks): am.spawn returns a task whose coroutine records how
 -- it ended, whoever resumes it; join gives the results or raises the error
 -- unchanged; cancel closes the coroutine (its <close> variables run); a

@@ -1,4 +1,4 @@
--- Groups (README, am.group, group:spawn, group:join, group:cancel; docs/
+-- Groups (docs/api.md, am.group, group:spawn, group:join, group:cancel; docs/
 -- semantics.md, Tasks): the first task of a group to fail cancels the
 -- others and its join raises that failure; closing the group joins it, an
 -- error leaving its block cancels its tasks; groups nest.

@@ -1,4 +1,4 @@
--- am.run (README, am.run, Tests with busted, am.stranded; docs/
+-- am.run (docs/api.md, am.run, am.stranded; README, Testing your own code; docs/
 -- semantics.md, Tasks): runs a function as a task and the loop until
 -- nothing is left; raises the function's error with its traceback, else a
 -- failure nobody joined, else a report of the coroutines left waiting for
@@ -348,9 +348,9 @@ describe("am.stranded()", function()
   end)
 end)
 
-describe("busted with am.run (README, Tests with busted)", function()
+describe("busted with am.run (README, Testing your own code)", function()
   local readme = h.read_file(ROOT .. "/README.md")
-  local snippet = readme:match("\n#### Tests with busted\n.-\n```lua\n(.-)```\n")
+  local snippet = readme:match("\n## Testing your own code\n.-\n<!%-%- doctest: busted %-%->\n```lua\n(.-)```\n")
 
   --- Runs 'spec' (a spec file's text) under busted in a child; returns the
   -- exit code and the output.

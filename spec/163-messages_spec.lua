@@ -1,4 +1,4 @@
--- The words of two usage errors (README, Errors): a request made where its
+-- The words of two usage errors (docs/api.md, Errors): a request made where its
 -- coroutine cannot yield says so, rather than "outside a coroutine"; an
 -- unknown option lists the options taken and suggests the one meant when
 -- one is near.  One owner each in the C core (src/args.c), which the Lua

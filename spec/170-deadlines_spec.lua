@@ -1,4 +1,4 @@
--- A deadline never fires early (README, Conventions, Time; docs/
+-- A deadline never fires early (docs/api.md, Conventions, Time; docs/
 -- semantics.md, Timeouts): every timed wait of the local locks counts from
 -- the clock read at its call, not from the loop's time cached at the start
 -- of the turn, which blocking work since leaves behind.  Elapsed times are

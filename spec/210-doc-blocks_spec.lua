@@ -247,6 +247,74 @@ describe("the code blocks of README.md and docs/*.md", function()
   end
 end)
 
+describe("the KeyedRWLock cache of README.md and docs/api.md", function()
+  -- The cache's point: readers that miss an entry at the same moment load
+  -- it once (a miss takes the key for writing and looks again).  Each block
+  -- prints its load count; the same block loading under the read lock, as
+  -- a cache without the second look would, must fail that check.
+  local MISS = "local release <close> = cache:acquireWrite(name)"
+  local caches = {}
+  for _, b in ipairs(BLOCKS) do
+    if b.code:find("am.KeyedRWLock.new()", 1, true) and b.code:find("load_entry", 1, true) then
+      caches[#caches + 1] = b
+    end
+  end
+
+  it("are found, two of them, each run by the cases above", function()
+    assert.equal(2, #caches)
+  end)
+
+  for _, b in ipairs(caches) do
+    it(where(b) .. " would print another count if the miss loaded under the read lock",
+      function()
+        assert(b.code:find(MISS, 1, true), where(b) .. ": no line " .. MISS)
+        local naive = b.code:gsub(MISS:gsub("%p", "%%%0"),
+          "local release <close> = cache:acquireRead(name)")
+        assert.has_error(function() check_run(b, naive) end)
+      end)
+  end
+end)
+
+describe("README's .busted file", function()
+  it("makes plain `busted` run a spec under Lua 5.4, which plain busted does not", function()
+    local dotbusted
+    for _, b in ipairs(BLOCKS) do
+      if b.file == "README.md" and b.code:find('lua = "lua5.4"', 1, true) then dotbusted = b.code end
+    end
+    assert(dotbusted, "README.md has no .busted block")
+    local function run(with_file)
+      local dir = os.tmpname()
+      os.remove(dir)
+      assert(os.execute("mkdir " .. quote(dir)))
+      if with_file then
+        local f = assert(io.open(dir .. "/.busted", "w"))
+        f:write(dotbusted)
+        f:close()
+      end
+      local f = assert(io.open(dir .. "/v_spec.lua", "w"))
+      f:write('it("runs", function() local x <close> = nil; assert.equal("Lua 5.4", _VERSION) end)\n')
+      f:close()
+      local p = assert(io.popen(("cd %s && timeout -s KILL 60 busted -o utfTerminal v_spec.lua 2>&1")
+        :format(quote(dir))))
+      local out = p:read("a")
+      local _, _, rc = p:close()
+      os.execute("rm -rf " .. quote(dir))
+      return rc, out
+    end
+    local rc, out = run(true)
+    assert(rc == 0 and out:find("1 success / 0 failures / 0 errors", 1, true), out)
+    -- without it, busted runs under `lua` (Debian's busted: #!/usr/bin/env
+    -- lua), which is Lua 5.1 where luarocks is installed: the spec fails
+    local p = assert(io.popen("lua -v 2>&1"))
+    local plain = p:read("a")
+    p:close()
+    if plain:find("^Lua 5%.1") then
+      rc = run(false)
+      assert.are_not.equal(0, rc)
+    end
+  end)
+end)
+
 describe("the doc-test markers", function()
   it("catch a block that does not compile, fails, prints otherwise or names a missing method",
     function()

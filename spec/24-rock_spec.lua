@@ -189,5 +189,15 @@ describe("make rock", function()
       -- (README, "Editor support")
       assert.equal(h.read_file(ROOT .. "/types/async_mutex.lua"),
         h.read_file(tree .. "/share/lua/5.4/async_mutex/types/async_mutex.lua"))
+      -- found as README says: the tree's Lua directory, from luarocks, with
+      -- no version in it
+      local lua_dir = must(("LUAROCKS_CONFIG=%s/config.lua luarocks --lua-version 5.4 "
+        .. "--tree %s config deploy_lua_dir"):format(q(home), q(tree))):gsub("%s+$", "")
+      local types = lua_dir .. "/async_mutex/types"
+      assert.not_matches(am._VERSION, types, 1, true)
+      for _, file in ipairs({ "async_mutex.lua", "async_mutex_redis.lua", "redis_lock.lua",
+          "versioned.lua" }) do
+        assert.equal(h.read_file(ROOT .. "/types/" .. file), h.read_file(types .. "/" .. file))
+      end
     end)
 end)

@@ -1,5 +1,5 @@
 -- Every public name of the module is annotated for editors (LuaLS `---@meta`
--- files in types/) and documented in README.md, and the annotations name
+-- files in types/) and documented in docs/api.md, and the annotations name
 -- nothing the module does not have.
 --
 -- The names are found by walking what is loaded, not by a list kept here:
@@ -18,7 +18,7 @@
 local am = require "async_mutex"
 local h = require "helpers"
 
--- The modules, and how README.md names each (`am.withTimeout(...)`).
+-- The modules, and how docs/api.md names each (`am.withTimeout(...)`).
 local MODULES = {
   { name = "async_mutex", readme = "am" },
   { name = "async_mutex.redis", readme = "redis" },
@@ -35,7 +35,7 @@ local INTERNAL = {
   ["async_mutex.scheduler"] = "the scheduler's handle",
 }
 
--- How README.md names an instance of a class in `name:method(...)`; by
+-- How docs/api.md names an instance of a class in `name:method(...)`; by
 -- default, the last part of the class name in lower case.
 local RECEIVERS = {
   ["async_mutex.KeyedMutex"] = { "km", "keyed" },
@@ -56,7 +56,7 @@ local RECEIVERS = {
   ["async_mutex.E_UNAVAILABLE"] = { "err" },
 }
 
--- Option tables: their annotation class, and the README heading under which
+-- Option tables: their annotation class, and the docs/api.md heading under which
 -- a table lists their fields.
 local OPTIONS = {
   ["async_mutex.KeyedOptions"] = "### `am.KeyedMutex.new([options])`",
@@ -65,7 +65,7 @@ local OPTIONS = {
 }
 
 -- The public fields of objects made in Lua whose other fields are private
--- state (README.md writes them `receiver.field`).
+-- state (docs/api.md writes them `receiver.field`).
 local FIELDS = {
   ["async_mutex.RedisReleaser"] = { "fence" },
   ["async_mutex.RedisMultiReleaser"] = { "fences" },
@@ -277,7 +277,7 @@ end
 -- set of members); the modules loaded.
 local function public_names()
   local names, seen = {}, {}
-  -- `docs`: how README.md may write it (plain text, not patterns)
+  -- `docs`: how docs/api.md may write it (plain text, not patterns)
   local function add(class, name, docs, what)
     seen[class] = seen[class] or {}
     if name and seen[class][name] or not name and seen[class][0] then return end
@@ -418,13 +418,13 @@ describe("types/ (LuaLS annotations)", function()
     assert.same({}, stale)
   end)
 
-  it("annotate redis.connect's options as README.md lists them, each known to connect",
+  it("annotate redis.connect's options as docs/api.md lists them, each known to connect",
     function()
       local loaded, redis = pcall(require, "async_mutex.redis")
       if not loaded then return end            -- built without hiredis
-      local readme = h.read_file(ROOT .. "/README.md")
+      local readme = h.read_file(ROOT .. "/docs/api.md")
       local heading = "### `redis.connect(options)`"
-      local at = assert(readme:find(heading, 1, true), "README has no " .. heading)
+      local at = assert(readme:find(heading, 1, true), "docs/api.md has no " .. heading)
       local section = readme:sub(at + #heading):match("^(.-)\n###")
       local listed = {}
       for name in section:gmatch("`options%.([%w_]+)`") do listed[name] = "field" end
@@ -452,8 +452,8 @@ describe("types/ (LuaLS annotations)", function()
   end)
 end)
 
-describe("README.md", function()
-  local readme = h.read_file(ROOT .. "/README.md")
+describe("docs/api.md (the reference README.md links to)", function()
+  local readme = h.read_file(ROOT .. "/docs/api.md")
 
   it("documents every public name of the module", function()
     local names = public_names()
@@ -464,7 +464,7 @@ describe("README.md", function()
         found = found or readme:find(text, 1, true) ~= nil
       end
       if not found then
-        missing[#missing + 1] = ("%s%s (%s): README has no %s"):format(entry.class,
+        missing[#missing + 1] = ("%s%s (%s): docs/api.md has no %s"):format(entry.class,
           entry.name and ("." .. entry.name) or "", entry.what,
           table.concat(entry.docs, " or "))
       end
@@ -476,7 +476,7 @@ describe("README.md", function()
     local classes = read_annotations()
     for class, heading in pairs(OPTIONS) do
       local at = readme:find(heading, 1, true)
-      assert(at, "README has no heading " .. heading)
+      assert(at, "docs/api.md has no heading " .. heading)
       local section = readme:sub(at + #heading):match("^(.-)\n###") or readme:sub(at)
       local documented = {}
       for field in section:gmatch("\n| `([%w_]+)` |") do documented[field] = "field" end

@@ -1,6 +1,6 @@
 -- am.spawn(fn, ...): starts fn(...) in a new coroutine at once and returns
 -- its task; an error escaping it, when nobody joins the task, is reported
--- at the end of the next loop turn (README, "Errors in resumed
+-- at the end of the next loop turn (docs/api.md, "Errors in resumed
 -- coroutines"), its <close> variables having run as the error left them.
 -- The task's own API (join, cancel, status) is spec/160-tasks_spec.lua's.
 local h = require "helpers"
@@ -374,12 +374,12 @@ describe("README's Quick start", function()
     end)
 end)
 
-describe("README's Errors snippets", function()
+describe("docs/api.md's Errors snippets", function()
   local ROOT do
     local source = debug.getinfo(1, "S").source:gsub("^@", "")
     ROOT = (source:match("^(.*)/[^/]*$") or ".") .. "/.."
   end
-  local section = h.read_file(ROOT .. "/README.md"):match("\n## Errors\n(.-)\n## ")
+  local section = h.read_file(ROOT .. "/docs/api.md"):match("\n## Errors\n(.-)\n## ")
   local snippets = {}
   for block in (section or ""):gmatch("\n```lua\n(.-)```\n") do
     snippets[#snippets + 1] = (block:gsub("%.%.%.", "outcomes[#outcomes + 1] = tostring(ok)"))

@@ -1,5 +1,5 @@
 -- am.sleep(ms): suspends the calling coroutine for ms milliseconds of loop
--- time.  A sleeper is a timed waiter of the scheduler (README, am.sleep):
+-- time.  A sleeper is a timed waiter of the scheduler (docs/api.md, am.sleep):
 -- no luv handle of its own, the same timer queue as withTimeout requests,
 -- the same fate under coroutine.close and spurious resumes.
 local h = require "helpers"

@@ -2,7 +2,7 @@
 -- am.optimistic) are raised at the user's line, as spec 37 asserts for the
 -- locks: "file:line: " of the line that called the module, whatever the
 -- module calls in between (eval calls call, a versioned value's methods call
--- the client), with the exact message README.md lists.  A misspelt option
+-- the client), with the exact message docs/api.md lists.  A misspelt option
 -- is an error too, never a default silently kept.
 local h = require "helpers"
 local am = require "async_mutex"

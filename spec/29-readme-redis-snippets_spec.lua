@@ -1,9 +1,10 @@
--- README.md's code for the Redis client and for optimistic concurrency, run
--- as written (taken from README.md itself, so that the manual cannot drift
--- from the code), each in a child lua5.4 against a real redis-server: the
--- "Redis" example, the versioned value's `update`, the error-handling
--- snippet of "Errors: redis.E_UNAVAILABLE, async_mutex.redis.Error", and the
--- `am.optimistic` loop over a SQL-shaped store.  A snippet that would only
+-- The manual's code for the Redis client and for optimistic concurrency, run
+-- as written (taken from README.md and docs/api.md themselves, so that the
+-- manual cannot drift from the code), each in a child lua5.4 against a real
+-- redis-server: README's "Redis" example; in docs/api.md the versioned
+-- value's `update`, the error-handling snippet of "Errors:
+-- redis.E_UNAVAILABLE, async_mutex.redis.Error", and the `am.optimistic`
+-- loop over a SQL-shaped store.  A snippet that would only
 -- run inside a coroutine, or needs a `client` or `db`, is given one by a
 -- few lines around it; the snippet's own text is not changed beyond its
 -- server address and its `...` placeholders.
@@ -16,12 +17,15 @@ local ROOT do
 end
 
 local readme = h.read_file(ROOT .. "/README.md")
+local api = h.read_file(ROOT .. "/docs/api.md")
 
---- The first ```lua block after the heading `heading` (a line of README.md).
-local function block_after(heading)
-  local at = readme:find("\n" .. heading .. "\n", 1, true)
-  assert(at, "README.md has no heading " .. heading)
-  local code = readme:match("\n```lua\n(.-)```\n", at)
+--- The first ```lua block after the heading `heading` (a line of `text`,
+-- README.md unless given).
+local function block_after(heading, text)
+  text = text or readme
+  local at = text:find("\n" .. heading .. "\n", 1, true)
+  assert(at, "no heading " .. heading)
+  local code = text:match("\n```lua\n(.-)```\n", at)
   assert(code, "no lua block after " .. heading)
   return code
 end
@@ -51,7 +55,7 @@ describe("README's Redis snippets", function()
 
   it("versioned:update sells one unit, and gives up with its own error when sold out",
     function()
-      local code = block_after("### `redis.versioned(client, key)`")
+      local code = block_after("### `redis.versioned(client, key)`", api)
       local out = run(([[
         local uv = require "luv"
         local am = require "async_mutex"
@@ -74,7 +78,7 @@ describe("README's Redis snippets", function()
     end)
 
   it("the error-handling snippet tells E_UNAVAILABLE from an error reply", function()
-    local section = readme:match("\n### Errors: `redis%.E_UNAVAILABLE`.-\n(.-)\n###")
+    local section = api:match("\n### Errors: `redis%.E_UNAVAILABLE`.-\n(.-)\n###")
     local code = section and section:match("\n```lua\n(.-)```\n")
     assert.is_string(code)
     local port = redis_server.free_port()
@@ -98,10 +102,10 @@ describe("README's Redis snippets", function()
   end)
 end)
 
-describe("README's am.optimistic snippet", function()
+describe("docs/api.md's am.optimistic snippet", function()
   it("over a SQL-shaped store that two writers share: each sells once, the loser retries",
     function()
-      local code = block_after("## Optimistic concurrency")
+      local code = block_after("## Optimistic concurrency", api)
       -- a store with the two calls the snippet makes; `exec` yields, so
       -- that the two buyers interleave and one loses its first write
       local out = run(([[

@@ -52,7 +52,7 @@ describe("copas", function()
     assert.equal(base, am.pending())
 
     -- The grant itself was decided, then the coroutine was closed before
-    -- it ran: the grant must pass on (README: a closed waiting coroutine
+    -- it ran: the grant must pass on (docs/api.md: a closed waiting coroutine
     -- never gets the lock and the lock passes on), not stay with the dead.
     local s = am.Semaphore.new(0)
     log = {}

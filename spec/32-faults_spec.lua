@@ -162,7 +162,7 @@ describe("an error escaping a coroutine resumed by the module", function()
   end))
 
   it("leaves the lock held when the dead coroutine held it in a plain local, as documented", h.async(function()
-    -- README, Conventions: a lock is released by its releaser or by
+    -- docs/api.md, Conventions: a lock is released by its releaser or by
     -- release(); nothing releases on the holder's death unless the
     -- releaser is a <close> variable.  Catches an implementation that
     -- silently releases (or double-releases) on its own.
@@ -372,7 +372,7 @@ describe("a holder closed or collected while holding", function()
   end))
 
   it("closed without <close> leaves the lock held, as documented; its releaser or release() still frees it", h.async(function()
-    -- README, Conventions: "a coroutine that is collected, or closed
+    -- docs/api.md, Conventions: "a coroutine that is collected, or closed
     -- without a <close> releaser, while holding a lock leaves it locked".
     -- Catches an implementation that tracks owners and releases (or
     -- corrupts the queue) when the owner goes away, and a releaser that

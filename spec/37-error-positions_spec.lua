@@ -3,7 +3,7 @@
 -- in between (runExclusive, acquireAll, decorated locks, keyed locks), and
 -- no position when the caller is C, such as pcall (docs/semantics.md,
 -- Errors).  The other specs compare messages without their position; this
--- one asserts the position of every usage error the README lists, and of
+-- one asserts the position of every usage error docs/api.md lists, and of
 -- the same errors reached through the wrappers.
 local h = require "helpers"
 local am = require "async_mutex"
@@ -104,7 +104,7 @@ end
 local check = h.raises_at_caller
 
 describe("usage errors", function()
-  it("are positioned at the user's line, for every call of the README's table and through every wrapper",
+  it("are positioned at the user's line, for every call of docs/api.md's table and through every wrapper",
     h.async(function()
       local pending = am.pending()
       for _, case in ipairs(cases()) do check(case) end

@@ -7,7 +7,7 @@
 -- the key: the request decides on the key's lock as it is then, and waits
 -- (found by spec/fuzz/reentrancy.lua: it was granted on the dropped lock, a
 -- second holder of the key).  docs/semantics.md, Re-entry; docs/internals.md,
--- Decide, then commit; README, Conventions.  Each case runs in a child
+-- Decide, then commit; docs/api.md, Conventions.  Each case runs in a child
 -- process with a time limit, so that a hang or a crash fails the test.
 local h = require "helpers"
 

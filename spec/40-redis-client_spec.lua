@@ -146,7 +146,7 @@ describe("client:call", function()
     assert.equal("3", c:call("GET", "n"))
     assert.equal("OK", c:call("SET", "n", 0.1))
     assert.equal(0.1, tonumber(c:call("GET", "n")))
-    -- README: 15 digits, or 17 when 15 do not read back; inf as Redis reads it
+    -- docs/api.md: 15 digits, or 17 when 15 do not read back; inf as Redis reads it
     assert.equal("OK", c:call("SET", "n", 1 / 3))
     assert.equal("0.33333333333333331", c:call("GET", "n"))
     assert.equal(1 / 3, tonumber(c:call("GET", "n")))
@@ -157,7 +157,7 @@ describe("client:call", function()
     c:close()
   end))
 
-  it("shares its one connection: another coroutine's command joins a MULTI (README)",
+  it("shares its one connection: another coroutine's command joins a MULTI (docs/api.md)",
     h.async(function()
       local c = client()
       c:call("DEL", "tx:count", "tx:other")
@@ -244,7 +244,7 @@ describe("client:call", function()
   end))
 
   it("closes a coroutine that dies after it was resumed with a reply or an error: "
-    .. "its <close> releasers run (README, Conventions)", h.async(function()
+    .. "its <close> releasers run (docs/api.md, Conventions)", h.async(function()
     local c = client()
     local m = am.Mutex.new()
     local reported = {}

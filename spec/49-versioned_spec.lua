@@ -578,9 +578,9 @@ describe("versioned values' bad input", function()
   end)
 end)
 
-describe("README.md and types/ on versioned values", function()
+describe("docs/api.md and types/ on versioned values", function()
   it("document and annotate every method", function()
-    local readme = h.read_file(ROOT .. "/README.md")
+    local readme = h.read_file(ROOT .. "/docs/api.md")
     local types = h.read_file(ROOT .. "/types/versioned.lua")
     local methods = {}
     for name in pairs(require("async_mutex.versioned").Versioned) do

@@ -1,5 +1,5 @@
 -- A review of how errors escaping tasks and coroutines the module resumed
--- are reported (README, Errors in tasks and resumed coroutines; spec 26):
+-- are reported (docs/api.md, Errors in tasks and resumed coroutines; spec 26):
 -- the text is the one lua5.4 prints for an uncaught error, and the
 -- traceback is the error's, whatever the error object's __tostring does.
 -- (Uses spec number 56 of the 50-59 range; it is about error reports.)
@@ -96,7 +96,7 @@ describe("an error escaping a resumed coroutine", function()
 end)
 
 describe("debug mode given what is no lock", function()
-  -- The refusal names a Redis lock as one (README, Debugging a hang; spec
+  -- The refusal names a Redis lock as one (docs/api.md, Debugging a hang; spec
   -- 76); anything else is "async_mutex lock expected", however its type is
   -- spelt: a Redis lock's releaser (async_mutex.RedisReleaser; the check is
   -- by the type's name, so an object of that name stands for one here)

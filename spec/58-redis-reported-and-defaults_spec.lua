@@ -3,7 +3,7 @@
 -- its __tostring (docs/redis.md; as the core does, spec 26), not as
 -- "(error object is a table value)"; a keyed set's lock name prefix .. key
 -- is refused empty as RedisMutex's name is (docs/redis-locks.md, "Usage
--- errors"); redis.connect() with no options means the defaults (README,
+-- errors"); redis.connect() with no options means the defaults (docs/api.md,
 -- redis.connect).
 local am = require "async_mutex"
 local h = require "helpers"

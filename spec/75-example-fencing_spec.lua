@@ -2,7 +2,7 @@
 -- FENCED_READ and FENCED_WRITE, taken from the example's own text) must
 -- keep the promise of its header comment, that a worker paused past its
 -- lease cannot sell with a stale stock.  Fencing tokens strictly increase
--- per lock (README, "Guarantees and limits"; docs/redis-locks.md), but a
+-- per lock (docs/api.md, "Guarantees and limits"; docs/redis-locks.md), but a
 -- store that checks them at writes only still accepts the paused worker's
 -- write when it lands between the next holder's read and write; the next
 -- holder's write is then accepted too, and one unit is sold twice.  The

@@ -1,4 +1,4 @@
--- A Redis lock given where only the local locks go (README, "Redis locks";
+-- A Redis lock given where only the local locks go (docs/api.md, "Redis locks";
 -- "Debugging a hang"): am.withLease, and debug mode's name, holds and
 -- report.  The error names the Redis lock for what it is, at the caller's
 -- line, instead of "async_mutex lock expected, got async_mutex.RedisMutex"

@@ -1,5 +1,5 @@
 -- The timing options of redis.connect at their limits (docs/redis.md,
--- README.md "redis.connect options"): a value no timer can hold (a
+-- docs/api.md "redis.connect options"): a value no timer can hold (a
 -- finite number above 2^40 ms) is refused at the caller's line naming
 -- connect and the option, and a fractional pingInterval is a valid one,
 -- rounded up to whole ms, as the other timeouts are: the subscriber's

@@ -5,7 +5,7 @@
 --   it("waits", h.async(function() ... h.sleep(10) ... end))
 --
 -- busted runs bodies on the main thread, which cannot yield; h.async runs the
--- body with am.run (README, "Tests with busted"), which runs the loop until it
+-- body with am.run (README, "Testing your own code"), which runs the loop until it
 -- is idle, raises the body's error (with its traceback), and fails when
 -- coroutines are left waiting for ever; h.run also fails if the deadline
 -- passed or a handle other than the module's stopped ones is still active.
@@ -146,8 +146,8 @@ function helpers.with_loop_clock(body)
   if not ok then error(err, 0) end
 end
 
---- Runs `body()` as a task on the loop with am.run (README, "Tests with
--- busted"); returns what it returned.  am.run fails the test when the body
+--- Runs `body()` as a task on the loop with am.run (README, "Testing your
+-- own code"); returns what it returned.  am.run fails the test when the body
 -- raises (with its traceback), and when coroutines are left waiting for
 -- ever; failures of other coroutines are reported to this file's handler
 -- (unjoined = "report"), so that a test may set its own handler for them

@@ -199,8 +199,8 @@ enum { AM_WAIT, AM_TIMEOUT, AM_TRY };
 ** a semaphore's value at the grant).  User value 1 keeps the lock alive.
 **
 ** LAYOUT: a Releaser is also the first member of every Waiter, and the
-** size of a Waiter is most of what a waiting coroutine costs (README,
-** Performance): so the Waiter's own small fields live here, in one word
+** size of a Waiter is most of what a waiting coroutine costs (docs/bench.md,
+** memory): so the Waiter's own small fields live here, in one word
 ** of bits beside 'ref', where the Releaser would otherwise have padding
 ** (32 bytes in all; a plain Releaser leaves them 0).  Only waiter.c,
 ** lease.c, rules.c, scheduler.c and debug.c read them.

@@ -40,7 +40,7 @@
 
 /*
 ** LAYOUT: a task is a userdata of 4 bytes with one user value: 60 bytes
-** on Lua's heap (README, Performance: at most 64 beyond its coroutine).
+** on Lua's heap (docs/bench.md: at most 64 beyond its coroutine).
 ** User value 1 is the coroutine while the task runs, then what it ended
 ** with: nothing (nil), its only result, its results packed in a table
 ** (F_PACKED), or {error, traceback} (failed).  A member of a group has a

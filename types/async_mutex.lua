@@ -2,7 +2,7 @@
 
 -- LuaLS (lua-language-server) annotations of `require "async_mutex"`: what
 -- editors read for completion, hover and type checks.  Definitions only;
--- the module itself is src/async_mutex/init.lua and its C core.  README.md
+-- the module itself is src/async_mutex/init.lua and its C core.  docs/api.md
 -- is the reference; spec/25-api-docs_spec.lua checks that every public name
 -- of the module is annotated here and documented there.
 

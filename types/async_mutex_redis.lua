@@ -1,7 +1,7 @@
 ---@meta async_mutex.redis
 
 -- LuaLS annotations of `require "async_mutex.redis"`, the Redis client on
--- luv's loop (src/async_mutex/redis.lua and src/redis/).  README.md's
+-- luv's loop (src/async_mutex/redis.lua and src/redis/).  docs/api.md's
 -- "Redis" section is the reference.
 -- luacheck: ignore 241 (definition tables: mutated, never read)
 

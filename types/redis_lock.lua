@@ -3,7 +3,7 @@
 -- LuaLS annotations of the Redis locks: `async_mutex.RedisMutex`,
 -- `async_mutex.RedisSemaphore` and `async_mutex.KeyedRedisMutex` (loaded
 -- on first use from src/async_mutex/redis_lock.lua), and the kinds built on
--- them (redis_reentrant.lua, redis_rwlock.lua, redis_multi.lua, redlock.lua).  README.md, "Redis
+-- them (redis_reentrant.lua, redis_rwlock.lua, redis_multi.lua, redlock.lua).  docs/api.md, "Redis
 -- locks", is the reference and docs/redis-locks.md the design;
 -- spec/25-api-docs_spec.lua checks that every public name is annotated here
 -- and documented there.

@@ -1,7 +1,7 @@
 ---@meta
 
 -- LuaLS annotations of the versioned values of `require "async_mutex.redis"`
--- (`redis.versioned(client, key)`).  README.md, "Optimistic concurrency", is
+-- (`redis.versioned(client, key)`).  docs/api.md, "Optimistic concurrency", is
 -- the reference; spec/49-versioned_spec.lua checks that every method is
 -- annotated here and documented there.
 

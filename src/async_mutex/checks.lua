@@ -16,7 +16,7 @@ function M.typename(v)
 end
 
 --- The type names of the Redis locks, plain and decorated (redis_lock.lua),
--- which am.withLease and debug mode refuse by name (README, Debugging a
+-- which am.withLease and debug mode refuse by name (docs/api.md, Debugging a
 -- hang): exactly these, not every name with "Redis" in it (a RedisReleaser
 -- is no lock).
 M.REDIS_LOCKS = {}

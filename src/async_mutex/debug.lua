@@ -790,7 +790,7 @@ local function check_lock(fname, v)
   if what == "decorated" then return inner end
   if what == nil then
     local name = checks.typename(v)
-    -- a Redis lock is one, but its holders are in Redis (README, Debugging
+    -- a Redis lock is one, but its holders are in Redis (docs/api.md, Debugging
     -- a hang): say so rather than "async_mutex lock expected"
     if checks.REDIS_LOCKS[name] then
       argerror(1, fname, "debug mode watches the local locks, not a Redis lock, got " .. name)

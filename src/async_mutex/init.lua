@@ -230,7 +230,7 @@ local function canonical(keys, fname)
 end
 
 -- A releaser of several keys: callable and to-be-closed, first call only;
--- like every releaser, its call returns whether it ended a hold (README,
+-- like every releaser, its call returns whether it ended a hold (docs/api.md,
 -- Releasers).
 -- A key whose release raises (semaphore value overflow) does not keep
 -- the others: each is given back, then the first error is raised again.
@@ -434,7 +434,7 @@ local function lock_name(lock, weight)
 end
 
 --- In debug mode, who holds the lock of a waiting record and where each
--- acquired it (README, Debugging a hang): lines for a report.
+-- acquired it (docs/api.md, Debugging a hang): lines for a report.
 local function holders(lock, lines)
   if not debug_mode.isEnabled() then return end
   local ok, _, _, _, _, _, key, set = pcall(dbg_lock, lock)

@@ -134,7 +134,7 @@ local report = hooks.report
 -- one step of C, which a hook cannot come between); an error escaping it
 -- is reported, after co is closed so that its pending to-be-closed
 -- variables (releasers) run, as for every coroutine the module resumes
--- (README, Conventions).
+-- (docs/api.md, Conventions).
 local wake = core.wake
 
 -- Whether calls wait for replies (a subscriber: also confirmations and
