@@ -169,7 +169,10 @@ for _, kind in ipairs(KINDS) do
         server:kill()
         server:start()
         h.wait_until(function() return #lost > 0 end, 3000)
-        assert.equal("refused", lost[1])              -- its renewal found nothing
+        -- its renewal found nothing ("refused"); on a loaded machine the
+        -- restart can outlast the lease, which the local clock then ends
+        -- first ("expired"): told either way, never renewed
+        assert.is_true(lost[1] == "refused" or lost[1] == "expired", tostring(lost[1]))
         assert.is_false(r1())
         local r2
         h.wait_until(function()
