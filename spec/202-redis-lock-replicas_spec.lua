@@ -1,0 +1,123 @@
+-- The Redis locks' option `replicas = N` (docs/redis-locks.md, "Scaling
+-- out"): a grant is confirmed by WAIT on N replicas before acquire returns
+-- it; one not confirmed in time is given back and raised (E_UNAVAILABLE,
+-- with the reason), never used.  Renewals and releases are confirmed too.
+-- Real servers: a master with one replica, and a master with none.
+
+local am = require "async_mutex"
+local h = require "helpers"
+local redis_server = require "redis_server"
+local redis = require "async_mutex.redis"
+
+-- The WAIT commands a server received, from its MONITOR-free counter.
+local function waits(admin)
+  local info = admin:call("INFO", "commandstats")
+  return tonumber(info:match("cmdstat_wait:calls=(%d+)")) or 0
+end
+
+describe("a Redis lock with replicas = N", function()
+  local master, replica, lonely
+  setup(function()
+    master = redis_server.start()
+    replica = redis_server.start(nil, "--replicaof 127.0.0.1 " .. master.port)
+    lonely = redis_server.start()
+    h.run(function()
+      local r = redis.connect { port = replica.port }
+      h.wait_until(function()
+        return r:call("INFO", "replication"):find("master_link_status:up", 1, true) ~= nil
+      end, 15000, "the replica in sync")
+      r:close()
+    end, { deadline = 20000 })
+  end)
+  teardown(function()
+    for _, s in ipairs({ master, replica, lonely }) do if s then s:stop() end end
+  end)
+
+  it("confirms grants, renewals and releases by WAIT, and hands off between clients",
+    h.async(function()
+      local a = redis.connect { port = master.port }
+      local b = redis.connect { port = master.port }
+      local admin = redis.connect { port = master.port }
+      local before = waits(admin)
+      local ma = am.RedisMutex.new(a, "spec202", { replicas = 1, ttl = 300, renewInterval = 50 })
+      local mb = am.RedisMutex.new(b, "spec202", { replicas = 1 })
+      local release = ma:acquire()
+      h.sleep(130)                                   -- two renewals
+      assert.is_true(release:check())
+      local got = am.spawn(function()
+        local r = mb:acquire()
+        local fence = r.fence
+        r()
+        return fence
+      end)
+      h.sleep(20)
+      assert.is_true(release())
+      assert.is_true(got:join() > release.fence)
+      -- a grant, 2 renewals, a release; a hand-off grant (asked again,
+      -- then WAIT), its release
+      assert.is_true(waits(admin) - before >= 6)
+      local rr = redis.connect { port = replica.port }
+      assert.equal(0, rr:call("EXISTS", "spec202:h"))
+      a:close(); b:close(); admin:close(); rr:close()
+    end))
+
+  it("gives a grant back and raises E_UNAVAILABLE when too few replicas confirm it",
+    h.async(function()
+      local c = redis.connect { port = lonely.port, commandTimeout = 1000 }
+      local m = am.RedisMutex.new(c, "spec202:lonely", { replicas = 1 })
+      local ok, err = pcall(m.acquire, m)
+      assert.is_false(ok)
+      assert.is_true(err == redis.E_UNAVAILABLE)
+      assert.equal("grant not confirmed: 0 of 1 replicas within 500 ms", err.reason)
+      h.wait_until(function() return c:call("EXISTS", "spec202:lonely:h") == 0 end,
+        2000, "the grant given back")
+      assert.is_false(m:isLocked())
+      -- a semaphore and a keyed set, alike
+      local s = am.RedisSemaphore.new(c, "spec202:sem", 2, { replicas = 2 })
+      ok, err = pcall(s.acquire, s)
+      assert.is_false(ok)
+      assert.equal("grant not confirmed: 0 of 2 replicas within 500 ms", err.reason)
+      local k = am.KeyedRedisMutex.new(c, "spec202:k:", { replicas = 1 })
+      ok, err = pcall(k.acquire, k, "a")
+      assert.is_false(ok)
+      assert.equal("grant not confirmed: 0 of 1 replicas within 500 ms", err.reason)
+      -- without the option the same server grants
+      local plain = am.RedisMutex.new(c, "spec202:lonely")
+      plain:acquire()()
+      c:close()
+    end))
+
+  it("a renewal not confirmed extends nothing: the hold is lost when its lease ends",
+    h.async(function()
+      local c = redis.connect { port = master.port, commandTimeout = 100 }
+      local lost = {}
+      local m = am.RedisMutex.new(c, "spec202:renew", { replicas = 1, ttl = 400,
+        renewInterval = 100, onLost = function(info) lost[#lost + 1] = info.reason end })
+      local release = m:acquire()
+      replica:signal("STOP")                         -- WAIT now times out
+      local ok, err = pcall(function()
+        h.wait_until(function() return #lost == 1 end, 2000, "the hold lost")
+        assert.same({ "expired" }, lost)
+        local held, e = pcall(release.check, release)
+        assert.is_false(held)
+        assert.is_true(e == am.E_LOST)
+      end)
+      replica:signal("CONT")
+      c:close()
+      assert(ok, err)
+    end))
+
+  it("refuses a bad value, and a client that is not async_mutex.redis's", function()
+    local c = redis.connect { port = master.port }
+    local fake = { eval = function() end, subscribe = function() end }
+    h.raises_at_caller { function() am.RedisMutex.new(c, "x", { replicas = 0 }) end,
+      "bad argument #3 to 'new' (options.replicas must be an integer >= 1)" }
+    h.raises_at_caller { function() am.RedisMutex.new(c, "x", { replicas = 1.5 }) end,
+      "bad argument #3 to 'new' (options.replicas must be an integer >= 1)" }
+    h.raises_at_caller { function() am.RedisSemaphore.new(c, "x", 2, { replicas = "1" }) end,
+      "bad argument #4 to 'new' (options.replicas must be an integer >= 1)" }
+    h.raises_at_caller { function() am.KeyedRedisMutex.new(fake, "x", { replicas = 1 }) end,
+      "bad argument #3 to 'new' (options.replicas needs an async_mutex.redis client)" }
+    c:close()
+  end)
+end)
