@@ -83,9 +83,13 @@ function M.start(opts)
   opts = opts or {}
   local set = setmetatable({ name = opts.name or "mymaster", replicas = {}, sentinels = {} }, Set)
   local ok, err = pcall(function()
-    set.master = redis_server.start()
+    -- (a replica's first sync, and a demoted master's, starts at once:
+    -- Redis 7 waits 5 s by default for more replicas to share a transfer)
+    local sync = "--repl-diskless-sync-delay 0"
+    set.master = redis_server.start(nil, sync)
     for i = 1, opts.replicas or 2 do
-      set.replicas[i] = redis_server.start(nil, ("--replicaof 127.0.0.1 %d"):format(set.master.port))
+      set.replicas[i] = redis_server.start(nil, ("%s --replicaof 127.0.0.1 %d"):format(
+        sync, set.master.port))
     end
     local n = opts.sentinels or 3
     for i = 1, n do
