@@ -4,11 +4,13 @@
 -- own, which it rewrites), all on free loopback ports.  Every process is
 -- stopped by its PID (spec teardown, also when the spec fails).
 --
---   local set = require("redis_sentinel").start { replicas = 2, sentinels = 3 }
+--   local set = require("redis_sentinel").start { replicas = 2, sentinels = 3
+--     [, password = "pw"] [, down_after = ms] [, failover_timeout = ms] }
 --   set.master (a redis_server), set.replicas[i], set.sentinels[i]
 --     (.port, .pid, :kill(), :launch()), set.name ("mymaster")
 --   set:sentinel_list()  -- { {host =, port =}, ... } for redis.connect
---   set:master_port()    -- what the sentinels now name (polled)
+--   set:named_port()     -- the master's port as a live sentinel names it
+--   set.auth             -- redis-cli's arguments for the password, if any
 --   set:stop()
 
 local uv = require "luv"
@@ -46,10 +48,11 @@ function Sentinel:launch()
   f:write(("port %d\nbind 127.0.0.1\ndaemonize yes\npidfile %s\nlogfile %s\ndir %s\n"
     .. "sentinel monitor %s 127.0.0.1 %d %d\n"
     .. "sentinel down-after-milliseconds %s %d\n"
-    .. "sentinel failover-timeout %s %d\n"):format(
+    .. "sentinel failover-timeout %s %d\n%s"):format(
     self.port, self.pidfile, self.dir .. "/sentinel.log", self.dir,
     self.name, self.master_port, self.quorum, self.name, self.down_after,
-    self.name, self.failover_timeout))
+    self.name, self.failover_timeout,
+    self.password and ("sentinel auth-pass %s %s\n"):format(self.name, self.password) or ""))
   f:close()
   assert(sh(("redis-server %s --sentinel"):format(self.conf)), "cannot run redis-server --sentinel")
   wait_for(function()
@@ -86,6 +89,11 @@ function M.start(opts)
     -- (a replica's first sync, and a demoted master's, starts at once:
     -- Redis 7 waits 5 s by default for more replicas to share a transfer)
     local sync = "--repl-diskless-sync-delay 0"
+    if opts.password then
+      -- (clients, replicas and sentinels all authenticate with it)
+      sync = ("%s --requirepass %s --masterauth %s"):format(sync, opts.password, opts.password)
+      set.auth = "--no-auth-warning -a " .. opts.password
+    end
     set.master = redis_server.start(nil, sync)
     for i = 1, opts.replicas or 2 do
       set.replicas[i] = redis_server.start(nil, ("%s --replicaof 127.0.0.1 %d"):format(
@@ -98,14 +106,15 @@ function M.start(opts)
         dir = dir, conf = dir .. "/sentinel.conf", pidfile = dir .. "/sentinel.pid",
         port = redis_server.free_port(), name = set.name, master_port = set.master.port,
         quorum = n >= 3 and 2 or 1, down_after = opts.down_after or 1000,
-        failover_timeout = opts.failover_timeout or 5000,
+        failover_timeout = opts.failover_timeout or 5000, password = opts.password,
       }, Sentinel)
       set.sentinels[i] = s
       s:launch()
     end
     -- every replica in sync with the master, and known to every sentinel
     wait_for(function()
-      local info = read(("redis-cli -p %d info replication"):format(set.master.port))
+      local info = read(("redis-cli %s -p %d info replication"):format(set.auth or "",
+        set.master.port))
       local _, online = info:gsub("state=online", "")
       return online == #set.replicas
     end, "replicas not in sync")
