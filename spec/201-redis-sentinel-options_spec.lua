@@ -65,6 +65,8 @@ describe("redis.connect's sentinel options", function()
     local c = redis.connect({ sentinels = { { host = "127.0.0.1", port = 26379.0 } }, master = "m" })
     assert.equal("async_mutex.redis.Client", getmetatable(c).__name)
     c:close()
+    c = redis.connect({ port = 6379.0 })          -- (refused before, as 6379.0 // 1 is a float)
+    c:close()
   end)
 
   it("raises E_UNAVAILABLE for a sentinel whose name does not resolve", function()

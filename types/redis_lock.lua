@@ -17,7 +17,7 @@
 ---@field cancelError? any what `cancel()` raises (default `async_mutex.E_CANCELED`)
 ---@field lostError? any what a lost hold raises (default `async_mutex.E_LOST`)
 ---@field unsafeEviction? "error"|"warn" maxmemory-policy may evict the keys: refuse (default) or warn
----@field replicas? integer grants, renewals and releases confirmed by WAIT on this many replicas (>= 1; an async_mutex.redis client)
+---@field replicas? integer grants, renewals, releases confirmed by WAIT on N replicas (>= 1; async_mutex.redis)
 
 ---What `onLost` is called with.
 ---@class async_mutex.RedisLostInfo
