@@ -531,7 +531,7 @@ local function start_search(S)
 end
 
 -- hooks.attempt for a client that follows a master: connect to the
--- master master; else start a search, and let a caller that can wait do so.
+-- master found; else start a search, and let a caller that can wait do so.
 function sentinel_attempt(S, state, canwait)
   if S.closed then return "client closed" end
   local m = S.master
@@ -607,9 +607,13 @@ end
 -- looked for again.
 local function drop_master(S, why)
   S.master = nil
+  -- (a copy: fail resumes callers, whose new connections add followers)
+  local clients = {}
   for state in pairs(S.followers) do
-    local client = state.ref and state.ref[1]
-    local st = client and status(client)
+    clients[#clients + 1] = state.ref and state.ref[1]
+  end
+  for _, client in ipairs(clients) do
+    local st = status(client)
     if st == "connected" or st == "connecting" then fail(client, why) end
   end
 end
