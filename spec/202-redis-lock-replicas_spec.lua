@@ -39,7 +39,7 @@ describe("a Redis lock with replicas = N", function()
       local b = redis.connect { port = master.port }
       local admin = redis.connect { port = master.port }
       local before = waits(admin)
-      local ma = am.RedisMutex.new(a, "spec202", { replicas = 1, ttl = 300, renewInterval = 50 })
+      local ma = am.RedisMutex.new(a, "spec202", { replicas = 1, ttl = 2000, renewInterval = 50 })
       local mb = am.RedisMutex.new(b, "spec202", { replicas = 1 })
       local release = ma:acquire()
       h.sleep(130)                                   -- two renewals
