@@ -41,6 +41,12 @@ local function port_of(c)
   return tonumber(c:call("CONFIG", "GET", "port")[2])
 end
 
+-- The same, or nil while the client finds no server.
+local function status_port(c)
+  local ok, port = pcall(port_of, c)
+  return ok and port or nil
+end
+
 local function failure(c, ...)
   local ok, err = pcall(c.call, c, ...)
   assert.is_false(ok)
@@ -190,6 +196,52 @@ describe("redis.connect with sentinels", function()
       c:close()
       sen.srv:stop()
       d:stop()
+      assert(ok, err)
+    end))
+
+  it("moves its +switch-master watch to a sentinel that answers when the watched one is gone",
+    h.async(function()
+      local s1, s2 = fake_sentinel("mymaster"), fake_sentinel("mymaster")
+      s1.named, s2.named = { "127.0.0.1", a.port }, { "127.0.0.1", a.port }
+      local c = redis.connect { master = "mymaster", reconnectDelay = 1, sentinels = {
+        { host = "127.0.0.1", port = s1.port }, { host = "127.0.0.1", port = s2.port } } }
+      assert.equal(a.port, port_of(c))
+      h.wait_until(function() return next(s1.conns) ~= nil end, 2000, "the watch on s1")
+      s1.srv:stop()
+      -- the connection to the master lost: the next call searches, and s2
+      -- answers
+      local admin = redis.connect { port = a.port }
+      admin:call("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+      admin:close()
+      assert.equal(a.port, port_of(c))
+      h.wait_until(function() return next(s2.conns) ~= nil end, 2000, "the watch on s2")
+      s2.named = { "127.0.0.1", b.port }
+      s2.publish(("mymaster 127.0.0.1 %d 127.0.0.1 %d"):format(a.port, b.port))
+      h.wait_until(function() return status_port(c) == b.port end, 2000, "the switch to b")
+      c:close()
+      s2.srv:stop()
+    end))
+
+  it("authenticates to the sentinels with sentinelPassword, to the master with password",
+    h.async(function()
+      local locked = redis_server.start(nil, "--requirepass spec200pw")
+      local sen = fake_sentinel("mymaster")
+      sen.named = { "127.0.0.1", locked.port }
+      local ok, err = pcall(function()
+        local c = redis.connect { master = "mymaster", password = "spec200pw",
+          sentinelUsername = "watcher", sentinelPassword = "s3cret",
+          sentinels = { { host = "127.0.0.1", port = sen.port } } }
+        assert.equal(locked.port, port_of(c))
+        c:close()
+        local auths = {}
+        for _, cmd in ipairs(sen.srv.commands) do
+          if cmd[1] == "AUTH" then auths[#auths + 1] = table.concat(cmd, " ") end
+        end
+        assert.is_true(#auths >= 1)
+        for _, line in ipairs(auths) do assert.equal("AUTH watcher s3cret", line) end
+      end)
+      sen.srv:stop()
+      locked:stop()
       assert(ok, err)
     end))
 
