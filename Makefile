@@ -1,5 +1,6 @@
-# async_mutex: developer entry point.  `make demo` and `make test` do everything
-# on a fresh Debian machine (installing missing packages when run as root).
+# async_mutex: developer entry point.  On a bare Debian 12, `sh setup.sh` (as
+# root) installs what every target needs, make included; then `make demo`,
+# `make test`.  Each target also installs what is missing (make deps).
 
 LUA      ?= lua5.4
 BUSTED   ?= /usr/bin/busted
@@ -16,10 +17,6 @@ ALLFLAGS  = $(WARN) $(CFLAGS) -fPIC -fvisibility=hidden -I$(LUA_INC)
 LDFLAGS  ?= -O2 -flto
 # No -llua5.4: the interpreter that loads the module already holds the Lua core.
 SOFLAGS  ?= -shared
-
-# (no luv or libuv header: the modules use luv's public Lua API only)
-DEB_PKGS  = lua5.4 liblua5.4-dev lua-luv lua-busted luarocks \
-            redis-server libhiredis-dev
 
 # BUILD is where objects and the module go; sanitizer builds use their own.
 BUILD    ?= build
@@ -76,25 +73,10 @@ $(REDIS_MODULE): $(REDIS_OBJS) | $(BUILD)/async_mutex
 $(BUILD)/obj/redis:
 	mkdir -p $@
 
-# $(call install_debs,PACKAGES): installs the Debian packages that are
-# missing when run as root; otherwise names them and fails.
-define install_debs
-@missing=""; for p in $(1); do \
-  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; \
-done; \
-if [ -n "$$missing" ]; then \
-  if [ "$$(id -u)" = 0 ]; then \
-    echo "installing:$$missing"; \
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
-  else \
-    echo "missing Debian packages:$$missing"; \
-    echo "run as root, or: sudo apt-get install$$missing"; exit 1; \
-  fi; \
-fi
-endef
-
+# The Debian packages: setup.sh holds their one list, installs the missing
+# ones when run as root, and otherwise names them and fails.
 deps:
-	$(call install_debs,$(DEB_PKGS))
+	@sh setup.sh
 
 demo: deps
 	@$(MAKE) --no-print-directory all
@@ -136,7 +118,7 @@ gcstress: deps
 # Lua sources through luacheck (Debian: lua-check), C through the compiler's
 # warnings (every build).
 lint:
-	@$(MAKE) --no-print-directory deps DEB_PKGS=lua-check
+	@sh setup.sh lua-check
 	luacheck src spec examples bench types tools
 
 clean:
@@ -182,6 +164,17 @@ portable-check: deps
 	@$(MAKE) --no-print-directory all
 	$(LUA) tools/portable_check.lua "$(or $(LUV_SRC),download)" build/portable
 
+# The release check (never part of make test): the README's two commands,
+# as root, in a minimal Debian 12 made with debootstrap from the Debian
+# mirror, into which this repository is cloned (tools/fresh_check.sh).  The
+# log, build/fresh/check.log, ends with the suite's "N passed, N failed".
+# Needs root and debootstrap; takes 15-30 minutes.
+DEBIAN_MIRROR ?= http://deb.debian.org/debian
+.PHONY: fresh-check
+fresh-check:
+	@sh setup.sh debootstrap
+	sh tools/fresh_check.sh $(CURDIR)/build/fresh $(DEBIAN_MIRROR)
+
 # A source rock of this release, installable with no checkout and no network:
 #   luarocks --lua-version 5.4 install ./async-mutex-$(VERSION)-1.src.rock
 # Its rockspec is the development one (async-mutex-scm-1.rockspec, which
@@ -223,7 +216,7 @@ BENCH_PKGS = gnuplot-nox libuv1-dev
 REDIS_NODE_PEERS = bench/redis/node bench/redis_locks/node
 
 bench: deps
-	$(call install_debs,$(BENCH_PKGS))
+	@sh setup.sh $(BENCH_PKGS)
 	@$(MAKE) --no-print-directory all
 	$(RUNENV) BENCH_JSON=$(BENCH_JSON) $(LUA) bench/run.lua
 	$(LUA) bench/chart.lua $(BENCH_JSON) $(BENCH_SVG)
@@ -242,6 +235,7 @@ ifneq ($(HIREDIS_H),)
 	$(RUNENV) $(LUA) bench/redis/run.lua
 	$(RUNENV) $(LUA) bench/optimistic.lua
 	$(RUNENV) $(LUA) bench/redis_locks.lua
+	$(RUNENV) $(LUA) bench/redis_kinds.lua
 endif
 
 # Model-based random testing: N generated sequences, each run against the

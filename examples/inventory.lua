@@ -15,7 +15,10 @@
 -- the client in the same process (twice: without a lock, then with the
 -- KeyedMutex), checks the books, closes the server and returns.
 -- `lua5.4 examples/inventory.lua server PORT` only serves (until killed);
--- `lua5.4 examples/inventory.lua client PORT` only runs the client.
+-- `lua5.4 examples/inventory.lua client PORT` only runs the client; it
+-- gives up (status 1) on a server that closes the connection, answers a
+-- request it was never sent, or leaves a request without a reply for 5 s.
+-- Bad arguments: a usage line, status 2.
 --
 -- Protocol: one request a line, answered out of order, each reply starting
 -- with the id its request started with:
@@ -60,6 +63,7 @@ local MAX_BUSY = 16              -- requests of one connection served at once
 local MAX_UNSENT = 64 * 1024     -- bytes of replies a client may leave unread
 local CUSTOMERS, ORDERS_EACH = 40, 10                           -- 400 requests
 local CONNECTIONS = 8
+local REPLY_TIMEOUT = 5000       -- ms the client waits for a reply
 
 --- Resumes `co`, a coroutine waiting for an I/O event of ours (a reply, a
 -- connection); if that kills it, prints the error and closes `co` (so that
@@ -350,9 +354,14 @@ local function connect(port, on_ready)
     end
     local split = line_splitter(math.huge, function(line)
       local id, rest = line:match("^(%S+) (.*)$")
-      local co = c.waiting[id]
+      local request = c.waiting[id]
+      if not request then                -- a server that lies: stop, say so
+        io.stderr:write(("the server answered a request never sent: %q\n"):format(line))
+        os.exit(1)
+      end
       c.waiting[id] = nil
-      resume(co, rest)
+      request.timer:close()
+      resume(request.co, rest)
     end)
     c.tcp:read_start(function(read_err, chunk)
       if read_err or not chunk then
@@ -369,7 +378,13 @@ local function connect(port, on_ready)
   function c:request(text)
     self.next_id = self.next_id + 1
     local id = tostring(self.next_id)
-    self.waiting[id] = coroutine.running()
+    -- a server that goes silent must not leave the client waiting for ever
+    local timer = uv.new_timer()
+    timer:start(REPLY_TIMEOUT, 0, function()
+      io.stderr:write(("no reply from the server in %d ms to %q\n"):format(REPLY_TIMEOUT, text))
+      os.exit(1)
+    end)
+    self.waiting[id] = { co = coroutine.running(), timer = timer }
     self.tcp:write(id .. " " .. text .. "\n")
     local words = {}
     for word in coroutine.yield():gmatch("%S+") do words[#words + 1] = word end
@@ -468,8 +483,24 @@ end
 -- }==========================================================
 
 
+-- Bad arguments end the script with a usage line and status 2 (a typo such
+-- as `serve 1234` must not run the demo instead).
+local USAGE = "usage: lua5.4 examples/inventory.lua [PORT] | server [PORT] | client PORT"
+local function usage(why)
+  io.stderr:write("inventory.lua: ", why, "\n", USAGE, "\n")
+  os.exit(2)
+end
 local mode, port = arg[1], arg[2]
 if mode ~= "server" and mode ~= "client" then mode, port = "both", arg[1] end
+if mode == "both" and #arg > 1 then
+  usage(("no mode %q: server or client"):format(arg[1]))
+end
+if #arg > 2 then usage("too many arguments") end
+if mode == "client" and not port then usage("the client needs the server's PORT") end
+if port and not (port:match("^%d+$") and tonumber(port) <= 65535
+    and (mode ~= "client" or tonumber(port) >= 1)) then
+  usage(("not a port: %q"):format(port))
+end
 port = tonumber(port) or 0
 
 -- am.run runs the loop until everything is closed; an error in a request's
@@ -481,7 +512,6 @@ if mode == "server" then
     io.stdout:flush()
   end)
 elseif mode == "client" then
-  assert(port ~= 0, "usage: lua5.4 examples/inventory.lua client PORT")
   os.exit(am.run(run_client, port) and 0 or 1)
 else
   am.run(function()

@@ -72,14 +72,40 @@ local function sh(cmd)
   return out
 end
 
-local dir = sh("mktemp -d /tmp/optimistic-stock-XXXXXX"):gsub("\n$", "")
+-- The server and its temporary directory are removed however this script
+-- ends (at its end, on an error, by Ctrl-C at any moment, even kill -9): a
+-- keeper process in a session of its own (Ctrl-C does not reach it) makes
+-- the directory, starts the server, and removes both once this process is
+-- gone.  It prints the directory first, then lets go of our pipe.
+-- (the server writes its log until it exits: remove the directory after,
+-- waiting 5 s at most.  The keeper starts the server as its own child and
+-- knows its pid at once: a script killed before the server wrote its pid
+-- file must not leave it running.)
+local STOP = [[
+pid=${server:-$(cat "$dir/redis.pid" 2>/dev/null)}
+if [ -n "$pid" ] && kill "$pid" 2>/dev/null; then
+  wait "$pid" 2>/dev/null ||
+    for _ in $(seq 500); do kill -0 "$pid" 2>/dev/null || break; sleep 0.01; done
+fi
+rm -rf "$dir"
+]]
+local keeper = ([[
+trap '' INT HUP PIPE    # (PIPE: this process may be gone before our echo)
+dir=$(mktemp -d "${TMPDIR:-/tmp}/optimistic-stock-XXXXXX")
+[ -d "$dir" ] || exit 1   # (the directory, not mktemp's status: a tool run under
+                          # a preloaded sanitizer can fail at its exit after its work)
+echo "$dir"
+exec >/dev/null 2>&1 </dev/null
+redis-server --port 0 --unixsocket "$dir/redis.sock" --save '' --appendonly no \
+  --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" --dir "$dir" &
+server=$!
+while kill -0 %d; do sleep 0.1; done
+]]):format(uv.os_getpid()) .. STOP
+local dir = sh(("setsid sh -c %s &"):format(quote(keeper))):gsub("\n$", "")
 local socket = dir .. "/redis.sock"
-sh(("redis-server --port 0 --unixsocket %s/redis.sock --save '' --appendonly no"
-  .. " --daemonize yes --pidfile %s/redis.pid --logfile %s/redis.log --dir %s")
-  :format(dir, dir, dir, dir))
 
 local function stop_server()
-  sh(("kill $(cat %s/redis.pid) 2>/dev/null; rm -rf %s"):format(dir, dir))
+  sh(("dir=%s\n%s"):format(quote(dir), STOP))
 end
 
 local ok, err = pcall(function()

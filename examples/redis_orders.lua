@@ -17,7 +17,9 @@
 --   lua5.4 examples/redis_orders.lua unix:/path/to/redis.sock
 --
 -- It exits with status 0 when the stock was sold exactly, 1 otherwise (no
--- server at that address, a worker that failed, a unit sold twice).
+-- server at that address, a host name that does not resolve, a worker that
+-- failed, a unit sold twice), 2 on bad arguments (a port that is not a
+-- number from 1 to 65535, too many arguments).
 
 -- Find the module in this checkout (src/, build/ beside examples/), from
 -- any directory; harmless once installed.
@@ -32,13 +34,41 @@ local redis = require "async_mutex.redis"
 local WORKERS, UNITS = 4, 100
 local STOCK, LOCK = "example:stock", "example:orders"
 
+-- (a worker is this script again: `worker ID [host [port]]`)
 local where, port, role, id = ...
+if where == "worker" then role, id, where, port = ... end
 local failed = false
+
+-- Bad arguments end the script with a usage line and status 2, before
+-- anything is sent anywhere (a port that is not a number must not quietly
+-- mean 6379).
+local USAGE = "usage: lua5.4 examples/redis_orders.lua [host [port]] | unix:PATH"
+local function usage(why)
+  io.stderr:write("redis_orders.lua: ", why, "\n", USAGE, "\n")
+  os.exit(2)
+end
+if where == "" then usage("the host is empty") end
+if where and where:match("^unix:") and port then usage("a unix socket takes no port") end
+if port and not (port:match("^%d+$") and tonumber(port) >= 1 and tonumber(port) <= 65535) then
+  usage(("the port must be a number from 1 to 65535, not %q"):format(port))
+end
+if select("#", ...) > (role and 4 or 2) or (role and not (id or ""):match("^%d+$")) then
+  usage("too many arguments")
+end
+
+local address = where and where:match("^unix:") and where
+  or ("%s:%s"):format(where or "127.0.0.1", port or "6379")
 local function connect()
   if where and where:match("^unix:") then return redis.connect { path = where:sub(6) } end
   return redis.connect { host = where or "127.0.0.1", port = tonumber(port) or 6379 }
 end
-local client = connect()
+-- connect resolves a host name at once: a name that does not resolve fails
+-- here, with the same one-line message as a server that is not there
+local connected, client = pcall(connect)
+if not connected then
+  io.stderr:write(("no Redis server at %s (%s)\n"):format(address, tostring(client)))
+  os.exit(1)
+end
 
 -- The store's fenced read: the stock, for a fence at least as high as any
 -- it has seen (which it now remembers); nil (refused) for a lower one.
@@ -84,8 +114,7 @@ end
 local function parent()
   local reached, why = pcall(client.call, client, "DEL", STOCK)
   if not reached and why == redis.E_UNAVAILABLE then
-    error(("no Redis server at %s%s"):format(where or "127.0.0.1",
-      (where or ""):match("^unix:") and "" or ":" .. (port or "6379")), 0)
+    error(("no Redis server at %s"):format(address), 0)
   end
   assert(reached, why)
   client:call("HSET", STOCK, "units", UNITS, "fence", 0)
@@ -98,7 +127,7 @@ local function parent()
     local out = uv.new_pipe(false)
     local handle
     handle = uv.spawn(uv.exepath(), {
-      args = { arg[0], where or "127.0.0.1", port or "6379", "worker", tostring(i) },
+      args = { arg[0], "worker", tostring(i), where, port },
       stdio = { nil, out, 2 },
     }, function(code)
       handle:close()

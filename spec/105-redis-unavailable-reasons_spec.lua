@@ -57,12 +57,29 @@ describe("E_UNAVAILABLE", function()
       c:close()
     end))
 
-  it("raised as the constant by a Redis lock is still matched by ==", h.async(function()
-    local ok, err = pcall(error, am.E_UNAVAILABLE, 0)   -- as redis_lock.lua raises it
-    assert.is_false(ok)
-    assert.is_true(err == redis.E_UNAVAILABLE)
-    assert.equal("redis server unavailable", tostring(err))
-  end))
+  it("raised by a Redis lock whose client is closed while it waits: 'client closed'",
+    h.async(function()
+      local server = redis_server.start()
+      local a = redis.connect({ port = server.port })
+      local b = redis.connect({ port = server.port })
+      local held = am.RedisMutex.new(a, "spec105:lock"):acquire()
+      local err
+      h.spawn(function()
+        local m = am.RedisMutex.new(b, "spec105:lock")
+        local ok, e = pcall(m.acquire, m)
+        assert.is_false(ok)
+        err = e
+      end)
+      h.sleep(50)                          -- queued in Redis, waiting
+      b:close()
+      h.wait_until(function() return err ~= nil end, 2000)
+      assert.is_true(err == am.E_UNAVAILABLE)
+      assert.equal("client closed", err.reason)
+      assert.equal("redis server unavailable: client closed", tostring(err))
+      held()
+      a:close()
+      server:stop()
+    end))
 end)
 
 describe("the reason of an E_UNAVAILABLE", function()

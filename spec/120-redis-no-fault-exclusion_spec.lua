@@ -56,22 +56,7 @@ main(function()
 end)
 ]]
 
--- Reads a marker file: the number of sections that began while another
--- was still running (by the order of the lines), and of sections.
-local function overlaps_in(path)
-  local inside, overlaps, sections = {}, 0, 0
-  for line in io.lines(path) do
-    local kind, id = line:match("^(%u) (%S+)")
-    if kind == "B" then
-      sections = sections + 1
-      if next(inside) then overlaps = overlaps + 1 end
-      inside[id] = true
-    elseif kind == "E" then
-      inside[id] = nil
-    end
-  end
-  return overlaps, sections
-end
+local overlaps_in = R.overlaps_in
 
 -- Sections per process for a ttl: the ttl-1000 cells dominate the run
 -- time (about P * N * 1.1 * ttl each, run side by side).
@@ -88,20 +73,21 @@ describe("RedisMutex with no fault injected", function()
     .. " {90, 3000, 30000}, 2 and 4 processes", h.async(function()
     local seed = os.time()
     local report = {}
-    for _, ttl in ipairs(TTLS) do
-      -- the cells of one ttl run side by side, each on its own lock
+    -- The cells of one ttl and number of processes run side by side, each
+    -- on its own lock.  (All the cells of a ttl at once, 18 processes on
+    -- two cores, could leave a holder unscheduled for a third of a 50 ms
+    -- lease: a paused holder, which this spec leaves out.)
+    local function run_cells(ttl, procs)
       local cells = {}
       for _, wait in ipairs({ 90, 3000, 30000 }) do
-        for _, procs in ipairs({ 2, 4 }) do
-          local log = os.tmpname()
-          local cell = { ttl = ttl, wait = wait, procs = procs, log = log, children = {} }
-          local name = fresh_name()
-          for p = 1, procs do
-            cell.children[p] = R.child(WORKER, { server.path, name, ttl, wait, SECTIONS[ttl],
-              seed + p * 7919 + ttl + wait, log, "p" .. p })
-          end
-          cells[#cells + 1] = cell
+        local log = os.tmpname()
+        local cell = { ttl = ttl, wait = wait, procs = procs, log = log, children = {} }
+        local name = fresh_name()
+        for p = 1, procs do
+          cell.children[p] = R.child(WORKER, { server.path, name, ttl, wait, SECTIONS[ttl],
+            seed + p * 7919 + ttl + wait, log, "p" .. p })
         end
+        cells[#cells + 1] = cell
       end
       for _, cell in ipairs(cells) do
         local lost, falses, stale = 0, 0, 0
@@ -120,6 +106,9 @@ describe("RedisMutex with no fault injected", function()
             cell.procs, overlaps, lost, falses, stale)
         end
       end
+    end
+    for _, ttl in ipairs(TTLS) do
+      for _, procs in ipairs({ 2, 4 }) do run_cells(ttl, procs) end
     end
     assert.equal("", table.concat(report, "; "), "seed " .. seed)
   end, { deadline = 240000 }))

@@ -122,20 +122,7 @@ main(function()
 end)
 ]]
 
-local function overlaps_in(path)
-  local inside, overlaps, sections = {}, 0, 0
-  for line in io.lines(path) do
-    local kind, id = line:match("^(%u) (%S+)")
-    if kind == "B" then
-      sections = sections + 1
-      if next(inside) then overlaps = overlaps + 1 end
-      inside[id] = true
-    elseif kind == "E" then
-      inside[id] = nil
-    end
-  end
-  return overlaps, sections
-end
+local overlaps_in = R.overlaps_in
 
 describe("RedisMutex across processes whose loops block while they wait", function()
   it("never has two holders: ttl {50, 100} x waiterTimeout {60, 300}, 3 processes",

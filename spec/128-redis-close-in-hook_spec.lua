@@ -41,7 +41,7 @@ local function with_close_at(k, client, fn, ...)
   h.spawn(function()
     debug.sethook(function()
       local caller = debug.getinfo(3, "S")
-      if not (caller and caller.short_src:find("redis_lock.lua", 1, true)) then return end
+      if not (caller and caller.short_src:find("redis_lock", 1, true)) then return end
       calls = calls + 1
       if calls == k then
         debug.sethook()

@@ -23,6 +23,9 @@ local MODULES = {
   { name = "async_mutex", readme = "am" },
   { name = "async_mutex.redis", readme = "redis" },
   { name = "async_mutex.redis_lock", readme = "am", into = "async_mutex" },
+  { name = "async_mutex.redis_reentrant", readme = "am", into = "async_mutex" },
+  { name = "async_mutex.redis_rwlock", readme = "am", into = "async_mutex" },
+  { name = "async_mutex.redlock", readme = "am", into = "async_mutex" },
 }
 
 -- Metatables the C code registers that no user ever holds.
@@ -42,6 +45,11 @@ local RECEIVERS = {
   ["async_mutex.RedisMutex"] = { "rm" },
   ["async_mutex.RedisSemaphore"] = { "rs" },
   ["async_mutex.KeyedRedisMutex"] = { "krm" },
+  ["async_mutex.RedisReentrantMutex"] = { "rrm" },
+  ["async_mutex.RedisRWLock"] = { "rrw" },
+  ["async_mutex.KeyedRedisRWLock"] = { "krrw" },
+  ["async_mutex.RedisMultiReleaser"] = { "all" },
+  ["async_mutex.RedlockMutex"] = { "q" },
   ["async_mutex.RedisReleaser"] = { "releaser" },
   ["async_mutex.redis.Versioned"] = { "versioned", "v" },
   ["async_mutex.redis.Error"] = { "err" },
@@ -60,6 +68,7 @@ local OPTIONS = {
 -- state (README.md writes them `receiver.field`).
 local FIELDS = {
   ["async_mutex.RedisReleaser"] = { "fence" },
+  ["async_mutex.RedisMultiReleaser"] = { "fences" },
   ["async_mutex.redis.Error"] = { "code", "message" },
   ["async_mutex.E_UNAVAILABLE"] = { "message", "reason" },
   ["async_mutex.redis.Versioned"] = { "client", "key" },
@@ -217,10 +226,25 @@ local function redis_types()
     add(m, "a RedisMutex")
     add(am.RedisSemaphore.new(client, "spec25s", 2), "a RedisSemaphore")
     add(am.KeyedRedisMutex.new(client, "spec25:"), "a KeyedRedisMutex")
+    local rrm = am.RedisReentrantMutex.new(client, "spec25r")
+    add(rrm, "a RedisReentrantMutex")
+    add(am.RedisRWLock.new(client, "spec25rw"), "a RedisRWLock")
+    add(am.KeyedRedisRWLock.new(client, "spec25krw:"), "a KeyedRedisRWLock")
+    add(am.RedlockMutex.new({ client }, "spec25q"), "a RedlockMutex")
     local release = m:acquire()
     local mt = getmetatable(release)
     redis_found[#redis_found + 1] = { mt.__name, rawget(mt, "__index"),
       "a Redis lock's releaser", release }
+    release()
+    local all = am.KeyedRedisMutex.new(client, "spec25:"):acquireAll({ "a", "b" })
+    mt = getmetatable(all)
+    redis_found[#redis_found + 1] = { mt.__name, rawget(mt, "__index"), "acquireAll's releaser",
+      all }
+    all()
+    release = rrm:acquire()
+    mt = getmetatable(release)
+    redis_found[#redis_found + 1] = { mt.__name, rawget(mt, "__index"),
+      "a RedisReentrantMutex's level", release }
     release()
     -- the Redis client's types made in Lua, and its error value's fields
     local redis = require "async_mutex.redis"

@@ -316,4 +316,23 @@ function R.namer(prefix)
   end
 end
 
+--- Reads a marker file of worker processes ("B id n" and "E id n" lines,
+-- each one write(2) to a file opened with O_APPEND): the number of
+-- sections that began while another was still running (by the order of
+-- the lines), and of sections.
+function R.overlaps_in(path)
+  local inside, overlaps, sections = {}, 0, 0
+  for line in io.lines(path) do
+    local kind, id = line:match("^(%u) (%S+)")
+    if kind == "B" then
+      sections = sections + 1
+      if next(inside) then overlaps = overlaps + 1 end
+      inside[id] = true
+    elseif kind == "E" then
+      inside[id] = nil
+    end
+  end
+  return overlaps, sections
+end
+
 return R

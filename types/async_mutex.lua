@@ -33,6 +33,10 @@
 ---| async_mutex.RedisMutex
 ---| async_mutex.RedisSemaphore
 ---| async_mutex.KeyedRedisMutex
+---| async_mutex.RedisReentrantMutex
+---| async_mutex.RedisRWLock
+---| async_mutex.KeyedRedisRWLock
+---| async_mutex.RedlockMutex
 
 ---Called with the error and its traceback when a coroutine resumed by the
 ---module dies with an error.
@@ -592,6 +596,14 @@ async_mutex.RedisMutex = nil
 async_mutex.RedisSemaphore = nil
 ---@type async_mutex.KeyedRedisMutex
 async_mutex.KeyedRedisMutex = nil
+---@type async_mutex.RedisReentrantMutex
+async_mutex.RedisReentrantMutex = nil
+---@type async_mutex.RedisRWLock
+async_mutex.RedisRWLock = nil
+---@type async_mutex.KeyedRedisRWLock
+async_mutex.KeyedRedisRWLock = nil
+---@type async_mutex.RedlockMutex
+async_mutex.RedlockMutex = nil
 
 ---A lock sharing all state with `lock`, whose requests raise
 ---`timeout_error` (default `async_mutex.E_TIMEOUT`) when not granted within

@@ -2,7 +2,8 @@
 
 -- LuaLS annotations of the Redis locks: `async_mutex.RedisMutex`,
 -- `async_mutex.RedisSemaphore` and `async_mutex.KeyedRedisMutex` (loaded
--- on first use from src/async_mutex/redis_lock.lua).  README.md, "Redis
+-- on first use from src/async_mutex/redis_lock.lua), and the kinds built on
+-- them (redis_reentrant.lua, redis_rwlock.lua, redis_multi.lua, redlock.lua).  README.md, "Redis
 -- locks", is the reference and docs/redis-locks.md the design;
 -- spec/25-api-docs_spec.lua checks that every public name is annotated here
 -- and documented there.
@@ -23,7 +24,7 @@
 ---@class async_mutex.RedisLostInfo
 ---@field name string the lock's name in Redis
 ---@field fence integer the lost grant's fencing token
----@field reason "expired"|"refused" the lease ran out here, or Redis no longer had it
+---@field reason "expired"|"refused"|"unknown" ran out here, Redis no longer had it, a downgrade not answered
 ---@field releaser async_mutex.RedisReleaser the lost hold's releaser
 
 ---Ends one hold of a Redis lock: call it (`release()`) or let it go out of
@@ -39,6 +40,18 @@ local RedisReleaser = {}
 ---lost; otherwise `true` while it is held, `false` once it was given back.
 ---@return boolean
 function RedisReleaser:check() end
+
+---A RedisRWLock's write hold becomes a read hold in one atomic step in
+---Redis (no writer can enter in between; the readers at the head of the
+---queue join): returns the read hold's releaser, with a new fence; this
+---releaser is spent.  Raises for any other releaser, or a write hold that
+---has ended (the lost error for a lost one).
+---@async
+---@return async_mutex.RedisReleaser read
+function RedisReleaser:downgrade() end
+
+---Not offered: raises (two readers that both upgrade would deadlock).
+function RedisReleaser:upgrade() end
 
 
 ---A mutex shared through one Redis server by every process that uses it.
@@ -176,3 +189,294 @@ function KeyedRedisMutex:release(key) end
 ---Rejects this process's waiters of `key`, or of every key when `key` is nil.
 ---@param key? string|number
 function KeyedRedisMutex:cancel(key) end
+
+---Every key of `keys`, all or nothing: in one atomic request when all their
+---locks are free, else one by one in the canonical order of the lock names.
+---@async
+---@param keys (string|number)[]
+---@param priority? number
+---@return async_mutex.RedisMultiReleaser release
+function KeyedRedisMutex:acquireAll(keys, priority) end
+
+---@async
+---@param keys (string|number)[]
+---@param fn fun(): ...
+---@param priority? number
+---@return any ...
+function KeyedRedisMutex:runExclusiveAll(keys, fn, priority) end
+
+
+---What `acquireAll` returns: call it, or let it go out of scope, to give
+---every key back (each by its own request, all at once).  `true` when this
+---call gave them all back held; `false` if called before or a key was lost.
+---@class async_mutex.RedisMultiReleaser
+---@field fences table<string|number, integer> each key (as given) to its hold's fencing token
+---@operator call: boolean
+local RedisMultiReleaser = {}
+
+---Raises the lost error if a key's hold was lost; `true` while every key is
+---held, `false` once they were given back.
+---@return boolean
+function RedisMultiReleaser:check() end
+
+
+---A RedisMutex that the coroutine holding it may acquire again at once:
+---one hold in Redis, counted in levels here (the API of
+---`async_mutex.ReentrantMutex`).
+---@class async_mutex.RedisReentrantMutex
+local RedisReentrantMutex = {}
+
+---@param client async_mutex.redis.Client
+---@param name string non-empty
+---@param options? async_mutex.RedisLockOptions
+---@return async_mutex.RedisReentrantMutex
+function RedisReentrantMutex.new(client, name, options) end
+
+---The holder's call is one more level, at once, with no request; anyone
+---else waits as for a RedisMutex.  Each level has its own releaser.
+---@async
+---@param priority? number
+---@return async_mutex.RedisReleaser release ends this level, once
+function RedisReentrantMutex:acquire(priority) end
+
+---@async
+---@param fn fun(): ...
+---@param priority? number
+---@return any ...
+function RedisReentrantMutex:runExclusive(fn, priority) end
+
+---Suspends until the lock is free in Redis; raises for the holder itself.
+---@async
+---@param priority? number
+function RedisReentrantMutex:waitForUnlock(priority) end
+
+---@async
+---@return boolean
+function RedisReentrantMutex:isLocked() end
+
+---The levels this process's holder holds (0: no hold in this process).
+---@return integer
+function RedisReentrantMutex:depth() end
+
+---Whether the running coroutine holds the lock.
+---@return boolean
+function RedisReentrantMutex:isHeldByMe() end
+
+---Rejects this process's waiters with the cancel error.
+function RedisReentrantMutex:cancel() end
+
+
+---A readers-writer lock shared through one Redis server: readers of every
+---process share it, a writer holds it alone (the API of `async_mutex.RWLock`).
+---@class async_mutex.RedisRWLock
+local RedisRWLock = {}
+
+---@param client async_mutex.redis.Client
+---@param name string non-empty
+---@param options? async_mutex.RedisLockOptions
+---@return async_mutex.RedisRWLock
+function RedisRWLock.new(client, name, options) end
+
+---A read hold: shared with every other reader; queued behind a waiting writer.
+---@async
+---@param priority? number
+---@return async_mutex.RedisReleaser release
+function RedisRWLock:acquireRead(priority) end
+
+---A write hold: alone.
+---@async
+---@param priority? number
+---@return async_mutex.RedisReleaser release
+function RedisRWLock:acquireWrite(priority) end
+
+---`acquireWrite`.
+---@async
+---@param priority? number
+---@return async_mutex.RedisReleaser release
+function RedisRWLock:acquire(priority) end
+
+---Calls `fn()` holding a read hold.
+---@async
+---@param fn fun(): ...
+---@param priority? number
+---@return any ...
+function RedisRWLock:runShared(fn, priority) end
+
+---Calls `fn()` holding the write hold.
+---@async
+---@param fn fun(): ...
+---@param priority? number
+---@return any ...
+function RedisRWLock:runExclusive(fn, priority) end
+
+---Suspends until a write could be granted (nobody holds, nobody queued).
+---@async
+---@param priority? number
+function RedisRWLock:waitForUnlock(priority) end
+
+---@async
+---@return boolean
+function RedisRWLock:isLocked() end
+
+---@async
+---@return boolean
+function RedisRWLock:isWriteLocked() end
+
+---How many read holds there are (of every process), asked of Redis.
+---@async
+---@return integer
+function RedisRWLock:readers() end
+
+---Ends this process's oldest write hold; `false` (nothing done) if it has none.
+---@return boolean
+function RedisRWLock:release() end
+
+---Rejects this process's waiters with the cancel error.
+function RedisRWLock:cancel() end
+
+
+---A RedisRWLock per key, named `prefix .. key` (the API of `async_mutex.KeyedRWLock`).
+---@class async_mutex.KeyedRedisRWLock
+local KeyedRedisRWLock = {}
+
+---@param client async_mutex.redis.Client
+---@param prefix string
+---@param options? async_mutex.RedisLockOptions
+---@return async_mutex.KeyedRedisRWLock
+function KeyedRedisRWLock.new(client, prefix, options) end
+
+---@async
+---@param key string|number
+---@param priority? number
+---@return async_mutex.RedisReleaser release
+function KeyedRedisRWLock:acquireRead(key, priority) end
+
+---@async
+---@param key string|number
+---@param priority? number
+---@return async_mutex.RedisReleaser release
+function KeyedRedisRWLock:acquireWrite(key, priority) end
+
+---`acquireWrite`.
+---@async
+---@param key string|number
+---@param priority? number
+---@return async_mutex.RedisReleaser release
+function KeyedRedisRWLock:acquire(key, priority) end
+
+---@async
+---@param key string|number
+---@param fn fun(): ...
+---@param priority? number
+---@return any ...
+function KeyedRedisRWLock:runShared(key, fn, priority) end
+
+---@async
+---@param key string|number
+---@param fn fun(): ...
+---@param priority? number
+---@return any ...
+function KeyedRedisRWLock:runExclusive(key, fn, priority) end
+
+---Every key, read, all or nothing, in the canonical order.
+---@async
+---@param keys (string|number)[]
+---@param priority? number
+---@return async_mutex.RedisMultiReleaser release
+function KeyedRedisRWLock:acquireAllRead(keys, priority) end
+
+---Every key, written, all or nothing, in the canonical order.
+---@async
+---@param keys (string|number)[]
+---@param priority? number
+---@return async_mutex.RedisMultiReleaser release
+function KeyedRedisRWLock:acquireAllWrite(keys, priority) end
+
+---`acquireAllWrite`.
+---@async
+---@param keys (string|number)[]
+---@param priority? number
+---@return async_mutex.RedisMultiReleaser release
+function KeyedRedisRWLock:acquireAll(keys, priority) end
+
+---@async
+---@param keys (string|number)[]
+---@param fn fun(): ...
+---@param priority? number
+---@return any ...
+function KeyedRedisRWLock:runSharedAll(keys, fn, priority) end
+
+---@async
+---@param keys (string|number)[]
+---@param fn fun(): ...
+---@param priority? number
+---@return any ...
+function KeyedRedisRWLock:runExclusiveAll(keys, fn, priority) end
+
+---@async
+---@param key string|number
+---@param priority? number
+function KeyedRedisRWLock:waitForUnlock(key, priority) end
+
+---@async
+---@param key string|number
+---@return boolean
+function KeyedRedisRWLock:isLocked(key) end
+
+---@async
+---@param key string|number
+---@return boolean
+function KeyedRedisRWLock:isWriteLocked(key) end
+
+---@async
+---@param key string|number
+---@return integer
+function KeyedRedisRWLock:readers(key) end
+
+---Ends this process's oldest write hold of `key`; `false` if it has none.
+---@param key string|number
+---@return boolean
+function KeyedRedisRWLock:release(key) end
+
+---Rejects this process's waiters of `key`, or of every key when `key` is nil.
+---@param key? string|number
+function KeyedRedisRWLock:cancel(key) end
+
+
+---A mutex held by a quorum (a majority) of N independent Redis servers.
+---@class async_mutex.RedlockMutex
+local RedlockMutex = {}
+
+---A mutex named `name` on every server of `clients` (one client per
+---server, each counted once); the options are the Redis locks'.
+---@param clients async_mutex.redis.Client[]
+---@param name string non-empty
+---@param options? async_mutex.RedisLockOptions
+---@return async_mutex.RedlockMutex
+function RedlockMutex.new(clients, name, options) end
+
+---Suspends until a quorum of the servers granted the lock to this process
+---(each server's queue served in order); raises `E_UNAVAILABLE` when a
+---quorum cannot be had.
+---@async
+---@param priority? number
+---@return async_mutex.RedisReleaser release its `fence` strictly increases over the quorum
+function RedlockMutex:acquire(priority) end
+
+---@async
+---@param fn fun(): ...
+---@param priority? number
+---@return any ...
+function RedlockMutex:runExclusive(fn, priority) end
+
+---Whether a quorum of the servers have a holder.
+---@async
+---@return boolean
+function RedlockMutex:isLocked() end
+
+---Ends this process's oldest hold; `false` if it had none.
+---@return boolean
+function RedlockMutex:release() end
+
+---Rejects this process's waiters with the cancel error.
+function RedlockMutex:cancel() end

@@ -20,7 +20,9 @@ end
 -- hang): exactly these, not every name with "Redis" in it (a RedisReleaser
 -- is no lock).
 M.REDIS_LOCKS = {}
-for _, kind in ipairs({ "RedisMutex", "RedisSemaphore", "KeyedRedisMutex" }) do
+for _, kind in ipairs({ "RedisMutex", "RedisSemaphore", "KeyedRedisMutex",
+                        "RedisReentrantMutex", "RedisRWLock", "KeyedRedisRWLock",
+                        "RedlockMutex" }) do
   M.REDIS_LOCKS["async_mutex." .. kind] = true
   M.REDIS_LOCKS["async_mutex.decorated " .. kind] = true
 end

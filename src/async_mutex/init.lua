@@ -581,13 +581,19 @@ end
 require("async_mutex.optimistic").install(M)
 
 
--- The Redis locks (docs/redis-locks.md) live in async_mutex.redis_lock,
+-- The Redis locks (docs/redis-locks.md) live in modules of their own,
 -- loaded on first use so that this module loads without Redis support.
 -- They decorate themselves: withTimeout and tryAcquire hand them to their
 -- metatable's __decorate (a tail call, so errors name the user's line).
-local REDIS_LOCKS = { RedisMutex = true, RedisSemaphore = true, KeyedRedisMutex = true }
+local REDIS_LOCKS = {
+  RedisMutex = "async_mutex.redis_lock", RedisSemaphore = "async_mutex.redis_lock",
+  KeyedRedisMutex = "async_mutex.redis_lock",
+  RedisReentrantMutex = "async_mutex.redis_reentrant", RedisRWLock = "async_mutex.redis_rwlock",
+  KeyedRedisRWLock = "async_mutex.redis_rwlock", RedlockMutex = "async_mutex.redlock",
+}
 setmetatable(M, { __index = function(_, name)
-  if REDIS_LOCKS[name] then return require("async_mutex.redis_lock")[name] end
+  local module = REDIS_LOCKS[name]
+  if module then return require(module)[name] end
 end })
 
 local function decorator(c_decorate, fname)

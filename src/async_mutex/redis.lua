@@ -252,16 +252,17 @@ function hooks.watch(state, conn, connecting, events)
   if p then
     -- RE-ENTRY: a finalizer or a debug hook may end this connection at
     -- any moment, also inside luv's start (it refs the callback, an
-    -- allocation, before it starts the handle).  While conn.busy,
-    -- hooks.lost leaves the handle to this function, which closes it once
-    -- luv is done with it: libuv asserts that a handle it starts or stops
-    -- is not closing.
-    conn.busy = true
+    -- allocation, before it starts the handle).  While conn.busy (a count:
+    -- such a hook may call the client, and so this function, again for
+    -- the same handle), hooks.lost leaves the handle to this function,
+    -- whose outermost call closes it once luv is done with it: libuv
+    -- asserts that a handle it starts or stops is not closing.
+    conn.busy = (conn.busy or 0) + 1
     if not conn.dead then
       if events then p:start(events, conn.on_event) else p:stop() end
     end
-    conn.busy = false
-    if conn.dead then close_handle(p, conn.on_closed) end
+    conn.busy = conn.busy - 1
+    if conn.dead and conn.busy == 0 then close_handle(p, conn.on_closed) end
   end
   if events then
     if not state.timing then
@@ -297,7 +298,7 @@ function hooks.lost(state, conn, was_connected, final, err)
     -- (conn.on_closed; docs/redis.md, "Closing and exiting")
     conn.dead = true
     -- (while busy, hooks.watch closes them; while opening, hooks.open)
-    if not conn.busy then
+    if not conn.busy or conn.busy == 0 then
       if conn.poll then
         close_handle(conn.poll, conn.on_closed)
       elseif not conn.opening then
@@ -896,21 +897,26 @@ local function check_client(self, fname)
 end
 
 
--- Settles the waits for `channel`'s confirmation: each waiter's record
--- gets the outcome (ok, err), then its coroutine is resumed if it waits
+-- Settles a list of waits for a confirmation: each waiter's record gets
+-- the outcome (ok, err), then its coroutine is resumed if it waits
 -- (in core.wait, which looks at the record: a stray resume finds it
 -- unsettled and goes on waiting; a wait settled while its coroutine was
 -- not suspended, by a hook or finalizer in it, does not begin).
-local function confirm(sub, channel, ok, err)
-  local list = sub.waiting[channel]
-  if not list then return end
-  sub.waiting[channel] = nil
+local function settle(list, ok, err)
   for _, rec in ipairs(list) do
     if not rec.done then
       rec.done, rec.ok, rec.err = true, ok, err
       wake(rec.co)
     end
   end
+end
+
+-- The waits for `channel`'s confirmation, settled.
+local function confirm(sub, channel, ok, err)
+  local list = sub.waiting[channel]
+  if not list then return end
+  sub.waiting[channel] = nil
+  settle(list, ok, err)
 end
 
 -- The server refused a SUBSCRIBE (an error reply, such as NOPERM from an
@@ -1136,11 +1142,10 @@ local function subscriber(self)
     sub.waiting = {}
     sub.sent = {}
     sub.pinging = false
+    -- (each list settled where it is: a coroutine woken here may subscribe
+    -- again, into the new sub.waiting, which must keep what it enlists)
     for channel, list in pairs(waiting) do
-      if final ~= "gc" then
-        sub.waiting[channel] = list
-        confirm(sub, channel, false, err)
-      end
+      if final ~= "gc" then settle(list, false, err) end
       local subs = sub.channels[channel]
       if subs and #subs == 0 then sub.channels[channel] = nil end
     end
@@ -1195,28 +1200,41 @@ function Client.subscribe(self, channel, fn)
   s.call = function(message, ch)
     if s.active then return fn(message, ch) end
   end
+  -- RE-ENTRY: a lost connection settles every wait in sub.waiting and
+  -- replaces the table; a hook or a finalizer (at an allocation) can end
+  -- the connection, or bring the channel's confirmation, between any two
+  -- steps here.  So the caller's record is among the waits before its
+  -- SUBSCRIBE can be answered or lost (a record stored after a loss, in a
+  -- list the loss dropped, or after the answer, would wait for ever), and
+  -- the look at the waits and the store are one step of C.
+  local rec = { co = co, done = false }
+  local fresh = { s }
+  local waiting = core.enlist(sub, channel, rec, { rec })
   local list = sub.channels[channel]
-  if list and not sub.waiting[channel] then            -- confirmed already
+  if not waiting then                      -- confirmed already: no wait
+    if not list then return Client.subscribe(self, channel, fn) end  -- (ended since)
     list[#list + 1] = s
     return s
   end
-  if not list then
-    list = {}
+  if list then
+    list[#list + 1] = s
+  else
+    list = fresh
     sub.channels[channel] = list
     local sent, err = core.send(sub.client, "SUBSCRIBE", channel)
     if not sent then
-      sub.channels[channel] = nil
+      rec.done = true
+      for i = #waiting, 1, -1 do
+        if waiting[i] == rec then table.remove(waiting, i) end
+      end
+      if sub.waiting[channel] == waiting and #waiting == 0 then sub.waiting[channel] = nil end
+      if sub.channels[channel] == list then sub.channels[channel] = nil end
       error(err, 0)
     end
     if not sub.closed then sub.sent[#sub.sent + 1] = { channel } end
     core.listen(sub.client, true)
     start_pings(sub)
   end
-  list[#list + 1] = s
-  local waiting = sub.waiting[channel] or {}
-  sub.waiting[channel] = waiting
-  local rec = { co = co, done = false }
-  waiting[#waiting + 1] = rec
   -- RE-ENTRY: the subscriber may have been closed by Lua code run since
   -- the look above (a hook, a finalizer): nobody would settle this wait
   if sub.closed and not rec.done then

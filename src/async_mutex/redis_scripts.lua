@@ -408,6 +408,9 @@ end
 return {u, q, first_end()}
 ]]
 
+-- For the scripts of the kinds built on this structure (redis_rwlock.lua).
+M.PRELUDE = PRELUDE
+
 --- The six keys of the lock named 'name', in the scripts' order.
 function M.keys(name)
   return { name .. ":h", name .. ":q", name .. ":w", name .. ":c", name .. ":n",

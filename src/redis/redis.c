@@ -1614,6 +1614,41 @@ static int core_claim (lua_State *L) {
 }
 
 
+/*
+** enlist(sub, channel, rec, fresh): the Lua layer's wait for a channel's
+** confirmation (redis.lua, subscribe).  Appends rec to sub.waiting[channel],
+** or, when no wait is there, returns nothing if the channel is subscribed
+** already (sub.channels[channel]: confirmed), else stores fresh (a list
+** made by the caller, holding rec) there.  Returns the list.  Raw accesses
+** and no allocation, in one step no hook or finalizer can come between: a
+** lost connection settles and replaces sub.waiting, a confirmation removes
+** the channel's list, and a record stored after either would wait for ever.
+*/
+static int core_enlist (lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  lua_settop(L, 4);
+  if (lua_getfield(L, 1, "waiting") != LUA_TTABLE)     /* 5: sub.waiting */
+    return luaL_error(L, "BUG: enlist: sub.waiting is no table");
+  lua_pushvalue(L, 2);
+  if (lua_rawget(L, 5) == LUA_TTABLE) {                /* 6: its list */
+    lua_pushvalue(L, 3);
+    lua_rawseti(L, 6, (lua_Integer)lua_rawlen(L, 6) + 1);
+    return 1;
+  }
+  lua_pop(L, 1);
+  if (lua_getfield(L, 1, "channels") == LUA_TTABLE) {
+    lua_pushvalue(L, 2);
+    if (lua_rawget(L, -2) != LUA_TNIL) return 0;       /* confirmed */
+  }
+  lua_settop(L, 5);
+  lua_pushvalue(L, 2);
+  lua_pushvalue(L, 4);
+  lua_rawset(L, 5);
+  lua_pushvalue(L, 4);
+  return 1;
+}
+
+
 /* state(client): the Lua layer's table */
 static int core_state (lua_State *L) {
   checkclient(L, 1);
@@ -1693,6 +1728,7 @@ static const luaL_Reg core_funcs[] = {
   {"wait", core_wait},
   {"wake", core_wake},
   {"claim", core_claim},
+  {"enlist", core_enlist},
   {NULL, NULL}
 };
 

@@ -1,0 +1,356 @@
+-- RedisRWLock (docs/redis-locks.md, "RedisRWLock"): the rules of am.RWLock
+-- (docs/lockkinds.md, RWLock) across processes.  Readers share, a writer
+-- holds alone; one FIFO queue whose readers at the head are granted
+-- together (by one script: their fences are consecutive), a reader queues
+-- behind a waiting writer; each hold has its own lease and fence, fences
+-- strictly increase across reads and writes; downgrade lets no writer in
+-- between, upgrade is refused.
+
+local am = require "async_mutex"
+local h = require "helpers"
+local R = require "lock_redis"
+
+local server
+
+setup(function() server = R.server() end)
+teardown(function() if server then server:stop() end end)
+
+local fresh_name = R.namer("spec191")
+
+describe("RedisRWLock", function()
+  it("lets readers of several processes share it, and a writer hold it alone", h.async(function()
+    local a, b = server:client(), server:client()
+    local name = fresh_name()
+    local ra, rb = am.RedisRWLock.new(a, name), am.RedisRWLock.new(b, name)
+    assert.is_false(ra:isLocked())
+    local r1 = ra:acquireRead()
+    local r2 = rb:acquireRead()
+    local r3 = rb:acquireRead()
+    assert.equal(3, ra:readers())
+    assert.is_true(ra:isLocked())
+    assert.is_false(ra:isWriteLocked())
+    local w = h.requester("acquireWrite", nil, "w", ra)
+    h.wait_until(function() return R.queued(a, name) == 1 end)
+    r1(); r2()
+    h.sleep(30)
+    assert.is_false(w.done)                       -- one reader left
+    assert.is_true(r3())
+    h.wait_until(function() return w.done end)
+    assert.is_true(ra:isWriteLocked())
+    assert.equal(0, rb:readers())
+    assert.equal(am.E_ALREADY_LOCKED, select(2, pcall(am.tryAcquire(rb).acquireRead,
+      am.tryAcquire(rb))))
+    assert.equal(am.E_TIMEOUT, select(2, pcall(am.withTimeout(rb, 30).acquireWrite,
+      am.withTimeout(rb, 30))))
+    assert.is_true(w.release())
+    assert.is_false(ra:isLocked())
+    a:close(); b:close()
+  end))
+
+  it("queues a reader behind a waiting writer, and grants the readers at the head together",
+    h.async(function()
+      local a, b, c, d = server:client(), server:client(), server:client(), server:client()
+      local name = fresh_name()
+      local la, lb = am.RedisRWLock.new(a, name), am.RedisRWLock.new(b, name)
+      local lc, ld = am.RedisRWLock.new(c, name), am.RedisRWLock.new(d, name)
+      local log = {}
+      local r0 = la:acquireRead()
+      local w = h.requester("acquireWrite", log, "w", lb)      -- waits for r0
+      h.wait_until(function() return R.queued(a, name) == 1 end)
+      local rc = h.requester("acquireRead", log, "rc", lc)     -- behind w, though r0 reads
+      local rd = h.requester("acquireRead", log, "rd", ld)
+      h.wait_until(function() return R.queued(a, name) == 3 end)
+      local w2 = h.requester("acquireWrite", log, "w2", la)    -- behind them
+      h.wait_until(function() return R.queued(a, name) == 4 end)
+      h.sleep(30)
+      assert.same({}, log)
+      assert.is_true(r0())
+      h.wait_until(function() return w.done end)
+      assert.same({ "w" }, log)
+      assert.is_true(w.release())
+      h.wait_until(function() return rc.done and rd.done end)
+      -- both readers granted by the writer's one release script: one fence
+      -- drawn after the other in it
+      assert.equal(1, math.abs(rc.release.fence - rd.release.fence))
+      assert.is_true(rc.release.fence > w.release.fence)
+      h.sleep(30)
+      assert.is_false(w2.done)
+      assert.is_true(rc.release())
+      assert.is_true(rd.release())
+      h.wait_until(function() return w2.done end)
+      assert.is_true(w2.release.fence > rd.release.fence)
+      assert.is_true(w2.release())
+      a:close(); b:close(); c:close(); d:close()
+    end))
+
+  it("draws strictly increasing fences across reads and writes", h.async(function()
+    local a, b = server:client(), server:client()
+    local name = fresh_name()
+    local la, lb = am.RedisRWLock.new(a, name), am.RedisRWLock.new(b, name)
+    local last = 0
+    for i = 1, 40 do
+      local lock = i % 2 == 0 and la or lb
+      local r = (i % 3 == 0) and lock:acquireWrite() or lock:acquireRead()
+      assert.is_true(r.fence > last)
+      last = r.fence
+      r()
+    end
+    a:close(); b:close()
+  end))
+
+  it("renews and loses each reader's lease on its own", h.async(function()
+    local a, b = server:client(), server:client()
+    local name = fresh_name()
+    local lost = {}
+    local short = am.RedisRWLock.new(a, name, { ttl = 150, renewInterval = 0,
+      onLost = function(info) lost[#lost + 1] = info end })
+    local long = am.RedisRWLock.new(b, name, { ttl = 150 })
+    local rs = short:acquireRead()
+    local rl = long:acquireRead()
+    h.wait_until(function() return #lost == 1 end)
+    assert.equal(rs, lost[1].releaser)
+    assert.equal(am.E_LOST, select(2, pcall(rs.check, rs)))
+    h.sleep(300)                                   -- two of its ttls: renewed
+    assert.is_true(rl:check())
+    assert.equal(1, long:readers())
+    assert.is_false(rs())
+    assert.is_true(rl())
+    a:close(); b:close()
+  end))
+
+  it("waitForUnlock waits until a write could be granted", h.async(function()
+    local a, b = server:client(), server:client()
+    local name = fresh_name()
+    local la, lb = am.RedisRWLock.new(a, name), am.RedisRWLock.new(b, name)
+    local r = la:acquireRead()
+    local watcher = h.requester("waitForUnlock", nil, "watch", lb)
+    h.sleep(50)
+    assert.is_false(watcher.done)
+    r()
+    h.wait_until(function() return watcher.done end)
+    assert.is_true(watcher.ok)
+    a:close(); b:close()
+  end))
+
+  it("release() ends this process's oldest write hold, nothing while it only reads",
+    h.async(function()
+      local a = server:client()
+      local rw = am.RedisRWLock.new(a, fresh_name())
+      local r = rw:acquireRead()
+      assert.is_false(rw:release())
+      assert.is_true(r:check())
+      r()
+      local w = rw:acquire()                       -- acquire writes
+      assert.is_true(rw:isWriteLocked())
+      assert.is_true(rw:release())
+      assert.is_false(w())
+      assert.is_false(rw:isLocked())
+      a:close()
+    end))
+
+  it("runShared and runExclusive hold a read and a write", h.async(function()
+    local a = server:client()
+    local rw = am.RedisRWLock.new(a, fresh_name())
+    assert.equal(7, rw:runShared(function()
+      assert.equal(1, rw:readers())
+      return rw:runShared(function() return 7 end)    -- a second read: shares
+    end))
+    assert.equal("x", rw:runExclusive(function()
+      assert.is_true(rw:isWriteLocked())
+      return "x"
+    end))
+    a:close()
+  end))
+end)
+
+describe("RedisRWLock's downgrade", function()
+  it("turns the write into a read with no writer in between; the readers at the head join",
+    h.async(function()
+      local a, b, c, d = server:client(), server:client(), server:client(), server:client()
+      local name = fresh_name()
+      local la, lb = am.RedisRWLock.new(a, name), am.RedisRWLock.new(b, name)
+      local lc, ld = am.RedisRWLock.new(c, name), am.RedisRWLock.new(d, name)
+      local w = la:acquireWrite()
+      local r1 = h.requester("acquireRead", nil, "r1", lb)
+      h.wait_until(function() return R.queued(a, name) == 1 end)
+      local w2 = h.requester("acquireWrite", nil, "w2", lc)
+      h.wait_until(function() return R.queued(a, name) == 2 end)
+      local r2 = h.requester("acquireRead", nil, "r2", ld)
+      h.wait_until(function() return R.queued(a, name) == 3 end)
+      local read = w:downgrade()
+      assert.is_true(read.fence > w.fence)
+      h.wait_until(function() return r1.done end)
+      assert.is_true(r1.release.fence > read.fence)
+      h.sleep(30)
+      assert.is_false(w2.done)                     -- the writer at the head waits
+      assert.is_false(r2.done)                     -- and the reader behind it
+      assert.equal(2, la:readers())
+      assert.is_false(w())                         -- the write releaser is spent
+      assert.is_false(w:check())
+      assert.is_true(read:check())
+      assert.is_true(read())
+      assert.is_true(r1.release())
+      h.wait_until(function() return w2.done end)
+      assert.is_true(w2.release())
+      h.wait_until(function() return r2.done end)
+      assert.is_true(r2.release())
+      a:close(); b:close(); c:close(); d:close()
+    end))
+
+  it("keeps the read hold's lease renewed by the watchdog", h.async(function()
+    local a, b = server:client(), server:client()
+    local name = fresh_name()
+    local la, lb = am.RedisRWLock.new(a, name, { ttl = 150 }), am.RedisRWLock.new(b, name)
+    local read = la:acquireWrite():downgrade()
+    h.sleep(400)
+    assert.is_true(read:check())
+    assert.equal(1, lb:readers())
+    assert.is_true(read())
+    a:close(); b:close()
+  end))
+
+  it("is refused for reads, other kinds, ended and lost writes; upgrade is never offered",
+    h.async(function()
+      local a = server:client()
+      local name = fresh_name()
+      local rw = am.RedisRWLock.new(a, name, { ttl = 100, renewInterval = 0 })
+      local r = rw:acquireRead()
+      h.raises_at_caller({ function() r:downgrade() end,
+        "attempt to downgrade a releaser that is not a readers-writer lock's write hold" })
+      h.raises_at_caller({ function() r:upgrade() end,
+        "attempt to upgrade a read hold: not offered (two upgraders would deadlock);"
+        .. " release it, then acquireWrite" })
+      r()
+      local m = am.RedisMutex.new(a, fresh_name()):acquire()
+      h.raises_at_caller({ function() m:downgrade() end,
+        "attempt to downgrade a releaser that is not a readers-writer lock's write hold" })
+      m()
+      local w = rw:acquireWrite()
+      w()
+      h.raises_at_caller({ function() w:downgrade() end,
+        "attempt to downgrade a write hold that has ended" })
+      w = rw:acquireWrite()
+      h.sleep(150)                                 -- its lease ends (no watchdog)
+      assert.equal(am.E_LOST, select(2, pcall(w.downgrade, w)))
+      w = rw:acquireWrite()
+      local ok, err
+      local co = coroutine.wrap(function() return 1 end)
+      assert.equal(1, co())
+      -- where it cannot yield: in a metamethod called from C
+      ok, err = pcall(table.sort, { 1, 2 }, function() w:downgrade(); return false end)
+      assert.is_false(ok)
+      assert.matches("attempt to downgrade a Redis write hold where the coroutine cannot yield",
+        err, 1, true)
+      assert.is_true(w())
+      a:close()
+    end))
+
+  it("from main code (a luv callback) is refused: outside a coroutine", h.async(function()
+    local a = server:client()
+    local rw = am.RedisRWLock.new(a, fresh_name())
+    local rel = rw:acquireWrite()
+    local done, ok, err = false, nil, nil
+    local t = require("luv").new_timer()
+    t:start(0, 0, function()
+      t:close()
+      ok, err = pcall(h.raises_at_caller, { function() rel:downgrade() end,
+        "attempt to downgrade a Redis write hold outside a coroutine" })
+      done = true
+    end)
+    h.wait_until(function() return done end)
+    assert(ok, err)
+    assert.is_true(rel:check())
+    assert.is_true(rel())
+    a:close()
+  end))
+end)
+
+describe("RedisRWLock across 4 processes", function()
+  -- 95 % reads: each section writes a begin and an end marker with its
+  -- mode to one O_APPEND file.  A write overlaps nothing; reads overlap
+  -- each other (the lock is shared, not serialized).
+  local WORKER = R.PROLOGUE .. [[
+local NAME, N, LOG, ID, SEED = table.unpack(ARGS)
+math.randomseed(tonumber(SEED))
+local f = assert(io.open(LOG, "a"))
+f:setvbuf("no")
+local rw = am.RedisRWLock.new(client, NAME, { ttl = 2000 })
+main(function()
+  local left = 3
+  local done = coroutine.running()
+  for c = 1, 3 do
+    am.spawn(function()
+      for i = 1, tonumber(N) do
+        local write = math.random() < 0.05
+        local release <close> = write and rw:acquireWrite() or rw:acquireRead()
+        local mode = write and "W" or "R"
+        f:write(("B %s %s%d.%d\n"):format(mode, ID, c, i))
+        am.sleep(math.random(0, 2))
+        f:write(("E %s %s%d.%d\n"):format(mode, ID, c, i))
+      end
+      left = left - 1
+      if left == 0 then coroutine.resume(done) end
+    end)
+  end
+  coroutine.yield()
+  f:close()
+end)
+]]
+
+  it("never lets a writer overlap anyone, and lets readers overlap (markers in one O_APPEND file)",
+    h.async(function()
+      local log = os.tmpname()
+      local name = fresh_name()
+      local children = {}
+      for p = 1, 4 do
+        children[p] = R.child(WORKER, { server.path, name, 60, log, "p" .. p, os.time() + p })
+      end
+      for p = 1, 4 do
+        local rc, _, err = children[p]:wait()
+        assert.equal(0, rc, err)
+      end
+      local inside, n_in, bad, shared, sections, writes = {}, 0, 0, 0, 0, 0
+      for line in io.lines(log) do
+        local kind, mode, id = line:match("^(%u) (%u) (%S+)")
+        if kind == "B" then
+          sections = sections + 1
+          if mode == "W" then
+            writes = writes + 1
+            if n_in > 0 then bad = bad + 1 end
+          else
+            for _, m in pairs(inside) do if m == "W" then bad = bad + 1 end end
+            if n_in > 0 then shared = shared + 1 end
+          end
+          inside[id] = mode
+          n_in = n_in + 1
+        else
+          inside[id] = nil
+          n_in = n_in - 1
+        end
+      end
+      os.remove(log)
+      assert.equal(4 * 3 * 60, sections)
+      assert.equal(0, bad)
+      assert.is_true(writes > 0)
+      assert.is_true(shared > sections // 4, ("only %d of %d reads shared"):format(shared, sections))
+    end, { deadline = 60000 }))
+end)
+
+describe("RedisRWLock's usage errors", function()
+  it("are those of the Redis locks and of the RWLock, at the caller's line", h.async(function()
+    local c = server:client()
+    h.raises_at_caller({ function() am.RedisRWLock.new(c, 7) end,
+      "bad argument #2 to 'new' (lock name must be a non-empty string, got number)" })
+    h.raises_at_caller({ function() am.RedisRWLock.new(c, "x", 5) end,
+      "bad argument #3 to 'new' (options must be a table, got number)" })
+    local rw = am.RedisRWLock.new(c, fresh_name())
+    h.raises_at_caller({ function() rw:acquireRead({}) end,
+      "bad argument #1 to 'acquireRead' (priority must be a number, got table)" })
+    h.raises_at_caller({ function() rw:runShared(42) end,
+      "bad argument #1 to 'runShared' (function expected, got number)" })
+    h.raises_at_caller({ function() rw.readers(c) end,
+      "bad argument #1 to 'readers' (async_mutex.RedisRWLock expected, got async_mutex.redis.Client)" })
+    c:close()
+    h.raises_at_caller({ function() rw:acquireWrite() end, "attempt to use a closed redis client" })
+  end))
+end)

@@ -1,0 +1,170 @@
+-- KeyedRedisRWLock (docs/redis-locks.md, "RedisRWLock", "Several keys at
+-- once"): a RedisRWLock per key (prefix .. key) with the API of
+-- am.KeyedRWLock: per-key reads and writes, downgrade, release(key), and
+-- multi-key reads and writes in the canonical order, all or nothing.
+
+local am = require "async_mutex"
+local h = require "helpers"
+local R = require "lock_redis"
+
+local server
+
+setup(function() server = R.server() end)
+teardown(function() if server then server:stop() end end)
+
+local fresh = R.namer("spec193")
+
+describe("KeyedRedisRWLock", function()
+  it("applies the RWLock's rules per key; other keys never block", h.async(function()
+    local a, b = server:client(), server:client()
+    local prefix = fresh() .. ":"
+    local ka, kb = am.KeyedRedisRWLock.new(a, prefix), am.KeyedRedisRWLock.new(b, prefix)
+    local r1 = ka:acquireRead("x")
+    local r2 = kb:acquireRead("x")
+    assert.equal(2, ka:readers("x"))
+    assert.is_false(ka:isWriteLocked("x"))
+    local other = kb:acquireWrite("y")               -- another key: at once
+    assert.is_true(ka:isWriteLocked("y"))
+    assert.equal(0, ka:readers("y"))
+    local w = h.requester("acquire", nil, "w", kb, "x")   -- acquire writes
+    h.wait_until(function() return R.queued(a, prefix .. "x") == 1 end)
+    local late = h.requester("acquireRead", nil, "late", ka, "x")  -- behind the writer
+    h.wait_until(function() return R.queued(a, prefix .. "x") == 2 end)
+    r1(); r2()
+    h.wait_until(function() return w.done end)
+    assert.is_false(late.done)
+    local read = w.release:downgrade()               -- the reader behind joins
+    h.wait_until(function() return late.done end)
+    assert.equal(2, ka:readers("x"))
+    assert.is_false(w.release())
+    read(); late.release()
+    assert.is_true(kb:release("y"))                  -- ends the key's write hold
+    assert.is_false(other())
+    assert.is_false(ka:isLocked("y"))
+    a:close(); b:close()
+  end))
+
+  it("reads several keys together with other readers, and writes them alone", h.async(function()
+    local a, b = server:client(), server:client()
+    local prefix = fresh() .. ":"
+    local ka, kb = am.KeyedRedisRWLock.new(a, prefix), am.KeyedRedisRWLock.new(b, prefix)
+    local reads = ka:acquireAllRead({ "p", "q" })
+    local more = kb:acquireAllRead({ "q", "p", "r" })
+    assert.equal(2, kb:readers("p"))
+    local w = h.requester("acquireAllWrite", nil, "w", kb, { "r", "p" })
+    h.sleep(50)
+    assert.is_false(w.done)
+    assert.is_true(reads())
+    assert.is_true(more())
+    h.wait_until(function() return w.done end)
+    assert.is_true(ka:isWriteLocked("p"))
+    assert.is_true(ka:isWriteLocked("r"))
+    assert.is_false(ka:isLocked("q"))
+    assert.is_true(w.release())
+    assert.equal(7, ka:runSharedAll({ "p", "q" }, function()
+      assert.equal(1, kb:readers("q"))
+      return 7
+    end))
+    assert.equal(8, ka:runExclusiveAll({ "p", "q" }, function()
+      assert.is_true(kb:isWriteLocked("q"))
+      return 8
+    end))
+    local all = ka:acquireAll({ "p" })               -- acquireAll writes
+    assert.is_true(kb:isWriteLocked("p"))
+    all()
+    a:close(); b:close()
+  end))
+
+  it("waitForUnlock(key) waits until a write of the key could be granted", h.async(function()
+    local a, b = server:client(), server:client()
+    local prefix = fresh() .. ":"
+    local ka, kb = am.KeyedRedisRWLock.new(a, prefix), am.KeyedRedisRWLock.new(b, prefix)
+    local r = ka:acquireRead("k")
+    local watcher = h.requester("waitForUnlock", nil, "watch", kb, "k")
+    h.sleep(40)
+    assert.is_false(watcher.done)
+    r()
+    h.wait_until(function() return watcher.done end)
+    a:close(); b:close()
+  end))
+end)
+
+describe("KeyedRedisRWLock from 4 processes", function()
+  -- Sections read or write 1 to 3 of 5 keys (a fifth of them write),
+  -- with markers per key: a write overlaps nothing on its key.
+  local WORKER = R.PROLOGUE .. [[
+local PREFIX, N, LOG, ID, SEED = table.unpack(ARGS)
+math.randomseed(tonumber(SEED))
+local f = assert(io.open(LOG, "a"))
+f:setvbuf("no")
+local krw = am.KeyedRedisRWLock.new(client, PREFIX, { ttl = 3000 })
+local KEYS = { "a", "b", "c", "d", "e" }
+main(function()
+  for i = 1, tonumber(N) do
+    local pick = {}
+    for _, k in ipairs(KEYS) do if math.random() < 0.4 then pick[#pick + 1] = k end end
+    if #pick == 0 then pick[1] = KEYS[math.random(#KEYS)] end
+    local write = math.random() < 0.2
+    local mode = write and "W" or "R"
+    local id = ID .. "." .. i
+    local run = write and krw.runExclusiveAll or krw.runSharedAll
+    run(krw, pick, function()
+      for _, k in ipairs(pick) do f:write(("B %s %s %s\n"):format(mode, k, id)) end
+      am.sleep(math.random(0, 2))
+      for _, k in ipairs(pick) do f:write(("E %s %s %s\n"):format(mode, k, id)) end
+    end)
+  end
+  f:close()
+end)
+]]
+
+  it("never lets a write overlap anything on its keys (markers in one O_APPEND file)",
+    h.async(function()
+      local log = os.tmpname()
+      local prefix = fresh() .. ":"
+      local children = {}
+      for p = 1, 4 do
+        children[p] = R.child(WORKER, { server.path, prefix, 80, log, "p" .. p, os.time() + p })
+      end
+      for p = 1, 4 do
+        local rc, _, err = children[p]:wait()
+        assert.equal(0, rc, err)
+      end
+      local inside, bad, sections = {}, 0, 0
+      for line in io.lines(log) do
+        local kind, mode, key, id = line:match("^(%u) (%u) (%S+) (%S+)")
+        inside[key] = inside[key] or {}
+        if kind == "B" then
+          sections = sections + 1
+          for _, m in pairs(inside[key]) do
+            if m == "W" or mode == "W" then bad = bad + 1 end
+          end
+          inside[key][id] = mode
+        else
+          inside[key][id] = nil
+        end
+      end
+      os.remove(log)
+      assert.is_true(sections >= 4 * 80)
+      assert.equal(0, bad)
+    end, { deadline = 60000 }))
+end)
+
+describe("KeyedRedisRWLock's usage errors", function()
+  it("are the keyed Redis locks' and the KeyedRWLock's, at the caller's line", h.async(function()
+    local c = server:client()
+    h.raises_at_caller({ function() am.KeyedRedisRWLock.new(c, 5) end,
+      "bad argument #2 to 'new' (key prefix must be a string, got number)" })
+    local krw = am.KeyedRedisRWLock.new(c, "")
+    h.raises_at_caller({ function() krw:acquireRead("") end,
+      "bad argument #1 to 'acquireRead' (key must not be empty when the prefix is empty"
+      .. " (a lock name must be a non-empty string))" })
+    h.raises_at_caller({ function() krw:runShared("k", 1) end,
+      "bad argument #2 to 'runShared' (function expected, got number)" })
+    h.raises_at_caller({ function() krw:acquireAllRead({}) end,
+      "bad argument #1 to 'acquireAllRead' (key set must not be empty)" })
+    h.raises_at_caller({ function() krw:readers({}) end,
+      "bad argument #1 to 'readers' (key must be a string or a finite number, got table)" })
+    c:close()
+  end))
+end)

@@ -1,0 +1,760 @@
+--- async_mutex.redlock: RedlockMutex, a mutex held by a quorum of N
+-- independent Redis servers (docs/redis-locks.md, "RedlockMutex").
+--
+-- On each server the lock is a RedisMutex's state (redis_scripts.lua: its
+-- FIFO queue, hand-off messages, leases, the eviction check, keys that
+-- expire), taken through the same Redis half of an acquisition
+-- (redis_lock_base.redis_acquire), one coroutine per server, all at once.
+-- The process holds the RedlockMutex when a majority of the servers
+-- (quorum = N // 2 + 1) granted it; each server's lease is renewed and
+-- lost on its own, and the hold is lost when fewer than a quorum of them
+-- are still valid by the local clock: its validity is the quorum-th
+-- longest of the leases, each counted from the request that set it (so it
+-- is ttl minus the time to acquire minus the drift allowance).
+--
+-- Fencing over a quorum: each grant draws a number from a counter of the
+-- lock on every server it won (N:qf, written only by that server's holder),
+-- takes the largest, and makes sure a quorum of servers hold at least that
+-- number before acquire() returns.  Any two quorums share a server, and a
+-- server's holder draws above what the previous holder there left, so the
+-- fences strictly increase (the argument in docs/redis-locks.md).
+--
+-- A restarted server has forgotten its holds (no persistence): a grant
+-- from a server up for less than ttl is not counted (its uptime is read
+-- once per connection), so a hold taken before the restart ends (its
+-- leases run out) before the server can count towards another.
+
+local am = require "async_mutex"
+local core = require "async_mutex.core"
+local base = require "async_mutex.redis_lock_base"
+local scripts = require "async_mutex.redis_scripts"
+local multi = require "async_mutex.redis_multi"
+local checks = require "async_mutex.checks"
+local uv = require "luv"
+
+local error, getmetatable, ipairs, pairs, pcall, setmetatable, tonumber, tostring, type =
+  error, getmetatable, ipairs, pairs, pcall, setmetatable, tonumber, tostring, type
+local co_create, co_resume, isyieldable = coroutine.create, coroutine.resume, coroutine.isyieldable
+local min, max, random, tointeger = math.min, math.max, math.random, math.tointeger
+local format = string.format
+local hrtime = uv.hrtime
+local internal = core.dbg_internal
+local typename, argerror, check_open = checks.typename, checks.argerror, checks.check_open
+local E_UNAVAILABLE = am.E_UNAVAILABLE
+local unavailable = require "async_mutex.unavailable"
+-- Why a server failed an attempt, besides its client's own errors
+local YOUNG = unavailable.new("server up for less than ttl (restarted)")
+local DRAW_ENDED = unavailable.new("lease ended before its fence was drawn")
+local FENCE_UNSETTLED = unavailable.new("fence not written to a quorum")
+local NS = base.NS
+local limited = core.acquire
+
+local M = {}
+
+--- ACQUIRE: a server's acquire request, in one call: the acquire script of
+-- redis_scripts.lua (its keys and arguments, KEYS[1..6]), and when it
+-- grants, the draw of the quorum fence from N:qf (KEYS[7]), as DRAW below
+-- draws it, added to its answer: {1, fence, value, drawn}.  A grant by
+-- hand-off (the release script's) draws with DRAW once it is known.
+M.ACQUIRE = "local function acquire()\n" .. scripts.acquire .. "\nend\n" .. [[
+local r = acquire()
+if r[1] == 1 then
+  local last = redis.call('GET', KEYS[7])
+  local v
+  if last then
+    v = tonumber(last) + 1
+  else
+    local t = redis.call('TIME')
+    v = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+  r[4] = string.format('%d', v)
+  redis.call('SET', KEYS[7], r[4], 'PX', 3600000)
+end
+return r
+]]
+
+--- DRAW: KEYS N:h, N:qf; ARGV token.  If the token holds the lock on this
+-- server (its lease running), draws the next quorum fence here: the
+-- counter plus one, or, when the counter is gone (a restart without
+-- persistence, an hour unused), the server's time in us; returns it as a
+-- string, else 0.  Only the server's holder writes N:qf.
+M.DRAW = [[
+local g = redis.call('HGET', KEYS[1], ARGV[1])
+if not g then return 0 end
+local t = redis.call('TIME')
+local sec, usec = tonumber(t[1]), tonumber(t[2])
+if tonumber(string.match(g, '^%d+')) < sec * 1000 + math.floor(usec / 1000) then return 0 end
+local last = redis.call('GET', KEYS[2])
+local v = last and tonumber(last) + 1 or sec * 1000000 + usec
+local s = string.format('%d', v)
+redis.call('SET', KEYS[2], s, 'PX', 3600000)
+return s
+]]
+
+--- RAISE: KEYS N:h, N:qf; ARGV token, fence.  If the token holds the lock
+-- here, the counter is raised to 'fence' (never lowered); returns 1, else 0.
+M.RAISE = [[
+local g = redis.call('HGET', KEYS[1], ARGV[1])
+if not g then return 0 end
+local t = redis.call('TIME')
+if tonumber(string.match(g, '^%d+')) < tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) then
+  return 0
+end
+if tonumber(redis.call('GET', KEYS[2]) or '0') < tonumber(ARGV[2]) then
+  redis.call('SET', KEYS[2], ARGV[2], 'PX', 3600000)
+end
+return 1
+]]
+
+local Redlock = { __name = "async_mutex.RedlockMutex" }
+local methods = {}
+Redlock.__index = methods
+
+-- A server's lock record (redis_lock_base.new_record): never seen by users.
+local Server = { __name = "async_mutex.RedlockServer" }
+
+-- {========================================================== servers' age
+-- A server restarted without persistence has forgotten the holds it had:
+-- counted at once, it could give a second process a quorum while the
+-- first still holds one (its leases there are reported lost only at their
+-- next renewal).  So a server counts only once it has been up for ttl:
+-- every lease a forgotten hold had there has ended by then (they run for
+-- at most ttl from a request sent before the restart).  Its uptime is read
+-- once per connection (INFO server: whole seconds, and up to a second more
+-- than the time elapsed, so the latest start it allows is taken).
+
+local function uptime_of(info)
+  return tonumber(info:match("\nuptime_in_seconds:(%d+)") or info:match("^uptime_in_seconds:(%d+)"))
+end
+
+-- hrtime (ns) by which the server behind lk's connection had started;
+-- false when it cannot be read (an ACL without INFO, another client
+-- object): not checked.  Raises E_UNAVAILABLE.
+local function started(lk)
+  local hub = lk.hub
+  if hub.started ~= nil then return hub.started end
+  if not hub.started_gate then hub.started_gate = internal(core.Mutex.new()) end
+  local _ <close> = hub.started_gate:acquire()
+  if hub.closed then error(base.CLOSED, 0) end
+  if hub.started == nil then
+    local ok, info = pcall(lk.client.call, lk.client, "INFO", "server")
+    if not ok and info == E_UNAVAILABLE then error(info, 0) end
+    local up = ok and type(info) == "string" and uptime_of(info)
+    hub.started = up and hrtime() - max(0, up - 1) * 1e9 or false
+  end
+  return hub.started
+end
+
+local function young(rl, lk)
+  local s = lk.hub.started
+  return s and hrtime() - s < rl.ttl * NS
+end
+
+-- }==========================================================
+
+-- {========================================================== holds
+-- A hold: the leases of the servers that granted it (server index ->
+-- lease), its fence, its state.  Its releaser has the interface of a
+-- Redis lock's (async_mutex.RedisReleaser).
+
+local Hold = { __name = "async_mutex.RedisReleaser" }
+local hold_methods = setmetatable({}, { __index = base.lease_methods })
+Hold.__index = hold_methods
+
+local hold_of = setmetatable({}, { __mode = "k" })   -- a server's lease -> its hold
+
+-- How many of the hold's leases are still valid by the local clock.
+local function valid(hold)
+  local t, n = hrtime(), 0
+  for _, lease in pairs(hold.leases) do
+    if lease.state == "held" and t < lease.valid_until then n = n + 1 end
+  end
+  return n
+end
+
+local function report(err)
+  io.stderr:write("async_mutex: error in onLost: ", tostring(err), "\n")
+end
+
+local function forget(hold)
+  local holds = hold.lock.holds
+  for i = 1, #holds do
+    if holds[i] == hold then table.remove(holds, i); break end
+  end
+end
+
+-- Fewer than a quorum of the hold's leases are valid: the hold ends.  Lost
+-- (onLost, check() raises) unless its leases ended by their clients'
+-- close().  The leases still running are let go: a lost hold is not given
+-- back early (its holder, told by onLost, may still be in its section),
+-- they are no longer renewed and end in Redis with their leases; after a
+-- close they are given back, as the close gives back the others.
+local function end_hold(hold, reason)
+  if hold.state ~= "held" then return end
+  local closed = true
+  for _, lease in pairs(hold.leases) do
+    if lease.state ~= "released" and not (lease.state == "held"
+        and hrtime() < lease.valid_until) then
+      closed = false
+    end
+  end
+  hold.state = closed and "released" or "lost"
+  forget(hold)
+  for _, lease in pairs(hold.leases) do
+    hold_of[lease] = nil
+    if lease.state == "held" then
+      if closed then base.background(base.release_lease, lease)
+      else base.lose(lease, "expired") end
+    end
+  end
+  local rl = hold.lock
+  if not closed and rl.on_lost then
+    local ok, err = pcall(rl.on_lost, { name = rl.name, fence = hold.fence, reason = reason,
+                                        releaser = hold })
+    if not ok then report(err) end
+  end
+end
+
+-- A server's lease was lost (its local end, or Redis refused its renewal).
+local function on_server_lost(info)
+  local hold = hold_of[info.releaser]
+  if hold and valid(hold) < hold.lock.quorum then end_hold(hold, info.reason) end
+end
+
+-- The hold as it is now: one whose quorum of valid leases is gone ends.
+local function hold_now(hold)
+  if hold.state == "held" and valid(hold) < hold.lock.quorum then end_hold(hold, "expired") end
+  return hold
+end
+
+-- Releases every server's lease at once: true if a quorum of them still
+-- had it (a server that cannot be reached counts as having it: its lease
+-- ends by itself); false if the hold had ended, or if so many servers no
+-- longer had it that it was lost.  In a coroutine that can yield, the call
+-- returns as soon as the answers decide it (a quorum either way), as an
+-- acquisition returns with a quorum: the others go on in the background.
+local function release_hold(hold)
+  if hold_now(hold).state ~= "held" then return false end
+  hold.state = "released"
+  forget(hold)
+  local rl = hold.lock
+  local list = {}
+  for _, lease in pairs(hold.leases) do
+    hold_of[lease] = nil
+    list[#list + 1] = lease
+  end
+  if not isyieldable() then
+    for i = 1, #list do base.release_lease(list[i]) end
+    return true
+  end
+  local n, quorum = #list, rl.quorum
+  local had, refused, waiting, bell = 0, 0, nil, nil
+  for i = 1, n do
+    co_resume(co_create(function()
+      local ok, r = pcall(base.release_lease, list[i])
+      if ok and r then had = had + 1 else refused = refused + 1 end
+      if waiting and (had >= quorum or n - refused < quorum) then
+        waiting = false
+        bell:release()
+      end
+    end))
+  end
+  if had < quorum and n - refused >= quorum then
+    bell = internal(core.Semaphore.new(0))
+    waiting = true
+    local _ = bell:acquire()
+  end
+  if had < quorum then
+    hold.state = "lost"
+    if rl.on_lost then
+      local ok, err = pcall(rl.on_lost, { name = rl.name, fence = hold.fence,
+                                          reason = "refused", releaser = hold })
+      if not ok then report(err) end
+    end
+    return false
+  end
+  return true
+end
+
+Hold.__call = release_hold
+Hold.__close = release_hold
+
+--- releaser:check(): raises the lost error once the hold was lost; true
+-- while a quorum of its servers' leases are valid, false once given back.
+function hold_methods.check(hold)
+  if getmetatable(hold) ~= Hold then
+    return base.lease_methods.check(hold)      -- a plain lease, or the error
+  end
+  hold_now(hold)
+  if hold.state == "lost" then error(hold.lock.lost_error, 0) end
+  return hold.state == "held"
+end
+
+function Hold.__tostring(hold)
+  return format("async_mutex.RedisReleaser (%s, fence %d, %s, %d of %d servers)",
+    hold.lock.name, hold.fence, hold.state, valid(hold), hold.lock.n)
+end
+
+-- }==========================================================
+
+-- {========================================================== acquire
+-- One attempt: a request on every server at once, each in a coroutine of
+-- its own ('srv[i]', with its state: "pending", "granted", "drawn",
+-- "failed"), and the caller asleep on the attempt's bell until a quorum
+-- has drawn its fence, or a quorum can no longer be had.
+
+local TRY = setmetatable({}, { __name = "async_mutex.redlock try" })   -- a server's try failed
+
+-- How long a partial grant may make no progress (a split, see
+-- give_back_partial): jittered, so that two processes do not give up
+-- together.
+local function settle_ms(rl) return rl.settle * (1 + random()) end
+
+local function ring(att)
+  if att.asleep then
+    att.asleep = false
+    att.bell:release()
+  end
+end
+
+-- The keys of a server's draw and raise: N:h and N:qf (its lock's keys'
+-- seventh, made with the record).
+local function fence_keys(lk) return lk.fence_keys end
+
+local start                           -- (att, i): a request on server i
+
+-- A server's grant is no good (its draw found no hold, or failed, or the
+-- server is too young): given back, and the server failed for this
+-- attempt.
+local function fail_server(att, s, err)
+  if s.state == "failed" then return end
+  s.state, s.err = "failed", err
+  att.failed = att.failed + 1
+  if s.lease then base.background(base.release_lease, s.lease) end
+  s.lease = nil
+  ring(att)
+end
+
+-- The servers' states.
+local function counts(att)
+  local drawn, granted, pending = 0, 0, 0
+  for i = 1, att.rl.n do
+    local st = att.srv[i].state
+    if st == "drawn" then drawn = drawn + 1
+    elseif st == "granted" then granted = granted + 1
+    elseif st == "pending" then pending = pending + 1 end
+  end
+  return drawn, granted, pending
+end
+
+-- Server s drew its fence: the caller is woken when that makes a quorum
+-- (it looks for a split at its own times, acquire_quorum).
+local function drawn(att, s, value)
+  s.draw, s.state = value, "drawn"
+  if counts(att) >= att.rl.quorum then ring(att) end
+end
+
+-- Draws the fence of server i's token, granted by hand-off.
+local function draw(att, i, s)
+  local lk = att.rl.servers[i]
+  base.background(function()
+    local ok, v = pcall(base.eval, lk, M.DRAW, fence_keys(lk), s.token)
+    if att.srv[i] ~= s or att.done or s.state ~= "granted" then return end
+    if not ok then return fail_server(att, s, v) end
+    v = tonumber(v)
+    if v == 0 then return fail_server(att, s, DRAW_ENDED) end   -- its lease ended
+    drawn(att, s, v)
+  end)
+end
+
+-- Server i answered its request: 'lease' granted, or 'err'.  A grant on a
+-- connection whose server's age is not known yet waits for it (one INFO);
+-- a grant from a young server is given back.
+local function answered(att, i, s, ok, lease, value)
+  local rl = att.rl
+  local lk = rl.servers[i]
+  if ok and lk.hub.started == nil and att.srv[i] == s and not att.done then
+    local ok2, e = pcall(started, lk)
+    if not ok2 then
+      base.background(base.release_lease, lease)
+      ok, lease = false, e
+    end
+  end
+  if att.srv[i] ~= s or att.done then
+    -- after the attempt: a grant joins the hold, or is given back
+    if ok then
+      local hold = att.hold
+      if att.srv[i] == s and hold and hold_now(hold).state == "held" and not young(rl, lk) then
+        hold.leases[i] = lease
+        hold_of[lease] = hold
+      else
+        base.background(base.release_lease, lease)
+      end
+    end
+    return
+  end
+  if not ok then return fail_server(att, s, lease) end
+  if young(rl, lk) then
+    base.background(base.release_lease, lease)
+    return fail_server(att, s, YOUNG)
+  end
+  s.lease = lease
+  s.state = "granted"
+  att.progress = hrtime()
+  if value then return drawn(att, s, tonumber(value)) end   -- granted at once: drawn too
+  draw(att, i, s)
+end
+
+function start(att, i)
+  local rl = att.rl
+  local lk = rl.servers[i]
+  local s = { state = "pending", token = lk.hub.id .. ":" .. base.random_hex() }
+  att.srv[i] = s
+  if young(rl, lk) then                           -- known to be young: not asked
+    s.state = "failed"
+    att.failed = att.failed + 1
+    s.err = YOUNG
+    return
+  end
+  local bound                        -- nil: the attempt's caller bounds it
+  if att.try then bound = false end
+  local ok, err = co_resume(co_create(function()
+    local ok, lease, _, value = pcall(base.redis_acquire, lk, rl.name, 1, bound, TRY, s.token)
+    answered(att, i, s, ok, lease, value)
+  end))
+  if not ok then error(err, 0) end
+end
+
+-- Ends the attempt: the servers still waiting are withdrawn (their
+-- coroutines raise the cancel error and leave the Redis queues in the
+-- background); unless 'keep', the grants are given back.
+local function finish(att, keep)
+  att.done = true
+  local rl = att.rl
+  rl.waiting[att] = nil
+  for i = 1, rl.n do
+    local s = att.srv[i]
+    if s.state == "pending" then base.cancel(rl.servers[i], nil, rl.name) end
+    if not keep and s.lease then
+      base.background(base.release_lease, s.lease)
+      s.lease = nil
+    end
+  end
+end
+
+-- The error of an attempt that cannot reach a quorum: the try's, or a
+-- server's own (an eviction refusal), else E_UNAVAILABLE saying why, server
+-- by server.
+local function failure(att, err)
+  local found, why = nil, {}
+  for i = 1, att.rl.n do
+    local e = att.srv[i].err
+    if e == TRY then return err end
+    if e ~= nil and e ~= E_UNAVAILABLE and found == nil then found = e end
+    if e ~= nil then
+      why[#why + 1] = format("#%d %s", i, unavailable.is(e) and e.reason or tostring(e))
+    end
+  end
+  return found or unavailable.new(format("no quorum of %d of %d servers (%s)", att.rl.quorum,
+                                         att.rl.n, table.concat(why, "; ")))
+end
+
+-- A split: this process has some servers, others have the rest, and
+-- nobody may reach a quorum (each waits behind another's grant).  When a
+-- partial grant has made no progress for a while (jittered, so that two
+-- processes do not give up together), its grants are given back and asked
+-- for again, at the tails of their queues: the servers go on to the next
+-- waiters, one of which completes its quorum.
+
+
+local function give_back_partial(att)
+  local rl = att.rl
+  for i = 1, rl.n do
+    local s = att.srv[i]
+    if s.state == "granted" or s.state == "drawn" then
+      att.srv[i] = nil                 -- superseded: a late answer is given back
+      if s.lease then base.background(base.release_lease, s.lease) end
+      start(att, i)
+    end
+  end
+end
+
+-- Makes a quorum's counters hold at least 'fence' (the draws below it
+-- raised); true once a quorum has it.
+local function settle_fence(att, fence, deadline)
+  local rl = att.rl
+  local have, asked = 0, 0
+  for i = 1, rl.n do
+    local s = att.srv[i]
+    if s.state == "drawn" then
+      if s.draw == fence then
+        have = have + 1
+      else
+        asked = asked + 1
+        local lk = rl.servers[i]
+        base.background(function()
+          local ok, r = pcall(base.eval, lk, M.RAISE, fence_keys(lk), s.token, format("%d", fence))
+          asked = asked - 1
+          if ok and r == 1 then
+            have = have + 1
+            s.draw = fence
+          else
+            s.raise_failed = true
+          end
+          ring(att)
+        end)
+      end
+    end
+  end
+  while have < rl.quorum do
+    if have + asked < rl.quorum then return false end
+    att.asleep = true
+    if deadline then
+      if not base.doze(att.bell, deadline) then att.asleep = false; return nil end
+    else
+      local _ = att.bell:acquire()
+    end
+    att.asleep = false
+  end
+  return true
+end
+
+-- The Redis half of an acquisition, by the holder of the lock's gate:
+-- 'deadline' nil (no bound), an hrtime, or false (a try).
+local function acquire_quorum(rl, deadline, err)
+  local try = deadline == false
+  local att = { rl = rl, srv = {}, failed = 0, done = false, asleep = false, try = try,
+                bell = internal(core.Semaphore.new(0)), progress = hrtime(),
+                settle = settle_ms(rl) * NS }
+  rl.waiting[att] = true
+  local ok, res = pcall(function()
+    for i = 1, rl.n do start(att, i) end
+    while true do
+      local have, granted, pending = counts(att)
+      if have >= rl.quorum then break end
+      if rl.n - att.failed < rl.quorum or (try and pending == 0 and granted == 0) then
+        error(failure(att, err), 0)
+      end
+      if att.canceled then error(rl.cancel_error, 0) end
+      local t = hrtime()
+      if deadline and t >= deadline then error(err, 0) end
+      -- a partial grant that makes no progress for a while: a split,
+      -- maybe.  The caller is not woken at each grant (only at a quorum):
+      -- it looks every so often while it waits.
+      local due = nil
+      if not try then
+        if t >= att.progress + att.settle then
+          if have + granted > 0 then give_back_partial(att) end
+          att.progress, att.settle = hrtime(), settle_ms(rl) * NS
+        end
+        due = att.progress + att.settle
+      end
+      if deadline then due = due and min(due, deadline) or deadline end
+      att.asleep = true
+      if due then base.doze(att.bell, due) else local _ = att.bell:acquire() end
+      att.asleep = false
+    end
+    -- the fence: the largest drawn, held by a quorum before it is used
+    local fence = 0
+    for i = 1, rl.n do
+      local s = att.srv[i]
+      if s.state == "drawn" and s.draw > fence then fence = s.draw end
+    end
+    local settled = settle_fence(att, fence, deadline or nil)
+    if settled == nil then error(err, 0) end
+    if not settled then error(FENCE_UNSETTLED, 0) end
+    return fence
+  end)
+  if not ok then
+    finish(att, false)
+    error(res, 0)
+  end
+  local hold = setmetatable({ lock = rl, leases = {}, fence = tointeger(res), state = "held" }, Hold)
+  for i = 1, rl.n do
+    local s = att.srv[i]
+    if s.lease and (s.state == "drawn" or s.state == "granted") then
+      hold.leases[i] = s.lease
+      hold_of[s.lease] = hold
+    end
+  end
+  att.hold = hold
+  finish(att, true)
+  -- Clients closed by a finalizer or a hook since their grants (at an
+  -- allocation above): the close gave their tokens back.  With fewer than
+  -- a quorum of leases left the hold is not handed out, as redis_acquire
+  -- does not hand out its own; the others are given back.
+  local left, closed = 0, false
+  for _, lease in pairs(hold.leases) do
+    if lease.state == "held" then left = left + 1
+    elseif lease.state == "released" then closed = true end
+  end
+  if closed and left < rl.quorum then
+    hold.state = "released"
+    for _, lease in pairs(hold.leases) do
+      hold_of[lease] = nil
+      if lease.state == "held" then base.background(base.release_lease, lease) end
+    end
+    error(base.CLOSED, 0)
+  end
+  local holds = rl.holds
+  holds[#holds + 1] = hold
+  return hold
+end
+
+-- }==========================================================
+
+-- {========================================================== methods
+
+local OPTIONS_ORDER = { "ttl", "renew", "wait_ms", "cancel_error", "lost_error",
+                        "unsafe_eviction" }
+
+--- RedlockMutex.new(clients, name [, options])
+local function new(clients, name, opts)
+  if type(clients) ~= "table" or getmetatable(clients) ~= nil then
+    argerror(2, 1, "new", "array of redis clients expected, got " .. typename(clients))
+  end
+  local n = #clients
+  if n == 0 then argerror(2, 1, "new", "array of redis clients must not be empty") end
+  local seen = {}
+  for i = 1, n do
+    local c = clients[i]
+    local ok = pcall(function()
+      return checks.is_callable(c.eval) and checks.is_callable(c.subscribe)
+    end) and checks.is_callable(c.eval) and checks.is_callable(c.subscribe)
+    if not ok then
+      argerror(2, 1, "new", format("client #%d: redis client expected, got %s", i, typename(c)))
+    end
+    if seen[c] then
+      argerror(2, 1, "new", format("client #%d is client #%d again (each server counts once)",
+        i, seen[c]))
+    end
+    seen[c] = i
+  end
+  if type(name) ~= "string" or name == "" then
+    argerror(2, 2, "new", "lock name must be a non-empty string, got " .. typename(name))
+  end
+  if type(opts) == "table" and opts.replicas ~= nil then
+    -- A quorum of independent masters already outlives the loss of a
+    -- minority of them, a failover's included (docs/redis-locks.md,
+    -- "Scaling out"): WAIT on each server would add a round trip per
+    -- server and guarantee nothing the quorum does not.
+    argerror(2, 3, "new", "options.replicas is not for RedlockMutex"
+      .. " (its servers are independent masters: the quorum keeps a grant)")
+  end
+  local o = base.options_of(opts, 3, "new")
+  local rl = setmetatable(o, Redlock)
+  rl.name, rl.n, rl.quorum = name, n, n // 2 + 1
+  rl.clients, rl.servers, rl.holds, rl.waiting = {}, {}, {}, {}
+  rl.gate = internal(core.Mutex.new(o.cancel_error))
+  -- a split is given up after 10-20 ms with no progress by default (a
+  -- three-hundredth of waiterTimeout, from 10 to 50 ms, then up to twice
+  -- that): many hand-offs' time
+  rl.settle = max(10, min(o.wait_ms // 300, 50))
+  for i = 1, n do
+    local so = {}
+    for _, field in ipairs(OPTIONS_ORDER) do so[field] = o[field] end
+    so.on_lost = on_server_lost
+    rl.clients[i] = clients[i]
+    local lk = base.new_record(Server, clients[i], name, 1, so, false)
+    lk.acquire_script = M.ACQUIRE
+    lk.keys[7] = name .. ":qf"
+    lk.fence_keys = { lk.keys[1], lk.keys[7] }
+    rl.servers[i] = lk
+  end
+  return rl
+end
+
+-- The misuse errors of a method that talks to Redis, at its caller's line.
+local function check_usable(rl, what)
+  for i = 1, rl.n do check_open(rl.clients[i], 3) end
+  if not isyieldable() then error(checks.cannot_yield(what), 3) end
+end
+
+-- The whole acquisition: the lock's gate (with the decorator's bound),
+-- then the servers with what is left of it.
+local function acquire(rl, limit, err, priority)
+  local deadline = base.deadline_of(limit)
+  local gate_release
+  if limit == nil then gate_release = rl.gate:acquire(priority)
+  else gate_release = limited(rl.gate, limit, err, priority) end
+  local _ <close> = gate_release
+  return acquire_quorum(rl, deadline, err)
+end
+
+function methods.acquire(self, priority)
+  local rl, limit, err = base.check_self(self, Redlock, "acquire")
+  base.check_priority(priority, 1, "acquire")
+  check_usable(rl, "acquire a Redis lock")
+  local release = acquire(rl, limit, err, priority)
+  return release
+end
+
+function methods.runExclusive(self, fn, priority)
+  local rl, limit, err = base.check_self(self, Redlock, "runExclusive")
+  base.check_fn(fn, 1)
+  base.check_priority(priority, 2, "runExclusive")
+  check_usable(rl, "acquire a Redis lock")
+  local release <close> = acquire(rl, limit, err, priority)
+  local function done(ok, ...)
+    if not ok then
+      release()
+      error((...), 0)
+    end
+    if not release() and release.state == "lost" then error(rl.lost_error, 0) end
+    return ...
+  end
+  return done(pcall(fn))
+end
+
+--- isLocked(): whether a quorum of the servers have a holder (asked of
+-- every server at once; E_UNAVAILABLE when fewer than a quorum answer).
+function methods.isLocked(self)
+  local rl = base.check_self(self, Redlock, "isLocked")
+  check_usable(rl, "ask Redis")
+  local results = multi.each(rl.servers, function(lk)
+    local ok, used = pcall(base.state, lk, rl.name)
+    if ok then return used >= 1 and 1 or 0 end
+    if used ~= E_UNAVAILABLE then error(used, 0) end
+    return false
+  end)
+  local replied, locked = 0, 0
+  for i = 1, rl.n do
+    if results[i] then
+      replied = replied + 1
+      locked = locked + results[i]
+    end
+  end
+  if replied < rl.quorum then
+    error(unavailable.new(format("%d of %d servers answered (quorum %d)", replied, rl.n,
+                                 rl.quorum)), 0)
+  end
+  return locked >= rl.quorum
+end
+
+--- release(): ends this process's oldest hold; false if it has none.
+function methods.release(self)
+  local rl = base.check_self(self, Redlock, "release")
+  local hold = rl.holds[1]
+  if not hold then return false end
+  return release_hold(hold)
+end
+
+--- cancel(): rejects this process's waiters with the cancel error.
+function methods.cancel(self)
+  local rl = base.check_self(self, Redlock, "cancel")
+  rl.gate:cancel()
+  for att in pairs(rl.waiting) do
+    att.canceled = true
+    ring(att)
+  end
+end
+
+function Redlock.__tostring(rl)
+  return format("async_mutex.RedlockMutex (%s, %d servers, quorum %d)", rl.name, rl.n, rl.quorum)
+end
+
+base.decorable(Redlock)
+
+-- }==========================================================
+
+return { RedlockMutex = { new = new } }
