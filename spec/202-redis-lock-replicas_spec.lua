@@ -87,6 +87,55 @@ describe("a Redis lock with replicas = N", function()
       c:close()
     end))
 
+  -- The kinds built on the Redis locks' machinery (redis_lock_base.lua)
+  -- take the option with the same rules (docs/redis-locks.md, "Scaling
+  -- out", which locks).
+  it("every kind built on the Redis locks confirms its grants, and gives back those not confirmed",
+    h.async(function()
+      local c = redis.connect { port = master.port }
+      local admin = redis.connect { port = master.port }
+      local lonely_c = redis.connect { port = lonely.port, commandTimeout = 1000 }
+      local R = { replicas = 1 }
+      local NOT = "grant not confirmed: 0 of 1 replicas within 500 ms"
+      -- each: a grant on the master with a replica (confirmed: WAITs
+      -- counted), then the same kind on the server with none (refused,
+      -- given back: the keys gone, the lock free)
+      local kinds = {
+        { "RedisRWLock write", function(cl, n)
+            return am.RedisRWLock.new(cl, n, R):acquireWrite() end },
+        { "RedisRWLock read", function(cl, n)
+            return am.RedisRWLock.new(cl, n, R):acquireRead() end },
+        { "RedisReentrantMutex", function(cl, n)
+            return am.RedisReentrantMutex.new(cl, n, R):acquire() end },
+        { "KeyedRedisMutex:acquireAll", function(cl, n)
+            return am.KeyedRedisMutex.new(cl, n .. ":", R):acquireAll({ "a", "b", "c" }) end },
+        { "KeyedRedisRWLock:acquireAllWrite", function(cl, n)
+            return am.KeyedRedisRWLock.new(cl, n .. ":", R):acquireAllWrite({ "a", "b" }) end },
+      }
+      for i, kind in ipairs(kinds) do
+        local name = "spec202:kind" .. i
+        local before = waits(admin)
+        local release = kind[2](c, name)
+        assert.is_true(waits(admin) - before >= 1, kind[1] .. ": its grant confirmed")
+        before = waits(admin)
+        assert.is_true(release())
+        assert.is_true(waits(admin) - before >= 1, kind[1] .. ": its release confirmed")
+        local ok, err = pcall(kind[2], lonely_c, name)
+        assert.is_false(ok, kind[1])
+        assert.is_true(err == redis.E_UNAVAILABLE, kind[1])
+        assert.equal(NOT, err.reason, kind[1])
+        -- given back: nothing of the grant left in Redis (only the
+        -- counters of fences may stay)
+        h.wait_until(function()
+          for _, key in ipairs(lonely_c:call("KEYS", name .. "*")) do
+            if lonely_c:call("TYPE", key) ~= "string" then return false end
+          end
+          return true
+        end, 2000, kind[1] .. ": the grant given back")
+      end
+      c:close(); admin:close(); lonely_c:close()
+    end))
+
   it("a renewal not confirmed extends nothing: the hold is lost when its lease ends",
     h.async(function()
       local c = redis.connect { port = master.port, commandTimeout = 100 }
@@ -118,6 +167,15 @@ describe("a Redis lock with replicas = N", function()
       "bad argument #4 to 'new' (options.replicas must be an integer >= 1)" }
     h.raises_at_caller { function() am.KeyedRedisMutex.new(fake, "x", { replicas = 1 }) end,
       "bad argument #3 to 'new' (options.replicas needs an async_mutex.redis client)" }
-    c:close()
+    h.raises_at_caller { function() am.RedisRWLock.new(c, "x", { replicas = 0 }) end,
+      "bad argument #3 to 'new' (options.replicas must be an integer >= 1)" }
+    h.raises_at_caller { function() am.RedisReentrantMutex.new(fake, "x", { replicas = 1 }) end,
+      "bad argument #3 to 'new' (options.replicas needs an async_mutex.redis client)" }
+    -- a quorum of independent masters: docs/redis-locks.md, "Scaling out"
+    local c2 = redis.connect { port = lonely.port }
+    h.raises_at_caller { function() am.RedlockMutex.new({ c, c2 }, "x", { replicas = 1 }) end,
+      "bad argument #3 to 'new' (options.replicas is not for RedlockMutex"
+        .. " (its servers are independent masters: the quorum keeps a grant))" }
+    c:close(); c2:close()
   end)
 end)
