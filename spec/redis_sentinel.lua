@@ -22,10 +22,7 @@ Set.__index = Set
 local Sentinel = {}
 Sentinel.__index = Sentinel
 
-local function sh(cmd)
-  local ok = os.execute("LD_PRELOAD= ; " .. cmd)
-  return ok == true or ok == 0
-end
+local sh = redis_server.sh           -- (without LD_PRELOAD: see there)
 
 local function read(cmd)
   local p = assert(io.popen("LD_PRELOAD= ; " .. cmd))
@@ -168,7 +165,7 @@ end
 function Set:stop()
   for _, s in ipairs(self.sentinels) do
     pcall(Sentinel.kill, s)
-    sh("rm -rf '" .. s.dir .. "'")
+    sh("rm -rf " .. redis_server.shquote(s.dir))
   end
   for _, r in ipairs(self.replicas) do pcall(r.stop, r) end
   if self.master then pcall(self.master.stop, self.master) end

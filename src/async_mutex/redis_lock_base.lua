@@ -1103,12 +1103,13 @@ local OPTIONS = {
 -- ended at once (two holders).  Also keeps ttl in ns (leases) below 2^63.
 local MAX_MS, MAX_LIMIT = 1 << 40, 1 << 53
 
-local function options_of(opts, n, fname, client)
+-- 'known': the option names a kind takes, when not all of OPTIONS.
+local function options_of(opts, n, fname, client, known)
   if opts == nil then opts = {} end
   if type(opts) ~= "table" then
     argerror(3, n, fname, "options must be a table, got " .. typename(opts))
   end
-  local unknown = unknown_option(opts, OPTIONS)
+  local unknown = unknown_option(opts, known or OPTIONS)
   if unknown then argerror(3, n, fname, unknown) end
   local function int(field, default, least)
     local v = opts[field]
