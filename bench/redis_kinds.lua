@@ -20,8 +20,11 @@
 
 local here = arg[0]:match("^(.*)/[^/]*$") or "."
 local root = here .. "/.."
-package.path = root .. "/spec/?.lua;" .. package.path
+package.path = here .. "/?.lua;" .. root .. "/spec/?.lua;" .. package.path
 local redis_server = require "redis_server"
+local procs = require "procs"
+local sh, json, load_avg = procs.sh, procs.json, procs.load_avg
+local parallel, percentile, handoffs = procs.parallel, procs.percentile, procs.handoffs
 local uv = require "luv"
 
 local QUICK = os.getenv("BENCH_QUICK") == "1"
@@ -30,68 +33,6 @@ local LUA = arg[-1] or "lua5.4"
 local ENV = "cd '" .. root .. "' && LUA_PATH='src/?.lua;src/?/init.lua;;' LUA_CPATH='build/?.so;;' "
 local WORKER = LUA .. " bench/redis_kinds/worker.lua "
 local NODE_DIR = here .. "/redis_locks/node"
-
-local function sh(cmd)
-  local p = io.popen(cmd .. " 2>&1")
-  local out = p:read("a")
-  p:close()
-  return out
-end
-
-local function json(out)
-  local t = {}
-  local line = out:match("(%b{})%s*$")
-  if not line then io.stderr:write(out, "\n"); return nil end
-  for k, v in line:gmatch('"([%w_]+)":%s*([%d.e+-]+)') do t[k] = tonumber(v) end
-  return t
-end
-
-local function load_avg()
-  local f = io.open("/proc/loadavg")
-  local s = f and f:read("l") or "?"
-  if f then f:close() end
-  return s:match("^(%S+ %S+ %S+)") or s
-end
-
-local function parallel(cmds)
-  local files, outs, script = {}, {}, {}
-  for i, cmd in ipairs(cmds) do
-    files[i] = os.tmpname()
-    script[#script + 1] = ("(%s) > '%s' 2>&1 &"):format(cmd, files[i])
-  end
-  script[#script + 1] = "wait"
-  os.execute(table.concat(script, "\n"))
-  for i, f in ipairs(files) do
-    local h = io.open(f)
-    outs[i] = h:read("a")
-    h:close()
-    os.remove(f)
-  end
-  return outs
-end
-
-local function percentile(sorted, p)
-  if #sorted == 0 then return nil end
-  return sorted[math.max(1, math.ceil(#sorted * p))]
-end
-
--- Hand-off latencies (ms) from the "G id t" / "R id t" lines of processes.
-local function handoffs(outs)
-  local events = {}
-  for _, out in ipairs(outs) do
-    for kind, id, t in out:gmatch("([GR]) (%S+) (%d+)") do
-      events[#events + 1] = { kind = kind, id = id, t = tonumber(t) }
-    end
-  end
-  table.sort(events, function(a, b) return a.t < b.t end)
-  local lat = {}
-  for i = 2, #events do
-    local e, p = events[i], events[i - 1]
-    if e.kind == "G" and p.kind == "R" and p.id ~= e.id then lat[#lat + 1] = (e.t - p.t) / 1e6 end
-  end
-  table.sort(lat)
-  return lat
-end
 
 local have_node = io.open(NODE_DIR .. "/node_modules/redlock/package.json") ~= nil
   and sh("command -v node") ~= ""
@@ -211,7 +152,7 @@ end
 for _, s in ipairs(servers) do s:stop() end
 
 local function fmt(v)
-  if v == nil then return "-" end
+  if not v then return "-" end          -- nil or false: no peer (node not installed)
   if type(v) == "string" then return v end
   if v >= 100 then return ("%.0f"):format(v) end
   return ("%.2f"):format(v)

@@ -21,8 +21,10 @@
 
 local here = arg[0]:match("^(.*)/[^/]*$") or "."
 local root = here .. "/.."
-package.path = root .. "/spec/?.lua;" .. package.path
+package.path = here .. "/?.lua;" .. root .. "/spec/?.lua;" .. package.path
 local redis_server = require "redis_server"
+local procs = require "procs"
+local sh, json, parallel, percentile, handoffs = procs.sh, procs.json, procs.parallel, procs.percentile, procs.handoffs
 
 local QUICK = os.getenv("BENCH_QUICK") == "1"
 local SCALE = QUICK and 0.1 or 1
@@ -31,66 +33,7 @@ local ENV = "cd '" .. root .. "' && LUA_PATH='src/?.lua;src/?/init.lua;;' LUA_CP
 local WORKER = LUA .. " bench/redis_locks/worker.lua "
 local NODE_DIR = here .. "/redis_locks/node"
 
-local function sh(cmd)
-  local p = io.popen(cmd .. " 2>&1")
-  local out = p:read("a")
-  p:close()
-  return out
-end
-
-local function json(out)
-  local t = {}
-  local line = out:match("(%b{})%s*$")
-  if not line then io.stderr:write(out, "\n"); return nil end
-  for k, v in line:gmatch('"([%w_]+)":%s*([%d.e+-]+)') do t[k] = tonumber(v) end
-  return t
-end
-
 local function rate(t) return t and t.ops / t.seconds end
-
--- Runs the commands at once, in parallel; returns their outputs.
-local function parallel(cmds)
-  local files, outs = {}, {}
-  local script = {}
-  for i, cmd in ipairs(cmds) do
-    files[i] = os.tmpname()
-    script[#script + 1] = ("(%s) > '%s' 2>&1 &"):format(cmd, files[i])
-  end
-  script[#script + 1] = "wait"
-  os.execute(table.concat(script, "\n"))
-  for i, f in ipairs(files) do
-    local h = io.open(f)
-    outs[i] = h:read("a")
-    h:close()
-    os.remove(f)
-  end
-  return outs
-end
-
-local function percentile(sorted, p)
-  if #sorted == 0 then return nil end
-  return sorted[math.max(1, math.ceil(#sorted * p))]
-end
-
--- Hand-off latencies (ms) from the "G id t" / "R id t" lines of processes.
-local function handoffs(outs)
-  local events = {}
-  for _, out in ipairs(outs) do
-    for kind, id, t in out:gmatch("([GR]) (%S+) (%d+)") do
-      events[#events + 1] = { kind = kind, id = id, t = tonumber(t) }
-    end
-  end
-  table.sort(events, function(a, b) return a.t < b.t end)
-  local lat = {}
-  for i = 2, #events do
-    local e, p = events[i], events[i - 1]
-    if e.kind == "G" and p.kind == "R" and p.id ~= e.id then
-      lat[#lat + 1] = (e.t - p.t) / 1e6
-    end
-  end
-  table.sort(lat)
-  return lat
-end
 
 local server = redis_server.start()
 local port = server.port

@@ -346,6 +346,12 @@ describe("RedisRWLock's usage errors", function()
     local rw = am.RedisRWLock.new(c, fresh_name())
     h.raises_at_caller({ function() rw:acquireRead({}) end,
       "bad argument #1 to 'acquireRead' (priority must be a number, got table)" })
+    h.raises_at_caller({ function() rw:acquireWrite("x") end,
+      "bad argument #1 to 'acquireWrite' (priority must be a number, got string)" })
+    h.raises_at_caller({ function() rw:acquire(true) end,
+      "bad argument #1 to 'acquire' (priority must be a number, got boolean)" })
+    h.raises_at_caller({ function() rw.acquire(c) end,
+      "bad argument #1 to 'acquire' (async_mutex.RedisRWLock expected, got async_mutex.redis.Client)" })
     h.raises_at_caller({ function() rw:runShared(42) end,
       "bad argument #1 to 'runShared' (function expected, got number)" })
     h.raises_at_caller({ function() rw.readers(c) end,

@@ -159,6 +159,10 @@ describe("KeyedRedisRWLock's usage errors", function()
     h.raises_at_caller({ function() krw:acquireRead("") end,
       "bad argument #1 to 'acquireRead' (key must not be empty when the prefix is empty"
       .. " (a lock name must be a non-empty string))" })
+    h.raises_at_caller({ function() krw:acquireWrite({}) end,
+      "bad argument #1 to 'acquireWrite' (key must be a string or a finite number, got table)" })
+    h.raises_at_caller({ function() krw:acquire("k", "high") end,
+      "bad argument #2 to 'acquire' (priority must be a number, got string)" })
     h.raises_at_caller({ function() krw:runShared("k", 1) end,
       "bad argument #2 to 'runShared' (function expected, got number)" })
     h.raises_at_caller({ function() krw:acquireAllRead({}) end,

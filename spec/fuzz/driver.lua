@@ -146,4 +146,39 @@ function driver.main(argv, suite)
   return 0
 end
 
+
+--- The command line of a re-entrancy fuzzer (spec/fuzz/reentrancy.lua,
+-- spec/fuzz/redis_reentrancy.lua): `fuzz N [J [SEED]]` through the pool
+-- above, `run [FIRST [COUNT [progress]]]` in this process, printing what
+-- suite.script must print (see the top of this file).  run_sequence(seed,
+-- length) returns the failure's text or nil, the ops run, the re-entrant
+-- calls made.
+function driver.reentry_main(argv, script, run_sequence)
+  if argv[1] == "fuzz" then
+    return driver.main(argv, {
+      script = script,
+      crash_report = function(seed)
+        return { ("replay: lua5.4 %s run %d 1"):format(script, seed) }
+      end,
+    })
+  end
+  local first, count = tonumber(argv[2]) or 1, tonumber(argv[3]) or 1000
+  local progress = argv[4] == "progress"
+  io.stdout:setvbuf("line")
+  local ops, reentries = 0, 0
+  for seed = first, first + count - 1 do
+    if progress then io.write("S ", seed, "\n") io.flush() end
+    local bad, steps, re = run_sequence(seed, 20 + seed % 41)
+    ops, reentries = ops + steps, reentries + re
+    if bad then
+      print("F " .. seed)
+      print("FAILURE " .. bad)
+      print(("FAILED after %d sequences %d ops"):format(seed - first, ops))
+      return 1
+    end
+  end
+  print(("OK %d sequences %d ops %d re-entrant calls"):format(count, ops, reentries))
+  return 0
+end
+
 return driver

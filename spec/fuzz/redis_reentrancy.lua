@@ -456,47 +456,8 @@ function R.run_sequence(seed, nops)
   return bad, steps, reentries
 end
 
--- Seeds first..first+count-1: a summary table.
-function R.run_many(first, count, progress)
-  local ops, reentries = 0, 0
-  for seed = first, first + count - 1 do
-    if progress then io.write("S ", seed, "\n") io.flush() end
-    local bad, steps, re = R.run_sequence(seed, 20 + seed % 41)
-    ops, reentries = ops + steps, reentries + re
-    if bad then
-      return { ok = false, failure = bad, sequences = seed - first, ops = ops,
-               reentries = reentries }
-    end
-  end
-  return { ok = true, sequences = count, ops = ops, reentries = reentries }
-end
-
-local function main(argv)
-  if argv[1] == "fuzz" then
-    local driver = require "fuzz.driver"
-    return driver.main(argv, {
-      script = root .. "/spec/fuzz/redis_reentrancy.lua",
-      crash_report = function(seed)
-        return { ("replay: lua5.4 spec/fuzz/redis_reentrancy.lua run %d 1"):format(seed) }
-      end,
-    })
-  end
-  local first, count = tonumber(argv[2]) or 1, tonumber(argv[3]) or 1000
-  io.stdout:setvbuf("line")
-  local res = R.run_many(first, count, argv[4] == "progress")
-  if res.ok then
-    print(("OK %d sequences %d ops %d re-entrant calls"):format(res.sequences, res.ops,
-      res.reentries))
-    return 0
-  end
-  print("F " .. (first + res.sequences))
-  print("FAILURE " .. res.failure)
-  print(("FAILED after %d sequences %d ops"):format(res.sequences, res.ops))
-  return 1
-end
-
 if arg and arg[0] and arg[0]:find("redis_reentrancy%.lua$") then
-  os.exit(main(arg), true)
+  os.exit(require("fuzz.driver").reentry_main(arg, root .. "/spec/fuzz/redis_reentrancy.lua", R.run_sequence), true)
 end
 
 return R

@@ -147,21 +147,18 @@ function methods.acquireRead(self, priority)
   return release
 end
 
-function methods.acquireWrite(self, priority)
-  local lk, limit, err = check_self(self, RW, "acquireWrite")
-  check_priority(priority, 1, "acquireWrite")
-  base.check_usable(lk, "acquire a Redis lock")
-  local release = write(lk, limit, err, priority)
-  return release
+-- acquireWrite, and acquire under its own name: a RedisRWLock stands
+-- wherever a RedisMutex is expected
+local function write_method(name)
+  return function(self, priority)
+    local lk, limit, err = check_self(self, RW, name)
+    check_priority(priority, 1, name)
+    base.check_usable(lk, "acquire a Redis lock")
+    local release = write(lk, limit, err, priority)
+    return release
+  end
 end
-
-function methods.acquire(self, priority)
-  local lk, limit, err = check_self(self, RW, "acquire")
-  check_priority(priority, 1, "acquire")
-  base.check_usable(lk, "acquire a Redis lock")
-  local release = write(lk, limit, err, priority)
-  return release
-end
+methods.acquireWrite, methods.acquire = write_method("acquireWrite"), write_method("acquire")
 
 function methods.runShared(self, fn, priority)
   local lk, limit, err = check_self(self, RW, "runShared")
@@ -272,23 +269,17 @@ function keyed.acquireRead(self, key, priority)
   return release
 end
 
-function keyed.acquireWrite(self, key, priority)
-  local lk, limit, err = check_self(self, Keyed, "acquireWrite")
-  local k = check_key(key, 1, "acquireWrite", lk.name)
-  check_priority(priority, 2, "acquireWrite")
-  base.check_usable(lk, "acquire a Redis lock")
-  local release = keyed_write(lk, limit, err, key, lk.name .. k, priority)
-  return release
+local function keyed_write_method(name)
+  return function(self, key, priority)
+    local lk, limit, err = check_self(self, Keyed, name)
+    local k = check_key(key, 1, name, lk.name)
+    check_priority(priority, 2, name)
+    base.check_usable(lk, "acquire a Redis lock")
+    local release = keyed_write(lk, limit, err, key, lk.name .. k, priority)
+    return release
+  end
 end
-
-function keyed.acquire(self, key, priority)
-  local lk, limit, err = check_self(self, Keyed, "acquire")
-  local k = check_key(key, 1, "acquire", lk.name)
-  check_priority(priority, 2, "acquire")
-  base.check_usable(lk, "acquire a Redis lock")
-  local release = keyed_write(lk, limit, err, key, lk.name .. k, priority)
-  return release
-end
+keyed.acquireWrite, keyed.acquire = keyed_write_method("acquireWrite"), keyed_write_method("acquire")
 
 function keyed.runShared(self, key, fn, priority)
   local lk, limit, err = check_self(self, Keyed, "runShared")
