@@ -166,11 +166,16 @@ local function suite(label, env)
   local p = assert(io.popen(("(unset LD_PRELOAD; cd %s && %s %s AM_EACH_TIMEOUT=%d"
     .. " lua5.4 spec/each.lua --lpath=%s --cpath=%s) 2>&1")
     :format(q(ROOT), env, ENV, EACH_TIMEOUT, q("spec/?.lua"), q(TREE .. "/lib/lua/5.4/?.so"))))
-  local summary, failing = "(no summary)", nil
+  -- (a failing file's own output, copied in, ends with its counts too:
+  -- the total is the line after "N files in N s")
+  local summary, failing, ended = "(no summary: spec/each.lua did not finish)", nil, false
   for line in p:lines() do
     log(line)
-    summary = line:match("^%d+ passed, %d+ failed$") or summary
-    failing = line:match("^failing files: (.*)$") or failing
+    if line:match("^%d+ files in %d+ s$") then ended = true
+    elseif ended then
+      summary = line:match("^%d+ passed, %d+ failed$") or summary
+      failing = line:match("^failing files: (.*)$") or failing
+    end
   end
   local ok = p:close()
   log(label, ": ", summary, (" (%d s)"):format(os.time() - t0),
