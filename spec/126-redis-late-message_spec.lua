@@ -39,6 +39,13 @@ describe("a hand-off message read after the waiter's next request went out", fun
   it("is not taken when that request finds the grant over: the next process holds, the waiter"
     .. " waits its turn", h.async(function()
     local a, b, x = server:client(), server:client(), server:client()
+    -- closed also when an assertion below fails: B's acquire then ends
+    -- (E_UNAVAILABLE) instead of waiting out C's 100 s lease and holding
+    -- on with its watchdog, which kept the loop, and every later test of
+    -- the process, running (a whole-suite run hung in epoll_wait)
+    local _ <close> = setmetatable({}, { __close = function()
+      a:close(); b:close(); x:close()
+    end })
     local name = fresh_name()
     local k = scripts.keys(name)
     -- A holds for long; B waits with a short first lease (min(ttl,
@@ -73,7 +80,6 @@ describe("a hand-off message read after the waiter's next request went out", fun
     assert.equal(fence_in_redis(a, name, rb.token), rb.fence)
     assert.is_true(rb:check())
     assert.is_true(rb())
-    a:close(); b:close(); x:close()
   end, { deadline = 20000 }))
 end)
 

@@ -91,7 +91,11 @@ describe("RedlockMutex", function()
         last = x.fence
         x()
       end
-      assert.equal(0, holders(ca, name))
+      -- a release returns once a quorum answered, and a server's grant that
+      -- came after the quorum joins the hold or is given back, in the
+      -- background (docs/redis-locks.md, RedlockMutex): none left soon after
+      h.wait_until(function() return holders(ca, name) == 0 end, 2000,
+        "every server's lease given back")
       close_all(ca, cb)
     end))
 

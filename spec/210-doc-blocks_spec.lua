@@ -204,7 +204,9 @@ local function check_busted(b)
   local p = assert(io.popen(("cd %s && env LUA_PATH=%s LUA_CPATH=%s timeout -s KILL 60 "
     .. "lua5.4 /usr/bin/busted -o utfTerminal doc_spec.lua 2>&1"):format(quote(dir),
     quote(ROOT .. "/src/?.lua;" .. ROOT .. "/src/?/init.lua;;"),
-    quote(package.cpath:gsub("build/", ROOT .. "/build/")))))
+    -- (relative entries made absolute: `make portable-check` gives an
+    -- absolute one, itself under build/)
+    quote((";" .. package.cpath):gsub(";build/", ";" .. ROOT .. "/build/"):sub(2)))))
   local out = p:read("a")
   local _, _, rc = p:close()
   os.execute("rm -rf " .. quote(dir))

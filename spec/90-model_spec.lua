@@ -17,14 +17,16 @@ local h = require "helpers"            -- AM_GC_STRESS=1 applies to this file to
 local model = require "fuzz.model"
 
 -- Runs ops (op tables as in gen.lua) on a fresh model; `turn` ops take their
--- loop time from op.at (default: the time of the previous turn).
+-- loop time from op.at (default: the time of the previous turn), and the
+-- loop time of an idle phase that came before their timers from op.before
+-- (default: none, the idle phase came after them).
 local function run(locks, ops)
   local w = model.new(locks)
   local now = 0
   for _, op in ipairs(ops) do
     if op.at then now = op.at end
     assert(w:applicable(op), "op not applicable: " .. op.op)
-    w:apply(op, now)
+    w:apply(op, now, op.before)
   end
   assert.are.same({}, w.violations)
   return w
@@ -114,6 +116,39 @@ describe("the fuzz model", function()
     })
     assert.are.same({ "err 1 E_TIMEOUT", "got 2 1" }, w.log)
     assert.are.equal(0, w.locks[1].value)
+  end)
+
+  it("plays a turn's timer and idle phases in the order the loop ran them (libuv's own)", function()
+    -- 2 is granted by the release; 3 waits behind it with a deadline at 3
+    local ops = {
+      spawn(1, 1, "acquire"),
+      spawn(2, 1, "runex", 1, 0, { plan = "return" }),
+      spawn(3, 1, "acquire", 1, 0, { deco = { kind = "t", ms = 3 } }),
+      { op = "call_rel", id = 1 },
+    }
+    -- timers first (libuv 1.44): 3 times out, then 2 runs and releases
+    local timers_first = { table.unpack(ops) }
+    timers_first[#timers_first + 1] = { op = "turn", at = 5 }
+    local w = run(MUTEX, timers_first)
+    assert.are.same({ "got 1 -", "enter 2 -", "done 2", "err 3 E_TIMEOUT" }, w.log)
+    assert.are.equal(1, w.locks[1].value)
+    -- the idle phase first (libuv >= 1.45): 2 runs and releases, 3 is
+    -- granted before its deadline's timer phase (docs/semantics.md,
+    -- Timeouts: a grant before the deadline wins)
+    local idle_first = { table.unpack(ops) }
+    idle_first[#idle_first + 1] = { op = "turn", at = 5, before = 0 }
+    local w2 = run(MUTEX, idle_first)
+    assert.are.same({ "got 1 -", "enter 2 -", "done 2", "got 3 -" }, w2.log)
+    assert.are.equal("holding", w2.actors[3].state)
+    -- a timeout settled in the timer phase waits for the next turn's idle phase
+    local w3 = run(MUTEX, {
+      spawn(1, 1, "acquire"), spawn(2, 1, "acquire", 1, 0, { deco = { kind = "t", ms = 1 } }),
+      { op = "turn", at = 1, before = 0 },
+    })
+    assert.are.same({ "got 1 -" }, w3.log)
+    assert.are.equal("ready", w3.actors[2].state)
+    w3:apply({ op = "turn" }, 1, 1)
+    assert.are.same({ "got 1 -", "err 2 E_TIMEOUT" }, w3.log)
   end)
 
   it("fires deadlines in due order, then creation order", function()

@@ -10,9 +10,11 @@
 --   3. this checkout's rock (`make rock`) installed into that tree;
 --   4. what the modules include and link checked: no luv or libuv header
 --      in any C file's dependencies, no libuv.so in any module's `ldd`;
---   5. the suite run against the tree (Redis specs included): with
---      libuv's defaults, then with UV_USE_IO_URING=1 (libuv >= 1.45
---      batches its epoll changes on io_uring then, whatever the kernel);
+--   5. the suite run against the tree (Redis specs included), one busted
+--      process per spec file (spec/each.lua, a file that hangs named and
+--      killed after AM_EACH_TIMEOUT seconds, default 600): with libuv's
+--      defaults, then with UV_USE_IO_URING=1 (libuv >= 1.45 batches its
+--      epoll changes on io_uring then, whatever the kernel);
 --   6. the libuv mapped into a process that uses the Redis client:
 --      `grep libuv /proc/PID/maps` (none: luv's own is inside luv.so).
 --
@@ -82,6 +84,7 @@ end
 local LUAROCKS = ("LUAROCKS_CONFIG=%s luarocks --lua-version 5.4 --tree %s")
   :format(q(CONFIG), q(TREE))
 
+local START = os.time()
 log("== portable-check: ", os.date("!%Y-%m-%d %H:%M:%S UTC"), " in ", DIR)
 
 -- 1. Lua's headers, alone
@@ -151,22 +154,36 @@ for so in must(("find %s/lib/lua -name '*.so' | sort"):format(q(TREE))):gmatch("
   if out:match("libuv") then fail(so .. " links a libuv") end
 end
 
--- 5. the suite, twice
+-- 5. the suite, twice, one busted process per spec file (spec/each.lua):
+-- a file that hangs is killed after AM_EACH_TIMEOUT seconds and named,
+-- with the test it was in, and the run goes on.  Its lines go to the log
+-- as they come.
+local EACH_TIMEOUT = tonumber(os.getenv("AM_EACH_TIMEOUT") or "") or 600
 local function suite(label, env)
-  log("== the suite, ", label)
-  local code, out = sh(("cd %s && %s %s lua5.4 /usr/bin/busted --lpath=%s --cpath=%s 2>&1")
-    :format(q(ROOT), env, ENV, q("spec/?.lua"), q(TREE .. "/lib/lua/5.4/?.so")))
-  local summary = out:match("[^\n]*%d+ passed, %d+ failed[^\n]*") or "(no summary)"
-  for line in out:gmatch("[^\n]+") do
-    if line:match("^Failure") or line:match("^Error") then log(line) end
+  log("== the suite, ", label, " (spec/each.lua: one process per file, ",
+    EACH_TIMEOUT, " s at most each)")
+  local t0 = os.time()
+  local p = assert(io.popen(("(unset LD_PRELOAD; cd %s && %s %s AM_EACH_TIMEOUT=%d"
+    .. " lua5.4 spec/each.lua --lpath=%s --cpath=%s) 2>&1")
+    :format(q(ROOT), env, ENV, EACH_TIMEOUT, q("spec/?.lua"), q(TREE .. "/lib/lua/5.4/?.so"))))
+  -- (a failing file's own output, copied in, ends with its counts too:
+  -- the total is the line after "N files in N s")
+  local summary, failing, ended = "(no summary: spec/each.lua did not finish)", nil, false
+  for line in p:lines() do
+    log(line)
+    if line:match("^%d+ files in %d+ s$") then ended = true
+    elseif ended then
+      summary = line:match("^%d+ passed, %d+ failed$") or summary
+      failing = line:match("^failing files: (.*)$") or failing
+    end
   end
-  log(label, ": ", summary)
-  return code == 0, out
+  local ok = p:close()
+  log(label, ": ", summary, (" (%d s)"):format(os.time() - t0),
+    failing and (", failing: " .. failing) or "")
+  return ok and summary:match(", 0 failed$") ~= nil, summary
 end
-local ok1, out1 = suite("libuv's defaults", "")
-local ok2, out2 = suite("UV_USE_IO_URING=1", "UV_USE_IO_URING=1")
-if not ok1 then logf:write(out1) end
-if not ok2 then logf:write(out2) end
+local ok1, sum1 = suite("libuv's defaults", "")
+local ok2, sum2 = suite("UV_USE_IO_URING=1", "UV_USE_IO_URING=1")
 
 -- 6. the libuv in a process that uses the Redis client
 log("== grep libuv /proc/PID/maps of a process using the Redis client")
@@ -192,5 +209,19 @@ log(maps)
 if not maps:match("PING: PONG") then fail("the Redis client did not answer") end
 if not maps:match("lines naming libuv: 0") then fail("a libuv.so is mapped") end
 
-if not (ok1 and ok2) then fail("the suite failed (see " .. DIR .. "/check.log)") end
-log("portable-check passed: luv ", version, " from ", LUV_SRC)
+-- The last line: both runs' counts summed, as `make test` ends.
+local function counts(summary)
+  local p, f = summary:match("(%d+) passed, (%d+) failed")
+  return tonumber(p) or 0, tonumber(f) or 1
+end
+local p1, f1 = counts(sum1)
+local p2, f2 = counts(sum2)
+local total = ("%d passed, %d failed"):format(p1 + p2, f1 + f2)
+if not (ok1 and ok2) then
+  log("portable-check FAILED: the suite failed (see " .. DIR .. "/check.log)")
+  log(total)
+  os.exit(1)
+end
+log("portable-check passed: luv ", version, " from ", LUV_SRC, " in ",
+  os.time() - START, " s; libuv's defaults: ", sum1, "; UV_USE_IO_URING=1: ", sum2)
+log(total)

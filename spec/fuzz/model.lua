@@ -638,10 +638,10 @@ function World:cancel(li, key)
   violation(self, "cancel() of a keyed lock without a key: its order is the map's")
 end
 
---- One loop turn whose timers ran at loop time T: expired requests are
--- removed in libuv order (due time, then creation) and the queue re-dispatched
--- (P1); then the module resumes the settlements in FIFO order.
-function World:turn(T)
+-- The timer phase of a loop turn, at loop time T: expired requests are
+-- removed in libuv order (due time, then creation) and the queue
+-- re-dispatched (P1).
+local function run_timers(self, T)
   local due = {}
   each_lock(self, function(lock)
     for _, e in ipairs(lock.queue) do
@@ -684,6 +684,11 @@ function World:turn(T)
       end
     end
   end
+end
+
+-- The idle phase of a loop turn, at loop time T: the module resumes the
+-- settlements in FIFO order.
+local function run_idle(self, T)
   if self.drain == "all" then
     while #self.fifo > 0 do
       deliver(self, table.remove(self.fifo, 1), T)
@@ -693,6 +698,18 @@ function World:turn(T)
     self.fifo = {}
     for _, s in ipairs(batch) do deliver(self, s, T) end
   end
+end
+
+--- One loop turn whose timers ran at loop time T.  `before`: nil when the
+-- idle phase came after the timers (libuv 1.44: a turn times out what is
+-- due, then resumes everything settled, timeouts included); else the loop
+-- time of the idle phase, which came first (libuv >= 1.45: the turn resumes
+-- what was settled before it, then times out what is due, resumed by the
+-- next turn).  docs/semantics.md promises no order of the two phases.
+function World:turn(T, before)
+  if before then run_idle(self, before) end
+  run_timers(self, T)
+  if not before then run_idle(self, T) end
 end
 
 -- Ops without a model counterpart: "gc" (a full collection) and "poke"
@@ -744,8 +761,9 @@ function World:applicable(op)
   return true                             -- gc, turn
 end
 
---- Applies op (assumed applicable); `now` is the loop time (spawn, turn).
-function World:apply(op, now)
+--- Applies op (assumed applicable); `now` is the loop time (spawn, turn),
+-- `before` the loop time of an idle phase that came before a turn's timers.
+function World:apply(op, now, before)
   local k = op.op
   if k == "spawn" then self:spawn(op, now)
   elseif k == "finish" then self:finish(op.id)
@@ -758,7 +776,7 @@ function World:apply(op, now)
   elseif k == "unscoped" then self:unscoped(op.lock, op.w or 1, op.key)
   elseif k == "setValue" then self:set_value(op.lock, op.v)
   elseif k == "cancel" then self:cancel(op.lock, op.key)
-  elseif k == "turn" then self:turn(now)
+  elseif k == "turn" then self:turn(now, before)
   end                                     -- gc, poke: nothing changes
   each_lock(self, function(lock)
     check_mutex(self, lock)

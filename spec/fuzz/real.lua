@@ -12,7 +12,7 @@
 --
 --   local run = real.new(seq, am)
 --   run:open()                   -- the locks; the module's error handler
---   local T = run:apply(op)      -- the loop time of a "turn", else nil
+--   local T, before = run:apply(op)  -- a "turn": its loop times, else nil
 --   real.check_quiet()           -- at the end: uv.run() returns, nothing active
 --   run:close()                  -- the previous error handler back
 --
@@ -80,31 +80,47 @@ end
 
 -- A turn is one uv.run("nowait") after starting a 0 ms probe timer, whose
 -- callback reads uv.now(): the loop time at which libuv runs every timer due
--- in that turn (see "Determinism" in runner.lua).  The probe is created on
--- first use and closed by real.close_probe, so that no handle of ours
--- outlives a run.
-local probe
-local probe_time
+-- in that turn (see "Determinism" in runner.lua), and an idle probe, which
+-- reads the loop time of the turn's idle phase, where the module resumes
+-- what it settled (docs/semantics.md, Coroutines and the loop), and whether
+-- that phase came before the timers.  libuv's order of the two is its own:
+-- 1.44 runs the timers first in a turn, 1.45 and later the idle handles
+-- first and the timers last (after the poll); the model plays the turn in
+-- the order the loop ran it.  (Our idle probe, started last, runs before
+-- the module's idle handle in the same phase, at the same loop time.)  The
+-- probes are created on first use and closed by real.close_probe, so that
+-- no handle of ours outlives a run.
+local probe, idle_probe
+local probe_time, idle_time
 local function probe_cb() probe_time = uv.now() end
+local function idle_cb()
+  idle_probe:stop()
+  idle_time = { at = uv.now(), first = probe_time == nil }
+end
 
 function real.close_probe()
   if probe then
     probe:close()
-    probe = nil
+    idle_probe:close()
+    probe, idle_probe = nil, nil
     uv.run("nowait")                         -- let the close complete
   end
 end
 
 -- Sleeps `sleep` ms of real time (so that some deadlines pass), turns the
--- loop once and returns the loop time its timers ran at.
+-- loop once; returns the loop time its timers ran at and, when its idle
+-- phase ran before them, the loop time of that phase.
 local function turn(sleep)
   if sleep and sleep > 0 then uv.sleep(sleep) end
-  probe_time = nil
+  probe_time, idle_time = nil, nil
   probe = probe or uv.new_timer()
+  idle_probe = idle_probe or uv.new_idle()
   probe:start(0, 0, probe_cb)
+  idle_probe:start(idle_cb)
   uv.run("nowait")
   if not probe_time then fail("the probe timer did not fire in a loop turn") end
-  return probe_time
+  if not idle_time then fail("the idle probe did not run in a loop turn") end
+  return probe_time, idle_time.first and idle_time.at or nil
 end
 
 -- }==========================================================
@@ -581,8 +597,8 @@ end
 
 OPS.turn = function(_, op) return turn(op.sleep) end
 
---- Applies `op` to the module; returns the loop time of a "turn".  `state`:
--- the model's state of the op's actor (for messages).
+--- Applies `op` to the module; returns the loop times of a "turn" (turn()
+-- above).  `state`: the model's state of the op's actor (for messages).
 function Run:apply(op, state)
   return OPS[op.op](self, op, state)
 end
@@ -600,7 +616,7 @@ function real.check_quiet()
   uv.run()
   local active = {}
   uv.walk(function(h)
-    if h ~= guard and h ~= probe and not h:is_closing() and h:is_active() then
+    if h ~= guard and h ~= probe and h ~= idle_probe and not h:is_closing() and h:is_active() then
       active[#active + 1] = tostring(h)
     end
   end)

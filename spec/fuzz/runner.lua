@@ -39,10 +39,13 @@
 -- deadline from the clock read at the call, which the model cannot see:
 -- while a sequence runs, core.clock pins it to uv.now(), the loop's cached
 -- time, as the model counts.  spec/170-deadlines_spec.lua checks the
--- clock itself.)  Then the idle phase resumes the
--- settlements.  Real time only decides *which* deadlines pass (turn ops sleep
--- 0-6 ms to make some of them pass), never how the model and the module
--- disagree.
+-- clock itself.)  The idle phase resumes the settlements: an idle probe
+-- reads its loop time and whether it came before the timers, for libuv
+-- decides the order of the two phases (1.44: timers first; 1.45 and later:
+-- idle first, timers last), and the model plays them in that order (real.lua,
+-- "loop turns").  Real time only decides *which* deadlines pass (turn ops
+-- sleep 0-6 ms to make some of them pass), never how the model and the
+-- module disagree.
 --
 -- Checked after every op: the event log (who got what, values, errors, in
 -- order), isLocked/getValue of every lock, am.pending(), each actor's
@@ -277,8 +280,8 @@ local function step(t, op)
   t.stats.ops = t.stats.ops + 1
   local now = uv.now()                       -- the loop time of a request
   local actor = op.id and w.actors[op.id]
-  local T = t.run:apply(op, actor and actor.state)
-  w:apply(op, T or now)
+  local T, before = t.run:apply(op, actor and actor.state)
+  w:apply(op, T or now, before)
   compare(t)
 end
 
