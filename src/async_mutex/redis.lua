@@ -434,6 +434,9 @@ function M.connect(options)
   if type(options) ~= "table" then
     argerror(2, 1, "connect", "table expected, got " .. typename(options))
   end
+  -- a Redis Cluster (docs/redis.md, "Cluster"): a tail call, so that its
+  -- argument errors are raised at connect's caller's line
+  if options.cluster ~= nil then return require("async_mutex.redis_cluster").connect(M, options) end
   local unknown = unknown_option(options, OPTIONS)
   if unknown then argerror(2, 1, "connect", unknown) end
   local state = {}
@@ -988,6 +991,8 @@ local function check_list(list, n, what)
   end
   return out
 end
+
+core.check_list = check_list     -- the cluster client's eval (redis_cluster.lua)
 
 local function is_noscript(err)
   return getmetatable(err) == ERROR_MT and err.code == "NOSCRIPT"
