@@ -599,6 +599,8 @@ function M.connect(redis, options)
 end
 
 M.Cluster = Cluster
+-- (the Redis locks: a lock's keys share a slot, acquireAll over several)
 rcore.is_cluster = function(v) return getmetatable(v) == Cluster end
+rcore.keyslot = keyslot
 
 return M

@@ -765,8 +765,19 @@ local Pending = {
 
 -- The keys of the lock 'name' (scripts.keys), with the name as field
 -- 'name' and the limit the scripts take (a string) as 'limit'.
-local function lock_keys(name, s_limit)
-  local keys = scripts.keys(name)
+-- On a Redis Cluster (docs/redis-locks.md, "On a cluster") every key of
+-- one lock is in one slot, so that its scripts run on one master: the
+-- keys are made from "{name}" unless the name has a hash tag already.
+local function has_tag(name)       -- as Redis reads a hash tag: the first {
+  local open = name:find("{", 1, true)
+  local close = open and name:find("}", open + 1, true)
+  return close ~= nil and close > open + 1
+end
+
+local function lock_keys(name, s_limit, cluster)
+  local base = name
+  if cluster and not has_tag(name) then base = "{" .. name .. "}" end
+  local keys = scripts.keys(base)
   keys.name, keys.limit = name, s_limit
   return keys
 end
@@ -774,7 +785,19 @@ end
 -- The keys of the lock 'name' of lk: a plain lock's are made once.
 local function keys_of(lk, name)
   if name == lk.name then return lk.keys end
-  return lock_keys(name, lk.s_limit)
+  return lock_keys(name, lk.s_limit, lk.cluster)
+end
+
+-- Whether the locks of 'sorted' (acquireAll's {key, name} records) are
+-- in more than one slot of lk's cluster.
+local function split(lk, sorted)
+  local slot
+  for _, rec in ipairs(sorted) do
+    local s = rcore.keyslot(keys_of(lk, rec[2])[1])
+    if slot and s ~= slot then return true end
+    slot = s
+  end
+  return false
 end
 
 -- The acquire request of the waiter w (mode "wait", "try" or "again"), by
@@ -1119,7 +1142,8 @@ local function new_record(mt, client, name, limit, opts, keyed)
   lk.gate = internal(keyed and core.KeyedMutex.new({ cancelError = opts.cancel_error })
     or core.Mutex.new(opts.cancel_error))
   lk.s_limit, lk.s_ttl, lk.s_wait = tostring(limit), tostring(opts.ttl), tostring(opts.wait_ms)
-  lk.keys, lk.direct = lock_keys(name, lk.s_limit), is_client(client)
+  lk.cluster = rcore.is_cluster ~= nil and rcore.is_cluster(client)
+  lk.keys, lk.direct = lock_keys(name, lk.s_limit, lk.cluster), is_client(client)
   lk.acquire_script = scripts.acquire     -- (a kind may put its own: ask)
   lk.waiting = {}
   lk.holds = {}
@@ -1254,7 +1278,7 @@ return {
   Lease = Lease, lease_methods = lease_methods, NS = NS, drift = drift,
   lose = lose, forget = forget, new_lease = new_lease, release_lease = release_lease,
   stop_timer = stop_timer,
-  eviction = eviction, doze = doze, lock_keys = lock_keys, keys_of = keys_of,
+  eviction = eviction, doze = doze, lock_keys = lock_keys, keys_of = keys_of, split = split,
   redis_acquire = redis_acquire,
   decorated_of = decorated_of, decorable = decorable, check_self = check_self, check_priority = check_priority,
   check_key = check_key, check_usable = check_usable, deadline_of = deadline_of,

@@ -1,0 +1,124 @@
+-- The Redis locks on a Redis Cluster of 3 real masters started for this
+-- file (docs/redis-locks.md, "On a cluster"): a lock's keys share one slot
+-- (its name as a hash tag), hand-offs reach waiters of other clients,
+-- KeyedRedisMutex spreads its keys over the masters with mutual exclusion
+-- between clients, and acquireAll over several slots is all or nothing.
+
+local h = require "helpers"
+local redis_cluster_server = require "redis_cluster_server"
+local redis = require "async_mutex.redis"
+local am = require "async_mutex"
+local uv = require "luv"
+
+local cluster
+
+setup(function() cluster = redis_cluster_server.start(3) end)
+teardown(function() if cluster then cluster:stop() end end)
+
+local function connect()
+  return redis.connect({ cluster = cluster.seeds })
+end
+
+-- The keys each master holds that match pattern.
+local function keys_by_master(c, pattern)
+  local out = {}
+  for i, m in ipairs(c:masters()) do out[i] = m:call("KEYS", pattern) end
+  return out
+end
+
+describe("Redis locks on a cluster", function()
+  it("keep a lock's keys in one slot and hand it to a waiter of another client",
+    h.async(function()
+      local a, b = connect(), connect()
+      local ma, mb = am.RedisMutex.new(a, "orders:42"), am.RedisMutex.new(b, "orders:42")
+      local release = ma:acquire()
+      local where = keys_by_master(a, "{orders:42}:*")
+      local on = 0
+      for _, list in ipairs(where) do if #list > 0 then on = on + 1 end end
+      assert.equal(1, on)
+      local granted_at
+      h.spawn(function()
+        local r = mb:acquire()
+        granted_at = uv.now()
+        r()
+      end)
+      h.sleep(100)
+      assert.is_nil(granted_at)
+      local t0 = uv.now()
+      release()
+      h.wait_until(function() return granted_at ~= nil end, 2000, "the hand-off")
+      -- by the hand-off message, not by the waiter's timeout (3000 ms)
+      assert.is_true(granted_at - t0 < 1000, "hand-off took " .. (granted_at - t0) .. " ms")
+      -- a name with a hash tag keeps it
+      local mt = am.RedisMutex.new(a, "{user7}:cart")
+      mt:acquire()()
+      assert.equal(a:keyslot("user7"), a:keyslot("{user7}:cart:h"))
+      a:close(); b:close()
+    end))
+
+  it("KeyedRedisMutex: keys on every master, one holder per key across 4 clients",
+    h.async(function()
+      local clients, locks = {}, {}
+      for i = 1, 4 do
+        clients[i] = connect()
+        locks[i] = am.KeyedRedisMutex.new(clients[i], "kx:")
+      end
+      local KEYS, ROUNDS = 40, h.load(120)
+      local holder, overlaps, done = {}, 0, 0
+      for i = 1, 4 do
+        for j = 1, 3 do
+          h.spawn(function()
+            local rnd = math.random
+            for _ = 1, ROUNDS do
+              local key = rnd(KEYS)
+              local release = locks[i]:acquire(key)
+              if holder[key] then overlaps = overlaps + 1 end
+              holder[key] = i * 10 + j
+              if rnd(4) == 1 then am.sleep(1) end
+              holder[key] = nil
+              release()
+            end
+            done = done + 1
+          end)
+        end
+      end
+      h.wait_until(function() return done == 12 end, 30000, "12 workers")
+      assert.equal(0, overlaps)
+      -- held at once, 40 keys spread over every master
+      local releases = {}
+      for k = 1, KEYS do releases[k] = locks[1]:acquire(k) end
+      for i, list in ipairs(keys_by_master(clients[1], "{kx:*}:h")) do
+        assert.is_true(#list > 3, "master " .. i .. " holds " .. #list .. " of 40")
+      end
+      for k = 1, KEYS do releases[k]() end
+      for i = 1, 4 do clients[i]:close() end
+    end, { deadline = 40000 }))
+
+  it("acquireAll over several slots: all or nothing, in the canonical order",
+    h.async(function()
+      local a, b = connect(), connect()
+      local ka, kb = am.KeyedRedisMutex.new(a, "ka:"), am.KeyedRedisMutex.new(b, "ka:")
+      local names = { "x", "y", "z", "w" }
+      local slots = {}
+      for _, n in ipairs(names) do slots[a:keyslot("ka:" .. n)] = true end
+      assert.is_true(next(slots, next(slots)) ~= nil, "keys in one slot")
+      local all = ka:acquireAll(names)
+      -- another client: a try takes nothing, a wait waits for all
+      local try = am.tryAcquire(kb)
+      local ok = pcall(try.acquireAll, try, { "q", "w" })
+      assert.is_false(ok)
+      local other = try:acquire("q")        -- raises if the failed try kept q
+      other()
+      local got
+      h.spawn(function()
+        local r = kb:acquireAll({ "z", "x" })
+        got = true
+        r()
+      end)
+      h.sleep(100)
+      assert.is_nil(got)
+      all()
+      h.wait_until(function() return got end, 3000, "the second acquireAll")
+      a:close(); b:close()
+    end))
+end)
