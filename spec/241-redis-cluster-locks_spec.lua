@@ -9,11 +9,16 @@ local redis_cluster_server = require "redis_cluster_server"
 local redis = require "async_mutex.redis"
 local am = require "async_mutex"
 local uv = require "luv"
+local R = require "lock_redis"
 
 local cluster
+local children = {}
 
 setup(function() cluster = redis_cluster_server.start(3) end)
-teardown(function() if cluster then cluster:stop() end end)
+teardown(function()
+  for _, child in ipairs(children) do child:kill() end   -- (a failed test's)
+  if cluster then cluster:stop() end
+end)
 
 local function connect()
   return redis.connect({ cluster = cluster.seeds })
@@ -121,4 +126,84 @@ describe("Redis locks on a cluster", function()
       h.wait_until(function() return got end, 3000, "the second acquireAll")
       a:close(); b:close()
     end))
+
+  -- A worker process: 3 coroutines, N sections each on a KeyedRedisMutex,
+  -- half on 10 hot keys, half on 1,000; "B key id" and "E key id" markers
+  -- around each section, one write(2) each to LOG (O_APPEND).
+  local WORKER = [[
+local am = require "async_mutex"
+local redis = require "async_mutex.redis"
+local uv = require "luv"
+local PORTS, LOG, ID, N, SEED = ...
+N = tonumber(N)
+math.randomseed(tonumber(SEED))
+local seeds = {}
+for p in PORTS:gmatch("%d+") do seeds[#seeds + 1] = { host = "127.0.0.1", port = tonumber(p) } end
+local client = redis.connect { cluster = seeds }
+local f = assert(io.open(LOG, "a"))
+f:setvbuf("no")
+local locks = am.KeyedRedisMutex.new(client, "px:")
+local failed
+am.run(function()
+  local ws = {}
+  for j = 1, 3 do
+    ws[j] = am.spawn(function()
+      for _ = 1, N do
+        local key = math.random(2) == 1 and "hot" .. math.random(10) or "k" .. math.random(1000)
+        local release = locks:acquire(key)
+        f:write(("B %s %s.%d\n"):format(key, ID, j))
+        if math.random(3) == 1 then am.sleep(math.random(2)) end
+        f:write(("E %s %s.%d\n"):format(key, ID, j))
+        release()
+      end
+    end)
+  end
+  for _, w in ipairs(ws) do
+    local ok, err = pcall(w.join, w)
+    if not ok then failed = err end
+  end
+  client:close()
+end)
+f:close()
+if failed then io.stderr:write(tostring(failed), "\n") os.exit(1) end
+os.exit(0)
+]]
+
+  it("4 processes x 3 coroutines over 1,000 keys: never two holders of a key (markers in"
+    .. " a file), keys on every master", h.async(function()
+      local log = os.tmpname()
+      local ports = {}
+      for i, n in ipairs(cluster.nodes) do ports[i] = n.port end
+      local N = h.load(150)
+      local procs = {}
+      for i = 1, 4 do
+        procs[i] = R.child(WORKER, { table.concat(ports, ","), log, "p" .. i, N, 1000 + i })
+        children[#children + 1] = procs[i]
+      end
+      for i = 1, 4 do
+        local rc, _, err = procs[i]:wait()
+        assert.equal(0, rc, err)
+      end
+      local inside, overlaps, sections = {}, 0, 0
+      for line in io.lines(log) do
+        local kind, key, id = line:match("^(%u) (%S+) (%S+)$")
+        if kind == "B" then
+          sections = sections + 1
+          if inside[key] then overlaps = overlaps + 1 end
+          inside[key] = id
+        elseif kind == "E" then
+          assert.equal(inside[key], id)
+          inside[key] = nil
+        end
+      end
+      os.remove(log)
+      assert.equal(4 * 3 * N, sections)
+      assert.equal(0, overlaps)
+      -- every master keeps fence counters (N:n) of the keys it served
+      local c = connect()
+      for i, list in ipairs(keys_by_master(c, "{px:*}:n")) do
+        assert.is_true(#list > 10, "master " .. i .. " served " .. #list .. " keys")
+      end
+      c:close()
+    end, { deadline = 60000 }))
 end)
