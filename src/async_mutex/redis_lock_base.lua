@@ -1209,7 +1209,8 @@ local function wait_for_unlock(lk, limit, err, name, weight)
     if not cleanup.sub then
       -- (the bound, checked between requests, as in redis_acquire)
       if deadline and hrtime() >= deadline then error(err, 0) end
-      cleanup.sub = lk.client:subscribe(name .. ":free", function() bell:release() end)
+      -- (its key N:free: "{N}:free" on a cluster, where the scripts publish)
+      cleanup.sub = lk.client:subscribe(keys_of(lk, name)[6], function() bell:release() end)
     else
       local t = hrtime()
       local again = t + max(1, lk.wait_ms // 3) * NS
