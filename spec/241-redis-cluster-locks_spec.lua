@@ -74,6 +74,34 @@ describe("Redis locks on a cluster", function()
       a:close(); b:close()
     end))
 
+  it("close() ends the client's holds, wakes its waiters with E_UNAVAILABLE and gives"
+    .. " the locks back at once", h.async(function()
+      local a, b = connect(), connect()
+      local ma, mb = am.RedisMutex.new(a, "closing"), am.RedisMutex.new(b, "closing")
+      local release = ma:acquire()
+      local waiter_err, granted_at
+      h.spawn(function()
+        local ok, err = pcall(ma.acquire, ma)
+        waiter_err = ok and "granted" or err
+      end)
+      h.spawn(function()
+        local r = mb:acquire()
+        granted_at = uv.now()
+        r()
+      end)
+      h.sleep(100)
+      local t0 = uv.now()
+      a:close()
+      assert.is_false(release())
+      h.wait_until(function() return waiter_err ~= nil and granted_at ~= nil end, 3000,
+        "the waiter's error and the other client's grant")
+      assert.equal(redis.E_UNAVAILABLE, waiter_err)
+      assert.equal("client closed", waiter_err.reason)
+      -- given back by the closed client, not after its lease (ttl 30 s)
+      assert.is_true(granted_at - t0 < 1000, "granted after " .. (granted_at - t0) .. " ms")
+      b:close()
+    end))
+
   it("KeyedRedisMutex: keys on every master, one holder per key across 4 clients",
     h.async(function()
       local clients, locks = {}, {}

@@ -531,6 +531,9 @@ function Cluster.close(self)
   if self.closed then return end
   self.closed = true
   for _, c in pairs(self.nodes) do c:close() end
+  -- its Redis locks end their holds and wake their waiters, as an
+  -- ordinary client's do (docs/redis-locks.md, "Closing the client")
+  if self.on_close then self.on_close() end
 end
 Cluster.__close = Cluster.close
 
@@ -595,6 +598,7 @@ function M.connect(redis, options)
     redis = redis, options = opts, seeds = list,
     nodes = {}, slots = {}, order = {}, epoch = 0, specs = {},
     gate = am.Mutex.new(), refreshing = false, closed = false, nmoved = 0, nasked = 0,
+    on_close = false,          -- set by the Redis locks (redis_lock_base.lua)
   }, Cluster)
 end
 
@@ -602,5 +606,19 @@ M.Cluster = Cluster
 -- (the Redis locks: a lock's keys share a slot, acquireAll over several)
 rcore.is_cluster = function(v) return getmetatable(v) == Cluster end
 rcore.keyslot = keyslot
+-- A new cluster client like `client` (closed), and its commandTimeout:
+-- the Redis locks give a closed client's holds back on it.
+rcore.cluster_sibling = function(client)
+  local opts = { cluster = {} }
+  for k, v in pairs(client.options) do opts[k] = v end
+  for i, addr in ipairs(client.seeds) do
+    local host, port = addr:match("^(.*):(%d+)$")
+    opts.cluster[i] = { host = host, port = tonumber(port) }
+  end
+  local c = M.connect(client.redis, opts)
+  -- the slot map is known: no need to ask for it again
+  c.slots, c.order, c.epoch = client.slots, client.order, client.epoch
+  return c, client.options.commandTimeout or 5000
+end
 
 return M

@@ -192,6 +192,13 @@ local function get_hub(client)
         if hb then hb.evicts, hb.warned, hb.started = nil, false, nil end
       end
       hub.evicts, hub.evicts_gate = nil, internal(core.Mutex.new())
+    elseif rcore.is_cluster and rcore.is_cluster(client) then
+      -- a cluster client (async_mutex.redis_cluster) says when it is closed
+      local ref = setmetatable({ hub }, { __mode = "v" })
+      client.on_close = function()
+        local hb = ref[1]
+        if hb then client_closed(hb) end
+      end
     end
   end
   return hub
@@ -511,8 +518,12 @@ local giving = {}                    -- luacheck: ignore 241 (an anchor)
 -- Sends the release of every {keys, token} of 'items' on a new connection
 -- to the server of 'client' (closed), in coroutines of their own.
 local function give_back(client, items)
-  local c = rcore.sibling(client)
-  local ms = rcore.state(client).commandTimeout
+  local c, ms
+  if is_client(client) then
+    c, ms = rcore.sibling(client), rcore.state(client).commandTimeout
+  else                                  -- a cluster client: a new one
+    c, ms = rcore.cluster_sibling(client)
+  end
   local left, bound = #items, nil
   local function finish()
     giving[c] = nil
@@ -532,7 +543,11 @@ local function give_back(client, items)
     local keys, token = items[i][1], items[i][2]
     background(function()
       -- an unreachable server, or the bound: the lease ends in Redis
-      pcall(run_script, c, scripts.release, keys, token, keys.limit)
+      if is_client(c) then
+        pcall(run_script, c, scripts.release, keys, token, keys.limit)
+      else
+        pcall(c.eval, c, scripts.release, keys, { token, keys.limit })
+      end
       left = left - 1
       if left == 0 then finish() end
     end)
