@@ -74,6 +74,57 @@ describe("Redis locks on a cluster", function()
       a:close(); b:close()
     end))
 
+  it("every kind built on the Redis locks works on a cluster", h.async(function()
+    local a, b = connect(), connect()
+    -- RedisSemaphore: 2 at once, the third waits for a release
+    local sa, sb = am.RedisSemaphore.new(a, "sem", 2), am.RedisSemaphore.new(b, "sem", 2)
+    local _, r1 = sa:acquire()
+    local _, r2 = sb:acquire()
+    local third
+    h.spawn(function() local _, r = sb:acquire(); third = true; r() end)
+    h.sleep(50)
+    assert.is_nil(third)
+    r1()
+    h.wait_until(function() return third end, 1000, "the third")
+    r2()
+    -- RedisRWLock: readers of two clients share, a writer waits for both
+    local wa, wb = am.RedisRWLock.new(a, "rw"), am.RedisRWLock.new(b, "rw")
+    local ra, rb = wa:acquireRead(), wb:acquireRead()
+    local wrote
+    h.spawn(function() local w = wb:acquireWrite(); wrote = true; w() end)
+    h.sleep(50)
+    assert.is_nil(wrote)
+    ra(); rb()
+    h.wait_until(function() return wrote end, 1000, "the writer")
+    -- RedisReentrantMutex: its holder re-enters
+    local re = am.RedisReentrantMutex.new(a, "re")
+    local outer = re:acquire()
+    local inner = re:acquire()
+    inner(); outer()
+    -- KeyedRedisRWLock: acquireAllWrite over several slots, then another
+    -- client's reader of one key waits for it
+    local ka, kb = am.KeyedRedisRWLock.new(a, "krw:"), am.KeyedRedisRWLock.new(b, "krw:")
+    local all = ka:acquireAllWrite({ "a", "b", "c" })
+    local read
+    h.spawn(function() local r = kb:acquireRead("b"); read = true; r() end)
+    h.sleep(50)
+    assert.is_nil(read)
+    all()
+    h.wait_until(function() return read end, 1000, "the reader")
+    -- each lock's keys in one slot, the keyed ones over several masters
+    local on = {}
+    for i, list in ipairs(keys_by_master(a, "*")) do
+      for _, key in ipairs(list) do
+        local base = key:match("^(%b{})")
+        assert.is_not_nil(base, key)
+        assert.is_true(on[base] == nil or on[base] == i, base .. " on two masters")
+        on[base] = i
+      end
+    end
+    assert.is_true(on["{krw:a}"] ~= on["{krw:b}"] or on["{krw:b}"] ~= on["{krw:c}"])
+    a:close(); b:close()
+  end))
+
   it("close() ends the client's holds, wakes its waiters with E_UNAVAILABLE and gives"
     .. " the locks back at once", h.async(function()
       local a, b = connect(), connect()
