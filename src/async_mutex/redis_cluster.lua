@@ -13,8 +13,8 @@ local error, getmetatable, ipairs, pairs, pcall, select, setmetatable, tostring,
   error, getmetatable, ipairs, pairs, pcall, select, setmetatable, tostring, type
 local running, isyieldable, cocreate, coresume = coroutine.running, coroutine.isyieldable,
   coroutine.create, coroutine.resume
-local mtype, byte, lower, upper, format = math.type, string.byte, string.lower,
-  string.upper, string.format
+local mtype, byte, lower, upper, format, find, sub = math.type, string.byte, string.lower,
+  string.upper, string.format, string.find, string.sub
 local typename, argerror, unknown_option = checks.typename, checks.argerror,
   checks.unknown_option
 
@@ -55,15 +55,22 @@ local function crc16(s, i, j)
   return c
 end
 
+-- The last part hashed and its slot: the keys of one command or script
+-- often share their hash tag (a Redis lock's do), and the CRC in Lua costs
+-- about a microsecond per 10 bytes.
+local last_hashed, last_slot = nil, 0
+
 --- The slot of key (a string).
 local function keyslot(key)
-  local n = #key
-  local open = key:find("{", 1, true)
+  local open = find(key, "{", 1, true)
   if open then
-    local close = key:find("}", open + 1, true)
-    if close and close > open + 1 then return crc16(key, open + 1, close - 1) % NSLOTS end
+    local close = find(key, "}", open + 1, true)
+    if close and close > open + 1 then key = sub(key, open + 1, close - 1) end
   end
-  return crc16(key, 1, n) % NSLOTS
+  if key == last_hashed then return last_slot end
+  local slot = crc16(key, 1, #key) % NSLOTS
+  last_hashed, last_slot = key, slot
+  return slot
 end
 M.keyslot = keyslot
 
@@ -345,7 +352,7 @@ local function spec_of(info)
   return { first = info[4], last = info[5], step = info[6], movable = flags.movablekeys }
 end
 
-local function command_spec(self, name, sub)
+local function command_spec(self, name, subname)
   local specs = self.specs
   local spec = specs[name]
   if spec == nil then
@@ -365,8 +372,8 @@ local function command_spec(self, name, sub)
     end
     specs[name] = spec
   end
-  if spec and spec.subs and sub then
-    return spec.subs[name .. "|" .. lower(argtext(sub))] or spec
+  if spec and spec.subs and subname then
+    return spec.subs[name .. "|" .. lower(argtext(subname))] or spec
   end
   return spec
 end
@@ -456,9 +463,9 @@ local NONE = {}
 
 -- After an ASK, the node runs it by EVAL: it may not know its SHA1, and
 -- an EVAL after NOSCRIPT would not follow the ASKING.
-local function send_script(c, asked, script, keys, args)
-  if asked then return script_call(c, "EVAL", script, keys, args) end
-  return run_script(c, script, keys, args)
+local function send_script(c, asked, script, keys, ...)
+  if asked then return script_call(c, "EVAL", script, keys, ...) end
+  return run_script(c, script, keys, ...)
 end
 
 --- Runs a script on the master of its keys' slot (any master when it
@@ -606,6 +613,14 @@ M.Cluster = Cluster
 -- (the Redis locks: a lock's keys share a slot, acquireAll over several)
 rcore.is_cluster = function(v) return getmetatable(v) == Cluster end
 rcore.keyslot = keyslot
+-- The Redis locks' scripts (redis_lock_base.lua): keys that share a slot
+-- by construction (a lock's, or those of several locks of one slot), args
+-- as values, all checked by the locks: routed by the first key, with none
+-- of eval's checks or lists (one lock cycle is two scripts).
+rcore.cluster_script = function(self, script, keys, ...)
+  if self.closed then error(unavailable("client closed"), 0) end
+  return route(self, keyslot(keys[1]), "script", send_script, script, keys, ...)
+end
 -- A new cluster client like `client` (closed), and its commandTimeout:
 -- the Redis locks give a closed client's holds back on it.
 rcore.cluster_sibling = function(client)

@@ -102,6 +102,10 @@ local function eval(lk, script, keys, ...)
     local r = run_script(lk.client, script, keys, ...)
     if lk.hub.closed then error(CLOSED, 0) end
     return r
+  elseif lk.cluster then           -- (docs/redis-locks.md, "On a cluster")
+    local r = rcore.cluster_script(lk.client, script, keys, ...)
+    if lk.hub.closed then error(CLOSED, 0) end
+    return r
   end
   return lk.client:eval(script, keys, { ... })
 end
