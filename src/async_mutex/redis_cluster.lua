@@ -499,6 +499,81 @@ function Cluster.subscribe(self, channel, fn)
   return master_of(self, keyslot(channel)):subscribe(channel, fn)
 end
 
+-- A subscription to a shard channel: the one of the node that serves the
+-- channel's slot now (inner), replaced when that node loses the slot.
+local ShardSubscription = { __name = "async_mutex.redis.ShardSubscription" }
+ShardSubscription.__index = ShardSubscription
+
+-- Subscribes cs on the master of its channel's slot, following MOVED
+-- (the slot's new owner) and waiting out ASK, TRYAGAIN and CLUSTERDOWN
+-- (a slot being moved), a bounded number of times.
+local function shard_subscribe(self, cs)
+  local slot = keyslot(cs.channel)
+  local tries = 0
+  while true do
+    local c = master_of(self, slot)
+    local ok, s = pcall(c.ssubscribe, c, cs.channel, cs.fn)
+    if ok then
+      if not cs.active or self.closed then s:unsubscribe() return end
+      cs.inner = s
+      -- the node lost the slot (and ended the subscription): at the new
+      -- owner, once the map says who it is; messages between are lost
+      s.on_dropped = function()
+        if not cs.active or self.closed then return end
+        local again, err = pcall(function()
+          refresh(self, self.epoch)
+          shard_subscribe(self, cs)
+        end)
+        if not again then
+          rcore.hooks.report(err, ("shard channel '%s' not subscribed again: %s"):format(
+            cs.channel, rcore.error_text(err)))
+        end
+      end
+      return
+    end
+    tries = tries + 1
+    if not is_error(s) or tries > MAX_REDIRECTS then error(s, 0) end
+    local code = s.code
+    if code == "MOVED" then
+      local _, host, port = s.message:match("^%u+ (%d+) (.*):(%d+)$")
+      self.slots[slot] = address(host, port, "?:0")
+      refresh_later(self)
+    elseif code == "ASK" or code == "TRYAGAIN" or code == "CLUSTERDOWN" then
+      am.sleep(25 * tries)
+    else
+      error(s, 0)
+    end
+    if self.closed then error(unavailable("client closed"), 0) end
+  end
+end
+
+--- Subscribes fn to the shard channel (SSUBSCRIBE, Redis 7) on the master
+-- of its slot, and again on the slot's next owner when the slot moves.
+function Cluster.ssubscribe(self, channel, fn)
+  check_usable(self, "ssubscribe", "subscribe")
+  if type(channel) ~= "string" then
+    argerror(2, 1, "ssubscribe", "string expected, got " .. typename(channel))
+  end
+  if not checks.is_callable(fn) then
+    argerror(2, 2, "ssubscribe", "function expected, got " .. typename(fn))
+  end
+  local cs = setmetatable({ channel = channel, fn = fn, active = true, inner = false },
+    ShardSubscription)
+  shard_subscribe(self, cs)
+  return cs
+end
+
+--- Ends the subscription; never waits.
+function ShardSubscription.unsubscribe(self)
+  if getmetatable(self) ~= ShardSubscription then
+    argerror(2, 1, "unsubscribe", "async_mutex.redis.ShardSubscription expected, got "
+      .. typename(self))
+  end
+  if not self.active then return end
+  self.active = false
+  if self.inner then self.inner:unsubscribe() end
+end
+
 --- Calls sent or queued whose reply has not come yet, on every node.
 function Cluster.pending(self)
   check_cluster(self, "pending")
