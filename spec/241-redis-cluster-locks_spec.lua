@@ -49,6 +49,19 @@ describe("Redis locks on a cluster", function()
       end)
       h.sleep(100)
       assert.is_nil(granted_at)
+      -- the waiter listens on a shard channel of the lock's slot, on the
+      -- lock's master only, and on no classic channel
+      local shard, classic = 0, 0
+      for _, m in ipairs(a:masters()) do
+        local list = m:call("PUBSUB", "SHARDCHANNELS", "{orders:42}async_mutex:*")
+        if #list > 0 then
+          shard = shard + 1
+          assert.equal(1, m:call("EXISTS", "{orders:42}:h"))
+        end
+        classic = classic + #m:call("PUBSUB", "CHANNELS", "async_mutex:*")
+      end
+      assert.equal(1, shard)
+      assert.equal(0, classic)
       local t0 = uv.now()
       release()
       h.wait_until(function() return granted_at ~= nil end, 2000, "the hand-off")

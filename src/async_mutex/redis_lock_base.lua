@@ -170,7 +170,7 @@ local function get_hub(client)
             waiters = {}, users = 0, sub = nil, sub_gate = internal(core.Mutex.new()),
             idle_timer = nil, locks = setmetatable({}, { __mode = "k" }),
             unlockers = {}, closed = false, inflight = {},
-            evicts = false, evicts_gate = nil, warned = false }
+            evicts = false, evicts_gate = nil, warned = false, ssubs = {} }
     hubs[client] = hub
     -- Made here, by the program's own code: close() may come from a
     -- finalizer at lua_close, where no handle may be made any more.
@@ -214,6 +214,11 @@ local function unsubscribe_if_idle(hub)
     hub.sub = nil
     sub:unsubscribe()               -- never waits
   end
+  if hub.users == 0 and hub.ssubs and next(hub.ssubs) then     -- (a cluster's)
+    local ssubs = hub.ssubs
+    hub.ssubs = {}
+    for _, sub in pairs(ssubs) do sub:unsubscribe() end
+  end
 end
 
 local function hub_use(hub)
@@ -237,30 +242,43 @@ end
 
 local function hub_unuse(hub)
   hub.users = hub.users - 1
-  if hub.users == 0 and hub.sub then
+  if hub.users == 0 and (hub.sub or hub.ssubs and next(hub.ssubs)) then
     idle_hubs[hub] = true
     if not idle_timer then idle_timer = uv.new_timer() end
     idle_timer:start(0, 0, on_idle)
   end
 end
 
--- Makes sure this process is subscribed to the hub's channel; yields for
--- the subscription when there is none yet.
-local function subscribe(hub)
-  if hub.sub then return end
+-- Whether this process listens on the hand-off channel `ch` of the hub
+-- (nil: the hub's channel; on a cluster, one of its shard channels).
+local function subscribed(hub, ch)
+  if ch then return hub.ssubs[ch] ~= nil end
+  return hub.sub ~= nil
+end
+
+-- Makes sure this process is subscribed to the hub's channel (or, on a
+-- cluster, to its shard channel `ch`); yields for the subscription when
+-- there is none yet.
+local function subscribe(hub, ch)
+  if subscribed(hub, ch) then return end
   local release <close> = hub.sub_gate:acquire()
   -- closed while the coroutine before us subscribed (whether or not it
   -- got the subscription): a waiter's error, not the closed client's
   -- misuse error from our next request
   if hub.closed then error(CLOSED, 0) end
-  if hub.sub then return end
+  if subscribed(hub, ch) then return end
   local fn = hub.on_message
   if not fn then
     fn = function(message) on_message(hub, message) end
     rcore.direct_callbacks[fn] = true       -- it never yields: no coroutine
     hub.on_message = fn
   end
-  hub.sub = hub.client:subscribe(hub.channel, fn)
+  if ch then
+    local sub = hub.client:ssubscribe(ch, fn)
+    if hub.ssubs[ch] then sub:unsubscribe() else hub.ssubs[ch] = sub end
+  else
+    hub.sub = hub.client:subscribe(hub.channel, fn)
+  end
 end
 
 -- }==========================================================
@@ -798,7 +816,23 @@ local function lock_keys(name, s_limit, cluster)
   if cluster and not has_tag(name) then base = "{" .. name .. "}" end
   local keys = scripts.keys(base)
   keys.name, keys.limit = name, s_limit
+  -- the hashed part of its keys: its hand-off channels are in its slot
+  if cluster then keys.tag = base:match("^[^{]*{([^}]*)}") end
   return keys
+end
+
+-- The channel the hand-offs of a waiter with `keys` are published on:
+-- the hub's; on a cluster its shard channel in the lock's slot (the
+-- scripts SPUBLISH to a channel that begins with "{", and a script may
+-- only publish on a shard channel of its own keys' slot).
+local function channel_of(lk, keys)
+  if not lk.cluster then return lk.hub.channel, nil end
+  local ch = keys.channel
+  if not ch then
+    ch = "{" .. keys.tag .. "}" .. lk.hub.channel
+    keys.channel = ch
+  end
+  return ch, ch
 end
 
 -- The keys of the lock 'name' of lk: a plain lock's are made once.
@@ -830,7 +864,7 @@ local function ask(lk, w, s_weight, mode)
   -- outcome, not the closed client's misuse error)
   if lk.hub.closed then error(CLOSED, 0) end
   local r = eval(lk, lk.acquire_script, w.keys, w.token, lk.s_limit, s_weight, lk.s_ttl,
-                 lk.s_wait, lk.hub.channel, mode)
+                 lk.s_wait, (channel_of(lk, w.keys)), mode)
   if lk.hub.evicts == nil then eviction(lk) end
   return r
 end
@@ -940,8 +974,9 @@ local function redis_acquire(lk, name, weight, deadline, err, token)
       -- was in flight sends nothing more (the withdrawal goes out with
       -- Pending).
       if deadline and hrtime() >= deadline then error(err, 0) end
-      if not hub.sub then
-        subscribe(hub)
+      local _, shard = channel_of(lk, w.keys)
+      if not subscribed(hub, shard) then
+        subscribe(hub, shard)
         local before = sent
         sent = hrtime()             -- a hand-off before we listened: ask again
         r = ask(lk, w, s_weight, "again")
