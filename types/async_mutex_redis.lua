@@ -66,6 +66,13 @@ function Client:eval(script, keys, args) end
 ---@return async_mutex.redis.Subscription
 function Client:subscribe(channel, fn) end
 
+---The same as `subscribe` for a shard channel (SSUBSCRIBE, Redis 7).
+---@async
+---@param channel string
+---@param fn fun(message: string, channel: string)
+---@return async_mutex.redis.Subscription
+function Client:ssubscribe(channel, fn) end
+
 ---Closes the connection: calls in flight raise `E_UNAVAILABLE`; later calls
 ---are errors.  The client's Redis locks end their holds here (releasers
 ---return `false`) and their waiters raise `E_UNAVAILABLE` at once.
@@ -103,6 +110,21 @@ function ClusterClient:eval(script, keys, args) end
 ---@param fn fun(message: string, channel: string)
 ---@return async_mutex.redis.Subscription
 function ClusterClient:subscribe(channel, fn) end
+
+---Subscribes `fn` to a shard channel on the master of its slot, and again
+---on the slot's next owner when it moves.
+---@async
+---@param channel string
+---@param fn fun(message: string, channel: string)
+---@return async_mutex.redis.ShardSubscription
+function ClusterClient:ssubscribe(channel, fn) end
+
+---A cluster's subscription to a shard channel.
+---@class async_mutex.redis.ShardSubscription
+local ShardSubscription = {}
+
+---Ends it (never waits).
+function ShardSubscription:unsubscribe() end
 
 ---Closes every node's client; the cluster's Redis locks end their holds.
 function ClusterClient:close() end
