@@ -15,11 +15,6 @@ local M = {}
 local Cluster = {}
 Cluster.__index = Cluster
 
-local function sh(cmd)
-  local ok = os.execute("LD_PRELOAD= ; " .. cmd)
-  return ok == true or ok == 0
-end
-
 local function read(cmd)
   local p = assert(io.popen("LD_PRELOAD= ; " .. cmd))
   local out = p:read("a")

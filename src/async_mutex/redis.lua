@@ -560,6 +560,15 @@ local function confirm(sub, channel, ok, err)
   settle(list, ok, err)
 end
 
+-- A subscriber left with no channel stops reading (and pinging): an
+-- idle one keeps no loop running.
+local function stop_if_none(sub)
+  if not next(sub.channels) and not sub.closed then
+    core.listen(sub.client, false)
+    stop_timer(sub.ping)
+  end
+end
+
 -- The server refused a SUBSCRIBE (an error reply, such as NOPERM from an
 -- ACL): its channels' subscriptions end, the coroutines waiting for them
 -- raise that error, and one with nobody waiting (subscribed again after a
@@ -579,10 +588,7 @@ local function refused(sub, list, err)
       end
     end
   end
-  if not next(sub.channels) and not sub.closed then
-    core.listen(sub.client, false)
-    stop_timer(sub.ping)
-  end
+  stop_if_none(sub)
 end
 
 local function channel_list(sub)
@@ -682,10 +688,7 @@ local function dropped(sub, channel)
       if s.on_dropped then am_spawn(s.on_dropped, s) end
     end
   end
-  if not next(sub.channels) and not sub.closed then
-    core.listen(sub.client, false)
-    stop_timer(sub.ping)
-  end
+  stop_if_none(sub)
 end
 
 local function on_message(sub, reply)
