@@ -118,7 +118,7 @@ local function node(self, addr)
   -- (a name resolves in a coroutine, where another caller may have made it)
   if self.nodes[addr] then c:close() return self.nodes[addr] end
   if self.closed then c:close() error(unavailable("client closed"), 0) end
-  self.nodes[addr] = c
+  self.nodes[addr], self.addr_of[c] = c, addr
   return c
 end
 
@@ -302,7 +302,7 @@ local function route(self, slot, what, send, ...)
             what, MAX_REDIRECTS, res.message)), 0)
         end
         local s, host, port = res.message:match("^%u+ (%d+) (.*):(%d+)$")
-        local addr = address(host, port, "?:0")
+        local addr = address(host, port, self.addr_of[c])
         if code == "MOVED" then
           self.nmoved = self.nmoved + 1
           self.slots[tonumber(s)] = addr
@@ -536,7 +536,7 @@ local function shard_subscribe(self, cs)
     local code = s.code
     if code == "MOVED" then
       local _, host, port = s.message:match("^%u+ (%d+) (.*):(%d+)$")
-      self.slots[slot] = address(host, port, "?:0")
+      self.slots[slot] = address(host, port, self.addr_of[c])
       refresh_later(self)
     elseif code == "ASK" or code == "TRYAGAIN" or code == "CLUSTERDOWN" then
       am.sleep(25 * tries)
@@ -678,7 +678,7 @@ function M.connect(redis, options)
   end
   return setmetatable({
     redis = redis, options = opts, seeds = list,
-    nodes = {}, slots = {}, order = {}, epoch = 0, specs = {},
+    nodes = {}, addr_of = {}, slots = {}, order = {}, epoch = 0, specs = {},
     gate = am.Mutex.new(), refreshing = false, closed = false, nmoved = 0, nasked = 0,
     on_close = false,          -- set by the Redis locks (redis_lock_base.lua)
   }, Cluster)
