@@ -12,7 +12,8 @@
 -- Printed: cycles/s of each setup; server CPU per cycle (µs); each
 -- master's share of the cluster's server CPU; and the rate the servers
 -- could sustain with one core each (cycles per second of the busiest
--- server's CPU), which the 2-core machine cannot show directly.
+-- server's CPU), which the 2-core machine cannot show directly; then the
+-- hand-off latency between two processes on one lock (p50, p99).
 
 local here = arg[0]:match("^(.*)/[^/]*$") or "."
 local root = here .. "/.."
@@ -91,6 +92,28 @@ local ok, err = pcall(function()
       s.client / s.cycles * 1e6, total / s.cycles * 1e6, table.concat(shares, " / "), s.cycles / busiest))
   end
   print(("cluster / one server: %.2f"):format(rates[2] / rates[1]))
+  -- the hand-off between two processes (release in A to the grant in B)
+  local lat = {}
+  for _ = 1, ROUNDS do
+    for k, s in ipairs(setups) do
+      local cmds = {}
+      for p = 1, 2 do
+        cmds[p] = ENV .. LUA .. (" bench/cluster/worker.lua %s %s 0 %d h%d"):format(
+          s.mode, s.ports, QUICK and 50 or 200, p)
+      end
+      for _, ms in ipairs(procs.handoffs(procs.parallel(cmds))) do
+        lat[k] = lat[k] or {}
+        lat[k][#lat[k] + 1] = ms
+      end
+    end
+  end
+  for k, s in ipairs(setups) do
+    table.sort(lat[k])
+    print(("hand-off, %s: p50 %.3f ms, p99 %.3f ms (%d)"):format(s.name,
+      procs.percentile(lat[k], 0.5), procs.percentile(lat[k], 0.99), #lat[k]))
+  end
+  print(("hand-off p50, cluster / one server: %.2f"):format(
+    procs.percentile(lat[2], 0.5) / procs.percentile(lat[1], 0.5)))
 end)
 single:stop()
 cluster:stop()
