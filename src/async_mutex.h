@@ -31,6 +31,8 @@
 **   error_text.c       an error object's text (error_text.h; also in the
 **                      Redis client's module)
 **   queue.c            FIFO lists and priority queues of waiters
+**   query.c            am.query and km:query: a snapshot of the holds
+**                      and requests of a lock
 **   debug.c            debug mode's hooks into the Lua module
 **                      async_mutex.debug, and what it may read
 */
@@ -523,6 +525,7 @@ void am_keyed_settle (lua_State *L, Lock *lk);
 extern const AmType am_decorated_type[AM_NTYPES];
 extern const luaL_Reg am_decorated_methods[];
 int am_undecorate (lua_State *L, AmType t);
+const char *am_typename (lua_State *L, int idx);
 int am_run_request (lua_State *L, AmType t);
 int am_core_acquire (lua_State *L);
 int am_core_acquire_read (lua_State *L);
@@ -588,6 +591,17 @@ void am_dbg_returned (lua_State *L, State *st, Lock *lk,
                       lua_Integer weight);
 void am_dbg_close (lua_State *L, State *st);
 void am_dbg_created (lua_State *L, State *st);
+/* A live owner record as query.c reads it (its holder aside). */
+typedef struct HoldView {
+  lua_Integer weight;
+  lua_Number since;
+} HoldView;
+int am_dbg_lock_holds (lua_State *L, State *st, const Lock *lk,
+                       HoldView *out, int max, int t, int first);
+
+/* query.c */
+int am_query (lua_State *L);
+int am_keyed_query (lua_State *L);
 
 /* queue.c */
 void am_list_init (Bucket *list);

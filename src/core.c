@@ -118,6 +118,7 @@ static const luaL_Reg core_funcs[] = {
   {"kind", core_kind},
   {"setErrorHandler", core_setErrorHandler},
   {"pending", core_pending},
+  {"query", am_query},
   {"spawn", am_spawn},
   {"sleeper", core_sleeper},
   {"group", am_group},

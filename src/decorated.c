@@ -91,7 +91,7 @@ static Decorated *todecorated (lua_State *L, int idx) {
 
 
 /* __name of the value at 'idx', or its type name. */
-static const char *typename (lua_State *L, int idx) {
+const char *am_typename (lua_State *L, int idx) {
   if (luaL_getmetafield(L, idx, "__name") == LUA_TSTRING)
     return lua_tostring(L, -1);
   return luaL_typename(L, idx);
@@ -107,7 +107,7 @@ static Decorated *decorate (lua_State *L, const char *fname) {
   Decorated *d, *from = todecorated(L, 1);
   AmType t;
   if (from == NULL && !locktype(L, 1, &t)) {
-    lua_pushfstring(L, "async_mutex lock expected, got %s", typename(L, 1));
+    lua_pushfstring(L, "async_mutex lock expected, got %s", am_typename(L, 1));
     am_argerror(L, 1, 0, fname, lua_tostring(L, -1));
   }
   d = (Decorated *)lua_newuserdatauv(L, sizeof(Decorated), 3);
@@ -257,7 +257,7 @@ int am_decorated_request (lua_State *L, int kind, const char *fname,
                 .fname = fname, .mode = mode};
   if (d == NULL) {
     const char *name = am_tnames[t] + strlen("async_mutex.");
-    lua_pushfstring(L, "%s expected, got %s", name, typename(L, 1));
+    lua_pushfstring(L, "%s expected, got %s", name, am_typename(L, 1));
     return am_argerror(L, 1, 0, fname, lua_tostring(L, -1));
   }
   undecorate(L, d, &rq);
@@ -290,12 +290,12 @@ int am_run_request (lua_State *L, AmType t) {
   if (lk == NULL && (d = (Decorated *)am_testself(L, 1,
                                                   am_decorated_type[t]))
                     == NULL) {
-    lua_pushfstring(L, "%s expected, got %s", am_tnames[t], typename(L, 1));
+    lua_pushfstring(L, "%s expected, got %s", am_tnames[t], am_typename(L, 1));
     return am_argerror(L, 1, 0, "runExclusive", lua_tostring(L, -1));
   }
   if (lua_type(L, 2) != LUA_TFUNCTION) {
     if (luaL_getmetafield(L, 2, "__call") == LUA_TNIL) {
-      lua_pushfstring(L, "function expected, got %s", typename(L, 2));
+      lua_pushfstring(L, "function expected, got %s", am_typename(L, 2));
       return am_argerror(L, 2, 1, "runExclusive", lua_tostring(L, -1));
     }
     lua_pop(L, 1);

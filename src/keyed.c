@@ -553,6 +553,7 @@ const luaL_Reg am_keyed_mutex_methods[] = {
   {"count", keyed_count},
   {"waiting", keyed_waiting},
   {"keys", keyed_keys},
+  {"query", am_keyed_query},
   {NULL, NULL}
 };
 
@@ -566,6 +567,7 @@ const luaL_Reg am_keyed_semaphore_methods[] = {
   {"count", keyed_count},
   {"waiting", keyed_waiting},
   {"keys", keyed_keys},
+  {"query", am_keyed_query},
   {NULL, NULL}
 };
 
@@ -582,6 +584,7 @@ const luaL_Reg am_keyed_rwlock_methods[] = {
   {"count", keyed_count},
   {"waiting", keyed_waiting},
   {"keys", keyed_keys},
+  {"query", am_keyed_query},
   {NULL, NULL}
 };
 

@@ -69,7 +69,7 @@ local PRIORITIES = { 0, 0, 0, 1, -1, math.maxinteger, math.maxinteger - 1,
                      math.mininteger, 2.0 ^ 53, 0.5 }
 local KEYS = { "a", "b", 1 }
 
--- AM_REENTRY_EXCLUDE=walk,close,hook,callhook,count,gc,runex,unscoped,debugmode leaves
+-- AM_REENTRY_EXCLUDE=walk,close,hook,callhook,count,gc,runex,unscoped,debugmode,query leaves
 -- features out (to look past a known failure); by default everything is
 -- in: finalizers and both kinds of debug hooks call back.  Each failure
 -- these once reported is a regression test in spec/34-38 (the module's),
@@ -352,6 +352,33 @@ function R.run_sequence(seed, nops)
     depth = depth - 10
   end
 
+  -- am.query agrees with the lock's own introspection read just after it,
+  -- unless a finalizer called back in between (its allocations may run
+  -- them: the snapshot is of the moment before); 'all' asks a keyed set
+  -- for every key (docs/semantics.md, Query).
+  local function check_query(lk, key, all, from)
+    if EXCLUDE.query then return end
+    local obj, q, queued, locked = lk.obj, nil, nil, nil
+    local before = reentries
+    if is_keyed(lk) then
+      q = all and (obj:query()[key] or { held = {}, pending = {} }) or obj:query(key)
+      queued, locked = (obj:waiting(key)), obj:isLocked(key)
+    else
+      q = am.query(obj)
+      queued, locked = tonumber(tostring(obj):match("(%d+) waiting")), obj:isLocked()
+    end
+    if reentries ~= before then return end
+    if #q.pending ~= queued then
+      violation(("%s: query: %d pending, %d waiting"):format(from, #q.pending, queued))
+    end
+    if not is_weighted(lk) and (#q.held > 0) ~= locked then
+      violation(("%s: query: %d held, isLocked() %s"):format(from, #q.held, tostring(locked)))
+    end
+    for _, e in ipairs(q.pending) do
+      if type(e.owner) ~= "thread" then violation(from .. ": query: a pending request without its coroutine") end
+    end
+  end
+
   -- One call back into the module, from a finalizer or a hook.
   function reentrant(from)
     if depth > 1 or bad then return end
@@ -359,7 +386,7 @@ function R.run_sequence(seed, nops)
     reentries = reentries + 1
     local ok, err = pcall(function()
       local lk, key = locks[rnd(#locks)], KEYS[rnd(#KEYS)]
-      local n = rnd(8)
+      local n = rnd(9)
       log("reentrant", from, n, tostring(lk.obj), tostring(key))
       if n == 1 then unscoped(lk, key)
       elseif n == 2 then
@@ -378,6 +405,7 @@ function R.run_sequence(seed, nops)
       elseif n == 6 then
         if lk.kind == "Semaphore" then lk.obj:setValue(rnd(4) - 1) else spawn() end
       elseif n == 7 then close_handles()
+      elseif n == 8 then check_query(lk, key, rnd(2) == 1, from)
       else
         local a = actors[rnd(#actors + 1)]
         if a and not EXCLUDE.close and coroutine.status(a.co) == "suspended"
@@ -408,6 +436,7 @@ function R.run_sequence(seed, nops)
     depth = depth + 10                    -- no call back while we look
     for _, lk in ipairs(locks) do
       local obj = lk.obj
+      check_query(lk, KEYS[1], false, "check")
       if (lk.kind == "Mutex" or lk.kind == "RWLock" or lk.kind == "ReentrantMutex")
           and not obj:isLocked() and not tostring(obj):find(" 0 waiting", 1, true) then
         violation("an unlocked lock with acquirers queued: " .. tostring(obj))

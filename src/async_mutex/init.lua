@@ -33,6 +33,7 @@ local M = {
   E_LOST = "lock lost: lease expired",          -- docs/semantics.md, Leases and lost holds
   setErrorHandler = core.setErrorHandler,
   pending = core.pending,
+  query = core.query,               -- docs/semantics.md, Query
   spawn = core.spawn,
   group = core.group,
   -- a private semaphore that nobody releases: its requests can only time out
