@@ -177,3 +177,153 @@ describe("Web Locks WPT: query.https.any.js", function()
     main.release(); rel2()
   end))
 end)
+
+-- signal.https.any.js: {signal} is am.withSignal(locks, s); an
+-- AbortController is the signal itself (s:abort(reason)); AbortError is
+-- E_CANCELED, the reason of an abort without one.
+describe("Web Locks WPT: signal.https.any.js", function()
+  local function request(locks, s, name, fn)
+    local r = { done = false }
+    r.co = h.spawn(function()
+      r.ok, r.err = pcall(am.withSignal(locks, s).runExclusive, am.withSignal(locks, s), name,
+        fn or function() r.ran = true end)
+      r.done = true
+    end)
+    return r
+  end
+
+  it("The signal option must be an AbortSignal", h.async(function()
+    local locks = am.KeyedRWLock.new()
+    for _, signal in ipairs({ "string", 12.34, false, {}, function() end, coroutine.create(print) }) do
+      assert.matches("^bad argument #2 to 'withSignal' %(async_mutex%.Signal expected, got %a+%)$",
+        h.error_of(function() am.withSignal(locks, signal) end))
+    end
+  end))
+
+  it("Passing an already aborted signal aborts", h.async(function()
+    local locks, s = am.KeyedRWLock.new(), am.signal()
+    s:abort()
+    local r = request(locks, s, "res")
+    assert.is_true(r.done)                     -- at once: it never queued
+    assert.equal(am.E_CANCELED, r.err)
+    assert.is_nil(r.ran)
+  end))
+
+  it("Passing an already aborted signal rejects with the custom abort reason.", h.async(function()
+    local locks, s = am.KeyedRWLock.new(), am.signal()
+    local reason = "My dog ate it."
+    s:abort(reason)
+    assert.equal(reason, request(locks, s, "res").err)
+  end))
+
+  it("Passing an already aborted signal rejects with the default abort reason.", h.async(function()
+    local locks, s = am.KeyedRWLock.new(), am.signal()
+    s:abort()
+    assert.equal(s.reason, request(locks, s, "res").err)
+  end))
+
+  it("An aborted request results in AbortError", h.async(function()
+    local locks, s = am.KeyedRWLock.new(), am.signal()
+    local holder = hold(locks, "res")
+    local r = request(locks, s, "res")
+    local state = locks:query()
+    assert.equal(1, #state.res.held)
+    assert.equal(1, #state.res.pending)
+    s:abort()
+    h.tick()
+    assert.equal(am.E_CANCELED, r.err)
+    assert.is_nil(r.ran)
+    holder.release()
+  end))
+
+  it("Abort after a timeout", h.async(function()
+    local locks, s = am.KeyedRWLock.new(), am.signal()
+    local holder = hold(locks, "res")
+    local r = request(locks, s, "res")
+    local state = locks:query()
+    assert.equal(1, #state.res.held)
+    assert.equal(1, #state.res.pending)
+    local callback_called = false
+    local t = require("luv").new_timer()
+    t:start(10, 0, function() t:close(); callback_called = true; s:abort() end)
+    h.wait_until(function() return r.done end)
+    assert.is_true(callback_called)
+    assert.equal(am.E_CANCELED, r.err)
+    holder.release()
+  end))
+
+  it("Signal that is not aborted", h.async(function()
+    local locks = am.KeyedRWLock.new()
+    local r = request(locks, am.signal(), "res")
+    assert.is_true(r.ok and r.ran)
+  end))
+
+  it("Abort signaled after lock granted", h.async(function()
+    local locks, s = am.KeyedRWLock.new(), am.signal()
+    local released
+    local r = request(locks, s, "res", function()
+      coroutine.yield()                          -- held until resumed
+      return "resolved ok"
+    end)
+    assert.is_false(r.done)
+    s:abort()
+    coroutine.resume(r.co)
+    assert.is_true(r.ok)
+    released = r.err                             -- (pcall's second value)
+    assert.equal("resolved ok", released)
+  end))
+
+  it("Abort signaled after lock released", h.async(function()
+    local locks, s = am.KeyedRWLock.new(), am.signal()
+    local r = request(locks, s, "res", function() return "resolved ok" end)
+    s:abort()
+    assert.is_true(r.ok)
+    assert.equal("resolved ok", r.err)
+  end))
+
+  -- (a request is granted at once when it can be, so the signalled request
+  -- waits behind a holder here; it is aborted, and the next one is served)
+  it("Abort should process the next pending lock request", h.async(function()
+    local locks, s = am.KeyedRWLock.new(), am.signal()
+    local holder = hold(locks, "res")
+    local first = request(locks, s, "res")
+    local next_ = request(locks, am.signal(), "res", function() return "resolved" end)
+    s:abort()
+    holder.release()
+    h.wait_until(function() return next_.done end)
+    assert.equal(am.E_CANCELED, first.err)
+    assert.equal("resolved", next_.err)
+  end))
+
+  it("Aborted promise should reject with the custom abort reason", h.async(function()
+    local locks, s = am.KeyedRWLock.new(), am.signal()
+    local holder = hold(locks, "res")
+    local r = request(locks, s, "res")
+    s:abort("My cat handled it")
+    h.tick()
+    assert.equal("My cat handled it", r.err)
+    holder.release()
+  end))
+
+  it("Aborted promise should reject with the default abort reason", h.async(function()
+    local locks, s = am.KeyedRWLock.new(), am.signal()
+    local holder = hold(locks, "res")
+    local r = request(locks, s, "res")
+    s:abort()
+    h.tick()
+    assert.equal(s.reason, r.err)
+    holder.release()
+  end))
+
+  -- the issue's case: one signal passed to many requests aborts them all
+  it("one signal aborts every request made with it, on several names", h.async(function()
+    local locks, s = am.KeyedRWLock.new(), am.signal()
+    local h1, h2 = hold(locks, "res1"), hold(locks, "res2")
+    local rs = { request(locks, s, "res1"), request(locks, s, "res1"), request(locks, s, "res2") }
+    s:abort("all of them")
+    h.tick()
+    for _, r in ipairs(rs) do assert.equal("all of them", r.err) end
+    assert.same({}, locks:query().res1.pending)
+    h1.release(); h2.release()
+  end))
+end)

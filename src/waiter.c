@@ -46,6 +46,7 @@ void am_waiter_ready (lua_State *L, Waiter *w, int outcome,
   State *st = w->r.lock->st;
   assert(w->r.state == S_QUEUED);
   if (w->r.timed) am_timer_remove(L, st, w);
+  if (w->r.signalled) am_signal_unlink(w);
   w->r.token = token;
   w->r.outcome = (unsigned)outcome;
   w->r.state = S_READY;
@@ -108,6 +109,7 @@ int am_waiter_abandon (lua_State *L, Waiter *w) {
   if (state != S_QUEUED && state != S_READY) return 0;
   if (state == S_QUEUED) {
     am_timer_remove(L, lk->st, w);
+    if (w->r.signalled) am_signal_unlink(w);
     am_dequeue(lk, w);
   }
   else
@@ -132,6 +134,7 @@ int am_waiter_abandon (lua_State *L, Waiter *w) {
 void am_waiter_detach (Waiter *w) {
   assert(w->r.state == S_QUEUED);
   am_timer_remove(NULL, w->r.lock->st, w);
+  if (w->r.signalled) am_signal_unlink(w);
   w->r.state = S_DONE;
   am_unanchor(NULL, w);
 }
@@ -233,10 +236,14 @@ static int push_leased_grant (lua_State *L, int lockidx, int lostidx,
 
 /* The highest stack index a waiting request keeps (the waiter goes just
    above). */
-static int top_kept (int lockidx, int erridx, int lostidx) {
+static int top_kept (int lockidx, int erridx, int lostidx, int sigidx) {
   int top = lockidx > erridx ? lockidx : erridx;
-  return top > lostidx ? top : lostidx;
+  top = top > lostidx ? top : lostidx;
+  return top > sigidx ? top : sigidx;
 }
+
+#define waiter_top(w)  top_kept((w)->r.lockidx, (w)->r.erridx, \
+  (w)->r.lostidx, (w)->r.signalled ? (w)->sigidx : 0)
 
 /*
 ** Returns the grant of an untimed acquire, whose waiter (at 'widx', the
@@ -274,7 +281,7 @@ static int hand_out_waiter (lua_State *L, Waiter *w, int widx) {
 */
 static int finish_request (lua_State *L, int status, lua_KContext ctx) {
   Waiter *w = (Waiter *)ctx;
-  int widx = top_kept(w->r.lockidx, w->r.erridx, w->r.lostidx) + 1;
+  int widx = waiter_top(w) + 1;
   (void)status;
   if (w->r.state != S_RESUMING) {         /* the waiter back on top */
     lua_settop(L, widx);
@@ -295,7 +302,8 @@ static int finish_request (lua_State *L, int status, lua_KContext ctx) {
                                                       : now + w->lease);
       }
 #if HAND_OUT_WAITERS
-      else if (!w->r.timed) n = hand_out_waiter(L, w, widx);
+      else if (!w->r.timed && !w->r.signalled)
+        n = hand_out_waiter(L, w, widx);
 #endif
       else
         n = push_grant(L, w->r.lockidx, w->r.lock, w->r.weight, w->r.token);
@@ -305,6 +313,9 @@ static int finish_request (lua_State *L, int status, lua_KContext ctx) {
     case O_TIMEOUT:
       if (w->r.erridx == 0) return 0;       /* a sleep (core.c) is over */
       lua_pushvalue(L, w->r.erridx);
+      return lua_error(L);
+    case O_ABORTED:
+      lua_getiuservalue(L, w->sigidx, 1);   /* the signal's reason */
       return lua_error(L);
     default:
       lua_getiuservalue(L, w->r.lockidx, 1);  /* the lock's cancel error */
@@ -328,8 +339,10 @@ static int waiter__close (lua_State *L) {
 static Waiter *new_waiter (lua_State *L, const Request *rq, int timed,
                            int hands_out) {
   int leased = rq->lease > 0 && rq->kind == W_ACQUIRE;
+  int signalled = rq->sigidx != 0;
   /* only as far as it is used (async_mutex.h: Waiter) */
-  Waiter *w = (Waiter *)lua_newuserdatauv(L, timed ? sizeof(Waiter)
+  Waiter *w = (Waiter *)lua_newuserdatauv(L, signalled ? sizeof(Waiter)
+                                             : timed ? AM_TIMED_SIZE
                                              : leased ? AM_LEASED_SIZE
                                              : AM_UNTIMED_SIZE,
                                           hands_out);
@@ -340,14 +353,20 @@ static Waiter *new_waiter (lua_State *L, const Request *rq, int timed,
                     .kind = (unsigned)rq->kind, .outcome = O_GRANTED,
                     .timed = (unsigned)timed, .leased = (unsigned)leased,
                     .lease_from_request = (rq->lease_from_request != 0),
+                    .signalled = (unsigned)signalled,
                     .lockidx = (unsigned)rq->lockidx,
                     .erridx = (unsigned)rq->erridx,
                     .lostidx = (unsigned)rq->lostidx, .ref = LUA_NOREF};
   w->q.prev = w->q.next = NULL;
-  if (timed || leased) w->lease = rq->lease;
-  if (timed) {
+  if (timed || leased || signalled) w->lease = rq->lease;
+  if (timed || signalled) {
     w->t.prev = w->t.next = NULL;
     w->deadline = 0;
+  }
+  if (signalled) {
+    w->sprev = w->snext = NULL;
+    w->sig = NULL;
+    w->sigidx = rq->sigidx;
   }
   am_pushmt(L, AM_T_WAITER);
   lua_setmetatable(L, -2);
@@ -390,12 +409,13 @@ static int suspend (lua_State *L, Request *rq) {
   int timed = (rq->wait == AM_TIMEOUT);
   int leased = rq->lease > 0 && rq->kind == W_ACQUIRE;
   int hands_out = HAND_OUT_WAITERS && !timed && !leased
-                  && rq->kind == W_ACQUIRE;
+                  && rq->sigidx == 0 && rq->kind == W_ACQUIRE;
   int clocked, precise;
   lua_Number now = 0, need;
   Waiter *w;
   /* keep what the continuation reads; the waiter goes just above */
-  lua_settop(L, top_kept(rq->lockidx, rq->erridx, rq->lostidx));
+  lua_settop(L, top_kept(rq->lockidx, rq->erridx, rq->lostidx,
+                         rq->sigidx));
   /* RE-ENTRY (docs/semantics.md, "Re-entry"): allocate first, decide
      after.  Both allocations below may run a collector step, and so a
      user's finalizer, which may release this very lock: the decision
@@ -421,6 +441,11 @@ static int suspend (lua_State *L, Request *rq) {
      lock may have left its set meanwhile (a finalizer released the key):
      the request goes to the key's lock as it is now. */
   lk = w->r.lock = am_keyed_current(L, lk, rq->lockidx);
+  if (rq->sigidx != 0 && ((Signal *)lua_touserdata(L, rq->sigidx))->aborted) {
+    am_unanchor(L, w);            /* aborted meanwhile: never queued */
+    am_settle(L, lk);
+    am_check_signal(L, rq);
+  }
   if (hands_out) {                        /* its future releaser's lock */
     lua_pushvalue(L, rq->lockidx);
     lua_setiuservalue(L, -2, 1);
@@ -442,6 +467,8 @@ static int suspend (lua_State *L, Request *rq) {
   am_enqueue(L, lk, w, &rq->priority);
   queued(w);
   if (timed) am_timer_add(L, lk->st, w, now, rq->ms);
+  if (rq->sigidx != 0)
+    am_signal_link((Signal *)lua_touserdata(L, rq->sigidx), w);
   /* a task cancelled while it ran is closed once it waits (task.c) */
   if (lk->st->ncanceling > 0) am_task_waits(L, lk->st);
   am_sync(L, lk->st);                      /* arms the timer */
@@ -456,6 +483,7 @@ static int suspend (lua_State *L, Request *rq) {
 */
 int am_request (lua_State *L, Request *rq) {
   lua_Number now = 0;
+  if (rq->sigidx != 0) am_check_signal(L, rq);  /* aborted: never queues */
   if (am_debugging()) am_dbg_request(L, rq);   /* may raise E_DEADLOCK */
   if (rq->lease > 0 && rq->kind == W_ACQUIRE
       && am_can_lock_now(rq->lock, rq->weight, &rq->priority)) {
@@ -470,6 +498,10 @@ int am_request (lua_State *L, Request *rq) {
      made for this request) and given the key a new one: decide on the
      key's lock as it is now (docs/internals.md, Decide, then commit) */
   rq->lock = am_keyed_current(L, rq->lock, rq->lockidx);
+  if (rq->sigidx != 0 && ((Signal *)lua_touserdata(L, rq->sigidx))->aborted) {
+    am_settle(L, rq->lock);       /* a keyed lock made for this request */
+    am_check_signal(L, rq);
+  }
   if (rq->lock->kind->reentrant && am_reenters(L, rq->lock, rq))
     return grant_now(L, rq, rq->lock, now);     /* its holder, once more */
   if (am_can_lock_now(rq->lock, rq->weight, &rq->priority))  /* fast path */

@@ -680,6 +680,36 @@ function async_mutex.tryAcquire(lock, already_locked_error) end
 ---@return L
 function async_mutex.withLease(lock, ms, lost_error, options) end
 
+-- luacheck: push ignore 241 (Signal: a class of methods, read by nothing)
+---An abort signal (Web Locks' `AbortSignal`): one `abort` ends every request
+---made with it (`async_mutex.withSignal`), with its reason.
+---@class async_mutex.Signal
+---@field aborted boolean
+---@field reason any `nil` until aborted
+local Signal = {}
+
+---Aborts the signal, once: every request waiting with it fails with
+---`reason` (default `async_mutex.E_CANCELED`), and later ones at once.
+---@param reason? any
+function Signal:abort(reason) end
+
+---Raises the reason when the signal is aborted.
+function Signal:throwIfAborted() end
+-- luacheck: pop
+
+---A new abort signal, not aborted.
+---@return async_mutex.Signal
+function async_mutex.signal() end
+
+---A lock sharing all state with `lock`, whose requests fail with the
+---signal's reason once it is aborted (at once when it is already).  Not a
+---Redis lock.
+---@generic L: async_mutex.LocalLock
+---@param lock L
+---@param signal async_mutex.Signal
+---@return L
+function async_mutex.withSignal(lock, signal) end
+
 ---Sets the handler of failures nobody took: an error of a task nobody joined
 ---(at the end of the next loop turn; `task` the task, or the group whose
 ---first failure it is), or of a coroutine of yours the module resumed

@@ -41,6 +41,7 @@ local M = {
   withTimeout = core.withTimeout,   -- decorated locks are the C core's
   tryAcquire = core.tryAcquire,
   withLease = core.withLease,       -- (Redis locks refused by name, below)
+  signal = core.signal,             -- docs/semantics.md, Abort signals
 }
 
 local KINDS = { "Mutex", "Semaphore", "KeyedMutex", "KeyedSemaphore", "RWLock",
@@ -270,7 +271,7 @@ local TAKE = {
 local function acquire_all(self, kind, fname, keys, take, ...)
   check_self(self, kind, fname)
   local sorted = canonical(keys, fname)
-  local lock, limit, err = limit_of(self)
+  local lock, limit, err, signal = limit_of(self)
   if lock == nil then lock = self end
   local deadline = type(limit) == "number" and limit ~= huge and now() + limit
   local held <close> = setmetatable({}, guard)
@@ -280,7 +281,7 @@ local function acquire_all(self, kind, fname, keys, take, ...)
       held[i] = releaser(lock[method](lock, sorted[i], ...))
     else
       local left = deadline and max(0, deadline - now()) or limit
-      held[i] = releaser(limited(lock, left, err, sorted[i], ...))
+      held[i] = releaser(limited(lock, left, err, signal, sorted[i], ...))
     end
   end
   held.done = true
@@ -619,6 +620,15 @@ function M.withLease(lock, ...)
       "a Redis lock cannot be leased (its holds are leases in Redis already: option ttl)")
   end
   return core.withLease(lock, ...)
+end
+
+-- Redis locks take no signal (their requests wait in Redis, which an abort
+-- would have to withdraw): withSignal names them too.
+function M.withSignal(lock, ...)
+  if is_redis_lock[typename(lock)] then
+    argerror(1, "withSignal", "a Redis lock takes no signal")
+  end
+  return core.withSignal(lock, ...)
 end
 
 return M
