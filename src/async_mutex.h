@@ -610,6 +610,13 @@ extern int am_debug_on;
 #define am_debugging()  (am_debug_on != 0)
 #endif
 extern const luaL_Reg am_debug_funcs[];
+/* Rare paths kept out of the hot functions they are called from (their
+   code and registers out of the way of the common case). */
+#if defined(__GNUC__)
+#define AM_COLD  __attribute__((cold, noinline))
+#else
+#define AM_COLD
+#endif
 int am_core_debug (lua_State *L);
 void am_dbg_request (lua_State *L, const Request *rq);
 void am_dbg_granted (lua_State *L, State *st);

@@ -60,7 +60,7 @@ void am_signal_unlink (Waiter *w) {
 ** with an aborted signal fails at once (waiter.c calls this before it
 ** decides, and again after anything that may have run Lua code).
 */
-int am_check_signal (lua_State *L, const Request *rq) {
+AM_COLD int am_check_signal (lua_State *L, const Request *rq) {
   Signal *s;
   if (rq->sigidx == 0) return 0;
   s = (Signal *)lua_touserdata(L, rq->sigidx);

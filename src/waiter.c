@@ -314,11 +314,11 @@ static int finish_request (lua_State *L, int status, lua_KContext ctx) {
       if (w->r.erridx == 0) return 0;       /* a sleep (core.c) is over */
       lua_pushvalue(L, w->r.erridx);
       return lua_error(L);
-    case O_ABORTED:
-      lua_getiuservalue(L, w->sigidx, 1);   /* the signal's reason */
-      return lua_error(L);
-    default:
-      lua_getiuservalue(L, w->r.lockidx, 1);  /* the lock's cancel error */
+    default:                                /* canceled, or aborted */
+      if (w->r.outcome == O_ABORTED)
+        lua_getiuservalue(L, w->sigidx, 1);   /* the signal's reason */
+      else
+        lua_getiuservalue(L, w->r.lockidx, 1);  /* the lock's cancel error */
       return lua_error(L);
   }
 }
@@ -353,7 +353,6 @@ static Waiter *new_waiter (lua_State *L, const Request *rq, int timed,
                     .kind = (unsigned)rq->kind, .outcome = O_GRANTED,
                     .timed = (unsigned)timed, .leased = (unsigned)leased,
                     .lease_from_request = (rq->lease_from_request != 0),
-                    .signalled = (unsigned)signalled,
                     .lockidx = (unsigned)rq->lockidx,
                     .erridx = (unsigned)rq->erridx,
                     .lostidx = (unsigned)rq->lostidx, .ref = LUA_NOREF};
@@ -364,6 +363,7 @@ static Waiter *new_waiter (lua_State *L, const Request *rq, int timed,
     w->deadline = 0;
   }
   if (signalled) {
+    w->r.signalled = 1;
     w->sprev = w->snext = NULL;
     w->sig = NULL;
     w->sigidx = rq->sigidx;
@@ -397,6 +397,29 @@ static int grant_now (lua_State *L, const Request *rq, Lock *lk,
     n = push_grant(L, rq->lockidx, lk, rq->weight, token);
   if (am_debugging()) am_dbg_granted(L, lk->st);
   return n;
+}
+
+
+/* QUEUED waiter 'w' of 'rq' joins its signal's list. */
+static AM_COLD void link_signal (lua_State *L, const Request *rq,
+                                 Waiter *w) {
+  am_signal_link((Signal *)lua_touserdata(L, rq->sigidx), w);
+}
+
+
+/*
+** A request with a signal, on lock 'lk' (its key's as it is now): if the signal was
+** aborted meanwhile (by a finalizer or a hook that the request's own
+** allocations or calls ran), it never queues: its waiter 'w' (if made
+** already) gives its anchor back, a key's lock made for it leaves its
+** set, and the signal's reason is raised.
+*/
+static AM_COLD void aborted_meanwhile (lua_State *L, const Request *rq,
+                                       Lock *lk, Waiter *w) {
+  if (!((Signal *)lua_touserdata(L, rq->sigidx))->aborted) return;
+  if (w != NULL) am_unanchor(L, w);
+  am_settle(L, lk);
+  am_check_signal(L, rq);
 }
 
 
@@ -441,11 +464,7 @@ static int suspend (lua_State *L, Request *rq) {
      lock may have left its set meanwhile (a finalizer released the key):
      the request goes to the key's lock as it is now. */
   lk = w->r.lock = am_keyed_current(L, lk, rq->lockidx);
-  if (rq->sigidx != 0 && ((Signal *)lua_touserdata(L, rq->sigidx))->aborted) {
-    am_unanchor(L, w);            /* aborted meanwhile: never queued */
-    am_settle(L, lk);
-    am_check_signal(L, rq);
-  }
+  if (rq->sigidx != 0) aborted_meanwhile(L, rq, lk, w);
   if (hands_out) {                        /* its future releaser's lock */
     lua_pushvalue(L, rq->lockidx);
     lua_setiuservalue(L, -2, 1);
@@ -467,8 +486,7 @@ static int suspend (lua_State *L, Request *rq) {
   am_enqueue(L, lk, w, &rq->priority);
   queued(w);
   if (timed) am_timer_add(L, lk->st, w, now, rq->ms);
-  if (rq->sigidx != 0)
-    am_signal_link((Signal *)lua_touserdata(L, rq->sigidx), w);
+  if (rq->sigidx != 0) link_signal(L, rq, w);
   /* a task cancelled while it ran is closed once it waits (task.c) */
   if (lk->st->ncanceling > 0) am_task_waits(L, lk->st);
   am_sync(L, lk->st);                      /* arms the timer */
@@ -483,7 +501,9 @@ static int suspend (lua_State *L, Request *rq) {
 */
 int am_request (lua_State *L, Request *rq) {
   lua_Number now = 0;
-  if (rq->sigidx != 0) am_check_signal(L, rq);  /* aborted: never queues */
+  /* aborted: fails at once (and if aborted by what runs below, before it
+     queues: suspend) */
+  if (rq->sigidx != 0) am_check_signal(L, rq);
   if (am_debugging()) am_dbg_request(L, rq);   /* may raise E_DEADLOCK */
   if (rq->lease > 0 && rq->kind == W_ACQUIRE
       && am_can_lock_now(rq->lock, rq->weight, &rq->priority)) {
@@ -498,10 +518,6 @@ int am_request (lua_State *L, Request *rq) {
      made for this request) and given the key a new one: decide on the
      key's lock as it is now (docs/internals.md, Decide, then commit) */
   rq->lock = am_keyed_current(L, rq->lock, rq->lockidx);
-  if (rq->sigidx != 0 && ((Signal *)lua_touserdata(L, rq->sigidx))->aborted) {
-    am_settle(L, rq->lock);       /* a keyed lock made for this request */
-    am_check_signal(L, rq);
-  }
   if (rq->lock->kind->reentrant && am_reenters(L, rq->lock, rq))
     return grant_now(L, rq, rq->lock, now);     /* its holder, once more */
   if (am_can_lock_now(rq->lock, rq->weight, &rq->priority))  /* fast path */
