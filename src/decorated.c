@@ -355,16 +355,16 @@ int am_core_limit (lua_State *L) {
 
 
 /*
-** core.acquire(lock, limit, err, signal, ...), for acquireAll: the lock's
-** request with a limit (a timeout in ms, or false to decide at once) and
-** a signal (or nil).  The user's own arguments (...) start at index 5 and
-** are numbered from 1 in errors.  'mode': an unweighted kind's mode
+** core.acquire(lock, limit, err, ...), for acquireAll (and the Redis
+** locks' gates): the lock's request with a limit: a timeout in ms, or
+** false to decide at once.  The user's own arguments (...) start at index
+** 4 and are numbered from 1 in errors.  'mode': an unweighted kind's mode
 ** (Request.mode); core.acquireRead and core.acquireWrite serve a
 ** KeyedRWLock's.
 */
 static int core_acquire (lua_State *L, lua_Integer mode) {
-  Request rq = {.kind = W_ACQUIRE, .wait = AM_TRY, .erridx = 3, .first = 5,
-                .base = 4, .fname = "acquire", .mode = mode};
+  Request rq = {.kind = W_ACQUIRE, .wait = AM_TRY, .erridx = 3, .first = 4,
+                .base = 3, .fname = "acquire", .mode = mode};
   int keyed = am_tokeyed(L, 1) != NULL;
   Lock *lk = keyed ? NULL : am_tolock(L, 1);
   luaL_argexpected(L, keyed || lk != NULL, 1, "lock");
@@ -375,10 +375,7 @@ static int core_acquire (lua_State *L, lua_Integer mode) {
   }
   else
     luaL_argexpected(L, lua_toboolean(L, 2) == 0, 2, "number or false");
-  luaL_argexpected(L, lua_isnoneornil(L, 4) || am_tosignal(L, 4) != NULL, 4,
-                   "signal or nil");
-  lua_settop(L, lua_gettop(L) < 4 ? 4 : lua_gettop(L));
-  if (!lua_isnil(L, 4)) rq.sigidx = 4;
+  lua_settop(L, lua_gettop(L) < 3 ? 3 : lua_gettop(L));
   if (keyed) return am_keyed_request(L, &rq);
   return am_lock_request(L, lk, &rq);
 }

@@ -19,6 +19,7 @@ local function now() return hrtime() / 1e6 end
 
 local limit_of = core.limit
 local limited_acquire = core.acquire
+local with_timeout = core.withTimeout
 -- a KeyedRWLock's, in each mode
 local limited_read, limited_write = core.acquireRead, core.acquireWrite
 
@@ -279,9 +280,14 @@ local function acquire_all(self, kind, fname, keys, take, ...)
   for i = 1, #sorted do
     if limit == nil then
       held[i] = releaser(lock[method](lock, sorted[i], ...))
+    elseif signal ~= nil then
+      -- the decorated lock's own request carries its signal (and its try);
+      -- a deadline: what is left of it, on a copy of the decoration
+      local d = deadline and with_timeout(self, max(0, deadline - now()), err) or self
+      held[i] = releaser(d[method](d, sorted[i], ...))
     else
       local left = deadline and max(0, deadline - now()) or limit
-      held[i] = releaser(limited(lock, left, err, signal, sorted[i], ...))
+      held[i] = releaser(limited(lock, left, err, sorted[i], ...))
     end
   end
   held.done = true
