@@ -50,6 +50,7 @@ local RECEIVERS = {
   ["async_mutex.KeyedRedisRWLock"] = { "krrw" },
   ["async_mutex.RedisMultiReleaser"] = { "all" },
   ["async_mutex.RedlockMutex"] = { "q" },
+  ["async_mutex.Signal"] = { "s" },
   ["async_mutex.RedisReleaser"] = { "releaser" },
   ["async_mutex.redis.Versioned"] = { "versioned", "v" },
   ["async_mutex.redis.Error"] = { "err" },
@@ -72,6 +73,7 @@ local FIELDS = {
   ["async_mutex.redis.Error"] = { "code", "message" },
   ["async_mutex.E_UNAVAILABLE"] = { "message", "reason" },
   ["async_mutex.redis.Versioned"] = { "client", "key" },
+  ["async_mutex.Signal"] = { "aborted", "reason" },   -- computed: its __index
 }
 
 -- The tags of LuaLS annotations (LuaCATS).
@@ -336,8 +338,18 @@ local function public_names()
     local mt = debug.getregistry()[name]
     if name:match("^async_mutex[.]")
         and not INTERNAL[name] and type(mt) == "table" then
-      methods(name, rawget(mt, "__index"), "registered metatable")
+      local index = rawget(mt, "__index")
+      -- a computed __index (a Signal's fields) finds the methods in the
+      -- metatable; its fields are listed in FIELDS and read from an object
+      if type(index) == "function" then index = mt end
+      methods(name, index, "registered metatable")
     end
+  end
+  local signal = am.signal()
+  signal:abort()
+  for _, field in ipairs(FIELDS["async_mutex.Signal"]) do
+    assert(signal[field] ~= nil, "async_mutex.Signal has no field " .. field)
+    add("async_mutex.Signal", field, { "s." .. field }, "registered metatable")
   end
 
   -- types made in Lua, reached through the API: decorated locks have the

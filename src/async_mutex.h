@@ -31,6 +31,10 @@
 **   error_text.c       an error object's text (error_text.h; also in the
 **                      Redis client's module)
 **   queue.c            FIFO lists and priority queues of waiters
+**   signal.c           abort signals (am.signal): a signal's waiters,
+**                      aborted together
+**   query.c            am.query and km:query: a snapshot of the holds
+**                      and requests of a lock
 **   debug.c            debug mode's hooks into the Lua module
 **                      async_mutex.debug, and what it may read
 */
@@ -66,6 +70,7 @@
 #define AM_DECORATED_REENTRANT_MUTEX  "async_mutex.decorated ReentrantMutex"
 #define AM_DECORATED_KEYED_RWLOCK  "async_mutex.decorated KeyedRWLock"
 #define AM_TASK       "async_mutex.Task"
+#define AM_SIGNAL     "async_mutex.Signal"
 #define AM_GROUP      "async_mutex.Group"
 
 /* async-mutex's exact messages; they are also the error values. */
@@ -92,7 +97,7 @@ typedef enum AmType {
   AM_T_RWLOCK, AM_T_DECORATED_RWLOCK,
   AM_T_REENTRANT_MUTEX, AM_T_DECORATED_REENTRANT_MUTEX,
   AM_T_KEYED_RWLOCK, AM_T_DECORATED_KEYED_RWLOCK,
-  AM_T_TASK, AM_T_GROUP,
+  AM_T_TASK, AM_T_GROUP, AM_T_SIGNAL,
   AM_NTYPES                   /* not a type: how many there are */
 } AmType;
 
@@ -108,6 +113,7 @@ typedef struct LockKind LockKind;
 typedef struct State State;
 typedef struct Keyed Keyed;
 typedef struct DebugRecords DebugRecords;
+typedef struct Signal Signal;
 
 /*
 ** Waiters are linked in doubly linked lists, FIFO.  A link is a Waiter,
@@ -180,7 +186,8 @@ enum { W_ACQUIRE, W_UNLOCK, W_LEASE };
 enum { S_NEW, S_QUEUED, S_READY, S_RESUMING, S_DONE, S_HELD, S_RELEASED,
        S_LOST };                /* a leased hold that ran out (lease.c) */
 
-enum { O_GRANTED, O_TIMEOUT, O_CANCELED };
+enum { O_GRANTED, O_TIMEOUT, O_CANCELED,
+       O_ABORTED };             /* its signal was aborted (signal.c) */
 
 /* How long a request may wait. */
 enum { AM_WAIT, AM_TIMEOUT, AM_TRY };
@@ -190,7 +197,7 @@ enum { AM_WAIT, AM_TIMEOUT, AM_TRY };
 
 /* Bits of a stack index a waiter keeps (Releaser): the indices of a
    waiting request's lock and errors are small (at most 8 or so). */
-#define AM_IDX_BITS  7
+#define AM_IDX_BITS  6
 #define AM_IDX_MAX   ((1 << AM_IDX_BITS) - 1)
 
 /*
@@ -219,6 +226,8 @@ typedef struct Releaser {
   unsigned int leased : 1;    /* its grant is leased: allocated with
                                  'lease' */
   unsigned int lease_from_request : 1;
+  unsigned int signalled : 1; /* made with a signal (withSignal): allocated
+                                 whole, in its signal's list while QUEUED */
   unsigned int lockidx : AM_IDX_BITS;  /* stack index of the lock in the
                                           waiting frame */
   unsigned int erridx : AM_IDX_BITS;   /* of the timeout error, or 0 */
@@ -251,10 +260,17 @@ struct Waiter {
   Links t;                    /* timed only: in the timer queue, or
                                  t.next NULL */
   lua_Number deadline;        /* timed only: loop time (ms) */
+  /* signalled only (signal.c): its place in its signal's list while
+     QUEUED ('sig' NULL once out of it), and the stack index of the signal
+     in the waiting frame (its reason is the error an abort raises) */
+  Waiter *sprev, *snext;
+  Signal *sig;
+  int sigidx;
 };
 
 #define AM_UNTIMED_SIZE    offsetof(Waiter, lease)
 #define AM_LEASED_SIZE     offsetof(Waiter, t)
+#define AM_TIMED_SIZE      offsetof(Waiter, sprev)
 
 /*
 ** A request being made (designated initializers at the call sites):
@@ -278,7 +294,19 @@ typedef struct Request {
   int lockidx;
   lua_Integer weight;
   Key priority;
+  int sigidx;                 /* stack index of its signal (withSignal), or
+                                 0: none */
 } Request;
+
+/*
+** An abort signal (am.signal(), signal.c): the waiters of the requests made
+** with it and still QUEUED, in the order they were queued.  User value 1:
+** its reason, once aborted.
+*/
+struct Signal {
+  Waiter *first, *last;
+  int aborted;
+};
 
 /* waitForUnlock waiters that asked for one weight. */
 typedef struct WeightWaiters {
@@ -455,6 +483,7 @@ int am_give_back (lua_State *L, Lock *lk, lua_Integer weight,
 int am_releaser_live (const Releaser *r);
 void am_cancel (lua_State *L, Lock *lk);
 void am_expire (lua_State *L, Waiter *w);
+void am_abort (lua_State *L, Signal *s);
 void am_lock_init (Lock *lk, const LockKind *kind, State *st,
                    lua_Integer value);
 void am_lock_free (Lock *lk);
@@ -523,6 +552,7 @@ void am_keyed_settle (lua_State *L, Lock *lk);
 extern const AmType am_decorated_type[AM_NTYPES];
 extern const luaL_Reg am_decorated_methods[];
 int am_undecorate (lua_State *L, AmType t);
+const char *am_typename (lua_State *L, int idx);
 int am_run_request (lua_State *L, AmType t);
 int am_core_acquire (lua_State *L);
 int am_core_acquire_read (lua_State *L);
@@ -531,6 +561,7 @@ int am_core_limit (lua_State *L);
 int am_withTimeout (lua_State *L);
 int am_tryAcquire (lua_State *L);
 int am_withLease (lua_State *L);
+int am_withSignal (lua_State *L);
 int am_decorated_request (lua_State *L, int kind, const char *fname,
                           lua_Integer mode);
 
@@ -579,6 +610,13 @@ extern int am_debug_on;
 #define am_debugging()  (am_debug_on != 0)
 #endif
 extern const luaL_Reg am_debug_funcs[];
+/* Rare paths kept out of the hot functions they are called from (their
+   code and registers out of the way of the common case). */
+#if defined(__GNUC__)
+#define AM_COLD  __attribute__((cold, noinline))
+#else
+#define AM_COLD
+#endif
 int am_core_debug (lua_State *L);
 void am_dbg_request (lua_State *L, const Request *rq);
 void am_dbg_granted (lua_State *L, State *st);
@@ -588,6 +626,25 @@ void am_dbg_returned (lua_State *L, State *st, Lock *lk,
                       lua_Integer weight);
 void am_dbg_close (lua_State *L, State *st);
 void am_dbg_created (lua_State *L, State *st);
+/* A live owner record as query.c reads it (its holder aside). */
+typedef struct HoldView {
+  lua_Integer weight;
+  lua_Number since;
+} HoldView;
+int am_dbg_lock_holds (lua_State *L, State *st, const Lock *lk,
+                       HoldView *out, int max, int t, int first);
+
+/* signal.c */
+extern const luaL_Reg am_signal_metamethods[];
+int am_signal (lua_State *L);
+Signal *am_tosignal (lua_State *L, int idx);
+void am_signal_link (Signal *s, Waiter *w);
+void am_signal_unlink (Waiter *w);
+int am_check_signal (lua_State *L, const Request *rq);
+
+/* query.c */
+int am_query (lua_State *L);
+int am_keyed_query (lua_State *L);
 
 /* queue.c */
 void am_list_init (Bucket *list);

@@ -115,9 +115,12 @@ static const luaL_Reg core_funcs[] = {
   {"withTimeout", am_withTimeout},
   {"tryAcquire", am_tryAcquire},
   {"withLease", am_withLease},
+  {"withSignal", am_withSignal},
+  {"signal", am_signal},
   {"kind", core_kind},
   {"setErrorHandler", core_setErrorHandler},
   {"pending", core_pending},
+  {"query", am_query},
   {"spawn", am_spawn},
   {"sleeper", core_sleeper},
   {"group", am_group},
@@ -151,6 +154,7 @@ const char *const am_tnames[AM_NTYPES] = {
   [AM_T_DECORATED_KEYED_RWLOCK] = AM_DECORATED_KEYED_RWLOCK,
   [AM_T_TASK] = AM_TASK,
   [AM_T_GROUP] = AM_GROUP,
+  [AM_T_SIGNAL] = AM_SIGNAL,
 };
 
 
@@ -209,6 +213,7 @@ static const TypeReg types[AM_NTYPES] = {
     .decorates = AM_T_KEYED_RWLOCK},
   [AM_T_TASK] = {NULL, am_task_metamethods, am_task_methods, NULL},
   [AM_T_GROUP] = {NULL, am_group_metamethods, am_group_methods, NULL},
+  [AM_T_SIGNAL] = {NULL, am_signal_metamethods, NULL, NULL},
 };
 
 /*

@@ -1359,3 +1359,32 @@ const luaL_Reg am_debug_funcs[] = {
 };
 
 /* }====================================================== */
+
+
+/*
+** query.c: the live owner records of 'lk', newest first.  Copies up to
+** 'max' of them into 'out' (weight, since) and pushes their holders into
+** the table at 't' (from index 'first' + 1: its array part made big
+** enough, so nothing is allocated); returns how many there are, which may
+** be more than 'max' (the caller makes more room and asks again).
+*/
+int am_dbg_lock_holds (lua_State *L, State *st, const Lock *lk,
+                       HoldView *out, int max, int t, int first) {
+  const DebugRecords *d = st->dbg_recs;
+  int s, n = 0;
+  if (d == NULL || lk->dbg < 0) return 0;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, d->aref);
+  for (s = lk->dbg; s >= 0; s = d->slots[s].next_lock) {
+    const Record *rec = &d->slots[s];
+    if (!am_releaser_live(rec->r)) continue;   /* an unscoped release's */
+    if (n < max) {
+      out[n].weight = rec->r->weight;
+      out[n].since = rec->since;
+      lua_rawgeti(L, -1, A_N * s + A_HOLDER);
+      lua_rawseti(L, t, first + n + 1);
+    }
+    n++;
+  }
+  lua_pop(L, 1);
+  return n;
+}

@@ -22,8 +22,9 @@
 
 /*
 ** User values: 1 the lock, 2 the timeout (or refusal) error, 3 the lost
-** error of a lease.  Decorators compose: a decorated lock decorated again
-** keeps the limit or the lease it does not replace.
+** error of a lease, 4 the abort signal (withSignal) or nil.  Decorators
+** compose: a decorated lock decorated again keeps the limit, the lease or
+** the signal it does not replace.
 */
 typedef struct Decorated {
   AmType type;                /* of its lock */
@@ -91,7 +92,7 @@ static Decorated *todecorated (lua_State *L, int idx) {
 
 
 /* __name of the value at 'idx', or its type name. */
-static const char *typename (lua_State *L, int idx) {
+const char *am_typename (lua_State *L, int idx) {
   if (luaL_getmetafield(L, idx, "__name") == LUA_TSTRING)
     return lua_tostring(L, -1);
   return luaL_typename(L, idx);
@@ -107,13 +108,13 @@ static Decorated *decorate (lua_State *L, const char *fname) {
   Decorated *d, *from = todecorated(L, 1);
   AmType t;
   if (from == NULL && !locktype(L, 1, &t)) {
-    lua_pushfstring(L, "async_mutex lock expected, got %s", typename(L, 1));
+    lua_pushfstring(L, "async_mutex lock expected, got %s", am_typename(L, 1));
     am_argerror(L, 1, 0, fname, lua_tostring(L, -1));
   }
-  d = (Decorated *)lua_newuserdatauv(L, sizeof(Decorated), 3);
+  d = (Decorated *)lua_newuserdatauv(L, sizeof(Decorated), 4);
   if (from != NULL) {
     *d = *from;
-    for (t = 1; t <= 3; t++) {
+    for (t = 1; t <= 4; t++) {
       lua_getiuservalue(L, 1, (int)t);
       lua_setiuservalue(L, -2, (int)t);
     }
@@ -215,14 +216,39 @@ int am_withLease (lua_State *L) {
 
 
 /*
+** withSignal(lock, signal): the lock, whose requests fail with the
+** signal's reason once it is aborted (signal.c).
+*/
+int am_withSignal (lua_State *L) {
+  if (am_tosignal(L, 2) == NULL) {
+    lua_pushfstring(L, "%s expected, got %s", AM_SIGNAL, am_typename(L, 2));
+    am_argerror(L, 2, 0, "withSignal", lua_tostring(L, -1));
+  }
+  lua_settop(L, 2);
+  decorate(L, "withSignal");
+  lua_pushvalue(L, 2);
+  lua_setiuservalue(L, -2, 4);
+  return 1;
+}
+
+
+/*
 ** Rearranges a decorated request (self at 1, the user's arguments from
-** 'rq->first') as lock, error, [lost error,] arguments, and gives 'rq' the
-** decorated lock's limit and lease.  Returns the lock.
+** 'rq->first') as lock, error, [lost error,] [signal,] arguments, and
+** gives 'rq' the decorated lock's limit, lease and signal.  Returns the
+** lock.
 */
 static void *undecorate (lua_State *L, Decorated *d, Request *rq) {
   rq->wait = d->wait;
   rq->ms = d->ms;
   rq->erridx = 2;
+  if (lua_getiuservalue(L, 1, 4) != LUA_TNIL) {  /* self ... signal */
+    lua_insert(L, 2);                         /* self signal ... */
+    rq->sigidx = d->lease > 0 ? 4 : 3;
+    rq->first++;
+    rq->base++;
+  }
+  else lua_pop(L, 1);
   if (d->lease > 0) {
     rq->lease = d->lease;
     rq->lease_from_request = d->lease_from_request;
@@ -257,7 +283,7 @@ int am_decorated_request (lua_State *L, int kind, const char *fname,
                 .fname = fname, .mode = mode};
   if (d == NULL) {
     const char *name = am_tnames[t] + strlen("async_mutex.");
-    lua_pushfstring(L, "%s expected, got %s", name, typename(L, 1));
+    lua_pushfstring(L, "%s expected, got %s", name, am_typename(L, 1));
     return am_argerror(L, 1, 0, fname, lua_tostring(L, -1));
   }
   undecorate(L, d, &rq);
@@ -290,12 +316,12 @@ int am_run_request (lua_State *L, AmType t) {
   if (lk == NULL && (d = (Decorated *)am_testself(L, 1,
                                                   am_decorated_type[t]))
                     == NULL) {
-    lua_pushfstring(L, "%s expected, got %s", am_tnames[t], typename(L, 1));
+    lua_pushfstring(L, "%s expected, got %s", am_tnames[t], am_typename(L, 1));
     return am_argerror(L, 1, 0, "runExclusive", lua_tostring(L, -1));
   }
   if (lua_type(L, 2) != LUA_TFUNCTION) {
     if (luaL_getmetafield(L, 2, "__call") == LUA_TNIL) {
-      lua_pushfstring(L, "function expected, got %s", typename(L, 2));
+      lua_pushfstring(L, "function expected, got %s", am_typename(L, 2));
       return am_argerror(L, 2, 1, "runExclusive", lua_tostring(L, -1));
     }
     lua_pop(L, 1);
@@ -311,9 +337,10 @@ int am_run_request (lua_State *L, AmType t) {
 
 
 /*
-** core.limit(d): the lock, the limit (ms, math.huge, or false for a try)
-** and the error of a decorated lock d; nothing for anything else.  For
-** acquireAll, whose timeout bounds the whole acquisition.
+** core.limit(d): the lock, the limit (ms, math.huge, or false for a try),
+** the error and the signal (or nil) of a decorated lock d; nothing for
+** anything else.  For acquireAll, whose timeout bounds the whole
+** acquisition.
 */
 int am_core_limit (lua_State *L) {
   Decorated *d = todecorated(L, 1);
@@ -322,16 +349,18 @@ int am_core_limit (lua_State *L) {
   if (d->wait == AM_TRY) lua_pushboolean(L, 0);
   else lua_pushnumber(L, d->wait == AM_WAIT ? HUGE_VAL : d->ms);
   lua_getiuservalue(L, 1, 2);
-  return 3;
+  lua_getiuservalue(L, 1, 4);
+  return 4;
 }
 
 
 /*
-** core.acquire(lock, limit, err, ...), for acquireAll: the lock's
-** request with a limit: a timeout in ms, or false to decide at once.
-** The user's own arguments (...) start at index 4 and are numbered from
-** 1 in errors.  'mode': an unweighted kind's mode (Request.mode);
-** core.acquireRead and core.acquireWrite serve a KeyedRWLock's.
+** core.acquire(lock, limit, err, ...), for acquireAll (and the Redis
+** locks' gates): the lock's request with a limit: a timeout in ms, or
+** false to decide at once.  The user's own arguments (...) start at index
+** 4 and are numbered from 1 in errors.  'mode': an unweighted kind's mode
+** (Request.mode); core.acquireRead and core.acquireWrite serve a
+** KeyedRWLock's.
 */
 static int core_acquire (lua_State *L, lua_Integer mode) {
   Request rq = {.kind = W_ACQUIRE, .wait = AM_TRY, .erridx = 3, .first = 4,

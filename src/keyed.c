@@ -153,6 +153,7 @@ int am_keyed_request (lua_State *L, Request *rq) {
   am_checkkey(L, first, rq->base, rq->fname);
   rq->first = first + 1;              /* the lock's own arguments */
   am_parse_request(L, rq, kd->kind);
+  am_check_signal(L, rq);        /* aborted: fails before making a lock */
   lua_settop(L, first + 2);      /* extra arguments: the lock's index fits */
   lk = getlock(L, kd, first, 0);
   if (lk == NULL) {
@@ -553,6 +554,7 @@ const luaL_Reg am_keyed_mutex_methods[] = {
   {"count", keyed_count},
   {"waiting", keyed_waiting},
   {"keys", keyed_keys},
+  {"query", am_keyed_query},
   {NULL, NULL}
 };
 
@@ -566,6 +568,7 @@ const luaL_Reg am_keyed_semaphore_methods[] = {
   {"count", keyed_count},
   {"waiting", keyed_waiting},
   {"keys", keyed_keys},
+  {"query", am_keyed_query},
   {NULL, NULL}
 };
 
@@ -582,6 +585,7 @@ const luaL_Reg am_keyed_rwlock_methods[] = {
   {"count", keyed_count},
   {"waiting", keyed_waiting},
   {"keys", keyed_keys},
+  {"query", am_keyed_query},
   {NULL, NULL}
 };
 

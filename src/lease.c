@@ -26,7 +26,7 @@
 int am_push_lease (lua_State *L, int lockidx, int lostidx, Lock *lk,
                    lua_Integer weight, lua_Integer token, lua_Number now,
                    lua_Number end) {
-  Waiter *w = (Waiter *)lua_newuserdatauv(L, sizeof(Waiter), 2);
+  Waiter *w = (Waiter *)lua_newuserdatauv(L, AM_TIMED_SIZE, 2);
   w->r = (Releaser){.lock = lk, .weight = weight, .token = token,
                     .state = S_HELD, .lease = 1, .kind = W_LEASE,
                     .outcome = O_GRANTED, .timed = 1, .ref = LUA_NOREF};

@@ -265,6 +265,25 @@ void am_expire (lua_State *L, Waiter *w) {
 }
 
 
+/*
+** Aborts signal 's': every waiter in its list (QUEUED) fails with the
+** signal's reason (O_ABORTED).  All leave their queues first, so that no
+** dispatch below grants one of them in between; then each is READY and
+** its lock passes on.  Runs no Lua code and allocates nothing.
+*/
+void am_abort (lua_State *L, Signal *s) {
+  Waiter *w;
+  for (w = s->first; w != NULL; w = w->snext)
+    am_dequeue(w->r.lock, w);
+  while ((w = s->first) != NULL) {
+    Lock *lk = w->r.lock;
+    am_waiter_ready(L, w, O_ABORTED, 0);        /* out of the list */
+    if (w->r.kind == W_ACQUIRE) am_dispatch(L, lk);
+    else am_settle(L, lk);
+  }
+}
+
+
 /* A new lock of 'kind', of value 'value' (1 for a mutex). */
 void am_lock_init (Lock *lk, const LockKind *kind, State *st,
                    lua_Integer value) {

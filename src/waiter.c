@@ -46,6 +46,7 @@ void am_waiter_ready (lua_State *L, Waiter *w, int outcome,
   State *st = w->r.lock->st;
   assert(w->r.state == S_QUEUED);
   if (w->r.timed) am_timer_remove(L, st, w);
+  if (w->r.signalled) am_signal_unlink(w);
   w->r.token = token;
   w->r.outcome = (unsigned)outcome;
   w->r.state = S_READY;
@@ -108,6 +109,7 @@ int am_waiter_abandon (lua_State *L, Waiter *w) {
   if (state != S_QUEUED && state != S_READY) return 0;
   if (state == S_QUEUED) {
     am_timer_remove(L, lk->st, w);
+    if (w->r.signalled) am_signal_unlink(w);
     am_dequeue(lk, w);
   }
   else
@@ -132,6 +134,7 @@ int am_waiter_abandon (lua_State *L, Waiter *w) {
 void am_waiter_detach (Waiter *w) {
   assert(w->r.state == S_QUEUED);
   am_timer_remove(NULL, w->r.lock->st, w);
+  if (w->r.signalled) am_signal_unlink(w);
   w->r.state = S_DONE;
   am_unanchor(NULL, w);
 }
@@ -233,10 +236,14 @@ static int push_leased_grant (lua_State *L, int lockidx, int lostidx,
 
 /* The highest stack index a waiting request keeps (the waiter goes just
    above). */
-static int top_kept (int lockidx, int erridx, int lostidx) {
+static int top_kept (int lockidx, int erridx, int lostidx, int sigidx) {
   int top = lockidx > erridx ? lockidx : erridx;
-  return top > lostidx ? top : lostidx;
+  top = top > lostidx ? top : lostidx;
+  return top > sigidx ? top : sigidx;
 }
+
+#define waiter_top(w)  top_kept((w)->r.lockidx, (w)->r.erridx, \
+  (w)->r.lostidx, (w)->r.signalled ? (w)->sigidx : 0)
 
 /*
 ** Returns the grant of an untimed acquire, whose waiter (at 'widx', the
@@ -274,7 +281,7 @@ static int hand_out_waiter (lua_State *L, Waiter *w, int widx) {
 */
 static int finish_request (lua_State *L, int status, lua_KContext ctx) {
   Waiter *w = (Waiter *)ctx;
-  int widx = top_kept(w->r.lockidx, w->r.erridx, w->r.lostidx) + 1;
+  int widx = waiter_top(w) + 1;
   (void)status;
   if (w->r.state != S_RESUMING) {         /* the waiter back on top */
     lua_settop(L, widx);
@@ -295,7 +302,8 @@ static int finish_request (lua_State *L, int status, lua_KContext ctx) {
                                                       : now + w->lease);
       }
 #if HAND_OUT_WAITERS
-      else if (!w->r.timed) n = hand_out_waiter(L, w, widx);
+      else if (!w->r.timed && !w->r.signalled)
+        n = hand_out_waiter(L, w, widx);
 #endif
       else
         n = push_grant(L, w->r.lockidx, w->r.lock, w->r.weight, w->r.token);
@@ -306,8 +314,11 @@ static int finish_request (lua_State *L, int status, lua_KContext ctx) {
       if (w->r.erridx == 0) return 0;       /* a sleep (core.c) is over */
       lua_pushvalue(L, w->r.erridx);
       return lua_error(L);
-    default:
-      lua_getiuservalue(L, w->r.lockidx, 1);  /* the lock's cancel error */
+    default:                                /* canceled, or aborted */
+      if (w->r.outcome == O_ABORTED)
+        lua_getiuservalue(L, w->sigidx, 1);   /* the signal's reason */
+      else
+        lua_getiuservalue(L, w->r.lockidx, 1);  /* the lock's cancel error */
       return lua_error(L);
   }
 }
@@ -328,8 +339,10 @@ static int waiter__close (lua_State *L) {
 static Waiter *new_waiter (lua_State *L, const Request *rq, int timed,
                            int hands_out) {
   int leased = rq->lease > 0 && rq->kind == W_ACQUIRE;
+  int signalled = rq->sigidx != 0;
   /* only as far as it is used (async_mutex.h: Waiter) */
-  Waiter *w = (Waiter *)lua_newuserdatauv(L, timed ? sizeof(Waiter)
+  Waiter *w = (Waiter *)lua_newuserdatauv(L, signalled ? sizeof(Waiter)
+                                             : timed ? AM_TIMED_SIZE
                                              : leased ? AM_LEASED_SIZE
                                              : AM_UNTIMED_SIZE,
                                           hands_out);
@@ -344,10 +357,16 @@ static Waiter *new_waiter (lua_State *L, const Request *rq, int timed,
                     .erridx = (unsigned)rq->erridx,
                     .lostidx = (unsigned)rq->lostidx, .ref = LUA_NOREF};
   w->q.prev = w->q.next = NULL;
-  if (timed || leased) w->lease = rq->lease;
-  if (timed) {
+  if (timed || leased || signalled) w->lease = rq->lease;
+  if (timed || signalled) {
     w->t.prev = w->t.next = NULL;
     w->deadline = 0;
+  }
+  if (signalled) {
+    w->r.signalled = 1;
+    w->sprev = w->snext = NULL;
+    w->sig = NULL;
+    w->sigidx = rq->sigidx;
   }
   am_pushmt(L, AM_T_WAITER);
   lua_setmetatable(L, -2);
@@ -381,6 +400,29 @@ static int grant_now (lua_State *L, const Request *rq, Lock *lk,
 }
 
 
+/* QUEUED waiter 'w' of 'rq' joins its signal's list. */
+static AM_COLD void link_signal (lua_State *L, const Request *rq,
+                                 Waiter *w) {
+  am_signal_link((Signal *)lua_touserdata(L, rq->sigidx), w);
+}
+
+
+/*
+** A request with a signal, on lock 'lk' (its key's as it is now): if the signal was
+** aborted meanwhile (by a finalizer or a hook that the request's own
+** allocations or calls ran), it never queues: its waiter 'w' (if made
+** already) gives its anchor back, a key's lock made for it leaves its
+** set, and the signal's reason is raised.
+*/
+static AM_COLD void aborted_meanwhile (lua_State *L, const Request *rq,
+                                       Lock *lk, Waiter *w) {
+  if (!((Signal *)lua_touserdata(L, rq->sigidx))->aborted) return;
+  if (w != NULL) am_unanchor(L, w);
+  am_settle(L, lk);
+  am_check_signal(L, rq);
+}
+
+
 /*
 ** Suspends the calling coroutine in a new waiter for 'rq', queued, until
 ** the scheduler resumes it with an outcome (finish_request).
@@ -390,12 +432,13 @@ static int suspend (lua_State *L, Request *rq) {
   int timed = (rq->wait == AM_TIMEOUT);
   int leased = rq->lease > 0 && rq->kind == W_ACQUIRE;
   int hands_out = HAND_OUT_WAITERS && !timed && !leased
-                  && rq->kind == W_ACQUIRE;
+                  && rq->sigidx == 0 && rq->kind == W_ACQUIRE;
   int clocked, precise;
   lua_Number now = 0, need;
   Waiter *w;
   /* keep what the continuation reads; the waiter goes just above */
-  lua_settop(L, top_kept(rq->lockidx, rq->erridx, rq->lostidx));
+  lua_settop(L, top_kept(rq->lockidx, rq->erridx, rq->lostidx,
+                         rq->sigidx));
   /* RE-ENTRY (docs/semantics.md, "Re-entry"): allocate first, decide
      after.  Both allocations below may run a collector step, and so a
      user's finalizer, which may release this very lock: the decision
@@ -421,6 +464,7 @@ static int suspend (lua_State *L, Request *rq) {
      lock may have left its set meanwhile (a finalizer released the key):
      the request goes to the key's lock as it is now. */
   lk = w->r.lock = am_keyed_current(L, lk, rq->lockidx);
+  if (rq->sigidx != 0) aborted_meanwhile(L, rq, lk, w);
   if (hands_out) {                        /* its future releaser's lock */
     lua_pushvalue(L, rq->lockidx);
     lua_setiuservalue(L, -2, 1);
@@ -442,6 +486,7 @@ static int suspend (lua_State *L, Request *rq) {
   am_enqueue(L, lk, w, &rq->priority);
   queued(w);
   if (timed) am_timer_add(L, lk->st, w, now, rq->ms);
+  if (rq->sigidx != 0) link_signal(L, rq, w);
   /* a task cancelled while it ran is closed once it waits (task.c) */
   if (lk->st->ncanceling > 0) am_task_waits(L, lk->st);
   am_sync(L, lk->st);                      /* arms the timer */
@@ -456,6 +501,9 @@ static int suspend (lua_State *L, Request *rq) {
 */
 int am_request (lua_State *L, Request *rq) {
   lua_Number now = 0;
+  /* aborted: fails at once (and if aborted by what runs below, before it
+     queues: suspend) */
+  if (rq->sigidx != 0) am_check_signal(L, rq);
   if (am_debugging()) am_dbg_request(L, rq);   /* may raise E_DEADLOCK */
   if (rq->lease > 0 && rq->kind == W_ACQUIRE
       && am_can_lock_now(rq->lock, rq->weight, &rq->priority)) {

@@ -43,6 +43,28 @@
 ---@alias async_mutex.ErrorHandler fun(err: any, traceback: string, task: async_mutex.Task|async_mutex.Group|nil)
 
 
+---A hold in a snapshot (`am.query`): `owner` and `since` where debug mode
+---recorded the grant; `owner` and `depth` for a ReentrantMutex.
+---@class async_mutex.QueryHeld
+---@field mode "exclusive"|"shared"|"weighted"
+---@field weight integer? a Semaphore's
+---@field owner thread? the holding coroutine
+---@field since number? the grant's time, ms of `uv.hrtime() / 1e6`
+---@field depth integer? a ReentrantMutex's levels
+
+---A queued request in a snapshot (`am.query`).
+---@class async_mutex.QueryPending
+---@field mode "exclusive"|"shared"|"weighted"
+---@field weight integer? a Semaphore's
+---@field owner thread the waiting coroutine
+---@field priority number
+
+---What holds a lock and what waits for it (`am.query`), in grant order and
+---in the order the queue serves its requests.
+---@class async_mutex.QuerySnapshot
+---@field held async_mutex.QueryHeld[]
+---@field pending async_mutex.QueryPending[]
+
 ---Ends one hold of a lock: call it (`release()`) or let it go out of scope
 ---as a to-be-closed variable (`local release <close> = m:acquire()`).
 ---Only its first call counts, and it only ends its own hold: the call
@@ -233,6 +255,12 @@ function KeyedMutex:waiting(key) end
 ---@return any[]
 function KeyedMutex:keys() end
 
+---A snapshot of `key`'s lock (`am.query`), or of every key in use by key.
+---@param key any
+---@return async_mutex.QuerySnapshot
+---@overload fun(self: async_mutex.KeyedMutex): table<any, async_mutex.QuerySnapshot>
+function KeyedMutex:query(key) end
+
 
 ---One semaphore per key, each starting at the same value.
 ---@class async_mutex.KeyedSemaphore
@@ -305,6 +333,12 @@ function KeyedSemaphore:waiting(key) end
 
 ---@return any[]
 function KeyedSemaphore:keys() end
+
+---A snapshot of `key`'s lock (`am.query`), or of every key in use by key.
+---@param key any
+---@return async_mutex.QuerySnapshot
+---@overload fun(self: async_mutex.KeyedSemaphore): table<any, async_mutex.QuerySnapshot>
+function KeyedSemaphore:query(key) end
 
 
 ---A readers-writer lock: readers share it, a writer holds it alone; one
@@ -499,6 +533,12 @@ function KeyedRWLock:waiting(key) end
 ---@return any[]
 function KeyedRWLock:keys() end
 
+---A snapshot of `key`'s lock (`am.query`), or of every key in use by key.
+---@param key any
+---@return async_mutex.QuerySnapshot
+---@overload fun(self: async_mutex.KeyedRWLock): table<any, async_mutex.QuerySnapshot>
+function KeyedRWLock:query(key) end
+
 
 ---A mutex its holder (the coroutine it was granted to) may acquire again
 ---without waiting, one level per acquire.
@@ -640,6 +680,36 @@ function async_mutex.tryAcquire(lock, already_locked_error) end
 ---@return L
 function async_mutex.withLease(lock, ms, lost_error, options) end
 
+-- luacheck: push ignore 241 (Signal: a class of methods, read by nothing)
+---An abort signal (Web Locks' `AbortSignal`): one `abort` ends every request
+---made with it (`async_mutex.withSignal`), with its reason.
+---@class async_mutex.Signal
+---@field aborted boolean
+---@field reason any `nil` until aborted
+local Signal = {}
+
+---Aborts the signal, once: every request waiting with it fails with
+---`reason` (default `async_mutex.E_CANCELED`), and later ones at once.
+---@param reason? any
+function Signal:abort(reason) end
+
+---Raises the reason when the signal is aborted.
+function Signal:throwIfAborted() end
+-- luacheck: pop
+
+---A new abort signal, not aborted.
+---@return async_mutex.Signal
+function async_mutex.signal() end
+
+---A lock sharing all state with `lock`, whose requests fail with the
+---signal's reason once it is aborted (at once when it is already).  Not a
+---Redis lock.
+---@generic L: async_mutex.LocalLock
+---@param lock L
+---@param signal async_mutex.Signal
+---@return L
+function async_mutex.withSignal(lock, signal) end
+
 ---Sets the handler of failures nobody took: an error of a task nobody joined
 ---(at the end of the next loop turn; `task` the task, or the group whose
 ---first failure it is), or of a coroutine of yours the module resumed
@@ -652,6 +722,13 @@ function async_mutex.setErrorHandler(handler) end
 ---to be resumed, sleeping, joining a task or a group).
 ---@return integer
 function async_mutex.pending() end
+
+---What holds `lock` and what waits for it: a new snapshot, with or without
+---debug mode (README, `am.query`); a keyed set's with `key`.
+---@param lock async_mutex.LocalLock
+---@param key any?
+---@return async_mutex.QuerySnapshot
+function async_mutex.query(lock, key) end
 
 -- luacheck: push ignore 241 (Task and Group: classes of methods, read by nothing)
 ---A coroutine started by `async_mutex.spawn` or `group:spawn`, and how it

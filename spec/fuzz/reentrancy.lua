@@ -2,8 +2,11 @@
 -- finalizers (of garbage made at random moments, under collector pressure)
 -- and debug hooks ("c" and count hooks) call the module back, from inside
 -- its own calls.  The locks: Mutex, Semaphore, KeyedMutex, KeyedSemaphore,
--- RWLock (reads, writes, downgrade), KeyedRWLock and ReentrantMutex; one
--- sequence in four runs with debug mode on (docs/debug.md).  There is no
+-- RWLock (reads, writes, downgrade), KeyedRWLock and ReentrantMutex; some
+-- requests are made with abort signals (withSignal, alone or under
+-- withTimeout), which call backs abort; call backs also read am.query and
+-- compare it with the locks' introspection; one sequence in four runs with
+-- debug mode on (docs/debug.md).  There is no
 -- model here (spec/fuzz/runner.lua has one): the checks are the invariants
 -- docs/semantics.md ("Re-entry") promises whatever runs in between:
 --   - never two holders of one mutex, nor of one key of a KeyedMutex; never
@@ -63,13 +66,14 @@ local EXPECTED = {
   -- debug mode only (docs/debug.md): a hook may make an actor the holder of
   -- what it then waits for
   [am.E_DEADLOCK] = true,
+  ["fuzz abort"] = true,          -- an abort signal's reason (below)
 }
 
 local PRIORITIES = { 0, 0, 0, 1, -1, math.maxinteger, math.maxinteger - 1,
                      math.mininteger, 2.0 ^ 53, 0.5 }
 local KEYS = { "a", "b", 1 }
 
--- AM_REENTRY_EXCLUDE=walk,close,hook,callhook,count,gc,runex,unscoped,debugmode leaves
+-- AM_REENTRY_EXCLUDE=walk,close,hook,callhook,count,gc,runex,unscoped,debugmode,query,signal leaves
 -- features out (to look past a known failure); by default everything is
 -- in: finalizers and both kinds of debug hooks call back.  Each failure
 -- these once reported is a regression test in spec/34-38 (the module's),
@@ -107,6 +111,9 @@ function R.run_sequence(seed, nops)
     { kind = "ReentrantMutex", obj = am.ReentrantMutex.new() },
   }
   for _, lk in ipairs(locks) do lk.epoch, lk.releasing = 0, 0 end
+  -- abort signals some requests are made with (withSignal), aborted by
+  -- call backs and replaced (docs/semantics.md, Abort signals)
+  local signals = { am.signal(), am.signal() }
   local holders = {}                      -- append only: { lock, key, rel, ended }
   local actors = {}                       -- append only
   local base = am.pending()
@@ -257,7 +264,11 @@ function R.run_sequence(seed, nops)
   local function request(lk, key, what, mode)
     local obj = lk.obj
     if mode == 2 then obj = am.withTimeout(obj, rnd(4) - 1)
-    elseif mode == 3 then obj = am.tryAcquire(obj) end
+    elseif mode == 3 then obj = am.tryAcquire(obj)
+    elseif mode == 4 and not EXCLUDE.signal then
+      obj = am.withSignal(obj, signals[rnd(#signals)])
+      if rnd(3) == 1 then obj = am.withTimeout(obj, rnd(4) - 1) end
+    end
     local args = {}
     if is_keyed(lk) then args[#args + 1] = key end
     if is_weighted(lk) then args[#args + 1] = rnd(2) end
@@ -286,7 +297,7 @@ function R.run_sequence(seed, nops)
     local key = KEYS[rnd(#KEYS)]
     local plan = rnd(6)
     if plan == 6 and EXCLUDE.runex then plan = 1 end
-    local mode = plan <= 3 and rnd(3) or 1
+    local mode = plan <= 3 and rnd(4) or 1
     local a = { outcomes = 0, what = ("%s %s plan %d mode %d"):format(lk.kind, tostring(key), plan, mode),
                 lock = lk }
     local what, rw = plan == 5 and "waitForUnlock" or "acquire", nil
@@ -352,6 +363,33 @@ function R.run_sequence(seed, nops)
     depth = depth - 10
   end
 
+  -- am.query agrees with the lock's own introspection read just after it,
+  -- unless a finalizer called back in between (its allocations may run
+  -- them: the snapshot is of the moment before); 'all' asks a keyed set
+  -- for every key (docs/semantics.md, Query).
+  local function check_query(lk, key, all, from)
+    if EXCLUDE.query then return end
+    local obj, q, queued, locked = lk.obj, nil, nil, nil
+    local before = reentries
+    if is_keyed(lk) then
+      q = all and (obj:query()[key] or { held = {}, pending = {} }) or obj:query(key)
+      queued, locked = (obj:waiting(key)), obj:isLocked(key)
+    else
+      q = am.query(obj)
+      queued, locked = tonumber(tostring(obj):match("(%d+) waiting")), obj:isLocked()
+    end
+    if reentries ~= before then return end
+    if #q.pending ~= queued then
+      violation(("%s: query: %d pending, %d waiting"):format(from, #q.pending, queued))
+    end
+    if not is_weighted(lk) and (#q.held > 0) ~= locked then
+      violation(("%s: query: %d held, isLocked() %s"):format(from, #q.held, tostring(locked)))
+    end
+    for _, e in ipairs(q.pending) do
+      if type(e.owner) ~= "thread" then violation(from .. ": query: a pending request without its coroutine") end
+    end
+  end
+
   -- One call back into the module, from a finalizer or a hook.
   function reentrant(from)
     if depth > 1 or bad then return end
@@ -359,7 +397,7 @@ function R.run_sequence(seed, nops)
     reentries = reentries + 1
     local ok, err = pcall(function()
       local lk, key = locks[rnd(#locks)], KEYS[rnd(#KEYS)]
-      local n = rnd(8)
+      local n = rnd(10)
       log("reentrant", from, n, tostring(lk.obj), tostring(key))
       if n == 1 then unscoped(lk, key)
       elseif n == 2 then
@@ -378,6 +416,14 @@ function R.run_sequence(seed, nops)
       elseif n == 6 then
         if lk.kind == "Semaphore" then lk.obj:setValue(rnd(4) - 1) else spawn() end
       elseif n == 7 then close_handles()
+      elseif n == 8 then check_query(lk, key, rnd(2) == 1, from)
+      elseif n == 9 then                   -- abort a signal, use a new one
+        local i = rnd(#signals)
+        if not EXCLUDE.signal then
+          local s = signals[i]
+          signals[i] = am.signal()
+          s:abort("fuzz abort")
+        end
       else
         local a = actors[rnd(#actors + 1)]
         if a and not EXCLUDE.close and coroutine.status(a.co) == "suspended"
@@ -408,6 +454,7 @@ function R.run_sequence(seed, nops)
     depth = depth + 10                    -- no call back while we look
     for _, lk in ipairs(locks) do
       local obj = lk.obj
+      check_query(lk, KEYS[1], false, "check")
       if (lk.kind == "Mutex" or lk.kind == "RWLock" or lk.kind == "ReentrantMutex")
           and not obj:isLocked() and not tostring(obj):find(" 0 waiting", 1, true) then
         violation("an unlocked lock with acquirers queued: " .. tostring(obj))

@@ -19,6 +19,7 @@ local function now() return hrtime() / 1e6 end
 
 local limit_of = core.limit
 local limited_acquire = core.acquire
+local with_timeout = core.withTimeout
 -- a KeyedRWLock's, in each mode
 local limited_read, limited_write = core.acquireRead, core.acquireWrite
 
@@ -33,6 +34,7 @@ local M = {
   E_LOST = "lock lost: lease expired",          -- docs/semantics.md, Leases and lost holds
   setErrorHandler = core.setErrorHandler,
   pending = core.pending,
+  query = core.query,               -- docs/semantics.md, Query
   spawn = core.spawn,
   group = core.group,
   -- a private semaphore that nobody releases: its requests can only time out
@@ -40,6 +42,7 @@ local M = {
   withTimeout = core.withTimeout,   -- decorated locks are the C core's
   tryAcquire = core.tryAcquire,
   withLease = core.withLease,       -- (Redis locks refused by name, below)
+  signal = core.signal,             -- docs/semantics.md, Abort signals
 }
 
 local KINDS = { "Mutex", "Semaphore", "KeyedMutex", "KeyedSemaphore", "RWLock",
@@ -269,7 +272,7 @@ local TAKE = {
 local function acquire_all(self, kind, fname, keys, take, ...)
   check_self(self, kind, fname)
   local sorted = canonical(keys, fname)
-  local lock, limit, err = limit_of(self)
+  local lock, limit, err, signal = limit_of(self)
   if lock == nil then lock = self end
   local deadline = type(limit) == "number" and limit ~= huge and now() + limit
   local held <close> = setmetatable({}, guard)
@@ -277,6 +280,11 @@ local function acquire_all(self, kind, fname, keys, take, ...)
   for i = 1, #sorted do
     if limit == nil then
       held[i] = releaser(lock[method](lock, sorted[i], ...))
+    elseif signal ~= nil then
+      -- the decorated lock's own request carries its signal (and its try);
+      -- a deadline: what is left of it, on a copy of the decoration
+      local d = deadline and with_timeout(self, max(0, deadline - now()), err) or self
+      held[i] = releaser(d[method](d, sorted[i], ...))
     else
       local left = deadline and max(0, deadline - now()) or limit
       held[i] = releaser(limited(lock, left, err, sorted[i], ...))
@@ -618,6 +626,15 @@ function M.withLease(lock, ...)
       "a Redis lock cannot be leased (its holds are leases in Redis already: option ttl)")
   end
   return core.withLease(lock, ...)
+end
+
+-- Redis locks take no signal (their requests wait in Redis, which an abort
+-- would have to withdraw): withSignal names them too.
+function M.withSignal(lock, ...)
+  if is_redis_lock[typename(lock)] then
+    argerror(1, "withSignal", "a Redis lock takes no signal")
+  end
+  return core.withSignal(lock, ...)
 end
 
 return M
