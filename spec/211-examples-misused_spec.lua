@@ -186,7 +186,7 @@ describe("examples/optimistic_stock.lua", function()
   local function spin_until(pred, what)
     -- (a time, not a count of turns: under the sanitizers the script takes
     -- seconds to start)
-    local give_up = uv.hrtime() + 10e9
+    local give_up = uv.hrtime() + 10e9 * h.TIME_SCALE
     repeat
       if pred() then return end
       uv.sleep(0)
