@@ -20,6 +20,15 @@
 ---@field reconnectDelay? number ms, the first back-off after a failed attempt, finite (default 50)
 ---@field reconnectDelayMax? number ms, the longest back-off, finite (default 2000)
 ---@field pingInterval? number ms a subscriber hears nothing before it sends PING (default 15000; `math.huge`: never)
+---@field sentinels? async_mutex.redis.Sentinel[] follow `master` through these sentinels (no host, port, path)
+---@field master? string the master's name in the sentinels (with `sentinels`)
+---@field sentinelPassword? string AUTH on the connections to the sentinels
+---@field sentinelUsername? string with `sentinelPassword`: AUTH username password
+
+---A sentinel of `redis.connect`'s `sentinels` list.
+---@class async_mutex.redis.Sentinel
+---@field host string
+---@field port integer
 
 ---A subscription made by `client:subscribe`.
 ---@class async_mutex.redis.Subscription

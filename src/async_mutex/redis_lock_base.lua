@@ -255,6 +255,34 @@ end
 -- }==========================================================
 
 
+-- {========================================================== replicas
+-- The option `replicas = N` (docs/redis-locks.md, "Scaling out"): a
+-- grant, a renewal and a release are confirmed by `WAIT N timeout` on the
+-- client's connection, which returns once every write made on it so far
+-- (the script's) has reached N replicas, or at the timeout with the count
+-- that has.  The timeout stays within the client's commandTimeout (the
+-- connection is blocked meanwhile: its timer would fail it) and a quarter
+-- of the lease.  Returns true, or false and why not (E_UNAVAILABLE's
+-- reason).
+local function replicated(lk)
+  local ok, n = pcall(lk.client.call, lk.client, "WAIT", lk.s_replicas, lk.s_wait_for)
+  if not ok then
+    return false, type(n) == "table" and n.reason or tostring(n)
+  end
+  if tointeger(n) and n >= lk.replicas then return true end
+  return false, format("%s of %d replicas within %s ms", tostring(n), lk.replicas, lk.s_wait_for)
+end
+
+-- A grant not confirmed is given back (by the caller's Pending, or its
+-- own give-back) and raised.
+local function confirm_grant(lk)
+  local ok, why = replicated(lk)
+  if not ok then
+    error(require("async_mutex.unavailable").new("grant not confirmed: " .. why), 0)
+  end
+end
+-- }==========================================================
+
 -- {========================================================== leases
 -- A lease is the releaser of one grant: callable and to-be-closed, with
 -- check() and the fencing token.  Its validity is kept on the local
@@ -343,6 +371,10 @@ local function renew(lease)
   local sent = hrtime()
   lease.next_renew = lk.renew > 0 and sent + lk.renew * NS or nil
   local ok, r = pcall(eval, lk, scripts.renew, lease.keys, lease.token, lk.s_limit, lk.s_ttl)
+  if lease.state ~= "held" then return end
+  -- (replicas: a renewal not confirmed extends nothing; tried again as
+  -- an unreachable one is)
+  if ok and r == 1 and lk.replicas then ok = replicated(lk) end
   if lease.state ~= "held" then return end
   if ok and r == 1 then
     lease.valid_until = max(lease.valid_until, sent + (lk.ttl - drift(lk.ttl)) * NS)
@@ -478,6 +510,10 @@ local function release_lease(lease)
     lose(lease, "refused")
     return false
   end
+  -- (replicas: the release reaches them before it returns, so that a
+  -- failover just after it does not bring the hold back; not confirmed,
+  -- the hold ended all the same, and a copy of it runs out with its lease)
+  if ok and lk.replicas then replicated(lk) end
   hub_unuse(lk.hub)
   return true
 end
@@ -910,7 +946,11 @@ local function redis_acquire(lk, name, weight, deadline, err, token)
       sent = at or sent
       first = r and lk.ttl or min(lk.ttl, lk.wait_ms)
     end
-    if hrtime() - sent < first * NS / 3 then break end
+    -- (replicas: a grant by hand-off was written on another process's
+    -- connection, which WAIT on this one does not cover: it is confirmed
+    -- by asking again, a write of this connection, as a stale one is)
+    if hrtime() - sent < first * NS / 3
+      and not (lk.replicas and not (r and r[1] == 1)) then break end
     -- Stale: confirm it by asking again (Redis renews a grant it still
     -- has to ttl from this request, and answers with its fence), or learn
     -- that it ended meanwhile (this process was too slow to take it): the
@@ -938,6 +978,7 @@ local function redis_acquire(lk, name, weight, deadline, err, token)
       if r[1] ~= 1 and w.fence then sent = before end     -- as in wait_in_queue
     end
   end
+  if lk.replicas then confirm_grant(lk) end   -- else given back (Pending)
   w.done = true
   local lease, value, extra
   if r and r[1] == 1 then
@@ -1053,7 +1094,7 @@ end
 -- as it is to redis.connect and am.optimistic.
 local OPTIONS = {
   ttl = true, renewInterval = true, waiterTimeout = true, onLost = true,
-  cancelError = true, lostError = true, unsafeEviction = true,
+  cancelError = true, lostError = true, unsafeEviction = true, replicas = true,
 }
 
 -- The largest ttl / waiterTimeout (ms, about 34 years) and semaphore
@@ -1062,12 +1103,13 @@ local OPTIONS = {
 -- ended at once (two holders).  Also keeps ttl in ns (leases) below 2^63.
 local MAX_MS, MAX_LIMIT = 1 << 40, 1 << 53
 
-local function options_of(opts, n, fname)
+-- 'known': the option names a kind takes, when not all of OPTIONS.
+local function options_of(opts, n, fname, client, known)
   if opts == nil then opts = {} end
   if type(opts) ~= "table" then
     argerror(3, n, fname, "options must be a table, got " .. typename(opts))
   end
-  local unknown = unknown_option(opts, OPTIONS)
+  local unknown = unknown_option(opts, known or OPTIONS)
   if unknown then argerror(3, n, fname, unknown) end
   local function int(field, default, least)
     local v = opts[field]
@@ -1089,9 +1131,14 @@ local function options_of(opts, n, fname)
     cancel_error = opts.cancelError,
     lost_error = opts.lostError,
     unsafe_eviction = opts.unsafeEviction,
+    replicas = int("replicas", nil, 1),
   }
   if o.renew >= ttl then
     argerror(3, n, fname, "options.renewInterval must be below options.ttl")
+  end
+  if o.replicas and not is_client(client) then
+    -- (WAIT is no script's command: it needs the client's own call)
+    argerror(3, n, fname, "options.replicas needs an async_mutex.redis client")
   end
   if o.on_lost ~= nil and not is_callable(o.on_lost) then
     argerror(3, n, fname, "options.onLost must be callable")
@@ -1120,6 +1167,11 @@ local function new_record(mt, client, name, limit, opts, keyed)
     or core.Mutex.new(opts.cancel_error))
   lk.s_limit, lk.s_ttl, lk.s_wait = tostring(limit), tostring(opts.ttl), tostring(opts.wait_ms)
   lk.keys, lk.direct = lock_keys(name, lk.s_limit), is_client(client)
+  if lk.replicas then
+    -- WAIT's timeout: within the client's commandTimeout and the lease
+    local within = min(rcore.state(client).commandTimeout / 2, lk.ttl / 4)
+    lk.s_replicas, lk.s_wait_for = tostring(lk.replicas), tostring(max(1, floor(within)))
+  end
   lk.acquire_script = scripts.acquire     -- (a kind may put its own: ask)
   lk.waiting = {}
   lk.holds = {}
@@ -1255,7 +1307,7 @@ return {
   lose = lose, forget = forget, new_lease = new_lease, release_lease = release_lease,
   stop_timer = stop_timer,
   eviction = eviction, doze = doze, lock_keys = lock_keys, keys_of = keys_of,
-  redis_acquire = redis_acquire,
+  redis_acquire = redis_acquire, replicated = replicated, confirm_grant = confirm_grant,
   decorated_of = decorated_of, decorable = decorable, check_self = check_self, check_priority = check_priority,
   check_key = check_key, check_usable = check_usable, deadline_of = deadline_of,
   acquire = acquire, OPTIONS = OPTIONS, MAX_MS = MAX_MS, MAX_LIMIT = MAX_LIMIT,

@@ -258,6 +258,8 @@ local function take_atomic(lk, sorted, s_weight)
     return nil
   end
   if hub.evicts == nil then base.eviction(lk) end   -- a new connection: refused, given back
+  -- (replicas: not confirmed, every token is given back, as on a failure)
+  if lk.replicas then base.confirm_grant(lk) end
   settled = true
   local leases = {}
   for i = 1, n do
