@@ -49,6 +49,9 @@ local Client = core.Client               -- the methods of every client
 -- unreferenced client can be collected (its __gc ends the connection).
 
 local hooks = core.hooks
+-- The fields of a client's state that hold its subscribers (pub/sub,
+-- below): classic channels, and shard channels (SSUBSCRIBE).
+local SUBSCRIBERS = { "sub", "ssub" }
 local status, fail, alive, progress = core.status, core.fail, core.alive, core.progress
 local error_text = core.error_text       -- an error object's text, never raising
 local unavailable = hooks.unavailable    -- an E_UNAVAILABLE that says why
@@ -337,8 +340,11 @@ function hooks.lost(state, conn, was_connected, final, err)
   local sentinel = state.sentinel
   if sentinel then sentinel_lost(sentinel, state, final) end
   if state.on_lost then state.on_lost(was_connected, final, err) end
-  if final and state.sub and not state.sub.closed then
-    if final == "gc" then core.drop(state.sub.client) else state.sub.client:close() end
+  for _, field in ipairs(SUBSCRIBERS) do
+    local sub = state[field]
+    if final and sub and not sub.closed then
+      if final == "gc" then core.drop(sub.client) else sub.client:close() end
+    end
   end
   -- close(): the Redis locks of this client end their holds and wake their
   -- waiters (docs/redis-locks.md, "Closing the client"); a finalizer
@@ -815,6 +821,9 @@ function M.connect(options)
   if type(options) ~= "table" then
     argerror(2, 1, "connect", "table expected, got " .. typename(options))
   end
+  -- a Redis Cluster (docs/redis.md, "Cluster"): a tail call, so that its
+  -- argument errors are raised at connect's caller's line
+  if options.cluster ~= nil then return require("async_mutex.redis_cluster").connect(M, options) end
   local unknown = unknown_option(options, OPTIONS)
   if unknown then argerror(2, 1, "connect", unknown) end
   local state = {}
@@ -836,6 +845,7 @@ function M.connect(options)
   if db and db ~= 0 then setup[#setup + 1] = { "SELECT", tostring(db) } end
   state.setup = setup
   state.sub = false         -- its subscriber, made by the first subscribe
+  state.ssub = false        -- its shard channels' subscriber (ssubscribe)
   local sentinel = sentinel_options(options, state)
   if sentinel then
     -- the address is the master's, found at the first call
@@ -891,6 +901,16 @@ end
 -- subscribed again, with the client's back-off.
 
 local Subscription = { __name = "async_mutex.redis.Subscription" }
+
+-- The two kinds of channel, each on a subscriber connection of its own:
+-- classic ones (SUBSCRIBE, a PUBLISH reaches every node of a cluster) and
+-- shard channels (SSUBSCRIBE, Redis 7: a SPUBLISH stays on the shard of
+-- the channel's slot, and a node that loses the slot ends its
+-- subscriptions with a "sunsubscribe" of its own).
+local CLASSIC = { field = "sub", sub = "SUBSCRIBE", unsub = "UNSUBSCRIBE",
+  message = "message", confirm = "subscribe", fname = "subscribe" }
+local SHARDED = { field = "ssub", sub = "SSUBSCRIBE", unsub = "SUNSUBSCRIBE",
+  message = "smessage", confirm = "ssubscribe", fname = "ssubscribe" }
 Subscription.__index = Subscription
 
 local is_client do
@@ -928,6 +948,15 @@ local function confirm(sub, channel, ok, err)
   settle(list, ok, err)
 end
 
+-- A subscriber left with no channel stops reading (and pinging): an
+-- idle one keeps no loop running.
+local function stop_if_none(sub)
+  if not next(sub.channels) and not sub.closed then
+    core.listen(sub.client, false)
+    stop_timer(sub.ping)
+  end
+end
+
 -- The server refused a SUBSCRIBE (an error reply, such as NOPERM from an
 -- ACL): its channels' subscriptions end, the coroutines waiting for them
 -- raise that error, and one with nobody waiting (subscribed again after a
@@ -947,10 +976,7 @@ local function refused(sub, list, err)
       end
     end
   end
-  if not next(sub.channels) and not sub.closed then
-    core.listen(sub.client, false)
-    stop_timer(sub.ping)
-  end
+  stop_if_none(sub)
 end
 
 local function channel_list(sub)
@@ -988,7 +1014,7 @@ local function restore(sub)
       -- changed meanwhile) answers that command with an error, and only that
       -- channel's subscriptions end
       for _, channel in ipairs(channel_list(sub)) do
-        if not core.send(sub.client, "SUBSCRIBE", channel) then
+        if not core.send(sub.client, sub.kind.sub, channel) then
           restore(sub)
           return
         end
@@ -1037,6 +1063,23 @@ local function answered(sub, channel)
   if #head == 0 then table.remove(sub.sent, 1) end
 end
 
+-- The server ended a shard channel's subscriptions (its node lost the
+-- channel's slot): they end here too, and each one's on_dropped (set by
+-- the cluster client, which subscribes again at the slot's new owner) is
+-- called, in a coroutine of its own.
+local function dropped(sub, channel)
+  local list = sub.channels[channel]
+  if not list then return end
+  sub.channels[channel] = nil
+  for _, s in ipairs(list) do
+    if s.active then
+      s.active = false
+      if s.on_dropped then am_spawn(s.on_dropped, s) end
+    end
+  end
+  stop_if_none(sub)
+end
+
 local function on_message(sub, reply)
   if type(reply) ~= "table" then return end
   if getmetatable(reply) == ERROR_MT then      -- a SUBSCRIBE refused
@@ -1045,7 +1088,7 @@ local function on_message(sub, reply)
     return
   end
   local kind = reply[1]
-  if kind == "message" then
+  if kind == sub.kind.message then
     local list = sub.channels[reply[2]]
     if not list then return end
     if #list == 1 then               -- the usual case: no copy needed
@@ -1056,11 +1099,19 @@ local function on_message(sub, reply)
     for _, s in ipairs({ unpack(list) }) do
       if s.active then deliver(s, reply[3], reply[2]) end
     end
-  elseif kind == "subscribe" then
+  elseif kind == sub.kind.confirm then
     answered(sub, reply[2])
     confirm(sub, reply[2], true)
   elseif kind == "pong" then
     sub.pinging = false                -- hooks.progress stops the timer
+  elseif kind == "sunsubscribe" then
+    local channel = reply[2]
+    local n = sub.leaving[channel]
+    if n then                          -- the answer to our own SUNSUBSCRIBE
+      sub.leaving[channel] = n > 1 and n - 1 or nil
+    else
+      dropped(sub, channel)
+    end
   end
 end
 
@@ -1134,12 +1185,12 @@ function core.sibling(client)
   return core.new(same_server(core.state(client)))   -- sets state.ref (weak)
 end
 
-local function subscriber(self)
+local function subscriber(self, kind)
   local state = core.state(self)
-  local sub = state.sub
+  local sub = state[kind.field]
   if sub then return sub end
   local sstate = same_server(state)
-  sub = { state = sstate, channels = {}, waiting = {}, sent = {} }
+  sub = { state = sstate, channels = {}, waiting = {}, sent = {}, kind = kind, leaving = {} }
   sub.client = core.new(sstate, true)
   sstate.on_message = function(reply) on_message(sub, reply) end
   sstate.awaits = function() return sub.pinging or next(sub.waiting) ~= nil end
@@ -1153,6 +1204,7 @@ local function subscriber(self)
     local waiting = sub.waiting
     sub.waiting = {}
     sub.sent = {}
+    sub.leaving = {}                      -- (no answer will come)
     sub.pinging = false
     -- (each list settled where it is: a coroutine woken here may subscribe
     -- again, into the new sub.waiting, which must keep what it enlists)
@@ -1176,7 +1228,7 @@ local function subscriber(self)
   -- made the client's subscriber (a subscribe of its own), or closed the
   -- client (whose close closes only the subscriber it saw): one claim, in
   -- one step of C, then a look at the client
-  local claimed = core.claim(state, "sub", sub)
+  local claimed = core.claim(state, kind.field, sub)
   if claimed ~= sub then
     core.drop(sub.client)                  -- (never connected)
     return claimed
@@ -1185,30 +1237,31 @@ local function subscriber(self)
   return sub
 end
 
---- Subscribes fn(message, channel) to `channel`; waits (in a coroutine)
--- until the server confirms, unless the channel is subscribed already.
--- Returns a Subscription (sub:unsubscribe()).
-function Client.subscribe(self, channel, fn)
-  check_client(self, "subscribe")
+-- Client.subscribe and Client.ssubscribe, as their tail call (so that
+-- the levels of its errors are theirs): `kind` is CLASSIC or SHARDED.
+local function subscribe_to(self, channel, fn, kind)
+  local fname = kind.fname
+  check_client(self, fname)
   if type(channel) ~= "string" then
-    argerror(2, 1, "subscribe", "string expected, got " .. typename(channel))
+    argerror(2, 1, fname, "string expected, got " .. typename(channel))
   end
   if not is_callable(fn) then
-    argerror(2, 2, "subscribe", "function expected, got " .. typename(fn))
+    argerror(2, 2, fname, "function expected, got " .. typename(fn))
   end
   check_open(self, 2)
   local co, main = running()
   if main or not isyieldable() then
     error("attempt to subscribe outside a coroutine", 2)
   end
-  local sub = subscriber(self)
+  local sub = subscriber(self, kind)
   -- a subscriber that follows a master through Sentinel: the master found
   -- first (its SUBSCRIBE is sent by core.send, which cannot wait)
   local sentinel = sub.state.sentinel
   if sentinel and not sentinel.master and status(sub.client) == "idle" then
     sentinel_wait(sentinel)
   end
-  local s = setmetatable({ channel = channel, fn = fn, active = true, sub = sub }, Subscription)
+  local s = setmetatable({ channel = channel, fn = fn, active = true, sub = sub,
+    on_dropped = false }, Subscription)
   s.call = function(message, ch)
     if s.active then return fn(message, ch) end
   end
@@ -1225,7 +1278,7 @@ function Client.subscribe(self, channel, fn)
   local waiting = core.enlist(sub, channel, rec, { rec })
   local list = sub.channels[channel]
   if not waiting then                      -- confirmed already: no wait
-    if not list then return Client.subscribe(self, channel, fn) end  -- (ended since)
+    if not list then return subscribe_to(self, channel, fn, kind) end  -- (ended since)
     list[#list + 1] = s
     return s
   end
@@ -1234,7 +1287,7 @@ function Client.subscribe(self, channel, fn)
   else
     list = fresh
     sub.channels[channel] = list
-    local sent, err = core.send(sub.client, "SUBSCRIBE", channel)
+    local sent, err = core.send(sub.client, kind.sub, channel)
     if not sent then
       rec.done = true
       for i = #waiting, 1, -1 do
@@ -1272,6 +1325,18 @@ function Client.subscribe(self, channel, fn)
   return s
 end
 
+--- Subscribes fn(message, channel) to `channel`; waits (in a coroutine)
+-- until the server confirms, unless the channel is subscribed already.
+-- Returns a Subscription (sub:unsubscribe()).
+function Client.subscribe(self, channel, fn)
+  return subscribe_to(self, channel, fn, CLASSIC)
+end
+
+--- The same for a shard channel (SSUBSCRIBE, Redis 7; SPUBLISH publishes).
+function Client.ssubscribe(self, channel, fn)
+  return subscribe_to(self, channel, fn, SHARDED)
+end
+
 --- Ends this subscription; the channel is unsubscribed when it was its
 -- last one.  Never waits; calling it twice does nothing.
 function Subscription.unsubscribe(self)
@@ -1290,7 +1355,10 @@ function Subscription.unsubscribe(self)
   if #list > 0 then return end
   sub.channels[channel] = nil
   if status(sub.client) == "connected" or status(sub.client) == "connecting" then
-    core.send(sub.client, "UNSUBSCRIBE", channel)
+    -- (its "sunsubscribe" answer is then ours, not the server's own: dropped)
+    if core.send(sub.client, sub.kind.unsub, channel) and sub.kind == SHARDED then
+      sub.leaving[channel] = (sub.leaving[channel] or 0) + 1
+    end
   end
   if not next(sub.channels) then
     core.listen(sub.client, false)
@@ -1388,6 +1456,8 @@ local function check_list(list, n, what)
   end
   return out
 end
+
+core.check_list = check_list     -- the cluster client's eval (redis_cluster.lua)
 
 local function is_noscript(err)
   return getmetatable(err) == ERROR_MT and err.code == "NOSCRIPT"
