@@ -305,10 +305,13 @@ os.exit(0)
       os.remove(log)
       assert.equal(4 * 3 * N, sections)
       assert.equal(0, overlaps)
-      -- every master keeps fence counters (N:n) of the keys it served
+      -- every master keeps fence counters (N:n) of the keys it served; with
+      -- 12 x N sections over about 1,000 keys, a third of them each (under
+      -- GC stress N is 3: some keys on each master is all one can ask)
+      local least = N >= 100 and 11 or 1
       local c = connect()
       for i, list in ipairs(keys_by_master(c, "{px:*}:n")) do
-        assert.is_true(#list > 10, "master " .. i .. " served " .. #list .. " keys")
+        assert.is_true(#list >= least, "master " .. i .. " served " .. #list .. " keys")
       end
       c:close()
     end, { deadline = 60000 }))
