@@ -259,6 +259,34 @@ describe("redis.connect with sentinels", function()
     sen.srv:stop()
   end))
 
+  -- The search runs in a task of its own; while it waits for ROLE, on a
+  -- connection nothing else refers to, only the record it searches for
+  -- holds it: a collection at that moment must not end it (its callers
+  -- would wait for ever: make gcstress found it so).
+  it("the search survives a full collection while it waits for the master's ROLE",
+    h.async(function()
+      local collected = 0
+      local master = fake.start(function(_, cmd)
+        if cmd[1]:upper() == "ROLE" then
+          collectgarbage(); collectgarbage()
+          collected = collected + 1
+          return "*3\r\n$6\r\nmaster\r\n:0\r\n*0\r\n"
+        end
+        return fake.DEFAULT
+      end)
+      local sen = fake_sentinel("mymaster")
+      sen.named = { "127.0.0.1", master.port }
+      local c = redis.connect { master = "mymaster",
+        sentinels = { { host = "127.0.0.1", port = sen.port } } }
+      local ok, err = pcall(c.call, c, "PING")
+      c:close()
+      sen.srv:stop()
+      master:stop()
+      assert(ok, err)
+      assert.equal("PONG", err)
+      assert.equal(1, collected)
+    end, { deadline = 3000 }))
+
   it("pub/sub and the Redis locks follow the master too", h.async(function()
     local sen = fake_sentinel("mymaster")
     sen.named = { "127.0.0.1", a.port }

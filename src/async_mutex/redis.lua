@@ -511,6 +511,12 @@ local watch_switches
 -- the waiting callers are woken (they try again: the master found is
 -- connected to, else they raise the reason, with the next attempt's time).
 local function search(S)
+  -- The search's coroutine, held by S while it runs: when it waits on
+  -- role_of's connection, which nothing else refers to, that client and
+  -- this coroutine would otherwise be garbage together, and a collection
+  -- would end the search with its callers left waiting (docs/redis.md,
+  -- "Sentinel")
+  S.searching = running()
   local master, why
   for pass = 1, PASSES do
     local ok
@@ -542,7 +548,7 @@ end
 
 local function start_search(S)
   if S.searching or S.closed then return end
-  S.searching = true
+  S.searching = true        -- (then the search's coroutine: see search)
   am_spawn(search, S)
 end
 
