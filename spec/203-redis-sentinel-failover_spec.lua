@@ -4,9 +4,10 @@
 -- through clients made with `sentinels` and `master`, while the master is
 -- failed over (SENTINEL FAILOVER) or killed (kill -9).  Every acquire ends
 -- with a grant or E_UNAVAILABLE (never another error, never a hang: each
--- worker runs for a fixed time and must exit by itself); grants resume on
--- the promoted master; and with `replicas` no two workers ever hold at
--- once (markers in one O_APPEND file, as spec 120 checks them).
+-- worker runs until told to stop, or for a fixed time at most, and must
+-- exit by itself); grants resume on the promoted master; and with
+-- `replicas` no two workers ever hold at once (markers in one O_APPEND
+-- file, as spec 120 checks them).
 -- `replicas = 2` (every replica) for the manual failover, whose old master
 -- keeps taking writes until Sentinel reconfigures it; `replicas = 1` for
 -- kill -9, where Sentinel promotes the replica with the most data.
@@ -15,8 +16,8 @@ local h = require "helpers"
 local R = require "lock_redis"
 local uv = require "luv"
 
--- A worker: takes the mutex NAME for about RUN ms, holding 20 ms; a begin
--- and an end marker around each section ("B id fence t", t the monotonic
+-- A worker: takes the mutex NAME for at most RUN ms, until the file STOP
+-- exists, holding 20 ms; a begin and an end marker around each section ("B id fence t", t the monotonic
 -- clock in ns, which every process reads alike); prints "grants
 -- unavailable others falses", then every other error on a line, then the
 -- reasons of the E_UNAVAILABLEs with their counts.
@@ -24,7 +25,7 @@ local WORKER = [[
 local am = require "async_mutex"
 local redis = require "async_mutex.redis"
 local uv = require "luv"
-local SENTINELS, NAME, LOG, ID, RUN, REPLICAS = ...
+local SENTINELS, NAME, LOG, ID, RUN, REPLICAS, STOP = ...
 local sentinels = {}
 for port in SENTINELS:gmatch("%d+") do
   sentinels[#sentinels + 1] = { host = "127.0.0.1", port = tonumber(port) }
@@ -37,10 +38,15 @@ local f = assert(io.open(LOG, "a"))
 f:setvbuf("no")
 local grants, unavailable, falses, others, reasons = 0, 0, 0, {}, {}
 local failed
+local function told()
+  local s = io.open(STOP)
+  if s then s:close() end
+  return s ~= nil
+end
 am.spawn(function()
   local ok, err = pcall(function()
     local stop = uv.hrtime() + tonumber(RUN) * 1e6
-    while uv.hrtime() < stop do
+    while uv.hrtime() < stop and not told() do
       local got, r = pcall(m.acquire, m)
       if got then
         grants = grants + 1
@@ -97,30 +103,70 @@ local function markers(path)
 end
 
 local WORKERS = 3
+-- Sections ended on the promoted master before the workers are told to
+-- stop: grants go on there, between the three, for a while.
+local AFTER = 10
 
--- Runs the workers for run_ms; `fault(set)` is called 1.5 s in; returns
--- the workers' outcomes, the markers' overlaps, the sections, the fences
--- and the fault's time (ns).
+-- Polls (every 50 ms, in the running coroutine) until pred() is true or
+-- every worker has ended by itself.
+local function until_(pred, children)
+  while not pred() do
+    local all_done = true
+    for _, child in ipairs(children) do all_done = all_done and child.done end
+    if all_done then return end
+    h.sleep(50)
+  end
+end
+
+-- Runs the workers, for at most run_ms; `fault(set)` is called once each
+-- has been granted, and they are told to stop once AFTER sections have
+-- ended on the promoted master; returns the workers' outcomes, the
+-- markers' overlaps, the sections, the fences and the fault's time (ns).
 local function scenario(set, replicas, run_ms, fault)
-  local log = os.tmpname()
+  local log, stop = os.tmpname(), os.tmpname()
+  os.remove(stop)
   local ports = {}
   for i, s in ipairs(set.sentinels) do ports[i] = s.port end
   local children, results, fault_at = {}, {}, nil
+  local old = set.master.port
+  local function ended_on(port)
+    local n, f = 0, io.open(log)
+    if not f then return 0 end
+    for line in f:lines() do
+      if line:match("^E %S+ %d+ %d+ (%d+)") == tostring(port) then n = n + 1 end
+    end
+    f:close()
+    return n
+  end
   -- (a worker still running when this fails is killed: by its PID)
   local ran, err = pcall(h.run, function()
     for i = 1, WORKERS do
       children[i] = R.child(WORKER, { table.concat(ports, ","), "spec203", log, "w" .. i,
-        run_ms, replicas })
+        run_ms, replicas, stop })
     end
-    h.sleep(1500)
+    until_(function()
+      local f = io.open(log)
+      local text = f and f:read("a") or ""
+      if f then f:close() end
+      for i = 1, WORKERS do
+        if not text:find("B w" .. i .. " ", 1, true) then return false end
+      end
+      return true
+    end, children)
     fault_at = uv.hrtime()
     fault(set)
+    until_(function()
+      local new = set:named_port()
+      return new ~= nil and new ~= old and ended_on(new) >= AFTER
+    end, children)
+    assert(io.open(stop, "w")):close()
     for i = 1, WORKERS do
       local rc, out, err = children[i]:wait()
       results[i] = { rc = rc, out = out, err = err }
     end
   end, { deadline = run_ms + 30000 })
   for _, child in ipairs(children) do child:kill() end
+  os.remove(stop)
   assert(ran, err)
   local overlaps, starts, fences = markers(log)
   os.remove(log)
