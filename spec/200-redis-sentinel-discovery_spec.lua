@@ -47,6 +47,19 @@ local function status_port(c)
   return ok and port or nil
 end
 
+-- Closes the clients and stops the fake servers a case opened when it
+-- ends, also when an assertion fails: one left open (a subscriber trying
+-- again, a server listening) would keep the loop running in every later
+-- case, of this file and of the files after it in one busted process.
+local function closing(...)
+  local things = { ... }
+  return setmetatable({}, { __close = function()
+    for _, t in ipairs(things) do
+      if t.srv then pcall(t.srv.stop, t.srv) else pcall(t.close, t) end
+    end
+  end })
+end
+
 local function failure(c, ...)
   local ok, err = pcall(c.call, c, ...)
   assert.is_false(ok)
@@ -73,31 +86,28 @@ describe("redis.connect with sentinels", function()
       local c = redis.connect { master = "mymaster", sentinels = {
         { host = "127.0.0.1", port = down }, { host = "127.0.0.1", port = unknown.port },
         { host = "127.0.0.1", port = knows.port } } }
+      local _ <close> = closing(c, unknown, knows)
       assert.equal(a.port, port_of(c))
       assert.equal("master", c:call("ROLE")[1])
-      c:close()
-      unknown.srv:stop()
-      knows.srv:stop()
     end))
 
   it("says why when no sentinel can be reached, then backs off", h.async(function()
     local p1, p2 = redis_server.free_port(), redis_server.free_port()
     local c = redis.connect { master = "mymaster", reconnectDelay = 200, reconnectDelayMax = 200,
       sentinels = { { host = "127.0.0.1", port = p1 }, { host = "localhost", port = p2 } } }
+    local _ <close> = closing(c)
     assert.equal(("no sentinel reachable: 127.0.0.1:%d (connection refused to 127.0.0.1:%d), "
       .. "localhost:%d (connection refused to localhost:%d)"):format(p1, p1, p2, p2),
       failure(c, "PING"))
     assert.matches("^no sentinel reachable: .* %(next attempt in %d+ ms%)$", failure(c, "PING"))
-    c:close()
   end))
 
   it("says so when no sentinel knows the master", h.async(function()
     local sen = fake_sentinel("other")
     local c = redis.connect { master = "mymaster", reconnectDelay = 1,
       sentinels = { { host = "127.0.0.1", port = sen.port } } }
+    local _ <close> = closing(c, sen)
     assert.equal("master mymaster unknown to the sentinels", failure(c, "PING"))
-    c:close()
-    sen.srv:stop()
   end))
 
   it("never uses a server that says it is a replica, nor one that is down", h.async(function()
@@ -105,6 +115,7 @@ describe("redis.connect with sentinels", function()
     sen.named = { "127.0.0.1", replica.port }
     local c = redis.connect { master = "mymaster", reconnectDelay = 1,
       sentinels = { { host = "127.0.0.1", port = sen.port } } }
+    local _ <close> = closing(c, sen)
     assert.equal(("master mymaster at 127.0.0.1:%d says it is a slave"):format(replica.port),
       failure(c, "SET", "k", "v"))
     local gone = redis_server.free_port()
@@ -116,8 +127,6 @@ describe("redis.connect with sentinels", function()
     h.sleep(5)
     assert.equal("OK", c:call("SET", "k", "v"))
     assert.equal(a.port, port_of(c))
-    c:close()
-    sen.srv:stop()
   end))
 
   it("many callers waiting for the search share it, and each gets its reply", h.async(function()
@@ -125,6 +134,7 @@ describe("redis.connect with sentinels", function()
     sen.named = { "127.0.0.1", a.port }
     local c = redis.connect { master = "mymaster",
       sentinels = { { host = "127.0.0.1", port = sen.port } } }
+    local _ <close> = closing(c, sen)
     local tasks = {}
     for i = 1, 20 do
       tasks[i] = am.spawn(function() return c:call("ECHO", tostring(i)) end)
@@ -135,8 +145,6 @@ describe("redis.connect with sentinels", function()
       if cmd[1] == "SENTINEL" then asked = asked + 1 end
     end
     assert.equal(1, asked)
-    c:close()
-    sen.srv:stop()
   end))
 
   it("follows +switch-master: calls in flight raise E_UNAVAILABLE, the next ones reach the new master",
@@ -145,6 +153,7 @@ describe("redis.connect with sentinels", function()
       sen.named = { "127.0.0.1", a.port }
       local c = redis.connect { master = "mymaster",
         sentinels = { { host = "127.0.0.1", port = sen.port } } }
+      local _ <close> = closing(c, sen)
       assert.equal(a.port, port_of(c))
       h.wait_until(function()
         for _, cmd in ipairs(sen.srv.commands) do
@@ -163,8 +172,6 @@ describe("redis.connect with sentinels", function()
       assert.is_true(err == redis.E_UNAVAILABLE)
       assert.equal(("master mymaster switched to 127.0.0.1:%d"):format(b.port), err.reason)
       assert.equal(b.port, port_of(c))
-      c:close()
-      sen.srv:stop()
     end))
 
   it("takes READONLY as a demotion: E_UNAVAILABLE with the reason, then the master is found again",
@@ -205,6 +212,7 @@ describe("redis.connect with sentinels", function()
       s1.named, s2.named = { "127.0.0.1", a.port }, { "127.0.0.1", a.port }
       local c = redis.connect { master = "mymaster", reconnectDelay = 1, sentinels = {
         { host = "127.0.0.1", port = s1.port }, { host = "127.0.0.1", port = s2.port } } }
+      local _ <close> = closing(c, s1, s2)
       assert.equal(a.port, port_of(c))
       h.wait_until(function() return next(s1.conns) ~= nil end, 2000, "the watch on s1")
       s1.srv:stop()
@@ -218,8 +226,6 @@ describe("redis.connect with sentinels", function()
       s2.named = { "127.0.0.1", b.port }
       s2.publish(("mymaster 127.0.0.1 %d 127.0.0.1 %d"):format(a.port, b.port))
       h.wait_until(function() return status_port(c) == b.port end, 2000, "the switch to b")
-      c:close()
-      s2.srv:stop()
     end))
 
   it("authenticates to the sentinels with sentinelPassword, to the master with password",
@@ -250,13 +256,13 @@ describe("redis.connect with sentinels", function()
     sen.named = { "127.0.0.1", a.port }
     local c = redis.connect { master = "mymaster",
       sentinels = { { host = "127.0.0.1", port = sen.port } } }
+    local _ <close> = closing(c, sen)
     local t = am.spawn(function() return pcall(c.call, c, "PING") end)
     c:close()
     local ok, err = t:join()
     assert.is_false(ok)
     assert.is_true(err == redis.E_UNAVAILABLE)
     assert.equal("client closed", err.reason)
-    sen.srv:stop()
   end))
 
   -- The search runs in a task of its own; while it waits for ROLE, on a
@@ -292,17 +298,18 @@ describe("redis.connect with sentinels", function()
     sen.named = { "127.0.0.1", a.port }
     local c = redis.connect { master = "mymaster",
       sentinels = { { host = "127.0.0.1", port = sen.port } } }
+    local admin = redis.connect { port = a.port }
+    local other = redis.connect { port = b.port }
+    local _ <close> = closing(c, admin, other, sen)
     local got = {}
     local s = c:subscribe("spec200", function(m) got[#got + 1] = m end)
     local m = am.RedisMutex.new(c, "spec200:lock")
     m:runExclusive(function() end)
-    local admin = redis.connect { port = a.port }
     admin:call("PUBLISH", "spec200", "one")
     h.wait_until(function() return #got == 1 end, 2000, "the message")
     -- the switch: the subscription and the lock go to b
     sen.named = { "127.0.0.1", b.port }
     sen.publish(("mymaster 127.0.0.1 %d 127.0.0.1 %d"):format(a.port, b.port))
-    local other = redis.connect { port = b.port }
     h.wait_until(function()
       return other:call("PUBSUB", "NUMSUB", "spec200")[2] == 1
     end, 3000, "the subscription on the new master")
@@ -313,10 +320,6 @@ describe("redis.connect with sentinels", function()
       assert.equal(1, other:call("EXISTS", "spec200:lock:h"))   -- (its holders, on b)
     end)
     s:unsubscribe()
-    admin:close()
-    other:close()
-    c:close()
-    sen.srv:stop()
   end))
 end)
 
