@@ -24,6 +24,17 @@ local function connect()
   return redis.connect({ cluster = cluster.seeds })
 end
 
+-- Closes the clients a case opened when it ends, also when an assertion
+-- fails: one left open (its locks' subscriber listening) would keep the
+-- loop running in every later case, of this file and of the files after
+-- it in one busted process.
+local function closing(...)
+  local clients = { ... }
+  return setmetatable({}, { __close = function()
+    for _, c in ipairs(clients) do pcall(c.close, c) end
+  end })
+end
+
 -- The keys each master holds that match pattern.
 local function keys_by_master(c, pattern)
   local out = {}
@@ -35,6 +46,7 @@ describe("Redis locks on a cluster", function()
   it("keep a lock's keys in one slot and hand it to a waiter of another client",
     h.async(function()
       local a, b = connect(), connect()
+      local _ <close> = closing(a, b)
       local ma, mb = am.RedisMutex.new(a, "orders:42"), am.RedisMutex.new(b, "orders:42")
       local release = ma:acquire()
       local where = keys_by_master(a, "{orders:42}:*")
@@ -84,11 +96,11 @@ describe("Redis locks on a cluster", function()
       local mt = am.RedisMutex.new(a, "{user7}:cart")
       mt:acquire()()
       assert.equal(a:keyslot("user7"), a:keyslot("{user7}:cart:h"))
-      a:close(); b:close()
     end))
 
   it("every kind built on the Redis locks works on a cluster", h.async(function()
     local a, b = connect(), connect()
+    local _ <close> = closing(a, b)
     -- RedisSemaphore: 2 at once, the third waits for a release
     local sa, sb = am.RedisSemaphore.new(a, "sem", 2), am.RedisSemaphore.new(b, "sem", 2)
     local _, r1 = sa:acquire()
@@ -135,12 +147,12 @@ describe("Redis locks on a cluster", function()
       end
     end
     assert.is_true(on["{krw:a}"] ~= on["{krw:b}"] or on["{krw:b}"] ~= on["{krw:c}"])
-    a:close(); b:close()
   end))
 
   it("close() ends the client's holds, wakes its waiters with E_UNAVAILABLE and gives"
     .. " the locks back at once", h.async(function()
       local a, b = connect(), connect()
+      local _ <close> = closing(a, b)
       local ma, mb = am.RedisMutex.new(a, "closing"), am.RedisMutex.new(b, "closing")
       local release = ma:acquire()
       local waiter_err, granted_at
@@ -164,7 +176,6 @@ describe("Redis locks on a cluster", function()
       -- given back by the closed client, not after its lease (ttl 30 s;
       -- the bound is 4 s under sanitizers, h.TIME_SCALE)
       assert.is_true(granted_at - t0 < 1000 * h.TIME_SCALE, "granted after " .. (granted_at - t0) .. " ms")
-      b:close()
     end))
 
   it("KeyedRedisMutex: keys on every master, one holder per key across 4 clients",
@@ -174,6 +185,7 @@ describe("Redis locks on a cluster", function()
         clients[i] = connect()
         locks[i] = am.KeyedRedisMutex.new(clients[i], "kx:")
       end
+      local _ <close> = closing(table.unpack(clients))
       local KEYS, ROUNDS = 40, h.load(120)
       local holder, overlaps, done = {}, 0, 0
       for i = 1, 4 do
@@ -202,12 +214,12 @@ describe("Redis locks on a cluster", function()
         assert.is_true(#list > 3, "master " .. i .. " holds " .. #list .. " of 40")
       end
       for k = 1, KEYS do releases[k]() end
-      for i = 1, 4 do clients[i]:close() end
     end, { deadline = 40000 }))
 
   it("acquireAll over several slots: all or nothing, in the canonical order",
     h.async(function()
       local a, b = connect(), connect()
+      local _ <close> = closing(a, b)
       local ka, kb = am.KeyedRedisMutex.new(a, "ka:"), am.KeyedRedisMutex.new(b, "ka:")
       local names = { "x", "y", "z", "w" }
       local slots = {}
@@ -230,7 +242,6 @@ describe("Redis locks on a cluster", function()
       assert.is_nil(got)
       all()
       h.wait_until(function() return got end, 3000, "the second acquireAll")
-      a:close(); b:close()
     end))
 
   -- A worker process: 3 coroutines, N sections each on a KeyedRedisMutex,
@@ -310,9 +321,9 @@ os.exit(0)
       -- GC stress N is 3: some keys on each master is all one can ask)
       local least = N >= 100 and 11 or 1
       local c = connect()
+      local _ <close> = closing(c)
       for i, list in ipairs(keys_by_master(c, "{px:*}:n")) do
         assert.is_true(#list >= least, "master " .. i .. " served " .. #list .. " keys")
       end
-      c:close()
     end, { deadline = 60000 }))
 end)
