@@ -47,19 +47,6 @@ local function status_port(c)
   return ok and port or nil
 end
 
--- Closes the clients and stops the fake servers a case opened when it
--- ends, also when an assertion fails: one left open (a subscriber trying
--- again, a server listening) would keep the loop running in every later
--- case, of this file and of the files after it in one busted process.
-local function closing(...)
-  local things = { ... }
-  return setmetatable({}, { __close = function()
-    for _, t in ipairs(things) do
-      if t.srv then pcall(t.srv.stop, t.srv) else pcall(t.close, t) end
-    end
-  end })
-end
-
 local function failure(c, ...)
   local ok, err = pcall(c.call, c, ...)
   assert.is_false(ok)
@@ -86,7 +73,7 @@ describe("redis.connect with sentinels", function()
       local c = redis.connect { master = "mymaster", sentinels = {
         { host = "127.0.0.1", port = down }, { host = "127.0.0.1", port = unknown.port },
         { host = "127.0.0.1", port = knows.port } } }
-      local _ <close> = closing(c, unknown, knows)
+      local _ <close> = h.closing(c, unknown.srv, knows.srv)
       assert.equal(a.port, port_of(c))
       assert.equal("master", c:call("ROLE")[1])
     end))
@@ -95,7 +82,7 @@ describe("redis.connect with sentinels", function()
     local p1, p2 = redis_server.free_port(), redis_server.free_port()
     local c = redis.connect { master = "mymaster", reconnectDelay = 200, reconnectDelayMax = 200,
       sentinels = { { host = "127.0.0.1", port = p1 }, { host = "localhost", port = p2 } } }
-    local _ <close> = closing(c)
+    local _ <close> = h.closing(c)
     assert.equal(("no sentinel reachable: 127.0.0.1:%d (connection refused to 127.0.0.1:%d), "
       .. "localhost:%d (connection refused to localhost:%d)"):format(p1, p1, p2, p2),
       failure(c, "PING"))
@@ -106,7 +93,7 @@ describe("redis.connect with sentinels", function()
     local sen = fake_sentinel("other")
     local c = redis.connect { master = "mymaster", reconnectDelay = 1,
       sentinels = { { host = "127.0.0.1", port = sen.port } } }
-    local _ <close> = closing(c, sen)
+    local _ <close> = h.closing(c, sen.srv)
     assert.equal("master mymaster unknown to the sentinels", failure(c, "PING"))
   end))
 
@@ -115,7 +102,7 @@ describe("redis.connect with sentinels", function()
     sen.named = { "127.0.0.1", replica.port }
     local c = redis.connect { master = "mymaster", reconnectDelay = 1,
       sentinels = { { host = "127.0.0.1", port = sen.port } } }
-    local _ <close> = closing(c, sen)
+    local _ <close> = h.closing(c, sen.srv)
     assert.equal(("master mymaster at 127.0.0.1:%d says it is a slave"):format(replica.port),
       failure(c, "SET", "k", "v"))
     local gone = redis_server.free_port()
@@ -134,7 +121,7 @@ describe("redis.connect with sentinels", function()
     sen.named = { "127.0.0.1", a.port }
     local c = redis.connect { master = "mymaster",
       sentinels = { { host = "127.0.0.1", port = sen.port } } }
-    local _ <close> = closing(c, sen)
+    local _ <close> = h.closing(c, sen.srv)
     local tasks = {}
     for i = 1, 20 do
       tasks[i] = am.spawn(function() return c:call("ECHO", tostring(i)) end)
@@ -153,7 +140,7 @@ describe("redis.connect with sentinels", function()
       sen.named = { "127.0.0.1", a.port }
       local c = redis.connect { master = "mymaster",
         sentinels = { { host = "127.0.0.1", port = sen.port } } }
-      local _ <close> = closing(c, sen)
+      local _ <close> = h.closing(c, sen.srv)
       assert.equal(a.port, port_of(c))
       h.wait_until(function()
         for _, cmd in ipairs(sen.srv.commands) do
@@ -212,7 +199,7 @@ describe("redis.connect with sentinels", function()
       s1.named, s2.named = { "127.0.0.1", a.port }, { "127.0.0.1", a.port }
       local c = redis.connect { master = "mymaster", reconnectDelay = 1, sentinels = {
         { host = "127.0.0.1", port = s1.port }, { host = "127.0.0.1", port = s2.port } } }
-      local _ <close> = closing(c, s1, s2)
+      local _ <close> = h.closing(c, s1.srv, s2.srv)
       assert.equal(a.port, port_of(c))
       h.wait_until(function() return next(s1.conns) ~= nil end, 2000, "the watch on s1")
       s1.srv:stop()
@@ -256,7 +243,7 @@ describe("redis.connect with sentinels", function()
     sen.named = { "127.0.0.1", a.port }
     local c = redis.connect { master = "mymaster",
       sentinels = { { host = "127.0.0.1", port = sen.port } } }
-    local _ <close> = closing(c, sen)
+    local _ <close> = h.closing(c, sen.srv)
     local t = am.spawn(function() return pcall(c.call, c, "PING") end)
     c:close()
     local ok, err = t:join()
@@ -300,7 +287,7 @@ describe("redis.connect with sentinels", function()
       sentinels = { { host = "127.0.0.1", port = sen.port } } }
     local admin = redis.connect { port = a.port }
     local other = redis.connect { port = b.port }
-    local _ <close> = closing(c, admin, other, sen)
+    local _ <close> = h.closing(c, admin, other, sen.srv)
     local got = {}
     local s = c:subscribe("spec200", function(m) got[#got + 1] = m end)
     local m = am.RedisMutex.new(c, "spec200:lock")

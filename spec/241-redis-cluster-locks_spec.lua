@@ -24,17 +24,6 @@ local function connect()
   return redis.connect({ cluster = cluster.seeds })
 end
 
--- Closes the clients a case opened when it ends, also when an assertion
--- fails: one left open (its locks' subscriber listening) would keep the
--- loop running in every later case, of this file and of the files after
--- it in one busted process.
-local function closing(...)
-  local clients = { ... }
-  return setmetatable({}, { __close = function()
-    for _, c in ipairs(clients) do pcall(c.close, c) end
-  end })
-end
-
 -- The keys each master holds that match pattern.
 local function keys_by_master(c, pattern)
   local out = {}
@@ -46,7 +35,7 @@ describe("Redis locks on a cluster", function()
   it("keep a lock's keys in one slot and hand it to a waiter of another client",
     h.async(function()
       local a, b = connect(), connect()
-      local _ <close> = closing(a, b)
+      local _ <close> = h.closing(a, b)
       local ma, mb = am.RedisMutex.new(a, "orders:42"), am.RedisMutex.new(b, "orders:42")
       local release = ma:acquire()
       local where = keys_by_master(a, "{orders:42}:*")
@@ -100,7 +89,7 @@ describe("Redis locks on a cluster", function()
 
   it("every kind built on the Redis locks works on a cluster", h.async(function()
     local a, b = connect(), connect()
-    local _ <close> = closing(a, b)
+    local _ <close> = h.closing(a, b)
     -- RedisSemaphore: 2 at once, the third waits for a release
     local sa, sb = am.RedisSemaphore.new(a, "sem", 2), am.RedisSemaphore.new(b, "sem", 2)
     local _, r1 = sa:acquire()
@@ -152,7 +141,7 @@ describe("Redis locks on a cluster", function()
   it("close() ends the client's holds, wakes its waiters with E_UNAVAILABLE and gives"
     .. " the locks back at once", h.async(function()
       local a, b = connect(), connect()
-      local _ <close> = closing(a, b)
+      local _ <close> = h.closing(a, b)
       local ma, mb = am.RedisMutex.new(a, "closing"), am.RedisMutex.new(b, "closing")
       local release = ma:acquire()
       local waiter_err, granted_at
@@ -185,7 +174,7 @@ describe("Redis locks on a cluster", function()
         clients[i] = connect()
         locks[i] = am.KeyedRedisMutex.new(clients[i], "kx:")
       end
-      local _ <close> = closing(table.unpack(clients))
+      local _ <close> = h.closing(table.unpack(clients))
       local KEYS, ROUNDS = 40, h.load(120)
       local holder, overlaps, done = {}, 0, 0
       for i = 1, 4 do
@@ -219,7 +208,7 @@ describe("Redis locks on a cluster", function()
   it("acquireAll over several slots: all or nothing, in the canonical order",
     h.async(function()
       local a, b = connect(), connect()
-      local _ <close> = closing(a, b)
+      local _ <close> = h.closing(a, b)
       local ka, kb = am.KeyedRedisMutex.new(a, "ka:"), am.KeyedRedisMutex.new(b, "ka:")
       local names = { "x", "y", "z", "w" }
       local slots = {}
@@ -321,7 +310,7 @@ os.exit(0)
       -- GC stress N is 3: some keys on each master is all one can ask)
       local least = N >= 100 and 11 or 1
       local c = connect()
-      local _ <close> = closing(c)
+      local _ <close> = h.closing(c)
       for i, list in ipairs(keys_by_master(c, "{px:*}:n")) do
         assert.is_true(#list >= least, "master " .. i .. " served " .. #list .. " keys")
       end

@@ -19,21 +19,10 @@ teardown(function()
   if cluster then cluster:stop() end
 end)
 
--- Closes the clients a case opened when it ends, also when an assertion
--- fails: one left open (its locks' subscriber listening) would keep the
--- loop running in every later case, of this file and of the files after
--- it in one busted process.
-local function closing(...)
-  local clients = { ... }
-  return setmetatable({}, { __close = function()
-    for _, c in ipairs(clients) do pcall(c.close, c) end
-  end })
-end
-
 describe("sharded pub/sub", function()
   it("ssubscribe on one server: shard and classic channels apart", h.async(function()
     local c = redis.connect({ port = server.port })
-    local _ <close> = closing(c)
+    local _ <close> = h.closing(c)
     local got = {}
     local s1 = c:ssubscribe("ch", function(m, ch) got[#got + 1] = "s " .. ch .. " " .. m end)
     local s2 = c:subscribe("ch", function(m, ch) got[#got + 1] = "c " .. ch .. " " .. m end)
@@ -52,7 +41,7 @@ describe("sharded pub/sub", function()
 
   it("on a cluster: on the channel's master, and again on its next owner", h.async(function()
     local c = redis.connect({ cluster = cluster.seeds })
-    local _ <close> = closing(c)
+    local _ <close> = h.closing(c)
     local got = {}
     local s = c:ssubscribe("{news}", function(m) got[#got + 1] = m end)
     assert.equal(1, c:call("SPUBLISH", "{news}", "a"))
