@@ -26,6 +26,7 @@ end
 local function shquote(s)
   return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
 end
+M.sh, M.shquote = sh, shquote     -- (for spec/redis_sentinel.lua)
 
 --- A loopback port nobody listens on right now.
 function M.free_port()

@@ -175,7 +175,9 @@ local function dispatch(limit, u)
     redis.call('ZREM', W, head)
     redis.call('HDEL', C, head)
     local fence = grant(head, w, tonumber(ttl), limit - u)
-    redis.call('PUBLISH', ch, head .. ' ' .. fmt(fence) .. ' ' .. fmt(limit - u))
+    -- (a channel in "{...}": the lock's shard channel on a cluster)
+    redis.call(string.byte(ch) == 123 and 'SPUBLISH' or 'PUBLISH', ch,
+               head .. ' ' .. fmt(fence) .. ' ' .. fmt(limit - u))
     u = u + w
   end
   return u
@@ -348,7 +350,8 @@ if e then
         local he = string.format('%d', now + tonumber(ttl))
         redis.call('HSET', KEYS[1], head, he .. ' ' .. w .. ' ' .. fence .. ' 1')
         redis.call('PEXPIREAT', KEYS[1], he)    -- N:h was empty: its one lease
-        redis.call('PUBLISH', ch, head .. ' ' .. fence .. ' 1')
+        redis.call(string.byte(ch) == 123 and 'SPUBLISH' or 'PUBLISH', ch,
+                   head .. ' ' .. fence .. ' 1')
         return 1
       end
     end
