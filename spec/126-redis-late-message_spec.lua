@@ -81,6 +81,59 @@ describe("a hand-off message read after the waiter's next request went out", fun
     assert.is_true(rb:check())
     assert.is_true(rb())
   end, { deadline = 20000 }))
+
+  it("is not taken when read after that request's answer: the two connections are read in no"
+    .. " set order", h.async(function()
+    local a, b = server:client(), server:client()
+    local _ <close> = setmetatable({}, { __close = function() a:close(); b:close() end })
+    local name = fresh_name()
+    local k = scripts.keys(name)
+    -- A holds for long; B waits with a first lease of 1000 ms, which it
+    -- would confirm only if its message came more than 333 ms after its
+    -- last request; C is queued behind B (played by the spec)
+    assert.equal(1, raw(a, name, scripts.acquire, "A", "1", "1", "100000", "3000", "none",
+                        "wait")[1])
+    local mb = am.RedisMutex.new(b, name, { ttl = 1000, waiterTimeout = 1000 })
+    local rb
+    h.spawn(function() rb = mb:acquire() end)
+    h.wait_until(function() return R.queued(a, name) == 1 end)
+    h.sleep(30)                              -- B subscribed and asked again
+    assert.equal(0, raw(a, name, scripts.acquire, "C", "1", "1", "100000", "100000", "chC",
+                        "wait")[1])
+    -- B's hand-off message is held back, to be read after B's next answer
+    -- (as a process whose subscriber connection is read after its other
+    -- one reads it): the channel in B's record of N:c goes nowhere, and
+    -- the spec publishes the message on B's channel when it chooses
+    local tb = a:call("ZRANGE", k[2], 0, 0)[1]
+    local weight, first, channel = a:call("HGET", k[4], tb):match("^(%d+) (%d+) (.*)$")
+    a:call("HSET", k[4], tb, weight .. " " .. first .. " nowhere")
+    -- This process blocks while another one releases A (B is granted) and
+    -- B's first lease runs out in Redis; then B asks again: that request
+    -- finds its grant over, grants C, and queues B again
+    local sha = a:call("SCRIPT", "LOAD", scripts.release)
+    assert(os.execute(("LD_PRELOAD= redis-cli -s %s EVALSHA %s 6 %s %s %s %s %s %s A 1 >/dev/null")
+      :format(server.path, sha, k[1], k[2], k[3], k[4], k[5], k[6])))
+    local grant = server:cli(("HGET %s %s"):format(k[1], tb))
+    local fence = assert(grant:match("^%d+ %d+ (%d+)"), grant)
+    uv.sleep(1100)
+    h.wait_until(function()
+      return fence_in_redis(a, name, "C") ~= nil and a:call("ZSCORE", k[2], tb) ~= nil
+    end)
+    h.sleep(20)                              -- B read that answer
+    -- B reads the message of the grant that ended, well within a third of
+    -- its first lease after its request: taken, it was a second holder
+    assert.equal(1, a:call("PUBLISH", channel, tb .. " " .. fence .. " 1"))
+    h.sleep(100)
+    assert.is_not_nil(fence_in_redis(a, name, "C"))      -- C holds
+    assert.is_nil(rb)                                    -- and B waits
+    assert.equal(1, R.queued(a, name))
+    assert.equal(1, raw(a, name, scripts.release, "C", "1"))
+    h.wait_until(function() return rb ~= nil end, 2000)
+    assert.equal(fence_in_redis(a, name, rb.token), rb.fence)
+    assert.is_true(rb.fence > math.tointeger(tonumber(fence)))
+    assert.is_true(rb:check())
+    assert.is_true(rb())
+  end, { deadline = 20000 }))
 end)
 
 -- A worker: N sections of the mutex NAME with markers in LOG; meanwhile,
