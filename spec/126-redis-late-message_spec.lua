@@ -36,6 +36,31 @@ local function fence_in_redis(client, name, token)
 end
 
 describe("a hand-off message read after the waiter's next request went out", function()
+  it("is told apart by the answer's n: every grant before the request has a fence up to it,"
+    .. " every later one a larger fence", h.async(function()
+    local a = server:client()
+    local _ <close> = setmetatable({}, { __close = function() a:close() end })
+    local name = fresh_name()
+    assert.equal(1, raw(a, name, scripts.acquire, "A", "1", "1", "100000", "3000", "none",
+                        "wait")[1])
+    local queued = raw(a, name, scripts.acquire, "B", "1", "1", "100", "3000", "none", "wait")
+    assert.equal(0, queued[1])
+    assert.equal(0, raw(a, name, scripts.acquire, "C", "1", "1", "100000", "100000", "none",
+                        "wait")[1])
+    assert.equal(1, raw(a, name, scripts.release, "A", "1"))
+    local fb = fence_in_redis(a, name, "B")
+    assert.is_true(fb > math.tointeger(tonumber(queued[3])))
+    h.sleep(150)                             -- B's first lease (100 ms) ends unrenewed
+    -- B asks again: its grant is over, C is granted, B is queued again
+    local again = raw(a, name, scripts.acquire, "B", "1", "1", "100", "3000", "none", "again")
+    assert.equal(0, again[1])
+    local n = math.tointeger(tonumber(again[3]))
+    local fc = fence_in_redis(a, name, "C")
+    assert.is_true(fb <= n and fc <= n)
+    assert.equal(1, raw(a, name, scripts.release, "C", "1"))
+    assert.is_true(fence_in_redis(a, name, "B") > n)
+  end))
+
   it("is not taken when that request finds the grant over: the next process holds, the waiter"
     .. " waits its turn", h.async(function()
     local a, b, x = server:client(), server:client(), server:client()
