@@ -35,6 +35,37 @@ local function fence_in_redis(client, name, token)
   return rec and math.tointeger(tonumber(rec:match("^%d+ %d+ (%d+)")))
 end
 
+-- A holds for long; B, a RedisMutex of client b with 'opts', waits; C is
+-- queued behind B (played by the spec, with a long waiterTimeout).
+-- Returns a function that gives B's releaser (nil while B waits).
+local function a_holds_b_waits_c_queued(a, b, name, opts)
+  assert.equal(1, raw(a, name, scripts.acquire, "A", "1", "1", "100000", "3000", "none",
+                      "wait")[1])
+  local mb = am.RedisMutex.new(b, name, opts)
+  local rb
+  h.spawn(function() rb = mb:acquire() end)
+  h.wait_until(function() return R.queued(a, name) == 1 end)
+  h.sleep(30)                              -- B subscribed and asked again
+  assert.equal(0, raw(a, name, scripts.acquire, "C", "1", "1", "100000", "100000", "chC",
+                      "wait")[1])
+  return function() return rb end
+end
+
+-- C holds and B waits its turn; once C releases, B holds, with the fence
+-- Redis has.  Returns B's releaser, released.
+local function c_holds_then_b(a, name, rb)
+  assert.is_not_nil(fence_in_redis(a, name, "C"))      -- C holds
+  assert.is_nil(rb())                                  -- and B waits
+  assert.equal(1, R.queued(a, name))
+  assert.equal(1, raw(a, name, scripts.release, "C", "1"))
+  h.wait_until(function() return rb() ~= nil end, 2000)
+  local r = rb()
+  assert.equal(fence_in_redis(a, name, r.token), r.fence)
+  assert.is_true(r:check())
+  assert.is_true(r())
+  return r
+end
+
 describe("a hand-off message read after the waiter's next request went out", function()
   it("is told apart by the answer's n: every grant before the request has a fence up to it,"
     .. " every later one a larger fence", h.async(function()
@@ -73,18 +104,9 @@ describe("a hand-off message read after the waiter's next request went out", fun
     end })
     local name = fresh_name()
     local k = scripts.keys(name)
-    -- A holds for long; B waits with a short first lease (min(ttl,
-    -- waiterTimeout) = 100 ms) and asks again every 100 ms; C is queued
-    -- behind B (played by the spec, with a long waiterTimeout)
-    assert.equal(1, raw(a, name, scripts.acquire, "A", "1", "1", "100000", "3000", "none",
-                        "wait")[1])
-    local mb = am.RedisMutex.new(b, name, { ttl = 100, waiterTimeout = 300 })
-    local rb
-    h.spawn(function() rb = mb:acquire() end)
-    h.wait_until(function() return R.queued(a, name) == 1 end)
-    h.sleep(30)                              -- B subscribed and asked again
-    assert.equal(0, raw(a, name, scripts.acquire, "C", "1", "1", "100000", "100000", "chC",
-                        "wait")[1])
+    -- B's first lease is short (min(ttl, waiterTimeout) = 100 ms), and it
+    -- asks again every 100 ms
+    local rb = a_holds_b_waits_c_queued(a, b, name, { ttl = 100, waiterTimeout = 300 })
     local sha = a:call("SCRIPT", "LOAD", scripts.release)
     -- Resumed by a reply, from the loop's poll phase: this process blocks
     -- there while another process releases A (the hand-off message to B
@@ -97,14 +119,7 @@ describe("a hand-off message read after the waiter's next request went out", fun
       :format(server.path, sha, k[1], k[2], k[3], k[4], k[5], k[6])))
     uv.sleep(250)
     h.sleep(400)
-    assert.is_not_nil(fence_in_redis(a, name, "C"))      -- C holds
-    assert.is_nil(rb)                                    -- and B waits
-    assert.equal(1, R.queued(a, name))
-    assert.equal(1, raw(a, name, scripts.release, "C", "1"))
-    h.wait_until(function() return rb ~= nil end, 2000)
-    assert.equal(fence_in_redis(a, name, rb.token), rb.fence)
-    assert.is_true(rb:check())
-    assert.is_true(rb())
+    c_holds_then_b(a, name, rb)
   end, { deadline = 20000 }))
 
   it("is not taken when read after that request's answer: the two connections are read in no"
@@ -113,18 +128,9 @@ describe("a hand-off message read after the waiter's next request went out", fun
     local _ <close> = setmetatable({}, { __close = function() a:close(); b:close() end })
     local name = fresh_name()
     local k = scripts.keys(name)
-    -- A holds for long; B waits with a first lease of 1000 ms, which it
-    -- would confirm only if its message came more than 333 ms after its
-    -- last request; C is queued behind B (played by the spec)
-    assert.equal(1, raw(a, name, scripts.acquire, "A", "1", "1", "100000", "3000", "none",
-                        "wait")[1])
-    local mb = am.RedisMutex.new(b, name, { ttl = 1000, waiterTimeout = 1000 })
-    local rb
-    h.spawn(function() rb = mb:acquire() end)
-    h.wait_until(function() return R.queued(a, name) == 1 end)
-    h.sleep(30)                              -- B subscribed and asked again
-    assert.equal(0, raw(a, name, scripts.acquire, "C", "1", "1", "100000", "100000", "chC",
-                        "wait")[1])
+    -- B's first lease is 1000 ms, which it would confirm only if its
+    -- message came more than 333 ms after its last request
+    local rb = a_holds_b_waits_c_queued(a, b, name, { ttl = 1000, waiterTimeout = 1000 })
     -- B's hand-off message is held back, to be read after B's next answer
     -- (as a process whose subscriber connection is read after its other
     -- one reads it): the channel in B's record of N:c goes nowhere, and
@@ -149,15 +155,8 @@ describe("a hand-off message read after the waiter's next request went out", fun
     -- its first lease after its request: taken, it was a second holder
     assert.equal(1, a:call("PUBLISH", channel, tb .. " " .. fence .. " 1"))
     h.sleep(100)
-    assert.is_not_nil(fence_in_redis(a, name, "C"))      -- C holds
-    assert.is_nil(rb)                                    -- and B waits
-    assert.equal(1, R.queued(a, name))
-    assert.equal(1, raw(a, name, scripts.release, "C", "1"))
-    h.wait_until(function() return rb ~= nil end, 2000)
-    assert.equal(fence_in_redis(a, name, rb.token), rb.fence)
-    assert.is_true(rb.fence > math.tointeger(tonumber(fence)))
-    assert.is_true(rb:check())
-    assert.is_true(rb())
+    local r = c_holds_then_b(a, name, rb)
+    assert.is_true(r.fence > math.tointeger(tonumber(fence)))
   end, { deadline = 20000 }))
 end)
 
