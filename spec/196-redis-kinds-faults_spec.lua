@@ -327,7 +327,11 @@ main(function()
     local was_paused = paused()
     if not r() then
       ended = true
-      if was_paused then starved = starved + 1 else falses = falses + 1 end
+      -- a release that reached Redis after the lease's end, in a stall of
+      -- this process or of the server during its round trip, is refused:
+      -- the pause's too (its overlaps are the pause's only when the pause
+      -- came while it held: was_paused)
+      if paused() then starved = starved + 1 else falses = falses + 1 end
     end
     -- a section that went on after its lease ended in a pause may overlap
     -- the next holder's: marked, its overlaps are that pause's

@@ -261,12 +261,15 @@ local ARGS = { select(2, ...) }
 local client = redis.connect { path = SOCK }
 -- The longest stall (ms) since the last call: how long this process's loop
 -- went without running a timer (starved of CPU, or blocked), or the server
--- took to answer a PING sent after the last call, on a connection of its
--- own.  Either, past a sixth of a lease, can make a renewal come too late:
--- the pause no lease survives (docs/redis-locks.md, "Limits"), a fault of
--- a loaded machine, not of the lock, which the no-fault specs tell apart
--- this way.  Started by the first call; its timer is unref'd and main()
--- closes its connection, so that neither keeps the loop running.
+-- left a PING on a connection of its own unanswered since the last call
+-- (a PING sent before it and still unanswered counts from the call: a
+-- server starved for the whole of a short hold answered none).  Either,
+-- past a sixth of a lease, can make a renewal, or a release, reach Redis
+-- after the lease's end: the pause no lease survives (docs/redis-locks.md,
+-- "Limits"), a fault of a loaded machine, not of the lock, which the
+-- no-fault specs tell apart this way.  Started by the first call; its
+-- timer is unref'd and main() closes its connection, so that neither
+-- keeps the loop running.
 local stall_timer, stall_probe, stall_last, stall_since, stall_worst
 local pinging                         -- when the PING in flight went out
 local function stalls()
@@ -282,9 +285,7 @@ local function stalls()
       pinging = t0
       coroutine.wrap(function()
         pcall(probe.call, probe, "PING")
-        if t0 >= stall_since then
-          stall_worst = math.max(stall_worst, (uv.hrtime() - t0) / 1e6)
-        end
+        stall_worst = math.max(stall_worst, (uv.hrtime() - math.max(t0, stall_since)) / 1e6)
         pinging = nil
       end)()
     end)
@@ -292,7 +293,7 @@ local function stalls()
   end
   local now = uv.hrtime()
   local worst = stall_worst and math.max(stall_worst, (now - stall_last) / 1e6,
-    pinging and pinging >= stall_since and (now - pinging) / 1e6 or 0)
+    pinging and (now - math.max(pinging, stall_since)) / 1e6 or 0)
   stall_last, stall_since, stall_worst = now, now, 0
   return worst or 0
 end

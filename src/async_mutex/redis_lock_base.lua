@@ -138,15 +138,18 @@ end
 
 local hubs = setmetatable({}, { __mode = "k" })
 
--- 'ended': the fence of a grant of this waiter that ended before it was
--- taken (redis_acquire), whose message may still come: fences of later
--- grants are larger.
+-- 'ended': no grant of this waiter with a fence up to it can be taken:
+-- each ended before a request that found the waiter not holding (the n of
+-- that request's answer, see ask), and its message may still come: the
+-- fences of later grants are larger.  For the same reason a message read
+-- while the waiter has one already (of a grant that a request in flight
+-- may find ended) replaces it when its fence is larger.
 local function on_message(hub, message)
   local token, fence, value = message:match("^(%S+) (%d+) (%-?%d+)$")
   local w = token and hub.waiters[token]
-  if w and not w.fence then
+  if w then
     fence = tointeger(tonumber(fence))
-    if w.ended and fence <= w.ended then return end
+    if (w.ended and fence <= w.ended) or (w.fence and fence <= w.fence) then return end
     w.fence, w.value = fence, tointeger(tonumber(value))
     -- a waiter that sleeps has a bell: its coroutine is resumed by the core
     if w.bell then w.bell:release() end
@@ -895,12 +898,30 @@ end
 -- request that opened a new connection (on_connected) is followed by the
 -- eviction check of that connection: refused, its grant or place in the
 -- queue is given back (Pending) as for any error.
+--
+-- An answer that this waiter does not hold carries n: every grant made
+-- before the request has a fence <= n, every later one a larger fence
+-- (redis_scripts.lua, acquire).  A grant of this waiter made before the
+-- request ended before it (the request would have found it held), and
+-- its hand-off message comes on the other connection: it may be read
+-- while the request is in flight, or after the answer (the two sockets
+-- are read in no set order, and a process that blocks reads both late).
+-- So such a message is dropped, and any later one of fence <= n ignored
+-- (on_message): a message kept or read from here on is of a grant made
+-- after this request, whose lease Redis started after it was sent
+-- (docs/redis-locks.md, "Waiting without polling"; spec 126).
 local function ask(lk, w, s_weight, mode)
   -- (closed by a finalizer or a hook since the caller looked: a waiter's
   -- outcome, not the closed client's misuse error)
   if lk.hub.closed then error(CLOSED, 0) end
   local r = eval(lk, lk.acquire_script, w.keys, w.token, lk.s_limit, s_weight, lk.s_ttl,
                  lk.s_wait, (channel_of(lk, w.keys)), mode)
+  local n = r[1] ~= 1 and r[3]
+  if n then
+    n = tointeger(tonumber(n))
+    if not w.ended or n > w.ended then w.ended = n end
+    if w.fence and w.fence <= n then w.fence, w.value = nil, nil end
+  end
   if lk.hub.evicts == nil then eviction(lk) end
   return r
 end
@@ -936,17 +957,10 @@ local function wait_in_queue(lk, w, s_weight, deadline, err, r)
       t = hrtime()
       if deadline and t >= deadline then error(err, 0) end
     until t >= again
-    local before = sent
     sent = t
+    -- (a message of a grant made before this request, read while it was
+    -- in flight, is dropped by ask: the grant has ended)
     r = ask(lk, w, s_weight, "again")
-    -- A message read while this request was in flight, whose answer says
-    -- that this waiter does not hold: the grant may have come before the
-    -- request was taken, and ended since (the message was read late:
-    -- blocking work in this process, a pause).  Its lease is counted from
-    -- the request before (nil: the caller's), the last one known to
-    -- precede it, so that a grant already over is confirmed, and found
-    -- ended, never taken (spec 126).
-    if r[1] ~= 1 and w.fence then return nil, before end
   end
   if r[1] == 1 then return r, sent end
   return nil, sent
@@ -958,9 +972,10 @@ end
 -- (lk, keys, token, done), one hash part of four slots.
 --
 -- A grant's lease is counted from the request that set it: the one that
--- was answered, or for a hand-off the last one whose answer found this
--- waiter queued before the message was read (Redis starts that lease
--- later, at the release), so the count here ends first.  But a waiter
+-- was answered, or for a hand-off the last request sent, whose answer
+-- found this waiter queued: a message is kept only when its grant came
+-- after that request (ask), so Redis started that lease later, at the
+-- release, and the count here ends first.  But a waiter
 -- sleeps up to a third of waiterTimeout between requests, and a hand-off
 -- that comes late in that sleep was counted from long ago: when the
 -- lease's renewal is due already, the grant is confirmed by one request
@@ -1013,10 +1028,8 @@ local function redis_acquire(lk, name, weight, deadline, err, token)
       local _, shard = channel_of(lk, w.keys)
       if not subscribed(hub, shard) then
         subscribe(hub, shard)
-        local before = sent
         sent = hrtime()             -- a hand-off before we listened: ask again
         r = ask(lk, w, s_weight, "again")
-        if r[1] ~= 1 and w.fence then sent = before end     -- as in wait_in_queue
       end
       local at
       r, at = wait_in_queue(lk, w, s_weight, deadline, err, r)
@@ -1031,17 +1044,16 @@ local function redis_acquire(lk, name, weight, deadline, err, token)
     -- Stale: confirm it by asking again (Redis renews a grant it still
     -- has to ttl from this request, and answers with its fence), or learn
     -- that it ended meanwhile (this process was too slow to take it): the
-    -- same request then queues this waiter again, or grants anew, and a
-    -- late message of the ended grant is ignored (on_message).  Its
-    -- answer, not the grant seen before, gives the fence: a renewal
-    -- answers only "held", and the hold it renewed may be a later grant
-    -- (one that came while it was in flight, after the first had ended).
-    -- A try is never queued: it renews, and its token can hold no other
-    -- grant.
+    -- same request then queues this waiter again, or grants anew, and
+    -- late messages of the ended grant, or of any grant made before the
+    -- request, are ignored (ask, on_message).  Its answer, not the grant
+    -- seen before, gives the fence: a renewal answers only "held", and
+    -- the hold it renewed may be a later grant (one that came while it was
+    -- in flight, after the first had ended).  A try is never queued: it
+    -- renews, and its token can hold no other grant.
     local fence, value
     if r and r[1] == 1 then fence, value = r[2], r[3] else fence, value = w.fence, w.value end
     w.fence = nil
-    local before = sent
     sent = hrtime()
     if try then
       if eval(lk, scripts.renew, keys, token, lk.s_limit, lk.s_ttl) ~= 1 then
@@ -1050,9 +1062,7 @@ local function redis_acquire(lk, name, weight, deadline, err, token)
       end
       r = { 1, fence, value }
     else
-      w.ended = tointeger(tonumber(fence))
       r = ask(lk, w, s_weight, "again")
-      if r[1] ~= 1 and w.fence then sent = before end     -- as in wait_in_queue
     end
   end
   if lk.replicas then confirm_grant(lk) end   -- else given back (Pending)
