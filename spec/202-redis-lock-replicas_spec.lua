@@ -38,11 +38,16 @@ describe("a Redis lock with replicas = N", function()
 
   it("confirms grants, renewals and releases by WAIT, and hands off between clients",
     h.async(function()
-      local a = redis.connect { port = master.port }
-      local b = redis.connect { port = master.port }
+      -- WAIT's timeout is min(commandTimeout / 2, ttl / 4): 500 ms at the
+      -- defaults, which a replica on a machine slowed down by GC stress and
+      -- valgrind side by side once missed (a latency bound, stretched there)
+      local S = h.TIME_SCALE
+      local a = redis.connect { port = master.port, commandTimeout = 1000 * S }
+      local b = redis.connect { port = master.port, commandTimeout = 1000 * S }
       local admin = redis.connect { port = master.port }
       local before = waits(admin)
-      local ma = am.RedisMutex.new(a, "spec202", { replicas = 1, ttl = 2000, renewInterval = 50 })
+      local ma = am.RedisMutex.new(a, "spec202", { replicas = 1, ttl = 2000 * S,
+                                                   renewInterval = 50 })
       local mb = am.RedisMutex.new(b, "spec202", { replicas = 1 })
       local release = ma:acquire()
       h.sleep(130)                                   -- two renewals
