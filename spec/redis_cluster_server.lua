@@ -15,12 +15,7 @@ local M = {}
 local Cluster = {}
 Cluster.__index = Cluster
 
-local function read(cmd)
-  local p = assert(io.popen("LD_PRELOAD= ; " .. cmd))
-  local out = p:read("a")
-  p:close()
-  return out
-end
+local read = redis_server.read
 
 -- A port that is free, and whose cluster bus port (port + 10000) is too.
 local function cluster_port(taken)

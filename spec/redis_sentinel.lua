@@ -24,12 +24,7 @@ Sentinel.__index = Sentinel
 
 local sh = redis_server.sh           -- (without LD_PRELOAD: see there)
 
-local function read(cmd)
-  local p = assert(io.popen("LD_PRELOAD= ; " .. cmd))
-  local out = p:read("a")
-  p:close()
-  return out
-end
+local read = redis_server.read
 
 local function wait_for(pred, what, ms)
   for _ = 1, (ms or 10000) // 20 do
