@@ -449,4 +449,50 @@ describe("client:close", function()
     assert.is_true(h.run_loop(1000))
     assert.equal(0, h.count_handles("uv_poll_t"))
   end)
+
+  -- A coroutine that connects, calls and closes holds the client in a
+  -- local only, and the client holds the coroutine in its FIFO only: both
+  -- were garbage while the call waited, a collection ended them, and the
+  -- rest of the coroutine never ran (spec 83's child lost its holder so,
+  -- depending on when the collector stepped).
+  it("keeps a client referred to only by its waiting callers until their replies", h.async(function()
+    local weak = setmetatable({}, { __mode = "v" })
+    local got = {}
+    do
+      local c = client()
+      weak.client = c
+      for i = 1, 2 do
+        am.spawn(function()
+          -- (BLPOP on a missing key answers nil after its timeout)
+          got[i] = c:call("BLPOP", "spec40:never", "0.2") == nil and "nil" or "?"
+          if i == 2 then c:close() end
+        end)
+      end
+    end
+    h.sleep(50)                                 -- both calls wait for their replies
+    h.gc()
+    assert.is_not_nil(weak.client)
+    h.wait_until(function() return got[2] ~= nil end, 5000, "the replies")
+    assert.same({ "nil", "nil" }, got)
+    h.gc()
+    assert.is_nil(weak.client)                  -- and collectable once they came
+  end))
+
+  it("lets a client go once its last waiting call failed", h.async(function()
+    local weak = setmetatable({}, { __mode = "v" })
+    local err
+    do
+      local c = client()
+      weak.client = c
+      am.spawn(function()
+        local ok, e = pcall(c.call, c, "BLPOP", "spec40:never", "0.2")
+        err = not ok and e
+      end)
+      h.sleep(50)
+      c:close()                                 -- the caller raises E_UNAVAILABLE
+    end
+    assert.equal(redis.E_UNAVAILABLE, err)
+    h.gc()
+    assert.is_nil(weak.client)
+  end))
 end)

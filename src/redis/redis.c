@@ -108,6 +108,32 @@ typedef struct Client {
    Lua code can make, so that a stray resume is told from ours */
 static const char DELIVER = 0;
 
+/*
+** The registry's key of the set of clients with calls waiting (client ->
+** true).  A waiting caller is referenced by its client's FIFO, and the
+** client often only by that caller (a local of its function, as a
+** coroutine that connects, calls and closes has it): with nothing else
+** referring to either, both were garbage together, and a collection
+** ended the call with its caller never resumed (docs/redis.md, "Closing
+** and exiting").  So a client is anchored from its first waiting call to
+** the end of its last, as luv anchors an active handle.
+*/
+static const char ANCHORED = 0;
+
+/*
+** Anchors the client at index 'i' ('on'), or lets it go.  Anchoring may
+** run a finalizer (the set may grow); letting go allocates nothing.
+*/
+static void anchor (lua_State *L, int i, int on) {
+  i = lua_absindex(L, i);
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &ANCHORED);
+  lua_pushvalue(L, i);
+  if (on) lua_pushboolean(L, 1);
+  else lua_pushnil(L);
+  lua_rawset(L, -3);
+  lua_pop(L, 1);
+}
+
 
 /*
 ** luaL_checkudata, with the metatable compared to the one kept as an
@@ -444,6 +470,7 @@ static void disconnect (lua_State *L, int i, Client *cl, int resume_them,
   cl->events = cl->inner = 0;
   cl->head = cl->tail = 0;
   cl->epoch++;
+  anchor(L, i, 0);
   lua_pushvalue(L, err);
   lua_setiuservalue(L, i, UV_ERROR);
   lua_getiuservalue(L, i, UV_WAITERS);              /* err conn fifo */
@@ -1013,6 +1040,7 @@ static int conn_event (lua_State *L) {
         t = lua_rawgeti(L, fifo, cl->head);         /* its caller */
         lua_pushnil(L);
         lua_rawseti(L, fifo, cl->head++);
+        if (cl->head == cl->tail) anchor(L, 3, 0);   /* (on 'ready') */
       }
       else t = LUA_TNIL;
       if (t == LUA_TNIL) {              /* nobody asked for it: dropped */
@@ -1253,6 +1281,8 @@ static int call (lua_State *L, Client *cl) {
   lua_pushthread(L);
   lua_rawseti(L, -2, cl->tail++);           /* may run a finalizer */
   lua_pop(L, 1);
+  if (cl->epoch == epoch && cl->tail - cl->head == 1)
+    anchor(L, 1, 1);                        /* may run a finalizer */
   /* alone in flight: write now (the loop's next turn would cost an
      iteration); otherwise the batch goes at the end of the read callback
      that runs this coroutine */
@@ -1271,6 +1301,8 @@ static int call (lua_State *L, Client *cl) {
      a finalizer, closed the client): every other caller was resumed with
      the error, this one raises it */
   if (cl->epoch != epoch) {
+    /* (ended during the anchoring: anchored after disconnect let go) */
+    if (cl->head == cl->tail) anchor(L, 1, 0);
     lua_getiuservalue(L, 1, UV_ERROR);
     return lua_error(L);
   }
@@ -1389,9 +1421,9 @@ static int client_close (lua_State *L) {
 
 
 /*
-** NOTE: a client is collected only when its waiting coroutines are
-** unreachable too (they are anchored in its FIFO and hold it on their
-** stacks): __gc closes the connection and resumes nobody.  It raises
+** NOTE: a client with calls waiting is anchored (ANCHORED), so it is
+** collected only with none waiting, or at lua_close, where every object
+** is finalized: __gc closes the connection and resumes nobody.  It raises
 ** nothing: the error it passes on is the E_UNAVAILABLE constant, which
 ** needs no allocation.
 */
@@ -1782,6 +1814,11 @@ LUAMOD_API int luaopen_async_mutex_redis_core (lua_State *L) {
   lua_pushliteral(L, "v");
   lua_setfield(L, -2, "__mode");
   lua_setfield(L, -2, "WEAK_V");
+  lua_pop(L, 1);
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &ANCHORED) != LUA_TTABLE) {
+    lua_newtable(L);            /* (kept if the module is loaded again) */
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &ANCHORED);
+  }
   lua_pop(L, 1);
   return 1;
 }
