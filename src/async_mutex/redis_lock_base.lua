@@ -297,9 +297,9 @@ end
 -- {========================================================== replicas
 -- The option `replicas = N` (docs/redis-locks.md, "Scaling out"): a
 -- grant, a renewal and a release are confirmed by `WAIT N timeout` on the
--- client's connection, which returns once every write made on it so far
--- (the script's) has reached N replicas, or at the timeout with the count
--- that has.  The timeout stays within the client's commandTimeout (the
+-- client's connection (on a cluster, the lock's master's), which returns
+-- once every write made on it so far (the script's) has reached N
+-- replicas, or at the timeout with the count that has.  The timeout stays within the client's commandTimeout (the
 -- connection is blocked meanwhile: its timer would fail it) and a quarter
 -- of the lease.  Returns true, or false and why not (E_UNAVAILABLE's
 -- reason).
