@@ -299,10 +299,10 @@ end
 -- grant, a renewal and a release are confirmed by `WAIT N timeout` on the
 -- client's connection (on a cluster, the lock's master's), which returns
 -- once every write made on it so far (the script's) has reached N
--- replicas, or at the timeout with the count that has.  The timeout stays within the client's commandTimeout (the
--- connection is blocked meanwhile: its timer would fail it) and a quarter
--- of the lease.  Returns true, or false and why not (E_UNAVAILABLE's
--- reason).
+-- replicas, or at the timeout with the count that has.  The timeout
+-- stays within the client's commandTimeout (the connection is blocked
+-- meanwhile: its timer would fail it) and a quarter of the lease.
+-- Returns true, or false and why not (E_UNAVAILABLE's reason).
 local function replicated(lk)
   local c = lk.client
   -- On a cluster, WAIT goes on the connection of the master that ran the
