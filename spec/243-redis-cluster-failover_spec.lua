@@ -147,66 +147,6 @@ describe("Redis locks with replicas on a cluster", function()
       end, 5000, "a grant confirmed once the replica runs again")
     end))
 
-  -- A worker: takes the RedisMutex NAME through a cluster client (seeds
-  -- PORTS) for at most RUN ms, until the file STOP exists, holding 20 ms;
-  -- "B id fence t" and "E id fence t" around each section (t: the
-  -- monotonic clock at the grant, in ns, which every process reads alike),
-  -- one write(2) each (O_APPEND).  Prints "grants unavailable others
-  -- falses", then every other error, then the E_UNAVAILABLE reasons.
-  local WORKER = [[
-local am = require "async_mutex"
-local redis = require "async_mutex.redis"
-local uv = require "luv"
-local PORTS, NAME, LOG, ID, RUN, REPLICAS, STOP = ...
-local seeds = {}
-for p in PORTS:gmatch("%d+") do seeds[#seeds + 1] = { host = "127.0.0.1", port = tonumber(p) } end
-local client = redis.connect { cluster = seeds, commandTimeout = 1000, reconnectDelayMax = 200 }
-local m = am.RedisMutex.new(client, NAME, { ttl = 2000, waiterTimeout = 600,
-  replicas = tonumber(REPLICAS) > 0 and tonumber(REPLICAS) or nil })
-local f = assert(io.open(LOG, "a"))
-f:setvbuf("no")
-local grants, unavailable, falses, others, reasons = 0, 0, 0, {}, {}
-local failed
-local function told()
-  local s = io.open(STOP)
-  if s then s:close() end
-  return s ~= nil
-end
-am.spawn(function()
-  local ok, err = pcall(function()
-    local stop = uv.hrtime() + tonumber(RUN) * 1e6
-    while uv.hrtime() < stop and not told() do
-      local got, r = pcall(m.acquire, m)
-      if got then
-        grants = grants + 1
-        local mark = ("%s %d %d\n"):format(ID, r.fence, uv.hrtime())
-        f:write("B " .. mark)
-        am.sleep(20)
-        f:write("E " .. mark)
-        if not r() then falses = falses + 1 end
-      elseif r == am.E_UNAVAILABLE then
-        unavailable = unavailable + 1
-        local why = (r.reason or "?"):gsub("%d+", "N")
-        reasons[why] = (reasons[why] or 0) + 1
-        am.sleep(20)
-      else
-        others[#others + 1] = tostring(r)
-        am.sleep(20)
-      end
-    end
-  end)
-  if not ok then failed = err end
-  client:close()
-end)
-uv.run()
-f:close()
-if failed then io.stderr:write(tostring(failed), "\n"); os.exit(1) end
-io.stdout:write(("%d %d %d %d\n"):format(grants, unavailable, #others, falses))
-for _, e in ipairs(others) do io.stdout:write(e, "\n") end
-for why, n in pairs(reasons) do io.stdout:write(("unavailable %d: %s\n"):format(n, why)) end
-os.exit(0)
-]]
-
   local WORKERS, RUN = 3, 20000
   -- Sections begun on the promoted replica before the workers are told
   -- to stop: grants go on there, between the three, for a while.
@@ -238,8 +178,8 @@ os.exit(0)
     local procs, results, killed_at, promoted_at, restarted_at = {}, {}, nil, nil, nil
     local ran, err = pcall(h.run, function()
       for i = 1, WORKERS do
-        procs[i] = R.child(WORKER, { table.concat(ports, ","), name, log, "w" .. i, RUN,
-          replicas, stop })
+        procs[i] = R.child(R.FAILOVER_WORKER, { "cluster", table.concat(ports, ","), name,
+          log, "w" .. i, RUN, replicas, stop })
         children[#children + 1] = procs[i]
       end
       local function any_done()
