@@ -141,8 +141,8 @@ end
 -- from it, the lock idle at the kill; one coroutine tries every 10 ms.
 -- With `replicas = 1` the promoted replica has no replica of its own
 -- until the old master, started again at the promotion (as a supervisor
--- would, once the slot has moved),
--- rejoins as its replica: no grant is confirmed before.
+-- would, once the slot has moved), rejoins as its replica: no grant is
+-- confirmed before.
 local function cluster_failover_time(replicas)
   local cl = redis_cluster_server.start(3, { replicas = 1, node_timeout = 1000 })
   local promoted_ms, granted_ms
