@@ -1,12 +1,15 @@
--- Scaling out (docs/redis-locks.md, "Scaling out"): what `replicas = 1`
--- costs per lock cycle, and how long after `kill -9` of a master under
--- Sentinel the first grant comes from the promoted replica.  Real servers
--- on loopback, started here and stopped by PID (spec/redis_server.lua,
--- spec/redis_sentinel.lua); the two sides of each comparison alternate in
--- one run (A/B), so that the ratio, not the rate, is what counts on a
--- shared machine.  BENCH_QUICK=1 runs a tenth of the work.
+-- Scaling out (docs/redis-locks.md, "Scaling out" and "On a cluster"):
+-- what `replicas = 1` costs per lock cycle, and how long after `kill -9`
+-- of a master the first grant comes from the promoted replica, under
+-- Sentinel and on a Redis Cluster (3 masters, 1 replica each).  Real
+-- servers on loopback, started here and stopped by PID
+-- (spec/redis_server.lua, spec/redis_sentinel.lua,
+-- spec/redis_cluster_server.lua); the two sides of each comparison
+-- alternate in one run (A/B), so that the ratio, not the rate, is what
+-- counts on a shared machine.  BENCH_QUICK=1 runs a tenth of the work.
 --
---   lua5.4 bench/scaleout.lua        (from the checkout, after make)
+--   lua5.4 bench/scaleout.lua [sentinel|cluster]   (from the checkout,
+--   after make; both when not told)
 
 local here = arg[0]:match("^(.*)/[^/]*$") or "."
 package.path = here .. "/../spec/?.lua;" .. here .. "/../src/?.lua;"
@@ -17,6 +20,7 @@ local am = require "async_mutex"
 local redis = require "async_mutex.redis"
 local redis_server = require "redis_server"
 local redis_sentinel = require "redis_sentinel"
+local redis_cluster_server = require "redis_cluster_server"
 
 local QUICK = os.getenv("BENCH_QUICK") == "1"
 local CYCLES = QUICK and 500 or 5000
@@ -49,6 +53,23 @@ local function cycles(client, replicas, tasks, n)
   return n / ((uv.hrtime() - t0) / 1e9)
 end
 
+-- The table of cycles/s without and with `replicas = 1` on client c.
+local function compare(c)
+  print(("| tasks | cycles/s, no `replicas` | cycles/s, `replicas = 1` | ratio |"))
+  print("|---|---|---|---|")
+  for _, tasks in ipairs({ 1, 50 }) do
+    local a, b = {}, {}
+    cycles(c, nil, tasks, CYCLES // 10)            -- warm: scripts loaded
+    cycles(c, 1, tasks, CYCLES // 10)
+    for _ = 1, ROUNDS do
+      a[#a + 1] = cycles(c, nil, tasks, CYCLES)
+      b[#b + 1] = cycles(c, 1, tasks, CYCLES)
+    end
+    local ma, mb = median(a), median(b)
+    print(("| %d | %.0f | %.0f | %.2f |"):format(tasks, ma, mb, mb / ma))
+  end
+end
+
 local function cost_of_replicas()
   local sync = "--repl-diskless-sync-delay 0"
   local master = redis_server.start(nil, sync)
@@ -61,19 +82,7 @@ local function cost_of_replicas()
         am.sleep(10)
       end
     end)
-    print(("| tasks | cycles/s, no `replicas` | cycles/s, `replicas = 1` | ratio |"))
-    print("|---|---|---|---|")
-    for _, tasks in ipairs({ 1, 50 }) do
-      local a, b = {}, {}
-      cycles(c, nil, tasks, CYCLES // 10)            -- warm: scripts loaded
-      cycles(c, 1, tasks, CYCLES // 10)
-      for _ = 1, ROUNDS do
-        a[#a + 1] = cycles(c, nil, tasks, CYCLES)
-        b[#b + 1] = cycles(c, 1, tasks, CYCLES)
-      end
-      local ma, mb = median(a), median(b)
-      print(("| %d | %.0f | %.0f | %.2f |"):format(tasks, ma, mb, mb / ma))
-    end
+    compare(c)
     c:close()
   end)
   master:stop()
@@ -114,13 +123,91 @@ local function failover_time(replicas)
   return ms
 end
 
-print("## `replicas = 1`: lock cycles on a master with one replica (median of "
-  .. ROUNDS .. " alternating rounds)\n")
-cost_of_replicas()
-print("\n## Sentinel: kill -9 of the master to the first grant on the promoted one"
-  .. " (down-after-milliseconds 1000)\n")
-print("| `replicas` | ms |")
-print("|---|---|")
-for _, r in ipairs({ false, 1 }) do
-  print(("| %s | %.0f |"):format(r or "none", failover_time(r or nil)))
+-- Cluster: the same comparison through a cluster client, 3 masters with 1
+-- replica each (node timeout 1000 ms, as Sentinel's down-after above).
+local function cluster_cost_of_replicas()
+  local cl = redis_cluster_server.start(3, { replicas = 1, node_timeout = 1000 })
+  local ok, err = pcall(function()
+    local c = redis.connect { cluster = cl.seeds }
+    compare(c)
+    c:close()
+  end)
+  cl:stop()
+  assert(ok, err)
+end
+
+-- ms from kill -9 of the master of a lock's slot to the promotion of its
+-- replica (as a live node's CLUSTER NODES shows it) and to the first grant
+-- from it, the lock idle at the kill; one coroutine tries every 10 ms.
+-- With `replicas = 1` the promoted replica has no replica of its own
+-- until the old master, started again at the promotion (as a supervisor
+-- would, once the slot has moved), rejoins as its replica: no grant is
+-- confirmed before.
+local function cluster_failover_time(replicas)
+  local cl = redis_cluster_server.start(3, { replicas = 1, node_timeout = 1000 })
+  local promoted_ms, granted_ms
+  local ok, err = pcall(function()
+    local c = redis.connect { cluster = cl.seeds, commandTimeout = 1000, reconnectDelayMax = 200 }
+    local name = "bench:failover"
+    local slot = c:keyslot(name)
+    local m = am.RedisMutex.new(c, name, { replicas = replicas })
+    am.run(function()
+      m:acquire()()
+      local on = cl:master_of(slot)
+      local replica = cl:replica_of(on)
+      cl.nodes[on]:kill()
+      local t0 = uv.hrtime()
+      -- the promotion watched beside the attempts (each look a redis-cli
+      -- run, which holds this loop up a few ms)
+      local watch = am.spawn(function()
+        while cl:master_of(slot) ~= replica do am.sleep(10) end
+        promoted_ms = (uv.hrtime() - t0) / 1e6
+        if replicas then cl.nodes[on]:launch() end
+      end)
+      while true do
+        local got, r = pcall(m.acquire, m)
+        if got then
+          r()
+          if promoted_ms then break end
+        end
+        am.sleep(10)
+      end
+      granted_ms = (uv.hrtime() - t0) / 1e6
+      watch:join()
+    end)
+    c:close()
+  end)
+  cl:stop()
+  assert(ok, err)
+  return promoted_ms, granted_ms
+end
+
+local which = arg[1]
+if which == nil or which == "sentinel" then
+  print("## `replicas = 1`: lock cycles on a master with one replica (median of "
+    .. ROUNDS .. " alternating rounds)\n")
+  cost_of_replicas()
+  print("\n## Sentinel: kill -9 of the master to the first grant on the promoted one"
+    .. " (down-after-milliseconds 1000)\n")
+  print("| `replicas` | ms |")
+  print("|---|---|")
+  for _, r in ipairs({ false, 1 }) do
+    print(("| %s | %.0f |"):format(r or "none", failover_time(r or nil)))
+  end
+end
+if which == nil or which == "cluster" then
+  print("\n## Cluster (3 masters, 1 replica each): lock cycles through a cluster client"
+    .. " (median of " .. ROUNDS .. " alternating rounds)\n")
+  cluster_cost_of_replicas()
+  print("\n## Cluster: kill -9 of a lock's master to its replica's promotion and the first"
+    .. " grant (cluster-node-timeout 1000; with `replicas = 1` the old master started again"
+    .. " at the promotion)\n")
+  print("| `replicas` | promoted (ms) | first grant (ms) |")
+  print("|---|---|---|")
+  for _ = 1, QUICK and 1 or 3 do
+    for _, r in ipairs({ false, 1 }) do
+      local p, g = cluster_failover_time(r or nil)
+      print(("| %s | %.0f | %.0f |"):format(r or "none", p, g))
+    end
+  end
 end

@@ -16,87 +16,24 @@ local h = require "helpers"
 local R = require "lock_redis"
 local uv = require "luv"
 
--- A worker: takes the mutex NAME for at most RUN ms, until the file STOP
--- exists, holding 20 ms; a begin and an end marker around each section ("B id fence t", t the monotonic
--- clock in ns, which every process reads alike); prints "grants
--- unavailable others falses", then every other error on a line, then the
--- reasons of the E_UNAVAILABLEs with their counts.
-local WORKER = [[
-local am = require "async_mutex"
-local redis = require "async_mutex.redis"
-local uv = require "luv"
-local SENTINELS, NAME, LOG, ID, RUN, REPLICAS, STOP = ...
-local sentinels = {}
-for port in SENTINELS:gmatch("%d+") do
-  sentinels[#sentinels + 1] = { host = "127.0.0.1", port = tonumber(port) }
-end
-local client = redis.connect { sentinels = sentinels, master = "mymaster",
-  commandTimeout = 1000, reconnectDelayMax = 200 }
-local m = am.RedisMutex.new(client, NAME, { ttl = 2000, waiterTimeout = 600,
-  replicas = tonumber(REPLICAS) > 0 and tonumber(REPLICAS) or nil })
-local f = assert(io.open(LOG, "a"))
-f:setvbuf("no")
-local grants, unavailable, falses, others, reasons = 0, 0, 0, {}, {}
-local failed
-local function told()
-  local s = io.open(STOP)
-  if s then s:close() end
-  return s ~= nil
-end
-am.spawn(function()
-  local ok, err = pcall(function()
-    local stop = uv.hrtime() + tonumber(RUN) * 1e6
-    while uv.hrtime() < stop and not told() do
-      local got, r = pcall(m.acquire, m)
-      if got then
-        grants = grants + 1
-        f:write(("B %s %d %d\n"):format(ID, r.fence, uv.hrtime()))
-        -- the server that granted (the connection may have moved since:
-        -- then the section is counted on the new one, later)
-        local asked, port = pcall(client.call, client, "CONFIG", "GET", "port")
-        am.sleep(20)
-        f:write(("E %s %d %d %s\n"):format(ID, r.fence, uv.hrtime(),
-          asked and port[2] or "?"))
-        if not r() then falses = falses + 1 end
-      elseif r == am.E_UNAVAILABLE then
-        unavailable = unavailable + 1
-        local why = (r.reason or "?"):gsub("%d+ ms", "N ms")
-        reasons[why] = (reasons[why] or 0) + 1
-        am.sleep(20)
-      else
-        others[#others + 1] = tostring(r)
-        am.sleep(20)
-      end
-    end
-  end)
-  if not ok then failed = err end
-  client:close()
-end)
-uv.run()
-f:close()
-if failed then io.stderr:write(tostring(failed), "\n"); os.exit(1) end
-io.stdout:write(("%d %d %d %d\n"):format(grants, unavailable, #others, falses))
-for _, e in ipairs(others) do io.stdout:write(e, "\n") end
-for why, n in pairs(reasons) do io.stdout:write(("unavailable %d: %s\n"):format(n, why)) end
-os.exit(0)
-]]
-
--- Reads the markers: sections that began while another was running, the
--- sections ({ t = begin time (ns), port = the server that granted }), and
--- the fences in file order.
+-- Reads the markers of R.FAILOVER_WORKER: sections that began while
+-- another was running, the sections ({ t = begin time (ns), port = the
+-- server that granted }), and the fences in file order.
 local function markers(path)
-  local inside, overlaps, sections, fences = {}, 0, {}, {}
+  local inside, overlaps, sections, fences, by_fence = {}, 0, {}, {}, {}
   for line in io.lines(path) do
-    local kind, id, fence, t, port = line:match("^(%u) (%S+) (%d+) (%d+) ?(%S*)")
+    local kind, id, fence, rest = line:match("^(%u) (%S+) (%d+) (%S+)")
     if kind == "B" then
       if next(inside) then overlaps = overlaps + 1 end
-      local sec = { t = tonumber(t) }
+      local sec = { t = tonumber(rest) }
       inside[id] = sec
       sections[#sections + 1] = sec
       fences[#fences + 1] = tonumber(fence)
+      by_fence[id .. " " .. fence] = sec
     elseif kind == "E" then
-      if inside[id] then inside[id].port = tonumber(port) end
       inside[id] = nil
+    elseif kind == "G" and by_fence[id .. " " .. fence] then
+      by_fence[id .. " " .. fence].port = tonumber(rest)
     end
   end
   return overlaps, sections, fences
@@ -133,7 +70,7 @@ local function scenario(set, replicas, run_ms, fault)
     local n, f = 0, io.open(log)
     if not f then return 0 end
     for line in f:lines() do
-      if line:match("^E %S+ %d+ %d+ (%d+)") == tostring(port) then n = n + 1 end
+      if line:match("^G %S+ %d+ (%d+)") == tostring(port) then n = n + 1 end
     end
     f:close()
     return n
@@ -141,8 +78,8 @@ local function scenario(set, replicas, run_ms, fault)
   -- (a worker still running when this fails is killed: by its PID)
   local ran, err = pcall(h.run, function()
     for i = 1, WORKERS do
-      children[i] = R.child(WORKER, { table.concat(ports, ","), "spec203", log, "w" .. i,
-        run_ms, replicas, stop })
+      children[i] = R.child(R.FAILOVER_WORKER, { "sentinel", table.concat(ports, ","),
+        "spec203", log, "w" .. i, run_ms, replicas, stop })
     end
     until_(function()
       local f = io.open(log)

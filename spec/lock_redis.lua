@@ -314,6 +314,80 @@ local function main(fn)
 end
 ]]
 
+--- A worker process of the failover specs (203, 243), for R.child: takes
+-- the RedisMutex NAME (ttl 2000, waiterTimeout 600, `replicas` REPLICAS,
+-- 0: none) for at most RUN ms, until the file STOP exists, holding 20 ms,
+-- through a client (commandTimeout 1000, reconnectDelayMax 200) made with
+-- `sentinels` (HOW "sentinel": PORTS the sentinels' ports, master
+-- "mymaster") or `cluster` (HOW "cluster": PORTS the seeds').  Markers,
+-- one write(2) each to LOG (O_APPEND): "B id fence t" and "E id fence t"
+-- around each section (t: the monotonic clock at the grant, in ns, which
+-- every process reads alike; R.overlaps_in reads them); under Sentinel
+-- then "G id fence port", the server that granted (asked in the section:
+-- when the connection moved since, the new one).  Prints "grants
+-- unavailable others falses", every other error on a line, then the
+-- E_UNAVAILABLE reasons (numbers as N) with their counts.
+R.FAILOVER_WORKER = [[
+local am = require "async_mutex"
+local redis = require "async_mutex.redis"
+local uv = require "luv"
+local HOW, PORTS, NAME, LOG, ID, RUN, REPLICAS, STOP = ...
+local nodes = {}
+for p in PORTS:gmatch("%d+") do nodes[#nodes + 1] = { host = "127.0.0.1", port = tonumber(p) } end
+local opts = { commandTimeout = 1000, reconnectDelayMax = 200 }
+if HOW == "cluster" then opts.cluster = nodes else opts.sentinels, opts.master = nodes, "mymaster" end
+local client = redis.connect(opts)
+local m = am.RedisMutex.new(client, NAME, { ttl = 2000, waiterTimeout = 600,
+  replicas = tonumber(REPLICAS) > 0 and tonumber(REPLICAS) or nil })
+local f = assert(io.open(LOG, "a"))
+f:setvbuf("no")
+local grants, unavailable, falses, others, reasons = 0, 0, 0, {}, {}
+local failed
+local function told()
+  local s = io.open(STOP)
+  if s then s:close() end
+  return s ~= nil
+end
+am.spawn(function()
+  local ok, err = pcall(function()
+    local stop = uv.hrtime() + tonumber(RUN) * 1e6
+    while uv.hrtime() < stop and not told() do
+      local got, r = pcall(m.acquire, m)
+      if got then
+        grants = grants + 1
+        local mark = ("%s %d %d\n"):format(ID, r.fence, uv.hrtime())
+        f:write("B " .. mark)
+        local asked, port
+        if HOW ~= "cluster" then asked, port = pcall(client.call, client, "CONFIG", "GET", "port") end
+        am.sleep(20)
+        f:write("E " .. mark)
+        if HOW ~= "cluster" then
+          f:write(("G %s %d %s\n"):format(ID, r.fence, asked and port[2] or "?"))
+        end
+        if not r() then falses = falses + 1 end
+      elseif r == am.E_UNAVAILABLE then
+        unavailable = unavailable + 1
+        local why = (r.reason or "?"):gsub("%d+", "N")
+        reasons[why] = (reasons[why] or 0) + 1
+        am.sleep(20)
+      else
+        others[#others + 1] = tostring(r)
+        am.sleep(20)
+      end
+    end
+  end)
+  if not ok then failed = err end
+  client:close()
+end)
+uv.run()
+f:close()
+if failed then io.stderr:write(tostring(failed), "\n"); os.exit(1) end
+io.stdout:write(("%d %d %d %d\n"):format(grants, unavailable, #others, falses))
+for _, e in ipairs(others) do io.stdout:write(e, "\n") end
+for why, n in pairs(reasons) do io.stdout:write(("unavailable %d: %s\n"):format(n, why)) end
+os.exit(0)
+]]
+
 -- The number of processes queued in Redis for the lock 'name'.
 function R.queued(client, name)
   return client:call("ZCARD", name .. ":q")

@@ -689,6 +689,8 @@ local DEFAULTS = {
   connectTimeout = 2000, commandTimeout = 5000,
   reconnectDelay = 50, reconnectDelayMax = 2000, pingInterval = 15000,
 }
+-- (a cluster client's nodes have it unless told otherwise: redis_cluster.lua)
+core.default_command_timeout = DEFAULTS.commandTimeout
 
 -- Every option connect knows: a misspelt one (`commandTimout`) is an
 -- error, not a default silently kept.

@@ -283,7 +283,8 @@ end
 -- TRYAGAIN a bounded number of times.  A redirected command was not run
 -- (the node answered instead), so running it again duplicates nothing;
 -- a caller waits for each reply before the next, so its replies come in
--- order.  `what` names the command in the reasons.
+-- order.  `what` names the command in the reasons.  Returns the reply and
+-- the node's client that answered (the Redis locks' WAIT goes there).
 local function route(self, slot, what, send, ...)
   local target              -- the node of an ASK
   local retries, redirects = 0, 0
@@ -292,7 +293,7 @@ local function route(self, slot, what, send, ...)
     if asked then asking(c) end
     target = nil
     local ok, res = pcall(send, c, asked, ...)
-    if ok then return res end
+    if ok then return res, c end
     if is_error(res) then
       local code = res.code
       if code == "MOVED" or code == "ASK" then
@@ -454,7 +455,7 @@ function Cluster.call(self, ...)
     end
   end
   local slot = call_slot(self, n, argv)
-  return route(self, slot, upper(argtext(argv[1])), plain_call, ...)
+  return (route(self, slot, upper(argtext(argv[1])), plain_call, ...))
 end
 
 local run_script, script_call = rcore.run_script, rcore.script
@@ -482,7 +483,7 @@ function Cluster.eval(self, script, keys, args)
   local slot = check_slots(3, "eval", "script", texts, where, function(i)
     return ("keys[%d] "):format(i)
   end)
-  return route(self, slot, "script", send_script, script, keys, args)
+  return (route(self, slot, "script", send_script, script, keys, args))
 end
 
 --- Subscribes fn to the (classic) channel: a message published on any
@@ -691,7 +692,9 @@ rcore.keyslot = keyslot
 -- The Redis locks' scripts (redis_lock_base.lua): keys that share a slot
 -- by construction (a lock's, or those of several locks of one slot), args
 -- as values, all checked by the locks: routed by the first key, with none
--- of eval's checks or lists (one lock cycle is two scripts).
+-- of eval's checks or lists (one lock cycle is two scripts).  Returns the
+-- reply and the client of the node that ran the script: the locks'
+-- `replicas` confirm its writes by WAIT on that node's connection.
 rcore.cluster_script = function(self, script, keys, ...)
   if self.closed then error(unavailable("client closed"), 0) end
   return route(self, keyslot(keys[1]), "script", send_script, script, keys, ...)
@@ -708,7 +711,11 @@ rcore.cluster_sibling = function(client)
   local c = M.connect(client.redis, opts)
   -- the slot map is known: no need to ask for it again
   c.slots, c.order, c.epoch = client.slots, client.order, client.epoch
-  return c, client.options.commandTimeout or 5000
+  return c, rcore.cluster_command_timeout(client)
+end
+-- The commandTimeout of the nodes' clients.
+rcore.cluster_command_timeout = function(client)
+  return client.options.commandTimeout or rcore.default_command_timeout
 end
 
 return M

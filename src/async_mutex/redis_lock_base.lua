@@ -39,8 +39,8 @@ local error, getmetatable, ipairs, pairs, pcall, setmetatable,
       tonumber, tostring, type =
   error, getmetatable, ipairs, pairs, pcall, setmetatable,
   tonumber, tostring, type
-local co_create, co_resume, isyieldable =
-  coroutine.create, coroutine.resume, coroutine.isyieldable
+local co_create, co_resume, isyieldable, running =
+  coroutine.create, coroutine.resume, coroutine.isyieldable, coroutine.running
 local huge, min, max, floor, ceil, tointeger =
   math.huge, math.min, math.max, math.floor, math.ceil, math.tointeger
 local format = string.format
@@ -89,6 +89,11 @@ local function background(fn, ...)
   co_resume(co, ...)
 end
 
+-- On a cluster, the node's client that ran each coroutine's last script
+-- (for the locks with `replicas`: its WAIT, below).  Keyed weakly: a
+-- coroutine's entry goes with it.
+local wrote_on = setmetatable({}, { __mode = "k" })
+
 -- Runs a script of redis_scripts for the lock record lk: an
 -- async_mutex.redis client takes the keys' list and the args as values (no
 -- table per request), another client goes through its eval.
@@ -103,8 +108,10 @@ local function eval(lk, script, keys, ...)
     if lk.hub.closed then error(CLOSED, 0) end
     return r
   elseif lk.cluster then           -- (docs/redis-locks.md, "On a cluster")
-    local r = rcore.cluster_script(lk.client, script, keys, ...)
+    local r, node = rcore.cluster_script(lk.client, script, keys, ...)
     if lk.hub.closed then error(CLOSED, 0) end
+    -- (replicas: the WAIT that confirms it goes to the node that ran it)
+    if lk.replicas then wrote_on[running()] = node end
     return r
   end
   return lk.client:eval(script, keys, { ... })
@@ -290,14 +297,20 @@ end
 -- {========================================================== replicas
 -- The option `replicas = N` (docs/redis-locks.md, "Scaling out"): a
 -- grant, a renewal and a release are confirmed by `WAIT N timeout` on the
--- client's connection, which returns once every write made on it so far
--- (the script's) has reached N replicas, or at the timeout with the count
--- that has.  The timeout stays within the client's commandTimeout (the
--- connection is blocked meanwhile: its timer would fail it) and a quarter
--- of the lease.  Returns true, or false and why not (E_UNAVAILABLE's
--- reason).
+-- client's connection (on a cluster, the lock's master's), which returns
+-- once every write made on it so far (the script's) has reached N
+-- replicas, or at the timeout with the count that has.  The timeout
+-- stays within the client's commandTimeout (the connection is blocked
+-- meanwhile: its timer would fail it) and a quarter of the lease.
+-- Returns true, or false and why not (E_UNAVAILABLE's reason).
 local function replicated(lk)
-  local ok, n = pcall(lk.client.call, lk.client, "WAIT", lk.s_replicas, lk.s_wait_for)
+  local c = lk.client
+  -- On a cluster, WAIT goes on the connection of the master that ran the
+  -- script (the caller's last, in this coroutine): WAIT counts the writes
+  -- of its own connection only, and another node's would confirm at once
+  -- (docs/redis-locks.md, "On a cluster").
+  if lk.cluster then c = wrote_on[running()] end
+  local ok, n = pcall(c.call, c, "WAIT", lk.s_replicas, lk.s_wait_for)
   if not ok then
     return false, type(n) == "table" and n.reason or tostring(n)
   end
@@ -1223,7 +1236,8 @@ local function options_of(opts, n, fname, client, known)
   if o.renew >= ttl then
     argerror(3, n, fname, "options.renewInterval must be below options.ttl")
   end
-  if o.replicas and not is_client(client) then
+  if o.replicas and not is_client(client)
+      and not (rcore.is_cluster and rcore.is_cluster(client)) then
     -- (WAIT is no script's command: it needs the client's own call)
     argerror(3, n, fname, "options.replicas needs an async_mutex.redis client")
   end
@@ -1257,7 +1271,9 @@ local function new_record(mt, client, name, limit, opts, keyed)
   lk.keys, lk.direct = lock_keys(name, lk.s_limit, lk.cluster), is_client(client)
   if lk.replicas then
     -- WAIT's timeout: within the client's commandTimeout and the lease
-    local within = min(rcore.state(client).commandTimeout / 2, lk.ttl / 4)
+    local timeout = lk.cluster and rcore.cluster_command_timeout(client)
+      or rcore.state(client).commandTimeout
+    local within = min(timeout / 2, lk.ttl / 4)
     lk.s_replicas, lk.s_wait_for = tostring(lk.replicas), tostring(max(1, floor(within)))
   end
   lk.acquire_script = scripts.acquire     -- (a kind may put its own: ask)
