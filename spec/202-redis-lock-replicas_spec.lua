@@ -95,6 +95,40 @@ describe("a Redis lock with replicas = N", function()
       c:close()
     end))
 
+  -- WAIT counts the writes of its own connection: on a new one (the
+  -- server ended the script's after its reply, and WAIT's call connected
+  -- again) it counts none, and confirmed at once a grant that may be on
+  -- no replica.
+  it("takes no WAIT on a later connection than its script's as a confirmation",
+    h.async(function()
+      local c = redis.connect { port = master.port, commandTimeout = 1000 * h.TIME_SCALE }
+      local admin = redis.connect { port = master.port }
+      local id = c:call("CLIENT", "ID")
+      local Client = getmetatable(c).__index
+      local call, killed = Client.call, false
+      finally(function() Client.call = call end)
+      Client.call = function(self, cmd, ...)
+        if self == c and cmd == "WAIT" and not killed then
+          killed = true                           -- the script's connection ends
+          assert.equal(1, admin:call("CLIENT", "KILL", "ID", id))
+          h.sleep(50)
+        end
+        return call(self, cmd, ...)
+      end
+      local m = am.RedisMutex.new(c, "spec202:epoch", { replicas = 1 })
+      local ok, err = pcall(m.acquire, m)
+      assert.is_true(killed)
+      assert.is_false(ok)
+      assert.is_true(err == redis.E_UNAVAILABLE, tostring(err))
+      assert.equal("grant not confirmed: the connection that made the write ended before"
+        .. " its WAIT", err.reason)
+      h.wait_until(function() return admin:call("EXISTS", "spec202:epoch:h") == 0 end,
+        2000, "the grant given back")
+      -- the next grant is made and confirmed on one connection
+      m:acquire()()
+      c:close(); admin:close()
+    end))
+
   -- The kinds built on the Redis locks' machinery (redis_lock_base.lua)
   -- take the option with the same rules (docs/redis-locks.md, "Scaling
   -- out", which locks).

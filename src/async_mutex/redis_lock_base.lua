@@ -89,10 +89,13 @@ local function background(fn, ...)
   co_resume(co, ...)
 end
 
--- On a cluster, the node's client that ran each coroutine's last script
--- (for the locks with `replicas`: its WAIT, below).  Keyed weakly: a
--- coroutine's entry goes with it.
+-- For the locks with `replicas` (their WAIT, below), per coroutine, of its
+-- last script: on a cluster, the node's client that ran it; the epoch of
+-- the connection it ran on (rcore.epoch).  Keyed weakly: a coroutine's
+-- entries go with it.
 local wrote_on = setmetatable({}, { __mode = "k" })
+local wrote_at = setmetatable({}, { __mode = "k" })
+local epoch = rcore.epoch
 
 -- Runs a script of redis_scripts for the lock record lk: an
 -- async_mutex.redis client takes the keys' list and the args as values (no
@@ -106,12 +109,16 @@ local function eval(lk, script, keys, ...)
   if lk.direct then
     local r = run_script(lk.client, script, keys, ...)
     if lk.hub.closed then error(CLOSED, 0) end
+    if lk.replicas then wrote_at[running()] = epoch(lk.client) end
     return r
   elseif lk.cluster then           -- (docs/redis-locks.md, "On a cluster")
     local r, node = rcore.cluster_script(lk.client, script, keys, ...)
     if lk.hub.closed then error(CLOSED, 0) end
     -- (replicas: the WAIT that confirms it goes to the node that ran it)
-    if lk.replicas then wrote_on[running()] = node end
+    if lk.replicas then
+      local co = running()
+      wrote_on[co], wrote_at[co] = node, epoch(node)
+    end
     return r
   end
   return lk.client:eval(script, keys, { ... })
@@ -309,10 +316,17 @@ local function replicated(lk)
   -- script (the caller's last, in this coroutine): WAIT counts the writes
   -- of its own connection only, and another node's would confirm at once
   -- (docs/redis-locks.md, "On a cluster").
-  if lk.cluster then c = wrote_on[running()] end
+  local co = running()
+  if lk.cluster then c = wrote_on[co] end
   local ok, n = pcall(c.call, c, "WAIT", lk.s_replicas, lk.s_wait_for)
   if not ok then
     return false, type(n) == "table" and n.reason or tostring(n)
+  end
+  -- A WAIT on a later connection than the script's (the server ended that
+  -- one after its reply, and this call made a new one) counts no write,
+  -- and would confirm at once a write that may be on no replica.
+  if epoch(c) ~= wrote_at[co] then
+    return false, "the connection that made the write ended before its WAIT"
   end
   if tointeger(n) and n >= lk.replicas then return true end
   return false, format("%s of %d replicas within %s ms", tostring(n), lk.replicas, lk.s_wait_for)

@@ -1584,6 +1584,14 @@ static int core_progress (lua_State *L) {
   return 1;
 }
 
+/* epoch(client): how many of its connections have ended (a reply read
+   at one epoch and a call answered at the same came on one connection) */
+static int core_epoch (lua_State *L) {
+  Client *cl = checkclient(L, 1);
+  lua_pushinteger(L, (lua_Integer)cl->epoch);
+  return 1;
+}
+
 /* now(): the client's clock (ms, monotonic) */
 static int core_now (lua_State *L) {
   lua_pushinteger(L, now_ms());
@@ -1762,6 +1770,7 @@ static const luaL_Reg core_funcs[] = {
   {"error_text", core_error_text},
   {"hex", core_hex},
   {"progress", core_progress},
+  {"epoch", core_epoch},
   {"now", core_now},
   {"script", core_script},
   {"wait", core_wait},
