@@ -45,6 +45,7 @@ describe("a Redis lock with replicas = N", function()
       local a = redis.connect { port = master.port, commandTimeout = 1000 * S }
       local b = redis.connect { port = master.port, commandTimeout = 1000 * S }
       local admin = redis.connect { port = master.port }
+      local _ <close> = h.closing(a, b, admin)
       local before = waits(admin)
       local ma = am.RedisMutex.new(a, "spec202", { replicas = 1, ttl = 2000 * S,
                                                    renewInterval = 50 })
@@ -65,6 +66,7 @@ describe("a Redis lock with replicas = N", function()
       -- then WAIT), its release
       assert.is_true(waits(admin) - before >= 6)
       local rr = redis.connect { port = replica.port }
+      local _rr <close> = h.closing(rr)
       assert.equal(0, rr:call("EXISTS", "spec202:h"))
       a:close(); b:close(); admin:close(); rr:close()
     end))
@@ -72,6 +74,7 @@ describe("a Redis lock with replicas = N", function()
   it("gives a grant back and raises E_UNAVAILABLE when too few replicas confirm it",
     h.async(function()
       local c = redis.connect { port = lonely.port, commandTimeout = 1000 }
+      local _ <close> = h.closing(c)
       local m = am.RedisMutex.new(c, "spec202:lonely", { replicas = 1 })
       local ok, err = pcall(m.acquire, m)
       assert.is_false(ok)
@@ -103,6 +106,7 @@ describe("a Redis lock with replicas = N", function()
     h.async(function()
       local c = redis.connect { port = master.port, commandTimeout = 1000 * h.TIME_SCALE }
       local admin = redis.connect { port = master.port }
+      local _ <close> = h.closing(c, admin)
       local id = c:call("CLIENT", "ID")
       local Client = getmetatable(c).__index
       local call, killed = Client.call, false
@@ -137,6 +141,7 @@ describe("a Redis lock with replicas = N", function()
       local c = redis.connect { port = master.port }
       local admin = redis.connect { port = master.port }
       local lonely_c = redis.connect { port = lonely.port, commandTimeout = 1000 }
+      local _ <close> = h.closing(c, admin, lonely_c)
       local R = { replicas = 1 }
       local NOT = "grant not confirmed: 0 of 1 replicas within 500 ms"
       -- each: a grant on the master with a replica (confirmed: WAITs
@@ -181,6 +186,7 @@ describe("a Redis lock with replicas = N", function()
   it("a renewal not confirmed extends nothing: the hold is lost when its lease ends",
     h.async(function()
       local c = redis.connect { port = master.port, commandTimeout = 100 }
+      local _ <close> = h.closing(c)
       local lost = {}
       local m = am.RedisMutex.new(c, "spec202:renew", { replicas = 1, ttl = 400,
         renewInterval = 100, onLost = function(info) lost[#lost + 1] = info.reason end })
@@ -200,6 +206,7 @@ describe("a Redis lock with replicas = N", function()
 
   it("refuses a bad value, and a client that is not async_mutex.redis's", function()
     local c = redis.connect { port = master.port }
+    local _ <close> = h.closing(c)
     local fake = { eval = function() end, subscribe = function() end }
     h.raises_at_caller { function() am.RedisMutex.new(c, "x", { replicas = 0 }) end,
       "bad argument #3 to 'new' (options.replicas must be an integer >= 1)" }
@@ -215,6 +222,7 @@ describe("a Redis lock with replicas = N", function()
       "bad argument #3 to 'new' (options.replicas needs an async_mutex.redis client)" }
     -- a quorum of independent masters: docs/redis-locks.md, "Scaling out"
     local c2 = redis.connect { port = lonely.port }
+    local _c2 <close> = h.closing(c2)
     h.raises_at_caller { function() am.RedlockMutex.new({ c, c2 }, "x", { replicas = 1 }) end,
       "bad argument #3 to 'new' (options.replicas is not for RedlockMutex"
         .. " (its servers are independent masters: the quorum keeps a grant))" }
