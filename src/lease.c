@@ -93,8 +93,13 @@ void am_lease_lost (lua_State *L, Waiter *w) {
 int am_releaser_check (lua_State *L) {
   Releaser *r = (Releaser *)am_checkself(L, AM_T_RELEASER);
   int live = am_releaser_live(r);
-  if (!live && r->state == S_HELD && am_hold_stolen(L, r, 1, 1))
-    r->state = S_LOST;
+  if (!live && r->state == S_HELD && am_hold_stolen(L, r, 1, 1)) {
+    r->state = S_LOST;                  /* a steal ended it (steal.c) */
+    if (r->lease) {                     /* its lease ends with it */
+      am_lease_end(L, r);
+      am_sync(L, r->lock->st);
+    }
+  }
   if (r->state == S_LOST) {
     if (r->lease) lua_getiuservalue(L, 1, 2);
     else lua_pushliteral(L, AM_E_LOST);
