@@ -189,9 +189,7 @@ enum { S_NEW, S_QUEUED, S_READY, S_RESUMING, S_DONE, S_HELD, S_RELEASED,
        S_LOST };                /* a leased hold that ran out (lease.c) */
 
 enum { O_GRANTED, O_TIMEOUT, O_CANCELED,
-       O_ABORTED,               /* its signal was aborted (signal.c) */
-       O_STOLEN };              /* granted, then a steal ended the grant
-                                   before it was delivered (steal.c) */
+       O_ABORTED };             /* its signal was aborted (signal.c) */
 
 /* How long a request may wait; AM_STEAL: never, and it ends every hold
    in place (steal.c). */
@@ -226,13 +224,16 @@ typedef struct Releaser {
                                  user value 2 its lost error (lease.c) */
   /* a Waiter's: */
   unsigned int kind : 2;      /* W_ACQUIRE, W_UNLOCK or W_LEASE */
-  unsigned int outcome : 3;
+  unsigned int outcome : 2;   /* O_*; O_CANCELED with 'stolen' set: a
+                                 grant a steal ended before it was
+                                 delivered (steal.c) */
   unsigned int timed : 1;     /* allocated with 't' (withTimeout) */
   unsigned int leased : 1;    /* its grant is leased: allocated with
                                  'lease' */
   unsigned int lease_from_request : 1;
   unsigned int signalled : 1; /* made with a signal (withSignal): allocated
                                  whole, in its signal's list while QUEUED */
+  unsigned int stolen : 1;    /* see 'outcome' */
   unsigned int lockidx : AM_IDX_BITS;  /* stack index of the lock in the
                                           waiting frame */
   unsigned int erridx : AM_IDX_BITS;   /* of the timeout error, or 0 */

@@ -56,8 +56,10 @@ static lua_Integer sem_take (Lock *lk, lua_Integer weight) {
 static int sem_give_back (Lock *lk, lua_Integer weight, lua_Integer token,
                           int saturate) {
   /* a releaser's token is the generation of its grant: a steal moved it
-     on, and ended the hold (steal.c) */
-  if (token != AM_UNSCOPED && token != lk->gen) return 0;
+     on, and ended the hold (steal.c).  A saturating give-back is always
+     of a grant in place (a lease that ran out, a grant not delivered,
+     whose token is the value it returns) */
+  if (!saturate && token != AM_UNSCOPED && token != lk->gen) return 0;
   /* a key's lock that left its set (keyed.c: am_keyed_settle) is reached
      only by spent releasers: it serves the key no longer, so the call
      gives nothing back (docs/semantics.md, Keyed locks) and says so */

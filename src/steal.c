@@ -17,8 +17,9 @@
 **   release (not lost): the steal writes it in the lock's set of stolen
 **   tokens (State.stolen: lock -> {token = releasers}), which its
 **   releasers read, and leave, when they learn they are lost;
-** - a grant settled and not yet delivered (READY) becomes O_STOLEN: its
-**   acquire raises the lost error instead of returning.
+** - a grant settled and not yet delivered (READY) is marked stolen (an
+**   outcome of its own, O_CANCELED with the flag 'stolen'): its acquire
+**   raises the lost error instead of returning.
 ** So grants and releases do no more work than before; a steal walks the
 ** scheduler's ready list once.
 */
@@ -113,7 +114,8 @@ static int mark_undelivered (Lock *lk) {
        w = am_bucket_next(ready, w))
     if (w->r.lock == lk && w->r.kind == W_ACQUIRE
         && w->r.outcome == O_GRANTED) {
-      w->r.outcome = O_STOLEN;
+      w->r.outcome = O_CANCELED;          /* not given back if closed */
+      w->r.stolen = 1;                    /* raises the lost error */
       n++;
     }
   return n;

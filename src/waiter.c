@@ -121,10 +121,7 @@ int am_waiter_abandon (lua_State *L, Waiter *w) {
   else if (state == S_QUEUED)
     am_dispatch(L, lk);
   else if (w->r.outcome == O_GRANTED)
-    /* (a Semaphore's READY token is the value it returns: the hold's is
-       its generation) */
-    am_give_back(L, lk, w->r.weight,
-                 lk->kind->returns_value ? lk->gen : w->r.token, 1);
+    am_give_back(L, lk, w->r.weight, w->r.token, 1);
   return 1;
 }
 
@@ -284,6 +281,21 @@ static int hand_out_waiter (lua_State *L, Waiter *w, int widx) {
 
 
 /*
+** Pushes what a canceled request raises: its lock's cancel error, or for
+** a grant a steal ended before it was delivered (steal.c), its lost error
+** (a lease's, else E_LOST).  Kept out of finish_request's way.
+*/
+static AM_COLD void push_canceled (lua_State *L, const Waiter *w) {
+  if (!w->r.stolen)
+    lua_getiuservalue(L, w->r.lockidx, 1);
+  else if (w->r.lostidx != 0)
+    lua_pushvalue(L, w->r.lostidx);
+  else
+    lua_pushliteral(L, AM_E_LOST);
+}
+
+
+/*
 ** Continuation of a suspended request, run when the coroutine is resumed.
 ** A resume by anyone but the scheduler (the waiter is not RESUMING) is
 ** ignored: the coroutine goes back to waiting.  Otherwise deliver the
@@ -325,14 +337,10 @@ static int finish_request (lua_State *L, int status, lua_KContext ctx) {
       lua_pushvalue(L, w->r.erridx);
       return lua_error(L);
     default:                  /* canceled, aborted, or stolen (steal.c) */
-      if (w->r.outcome == O_STOLEN) {
-        if (w->r.lostidx != 0) lua_pushvalue(L, w->r.lostidx);
-        else lua_pushliteral(L, AM_E_LOST);
-      }
-      else if (w->r.outcome == O_ABORTED)
+      if (w->r.outcome == O_ABORTED)
         lua_getiuservalue(L, w->sigidx, 1);   /* the signal's reason */
       else
-        lua_getiuservalue(L, w->r.lockidx, 1);  /* the lock's cancel error */
+        push_canceled(L, w);
       return lua_error(L);
   }
 }
