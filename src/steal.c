@@ -15,8 +15,10 @@
 **   they are held), so a changed generation means stolen;
 ** - an exclusive hold's token could also have been ended by an unscoped
 **   release (not lost): the steal writes it in the lock's set of stolen
-**   tokens (State.stolen: lock -> {token = releasers}), which its
-**   releasers read, and leave, when they learn they are lost;
+**   tokens (State.stolen: lock -> {token = releasers to be told}), which
+**   its releasers read, and leave, when they learn they are lost (a
+**   finalizer run by the entry's allocation may steal too: the counts
+**   add up);
 ** - a grant settled and not yet delivered (READY) is marked stolen (an
 **   outcome of its own, O_CANCELED with the flag 'stolen'): its acquire
 **   raises the lost error instead of returning.
@@ -84,13 +86,35 @@ int am_hold_stolen (lua_State *L, const Releaser *r, int idx, int forget) {
 }
 
 
-/* Takes 'tok' out of the set of the lock at 'idx' (allocates nothing). */
-static void drop_token (lua_State *L, State *st, int idx, lua_Integer tok) {
-  if (push_set(L, st, idx, 0)) {
-    lua_pushnil(L);
-    lua_rawseti(L, -2, tok);
+/*
+** Makes the entry of token 'tok' in the set of the lock at 'idx' (0
+** releasers to be told, if new), and the set if needed: it allocates.
+*/
+static void make_entry (lua_State *L, State *st, int idx, lua_Integer tok) {
+  push_set(L, st, idx, 1);
+  if (lua_rawgeti(L, -1, tok) == LUA_TNIL) {
+    lua_pushinteger(L, 0);
+    lua_rawseti(L, -3, tok);
   }
-  lua_pop(L, 1);
+  lua_pop(L, 2);
+}
+
+
+/*
+** Adds 'n' releasers to be told to the entry of 'tok' (made already by
+** make_entry, or gone: then nothing); an entry left at 0 goes.
+** Allocates nothing: the key exists, or is set to nil.
+*/
+static void add_token (lua_State *L, State *st, int idx, lua_Integer tok,
+                       lua_Integer n) {
+  int top = lua_gettop(L);
+  if (push_set(L, st, idx, 0) && lua_rawgeti(L, -1, tok) != LUA_TNIL) {
+    n += lua_tointeger(L, -1);
+    if (n > 0) lua_pushinteger(L, n);
+    else lua_pushnil(L);
+    lua_rawseti(L, -3, tok);
+  }
+  lua_settop(L, top);
 }
 
 
@@ -158,7 +182,7 @@ AM_COLD int am_steal (lua_State *L, Request *rq) {
   Lock *lk;
   State *st;
   lua_Integer tok, token, hold;
-  int top = lua_gettop(L), n;
+  int n;
   luaL_checkstack(L, 6, NULL);
   for (;;) {
     lk = rq->lock = am_keyed_current(L, rq->lock, rq->lockidx);
@@ -168,21 +192,20 @@ AM_COLD int am_steal (lua_State *L, Request *rq) {
       break;
     }
     tok = lk->gen;
-    push_set(L, lk->st, rq->lockidx, 1);
-    lua_pushinteger(L, lk->kind->reentrant ? lk->held : 1);  /* levels */
-    lua_rawseti(L, -2, tok);
-    lua_settop(L, top);
+    make_entry(L, lk->st, rq->lockidx, tok);        /* first: it allocates */
     if (am_keyed_current(L, rq->lock, rq->lockidx) == lk && exclusive(lk)
         && lk->gen == tok && !(lk->kind->reentrant && lk->owner == L))
       break;
-    drop_token(L, lk->st, rq->lockidx, tok);        /* changed: again */
+    add_token(L, lk->st, rq->lockidx, tok, 0);      /* changed: again */
   }
   /* decided: from here to the grant, C structures only */
   st = lk->st;
-  if (mark_undelivered(lk) > 0 && tok != 0) {
-    /* the exclusive hold was not delivered: no releaser will ask */
-    drop_token(L, st, rq->lockidx, tok);
-  }
+  if (mark_undelivered(lk) == 0 && tok != 0)
+    /* its releasers will ask (a ReentrantMutex: one per level); a hold
+       not delivered yet has none */
+    add_token(L, st, rq->lockidx, tok, lk->kind->reentrant ? lk->held : 1);
+  else if (tok != 0)
+    add_token(L, st, rq->lockidx, tok, 0);          /* its entry goes */
   lk->kind->end_holds(lk);
   lk->held = 0;
   lk->gen++;                            /* every hold's token is stale */
