@@ -22,8 +22,9 @@
 ** - a grant settled and not yet delivered (READY) is marked stolen (an
 **   outcome of its own, O_CANCELED with the flag 'stolen'): its acquire
 **   raises the lost error instead of returning.
-** So grants and releases do no more work than before; a steal walks the
-** scheduler's ready list once.
+** So grants record nothing more, a release tests one more condition (did
+** it give nothing back?), and a steal walks the scheduler's ready list
+** once.
 */
 
 #define LUA_LIB
