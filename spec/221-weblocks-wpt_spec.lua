@@ -333,6 +333,27 @@ end)
 -- rejected `released` promise of a broken lock is its holder's
 -- runExclusive raising E_LOST (Web Locks' AbortError) once its callback
 -- returns.
+-- request.https.any.js, its steal cases: the options Web Locks refuses
+-- with steal are decorators here (ifAvailable: tryAcquire; signal:
+-- withSignal), and a steal through them is refused (a usage error for the
+-- NotSupportedError).  "The 'steal' option must be used with exclusive
+-- locks" does not map: stealRead is offered (docs/semantics.md, Steal).
+describe("Web Locks WPT: request.https.any.js (steal)", function()
+  it("The 'steal' and 'ifAvailable' options are mutually exclusive", h.async(function()
+    local locks = am.KeyedRWLock.new()
+    assert.equal("attempt to steal through tryAcquire (a steal takes the lock whoever holds it)",
+      h.error_of(function() am.tryAcquire(locks):steal("res") end))
+    assert.equal(0, locks:count())
+  end))
+
+  it("The 'signal' and 'steal' options are mutually exclusive", h.async(function()
+    local locks = am.KeyedRWLock.new()
+    assert.equal("attempt to steal through withSignal (a steal never waits)",
+      h.error_of(function() am.withSignal(locks, am.signal()):steal("res") end))
+    assert.equal(0, locks:count())
+  end))
+end)
+
 describe("Web Locks WPT: steal.https.any.js", function()
   it("Lock available", h.async(function()
     local locks = am.KeyedRWLock.new()

@@ -179,16 +179,29 @@ describe("mutex:steal", function()
     assert.is_true(release())
   end))
 
-  it("is the lock's own through a decorated lock", h.async(function()
+  it("is the lock's own through withTimeout (it never waits)", h.async(function()
     local m = am.Mutex.new()
     local old = m:acquire()
     local release = am.withTimeout(m, 10):steal()
     assert.equal(LOST, check(old))
     assert.is_true(release())
-    release = am.tryAcquire(am.withLease(m, 1)):steal()
-    h.sleep(10)
-    assert.is_true(check(release))               -- no lease
-    release()
+  end))
+
+  it("is refused through tryAcquire, withLease and withSignal, changing nothing", h.async(function()
+    local m, km = am.Mutex.new(), am.KeyedRWLock.new()
+    local old = m:acquire()
+    assert.equal("attempt to steal through tryAcquire (a steal takes the lock whoever holds it)",
+      h.error_of(function() am.tryAcquire(m):steal() end))
+    assert.equal("attempt to steal through withLease (a stolen hold has no lease)",
+      h.error_of(function() am.withLease(am.withTimeout(m, 5), 100):steal() end))
+    assert.equal("attempt to steal through withSignal (a steal never waits)",
+      h.error_of(function() am.withSignal(km, am.signal()):stealRead("k") end))
+    assert.equal("attempt to steal through tryAcquire (a steal takes the lock whoever holds it)",
+      h.error_of(function() am.tryAcquire(am.Semaphore.new(1)):steal(1) end))
+    assert.is_true(check(old))
+    assert.equal(0, km:count())
+    h.raises_at_caller { function() am.tryAcquire(m):steal() end, "attempt to steal through tryAcquire (a steal takes the lock whoever holds it)" }
+    old()
   end))
 end)
 

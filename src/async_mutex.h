@@ -588,6 +588,7 @@ int am_withLease (lua_State *L);
 int am_withSignal (lua_State *L);
 int am_decorated_request (lua_State *L, int kind, const char *fname,
                           lua_Integer mode);
+void am_steal_decorated (lua_State *L, AmType t);
 
 /* scheduler.c */
 State *am_state_open (lua_State *L);

@@ -310,6 +310,7 @@ static int ksem_acquire (lua_State *L) {
 static int kmutex_steal (lua_State *L) {
   Request rq = {.kind = W_ACQUIRE, .wait = AM_STEAL, .first = 2, .base = 1,
                 .fname = "steal"};
+  am_steal_decorated(L, AM_T_KEYED_MUTEX);
   checkkmutex(L);
   return am_keyed_request(L, &rq);
 }
@@ -318,6 +319,7 @@ static int kmutex_steal (lua_State *L) {
 static int ksem_steal (lua_State *L) {
   Request rq = {.kind = W_ACQUIRE, .wait = AM_STEAL, .first = 2, .base = 1,
                 .fname = "steal"};
+  am_steal_decorated(L, AM_T_KEYED_SEMAPHORE);
   checkksem(L);
   return am_keyed_request(L, &rq);
 }
@@ -486,6 +488,7 @@ static int krw_steal_mode (lua_State *L, const char *fname,
                            lua_Integer mode) {
   Request rq = {.kind = W_ACQUIRE, .wait = AM_STEAL, .first = 2, .base = 1,
                 .fname = fname, .mode = mode};
+  am_steal_decorated(L, AM_T_KEYED_RWLOCK);
   checkkrw(L);
   return am_keyed_request(L, &rq);
 }

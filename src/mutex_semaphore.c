@@ -204,6 +204,7 @@ static int mutex_isLocked (lua_State *L) {
 static int mutex_steal (lua_State *L) {
   Request rq = {.kind = W_ACQUIRE, .wait = AM_STEAL, .first = 2, .base = 1,
                 .fname = "steal"};
+  am_steal_decorated(L, AM_T_MUTEX);
   return am_lock_steal(L, checkmutex(L), &rq);
 }
 
@@ -254,6 +255,7 @@ static int sem_isLocked (lua_State *L) {
 static int sem_steal (lua_State *L) {
   Request rq = {.kind = W_ACQUIRE, .wait = AM_STEAL, .first = 2, .base = 1,
                 .fname = "steal"};
+  am_steal_decorated(L, AM_T_SEMAPHORE);
   return am_lock_steal(L, checksem(L), &rq);
 }
 

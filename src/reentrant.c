@@ -154,6 +154,7 @@ static int re_waitForUnlock (lua_State *L) {
 static int re_steal (lua_State *L) {
   Request rq = {.kind = W_ACQUIRE, .wait = AM_STEAL, .first = 2, .base = 1,
                 .fname = "steal"};
+  am_steal_decorated(L, AM_T_REENTRANT_MUTEX);
   return am_lock_steal(L, checkre(L), &rq);
 }
 

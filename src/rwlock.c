@@ -146,6 +146,7 @@ static int rw_waitForUnlock (lua_State *L) {
 static int steal (lua_State *L, const char *fname, lua_Integer mode) {
   Request rq = {.kind = W_ACQUIRE, .wait = AM_STEAL, .first = 2, .base = 1,
                 .fname = fname, .mode = mode};
+  am_steal_decorated(L, AM_T_RWLOCK);
   return am_lock_steal(L, checkrw(L), &rq);
 }
 
