@@ -37,6 +37,12 @@ describe("a subscriber connection lost while subscribe enlists its caller", func
       return fake.DEFAULT
     end)
     local subscribe = getmetatable(redis.connect({ port = srv.port })).__index.subscribe
+    -- its body, which subscribe and ssubscribe share (their tail call)
+    for i = 1, math.huge do
+      local name, v = debug.getupvalue(subscribe, i)
+      if name == nil then break end
+      if name == "subscribe_to" then subscribe = v end
+    end
     local defined = debug.getinfo(subscribe, "S")
     local outcomes, k, reached = {}, 0, true
     while reached do

@@ -290,7 +290,7 @@ describe("RedisReentrantMutex's usage errors", function()
       "bad argument #1 to 'new' (redis client expected, got table)" })
     h.raises_at_caller({ function() am.RedisReentrantMutex.new(c, "x", { tll = 1 }) end,
       "bad argument #3 to 'new' (unknown option 'tll'; did you mean 'ttl'? options: cancelError,"
-      .. " lostError, onLost, renewInterval, ttl, unsafeEviction, waiterTimeout)" })
+      .. " lostError, onLost, renewInterval, replicas, ttl, unsafeEviction, waiterTimeout)" })
     local rm = am.RedisReentrantMutex.new(c, fresh_name())
     h.raises_at_caller({ function() rm:acquire("x") end,
       "bad argument #1 to 'acquire' (priority must be a number, got string)" })

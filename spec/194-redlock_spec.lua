@@ -24,9 +24,12 @@ teardown(function()
 end)
 
 -- Each test starts with servers old enough to count (a test before may
--- have restarted some): up for 2 s at least.
+-- have restarted some): up for 2 s at least; and running (one that failed
+-- while it had a server paused left it stopped, and redis-cli would wait
+-- on it for ever: a hang of the whole suite instead of one failed case).
 before_each(function()
   for _, s in ipairs(servers) do
+    s:resume()
     for _ = 1, 100 do
       local up = tonumber(s:cli("INFO server"):match("uptime_in_seconds:(%d+)"))
       if up and up >= 2 then break end

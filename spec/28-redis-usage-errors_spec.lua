@@ -48,7 +48,7 @@ local function bad_arguments(c)
   local s = { unsubscribe = f }
   local OPT = "bad argument #1 to 'connect' "
   -- an unknown option is answered with the options connect takes
-  local CONNECT_OPTIONS = "commandTimeout, connectTimeout, db, host, password, path, pingInterval, port, reconnectDelay, reconnectDelayMax, username"
+  local CONNECT_OPTIONS = "commandTimeout, connectTimeout, db, host, master, password, path, pingInterval, port, reconnectDelay, reconnectDelayMax, sentinelPassword, sentinelUsername, sentinels, username"
   return {
     { function() redis.connect(true) end, OPT .. "(table expected, got boolean)" },
     { function() redis.connect({ port = "6379" }) end,

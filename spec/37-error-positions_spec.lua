@@ -182,7 +182,7 @@ describe("unknown options", function()
     local from_lua = h.error_of(function() redis.connect({ bogus = 1 }) end)
     assert.equal("bad argument #1 to 'new' (unknown option 'bogus'; options: " .. KEYED .. ")",
       from_core)
-    assert.equal("bad argument #1 to 'connect' (unknown option 'bogus'; options: commandTimeout, connectTimeout, db, host, password, path, pingInterval, port, reconnectDelay, reconnectDelayMax, username)",
+    assert.equal("bad argument #1 to 'connect' (unknown option 'bogus'; options: commandTimeout, connectTimeout, db, host, master, password, path, pingInterval, port, reconnectDelay, reconnectDelayMax, sentinelPassword, sentinelUsername, sentinels, username)",
       from_lua)
     assert.equal("unknown option 'bogus'; options: other",
       checks.unknown_option({ bogus = 1 }, { other = true }))

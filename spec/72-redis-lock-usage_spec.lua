@@ -20,7 +20,7 @@ local check = h.raises_at_caller
 describe("Redis lock options", function()
   it("refuses an unknown option name, as redis.connect does", h.async(function()
     local c = server:client()
-    local LOCK = "cancelError, lostError, onLost, renewInterval, ttl, unsafeEviction, waiterTimeout"
+    local LOCK = "cancelError, lostError, onLost, renewInterval, replicas, ttl, unsafeEviction, waiterTimeout"
     check { function() am.RedisMutex.new(c, "x", { tll = 5 }) end,
       "bad argument #3 to 'new' (unknown option 'tll'; did you mean 'ttl'? options: " .. LOCK .. ")" }
     check { function() am.KeyedRedisMutex.new(c, "k:", { onlost = print }) end,

@@ -38,11 +38,15 @@ describe("a new waiter behind a mutex's live holder", function()
       local r = acquire(c, name, "waiter", 30000, 3000, "spec74:chan")
       local t1 = server_ms(c)
       assert.equal(0, r[1])
-      assert.equal(2, r.n)
+      assert.equal(3, r.n)
       assert.is_true(r[2] > 29000 and r[2] <= 30000)     -- ms to the lease's end
       local arrival = math.tointeger(tonumber(c:call("ZSCORE", name .. ":q", "waiter")))
       assert.is_true(arrival > before)                   -- drawn from the counter
       assert.equal(arrival, math.tointeger(tonumber(c:call("GET", name .. ":n"))))
+      -- and answered: every grant before the request has a fence up to it,
+      -- every later one a larger fence (docs/redis-locks.md, "Waiting
+      -- without polling")
+      assert.equal(arrival, math.tointeger(tonumber(r[3])))
       local deadline = tonumber(c:call("ZSCORE", name .. ":w", "waiter"))
       assert.is_true(deadline >= t0 + 3000 and deadline <= t1 + 3000)
       assert.equal("1 3000 spec74:chan", c:call("HGET", name .. ":c", "waiter"))

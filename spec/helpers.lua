@@ -22,7 +22,8 @@
 -- a section at once), h.without_yield(fn), h.try_now(fn), h.error_of(fn)
 -- (message without "file:line: "), h.keys_of(keyed), h.count_handles(kind),
 -- h.run_loop(ms) (uv.run() from main code), h.subprocess(code) (a separate
--- lua5.4), h.load(n) (load-test sizes), h.gc(), h.ms_since(t0),
+-- lua5.4), h.load(n) (load-test sizes), h.gc(), h.closing(...) (closes
+-- clients and servers when a case ends, also when it fails), h.ms_since(t0),
 -- h.with_loop_clock(fn) (deadlines counted from uv.now(), as a model does),
 -- h.reports_during(fn) (the module's reports of failures made meanwhile).
 --
@@ -476,6 +477,25 @@ function helpers.raises_at_caller(case)
   if err ~= expected then
     error(("wrong error:\nexpected: %s\n  actual: %s"):format(expected, tostring(err)), 2)
   end
+end
+
+--- A to-be-closed value that, when its scope ends (also by an error: an
+-- assertion that fails), ends each of `...` by its close method, else its
+-- stop method (Redis clients, fake servers), ignoring their errors:
+--   local _ <close> = h.closing(client, srv)
+-- A client or server a failing case left open would keep the loop
+-- running in every later case, of its file and of the files after it.
+function helpers.closing(...)
+  local things = table.pack(...)
+  return setmetatable({}, { __close = function()
+    for i = 1, things.n do
+      local t = things[i]
+      if t ~= nil then
+        local f = t.close or t.stop
+        pcall(f, t)
+      end
+    end
+  end })
 end
 
 --- Full collection, twice (finalizers run in the first, memory freed in the second).

@@ -259,12 +259,51 @@ local uv = require "luv"
 local SOCK = ...
 local ARGS = { select(2, ...) }
 local client = redis.connect { path = SOCK }
+-- The longest stall (ms) since the last call: how long this process's loop
+-- went without running a timer (starved of CPU, or blocked), or the server
+-- left a PING on a connection of its own unanswered since the last call
+-- (a PING sent before it and still unanswered counts from the call: a
+-- server starved for the whole of a short hold answered none).  Either,
+-- past a sixth of a lease, can make a renewal, or a release, reach Redis
+-- after the lease's end: the pause no lease survives (docs/redis-locks.md,
+-- "Limits"), a fault of a loaded machine, not of the lock, which the
+-- no-fault specs tell apart this way.  Started by the first call; its
+-- timer is unref'd and main() closes its connection, so that neither
+-- keeps the loop running.
+local stall_timer, stall_probe, stall_last, stall_since, stall_worst
+local pinging                         -- when the PING in flight went out
+local function stalls()
+  if not stall_timer then
+    stall_probe = redis.connect { path = SOCK }
+    stall_timer = uv.new_timer()
+    stall_timer:start(2, 2, function()
+      local now = uv.hrtime()
+      stall_worst = math.max(stall_worst, (now - stall_last) / 1e6)
+      stall_last = now
+      if pinging or not stall_probe then return end
+      local probe, t0 = stall_probe, now
+      pinging = t0
+      coroutine.wrap(function()
+        pcall(probe.call, probe, "PING")
+        stall_worst = math.max(stall_worst, (uv.hrtime() - math.max(t0, stall_since)) / 1e6)
+        pinging = nil
+      end)()
+    end)
+    stall_timer:unref()
+  end
+  local now = uv.hrtime()
+  local worst = stall_worst and math.max(stall_worst, (now - stall_last) / 1e6,
+    pinging and (now - math.max(pinging, stall_since)) / 1e6 or 0)
+  stall_last, stall_since, stall_worst = now, now, 0
+  return worst or 0
+end
 local function main(fn)
   local failed
   local co = coroutine.create(function()
     local ok, err = xpcall(fn, debug.traceback)
     if not ok then failed = err end
     client:close()
+    if stall_probe then stall_probe:close(); stall_probe = nil end
   end)
   local ok, err = coroutine.resume(co)
   if not ok then failed = err end
@@ -319,14 +358,26 @@ end
 --- Reads a marker file of worker processes ("B id n" and "E id n" lines,
 -- each one write(2) to a file opened with O_APPEND): the number of
 -- sections that began while another was still running (by the order of
--- the lines), and of sections.
+-- the lines), and of sections.  A "P id n" line marks a section whose
+-- lease ended in a pause of its process or the server (stalls() in
+-- R.PROLOGUE: no lease survives one, docs/redis-locks.md, "Limits"): its
+-- overlaps are that pause's, not counted.
 function R.overlaps_in(path)
+  local paused = {}
+  for line in io.lines(path) do
+    local id = line:match("^P (.+)$")
+    if id then paused[id] = true end
+  end
   local inside, overlaps, sections = {}, 0, 0
   for line in io.lines(path) do
-    local kind, id = line:match("^(%u) (%S+)")
+    local kind, id = line:match("^(%u) (.+)$")
     if kind == "B" then
       sections = sections + 1
-      if next(inside) then overlaps = overlaps + 1 end
+      if not paused[id] then
+        for other in pairs(inside) do
+          if not paused[other] then overlaps = overlaps + 1 break end
+        end
+      end
       inside[id] = true
     elseif kind == "E" then
       inside[id] = nil

@@ -23,9 +23,19 @@ local function sh(cmd)
   return ok == true or ok == 0
 end
 
+-- The output of a command (run as sh runs it).
+local function read(cmd)
+  local p = assert(io.popen("LD_PRELOAD= ; " .. cmd))
+  local out = p:read("a")
+  p:close()
+  return out
+end
+
 local function shquote(s)
   return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
 end
+-- (for spec/redis_sentinel.lua and spec/redis_cluster_server.lua)
+M.sh, M.read, M.shquote = sh, read, shquote
 
 --- A loopback port nobody listens on right now.
 function M.free_port()

@@ -20,6 +20,17 @@
 ---@field reconnectDelay? number ms, the first back-off after a failed attempt, finite (default 50)
 ---@field reconnectDelayMax? number ms, the longest back-off, finite (default 2000)
 ---@field pingInterval? number ms a subscriber hears nothing before it sends PING (default 15000; `math.huge`: never)
+---@field sentinels? async_mutex.redis.Sentinel[] follow `master` through these sentinels (no host, port, path)
+---@field master? string the master's name in the sentinels (with `sentinels`)
+---@field sentinelPassword? string AUTH on the connections to the sentinels
+---@field sentinelUsername? string with `sentinelPassword`: AUTH username password
+---@field cluster? {host?: string, port: integer}[] seed nodes of a Redis Cluster: `connect`
+---returns an `async_mutex.redis.ClusterClient` (excludes host, port, path, db)
+
+---A sentinel of `redis.connect`'s `sentinels` list.
+---@class async_mutex.redis.Sentinel
+---@field host string
+---@field port integer
 
 ---A subscription made by `client:subscribe`.
 ---@class async_mutex.redis.Subscription
@@ -64,6 +75,13 @@ function Client:eval(script, keys, args) end
 ---@return async_mutex.redis.Subscription
 function Client:subscribe(channel, fn) end
 
+---The same as `subscribe` for a shard channel (SSUBSCRIBE, Redis 7).
+---@async
+---@param channel string
+---@param fn fun(message: string, channel: string)
+---@return async_mutex.redis.Subscription
+function Client:ssubscribe(channel, fn) end
+
 ---Closes the connection: calls in flight raise `E_UNAVAILABLE`; later calls
 ---are errors.  The client's Redis locks end their holds here (releasers
 ---return `false`) and their waiters raise `E_UNAVAILABLE` at once.
@@ -74,6 +92,71 @@ function Client:close() end
 function Client:pending() end
 
 
+---A client of a Redis Cluster (`redis.connect{cluster = ...}`): one
+---client per node, each command routed by its keys' slot (docs/redis.md,
+---"Cluster").  Also takes the Redis locks.
+---@class async_mutex.redis.ClusterClient
+local ClusterClient = {}
+
+---Sends a command to the master of its keys' slot (any master if it has
+---none), following MOVED and ASK; keys in several slots are an error.
+---@async
+---@param ... string|number the command and its arguments
+---@return any reply
+function ClusterClient:call(...) end
+
+---Runs a script on the master of its keys' slot (they must share one).
+---@async
+---@param script string
+---@param keys? (string|number)[]
+---@param args? (string|number)[]
+---@return any reply
+function ClusterClient:eval(script, keys, args) end
+
+---Subscribes `fn` to a (classic) channel, on one node of the cluster.
+---@async
+---@param channel string
+---@param fn fun(message: string, channel: string)
+---@return async_mutex.redis.Subscription
+function ClusterClient:subscribe(channel, fn) end
+
+---Subscribes `fn` to a shard channel on the master of its slot, and again
+---on the slot's next owner when it moves.
+---@async
+---@param channel string
+---@param fn fun(message: string, channel: string)
+---@return async_mutex.redis.ShardSubscription
+function ClusterClient:ssubscribe(channel, fn) end
+
+---A cluster's subscription to a shard channel.
+---@class async_mutex.redis.ShardSubscription
+local ShardSubscription = {}
+
+---Ends it (never waits).
+function ShardSubscription:unsubscribe() end
+
+---Closes every node's client; the cluster's Redis locks end their holds.
+function ClusterClient:close() end
+
+---Calls in flight on every node.
+---@return integer
+function ClusterClient:pending() end
+
+---The slot of a key (CRC16 of its hash tag, or of the whole key).
+---@param key string|number
+---@return integer
+function ClusterClient:keyslot(key) end
+
+---The ordinary clients of the masters, in the order of their first slots.
+---@async
+---@return async_mutex.redis.Client[]
+function ClusterClient:masters() end
+
+---The redirections followed so far.
+---@return integer moved
+---@return integer asked
+function ClusterClient:redirections() end
+
 ---@class async_mutex.redis
 local redis = {}
 
@@ -83,8 +166,9 @@ local redis = {}
 redis.E_UNAVAILABLE = {}
 
 ---A client for the server at `options` (none: 127.0.0.1:6379); it connects at its first call.
+---With `options.cluster`, a client of that Redis Cluster.
 ---@param options? async_mutex.redis.Options
----@return async_mutex.redis.Client
+---@return async_mutex.redis.Client|async_mutex.redis.ClusterClient
 function redis.connect(options) end
 
 ---The versioned value stored at `key` (a hash: value and version), for

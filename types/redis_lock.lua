@@ -18,6 +18,7 @@
 ---@field cancelError? any what `cancel()` raises (default `async_mutex.E_CANCELED`)
 ---@field lostError? any what a lost hold raises (default `async_mutex.E_LOST`)
 ---@field unsafeEviction? "error"|"warn" maxmemory-policy may evict the keys: refuse (default) or warn
+---@field replicas? integer grants, renewals, releases confirmed by WAIT on N replicas (>= 1; not RedlockMutex)
 
 ---What `onLost` is called with.
 ---@class async_mutex.RedisLostInfo
@@ -447,7 +448,8 @@ function KeyedRedisRWLock:cancel(key) end
 local RedlockMutex = {}
 
 ---A mutex named `name` on every server of `clients` (one client per
----server, each counted once); the options are the Redis locks'.
+---server, each counted once); the options are the Redis locks' but
+---`replicas`, which is refused (the quorum keeps a grant).
 ---@param clients async_mutex.redis.Client[]
 ---@param name string non-empty
 ---@param options? async_mutex.RedisLockOptions

@@ -727,12 +727,16 @@ local function on_request(lock, weight, unlock, would_wait, wait, priority, behi
       -- switched off (or on anew) meanwhile: what the search read may be
       -- half gone; the request waits as it would with debug mode off
       if not members or opts ~= o then return end
-      local text, info = deadlock_report(co, lock, members, doomed)
-      -- (switched off while the report was made: decided, still raised;
-      -- emit drops the report)
-      if opts ~= o or unchanged(epoch, facts) then
-        emit("deadlock", text, info)
-        error(E_DEADLOCK, 0)
+      -- (changed during the search already: searched again before the
+      -- report, whose tracebacks cost more than the search)
+      if unchanged(epoch, facts) then
+        local text, info = deadlock_report(co, lock, members, doomed)
+        -- (switched off while the report was made: decided, still raised;
+        -- emit drops the report)
+        if opts ~= o or unchanged(epoch, facts) then
+          emit("deadlock", text, info)
+          error(E_DEADLOCK, 0)
+        end
       end
     end
   end

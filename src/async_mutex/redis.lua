@@ -18,7 +18,7 @@ if not found then
     .. " async-mutex (async_mutex.redis_core: " .. why .. ")", 2)
 end
 local uv = require "luv"
-local am_spawn = require("async_mutex").spawn
+local am_spawn, sleep_ms = require("async_mutex").spawn, require("async_mutex").sleep
 
 local error, getmetatable, ipairs, pairs, pcall, rawget, setmetatable, tostring, type =
   error, getmetatable, ipairs, pairs, pcall, rawget, setmetatable, tostring, type
@@ -49,6 +49,9 @@ local Client = core.Client               -- the methods of every client
 -- unreferenced client can be collected (its __gc ends the connection).
 
 local hooks = core.hooks
+-- The fields of a client's state that hold its subscribers (pub/sub,
+-- below): classic channels, and shard channels (SSUBSCRIBE).
+local SUBSCRIBERS = { "sub", "ssub" }
 local status, fail, alive, progress = core.status, core.fail, core.alive, core.progress
 local error_text = core.error_text       -- an error object's text, never raising
 local unavailable = hooks.unavailable    -- an E_UNAVAILABLE that says why
@@ -61,6 +64,9 @@ local ceil, max, min, random, huge = math.ceil, math.max, math.min, math.random,
 -- uv.now, a registry lookup through luv's context, cost more than the
 -- rest of a reply's handling); luv's timers only schedule the checks.
 local now = core.now
+
+-- Sentinel (below): what the hooks ask of a client that follows a master.
+local sentinel_attempt, sentinel_lost, sentinel_wait
 
 -- close_handle(h): closes a luv handle, safely even when the script ends
 -- before the loop runs again (docs/redis.md, "Closing and exiting").  A
@@ -195,6 +201,7 @@ local function arm(state, connecting)
     local closed = not client or status(client) == "closed"
     if closed or state.timer then close_handle(t) else state.timer = t end
     if closed then return end
+    if state.background then t:unref() end
   end
   uv.update_time()    -- luv's timers count from the loop's clock: as of now
   state.armed_at = now()
@@ -221,7 +228,7 @@ end
 -- fds to this function (conn.opening), which closes the handle, if made,
 -- and the fds after it; a connection ended before it starts is not
 -- touched (its fds are closed: a number that may be another file's now).
-function hooks.open(_, conn, fd)
+function hooks.open(state, conn, fd)
   if conn.dead then return nil, "closed" end
   conn.opening = true
   local p, err, name = uv.new_poll(fd)
@@ -232,6 +239,9 @@ function hooks.open(_, conn, fd)
     return nil, "closed"
   end
   if not p then return nil, name or err end
+  -- a background connection (the watch on the sentinels' +switch-master)
+  -- never keeps uv.run() from returning
+  if state.background then p:unref() end
   return true
 end
 
@@ -327,9 +337,14 @@ function hooks.lost(state, conn, was_connected, final, err)
     state.next_attempt = now() + delay * (0.5 + 0.5 * random())
     state.failure = type(err) == "table" and rawget(err, "reason") or error_text(err)
   end
+  local sentinel = state.sentinel
+  if sentinel then sentinel_lost(sentinel, state, final) end
   if state.on_lost then state.on_lost(was_connected, final, err) end
-  if final and state.sub and not state.sub.closed then
-    if final == "gc" then core.drop(state.sub.client) else state.sub.client:close() end
+  for _, field in ipairs(SUBSCRIBERS) do
+    local sub = state[field]
+    if final and sub and not sub.closed then
+      if final == "gc" then core.drop(sub.client) else sub.client:close() end
+    end
   end
   -- close(): the Redis locks of this client end their holds and wake their
   -- waiters (docs/redis-locks.md, "Closing the client"); a finalizer
@@ -337,12 +352,19 @@ function hooks.lost(state, conn, was_connected, final, err)
   if final == "close" and state.on_close then state.on_close() end
 end
 
--- attempt(state): nil when a new connection may be tried now; else why
--- not (the last attempt's failure, and when the next one may come).
-function hooks.attempt(state)
+-- attempt(state, canwait): nil when a new connection may be tried now;
+-- else why not (the last attempt's failure, and when the next one may
+-- come); or, for a client that follows a master through Sentinel while
+-- it is being found, a record for a caller that can wait (canwait: the C
+-- part's call then waits for record.done and tries again).
+function hooks.attempt(state, canwait)
   local wait = (state.next_attempt or 0) - now()
-  if wait <= 0 then return nil end
-  return ("%s (next attempt in %d ms)"):format(state.failure or "no connection", ceil(wait))
+  if wait > 0 then
+    return ("%s (next attempt in %d ms)"):format(state.failure or "no connection", ceil(wait))
+  end
+  local sentinel = state.sentinel
+  if sentinel then return sentinel_attempt(sentinel, state, canwait) end
+  return nil
 end
 
 function hooks.message(state, reply)
@@ -384,6 +406,285 @@ local function resolve(host)
   return res[1].addr
 end
 
+
+-- {========================================================== Sentinel
+-- A client made with `sentinels` and `master` follows that master
+-- (docs/redis.md, "Sentinel").  Its state, and those of its subscriber
+-- and siblings, share one record S: the sentinels (addresses, and a
+-- client of each, made when first asked), the master's name, the master
+-- found (S.master: host, port, addr; nil while unknown), the coroutines
+-- waiting for it, and the back-off of failed searches.  A search asks the
+-- sentinels in turn (`SENTINEL get-master-addr-by-name`), starting with
+-- the one that answered last, and confirms the answer with `ROLE` on a
+-- connection of its own: a server that says it is a replica is not used.
+-- It is made again after any loss of a connection to the master, on
+-- `+switch-master` (heard on a sentinel, below) and on a READONLY answer.
+
+local concat = table.concat
+local PASSES = 3          -- a search asks every sentinel up to this often
+
+-- The reason an error gives (an E_UNAVAILABLE's, or an error reply's text).
+local function reason_of(err)
+  return type(err) == "table" and rawget(err, "reason") or error_text(err)
+end
+
+-- A client of sentinel i (made once, reused: idle, it holds no handle).
+local function sentinel_client(S, i)
+  local sen = S.sentinels[i]
+  local c = sen.client
+  if c and status(c) ~= "closed" then return c end
+  local st = {}
+  for k, v in pairs(S.timing) do st[k] = v end
+  st.host, st.port, st.addr, st.setup = sen.host, sen.port, sen.addr, S.sentinel_setup
+  st.background_sub = true    -- its +switch-master watch keeps no loop
+  st.sub = false
+  c = core.new(st)
+  sen.client = c
+  return c
+end
+
+-- The role of the server at host:port (ROLE's first element), or nil and
+-- why not; asked on a connection of its own, closed after.
+local function role_of(S, host, port, addr)
+  local st = {}
+  for k, v in pairs(S.timing) do st[k] = v end
+  st.host, st.port, st.addr, st.setup, st.sub = host, port, addr, S.setup, false
+  local c = core.new(st)
+  local ok, reply = pcall(Client.call, c, "ROLE")
+  c:close()
+  if not ok then return nil, reason_of(reply) end
+  if type(reply) ~= "table" or type(reply[1]) ~= "string" then
+    return nil, "no role in its answer to ROLE"
+  end
+  return reply[1]
+end
+
+local function addr_text(host, port)
+  return (host:find(":", 1, true) and "[%s]:%d" or "%s:%d"):format(host, port)
+end
+
+-- One pass over the sentinels: the master confirmed, or nil and why not.
+local function search_once(S)
+  local n = #S.sentinels
+  local down, unknown, notes, tried = {}, 0, {}, {}
+  for k = 0, n - 1 do
+    local i = (S.first + k - 1) % n + 1
+    local sen = S.sentinels[i]
+    local ok, reply = pcall(Client.call, sentinel_client(S, i),
+      "SENTINEL", "get-master-addr-by-name", S.name)
+    if S.closed then return nil, "client closed" end
+    if not ok then
+      -- (the sentinel's own back-off is the search's pacing: not said)
+      down[#down + 1] = ("%s (%s)"):format(sen.addr,
+        (reason_of(reply):gsub(" %(next attempt in %d+ ms%)$", "")))
+    elseif reply == nil then
+      unknown = unknown + 1
+    elseif type(reply) == "table" and type(reply[1]) == "string" and reply[2] then
+      local port = math.tointeger(tonumber(reply[2]))
+      local host = resolve(reply[1])
+      local addr = port and addr_text(reply[1], port)
+      if not (host and port) then
+        notes[#notes + 1] = ("sentinel %s named %s:%s, which does not resolve"):format(
+          sen.addr, reply[1], tostring(reply[2]))
+      elseif not tried[addr] then
+        tried[addr] = true
+        local role, why = role_of(S, host, port, addr)
+        if S.closed then return nil, "client closed" end
+        if role == "master" then
+          S.first = i
+          return { host = host, port = port, addr = addr, sentinel = i }
+        end
+        notes[#notes + 1] = role and ("master %s at %s says it is a %s"):format(S.name, addr, role)
+          or ("master %s at %s: %s"):format(S.name, addr, why)
+      end
+    end
+  end
+  if #down == n then return nil, "no sentinel reachable: " .. concat(down, ", ") end
+  if #notes == 0 then return nil, ("master %s unknown to the sentinels"):format(S.name) end
+  return nil, concat(notes, "; ")
+end
+
+local watch_switches
+
+-- The search, in a coroutine of its own (S.searching while it runs): up
+-- to PASSES passes, with the client's back-off delays between them; then
+-- the waiting callers are woken (they try again: the master found is
+-- connected to, else they raise the reason, with the next attempt's time).
+local function search(S)
+  -- The search's coroutine, held by S while it runs: when it waits on
+  -- role_of's connection, which nothing else refers to, that client and
+  -- this coroutine would otherwise be garbage together, and a collection
+  -- would end the search with its callers left waiting (docs/redis.md,
+  -- "Sentinel")
+  S.searching = running()
+  local master, why
+  for pass = 1, PASSES do
+    local ok
+    ok, master, why = pcall(search_once, S)
+    if not ok then master, why = nil, "search failed: " .. error_text(master) end
+    if master or S.closed or pass == PASSES then break end
+    sleep_ms(min(S.timing.reconnectDelayMax, S.timing.reconnectDelay * 2 ^ (pass - 1)))
+    if S.closed then break end
+  end
+  S.searching = false
+  if S.closed then master, why = nil, "client closed" end
+  if master then
+    S.master, S.failures, S.next_attempt = master, 0, 0
+  else
+    local f = (S.failures or 0) + 1
+    S.failures, S.failure = f, why
+    local delay = min(S.timing.reconnectDelayMax, S.timing.reconnectDelay * 2 ^ (f - 1))
+    S.next_attempt = now() + delay * (0.5 + 0.5 * random())
+  end
+  local waiting = S.waiting
+  S.waiting = {}
+  local err = not master and unavailable(why) or nil
+  for _, rec in ipairs(waiting) do
+    rec.done, rec.err = true, err
+    wake(rec.co)
+  end
+  if master and not S.closed then watch_switches(S, master.sentinel) end
+end
+
+local function start_search(S)
+  if S.searching or S.closed then return end
+  S.searching = true        -- (then the search's coroutine: see search)
+  am_spawn(search, S)
+end
+
+-- hooks.attempt for a client that follows a master: connect to the
+-- master found; else start a search, and let a caller that can wait do so.
+function sentinel_attempt(S, state, canwait)
+  if S.closed then return "client closed" end
+  local m = S.master
+  if m then
+    S.followers[state] = true
+    state.host, state.port, state.addr = m.host, m.port, m.addr
+    return nil
+  end
+  local wait = (S.next_attempt or 0) - now()
+  if wait > 0 then
+    return ("%s (next attempt in %d ms)"):format(S.failure, ceil(wait))
+  end
+  if canwait then
+    local rec = { co = running(), done = false }
+    S.waiting[#S.waiting + 1] = rec
+    start_search(S)
+    return rec
+  end
+  -- (a subscriber's SUBSCRIBE, sent by core.send, cannot wait: it is
+  -- sent again after its back-off)
+  start_search(S)
+  state.failure = ("master %s being found by the sentinels"):format(S.name)
+  state.next_attempt = now() + max(1, state.reconnectDelay)
+  return state.failure
+end
+
+-- Waits (in a coroutine) until a search for the master ends.
+function sentinel_wait(S)
+  if S.closed or S.master or (S.next_attempt or 0) > now() then return end
+  local rec = { co = running(), done = false }
+  S.waiting[#S.waiting + 1] = rec
+  start_search(S)
+  core.wait(rec)
+  if rec.err then error(rec.err, 0) end
+end
+
+-- Ends what S holds (the client that made it was closed or collected):
+-- its sentinels' clients and their watch; waiting callers are woken (they
+-- find their client closed).
+local function sentinel_close(S, final)
+  if S.closed then return end
+  S.closed = true
+  S.master = nil
+  for _, sen in ipairs(S.sentinels) do
+    local c = sen.client
+    if c then
+      if final == "gc" then core.drop(c) else c:close() end
+    end
+  end
+  local waiting = S.waiting
+  S.waiting = {}
+  if final ~= "gc" then
+    for _, rec in ipairs(waiting) do
+      rec.done = true
+      wake(rec.co)
+    end
+  end
+end
+
+-- hooks.lost for a client that follows a master: a lost connection to the
+-- master found means it is looked for again before the next one.
+function sentinel_lost(S, state, final)
+  if final then
+    if state.owns_sentinel then sentinel_close(S, final) end
+    return
+  end
+  local m = S.master
+  if m and state.host == m.host and state.port == m.port then S.master = nil end
+end
+
+-- Ends every connection of the clients that follow S to the master
+-- they use (their callers raise E_UNAVAILABLE with `why`), which is then
+-- looked for again.
+local function drop_master(S, why)
+  S.master = nil
+  -- (a copy: fail resumes callers, whose new connections add followers)
+  local clients = {}
+  for state in pairs(S.followers) do
+    clients[#clients + 1] = state.ref and state.ref[1]
+  end
+  for _, client in ipairs(clients) do
+    local st = status(client)
+    if st == "connected" or st == "connecting" then fail(client, why) end
+  end
+end
+
+-- +switch-master "NAME old-ip old-port new-ip new-port", heard on one
+-- sentinel (a failover ended): the clients drop the old master.
+local function on_switch(S, message)
+  local name, _, _, host, port = message:match("^(%S+) (%S+) (%S+) (%S+) (%S+)$")
+  if name ~= S.name or S.closed then return end
+  drop_master(S, ("master %s switched to %s:%s"):format(name, host, port))
+end
+
+-- Subscribes to +switch-master on sentinel i (the one that answered),
+-- unless a watch on another is connected.  Its connection keeps no loop
+-- running (background): a client nobody uses lets uv.run() return.
+function watch_switches(S, i)
+  local w = S.watch
+  if w then
+    -- (w.sub: nil while its subscribe waits for the confirmation)
+    if w.index == i or not w.sub or status(w.sub.sub.client) == "connected" then return end
+    S.watch = nil
+    w.sub:unsubscribe()
+  end
+  w = { index = i }
+  S.watch = w
+  local ok, sub = pcall(Client.subscribe, sentinel_client(S, i), "+switch-master",
+    function(message) on_switch(S, message) end)
+  if ok and S.watch == w and not S.closed then w.sub = sub
+  else
+    if ok then sub:unsubscribe() end
+    if S.watch == w then S.watch = nil end
+  end
+end
+
+-- READONLY from a client that follows a master: the server was demoted
+-- (a failover); its connections are ended, the master looked for again,
+-- and the caller raises E_UNAVAILABLE with that reason.  Any other
+-- client raises the error reply as it is.
+function hooks.readonly(state, _, err)
+  local S = state.sentinel
+  if not S then return err end
+  local why = ("master %s at %s answered READONLY: a replica now"):format(S.name, state.addr)
+  drop_master(S, why)
+  return unavailable(why)
+end
+
+-- }==========================================================
+
+
 local DEFAULTS = {
   connectTimeout = 2000, commandTimeout = 5000,
   reconnectDelay = 50, reconnectDelayMax = 2000, pingInterval = 15000,
@@ -393,7 +694,90 @@ local DEFAULTS = {
 -- error, not a default silently kept.
 local OPTIONS = {
   host = true, port = true, path = true, password = true, username = true, db = true,
+  sentinels = true, master = true, sentinelPassword = true, sentinelUsername = true,
 }
+local SENTINEL_FIELDS = { host = true, port = true }
+
+-- A port as connect takes it (a whole float too), or nil.
+local function port_of(port)
+  -- (a whole float is taken: 6379.0 // 1 is still a float)
+  if mtype(port) == "float" then port = math.tointeger(port) or port end
+  if mtype(port) ~= "integer" or port < 1 or port > 65535 then return nil end
+  return port
+end
+
+-- The sentinels and master of connect's options, checked (Sentinel,
+-- above): the record S their clients share, or nil without them.
+local function sentinel_options(options, state)
+  local list, name = options.sentinels, options.master
+  local spass, suser = options.sentinelPassword, options.sentinelUsername
+  for _, k in ipairs({ "sentinelPassword", "sentinelUsername" }) do
+    if options[k] ~= nil and type(options[k]) ~= "string" then
+      argerror(3, 1, "connect", ("%s must be a string, got %s"):format(k, typename(options[k])))
+    end
+  end
+  if list == nil and name == nil then
+    if spass or suser then
+      argerror(3, 1, "connect", (spass and "sentinelPassword" or "sentinelUsername")
+        .. " needs sentinels")
+    end
+    return nil
+  end
+  if list == nil then argerror(3, 1, "connect", "master needs sentinels") end
+  if name == nil then argerror(3, 1, "connect", "sentinels needs master") end
+  if options.host ~= nil or options.port ~= nil or options.path ~= nil then
+    -- the sentinels name the master: a fixed address would contradict them
+    argerror(3, 1, "connect", "sentinels excludes host, port and path")
+  end
+  if type(name) ~= "string" or name == "" then
+    argerror(3, 1, "connect", "master must be a non-empty string")
+  end
+  if suser and not spass then
+    argerror(3, 1, "connect", "sentinelUsername needs a sentinelPassword")
+  end
+  if type(list) ~= "table" or getmetatable(list) ~= nil or #list == 0 then
+    argerror(3, 1, "connect", "sentinels must be a non-empty list of {host =, port =}")
+  end
+  local sentinels = {}
+  for i = 1, #list do
+    local e = list[i]
+    if type(e) ~= "table" then
+      argerror(3, 1, "connect", ("sentinels[%d] must be a table {host =, port =}, got %s"):format(
+        i, typename(e)))
+    end
+    local unknown = unknown_option(e, SENTINEL_FIELDS)
+    if unknown then argerror(3, 1, "connect", ("sentinels[%d]: %s"):format(i, unknown)) end
+    if type(e.host) ~= "string" then
+      argerror(3, 1, "connect", ("sentinels[%d].host must be a string, got %s"):format(
+        i, typename(e.host)))
+    end
+    local port = port_of(e.port)
+    if not port then
+      argerror(3, 1, "connect", ("sentinels[%d].port must be an integer from 1 to 65535"):format(i))
+    end
+    sentinels[i] = { name = e.host, port = port, addr = addr_text(e.host, port) }
+  end
+  -- the names resolved last: every usage error comes before any lookup
+  for _, sen in ipairs(sentinels) do
+    local addr, err = resolve(sen.name)
+    if not addr then
+      error(unavailable(("name not resolved: %s (%s)"):format(sen.name, tostring(err or "?"))), 0)
+    end
+    sen.host = addr
+  end
+  local timing = {}
+  for k in pairs(DEFAULTS) do timing[k] = state[k] end
+  local ssetup = {}
+  if spass then
+    ssetup[1] = suser and { "AUTH", suser, spass } or { "AUTH", spass }
+  end
+  return {
+    name = name, sentinels = sentinels, first = 1, timing = timing,
+    setup = state.setup, sentinel_setup = ssetup,
+    master = nil, searching = false, waiting = {}, failures = 0, next_attempt = 0,
+    followers = setmetatable({}, WEAK_K), closed = false,
+  }
+end
 for name in pairs(DEFAULTS) do OPTIONS[name] = true end
 
 -- The timeouts must be positive: 0 would fail every connection or every
@@ -443,6 +827,9 @@ function M.connect(options)
   if type(options) ~= "table" then
     argerror(2, 1, "connect", "table expected, got " .. typename(options))
   end
+  -- a Redis Cluster (docs/redis.md, "Cluster"): a tail call, so that its
+  -- argument errors are raised at connect's caller's line
+  if options.cluster ~= nil then return require("async_mutex.redis_cluster").connect(M, options) end
   local unknown = unknown_option(options, OPTIONS)
   if unknown then argerror(2, 1, "connect", unknown) end
   local state = {}
@@ -455,6 +842,22 @@ function M.connect(options)
   local db = options.db
   if db ~= nil and (mtype(db) ~= "integer" or db < 0) then
     argerror(2, 1, "connect", "db must be a non-negative integer")
+  end
+  -- sent first on every connection (docs/redis.md, Connection)
+  local setup = {}
+  if password then
+    setup[#setup + 1] = username and { "AUTH", username, password } or { "AUTH", password }
+  end
+  if db and db ~= 0 then setup[#setup + 1] = { "SELECT", tostring(db) } end
+  state.setup = setup
+  state.sub = false         -- its subscriber, made by the first subscribe
+  state.ssub = false        -- its shard channels' subscriber (ssubscribe)
+  local sentinel = sentinel_options(options, state)
+  if sentinel then
+    -- the address is the master's, found at the first call
+    state.sentinel, state.owns_sentinel = sentinel, true
+    state.addr = ("master %s"):format(sentinel.name)
+    return core.new(state)
   end
   local path = check_string(options, "path")
   local host, port
@@ -469,19 +872,11 @@ function M.connect(options)
     if type(host) ~= "string" then
       argerror(2, 1, "connect", "host must be a string, got " .. typename(host))
     end
-    if mtype(port) == "float" and port == port // 1 then port = port // 1 end
-    if mtype(port) ~= "integer" or port < 1 or port > 65535 then
+    port = port_of(port)
+    if not port then
       argerror(2, 1, "connect", "port must be an integer from 1 to 65535")
     end
   end
-  -- sent first on every connection (docs/redis.md, Connection)
-  local setup = {}
-  if password then
-    setup[#setup + 1] = username and { "AUTH", username, password } or { "AUTH", password }
-  end
-  if db and db ~= 0 then setup[#setup + 1] = { "SELECT", tostring(db) } end
-  state.setup = setup
-  state.sub = false         -- its subscriber, made by the first subscribe
   if path then
     state.path = path
     state.addr = path
@@ -512,6 +907,16 @@ end
 -- subscribed again, with the client's back-off.
 
 local Subscription = { __name = "async_mutex.redis.Subscription" }
+
+-- The two kinds of channel, each on a subscriber connection of its own:
+-- classic ones (SUBSCRIBE, a PUBLISH reaches every node of a cluster) and
+-- shard channels (SSUBSCRIBE, Redis 7: a SPUBLISH stays on the shard of
+-- the channel's slot, and a node that loses the slot ends its
+-- subscriptions with a "sunsubscribe" of its own).
+local CLASSIC = { field = "sub", sub = "SUBSCRIBE", unsub = "UNSUBSCRIBE",
+  message = "message", confirm = "subscribe", fname = "subscribe" }
+local SHARDED = { field = "ssub", sub = "SSUBSCRIBE", unsub = "SUNSUBSCRIBE",
+  message = "smessage", confirm = "ssubscribe", fname = "ssubscribe" }
 Subscription.__index = Subscription
 
 local is_client do
@@ -549,6 +954,15 @@ local function confirm(sub, channel, ok, err)
   settle(list, ok, err)
 end
 
+-- A subscriber left with no channel stops reading (and pinging): an
+-- idle one keeps no loop running.
+local function stop_if_none(sub)
+  if not next(sub.channels) and not sub.closed then
+    core.listen(sub.client, false)
+    stop_timer(sub.ping)
+  end
+end
+
 -- The server refused a SUBSCRIBE (an error reply, such as NOPERM from an
 -- ACL): its channels' subscriptions end, the coroutines waiting for them
 -- raise that error, and one with nobody waiting (subscribed again after a
@@ -568,10 +982,7 @@ local function refused(sub, list, err)
       end
     end
   end
-  if not next(sub.channels) and not sub.closed then
-    core.listen(sub.client, false)
-    stop_timer(sub.ping)
-  end
+  stop_if_none(sub)
 end
 
 local function channel_list(sub)
@@ -597,6 +1008,7 @@ local function restore(sub)
       if sub.closed then return end
     else
       sub.retry = t
+      if state.background then t:unref() end
     end
   end
   if not sub.on_retry then
@@ -608,7 +1020,7 @@ local function restore(sub)
       -- changed meanwhile) answers that command with an error, and only that
       -- channel's subscriptions end
       for _, channel in ipairs(channel_list(sub)) do
-        if not core.send(sub.client, "SUBSCRIBE", channel) then
+        if not core.send(sub.client, sub.kind.sub, channel) then
           restore(sub)
           return
         end
@@ -657,6 +1069,23 @@ local function answered(sub, channel)
   if #head == 0 then table.remove(sub.sent, 1) end
 end
 
+-- The server ended a shard channel's subscriptions (its node lost the
+-- channel's slot): they end here too, and each one's on_dropped (set by
+-- the cluster client, which subscribes again at the slot's new owner) is
+-- called, in a coroutine of its own.
+local function dropped(sub, channel)
+  local list = sub.channels[channel]
+  if not list then return end
+  sub.channels[channel] = nil
+  for _, s in ipairs(list) do
+    if s.active then
+      s.active = false
+      if s.on_dropped then am_spawn(s.on_dropped, s) end
+    end
+  end
+  stop_if_none(sub)
+end
+
 local function on_message(sub, reply)
   if type(reply) ~= "table" then return end
   if getmetatable(reply) == ERROR_MT then      -- a SUBSCRIBE refused
@@ -665,7 +1094,7 @@ local function on_message(sub, reply)
     return
   end
   local kind = reply[1]
-  if kind == "message" then
+  if kind == sub.kind.message then
     local list = sub.channels[reply[2]]
     if not list then return end
     if #list == 1 then               -- the usual case: no copy needed
@@ -676,11 +1105,19 @@ local function on_message(sub, reply)
     for _, s in ipairs({ unpack(list) }) do
       if s.active then deliver(s, reply[3], reply[2]) end
     end
-  elseif kind == "subscribe" then
+  elseif kind == sub.kind.confirm then
     answered(sub, reply[2])
     confirm(sub, reply[2], true)
   elseif kind == "pong" then
     sub.pinging = false                -- hooks.progress stops the timer
+  elseif kind == "sunsubscribe" then
+    local channel = reply[2]
+    local n = sub.leaving[channel]
+    if n then                          -- the answer to our own SUNSUBSCRIBE
+      sub.leaving[channel] = n > 1 and n - 1 or nil
+    else
+      dropped(sub, channel)
+    end
   end
 end
 
@@ -746,6 +1183,7 @@ local function same_server(state)
     connectTimeout = state.connectTimeout, commandTimeout = state.commandTimeout,
     reconnectDelay = state.reconnectDelay, reconnectDelayMax = state.reconnectDelayMax,
     pingInterval = state.pingInterval,
+    sentinel = state.sentinel, background = state.background_sub,
   }
 end
 
@@ -753,12 +1191,12 @@ function core.sibling(client)
   return core.new(same_server(core.state(client)))   -- sets state.ref (weak)
 end
 
-local function subscriber(self)
+local function subscriber(self, kind)
   local state = core.state(self)
-  local sub = state.sub
+  local sub = state[kind.field]
   if sub then return sub end
   local sstate = same_server(state)
-  sub = { state = sstate, channels = {}, waiting = {}, sent = {} }
+  sub = { state = sstate, channels = {}, waiting = {}, sent = {}, kind = kind, leaving = {} }
   sub.client = core.new(sstate, true)
   sstate.on_message = function(reply) on_message(sub, reply) end
   sstate.awaits = function() return sub.pinging or next(sub.waiting) ~= nil end
@@ -772,6 +1210,7 @@ local function subscriber(self)
     local waiting = sub.waiting
     sub.waiting = {}
     sub.sent = {}
+    sub.leaving = {}                      -- (no answer will come)
     sub.pinging = false
     -- (each list settled where it is: a coroutine woken here may subscribe
     -- again, into the new sub.waiting, which must keep what it enlists)
@@ -795,7 +1234,7 @@ local function subscriber(self)
   -- made the client's subscriber (a subscribe of its own), or closed the
   -- client (whose close closes only the subscriber it saw): one claim, in
   -- one step of C, then a look at the client
-  local claimed = core.claim(state, "sub", sub)
+  local claimed = core.claim(state, kind.field, sub)
   if claimed ~= sub then
     core.drop(sub.client)                  -- (never connected)
     return claimed
@@ -804,24 +1243,31 @@ local function subscriber(self)
   return sub
 end
 
---- Subscribes fn(message, channel) to `channel`; waits (in a coroutine)
--- until the server confirms, unless the channel is subscribed already.
--- Returns a Subscription (sub:unsubscribe()).
-function Client.subscribe(self, channel, fn)
-  check_client(self, "subscribe")
+-- Client.subscribe and Client.ssubscribe, as their tail call (so that
+-- the levels of its errors are theirs): `kind` is CLASSIC or SHARDED.
+local function subscribe_to(self, channel, fn, kind)
+  local fname = kind.fname
+  check_client(self, fname)
   if type(channel) ~= "string" then
-    argerror(2, 1, "subscribe", "string expected, got " .. typename(channel))
+    argerror(2, 1, fname, "string expected, got " .. typename(channel))
   end
   if not is_callable(fn) then
-    argerror(2, 2, "subscribe", "function expected, got " .. typename(fn))
+    argerror(2, 2, fname, "function expected, got " .. typename(fn))
   end
   check_open(self, 2)
   local co, main = running()
   if main or not isyieldable() then
     error("attempt to subscribe outside a coroutine", 2)
   end
-  local sub = subscriber(self)
-  local s = setmetatable({ channel = channel, fn = fn, active = true, sub = sub }, Subscription)
+  local sub = subscriber(self, kind)
+  -- a subscriber that follows a master through Sentinel: the master found
+  -- first (its SUBSCRIBE is sent by core.send, which cannot wait)
+  local sentinel = sub.state.sentinel
+  if sentinel and not sentinel.master and status(sub.client) == "idle" then
+    sentinel_wait(sentinel)
+  end
+  local s = setmetatable({ channel = channel, fn = fn, active = true, sub = sub,
+    on_dropped = false }, Subscription)
   s.call = function(message, ch)
     if s.active then return fn(message, ch) end
   end
@@ -838,7 +1284,7 @@ function Client.subscribe(self, channel, fn)
   local waiting = core.enlist(sub, channel, rec, { rec })
   local list = sub.channels[channel]
   if not waiting then                      -- confirmed already: no wait
-    if not list then return Client.subscribe(self, channel, fn) end  -- (ended since)
+    if not list then return subscribe_to(self, channel, fn, kind) end  -- (ended since)
     list[#list + 1] = s
     return s
   end
@@ -847,7 +1293,7 @@ function Client.subscribe(self, channel, fn)
   else
     list = fresh
     sub.channels[channel] = list
-    local sent, err = core.send(sub.client, "SUBSCRIBE", channel)
+    local sent, err = core.send(sub.client, kind.sub, channel)
     if not sent then
       rec.done = true
       for i = #waiting, 1, -1 do
@@ -885,6 +1331,18 @@ function Client.subscribe(self, channel, fn)
   return s
 end
 
+--- Subscribes fn(message, channel) to `channel`; waits (in a coroutine)
+-- until the server confirms, unless the channel is subscribed already.
+-- Returns a Subscription (sub:unsubscribe()).
+function Client.subscribe(self, channel, fn)
+  return subscribe_to(self, channel, fn, CLASSIC)
+end
+
+--- The same for a shard channel (SSUBSCRIBE, Redis 7; SPUBLISH publishes).
+function Client.ssubscribe(self, channel, fn)
+  return subscribe_to(self, channel, fn, SHARDED)
+end
+
 --- Ends this subscription; the channel is unsubscribed when it was its
 -- last one.  Never waits; calling it twice does nothing.
 function Subscription.unsubscribe(self)
@@ -903,7 +1361,10 @@ function Subscription.unsubscribe(self)
   if #list > 0 then return end
   sub.channels[channel] = nil
   if status(sub.client) == "connected" or status(sub.client) == "connecting" then
-    core.send(sub.client, "UNSUBSCRIBE", channel)
+    -- (its "sunsubscribe" answer is then ours, not the server's own: dropped)
+    if core.send(sub.client, sub.kind.unsub, channel) and sub.kind == SHARDED then
+      sub.leaving[channel] = (sub.leaving[channel] or 0) + 1
+    end
   end
   if not next(sub.channels) then
     core.listen(sub.client, false)
@@ -1001,6 +1462,8 @@ local function check_list(list, n, what)
   end
   return out
 end
+
+core.check_list = check_list     -- the cluster client's eval (redis_cluster.lua)
 
 local function is_noscript(err)
   return getmetatable(err) == ERROR_MT and err.code == "NOSCRIPT"

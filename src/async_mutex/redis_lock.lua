@@ -39,7 +39,7 @@ function M.new_mutex(client, name, opts)
   if type(name) ~= "string" or name == "" then
     argerror(2, 2, "new", "lock name must be a non-empty string, got " .. typename(name))
   end
-  local o = options_of(opts, 3, "new")
+  local o = options_of(opts, 3, "new", client)
   local lk = new_record(Mutex, client, name, 1, o, false)
   return lk
 end
@@ -112,7 +112,7 @@ function M.new_semaphore(client, name, limit, opts)
     argerror(2, 3, "new", "limit must be a positive integer")
   end
   if limit > MAX_LIMIT then argerror(2, 3, "new", format("limit must be at most %d", MAX_LIMIT)) end
-  local o = options_of(opts, 4, "new")
+  local o = options_of(opts, 4, "new", client)
   return new_record(Semaphore, client, name, tointeger(limit), o, false)
 end
 
@@ -183,7 +183,7 @@ function M.new_keyed(client, prefix, opts)
   if type(prefix) ~= "string" then
     argerror(2, 2, "new", "key prefix must be a string, got " .. typename(prefix))
   end
-  local o = options_of(opts, 3, "new")
+  local o = options_of(opts, 3, "new", client)
   return new_record(Keyed, client, prefix, 1, o, true)
 end
 

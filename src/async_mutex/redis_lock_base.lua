@@ -102,6 +102,10 @@ local function eval(lk, script, keys, ...)
     local r = run_script(lk.client, script, keys, ...)
     if lk.hub.closed then error(CLOSED, 0) end
     return r
+  elseif lk.cluster then           -- (docs/redis-locks.md, "On a cluster")
+    local r = rcore.cluster_script(lk.client, script, keys, ...)
+    if lk.hub.closed then error(CLOSED, 0) end
+    return r
   end
   return lk.client:eval(script, keys, { ... })
 end
@@ -134,15 +138,18 @@ end
 
 local hubs = setmetatable({}, { __mode = "k" })
 
--- 'ended': the fence of a grant of this waiter that ended before it was
--- taken (redis_acquire), whose message may still come: fences of later
--- grants are larger.
+-- 'ended': no grant of this waiter with a fence up to it can be taken:
+-- each ended before a request that found the waiter not holding (the n of
+-- that request's answer, see ask), and its message may still come: the
+-- fences of later grants are larger.  For the same reason a message read
+-- while the waiter has one already (of a grant that a request in flight
+-- may find ended) replaces it when its fence is larger.
 local function on_message(hub, message)
   local token, fence, value = message:match("^(%S+) (%d+) (%-?%d+)$")
   local w = token and hub.waiters[token]
-  if w and not w.fence then
+  if w then
     fence = tointeger(tonumber(fence))
-    if w.ended and fence <= w.ended then return end
+    if (w.ended and fence <= w.ended) or (w.fence and fence <= w.fence) then return end
     w.fence, w.value = fence, tointeger(tonumber(value))
     -- a waiter that sleeps has a bell: its coroutine is resumed by the core
     if w.bell then w.bell:release() end
@@ -166,7 +173,7 @@ local function get_hub(client)
             waiters = {}, users = 0, sub = nil, sub_gate = internal(core.Mutex.new()),
             idle_timer = nil, locks = setmetatable({}, { __mode = "k" }),
             unlockers = {}, closed = false, inflight = {},
-            evicts = false, evicts_gate = nil, warned = false }
+            evicts = false, evicts_gate = nil, warned = false, ssubs = {} }
     hubs[client] = hub
     -- Made here, by the program's own code: close() may come from a
     -- finalizer at lua_close, where no handle may be made any more.
@@ -192,6 +199,13 @@ local function get_hub(client)
         if hb then hb.evicts, hb.warned, hb.started = nil, false, nil end
       end
       hub.evicts, hub.evicts_gate = nil, internal(core.Mutex.new())
+    elseif rcore.is_cluster and rcore.is_cluster(client) then
+      -- a cluster client (async_mutex.redis_cluster) says when it is closed
+      local ref = setmetatable({ hub }, { __mode = "v" })
+      client.on_close = function()
+        local hb = ref[1]
+        if hb then client_closed(hb) end
+      end
     end
   end
   return hub
@@ -202,6 +216,11 @@ local function unsubscribe_if_idle(hub)
     local sub = hub.sub
     hub.sub = nil
     sub:unsubscribe()               -- never waits
+  end
+  if hub.users == 0 and hub.ssubs and next(hub.ssubs) then     -- (a cluster's)
+    local ssubs = hub.ssubs
+    hub.ssubs = {}
+    for _, sub in pairs(ssubs) do sub:unsubscribe() end
   end
 end
 
@@ -226,34 +245,75 @@ end
 
 local function hub_unuse(hub)
   hub.users = hub.users - 1
-  if hub.users == 0 and hub.sub then
+  if hub.users == 0 and (hub.sub or hub.ssubs and next(hub.ssubs)) then
     idle_hubs[hub] = true
     if not idle_timer then idle_timer = uv.new_timer() end
     idle_timer:start(0, 0, on_idle)
   end
 end
 
--- Makes sure this process is subscribed to the hub's channel; yields for
--- the subscription when there is none yet.
-local function subscribe(hub)
-  if hub.sub then return end
+-- Whether this process listens on the hand-off channel `ch` of the hub
+-- (nil: the hub's channel; on a cluster, one of its shard channels).
+local function subscribed(hub, ch)
+  if ch then return hub.ssubs[ch] ~= nil end
+  return hub.sub ~= nil
+end
+
+-- Makes sure this process is subscribed to the hub's channel (or, on a
+-- cluster, to its shard channel `ch`); yields for the subscription when
+-- there is none yet.
+local function subscribe(hub, ch)
+  if subscribed(hub, ch) then return end
   local release <close> = hub.sub_gate:acquire()
   -- closed while the coroutine before us subscribed (whether or not it
   -- got the subscription): a waiter's error, not the closed client's
   -- misuse error from our next request
   if hub.closed then error(CLOSED, 0) end
-  if hub.sub then return end
+  if subscribed(hub, ch) then return end
   local fn = hub.on_message
   if not fn then
     fn = function(message) on_message(hub, message) end
     rcore.direct_callbacks[fn] = true       -- it never yields: no coroutine
     hub.on_message = fn
   end
-  hub.sub = hub.client:subscribe(hub.channel, fn)
+  if ch then
+    local sub = hub.client:ssubscribe(ch, fn)
+    if hub.ssubs[ch] then sub:unsubscribe() else hub.ssubs[ch] = sub end
+  else
+    hub.sub = hub.client:subscribe(hub.channel, fn)
+  end
 end
 
 -- }==========================================================
 
+
+-- {========================================================== replicas
+-- The option `replicas = N` (docs/redis-locks.md, "Scaling out"): a
+-- grant, a renewal and a release are confirmed by `WAIT N timeout` on the
+-- client's connection, which returns once every write made on it so far
+-- (the script's) has reached N replicas, or at the timeout with the count
+-- that has.  The timeout stays within the client's commandTimeout (the
+-- connection is blocked meanwhile: its timer would fail it) and a quarter
+-- of the lease.  Returns true, or false and why not (E_UNAVAILABLE's
+-- reason).
+local function replicated(lk)
+  local ok, n = pcall(lk.client.call, lk.client, "WAIT", lk.s_replicas, lk.s_wait_for)
+  if not ok then
+    return false, type(n) == "table" and n.reason or tostring(n)
+  end
+  if tointeger(n) and n >= lk.replicas then return true end
+  return false, format("%s of %d replicas within %s ms", tostring(n), lk.replicas, lk.s_wait_for)
+end
+
+-- A grant not confirmed is given back (by the caller's Pending, or its
+-- own give-back) and raised.
+local function confirm_grant(lk)
+  local ok, why = replicated(lk)
+  if not ok then
+    error(require("async_mutex.unavailable").new("grant not confirmed: " .. why), 0)
+  end
+end
+-- }==========================================================
 
 -- {========================================================== leases
 -- A lease is the releaser of one grant: callable and to-be-closed, with
@@ -343,6 +403,10 @@ local function renew(lease)
   local sent = hrtime()
   lease.next_renew = lk.renew > 0 and sent + lk.renew * NS or nil
   local ok, r = pcall(eval, lk, scripts.renew, lease.keys, lease.token, lk.s_limit, lk.s_ttl)
+  if lease.state ~= "held" then return end
+  -- (replicas: a renewal not confirmed extends nothing; tried again as
+  -- an unreachable one is)
+  if ok and r == 1 and lk.replicas then ok = replicated(lk) end
   if lease.state ~= "held" then return end
   if ok and r == 1 then
     lease.valid_until = max(lease.valid_until, sent + (lk.ttl - drift(lk.ttl)) * NS)
@@ -478,6 +542,10 @@ local function release_lease(lease)
     lose(lease, "refused")
     return false
   end
+  -- (replicas: the release reaches them before it returns, so that a
+  -- failover just after it does not bring the hold back; not confirmed,
+  -- the hold ended all the same, and a copy of it runs out with its lease)
+  if ok and lk.replicas then replicated(lk) end
   hub_unuse(lk.hub)
   return true
 end
@@ -511,8 +579,12 @@ local giving = {}                    -- luacheck: ignore 241 (an anchor)
 -- Sends the release of every {keys, token} of 'items' on a new connection
 -- to the server of 'client' (closed), in coroutines of their own.
 local function give_back(client, items)
-  local c = rcore.sibling(client)
-  local ms = rcore.state(client).commandTimeout
+  local c, ms
+  if is_client(client) then
+    c, ms = rcore.sibling(client), rcore.state(client).commandTimeout
+  else                                  -- a cluster client: a new one
+    c, ms = rcore.cluster_sibling(client)
+  end
   local left, bound = #items, nil
   local function finish()
     giving[c] = nil
@@ -532,7 +604,11 @@ local function give_back(client, items)
     local keys, token = items[i][1], items[i][2]
     background(function()
       -- an unreachable server, or the bound: the lease ends in Redis
-      pcall(run_script, c, scripts.release, keys, token, keys.limit)
+      if is_client(c) then
+        pcall(run_script, c, scripts.release, keys, token, keys.limit)
+      else
+        pcall(c.eval, c, scripts.release, keys, { token, keys.limit })
+      end
       left = left - 1
       if left == 0 then finish() end
     end)
@@ -765,16 +841,55 @@ local Pending = {
 
 -- The keys of the lock 'name' (scripts.keys), with the name as field
 -- 'name' and the limit the scripts take (a string) as 'limit'.
-local function lock_keys(name, s_limit)
-  local keys = scripts.keys(name)
+-- On a Redis Cluster (docs/redis-locks.md, "On a cluster") every key of
+-- one lock is in one slot, so that its scripts run on one master: the
+-- keys are made from "{name}" unless the name has a hash tag already.
+local function has_tag(name)       -- as Redis reads a hash tag: the first {
+  local open = name:find("{", 1, true)
+  local close = open and name:find("}", open + 1, true)
+  return close ~= nil and close > open + 1
+end
+
+local function lock_keys(name, s_limit, cluster)
+  local base = name
+  if cluster and not has_tag(name) then base = "{" .. name .. "}" end
+  local keys = scripts.keys(base)
   keys.name, keys.limit = name, s_limit
+  -- the hashed part of its keys: its hand-off channels are in its slot
+  if cluster then keys.tag = base:match("^[^{]*{([^}]*)}") end
   return keys
+end
+
+-- The channel the hand-offs of a waiter with `keys` are published on:
+-- the hub's; on a cluster its shard channel in the lock's slot (the
+-- scripts SPUBLISH to a channel that begins with "{", and a script may
+-- only publish on a shard channel of its own keys' slot).
+local function channel_of(lk, keys)
+  if not lk.cluster then return lk.hub.channel, nil end
+  local ch = keys.channel
+  if not ch then
+    ch = "{" .. keys.tag .. "}" .. lk.hub.channel
+    keys.channel = ch
+  end
+  return ch, ch
 end
 
 -- The keys of the lock 'name' of lk: a plain lock's are made once.
 local function keys_of(lk, name)
   if name == lk.name then return lk.keys end
-  return lock_keys(name, lk.s_limit)
+  return lock_keys(name, lk.s_limit, lk.cluster)
+end
+
+-- Whether the locks of 'sorted' (acquireAll's {key, name} records) are
+-- in more than one slot of lk's cluster.
+local function split(lk, sorted)
+  local slot
+  for _, rec in ipairs(sorted) do
+    local s = rcore.keyslot(keys_of(lk, rec[2])[1])
+    if slot and s ~= slot then return true end
+    slot = s
+  end
+  return false
 end
 
 -- The acquire request of the waiter w (mode "wait", "try" or "again"), by
@@ -783,12 +898,30 @@ end
 -- request that opened a new connection (on_connected) is followed by the
 -- eviction check of that connection: refused, its grant or place in the
 -- queue is given back (Pending) as for any error.
+--
+-- An answer that this waiter does not hold carries n: every grant made
+-- before the request has a fence <= n, every later one a larger fence
+-- (redis_scripts.lua, acquire).  A grant of this waiter made before the
+-- request ended before it (the request would have found it held), and
+-- its hand-off message comes on the other connection: it may be read
+-- while the request is in flight, or after the answer (the two sockets
+-- are read in no set order, and a process that blocks reads both late).
+-- So such a message is dropped, and any later one of fence <= n ignored
+-- (on_message): a message kept or read from here on is of a grant made
+-- after this request, whose lease Redis started after it was sent
+-- (docs/redis-locks.md, "Waiting without polling"; spec 126).
 local function ask(lk, w, s_weight, mode)
   -- (closed by a finalizer or a hook since the caller looked: a waiter's
   -- outcome, not the closed client's misuse error)
   if lk.hub.closed then error(CLOSED, 0) end
   local r = eval(lk, lk.acquire_script, w.keys, w.token, lk.s_limit, s_weight, lk.s_ttl,
-                 lk.s_wait, lk.hub.channel, mode)
+                 lk.s_wait, (channel_of(lk, w.keys)), mode)
+  local n = r[1] ~= 1 and r[3]
+  if n then
+    n = tointeger(tonumber(n))
+    if not w.ended or n > w.ended then w.ended = n end
+    if w.fence and w.fence <= n then w.fence, w.value = nil, nil end
+  end
   if lk.hub.evicts == nil then eviction(lk) end
   return r
 end
@@ -824,17 +957,10 @@ local function wait_in_queue(lk, w, s_weight, deadline, err, r)
       t = hrtime()
       if deadline and t >= deadline then error(err, 0) end
     until t >= again
-    local before = sent
     sent = t
+    -- (a message of a grant made before this request, read while it was
+    -- in flight, is dropped by ask: the grant has ended)
     r = ask(lk, w, s_weight, "again")
-    -- A message read while this request was in flight, whose answer says
-    -- that this waiter does not hold: the grant may have come before the
-    -- request was taken, and ended since (the message was read late:
-    -- blocking work in this process, a pause).  Its lease is counted from
-    -- the request before (nil: the caller's), the last one known to
-    -- precede it, so that a grant already over is confirmed, and found
-    -- ended, never taken (spec 126).
-    if r[1] ~= 1 and w.fence then return nil, before end
   end
   if r[1] == 1 then return r, sent end
   return nil, sent
@@ -846,9 +972,10 @@ end
 -- (lk, keys, token, done), one hash part of four slots.
 --
 -- A grant's lease is counted from the request that set it: the one that
--- was answered, or for a hand-off the last one whose answer found this
--- waiter queued before the message was read (Redis starts that lease
--- later, at the release), so the count here ends first.  But a waiter
+-- was answered, or for a hand-off the last request sent, whose answer
+-- found this waiter queued: a message is kept only when its grant came
+-- after that request (ask), so Redis started that lease later, at the
+-- release, and the count here ends first.  But a waiter
 -- sleeps up to a third of waiterTimeout between requests, and a hand-off
 -- that comes late in that sleep was counted from long ago: when the
 -- lease's renewal is due already, the grant is confirmed by one request
@@ -898,33 +1025,35 @@ local function redis_acquire(lk, name, weight, deadline, err, token)
       -- was in flight sends nothing more (the withdrawal goes out with
       -- Pending).
       if deadline and hrtime() >= deadline then error(err, 0) end
-      if not hub.sub then
-        subscribe(hub)
-        local before = sent
+      local _, shard = channel_of(lk, w.keys)
+      if not subscribed(hub, shard) then
+        subscribe(hub, shard)
         sent = hrtime()             -- a hand-off before we listened: ask again
         r = ask(lk, w, s_weight, "again")
-        if r[1] ~= 1 and w.fence then sent = before end     -- as in wait_in_queue
       end
       local at
       r, at = wait_in_queue(lk, w, s_weight, deadline, err, r)
       sent = at or sent
       first = r and lk.ttl or min(lk.ttl, lk.wait_ms)
     end
-    if hrtime() - sent < first * NS / 3 then break end
+    -- (replicas: a grant by hand-off was written on another process's
+    -- connection, which WAIT on this one does not cover: it is confirmed
+    -- by asking again, a write of this connection, as a stale one is)
+    if hrtime() - sent < first * NS / 3
+      and not (lk.replicas and not (r and r[1] == 1)) then break end
     -- Stale: confirm it by asking again (Redis renews a grant it still
     -- has to ttl from this request, and answers with its fence), or learn
     -- that it ended meanwhile (this process was too slow to take it): the
-    -- same request then queues this waiter again, or grants anew, and a
-    -- late message of the ended grant is ignored (on_message).  Its
-    -- answer, not the grant seen before, gives the fence: a renewal
-    -- answers only "held", and the hold it renewed may be a later grant
-    -- (one that came while it was in flight, after the first had ended).
-    -- A try is never queued: it renews, and its token can hold no other
-    -- grant.
+    -- same request then queues this waiter again, or grants anew, and
+    -- late messages of the ended grant, or of any grant made before the
+    -- request, are ignored (ask, on_message).  Its answer, not the grant
+    -- seen before, gives the fence: a renewal answers only "held", and
+    -- the hold it renewed may be a later grant (one that came while it was
+    -- in flight, after the first had ended).  A try is never queued: it
+    -- renews, and its token can hold no other grant.
     local fence, value
     if r and r[1] == 1 then fence, value = r[2], r[3] else fence, value = w.fence, w.value end
     w.fence = nil
-    local before = sent
     sent = hrtime()
     if try then
       if eval(lk, scripts.renew, keys, token, lk.s_limit, lk.s_ttl) ~= 1 then
@@ -933,11 +1062,10 @@ local function redis_acquire(lk, name, weight, deadline, err, token)
       end
       r = { 1, fence, value }
     else
-      w.ended = tointeger(tonumber(fence))
       r = ask(lk, w, s_weight, "again")
-      if r[1] ~= 1 and w.fence then sent = before end     -- as in wait_in_queue
     end
   end
+  if lk.replicas then confirm_grant(lk) end   -- else given back (Pending)
   w.done = true
   local lease, value, extra
   if r and r[1] == 1 then
@@ -1053,7 +1181,7 @@ end
 -- as it is to redis.connect and am.optimistic.
 local OPTIONS = {
   ttl = true, renewInterval = true, waiterTimeout = true, onLost = true,
-  cancelError = true, lostError = true, unsafeEviction = true,
+  cancelError = true, lostError = true, unsafeEviction = true, replicas = true,
 }
 
 -- The largest ttl / waiterTimeout (ms, about 34 years) and semaphore
@@ -1062,12 +1190,13 @@ local OPTIONS = {
 -- ended at once (two holders).  Also keeps ttl in ns (leases) below 2^63.
 local MAX_MS, MAX_LIMIT = 1 << 40, 1 << 53
 
-local function options_of(opts, n, fname)
+-- 'known': the option names a kind takes, when not all of OPTIONS.
+local function options_of(opts, n, fname, client, known)
   if opts == nil then opts = {} end
   if type(opts) ~= "table" then
     argerror(3, n, fname, "options must be a table, got " .. typename(opts))
   end
-  local unknown = unknown_option(opts, OPTIONS)
+  local unknown = unknown_option(opts, known or OPTIONS)
   if unknown then argerror(3, n, fname, unknown) end
   local function int(field, default, least)
     local v = opts[field]
@@ -1089,9 +1218,14 @@ local function options_of(opts, n, fname)
     cancel_error = opts.cancelError,
     lost_error = opts.lostError,
     unsafe_eviction = opts.unsafeEviction,
+    replicas = int("replicas", nil, 1),
   }
   if o.renew >= ttl then
     argerror(3, n, fname, "options.renewInterval must be below options.ttl")
+  end
+  if o.replicas and not is_client(client) then
+    -- (WAIT is no script's command: it needs the client's own call)
+    argerror(3, n, fname, "options.replicas needs an async_mutex.redis client")
   end
   if o.on_lost ~= nil and not is_callable(o.on_lost) then
     argerror(3, n, fname, "options.onLost must be callable")
@@ -1119,7 +1253,13 @@ local function new_record(mt, client, name, limit, opts, keyed)
   lk.gate = internal(keyed and core.KeyedMutex.new({ cancelError = opts.cancel_error })
     or core.Mutex.new(opts.cancel_error))
   lk.s_limit, lk.s_ttl, lk.s_wait = tostring(limit), tostring(opts.ttl), tostring(opts.wait_ms)
-  lk.keys, lk.direct = lock_keys(name, lk.s_limit), is_client(client)
+  lk.cluster = rcore.is_cluster ~= nil and rcore.is_cluster(client)
+  lk.keys, lk.direct = lock_keys(name, lk.s_limit, lk.cluster), is_client(client)
+  if lk.replicas then
+    -- WAIT's timeout: within the client's commandTimeout and the lease
+    local within = min(rcore.state(client).commandTimeout / 2, lk.ttl / 4)
+    lk.s_replicas, lk.s_wait_for = tostring(lk.replicas), tostring(max(1, floor(within)))
+  end
   lk.acquire_script = scripts.acquire     -- (a kind may put its own: ask)
   lk.waiting = {}
   lk.holds = {}
@@ -1185,7 +1325,8 @@ local function wait_for_unlock(lk, limit, err, name, weight)
     if not cleanup.sub then
       -- (the bound, checked between requests, as in redis_acquire)
       if deadline and hrtime() >= deadline then error(err, 0) end
-      cleanup.sub = lk.client:subscribe(name .. ":free", function() bell:release() end)
+      -- (its key N:free: "{N}:free" on a cluster, where the scripts publish)
+      cleanup.sub = lk.client:subscribe(keys_of(lk, name)[6], function() bell:release() end)
     else
       local t = hrtime()
       local again = t + max(1, lk.wait_ms // 3) * NS
@@ -1254,8 +1395,8 @@ return {
   Lease = Lease, lease_methods = lease_methods, NS = NS, drift = drift,
   lose = lose, forget = forget, new_lease = new_lease, release_lease = release_lease,
   stop_timer = stop_timer,
-  eviction = eviction, doze = doze, lock_keys = lock_keys, keys_of = keys_of,
-  redis_acquire = redis_acquire,
+  eviction = eviction, doze = doze, lock_keys = lock_keys, keys_of = keys_of, split = split,
+  redis_acquire = redis_acquire, replicated = replicated, confirm_grant = confirm_grant,
   decorated_of = decorated_of, decorable = decorable, check_self = check_self, check_priority = check_priority,
   check_key = check_key, check_usable = check_usable, deadline_of = deadline_of,
   acquire = acquire, OPTIONS = OPTIONS, MAX_MS = MAX_MS, MAX_LIMIT = MAX_LIMIT,

@@ -258,6 +258,8 @@ local function take_atomic(lk, sorted, s_weight)
     return nil
   end
   if hub.evicts == nil then base.eviction(lk) end   -- a new connection: refused, given back
+  -- (replicas: not confirmed, every token is given back, as on a failure)
+  if lk.replicas then base.confirm_grant(lk) end
   settled = true
   local leases = {}
   for i = 1, n do
@@ -292,15 +294,19 @@ local function acquire_all(lk, limit, err, sorted, weight, priority, on_lease)
   for _, rec in ipairs(sorted) do
     if gate:isLocked(rec[1]) then free = false; break end
   end
+  -- on a cluster, keys in several slots cannot be taken by one script:
+  -- one at a time in the canonical order, a try too (all or nothing: what
+  -- it took is given back when one is refused)
+  local split = lk.cluster and base.split(lk, sorted)
   local deadline = base.deadline_of(limit)
-  if free then
+  if free and not split then
     local leases = take_atomic(lk, sorted, s_weight)
     if leases then
       if on_lease then for _, l in ipairs(leases) do on_lease(l) end end
       return leases
     end
   end
-  if limit == false then error(err, 0) end          -- a try: all at once or nothing
+  if limit == false and not split then error(err, 0) end  -- a try: all at once or nothing
   local taken <close> = setmetatable({}, Partial)
   for i, rec in ipairs(sorted) do
     local left = limit

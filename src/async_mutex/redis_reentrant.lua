@@ -127,7 +127,7 @@ function M.new(client, name, opts)
   if type(name) ~= "string" or name == "" then
     argerror(2, 2, "new", "lock name must be a non-empty string, got " .. typename(name))
   end
-  local o = base.options_of(opts, 3, "new")
+  local o = base.options_of(opts, 3, "new", client)
   local lk = base.new_record(Reentrant, client, name, 1, o, false)
   lk.on_lost = on_lost_of(lk, o.on_lost)
   return lk

@@ -78,6 +78,9 @@ local function downgrade(lease)
   if not isyieldable() then
     error(checks.cannot_yield("downgrade a Redis write hold"), 2)
   end
+  -- (replicas: a downgrade is not confirmed by WAIT: lost in a failover,
+  -- the promoted replica has the write hold instead of the read, which
+  -- excludes more, and the read lease's renewals are confirmed)
   local sent = hrtime()
   local ok, r = pcall(base.eval, lk, DOWNGRADE, lease.keys, lease.token, lk.s_limit, lk.s_ttl)
   if not ok then
@@ -124,7 +127,7 @@ local function new(client, name, opts)
   if type(name) ~= "string" or name == "" then
     argerror(2, 2, "new", "lock name must be a non-empty string, got " .. typename(name))
   end
-  local o = base.options_of(opts, 3, "new")
+  local o = base.options_of(opts, 3, "new", client)
   local lk = base.new_record(RW, client, name, WRITE, o, false)
   lk.downgrade = downgrade
   return lk
@@ -245,7 +248,7 @@ local function new_keyed(client, prefix, opts)
   if type(prefix) ~= "string" then
     argerror(2, 2, "new", "key prefix must be a string, got " .. typename(prefix))
   end
-  local o = base.options_of(opts, 3, "new")
+  local o = base.options_of(opts, 3, "new", client)
   local lk = base.new_record(Keyed, client, prefix, WRITE, o, true)
   lk.downgrade = downgrade
   return lk

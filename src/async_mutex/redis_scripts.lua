@@ -175,7 +175,9 @@ local function dispatch(limit, u)
     redis.call('ZREM', W, head)
     redis.call('HDEL', C, head)
     local fence = grant(head, w, tonumber(ttl), limit - u)
-    redis.call('PUBLISH', ch, head .. ' ' .. fmt(fence) .. ' ' .. fmt(limit - u))
+    -- (a channel in "{...}": the lock's shard channel on a cluster)
+    redis.call(string.byte(ch) == 123 and 'SPUBLISH' or 'PUBLISH', ch,
+               head .. ' ' .. fmt(fence) .. ' ' .. fmt(limit - u))
     u = u + w
   end
   return u
@@ -206,8 +208,11 @@ end
 -- yet (or was lost), whose lease is then renewed; a waiter no longer
 -- queued (taken as dead) is queued again.  Returns {1, fence, value} when
 -- the token holds the lock ('value': the room left before the grant),
--- {0, ms} when it waits (ms: until the first holder's lease ends, -1 if
--- none), {0} for a failed try.
+-- {0, ms, n} when it waits (ms: until the first holder's lease ends, -1
+-- if none; n: every grant made before this request has a fence <= n,
+-- every later one a larger fence, so that the waiter can tell a hand-off
+-- message read after this answer but sent before it, of a grant that
+-- ended, from one of a grant made since), {0} for a failed try.
 M.acquire = [[
 -- A new request on a lock that nobody holds or waits for (holders and
 -- queue are both empty keys): granted before the prelude's functions are
@@ -252,7 +257,7 @@ if ARGV[7] ~= 'again' then
           redis.call('PEXPIRE', KEYS[3], ms)
           redis.call('PEXPIRE', KEYS[4], ms)
         end
-        return {0, e - now}
+        return {0, e - now, n}
       end
     end
   end
@@ -285,7 +290,10 @@ if mode == 'again' then
     redis.call('ZADD', W, fmt(now + wait_ms), token)
     waiters_until(wait_ms)
     keep()
-    return {0, first_end()}
+    -- (the last number drawn, or the clock: a later draw is larger than
+    -- both, as draw() makes it)
+    return {0, first_end(), fmt(math.max(tonumber(redis.call('GET', N) or '0'),
+                                         sec * 1000000 + usec - 1))}
   end
 end
 u = dispatch(limit, u)
@@ -295,12 +303,13 @@ if u + weight <= limit and redis.call('EXISTS', Q) == 0 then
   return {1, fmt(fence), limit - u}
 end
 if mode == 'try' then keep(); return {0} end
-redis.call('ZADD', Q, fmt(draw()), token)
+local n = fmt(draw())               -- the arrival number: also the answer's n
+redis.call('ZADD', Q, n, token)
 redis.call('ZADD', W, fmt(now + wait_ms), token)
 redis.call('HSET', C, token, fmt(weight) .. ' ' .. fmt(math.min(ttl, wait_ms)) .. ' ' .. ARGV[6])
 waiters_until(wait_ms)
 keep()
-return {0, first_end()}
+return {0, first_end(), n}
 ]]
 
 --- release: ARGV token, limit.  Ends the token's hold (a lease that ended
@@ -348,7 +357,8 @@ if e then
         local he = string.format('%d', now + tonumber(ttl))
         redis.call('HSET', KEYS[1], head, he .. ' ' .. w .. ' ' .. fence .. ' 1')
         redis.call('PEXPIREAT', KEYS[1], he)    -- N:h was empty: its one lease
-        redis.call('PUBLISH', ch, head .. ' ' .. fence .. ' 1')
+        redis.call(string.byte(ch) == 123 and 'SPUBLISH' or 'PUBLISH', ch,
+                   head .. ' ' .. fence .. ' 1')
         return 1
       end
     end

@@ -605,6 +605,10 @@ end
 
 -- {========================================================== methods
 
+-- The Redis locks' options but replicas (refused in M.new, below).
+local KNOWN = {}
+for k in pairs(base.OPTIONS) do if k ~= "replicas" then KNOWN[k] = true end end
+
 local OPTIONS_ORDER = { "ttl", "renew", "wait_ms", "cancel_error", "lost_error",
                         "unsafe_eviction" }
 
@@ -633,7 +637,15 @@ local function new(clients, name, opts)
   if type(name) ~= "string" or name == "" then
     argerror(2, 2, "new", "lock name must be a non-empty string, got " .. typename(name))
   end
-  local o = base.options_of(opts, 3, "new")
+  if type(opts) == "table" and opts.replicas ~= nil then
+    -- A quorum of independent masters already outlives the loss of a
+    -- minority of them, a failover's included (docs/redis-locks.md,
+    -- "Scaling out"): WAIT on each server would add a round trip per
+    -- server and guarantee nothing the quorum does not.
+    argerror(2, 3, "new", "options.replicas is not for RedlockMutex"
+      .. " (its servers are independent masters: the quorum keeps a grant)")
+  end
+  local o = base.options_of(opts, 3, "new", nil, KNOWN)
   local rl = setmetatable(o, Redlock)
   rl.name, rl.n, rl.quorum = name, n, n // 2 + 1
   rl.clients, rl.servers, rl.holds, rl.waiting = {}, {}, {}, {}

@@ -796,10 +796,15 @@ static int connect_now (lua_State *L, int i, Client *cl) {
 
 /*
 ** Makes sure there is a connection (or an attempt under way): asks
-** hooks.attempt whether the back-off allows one now.  Returns 1; or 0
-** with the E_UNAVAILABLE to raise on top.
+** hooks.attempt(state, canwait) whether the back-off allows one now.
+** Returns 1; or 0 with the E_UNAVAILABLE to raise on top; or, only when
+** `canwait` (the caller is a coroutine that may yield), 2 with a wait
+** record on top: the Lua layer is finding the server first (Sentinel,
+** docs/redis.md, "Sentinel"), and the caller waits for record.done, then
+** tries again.
 */
-static int ensure_connection (lua_State *L, int i, Client *cl) {
+static int ensure_connection (lua_State *L, int i, Client *cl,
+                              int canwait) {
   if (cl->fd >= 0 && !cl->connecting && cl->head == cl->tail
       && cl->nsetup == 0 && cl->outlen == 0 && !cl->in_event
       && !cl->subscriber) {
@@ -821,7 +826,8 @@ static int ensure_connection (lua_State *L, int i, Client *cl) {
   }
   if (cl->reader != NULL) return 1;
   lua_getiuservalue(L, i, UV_STATE);
-  callhook(L, "attempt", 1, 1);           /* nil, or why not now */
+  lua_pushboolean(L, canwait);
+  callhook(L, "attempt", 2, 1);    /* nil, why not now, or a wait record */
   if (cl->closed) {                       /* a finalizer closed it */
     lua_pop(L, 1);
     push_unavailable(L, "client closed");
@@ -831,6 +837,7 @@ static int ensure_connection (lua_State *L, int i, Client *cl) {
     lua_pop(L, 1);
     return 1;
   }
+  if (canwait && lua_type(L, -1) == LUA_TTABLE) return 2;
   if (!lua_isnil(L, -1)) {
     lua_getfield(L, HOOKS, "unavailable");
     lua_insert(L, -2);
@@ -1083,6 +1090,22 @@ static int call_k (lua_State *L, int status, lua_KContext ctx) {
     return lua_yieldk(L, 0, ctx, call_k);
   }
   if (lua_toboolean(L, base + 2)) return 1;
+  /* READONLY: the server was demoted to a replica (a failover); the Lua
+     layer decides what it means (hooks.readonly: for a client that
+     follows a master through Sentinel, find it again) */
+  if (lua_type(L, base + 3) == LUA_TTABLE) {
+    int readonly;
+    lua_pushliteral(L, "code");
+    readonly = lua_rawget(L, base + 3) == LUA_TSTRING
+               && strcmp(lua_tostring(L, -1), "READONLY") == 0;
+    lua_pop(L, 1);
+    if (readonly) {
+      lua_getiuservalue(L, 1, UV_STATE);
+      lua_pushvalue(L, 1);
+      lua_pushvalue(L, base + 3);
+      callhook(L, "readonly", 3, 1);           /* what to raise */
+    }
+  }
   return lua_error(L);                          /* the value, unchanged */
 }
 
@@ -1174,9 +1197,10 @@ static int write_command (Client *cl, int n, const char **argv,
 ** Appends the command made of the arguments from index 2 on to the
 ** output buffer (converting them first: a bad one raises, changing
 ** nothing).  Returns 1; or 0, with the E_UNAVAILABLE to raise on top, if
-** no connection could be had.
+** no connection could be had; or 2 with a wait record on top (only when
+** `canwait`: see ensure_connection).
 */
-static int append (lua_State *L, Client *cl) {
+static int append (lua_State *L, Client *cl, int canwait) {
   int n = lua_gettop(L) - 1, k;
   const char *sv[16];
   size_t lv[16];
@@ -1189,7 +1213,7 @@ static int append (lua_State *L, Client *cl) {
     argl = (size_t *)lua_newuserdatauv(L, n * sizeof(size_t), 0);
   }
   for (k = 0; k < n; k++) argv[k] = lua_tolstring(L, k + 2, &argl[k]);
-  if (!ensure_connection(L, 1, cl)) return 0;
+  if ((k = ensure_connection(L, 1, cl, canwait)) != 1) return k;
   if (!write_command(cl, n, argv, argl))
     luaL_error(L, "not enough memory");
   return 1;
@@ -1203,8 +1227,10 @@ static int append (lua_State *L, Client *cl) {
 ** is the client at index 1, checked by the caller (client_call, or
 ** core_script, which would otherwise check it twice per request).
 */
+static int call_again_k (lua_State *L, int status, lua_KContext ctx);
+
 static int call (lua_State *L, Client *cl) {
-  int ismain;
+  int ismain, base = lua_gettop(L), r;
   unsigned epoch;
   if (cl->closed)
     return luaL_error(L, "attempt to use a closed redis client");
@@ -1212,7 +1238,12 @@ static int call (lua_State *L, Client *cl) {
   lua_pop(L, 1);
   if (ismain || !lua_isyieldable(L))
     return luaL_error(L, "attempt to call redis outside a coroutine");
-  if (!append(L, cl)) return lua_error(L);
+  if ((r = append(L, cl, 1)) == 0) return lua_error(L);
+  if (r == 2) {               /* the server is being found: wait, retry */
+    lua_copy(L, -1, base + 1);
+    lua_settop(L, base + 1);                /* the arguments, the record */
+    return call_again_k(L, LUA_YIELD, (lua_KContext)base);
+  }
   /* a wait begins: the time since the last reply is not part of it (the
      command timer may run on from an earlier wait, when this call is made
      from the callback that delivered its reply, after blocking work) */
@@ -1244,6 +1275,35 @@ static int call (lua_State *L, Client *cl) {
     return lua_error(L);
   }
   return lua_yieldk(L, 0, (lua_KContext)lua_gettop(L), call_k);
+}
+
+/*
+** A call waiting for the Lua layer to find its server (a wait record at
+** base + 1 above its arguments): once record.done, it is made again from
+** the start, or raises record.err when the search failed (a stray resume
+** finds the record unsettled and goes on waiting); a client closed
+** meanwhile cut it off, as close cuts off the calls in flight.
+*/
+static int call_again_k (lua_State *L, int status, lua_KContext ctx) {
+  int base = (int)ctx;
+  Client *cl = (Client *)lua_touserdata(L, 1);
+  (void)status;
+  lua_settop(L, base + 1);            /* what a stray resume passed: gone */
+  lua_getfield(L, base + 1, "done");
+  if (!lua_toboolean(L, -1)) {
+    lua_pop(L, 1);
+    return lua_yieldk(L, 0, ctx, call_again_k);
+  }
+  lua_pop(L, 1);
+  if (cl->closed) {
+    push_unavailable(L, "client closed");
+    return lua_error(L);
+  }
+  /* the search failed: its E_UNAVAILABLE (the next calls get the
+     back-off's, which says when the next search may come) */
+  if (lua_getfield(L, base + 1, "err") != LUA_TNIL) return lua_error(L);
+  lua_settop(L, base);
+  return call(L, cl);
 }
 
 static int client_call (lua_State *L) {
@@ -1410,7 +1470,7 @@ static int core_send (lua_State *L) {
     push_unavailable(L, "client closed");
     return 2;
   }
-  if (!append(L, cl)) {
+  if (!append(L, cl, 0)) {
     lua_pushboolean(L, 0);
     lua_insert(L, -2);
     return 2;
