@@ -183,7 +183,7 @@ describe("examples/optimistic_stock.lua", function()
   --- Waits, blocking, until pred() holds: a loop turn or a process per look
   -- (h.wait_until, ls) would miss the few milliseconds between the script
   -- making its directory and its server started.
-  local function spin_until(pred, what)
+  local function spin_until(pred, what, run)
     -- (a time, not a count of turns: under the sanitizers the script takes
     -- seconds to start)
     local give_up = uv.hrtime() + 10e9 * h.TIME_SCALE
@@ -191,7 +191,17 @@ describe("examples/optimistic_stock.lua", function()
       if pred() then return end
       uv.sleep(0)
     until uv.hrtime() > give_up
-    error("still not " .. what)
+    -- what the script's session was doing (it has twice not made its
+    -- directory in time, only under make asan: where it stood tells why)
+    -- (its session, and the keeper in a session of its own)
+    local p = assert(io.popen(command(("ps -eo pid,ppid,sid,stat,wchan:24,etime,args 2>&1"
+      .. " | awk 'NR == 1 || $3 == %d || /[o]ptimistic-stock|[m]ktemp/'"):format(run.pid))))
+    local processes = p:read("a")
+    p:close()
+    uv.kill(-run.pid, "sigkill")
+    pcall(h.wait_until, function() return run.code end, 5000)
+    error(("still not %s after %d s; the script's session:\n%sits status %s, its output: %q %q"):format(
+      what, 10 * h.TIME_SCALE, processes, run.code, table.concat(run.out), table.concat(run.err)))
   end
 
   -- Ctrl-C reaches the script and its sellers (one process group) at a
@@ -216,7 +226,7 @@ describe("examples/optimistic_stock.lua", function()
         end)
         local run = start("optimistic_stock", {}, { "TMPDIR=" .. tmp })
         if event == "dir" then
-          spin_until(function() return entries(tmp) ~= "" end, "its directory in TMPDIR")
+          spin_until(function() return entries(tmp) ~= "" end, "its directory in TMPDIR", run)
         else
           h.wait_until(function() return #run.out > 0 end, 10000, "its first line")
         end
