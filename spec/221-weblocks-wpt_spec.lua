@@ -327,3 +327,92 @@ describe("Web Locks WPT: signal.https.any.js", function()
     h1.release(); h2.release()
   end))
 end)
+
+-- steal.https.any.js: {steal: true} is locks:steal(name) (a write, the
+-- only mode Web Locks steals in), held until its releaser is called; the
+-- rejected `released` promise of a broken lock is its holder's
+-- runExclusive raising E_LOST (Web Locks' AbortError) once its callback
+-- returns.
+-- request.https.any.js, its steal cases: the options Web Locks refuses
+-- with steal are decorators here (ifAvailable: tryAcquire; signal:
+-- withSignal), and a steal through them is refused (a usage error for the
+-- NotSupportedError).  "The 'steal' option must be used with exclusive
+-- locks" does not map: stealRead is offered (docs/semantics.md, Steal).
+describe("Web Locks WPT: request.https.any.js (steal)", function()
+  it("The 'steal' and 'ifAvailable' options are mutually exclusive", h.async(function()
+    local locks = am.KeyedRWLock.new()
+    assert.equal("attempt to steal through tryAcquire (a steal takes the lock whoever holds it)",
+      h.error_of(function() am.tryAcquire(locks):steal("res") end))
+    assert.equal(0, locks:count())
+  end))
+
+  it("The 'signal' and 'steal' options are mutually exclusive", h.async(function()
+    local locks = am.KeyedRWLock.new()
+    assert.equal("attempt to steal through withSignal (a steal never waits)",
+      h.error_of(function() am.withSignal(locks, am.signal()):steal("res") end))
+    assert.equal(0, locks:count())
+  end))
+end)
+
+describe("Web Locks WPT: steal.https.any.js", function()
+  it("Lock available", h.async(function()
+    local locks = am.KeyedRWLock.new()
+    local release = locks:steal("res")
+    assert.is_not_nil(release)
+    assert.is_true(release())
+    assert.equal(0, locks:count())
+  end))
+
+  it("Lock not available", h.async(function()
+    local locks = am.KeyedRWLock.new()
+    local holder = hold(locks, "res")
+    assert.is_true(holder.held)
+    local release = locks:steal("res")
+    assert.is_true(locks:isWriteLocked("res"))
+    assert.is_true(release())
+    holder.release()
+  end))
+
+  it("Broken lock's release promise rejects", h.async(function()
+    local locks = am.KeyedRWLock.new()
+    local holder = hold(locks, "res")
+    locks:steal("res")()
+    holder.release()                        -- its callback returns
+    assert.is_true(holder.done)
+    assert.is_false(holder.ok)
+    assert.equal(am.E_LOST, holder.err)
+  end))
+
+  it("Requested lock's release promise is deferred", h.async(function()
+    local locks = am.KeyedRWLock.new()
+    local holder = hold(locks, "res")
+    local granted = false
+    local req = h.spawn(function()
+      locks:runExclusive("res", function() granted = true end)
+    end)
+    local release = locks:steal("res")
+    h.tick(2)
+    assert.is_false(granted)                -- the steal went past it
+    release()
+    h.wait_until(function() return granted end)
+    assert.equal("dead", coroutine.status(req))
+    holder.release()
+  end))
+
+  it("Last caller wins", h.async(function()
+    local locks = am.KeyedRWLock.new()
+    local holder = hold(locks, "res")
+    local first = { }
+    first.co = h.spawn(function()
+      local release = locks:steal("res")
+      coroutine.yield()                     -- holds it (never settles)
+      first.ok, first.err = pcall(release.check, release)
+    end)
+    locks:steal("res")()
+    coroutine.resume(first.co)
+    assert.is_false(first.ok)               -- the first steal was broken
+    assert.equal(am.E_LOST, first.err)
+    holder.release()
+    assert.equal(am.E_LOST, holder.err)
+  end))
+end)

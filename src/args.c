@@ -454,7 +454,7 @@ void am_parse_request (lua_State *L, Request *rq, const LockKind *kind) {
   rq->weight = kind->weighted ? am_optweight(L, idx++, rq->base, rq->fname)
                               : rq->mode ? rq->mode : 1;
   rq->priority = optpriority(L, idx, rq->base, rq->fname);
-  if (rq->wait != AM_TRY && !lua_isyieldable(L))
+  if (rq->wait < AM_TRY && !lua_isyieldable(L))       /* tries, steals */
     am_check_yieldable(L, lua_pushfstring(L, "%s %s",
                        rq->kind == W_ACQUIRE ? "acquire" : "wait for",
                        kind->noun));

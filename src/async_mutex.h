@@ -16,6 +16,8 @@
 **                      a write releaser's downgrade
 **   reentrant.c        the ReentrantMutex kind: its holder re-enters
 **   lease.c            leased holds: their releasers, their expiry
+**   steal.c            lock:steal(): every hold of a lock ends (lost),
+**                      the stealer's is granted at once
 **   keyed.c            KeyedMutex, KeyedSemaphore and KeyedRWLock: a
 **                      lock per key
 **   decorated.c        withTimeout and tryAcquire: decorated locks, whose
@@ -189,8 +191,9 @@ enum { S_NEW, S_QUEUED, S_READY, S_RESUMING, S_DONE, S_HELD, S_RELEASED,
 enum { O_GRANTED, O_TIMEOUT, O_CANCELED,
        O_ABORTED };             /* its signal was aborted (signal.c) */
 
-/* How long a request may wait. */
-enum { AM_WAIT, AM_TIMEOUT, AM_TRY };
+/* How long a request may wait; AM_STEAL: never, and it ends every hold
+   in place (steal.c). */
+enum { AM_WAIT, AM_TIMEOUT, AM_TRY, AM_STEAL };
 
 /* The token of an unscoped release (m:release()): it ends any grant. */
 #define AM_UNSCOPED  0
@@ -221,13 +224,16 @@ typedef struct Releaser {
                                  user value 2 its lost error (lease.c) */
   /* a Waiter's: */
   unsigned int kind : 2;      /* W_ACQUIRE, W_UNLOCK or W_LEASE */
-  unsigned int outcome : 2;
+  unsigned int outcome : 2;   /* O_*; O_CANCELED with 'stolen' set: a
+                                 grant a steal ended before it was
+                                 delivered (steal.c) */
   unsigned int timed : 1;     /* allocated with 't' (withTimeout) */
   unsigned int leased : 1;    /* its grant is leased: allocated with
                                  'lease' */
   unsigned int lease_from_request : 1;
   unsigned int signalled : 1; /* made with a signal (withSignal): allocated
                                  whole, in its signal's list while QUEUED */
+  unsigned int stolen : 1;    /* see 'outcome' */
   unsigned int lockidx : AM_IDX_BITS;  /* stack index of the lock in the
                                           waiting frame */
   unsigned int erridx : AM_IDX_BITS;   /* of the timeout error, or 0 */
@@ -339,6 +345,9 @@ struct LockKind {
                     int saturate);
   /* is the lock held, as isLocked() answers */
   int (*is_locked) (const Lock *lk);
+  /* a steal (steal.c): sets the value as if every hold in place were
+     given back ('held' is still their weight) */
+  void (*end_holds) (Lock *lk);
   /* reentrant kinds (reentrant.c): the coroutine holding the lock
      ('Lock.owner') is granted again at once, past the queue */
   int reentrant;
@@ -352,7 +361,13 @@ struct Lock {
   State *st;
   lua_Integer value;
   lua_Integer held;           /* weight granted and not given back yet */
-  lua_Integer gen;            /* mutex: number of grants so far */
+  lua_Integer gen;            /* the token of the hold in place: a
+                                 Mutex's, a ReentrantMutex's and an
+                                 RWLock's write grants count it up, and
+                                 so does a steal (of any kind), whose
+                                 token it is for a Semaphore's holds and
+                                 an RWLock's reads (steal.c); from 1, so
+                                 that no token is AM_UNSCOPED */
   Queue queue;                /* acquirers, head = next to be granted */
   WeightWaiters *unlock;      /* sorted by weight, ascending */
   size_t nweights, capweights;
@@ -407,6 +422,10 @@ struct State {
   int layer_source, layer_wrappers;  /* the Lua layer (args.c: am_layer) */
   int anchors;                       /* keeps the anchor threads alive */
   int keyedlocks;                    /* weak: address -> keyed lock in a set */
+  int stolen;                        /* weak keys: lock -> its exclusive
+                                        holds' tokens a steal ended and no
+                                        releaser has asked about yet
+                                        (steal.c), or LUA_NOREF */
   int dbg;                           /* debug mode's hooks (debug.c), or
                                         LUA_NOREF: off */
   int dbg_flags;                     /* its flags, read once (debug.c) */
@@ -521,6 +540,11 @@ void am_lease_end (lua_State *L, Releaser *r);
 void am_lease_lost (lua_State *L, Waiter *w);
 int am_releaser_check (lua_State *L);
 
+/* steal.c */
+int am_steal (lua_State *L, Request *rq);
+int am_lock_steal (lua_State *L, Lock *lk, Request *rq);
+int am_hold_stolen (lua_State *L, const Releaser *r, int idx, int forget);
+
 /* mutex_semaphore.c */
 extern const LockKind am_mutex_kind;
 extern const LockKind am_semaphore_kind;
@@ -564,6 +588,7 @@ int am_withLease (lua_State *L);
 int am_withSignal (lua_State *L);
 int am_decorated_request (lua_State *L, int kind, const char *fname,
                           lua_Integer mode);
+void am_steal_decorated (lua_State *L, AmType t);
 
 /* scheduler.c */
 State *am_state_open (lua_State *L);
@@ -625,6 +650,7 @@ void am_dbg_unscoped (lua_State *L, State *st, Lock *lk);
 void am_dbg_returned (lua_State *L, State *st, Lock *lk,
                       lua_Integer weight);
 void am_dbg_close (lua_State *L, State *st);
+void am_dbg_stolen (lua_State *L, State *st, Lock *lk);
 void am_dbg_created (lua_State *L, State *st);
 /* A live owner record as query.c reads it (its holder aside). */
 typedef struct HoldView {

@@ -887,6 +887,21 @@ void am_dbg_unscoped (lua_State *L, State *st, Lock *lk) {
 }
 
 
+/*
+** A steal ended every hold of 'lk' (steal.c): their records go (none is
+** live any more), and so does the credit of its unscoped releases (it
+** was for grants the steal ended).  The stealer's grant is recorded after
+** (am_dbg_granted).  Allocates nothing.
+*/
+void am_dbg_stolen (lua_State *L, State *st, Lock *lk) {
+  DebugRecords *d = st->dbg_recs;
+  PtrEntry *e;
+  if (d == NULL || lk->internal) return;
+  if ((e = ph_find(&d->credit, lk)) != NULL) ph_remove(&d->credit, e);
+  am_dbg_unscoped(L, st, lk);
+}
+
+
 /* A lock or keyed set was made (on top): its creation site names it.  A
    Semaphore's credit left by a collected one at its address goes. */
 void am_dbg_created (lua_State *L, State *st) {

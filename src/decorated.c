@@ -292,6 +292,31 @@ int am_decorated_request (lua_State *L, int kind, const char *fname,
 }
 
 
+/*
+** A steal (steal.c) through the lock or keyed set of type 't' at 1: a
+** decorated one's limit and lease do not apply to it.  Those that would
+** say something it cannot do are refused, as Web Locks refuses steal with
+** ifAvailable or a signal: a try (it takes the lock whoever holds it), a
+** signal (it never waits, so nothing would abort it) and a lease (its
+** hold has none).  A timeout is moot: it never waits.
+*/
+void am_steal_decorated (lua_State *L, AmType t) {
+  Decorated *d = am_decorated_type[t] == AM_T_MUTEX ? NULL
+               : (Decorated *)am_testself(L, 1, am_decorated_type[t]);
+  if (d == NULL) return;
+  if (d->wait == AM_TRY)
+    am_usage_error(L, "attempt to steal through tryAcquire (a steal takes "
+                      "the lock whoever holds it)");
+  if (d->lease > 0)
+    am_usage_error(L, "attempt to steal through withLease (a stolen hold "
+                      "has no lease)");
+  if (lua_getiuservalue(L, 1, 4) != LUA_TNIL)
+    am_usage_error(L, "attempt to steal through withSignal (a steal never "
+                      "waits)");
+  lua_pop(L, 1);
+}
+
+
 static int decorated_acquire (lua_State *L) {
   return am_decorated_request(L, W_ACQUIRE, "acquire", 0);
 }

@@ -168,6 +168,7 @@ int am_keyed_request (lua_State *L, Request *rq) {
   }
   rq->lock = lk;
   rq->lockidx = lua_gettop(L);
+  if (rq->wait == AM_STEAL) return am_steal(L, rq);    /* never queues */
   if (rq->kind == W_ACQUIRE && rq->wait != AM_TRY && kd->max_pending > 0
       && (lua_Integer)lk->queue.count >= kd->max_pending
       && !am_can_lock_now(lk, rq->weight, &rq->priority)) {
@@ -299,6 +300,26 @@ static int kmutex_acquire (lua_State *L) {
 static int ksem_acquire (lua_State *L) {
   Request rq = {.kind = W_ACQUIRE, .first = 2, .base = 1,
                 .fname = "acquire"};
+  checkksem(L);
+  return am_keyed_request(L, &rq);
+}
+
+
+/* km:steal(key [, priority]), ks:steal(key [, weight [, priority]]):
+   steal.c */
+static int kmutex_steal (lua_State *L) {
+  Request rq = {.kind = W_ACQUIRE, .wait = AM_STEAL, .first = 2, .base = 1,
+                .fname = "steal"};
+  am_steal_decorated(L, AM_T_KEYED_MUTEX);
+  checkkmutex(L);
+  return am_keyed_request(L, &rq);
+}
+
+
+static int ksem_steal (lua_State *L) {
+  Request rq = {.kind = W_ACQUIRE, .wait = AM_STEAL, .first = 2, .base = 1,
+                .fname = "steal"};
+  am_steal_decorated(L, AM_T_KEYED_SEMAPHORE);
   checkksem(L);
   return am_keyed_request(L, &rq);
 }
@@ -462,6 +483,27 @@ static int krw_acquireWrite (lua_State *L) {
 }
 
 
+/* krw:steal(key [, priority]) (a write), krw:stealRead(key [, priority]) */
+static int krw_steal_mode (lua_State *L, const char *fname,
+                           lua_Integer mode) {
+  Request rq = {.kind = W_ACQUIRE, .wait = AM_STEAL, .first = 2, .base = 1,
+                .fname = fname, .mode = mode};
+  am_steal_decorated(L, AM_T_KEYED_RWLOCK);
+  checkkrw(L);
+  return am_keyed_request(L, &rq);
+}
+
+
+static int krw_steal (lua_State *L) {
+  return krw_steal_mode(L, "steal", AM_RW_WRITE);
+}
+
+
+static int krw_stealRead (lua_State *L) {
+  return krw_steal_mode(L, "stealRead", AM_RW_READ);
+}
+
+
 static int krw_acquire (lua_State *L) {
   return krw_request(L, W_ACQUIRE, "acquire", AM_RW_WRITE);
 }
@@ -551,6 +593,7 @@ const luaL_Reg am_keyed_mutex_methods[] = {
   {"isLocked", keyed_isLocked},
   {"release", kmutex_release},
   {"cancel", keyed_cancel},
+  {"steal", kmutex_steal},
   {"count", keyed_count},
   {"waiting", keyed_waiting},
   {"keys", keyed_keys},
@@ -565,6 +608,7 @@ const luaL_Reg am_keyed_semaphore_methods[] = {
   {"getValue", ksem_getValue},
   {"release", ksem_release},
   {"cancel", keyed_cancel},
+  {"steal", ksem_steal},
   {"count", keyed_count},
   {"waiting", keyed_waiting},
   {"keys", keyed_keys},
@@ -582,6 +626,8 @@ const luaL_Reg am_keyed_rwlock_methods[] = {
   {"readers", krw_readers},
   {"release", krw_release},
   {"cancel", keyed_cancel},
+  {"steal", krw_steal},
+  {"stealRead", krw_stealRead},
   {"count", keyed_count},
   {"waiting", keyed_waiting},
   {"keys", keyed_keys},

@@ -67,33 +67,44 @@ void am_lease_end (lua_State *L, Releaser *r) {
 */
 void am_lease_lost (lua_State *L, Waiter *w) {
   int ref = w->r.ref;
-  int live;
+  int live, stolen;
   if (w->r.state != S_HELD) return;       /* BUG guard */
   live = am_releaser_live(&w->r);
-  w->r.state = live ? S_LOST : S_RELEASED;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, ref);               /* the releaser */
+  /* a hold a steal ended is lost as well (steal.c): given back then */
+  stolen = !live && am_hold_stolen(L, &w->r, lua_gettop(L), 1);
+  w->r.state = live || stolen ? S_LOST : S_RELEASED;
   w->r.ref = LUA_NOREF;
   if (live) am_give_back(L, w->r.lock, w->r.weight, w->r.token, 1);
-  if (am_debugging()) {                   /* its owner record ends */
-    lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
+  if (am_debugging() && !stolen)          /* its owner record ends */
     am_dbg_released(L, w->r.lock->st, -1);
-    lua_pop(L, 1);
-  }
+  lua_pop(L, 1);
   luaL_unref(L, LUA_REGISTRYINDEX, ref);  /* last: it may be collected */
 }
 
 
 /*
 ** releaser:check(): raises the lost error (level 0) once the hold was
-** lost; otherwise true while the hold is in place, false once given back
-** (by the releaser, or ended by an unscoped release: am_releaser_live).
-** An ordinary releaser's never raises.
+** lost (its lease ran out, or a steal ended it: steal.c); otherwise true
+** while the hold is in place, false once given back (by the releaser, or
+** ended by an unscoped release: am_releaser_live).  A lease's lost error
+** is its user value 2; any other releaser's, E_LOST.
 */
 int am_releaser_check (lua_State *L) {
   Releaser *r = (Releaser *)am_checkself(L, AM_T_RELEASER);
+  int live = am_releaser_live(r);
+  if (!live && r->state == S_HELD && am_hold_stolen(L, r, 1, 1)) {
+    r->state = S_LOST;                  /* a steal ended it (steal.c) */
+    if (r->lease) {                     /* its lease ends with it */
+      am_lease_end(L, r);
+      am_sync(L, r->lock->st);
+    }
+  }
   if (r->state == S_LOST) {
-    lua_getiuservalue(L, 1, 2);
+    if (r->lease) lua_getiuservalue(L, 1, 2);
+    else lua_pushliteral(L, AM_E_LOST);
     return lua_error(L);
   }
-  lua_pushboolean(L, am_releaser_live(r));
+  lua_pushboolean(L, live);
   return 1;
 }

@@ -55,7 +55,11 @@ static lua_Integer sem_take (Lock *lk, lua_Integer weight) {
 
 static int sem_give_back (Lock *lk, lua_Integer weight, lua_Integer token,
                           int saturate) {
-  (void)token;
+  /* a releaser's token is the generation of its grant: a steal moved it
+     on, and ended the hold (steal.c).  A saturating give-back is always
+     of a grant in place (a lease that ran out, a grant not delivered,
+     whose token is the value it returns) */
+  if (!saturate && token != AM_UNSCOPED && token != lk->gen) return 0;
   /* a key's lock that left its set (keyed.c: am_keyed_settle) is reached
      only by spent releasers: it serves the key no longer, so the call
      gives nothing back (docs/semantics.md, Keyed locks) and says so */
@@ -70,6 +74,19 @@ static int sem_give_back (Lock *lk, lua_Integer weight, lua_Integer token,
 }
 
 
+/* A steal ends the hold in place, if any (steal.c). */
+static void mutex_end_holds (Lock *lk) {
+  lk->value = 1;
+}
+
+
+/* ... every hold in place: their weight goes back (saturating). */
+static void sem_end_holds (Lock *lk) {
+  lk->value = lk->value > 0 && lk->held > LUA_MAXINTEGER - lk->value
+              ? LUA_MAXINTEGER : lk->value + lk->held;
+}
+
+
 const LockKind am_mutex_kind = {
   .name = "Mutex",
   .noun = "a mutex",
@@ -81,6 +98,7 @@ const LockKind am_mutex_kind = {
   .take = mutex_take,
   .give_back = mutex_give_back,
   .is_locked = value_is_locked,
+  .end_holds = mutex_end_holds,
 };
 
 const LockKind am_semaphore_kind = {
@@ -94,6 +112,7 @@ const LockKind am_semaphore_kind = {
   .take = sem_take,
   .give_back = sem_give_back,
   .is_locked = value_is_locked,
+  .end_holds = sem_end_holds,
 };
 
 /* }====================================================== */
@@ -181,6 +200,15 @@ static int mutex_isLocked (lua_State *L) {
 }
 
 
+/* m:steal([priority]): steal.c */
+static int mutex_steal (lua_State *L) {
+  Request rq = {.kind = W_ACQUIRE, .wait = AM_STEAL, .first = 2, .base = 1,
+                .fname = "steal"};
+  am_steal_decorated(L, AM_T_MUTEX);
+  return am_lock_steal(L, checkmutex(L), &rq);
+}
+
+
 static int mutex_release (lua_State *L) {
   Lock *lk = checkmutex(L);
   am_give_back(L, lk, 1, AM_UNSCOPED, 0);    /* P3 */
@@ -220,6 +248,15 @@ static int sem_isLocked (lua_State *L) {
   Lock *lk = checksem(L);
   lua_pushboolean(L, lk->kind->is_locked(lk));
   return 1;
+}
+
+
+/* s:steal([weight [, priority]]): steal.c */
+static int sem_steal (lua_State *L) {
+  Request rq = {.kind = W_ACQUIRE, .wait = AM_STEAL, .first = 2, .base = 1,
+                .fname = "steal"};
+  am_steal_decorated(L, AM_T_SEMAPHORE);
+  return am_lock_steal(L, checksem(L), &rq);
 }
 
 
@@ -289,6 +326,7 @@ const luaL_Reg am_mutex_methods[] = {
   {"isLocked", mutex_isLocked},
   {"release", mutex_release},
   {"cancel", mutex_cancel},
+  {"steal", mutex_steal},
   {NULL, NULL}
 };
 
@@ -300,6 +338,7 @@ const luaL_Reg am_semaphore_methods[] = {
   {"setValue", sem_setValue},
   {"release", sem_release},
   {"cancel", sem_cancel},
+  {"steal", sem_steal},
   {NULL, NULL}
 };
 

@@ -63,6 +63,13 @@ static int re_give_back (Lock *lk, lua_Integer weight, lua_Integer token,
 }
 
 
+/* A steal ends the hold in place, every level (steal.c). */
+static void re_end_holds (Lock *lk) {
+  lk->value = 1;
+  lk->owner = NULL;
+}
+
+
 const LockKind am_reentrant_kind = {
   .name = "ReentrantMutex",
   .noun = "a reentrant mutex",
@@ -74,6 +81,7 @@ const LockKind am_reentrant_kind = {
   .take = re_take,
   .give_back = re_give_back,
   .is_locked = re_is_locked,
+  .end_holds = re_end_holds,
   .reentrant = 1,
 };
 
@@ -139,6 +147,15 @@ static int re_waitForUnlock (lua_State *L) {
   Request rq = {.kind = W_UNLOCK, .first = 2, .base = 1,
                 .fname = "waitForUnlock"};
   return am_lock_request(L, checkre(L), &rq);
+}
+
+
+/* rm:steal([priority]): steal.c (never by its holder) */
+static int re_steal (lua_State *L) {
+  Request rq = {.kind = W_ACQUIRE, .wait = AM_STEAL, .first = 2, .base = 1,
+                .fname = "steal"};
+  am_steal_decorated(L, AM_T_REENTRANT_MUTEX);
+  return am_lock_steal(L, checkre(L), &rq);
 }
 
 
@@ -211,6 +228,7 @@ const luaL_Reg am_reentrant_methods[] = {
   {"depth", re_depth},
   {"isHeldByMe", re_isHeldByMe},
   {"cancel", re_cancel},
+  {"steal", re_steal},
   {NULL, NULL}
 };
 

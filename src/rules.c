@@ -189,14 +189,15 @@ void am_dispatch (lua_State *L, Lock *lk) {
 
 
 /*
-** Is the grant of releaser 'r' still held: not given back, not lost, and
-** not ended by an unscoped release (m:release() ends a mutex's or a
-** write's hold, whose token is the lock's generation; a semaphore's holds
-** and an RWLock's reads have no owner for it to end)?
+** Is the grant of releaser 'r' still held: not given back, not lost, not
+** stolen (a steal moves the lock's generation on: steal.c), and not ended
+** by an unscoped release (m:release() ends a mutex's or a write's hold,
+** whose token is the lock's generation; a semaphore's holds and an
+** RWLock's reads have no owner for it to end)?
 */
 int am_releaser_live (const Releaser *r) {
   const Lock *lk = r->lock;
-  if (r->state != S_HELD || lk->freed) return 0;
+  if (r->state != S_HELD || lk->freed || r->token != lk->gen) return 0;
   if (lk->kind == &am_semaphore_kind)      /* unless its key's lock left
                                              the set (docs/semantics.md,
                                              Keyed locks): it does nothing */
@@ -204,9 +205,9 @@ int am_releaser_live (const Releaser *r) {
   if (lk->kind == &am_rwlock_kind)         /* a write: readers may hold it
                                              since rw:release() ended it */
     return r->weight == AM_RW_READ ? lk->value > 0
-         : lk->value == AM_RW_WRITTEN && r->token == lk->gen;
+         : lk->value == AM_RW_WRITTEN;
   /* a generation's token: Mutex, ReentrantMutex */
-  return lk->kind->is_locked(lk) && r->token == lk->gen;
+  return lk->kind->is_locked(lk);
 }
 
 
@@ -291,7 +292,7 @@ void am_lock_init (Lock *lk, const LockKind *kind, State *st,
   lk->st = st;
   lk->value = value;
   lk->held = 0;
-  lk->gen = 0;
+  lk->gen = 1;                  /* no grant's token is AM_UNSCOPED */
   am_queue_init(&lk->queue, 0);
   lk->unlock = NULL;
   lk->nweights = lk->capweights = lk->nunlock = 0;

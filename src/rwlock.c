@@ -34,7 +34,9 @@ static int rw_is_locked (const Lock *lk) {
 
 /*
 ** A write grant's token is its generation, as a mutex's: its releaser,
-** and its downgrade, end that grant only.  A read grant needs none.
+** and its downgrade, end that grant only.  A read grant's is the
+** generation it was granted in: only a steal moves it on while reads are
+** held (steal.c), and a read so ended gives nothing back.
 */
 static lua_Integer rw_take (Lock *lk, lua_Integer mode) {
   if (mode == AM_RW_WRITE) {
@@ -42,7 +44,7 @@ static lua_Integer rw_take (Lock *lk, lua_Integer mode) {
     return ++lk->gen;
   }
   lk->value++;
-  return 0;
+  return lk->gen;
 }
 
 
@@ -55,7 +57,7 @@ static int rw_give_back (Lock *lk, lua_Integer mode, lua_Integer token,
                          int saturate) {
   (void)saturate;
   if (mode == AM_RW_READ) {
-    if (lk->value <= 0) return 0;       /* BUG guard: no reader to end */
+    if (lk->value <= 0 || token != lk->gen) return 0;   /* stolen */
     lk->value--;
     return 1;
   }
@@ -63,6 +65,12 @@ static int rw_give_back (Lock *lk, lua_Integer mode, lua_Integer token,
     return 0;
   lk->value = 0;
   return 1;
+}
+
+
+/* A steal ends every hold in place, reads and write (steal.c). */
+static void rw_end_holds (Lock *lk) {
+  lk->value = 0;
 }
 
 
@@ -77,6 +85,7 @@ const LockKind am_rwlock_kind = {
   .take = rw_take,
   .give_back = rw_give_back,
   .is_locked = rw_is_locked,
+  .end_holds = rw_end_holds,
 };
 
 /* }====================================================== */
@@ -130,6 +139,25 @@ static int rw_acquire (lua_State *L) {
    granted now). */
 static int rw_waitForUnlock (lua_State *L) {
   return request(L, W_UNLOCK, "waitForUnlock", AM_RW_WRITE);
+}
+
+
+/* rw:steal([priority]) (a write), rw:stealRead([priority]): steal.c */
+static int steal (lua_State *L, const char *fname, lua_Integer mode) {
+  Request rq = {.kind = W_ACQUIRE, .wait = AM_STEAL, .first = 2, .base = 1,
+                .fname = fname, .mode = mode};
+  am_steal_decorated(L, AM_T_RWLOCK);
+  return am_lock_steal(L, checkrw(L), &rq);
+}
+
+
+static int rw_steal (lua_State *L) {
+  return steal(L, "steal", AM_RW_WRITE);
+}
+
+
+static int rw_stealRead (lua_State *L) {
+  return steal(L, "stealRead", AM_RW_READ);
 }
 
 
@@ -198,7 +226,7 @@ int am_rw_downgrade (lua_State *L) {
   lk->value = 1;                        /* the writer, now a reader */
   lk->held -= AM_RW_WRITE - AM_RW_READ;
   lua_getiuservalue(L, 1, 1);           /* the lock, for the new releaser */
-  am_push_releaser(L, lua_gettop(L), lk, AM_RW_READ, 0);
+  am_push_releaser(L, lua_gettop(L), lk, AM_RW_READ, lk->gen);
   am_dispatch(L, lk);
   am_sync(L, lk->st);
   if (am_debugging()) {             /* one record ends, a read one starts */
@@ -274,6 +302,8 @@ const luaL_Reg am_rwlock_methods[] = {
   {"readers", rw_readers},
   {"release", rw_release},
   {"cancel", rw_cancel},
+  {"steal", rw_steal},
+  {"stealRead", rw_stealRead},
   {NULL, NULL}
 };
 

@@ -834,7 +834,7 @@ static void init_state (State *st) {
   st->new_idle = st->new_timer = st->is_closing = LUA_NOREF;
   st->on_idle = st->on_timer = st->handler = LUA_NOREF;
   st->layer_source = st->layer_wrappers = LUA_NOREF;
-  st->anchors = st->keyedlocks = LUA_NOREF;
+  st->anchors = st->keyedlocks = st->stolen = LUA_NOREF;
   st->dbg = LUA_NOREF;
   st->dbg_flags = 0;
   st->dbg_recs = NULL;
@@ -911,6 +911,7 @@ State *am_state_open (lua_State *L) {
   st->anchors = luaL_ref(L, LUA_REGISTRYINDEX);
   st->keyedlocks = weak_table(L, "v");        /* keyed.c: enter_set */
   st->gates = weak_table(L, "k");             /* task.c: push_gate */
+  st->stolen = weak_table(L, "k");            /* steal.c */
   lua_newtable(L);                            /* am_chore */
   st->chores = luaL_ref(L, LUA_REGISTRYINDEX);
   require_luv(L);

@@ -178,7 +178,9 @@ static int releaser_release (lua_State *L) {
   /* the kind tells whether this grant was still held (its token) */
   ended = am_give_back(L, r->lock, r->weight, r->token, 0);
   am_sync(L, r->lock->st);
-  if (am_debugging()) am_dbg_released(L, r->lock->st, 1);
+  if (!ended && am_hold_stolen(L, r, 1, 1))
+    r->state = S_LOST;        /* as a lease's end; its record ended then */
+  else if (am_debugging()) am_dbg_released(L, r->lock->st, 1);
   lua_pushboolean(L, ended);
   return 1;
 }
@@ -192,7 +194,9 @@ static int releaser__tostring (lua_State *L) {
   Releaser *r = (Releaser *)am_checkself(L, AM_T_RELEASER);
   lua_pushfstring(L, "%s (%s): %p", AM_RELEASER,
                   r->state == S_LOST ? "lost"
-                  : am_releaser_live(r) ? "held" : "released", (void *)r);
+                  : am_releaser_live(r) ? "held"
+                  : r->state == S_HELD && am_hold_stolen(L, r, 1, 0) ? "lost"
+                  : "released", (void *)r);
   return 1;
 }
 
@@ -207,8 +211,9 @@ static int push_grant (lua_State *L, int lockidx, Lock *lk,
     am_push_releaser(L, lockidx, lk, weight, token);
     return 1;
   }
+  /* a Semaphore: the value; its hold's token is the lock's generation */
   lua_pushinteger(L, token);
-  am_push_releaser(L, lockidx, lk, weight, token);
+  am_push_releaser(L, lockidx, lk, weight, lk->gen);
   return 2;
 }
 
@@ -221,8 +226,9 @@ static int push_leased_grant (lua_State *L, int lockidx, int lostidx,
                               lua_Integer token, lua_Number now,
                               lua_Number end) {
   int n = 1;
-  if (lk->kind->returns_value) {
+  if (lk->kind->returns_value) {        /* as push_grant */
     lua_pushinteger(L, token);
+    token = lk->gen;
     n = 2;
   }
   am_push_lease(L, lockidx, lostidx, lk, weight, token, now, end);
@@ -264,13 +270,29 @@ static int hand_out_waiter (lua_State *L, Waiter *w, int widx) {
   am_pushmt(L, AM_T_RELEASER);
   lua_setmetatable(L, -2);
   if (!w->r.lock->kind->returns_value) return 1;
-  lua_pushinteger(L, w->r.token);
+  lua_pushinteger(L, w->r.token);       /* as push_grant */
   lua_insert(L, -2);
+  w->r.token = w->r.lock->gen;
   return 2;
 }
 #else
 #define HAND_OUT_WAITERS  0
 #endif
+
+
+/*
+** Pushes what a canceled request raises: its lock's cancel error, or for
+** a grant a steal ended before it was delivered (steal.c), its lost error
+** (a lease's, else E_LOST).  Kept out of finish_request's way.
+*/
+static AM_COLD void push_canceled (lua_State *L, const Waiter *w) {
+  if (!w->r.stolen)
+    lua_getiuservalue(L, w->r.lockidx, 1);
+  else if (w->r.lostidx != 0)
+    lua_pushvalue(L, w->r.lostidx);
+  else
+    lua_pushliteral(L, AM_E_LOST);
+}
 
 
 /*
@@ -314,11 +336,11 @@ static int finish_request (lua_State *L, int status, lua_KContext ctx) {
       if (w->r.erridx == 0) return 0;       /* a sleep (core.c) is over */
       lua_pushvalue(L, w->r.erridx);
       return lua_error(L);
-    default:                                /* canceled, or aborted */
+    default:                  /* canceled, aborted, or stolen (steal.c) */
       if (w->r.outcome == O_ABORTED)
         lua_getiuservalue(L, w->sigidx, 1);   /* the signal's reason */
       else
-        lua_getiuservalue(L, w->r.lockidx, 1);  /* the lock's cancel error */
+        push_canceled(L, w);
       return lua_error(L);
   }
 }

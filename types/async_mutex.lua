@@ -128,6 +128,13 @@ function Mutex:release() end
 ---mutex.
 function Mutex:cancel() end
 
+---Takes the mutex at once, whoever holds it (Web Locks' `steal: true`):
+---the hold in place is lost (its releaser returns false, its `check()`
+---raises `E_LOST`); queued requests stay queued.  Never waits.
+---@param priority? number accepted as `acquire`'s; changes nothing
+---@return async_mutex.Releaser release
+function Mutex:steal(priority) end
+
 
 ---A counting semaphore for coroutines on luv's loop.
 ---@class async_mutex.Semaphore
@@ -180,6 +187,14 @@ function Semaphore:release(weight) end
 
 ---Rejects every queued request with the cancel error.
 function Semaphore:cancel() end
+
+---Takes `weight` at once: every hold in place is lost first (its weight
+---comes back), then this one is granted.  Never waits.
+---@param weight? integer at most the value with every hold ended
+---@param priority? number accepted as `acquire`'s; changes nothing
+---@return integer value the value just before the steal took its weight
+---@return async_mutex.Releaser release
+function Semaphore:steal(weight, priority) end
 
 
 ---The options of keyed locks.
@@ -237,6 +252,12 @@ function KeyedMutex:isLocked(key) end
 
 ---@param key any
 function KeyedMutex:release(key) end
+
+---`steal` of the key's lock.
+---@param key any
+---@param priority? number
+---@return async_mutex.Releaser release
+function KeyedMutex:steal(key, priority) end
 
 ---Rejects the queued acquirers of `key`, or of every key when `key` is nil.
 ---@param key? any
@@ -319,6 +340,14 @@ function KeyedSemaphore:getValue(key) end
 ---@param key any
 ---@param weight? integer
 function KeyedSemaphore:release(key, weight) end
+
+---`steal` of the key's lock.
+---@param key any
+---@param weight? integer
+---@param priority? number
+---@return integer value
+---@return async_mutex.Releaser release
+function KeyedSemaphore:steal(key, weight, priority) end
 
 ---@param key? any
 function KeyedSemaphore:cancel(key) end
@@ -405,6 +434,16 @@ function RWLock:release() end
 
 ---Rejects every queued reader and writer with the cancel error.
 function RWLock:cancel() end
+
+---A write hold at once: every hold in place (reads and write) is lost.
+---@param priority? number accepted as `acquire`'s; changes nothing
+---@return async_mutex.Releaser release
+function RWLock:steal(priority) end
+
+---A read hold at once: every hold in place (reads and write) is lost.
+---@param priority? number
+---@return async_mutex.Releaser release
+function RWLock:stealRead(priority) end
 
 
 ---One readers-writer lock per key (the rules of `RWLock`, per key), created
@@ -516,6 +555,18 @@ function KeyedRWLock:readers(key) end
 ---@param key any
 function KeyedRWLock:release(key) end
 
+---`steal` (a write) of the key's lock.
+---@param key any
+---@param priority? number
+---@return async_mutex.Releaser release
+function KeyedRWLock:steal(key, priority) end
+
+---`stealRead` of the key's lock.
+---@param key any
+---@param priority? number
+---@return async_mutex.Releaser release
+function KeyedRWLock:stealRead(key, priority) end
+
 ---Rejects the queued readers and writers of `key`, or of every key.
 ---@param key? any
 function KeyedRWLock:cancel(key) end
@@ -583,6 +634,13 @@ function ReentrantMutex:isHeldByMe() end
 
 ---Rejects every queued request with the cancel error.
 function ReentrantMutex:cancel() end
+
+---Takes the mutex at once from another coroutine: every level of its
+---hold is lost; this coroutine holds it at depth 1.  Raises when this
+---coroutine holds it already.
+---@param priority? number
+---@return async_mutex.Releaser release
+function ReentrantMutex:steal(priority) end
 
 
 ---@class async_mutex

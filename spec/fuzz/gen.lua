@@ -131,7 +131,8 @@ function gen.sequence(seed, opts)
       kind = "skip"                         -- drawn anyway: same numbers after
     end
     if kind == "spawn" then
-      local method = r.weighted({ { 4, "acquire" }, { 2, "tbc" }, { 4, "runex" }, { 3, "wait" } })
+      local method = r.weighted({ { 4, "acquire" }, { 2, "tbc" }, { 4, "runex" }, { 3, "wait" },
+                                  { 1, "steal" } })
       local op = {
         op = "spawn", id = next_id, lock = li, method = method,
         w = lock.kind == "sema" and r.weighted({ { 6, 1 }, { 3, 2 }, { 1, 3 } })
@@ -140,6 +141,7 @@ function gen.sequence(seed, opts)
         p = r.pick(PRIOS), deco = gen_deco(r, errs, lock), nilargs = r.chance(0.3),
         key = lock.kind == "krw" and r.pick(KEYS) or nil,
       }
+      if method == "steal" then op.deco = nil end   -- a steal is the lock's own
       if method == "runex" then
         op.plan = r.weighted({ { 4, "hold" }, { 3, "return" }, { 2, "raise" }, { 1, "raise_unprot" } })
       end

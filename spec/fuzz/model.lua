@@ -71,6 +71,14 @@
 -- releaser's call), check() raises the lost error, and a runExclusive
 -- holding it raises the lost error when its body returns.  "check ID R"
 -- logs releaser:check() (true, false, or the error's label) for any actor.
+--
+-- A steal (method "steal": docs/semantics.md, Steal) is granted at once:
+-- every hold in place of its lock ends lost, as a lease's end makes it (a
+-- grant settled and not yet delivered too: its acquire raises the lost
+-- error), the value becomes what it would be with all of them given back
+-- (a Semaphore: plus `held`, the weight its grants hold, less what unscoped
+-- releases gave back), the stealer holds it as an acquire's grant, and the
+-- lock dispatches.
 
 local model = {}
 
@@ -106,6 +114,7 @@ function model.new(lock_specs, opts)
       queue = {},         -- acquirers, priority descending, FIFO among equals
       waiters = {},       -- weight -> list of waitForUnlock waiters, same order
       gen = 0,            -- "re": grants so far (a releaser's token)
+      held = 0,           -- "sema": weight its grants hold (steal)
       levels = 0,         -- "re": levels held
       subs = {},          -- "krw": key -> RWLock of that key
     }
@@ -229,6 +238,7 @@ local function grant(w, lock, actor)
     lock.levels = 1
   else
     lock.value = lock.value - actor.w
+    if lock.kind == "sema" then lock.held = lock.held + actor.w end
   end
   check_mutex(w, lock)
   actor.rel = { lock = lock, weight = actor.w, called = false, gen = lock.gen,
@@ -306,6 +316,7 @@ local function give_back(w, rel)
     end
   else
     lock.value = lock.value + rel.weight
+    lock.held = math.max(0, lock.held - rel.weight)
     dispatch(w, lock)
   end
 end
@@ -375,7 +386,7 @@ end
 local function after_grant(w, a, v, ctx)
   local lock = a.L
   if lock.kind == "re" then lock.owner = a end   -- its holder from now on
-  if a.method == "acquire" or a.method == "tbc" then
+  if a.method == "acquire" or a.method == "tbc" or a.method == "steal" then
     a.rel_visible = true
     emit(w, ("got %d %s"):format(a.id, value_text(lock, v)))
     a.state = "holding"
@@ -416,6 +427,39 @@ local function deliver(w, s, T)
   end
 end
 
+-- The label of what a lost hold of actor `a` raises.
+local function lost_label(a)
+  return a.lease and a.lease.err or "E_LOST"
+end
+
+-- docs/semantics.md, Steal: actor `a` steals `lock`.
+local function steal(w, lock, a)
+  local function lose_if_held(rel)
+    if rel and rel.lock == lock and not rel.called and holds(rel) then rel.lost = true end
+  end
+  for _, id in ipairs(w.order) do
+    local b = w.actors[id]
+    lose_if_held(b.rel)
+    for _, rel in ipairs(b.nested or {}) do lose_if_held(rel) end
+  end
+  for _, s in ipairs(w.fifo) do           -- settled, not delivered
+    if s.kind == "grant" and s.actor.L == lock then
+      s.kind, s.label = "err", lost_label(s.actor)
+    end
+  end
+  if lock.kind == "sema" then
+    lock.value, lock.held = lock.value + lock.held, 0
+  elseif lock.kind == "rw" then
+    lock.value = 0
+  else
+    lock.value, lock.owner, lock.levels = 1, nil, 0
+  end
+  lock.holder = nil
+  local prev = grant(w, lock, a)
+  after_grant(w, a, prev, "sync")
+  dispatch(w, lock)
+end
+
 local function new_entry(w, a, now, timeout_ms, timeout_label)
   local e = { actor = a, weight = a.w, prio = a.p }
   if timeout_ms then
@@ -448,6 +492,7 @@ function World:spawn(op, now)
   end
   self.actors[a.id] = a
   self.order[#self.order + 1] = a.id
+  if a.method == "steal" then return steal(self, lock, a) end
   local deco = op.deco
   local timeout_ms, timeout_label
   if deco and deco.kind == "t" then
@@ -490,7 +535,7 @@ function World:finish(id)
   local a = self.actors[id]
   unnest_all(self, a)
   if a.method == "runex" and a.rel.lost then      -- checked when fn returns
-    error_out(self, a, a.lease.err or "E_LOST", "runner")
+    error_out(self, a, lost_label(a), "runner")
     return
   end
   if a.method == "tbc" or a.method == "runex" then release_rel(self, a.rel) end
@@ -561,7 +606,7 @@ end
 function World:check(id)
   local a = self.actors[id]
   if a.rel.lost then
-    emit(self, ("check %d %s"):format(id, a.lease.err or "E_LOST"))
+    emit(self, ("check %d %s"):format(id, lost_label(a)))
   else
     emit(self, ("check %d %s"):format(id, tostring(holds(a.rel))))
   end
@@ -602,6 +647,7 @@ function World:unscoped(li, weight, key)
     end
   else
     lock.value = lock.value + weight
+    lock.held = math.max(0, lock.held - weight)
     dispatch(self, lock)
   end
 end
@@ -722,7 +768,12 @@ end
 function World:applicable(op)
   local k = op.op
   if k == "spawn" then
-    return self.locks[op.lock] ~= nil and self.actors[op.id] == nil
+    local lock = self.locks[op.lock]
+    if op.method == "steal" and lock ~= nil and lock.kind == "sema"
+        and op.w > lock.value + lock.held then
+      return false          -- a usage error (docs/api.md): not drawn
+    end
+    return lock ~= nil and self.actors[op.id] == nil
   elseif k == "finish" then
     local a = self.actors[op.id]
     return a ~= nil and a.state == "holding"

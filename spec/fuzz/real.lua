@@ -398,7 +398,7 @@ local function acquire_body(ev, rec, obj, args)
     rec.rel = rel
     if rel ~= nil and type(rel) ~= "string" then registry[rel] = ev.tag .. " releaser " .. id end
     local bad = shape_ok and "" or (" BADRESULT n=" .. r.n)
-    if rec.method == "acquire" then
+    if rec.method == "acquire" or rec.method == "steal" then
       ev:emit(("got %d %s%s"):format(id, value_text(rec, v), bad))
       wait_runner(ev, rec)
       ev:emit(("end %d"):format(id))
@@ -473,7 +473,8 @@ local function wait_body(ev, rec, obj, args)
   end
 end
 
-local BODIES = { acquire = acquire_body, tbc = acquire_body, runex = runex_body, wait = wait_body }
+local BODIES = { acquire = acquire_body, tbc = acquire_body, runex = runex_body, wait = wait_body,
+                 steal = acquire_body }
 
 -- An actor that died with an error while the runner resumed it.
 function Run:died(id, co, e)
@@ -489,7 +490,8 @@ function Run:spawn(op)
   local read = rw and op.w == 1               -- an RWLock: op.w is the mode
   local rec = {
     id = op.id, method = op.method, plan = op.plan, sema = sema, keyed = kind == "krw",
-    acquire = not rw and "acquire" or read and "acquireRead" or "acquireWrite",
+    acquire = op.method == "steal" and (read and "stealRead" or "steal")
+      or not rw and "acquire" or read and "acquireRead" or "acquireWrite",
     run = read and "runShared" or "runExclusive",
     phase = "new", outcomes = 0, raise_obj = setmetatable({}, { __name = "raise" }),
     leased = op.deco ~= nil and op.deco.lease ~= nil,

@@ -5,7 +5,8 @@
 -- RWLock (reads, writes, downgrade), KeyedRWLock and ReentrantMutex; some
 -- requests are made with abort signals (withSignal, alone or under
 -- withTimeout), which call backs abort; call backs also read am.query and
--- compare it with the locks' introspection; one sequence in four runs with
+-- compare it with the locks' introspection, and steal locks (every hold in
+-- place ends, docs/semantics.md, Steal); one sequence in four runs with
 -- debug mode on (docs/debug.md).  There is no
 -- model here (spec/fuzz/runner.lua has one): the checks are the invariants
 -- docs/semantics.md ("Re-entry") promises whatever runs in between:
@@ -67,13 +68,16 @@ local EXPECTED = {
   -- what it then waits for
   [am.E_DEADLOCK] = true,
   ["fuzz abort"] = true,          -- an abort signal's reason (below)
+  -- a steal (below) ended the grant before it was delivered, or the hold
+  -- of a runExclusive whose body then returned
+  [am.E_LOST] = true,
 }
 
 local PRIORITIES = { 0, 0, 0, 1, -1, math.maxinteger, math.maxinteger - 1,
                      math.mininteger, 2.0 ^ 53, 0.5 }
 local KEYS = { "a", "b", 1 }
 
--- AM_REENTRY_EXCLUDE=walk,close,hook,callhook,count,gc,runex,unscoped,debugmode,query,signal leaves
+-- AM_REENTRY_EXCLUDE=walk,close,hook,callhook,count,gc,runex,unscoped,debugmode,query,signal,steal leaves
 -- features out (to look past a known failure); by default everything is
 -- in: finalizers and both kinds of debug hooks call back.  Each failure
 -- these once reported is a regression test in spec/34-38 (the module's),
@@ -219,6 +223,11 @@ function R.run_sequence(seed, nops)
   local function end_holder(hd)
     log("end_holder", tostring(hd.lock.obj), tostring(hd.ended), tostring(hd.maybe))
     if hd.rel == nil then return end
+    if hd.stolen then                     -- lost: its call gives nothing back
+      hd.stolen = nil
+      if hd.rel() ~= false then violation("a stolen hold's releaser returned true") end
+      return
+    end
     if not hd.ended or hd.maybe then
       hd.ended = true
       if hd.rel then hd.rel() end
@@ -274,6 +283,43 @@ function R.run_sequence(seed, nops)
     if is_weighted(lk) then args[#args + 1] = rnd(2) end
     args[#args + 1] = PRIORITIES[rnd(#PRIORITIES)]
     return function() return obj[what](obj, table.unpack(args)) end
+  end
+
+  -- A steal ends every hold of the lock (or key) in place when it runs
+  -- (docs/semantics.md, Steal), whatever the mode: as for an unscoped
+  -- release, a grant recorded while one is under way may be over.  The
+  -- holds recorded before it and not ended are ended by it (a call back
+  -- run meanwhile may end some first, or, before the steal decides, take
+  -- the lock: left out of the check); their releasers are called later
+  -- all the same, and must return false.
+  local function steal(lk, key, from)
+    if EXCLUDE.steal then return end
+    local keyed = is_keyed(lk)
+    depth = depth + 10
+    lk.epoch = lk.epoch + 1
+    lk.releasing = lk.releasing + 1
+    local before = #holders
+    depth = depth - 10
+    local since = lk.epoch
+    local rw = is_rw(lk) and (rnd(2) == 1 and "read" or "write") or nil
+    log("steal", tostring(lk.obj), tostring(key), tostring(rw))
+    local ok, a, b = pcall(request(lk, key, rw == "read" and "stealRead" or "steal", 1))
+    depth = depth + 10
+    lk.releasing = lk.releasing - 1
+    if ok then
+      for i = 1, before do
+        local o = holders[i]
+        if o.lock == lk and (not keyed or o.key == key) and not o.ended then
+          o.ended, o.stolen = true, true
+        end
+      end
+    end
+    depth = depth - 10
+    if ok then held(lk, key, b or a, since, from .. " steal", rw)
+    elseif not (tostring(a):find("that this coroutine holds", 1, true)
+                or tostring(a):find("is more than the semaphore's value", 1, true)) then
+      violation(from .. ": steal: " .. tostring(a))
+    end
   end
 
   local reentrant                         -- forward: a random call back
@@ -397,9 +443,10 @@ function R.run_sequence(seed, nops)
     reentries = reentries + 1
     local ok, err = pcall(function()
       local lk, key = locks[rnd(#locks)], KEYS[rnd(#KEYS)]
-      local n = rnd(10)
+      local n = rnd(11)
       log("reentrant", from, n, tostring(lk.obj), tostring(key))
       if n == 1 then unscoped(lk, key)
+      elseif n == 11 then steal(lk, key, from)
       elseif n == 2 then
         local hd = holders[rnd(#holders + 1)]
         if hd then end_or_downgrade(hd) end
