@@ -51,6 +51,9 @@ do
   weak.client = client
   am.spawn(function()
     s = client:subscribe("spec86:" .. CASE, function() end)
+    -- (this coroutine lets go of the client: while it waits for the
+    -- killer's reply, it is kept, and the client with it)
+    client = nil
     armed = true
     if CASE == "retry" then
       -- the subscriber's connection ends (not the client): it subscribes
