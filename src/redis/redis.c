@@ -1040,7 +1040,7 @@ static int conn_event (lua_State *L) {
         t = lua_rawgeti(L, fifo, cl->head);         /* its caller */
         lua_pushnil(L);
         lua_rawseti(L, fifo, cl->head++);
-        if (cl->head == cl->tail) anchor(L, 3, 0);   /* (on 'ready') */
+        if (cl->head == cl->tail) anchor(L, 3, 0);   /* (its caller is on 'ready') */
       }
       else t = LUA_TNIL;
       if (t == LUA_TNIL) {              /* nobody asked for it: dropped */
