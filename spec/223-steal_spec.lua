@@ -134,6 +134,30 @@ describe("mutex:steal", function()
     assert.is_true(new())
   end))
 
+  -- A grant settled for a queued request and ended by an unscoped release
+  -- before its delivery is not the hold in place: the later grant, taken
+  -- at once, is, and the steal must end it (its releaser asks later).
+  for _, kind in ipairs({ "Mutex", "RWLock" }) do
+    it(kind .. ": ends the hold taken after an undelivered grant an unscoped release ended", h.async(function()
+      local lock = am[kind].new()
+      local take = kind == "Mutex" and "acquire" or "acquireWrite"
+      local first = lock[take](lock)
+      local w = h.requester(take, nil, "w", lock)
+      lock:release()                             -- ends first: w granted, not delivered
+      lock:release()                             -- ends w's grant before its delivery
+      local mid = lock[take](lock)               -- free: taken at once, delivered
+      local new = lock:steal()
+      assert.equal(LOST, check(mid))
+      assert.is_false(mid())
+      h.wait_until(function() return w.done end)
+      assert.equal(am.E_LOST, w.err)
+      assert.is_true(lock:isLocked())
+      assert.is_true(new())
+      assert.is_false(lock:isLocked())
+      assert.is_false(first())
+    end))
+  end
+
   it("keeps every stolen hold lost through later steals (last caller wins)", h.async(function()
     local m = am.Mutex.new()
     local first = m:acquire()

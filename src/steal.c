@@ -129,21 +129,26 @@ static int exclusive (const Lock *lk) {
 
 /*
 ** Marks the grants of 'lk' settled and not yet delivered (in the
-** scheduler's ready list) as stolen; returns how many.
+** scheduler's ready list) as stolen; returns whether the exclusive hold
+** of token 'tok' (0: none) is one of them.  Another may be an exclusive
+** grant that an unscoped release ended before it was delivered, and the
+** hold in place a later one, delivered, whose releaser will ask.
 */
-static int mark_undelivered (Lock *lk) {
+static int mark_undelivered (Lock *lk, lua_Integer tok) {
   const Bucket *ready = &lk->st->ready;
   Waiter *w;
-  int n = 0;
+  int hold = 0;
   for (w = am_bucket_next(ready, NULL); w != NULL;
        w = am_bucket_next(ready, w))
     if (w->r.lock == lk && w->r.kind == W_ACQUIRE
         && w->r.outcome == O_GRANTED) {
       w->r.outcome = O_CANCELED;          /* not given back if closed */
       w->r.stolen = 1;                    /* raises the lost error */
-      n++;
+      if (tok != 0 && w->r.token == tok
+          && !(lk->kind == &am_rwlock_kind && w->r.weight == AM_RW_READ))
+        hold = 1;
     }
-  return n;
+  return hold;
 }
 
 
@@ -201,7 +206,7 @@ AM_COLD int am_steal (lua_State *L, Request *rq) {
   }
   /* decided: from here to the grant, C structures only */
   st = lk->st;
-  if (mark_undelivered(lk) == 0 && tok != 0)
+  if (!mark_undelivered(lk, tok) && tok != 0)
     /* its releasers will ask (a ReentrantMutex: one per level); a hold
        not delivered yet has none */
     add_token(L, st, rq->lockidx, tok, lk->kind->reentrant ? lk->held : 1);
