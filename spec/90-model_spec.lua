@@ -271,6 +271,31 @@ describe("the fuzz model of the other lock kinds (docs/lockkinds.md)", function(
     assert.are.equal(1, w2.locks[1].value)
   end)
 
+  it("abort signals: an abort settles every queued request of its signal in queue order; later ones fail at once", function()
+    local LOCKS = { { kind = "mutex" }, { kind = "sema", value = 0 } }
+    local sig = { kind = "none", sig = 1 }
+    local w = run(LOCKS, {
+      spawn(1, 1, "acquire"),                                   -- holds the mutex
+      spawn(2, 1, "acquire", 1, 0, { deco = sig }),
+      spawn(3, 2, "acquire", 1, 0, { deco = sig }),
+      spawn(4, 1, "acquire"),                                   -- no signal: stays
+      spawn(5, 1, "wait", 1, 0, { deco = sig }),
+      { op = "abort", sig = 1, err = "cerr1" },
+      { op = "abort", sig = 1, err = "cerr2" },                 -- once: changes nothing
+      { op = "setValue", lock = 2, v = 1 },
+      spawn(6, 2, "acquire", 1, 0, { deco = sig }),             -- free, yet fails at once
+      TURN, { op = "call_rel", id = 1 }, TURN,
+    })
+    assert.are.same({ "got 1 -", "err 6 cerr1", "err 2 cerr1", "err 3 cerr1", "err 5 cerr1", "got 4 -" }, w.log)
+    assert.are.equal(1, w.locks[2].value)
+    -- an aborted head no longer blocks the entries behind it
+    local w2 = run({ { kind = "sema", value = 1 } }, {
+      spawn(1, 1, "acquire"), spawn(2, 1, "acquire", 2, 0, { deco = sig }), spawn(3, 1, "acquire"),
+      { op = "call_rel", id = 1 }, { op = "abort", sig = 1 }, TURN,
+    })
+    assert.are.same({ "got 1 1", "err 2 E_CANCELED", "got 3 1" }, w2.log)
+  end)
+
   it("KeyedRWLock: an RWLock per key, made on demand and dropped when idle", function()
     local KRW = { { kind = "krw" } }
     local function kspawn(id, method, mode, key) return spawn(id, 1, method, mode, 0, { key = key }) end

@@ -6,10 +6,12 @@
 --     ops = { {op = "spawn", id = n, lock = i, method = ..., w = n, p = n,
 --              key = k (krw), plan = ..., deco = ..., nilargs = bool}, ...  } }
 -- deco: {kind = "t"|"try"|"none", ms = n, err = label, lease = {ms = n,
--- from = true|nil, err = label|nil}}.
+-- from = true|nil, err = label|nil}, sig = 1|2|nil, so = true|nil} (sig:
+-- withSignal with that signal, around the plain lock, or around the
+-- timeout or tryAcquire when so).
 -- Op kinds: spawn, finish, raise, close, call_rel, check, nest, unnest,
--- unscoped, setValue, cancel, gc, turn, poke (see spec/fuzz/model.lua for
--- their meaning).  Ops name actors by
+-- unscoped, setValue, cancel, abort, gc, turn, poke (see spec/fuzz/model.lua
+-- for their meaning).  Ops name actors by
 -- the id given at spawn; an op whose target is not in a suitable state when it
 -- runs is skipped (so any sub-list of a sequence is a valid sequence, which is
 -- what the shrinker needs).
@@ -67,8 +69,8 @@ local function pick_actor(r, w, states, filter)
   return r.pick(ids)
 end
 
--- A decoration: withTimeout or tryAcquire, and (not on a ReentrantMutex) a
--- lease on top of it.
+-- A decoration: withTimeout or tryAcquire, an abort signal inside or
+-- outside it, and (not on a ReentrantMutex) a lease on top of them.
 local function gen_deco(r, errs, lock)
   local k = r.weighted({ { 6, "none" }, { 4, "t" }, { 2, "try" } })
   local lease
@@ -76,8 +78,9 @@ local function gen_deco(r, errs, lock)
     lease = { ms = r.pick(LEASES), from = r.chance(0.3) or nil,
               err = r.chance(0.3) and r.pick(errs) or nil }
   end
-  if k == "none" and not lease then return nil end
-  local d = { kind = k, lease = lease }
+  local sig = r.chance(0.3) and r.int(1, 2) or nil
+  if k == "none" and not lease and not sig then return nil end
+  local d = { kind = k, lease = lease, sig = sig, so = sig and r.chance(0.5) or nil }
   if k == "t" then d.ms = r.pick(TIMEOUTS) end
   if k ~= "none" and r.chance(0.3) then d.err = r.pick(errs) end
   return d
@@ -123,7 +126,7 @@ function gen.sequence(seed, opts)
       { 30, "spawn" }, { 14, "turn" }, { 8, "finish" }, { 3, "raise" },
       { 4, "close" }, { 5, "call_rel" }, { 4, "unscoped" }, { 3, "setValue" },
       { 2, "cancel" }, { 2, "gc" }, { 2, "poke" }, { 3, "check" }, { 4, "nest" },
-      { 3, "unnest" },
+      { 3, "unnest" }, { 3, "abort" },
     })
     local li = r.int(1, #locks)
     local lock = locks[li]
@@ -181,6 +184,14 @@ function gen.sequence(seed, opts)
     elseif kind == "cancel" then
       add({ op = "cancel", lock = li, key = lock.kind == "krw" and r.pick(KEYS) or nil,
             via = r.chance(0.2) and gen_deco(r, errs, lock) or nil })
+    elseif kind == "abort" then
+      -- mostly a signal that some queued request carries
+      local id = pick_actor(r, w, { queued = true, waiting = true }, function(a)
+        return a.deco ~= nil and a.deco.sig ~= nil
+      end)
+      local sig, aim, err = r.int(1, 2), r.chance(0.8), r.chance(0.4) and r.pick(errs) or nil
+      if id and aim then sig = w.actors[id].deco.sig end
+      if id or not aim then add({ op = "abort", sig = sig, err = err }) end
     elseif kind == "gc" then
       add({ op = "gc" })
     elseif kind == "poke" then

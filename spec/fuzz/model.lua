@@ -28,6 +28,7 @@
 --                   or the label of the error it raised
 --   nest ID N       actor ID acquired its ReentrantMutex again: N levels held
 --   unnest ID       actor ID left its newest nested level
+--   nestfail ID ERR actor ID's re-entry raised ERR (its signal was aborted)
 -- ERR is a label: E_TIMEOUT, E_CANCELED, E_ALREADY_LOCKED, E_LOST, a custom error name,
 -- or raise#ID for the error object actor ID raises from its body.
 --
@@ -79,6 +80,14 @@
 -- (a Semaphore: plus `held`, the weight its grants hold, less what unscoped
 -- releases gave back), the stealer holds it as an acquire's grant, and the
 -- lock dispatches.
+--
+-- An abort signal (deco.sig = i: docs/semantics.md, Abort signals) is one of
+-- the sequence's signals, made on first use; "abort" (op.sig, op.err) aborts
+-- it once, with the label op.err or E_CANCELED.  A request made with an
+-- aborted signal fails at once with its reason, before any other rule (a
+-- ReentrantMutex holder's re-entry too: "nestfail ID ERR"); an abort takes
+-- every queued request of the signal out of its queue, in the order they
+-- were queued, then settles each with the reason and dispatches its lock.
 
 local model = {}
 
@@ -99,6 +108,8 @@ function model.new(lock_specs, opts)
     fifo = {},            -- settlements waiting for a loop turn
     log = {},
     tseq = 0,             -- timer creation counter (libuv start order)
+    lseq = 0,             -- signalled entries queued so far (a signal's order)
+    signals = {},         -- index -> {aborted = bool, reason = label}
     drain = opts.drain or "all",
     close_runex_releases = opts.close_runex_releases ~= false,
     violations = {},
@@ -460,8 +471,30 @@ local function steal(w, lock, a)
   dispatch(w, lock)
 end
 
+-- Signal `i` of the world, made on first use.
+local function signal_of(w, i)
+  local s = w.signals[i]
+  if not s then
+    s = { aborted = false }
+    w.signals[i] = s
+  end
+  return s
+end
+
+-- The reason of the aborted signal of actor `a`'s request, or nil.
+local function aborted_reason(w, a)
+  local i = a.deco and a.deco.sig
+  if i == nil then return nil end
+  local s = signal_of(w, i)
+  return s.aborted and s.reason or nil
+end
+
 local function new_entry(w, a, now, timeout_ms, timeout_label)
   local e = { actor = a, weight = a.w, prio = a.p }
+  if a.deco and a.deco.sig then           -- joins its signal's list, last
+    w.lseq = w.lseq + 1
+    e.sig, e.lseq = a.deco.sig, w.lseq
+  end
   if timeout_ms then
     w.tseq = w.tseq + 1
     e.due = now + timeout_ms
@@ -493,6 +526,12 @@ function World:spawn(op, now)
   self.actors[a.id] = a
   self.order[#self.order + 1] = a.id
   if a.method == "steal" then return steal(self, lock, a) end
+  local reason = aborted_reason(self, a)
+  if reason then                                      -- fails before all else
+    error_out(self, a, reason, "sync")
+    settle_sub(lock)
+    return
+  end
   local deco = op.deco
   local timeout_ms, timeout_label
   if deco and deco.kind == "t" then
@@ -616,6 +655,11 @@ end
 function World:nest(id)
   local a = self.actors[id]
   local lock = a.L
+  local reason = aborted_reason(self, a)
+  if reason then                          -- a request too: fails at once
+    emit(self, ("nestfail %d %s"):format(id, reason))
+    return
+  end
   lock.levels = lock.levels + 1
   a.nested = a.nested or {}
   a.nested[#a.nested + 1] = { lock = lock, weight = 1, called = false, gen = lock.gen }
@@ -682,6 +726,42 @@ function World:cancel(li, key)
     return
   end
   violation(self, "cancel() of a keyed lock without a key: its order is the map's")
+end
+
+--- s:abort(): signal `i` aborts with `label` (E_CANCELED when nil), once.
+-- Every request queued with it leaves its queue before any lock
+-- dispatches; then, in the order they were queued, each is settled with
+-- the reason and its lock dispatched (a waitForUnlock's lock re-evaluated).
+function World:abort(i, label)
+  local s = signal_of(self, i)
+  if s.aborted then return end
+  s.aborted, s.reason = true, label or "E_CANCELED"
+  local hit = {}
+  each_lock(self, function(lock)
+    for _, e in ipairs(lock.queue) do
+      if e.sig == i then hit[#hit + 1] = e end
+    end
+    for _, list in pairs(lock.waiters) do
+      for _, e in ipairs(list) do
+        if e.sig == i then hit[#hit + 1] = e end
+      end
+    end
+  end)
+  table.sort(hit, function(x, y) return x.lseq < y.lseq end)
+  for _, e in ipairs(hit) do
+    local a, lock = e.actor, e.actor.L
+    if e.kind == "acq" then
+      remove_from(lock.queue, e)
+    else
+      remove_from(lock.waiters[a.w], e)
+      if #lock.waiters[a.w] == 0 then lock.waiters[a.w] = nil end
+    end
+  end
+  for _, e in ipairs(hit) do
+    local lock = e.actor.L
+    settle(self, e.actor, "err", nil, s.reason)
+    if e.kind == "acq" then dispatch(self, lock) else settle_sub(lock) end
+  end
 end
 
 -- The timer phase of a loop turn, at loop time T: expired requests are
@@ -827,6 +907,7 @@ function World:apply(op, now, before)
   elseif k == "unscoped" then self:unscoped(op.lock, op.w or 1, op.key)
   elseif k == "setValue" then self:set_value(op.lock, op.v)
   elseif k == "cancel" then self:cancel(op.lock, op.key)
+  elseif k == "abort" then self:abort(op.sig, op.err)
   elseif k == "turn" then self:turn(now, before)
   end                                     -- gc, poke: nothing changes
   each_lock(self, function(lock)

@@ -176,6 +176,7 @@ function real.new(seq, am)
     cos = setmetatable({}, { __mode = "v" }),     -- id -> coroutine (weak)
     locks = {},                              -- lock index -> lock
     decos = {},                              -- lock index -> key -> decorated lock
+    signals = {},                            -- index -> abort signal
   }, Run)
 end
 
@@ -247,19 +248,23 @@ function Run:decorated(li, d)
   local lease = d.lease
   local key = d.kind .. ":" .. tostring(d.ms) .. ":" .. tostring(d.err)
     .. (lease and (":lease:%s:%s:%s"):format(lease.ms, tostring(lease.from), tostring(lease.err)) or "")
+    .. (d.sig and (":sig:%d:%s"):format(d.sig, d.so and "out" or "in") or "")
   self.decos[li] = self.decos[li] or {}
   local obj = self.decos[li][key]
   if not obj then
     local e = self:error_value(d.err)
+    local base = self.locks[li]
+    if d.sig and not d.so then base = am.withSignal(base, self:signal(d.sig)) end
     if d.kind == "t" then
-      if e ~= nil then obj = am.withTimeout(self.locks[li], d.ms, e)
-      else obj = am.withTimeout(self.locks[li], d.ms) end
+      if e ~= nil then obj = am.withTimeout(base, d.ms, e)
+      else obj = am.withTimeout(base, d.ms) end
     elseif d.kind == "try" then
-      if e ~= nil then obj = am.tryAcquire(self.locks[li], e)
-      else obj = am.tryAcquire(self.locks[li]) end
+      if e ~= nil then obj = am.tryAcquire(base, e)
+      else obj = am.tryAcquire(base) end
     else
-      obj = self.locks[li]
+      obj = base
     end
+    if d.sig and d.so then obj = am.withSignal(obj, self:signal(d.sig)) end
     if lease then                           -- the lease decorates the decorated lock
       local opts = lease.from and { fromRequest = true } or nil
       obj = am.withLease(obj, lease.ms, self:error_value(lease.err), opts)
@@ -268,6 +273,17 @@ function Run:decorated(li, d)
     registry[obj] = self.events.tag .. " decorator " .. key
   end
   return obj
+end
+
+--- Abort signal `i` of the sequence, made on first use.
+function Run:signal(i)
+  local s = self.signals[i]
+  if not s then
+    s = self.am.signal()
+    self.signals[i] = s
+    registry[s] = self.events.tag .. " signal " .. i
+  end
+  return s
 end
 
 --- The arguments of a request on lock `li` (weight and priority, or
@@ -329,21 +345,24 @@ end
 -- A ReentrantMutex holder's nested level: acquired again (at once), held by
 -- a to-be-closed releaser until the runner says "unnest" (returned), or
 -- "finish" or "raise" (passed down, leaving every level on the way).
+-- A re-entry that raised (its signal aborted) makes no level: the next
+-- command is the current level's.
 local nest_level
 local function serve(ev, rec, cmd)
   while cmd == "nest" do
-    cmd = nest_level(ev, rec)
-    if cmd == "unnest" then cmd = wait_command(ev, rec) end
+    local ok, rel = pcall(rec.obj.acquire, rec.obj)
+    if ok then
+      cmd = nest_level(ev, rec, rel)
+      if cmd == "unnest" then cmd = wait_command(ev, rec) end
+    else
+      ev:emit(("nestfail %d %s"):format(rec.id, ev:label(rel)))
+      cmd = wait_command(ev, rec)
+    end
   end
   return cmd
 end
 
-function nest_level(ev, rec)
-  local ok, rel = pcall(rec.obj.acquire, rec.obj)
-  if not ok then
-    ev:emit(("nestfail %d %s"):format(rec.id, ev:label(rel)))
-    return wait_command(ev, rec)
-  end
+function nest_level(ev, rec, rel)
   local _ <close> = rel
   ev:emit(("nest %d %d"):format(rec.id, rec.lock:depth()))
   local cmd = serve(ev, rec, wait_command(ev, rec))
@@ -588,6 +607,13 @@ OPS.cancel = function(run, op)
   local obj = run:decorated(op.lock, op.via)
   local ok, e = pcall(obj.cancel, obj, op.key)
   if not ok then run.events:emit(("opfail cancel %s"):format(run.events:label(e))) end
+end
+
+OPS.abort = function(run, op)
+  local s, e = run:signal(op.sig), run:error_value(op.err)
+  local ok, err
+  if e ~= nil then ok, err = pcall(s.abort, s, e) else ok, err = pcall(s.abort, s) end
+  if not ok then run.events:emit(("opfail abort %s"):format(run.events:label(err))) end
 end
 
 OPS.gc = function() collectgarbage("collect") end
