@@ -4,6 +4,7 @@
 local h = require "helpers"
 local redis_server = require "redis_server"
 local redis = require "async_mutex.redis"
+local am = require "async_mutex"
 
 local server
 
@@ -123,7 +124,6 @@ describe("client:subscribe", function()
 
   it("closes a callback's coroutine, or subscribe's, that dies with an error: its <close> "
     .. "releasers run", h.async(function()
-    local am = require "async_mutex"
     local c = client()
     local m = am.Mutex.new()
     local reported, sub = {}, nil
@@ -152,7 +152,6 @@ describe("client:subscribe", function()
   it("reports an error in a callback to the error handler, and goes on", h.async(function()
     local c = client()
     local errors, got = {}, 0
-    local am = require "async_mutex"
     local prev = am.setErrorHandler(function(err) errors[#errors + 1] = err end)
     local sub = c:subscribe("bad", function(m)
       got = got + 1
@@ -193,6 +192,47 @@ describe("client:subscribe", function()
     assert.same({}, h.active_handles())
     assert.is_true(h.run_loop(1000))
   end)
+
+  -- As a waiting call (spec 40): a coroutine waiting in subscribe for the
+  -- confirmation, holding its client in a local only, is kept, and the
+  -- client with it, through a full collection.
+  it("keeps a coroutine waiting for the confirmation, and its client, through a collection",
+    h.async(function()
+      local weak = setmetatable({}, { __mode = "v" })
+      local confirmed, got, finished = false, nil, false
+      local stopped = false
+      local ok, err = pcall(function()
+        do
+          local c = client()
+          weak.client = c
+          assert.equal("PONG", c:call("PING"))
+          server:signal("STOP")               -- no confirmation until CONT
+          stopped = true
+          am.spawn(function()
+            local sub = c:subscribe("kept", function(message) got = message end)
+            confirmed = true
+            assert.equal(1, c:call("PUBLISH", "kept", "m"))
+            h.wait_until(function() return got ~= nil end)
+            sub:unsubscribe()
+            c:close()
+            finished = true
+          end)
+        end
+        h.sleep(50)                           -- it waits for the confirmation
+        assert.is_false(confirmed)
+        h.gc()
+        assert.is_not_nil(weak.client)
+        server:signal("CONT")
+        stopped = false
+        h.wait_until(function() return finished end, 5000, "the confirmation and the message")
+      end)
+      if stopped then server:signal("CONT") end
+      assert(ok, err)
+      assert.is_true(confirmed)
+      assert.equal("m", got)
+      h.gc()
+      assert.is_nil(weak.client)
+    end))
 
   it("refuses bad input", h.async(function()
     local c = client()
