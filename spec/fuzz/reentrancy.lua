@@ -506,9 +506,14 @@ function R.run_sequence(seed, nops)
           and not obj:isLocked() and not tostring(obj):find(" 0 waiting", 1, true) then
         violation("an unlocked lock with acquirers queued: " .. tostring(obj))
       elseif lk.kind == "ReentrantMutex" then
+        -- (a grant requested before a steal of its lock ('maybe') may have
+        -- been ended by it: it counts only if its releaser says held)
         local levels = 0
         for _, o in ipairs(holders) do
-          if o.lock == lk and not o.ended then levels = levels + 1 end
+          if o.lock == lk and not o.ended and (not o.maybe
+              or o.rel ~= nil and tostring(o.rel):find("(held)", 1, true)) then
+            levels = levels + 1
+          end
         end
         -- (depth() also counts a grant decided and not delivered yet)
         if obj:depth() < levels then
