@@ -1,8 +1,9 @@
--- Keyed Redis locks on distinct keys: a Redis Cluster of 3 masters against
--- one redis-server (docs/redis-locks.md, "On a cluster"), same client load
+-- Keyed Redis locks on distinct keys: a Redis Cluster of 3 masters (and
+-- one of a single master, below) against one redis-server
+-- (docs/redis-locks.md, "A cluster against one server"), same client load
 -- (PROCS processes of COROS coroutines, each cycle an acquire and a release
 -- on a key of its own, never contended).  The servers are started here on
--- loopback; the two setups alternate, ROUNDS times each, in one run: only
+-- loopback; the setups alternate, ROUNDS times each, in one run: only
 -- ratios measured in the run mean something on a shared machine, whose
 -- load average is printed.  Server CPU is read from /proc (utime + stime
 -- of each redis-server) around each round.  BENCH_QUICK=1: a tenth.
@@ -10,9 +11,8 @@
 --   lua5.4 bench/cluster.lua        (from the checkout, after make)
 --
 -- Printed: cycles/s of each setup; client and server CPU per cycle (µs);
--- the servers' own time per script (EVALSHA's usec_per_call in INFO
--- commandstats: a master of a cluster spends more per script than a
--- server alone); each master's share of the cluster's server CPU; and the
+-- the servers' own time per script (EVALSHA's usec and calls in INFO
+-- commandstats); each master's share of the cluster's server CPU; and the
 -- rate the servers could sustain with one core each (cycles per second of
 -- the busiest server's CPU), which the 2-core machine cannot show
 -- directly; then the hand-off latency between two processes on one lock
