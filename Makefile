@@ -236,6 +236,9 @@ ifneq ($(HIREDIS_H),)
 	$(RUNENV) $(LUA) bench/optimistic.lua
 	$(RUNENV) $(LUA) bench/redis_locks.lua
 	$(RUNENV) $(LUA) bench/redis_kinds.lua
+	@# past one server (docs/redis-locks.md, "Scaling out", "On a cluster")
+	$(RUNENV) $(LUA) bench/cluster.lua
+	$(RUNENV) $(LUA) bench/scaleout.lua
 endif
 
 # Model-based random testing: N generated sequences, each run against the

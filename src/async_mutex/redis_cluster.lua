@@ -13,8 +13,7 @@ local error, getmetatable, ipairs, pairs, pcall, select, setmetatable, tostring,
   error, getmetatable, ipairs, pairs, pcall, select, setmetatable, tostring, type
 local running, isyieldable, cocreate, coresume = coroutine.running, coroutine.isyieldable,
   coroutine.create, coroutine.resume
-local mtype, byte, lower, upper, format, find, sub = math.type, string.byte, string.lower,
-  string.upper, string.format, string.find, string.sub
+local mtype, lower, upper, format = math.type, string.lower, string.upper, string.format
 local typename, argerror, unknown_option = checks.typename, checks.argerror,
   checks.unknown_option
 
@@ -34,44 +33,12 @@ local MAX_RETRIES = 7
 
 
 -- {========================================================== slots
--- CRC16-CCITT (XMODEM: polynomial 0x1021, initial 0), as the Redis
--- Cluster specification defines a key's slot: CRC16(key) mod 16384,
--- of the part between the first '{' and the next '}' when it is not
--- empty (a hash tag).
-local CRC = {}
-for i = 0, 255 do
-  local c = i << 8
-  for _ = 1, 8 do
-    c = (c & 0x8000) ~= 0 and ((c << 1) ~ 0x1021) or (c << 1)
-  end
-  CRC[i] = c & 0xffff
-end
-
-local function crc16(s, i, j)
-  local c = 0
-  for k = i, j do
-    c = ((c << 8) & 0xffff) ~ CRC[((c >> 8) ~ byte(s, k)) & 0xff]
-  end
-  return c
-end
-
--- The last part hashed and its slot: the keys of one command or script
--- often share their hash tag (a Redis lock's do), and the CRC in Lua costs
--- about a microsecond per 10 bytes.
-local last_hashed, last_slot = nil, 0
-
---- The slot of key (a string).
-local function keyslot(key)
-  local open = find(key, "{", 1, true)
-  if open then
-    local close = find(key, "}", open + 1, true)
-    if close and close > open + 1 then key = sub(key, open + 1, close - 1) end
-  end
-  if key == last_hashed then return last_slot end
-  local slot = crc16(key, 1, #key) % NSLOTS
-  last_hashed, last_slot = key, slot
-  return slot
-end
+-- A key's slot: CRC16 (XMODEM) of its hash tag (the part between the
+-- first '{' and the next '}' when it is not empty), or of the key, mod
+-- 16384, as the Redis Cluster specification defines it.  In C
+-- (src/redis/slot.c): every command and every lock script needs it, and
+-- the CRC in Lua cost about half of a keyed lock cycle's Lua work.
+local keyslot = rcore.keyslot
 M.keyslot = keyslot
 
 -- An argument as the client sends it (src/redis/redis.c, argstring):

@@ -1777,6 +1777,7 @@ static const luaL_Reg core_funcs[] = {
   {"wake", core_wake},
   {"claim", core_claim},
   {"enlist", core_enlist},
+  {"keyslot", amr_keyslot},
   {NULL, NULL}
 };
 

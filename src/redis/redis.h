@@ -19,4 +19,7 @@ void amr_pusherror (lua_State *L, const char *msg, size_t len);
 /* registers the Error metatable */
 void amr_openerror (lua_State *L);
 
+/* slot.c: core.keyslot(key), a key's Redis Cluster slot */
+int amr_keyslot (lua_State *L);
+
 #endif
