@@ -183,6 +183,28 @@ local function forget(hold)
   end
 end
 
+-- Every server's hub is in use from an attempt's start to the end of its
+-- hold ('uses': the attempt's or hold's count is taken), as a Redis lock's
+-- is while it is waited for or held (redis_lock_base.lua, hub): a server
+-- whose own request ended early (withdrawn when the quorum was reached
+-- elsewhere, or its lease given back) keeps its hand-off subscription,
+-- rather than dropping it one loop turn later and subscribing again (a
+-- round trip, and a request that asks again) at the next acquisition.
+local function use_hubs(rl)
+  for i = 1, rl.n do base.hub_use(rl.servers[i].hub) end
+end
+
+local function unuse_hubs(rec)
+  if not rec.uses then return end
+  rec.uses = false
+  local rl = rec.rl or rec.lock
+  for i = 1, rl.n do base.hub_unuse(rl.servers[i].hub) end
+end
+
+-- { rec }, to be closed: the uses end also when the waiting coroutine is
+-- closed (coroutine.close) or raises.
+local UNUSE = { __close = function(g) unuse_hubs(g[1]) end }
+
 -- Fewer than a quorum of the hold's leases are valid: the hold ends.  Lost
 -- (onLost, check() raises) unless its leases ended by their clients'
 -- close().  The leases still running are let go: a lost hold is not given
@@ -200,6 +222,8 @@ local function end_hold(hold, reason)
   end
   hold.state = closed and "released" or "lost"
   forget(hold)
+  hold.att = nil
+  unuse_hubs(hold)
   for _, lease in pairs(hold.leases) do
     hold_of[lease] = nil
     if lease.state == "held" then
@@ -243,10 +267,31 @@ local function release_hold(hold)
     hold_of[lease] = nil
     list[#list + 1] = lease
   end
+  -- The servers whose request has not answered yet: their tokens are
+  -- released now, behind the request on the same connection, so that the
+  -- next acquisition's request does not find this one's grant there
+  -- (queued behind it, waiting for its late give-back); their answer then
+  -- ends the lease here without a request (answered).
+  local att = hold.att
+  hold.att = nil
+  if att then
+    for i = 1, rl.n do
+      local s = att.srv[i]
+      if s and s.state == "pending" and not s.answered then
+        s.given_back = true
+        local lk = rl.servers[i]
+        base.background(base.release_token, lk, base.keys_of(lk, rl.name), s.token)
+      end
+    end
+  end
+  -- (the hubs stay in use until the answers: a coroutine that acquires
+  -- again at once keeps the subscriptions, as release_lease keeps its own)
   if not isyieldable() then
+    unuse_hubs(hold)
     for i = 1, #list do base.release_lease(list[i]) end
     return true
   end
+  local _ <close> = setmetatable({ hold }, UNUSE)
   local n, quorum = #list, rl.quorum
   local had, refused, waiting, bell = 0, 0, nil, nil
   for i = 1, n do
@@ -264,6 +309,7 @@ local function release_hold(hold)
     waiting = true
     local _ = bell:acquire()
   end
+  unuse_hubs(hold)
   if had < quorum then
     hold.state = "lost"
     if rl.on_lost then
@@ -323,6 +369,16 @@ local function fence_keys(lk) return lk.fence_keys end
 
 local start                           -- (att, i): a request on server i
 
+-- Ends a lease here without a request: its token's release was sent
+-- after the request that granted it, on the same connection (release_hold).
+local function drop(lease)
+  if lease.state ~= "held" then return end
+  lease.state = "released"
+  base.stop_timer(lease)
+  base.forget(lease)
+  base.hub_unuse(lease.lock.hub)
+end
+
 -- A server's grant is no good (its draw found no hold, or failed, or the
 -- server is too young): given back, and the server failed for this
 -- attempt.
@@ -373,6 +429,11 @@ end
 local function answered(att, i, s, ok, lease, value)
   local rl = att.rl
   local lk = rl.servers[i]
+  s.answered = true
+  if s.given_back then                  -- its release went out behind it
+    if ok then drop(lease) end
+    return
+  end
   if ok and lk.hub.started == nil and att.srv[i] == s and not att.done then
     local ok2, e = pcall(started, lk)
     if not ok2 then
@@ -527,6 +588,9 @@ local function acquire_quorum(rl, deadline, err)
                 bell = internal(core.Semaphore.new(0)), progress = hrtime(),
                 settle = settle_ms(rl) * NS }
   rl.waiting[att] = true
+  use_hubs(rl)
+  att.uses = true
+  local _ <close> = setmetatable({ att }, UNUSE)   -- (kept by the hold on success)
   local ok, res = pcall(function()
     for i = 1, rl.n do start(att, i) end
     while true do
@@ -569,7 +633,10 @@ local function acquire_quorum(rl, deadline, err)
     finish(att, false)
     error(res, 0)
   end
-  local hold = setmetatable({ lock = rl, leases = {}, fence = tointeger(res), state = "held" }, Hold)
+  -- (the attempt's uses of the hubs become the hold's)
+  local hold = setmetatable({ lock = rl, leases = {}, fence = tointeger(res), state = "held",
+                              uses = att.uses, att = att }, Hold)
+  att.uses = false
   for i = 1, rl.n do
     local s = att.srv[i]
     if s.lease and (s.state == "drawn" or s.state == "granted") then
@@ -590,6 +657,8 @@ local function acquire_quorum(rl, deadline, err)
   end
   if closed and left < rl.quorum then
     hold.state = "released"
+    hold.att = nil
+    unuse_hubs(hold)
     for _, lease in pairs(hold.leases) do
       hold_of[lease] = nil
       if lease.state == "held" then base.background(base.release_lease, lease) end
