@@ -91,6 +91,45 @@ redis.call('SET', KEYS[2], s, 'PX', 3600000)
 return s
 ]]
 
+--- RELEASE: the release script of redis_scripts.lua (its keys and
+-- arguments), whose hand-off also draws the new holder's quorum fence from
+-- N:qf (KEYS[7]), as DRAW would: when the script publishes a grant's
+-- message ("token fence value"), the token holds the lock here already
+-- (its record is written first), so it is this server's holder that the
+-- draw is made for; the draw goes in the message's value field, negated
+-- ("token fence -drawn"), and the new holder needs no DRAW round trip.
+-- (Its redis.call is wrapped, rather than the script's text edited: the
+-- script stays the Redis locks' own.)
+M.RELEASE = [[
+local real = redis
+local redis = setmetatable({
+  call = function(cmd, ...)
+    if cmd == 'PUBLISH' or cmd == 'SPUBLISH' then
+      local ch, msg = ...
+      local head, fence = string.match(msg, '^(%S+) (%d+) %-?%d+$')
+      if head then
+        local last = real.call('GET', KEYS[7])
+        local v
+        if last then
+          v = tonumber(last) + 1
+        else
+          local t = real.call('TIME')
+          v = tonumber(t[1]) * 1000000 + tonumber(t[2])
+        end
+        local s = string.format('%d', v)
+        real.call('SET', KEYS[7], s, 'PX', 3600000)
+        return real.call(cmd, ch, head .. ' ' .. fence .. ' -' .. s)
+      end
+    end
+    return real.call(cmd, ...)
+  end,
+}, { __index = real })
+local function release()
+]] .. scripts.release .. [[
+end
+return release()
+]]
+
 --- RAISE: KEYS N:h, N:qf; ARGV token, fence.  If the token holds the lock
 -- here, the counter is raised to 'fence' (never lowered); returns 1, else 0.
 M.RAISE = [[
@@ -410,12 +449,29 @@ local function drawn(att, s, value)
   if counts(att) >= att.rl.quorum then ring(att) end
 end
 
+-- A server of the hold that drew below its fence ('v', nil: drew nothing),
+-- after the quorum had settled it (a late grant or draw): its counter is
+-- raised to the fence in the background.  Safety does not need it (the
+-- quorum has the fence), but the next grant's draws then agree, and
+-- settle_fence has nothing to raise, one round trip fewer.
+local function catch_up(att, i, s, v)
+  local hold = att.hold
+  if not hold or hold.state ~= "held" or (v and v >= hold.fence) then return end
+  local lk = att.rl.servers[i]
+  base.background(base.eval, lk, M.RAISE, fence_keys(lk), s.token, format("%d", hold.fence))
+end
+
 -- Draws the fence of server i's token, granted by hand-off.
 local function draw(att, i, s)
   local lk = att.rl.servers[i]
   base.background(function()
     local ok, v = pcall(base.eval, lk, M.DRAW, fence_keys(lk), s.token)
-    if att.srv[i] ~= s or att.done or s.state ~= "granted" then return end
+    if att.srv[i] ~= s or att.done or s.state ~= "granted" then
+      if ok and att.done and att.srv[i] == s and tonumber(v) ~= 0 then
+        catch_up(att, i, s, tonumber(v))
+      end
+      return
+    end
     if not ok then return fail_server(att, s, v) end
     v = tonumber(v)
     if v == 0 then return fail_server(att, s, DRAW_ENDED) end   -- its lease ended
@@ -448,6 +504,7 @@ local function answered(att, i, s, ok, lease, value)
       if att.srv[i] == s and hold and hold_now(hold).state == "held" and not young(rl, lk) then
         hold.leases[i] = lease
         hold_of[lease] = hold
+        catch_up(att, i, s, value and tonumber(value))
       else
         base.background(base.release_lease, lease)
       end
@@ -480,8 +537,12 @@ function start(att, i)
   local bound                        -- nil: the attempt's caller bounds it
   if att.try then bound = false end
   local ok, err = co_resume(co_create(function()
-    local ok, lease, _, value = pcall(base.redis_acquire, lk, rl.name, 1, bound, TRY, s.token)
-    answered(att, i, s, ok, lease, value)
+    local ok, lease, value, drew = pcall(base.redis_acquire, lk, rl.name, 1, bound, TRY, s.token)
+    -- the draw: made by the grant's request (M.ACQUIRE's answer), or by
+    -- the release that handed the lock over (M.RELEASE's message: the
+    -- value negated), else nil (another release's hand-off: DRAW)
+    if ok and not drew and value and value < 0 then drew = -value end
+    answered(att, i, s, ok, lease, drew)
   end))
   if not ok then error(err, 0) end
 end
@@ -552,6 +613,7 @@ local function settle_fence(att, fence, deadline)
         have = have + 1
       else
         asked = asked + 1
+        s.raising = true
         local lk = rl.servers[i]
         base.background(function()
           local ok, r = pcall(base.eval, lk, M.RAISE, fence_keys(lk), s.token, format("%d", fence))
@@ -645,6 +707,10 @@ local function acquire_quorum(rl, deadline, err)
     end
   end
   att.hold = hold
+  for i = 1, rl.n do            -- (drawn after settle_fence looked)
+    local s = att.srv[i]
+    if s.state == "drawn" and not s.raising and hold.leases[i] then catch_up(att, i, s, s.draw) end
+  end
   finish(att, true)
   -- Clients closed by a finalizer or a hook since their grants (at an
   -- allocation above): the close gave their tokens back.  With fewer than
@@ -729,7 +795,7 @@ local function new(clients, name, opts)
     so.on_lost = on_server_lost
     rl.clients[i] = clients[i]
     local lk = base.new_record(Server, clients[i], name, 1, so, false)
-    lk.acquire_script = M.ACQUIRE
+    lk.acquire_script, lk.release_script = M.ACQUIRE, M.RELEASE
     lk.keys[7] = name .. ":qf"
     lk.fence_keys = { lk.keys[1], lk.keys[7] }
     rl.servers[i] = lk
