@@ -51,14 +51,11 @@ local limited = core.acquire
 
 local M = {}
 
---- ACQUIRE: a server's acquire request, in one call: the acquire script of
--- redis_scripts.lua (its keys and arguments, KEYS[1..6]), and when it
--- grants, the draw of the quorum fence from N:qf (KEYS[7]), as DRAW below
--- draws it, added to its answer: {1, fence, value, drawn}.  A grant by
--- hand-off (the release script's) draws with DRAW once it is known.
-M.ACQUIRE = "local function acquire()\n" .. scripts.acquire .. "\nend\n" .. [[
-local r = acquire()
-if r[1] == 1 then
+-- draw_qf(): the draw of the quorum fence from N:qf (KEYS[7]) for the
+-- server's holder, as DRAW below draws it (the counter plus one, or the
+-- server's time in us); returns it as a string.
+local DRAW_QF = [[
+local function draw_qf()
   local last = redis.call('GET', KEYS[7])
   local v
   if last then
@@ -67,9 +64,20 @@ if r[1] == 1 then
     local t = redis.call('TIME')
     v = tonumber(t[1]) * 1000000 + tonumber(t[2])
   end
-  r[4] = string.format('%d', v)
-  redis.call('SET', KEYS[7], r[4], 'PX', 3600000)
+  local s = string.format('%d', v)
+  redis.call('SET', KEYS[7], s, 'PX', 3600000)
+  return s
 end
+]]
+
+--- ACQUIRE: a server's acquire request, in one call: the acquire script of
+-- redis_scripts.lua (its keys and arguments, KEYS[1..6]), and when it
+-- grants, the draw of the quorum fence, added to its answer: {1, fence,
+-- value, drawn}.  A grant by hand-off draws in the release that grants it
+-- (RELEASE), or with DRAW once it is known.
+M.ACQUIRE = "local function acquire()\n" .. scripts.acquire .. "\nend\n" .. DRAW_QF .. [[
+local r = acquire()
+if r[1] == 1 then r[4] = draw_qf() end
 return r
 ]]
 
@@ -100,26 +108,14 @@ return s
 -- ("token fence -drawn"), and the new holder needs no DRAW round trip.
 -- (Its redis.call is wrapped, rather than the script's text edited: the
 -- script stays the Redis locks' own.)
-M.RELEASE = [[
+M.RELEASE = DRAW_QF .. [[
 local real = redis
 local redis = setmetatable({
   call = function(cmd, ...)
     if cmd == 'PUBLISH' or cmd == 'SPUBLISH' then
       local ch, msg = ...
       local head, fence = string.match(msg, '^(%S+) (%d+) %-?%d+$')
-      if head then
-        local last = real.call('GET', KEYS[7])
-        local v
-        if last then
-          v = tonumber(last) + 1
-        else
-          local t = real.call('TIME')
-          v = tonumber(t[1]) * 1000000 + tonumber(t[2])
-        end
-        local s = string.format('%d', v)
-        real.call('SET', KEYS[7], s, 'PX', 3600000)
-        return real.call(cmd, ch, head .. ' ' .. fence .. ' -' .. s)
-      end
+      if head then return real.call(cmd, ch, head .. ' ' .. fence .. ' -' .. draw_qf()) end
     end
     return real.call(cmd, ...)
   end,
