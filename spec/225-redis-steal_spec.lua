@@ -408,3 +408,40 @@ describe("steal with replicas", function()
     assert(ok, err)
   end, { deadline = 30000 }))
 end)
+
+describe("steal on a cluster client", function()
+  local redis_cluster_server = require "redis_cluster_server"
+  local redis = require "async_mutex.redis"
+  local cluster
+  setup(function() cluster = redis_cluster_server.start(3) end)
+  teardown(function() if cluster then cluster:stop() end end)
+
+  it("takes the lock in its slot and tells a holder of another client by its shard channel",
+    h.async(function()
+      local a = redis.connect({ cluster = cluster.seeds })
+      local b = redis.connect({ cluster = cluster.seeds })
+      local _ <close> = h.closing(a, b)
+      local name = fresh_name()
+      local told = {}
+      local ma = am.RedisMutex.new(a, name, { onLost = function(i) told[#told + 1] = i.reason end })
+      local mb = am.RedisMutex.new(b, name)
+      local first = mb:acquire()
+      -- a queues (and listens on its shard channel), then is handed the lock
+      local holder = am.spawn(function() return ma:acquire() end)
+      h.wait_until(function() return #am.query(mb).pending == 1 end, 5000)
+      assert.is_true(first())
+      local held = holder:join()
+      local release = mb:steal()
+      assert.is_true(release.fence > held.fence)
+      -- told by the steal's SPUBLISH ("stolen"; a renewal would say "refused")
+      h.wait_until(function() return told[1] ~= nil end, 3000, "the holder told")
+      assert.same({ "stolen" }, told)
+      assert.is_false(held())
+      local q = am.query(ma)
+      assert.equal(1, #q.held)
+      assert.equal(release.token, q.held[1].owner)
+      assert.is_false(q.held[1].mine)
+      assert.is_true(release())
+      assert.same({ held = {}, pending = {} }, am.query(ma))
+    end, { deadline = 15000 }))
+end)
