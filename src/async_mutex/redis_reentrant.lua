@@ -133,6 +133,16 @@ function M.new(client, name, opts)
   return lk
 end
 
+-- The hold of coroutine 'co' on a new grant ('lease'), at depth 1: its
+-- outermost level's releaser.
+local function new_hold(lk, lease, co)
+  local hold = { lease = lease, owner = co, depth = 1 }
+  lk.hold = hold
+  local top = new_level(lk, hold)
+  hold.top = top
+  return top
+end
+
 -- The acquisition of the running coroutine: one more level of its hold,
 -- at once; or a new hold, through the gate and the Redis queue.  The
 -- misuse errors at the user's line (level 3: the caller of the method).
@@ -147,12 +157,7 @@ local function acquire(lk, limit, err, priority)
   if not isyieldable() then
     error(checks.cannot_yield("acquire a Redis lock"), 3)
   end
-  local lease = base.acquire(lk, limit, err, nil, lk.name, 1, priority)
-  hold = { lease = lease, owner = co, depth = 1 }
-  lk.hold = hold
-  local top = new_level(lk, hold)
-  hold.top = top
-  return top
+  return new_hold(lk, base.acquire(lk, limit, err, nil, lk.name, 1, priority), co)
 end
 
 function methods.acquire(self, priority)
@@ -230,14 +235,9 @@ function methods.steal(self, priority)
     error("attempt to steal a reentrant mutex that this coroutine holds"
       .. " (it would hold it twice)", 2)
   end
-  local lease = base.redis_steal(lk, lk.name, 1)
   -- (the hold of another coroutine here was lost by the steal's answer,
   -- and its onLost cleared lk.hold)
-  hold = { lease = lease, owner = co, depth = 1 }
-  lk.hold = hold
-  local top = new_level(lk, hold)
-  hold.top = top
-  return top
+  return new_hold(lk, base.redis_steal(lk, lk.name, 1), co)
 end
 
 function Reentrant.__query(self, key, n)
