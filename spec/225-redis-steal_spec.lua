@@ -27,37 +27,54 @@ end
 
 -- A child that holds the RedisMutex NAME (options ttl TTL, renewInterval
 -- RENEW, waiterTimeout WAIT), after waiting for it when QUEUE is "queue"
--- (so that it listens on its hand-off channel); prints "held FENCE", then
--- checks its hold every 10 ms until the hold is lost, and prints
--- "lost REASON MS CHECK RELEASE": what onLost said, the ms from its "held"
--- line, what check() raised, what its releaser returned.
+-- (so that it listens on its hand-off channel).  Its markers go to the
+-- file LOG (one write(2) each, O_APPEND, as the fault specs' do): "queued",
+-- "held FENCE", then, checking its hold every 10 ms until it is lost,
+-- "lost REASON MS CHECK RELEASE": what onLost said, the ms since "held",
+-- what check() raised, what its releaser returned.
 local HOLDER = R.PROLOGUE .. [[
 local name, ttl, renew, wait = ARGS[1], tonumber(ARGS[2]), tonumber(ARGS[3]), tonumber(ARGS[4])
-local queue = ARGS[5] == "queue"
+local queue, f = ARGS[5] == "queue", assert(io.open(ARGS[6], "a"))
+f:setvbuf("no")
 main(function()
   local reason
   local m = am.RedisMutex.new(client, name, { ttl = ttl, renewInterval = renew,
     waiterTimeout = wait, onLost = function(info) reason = info.reason end })
-  if queue then io.stdout:write("queued\n"); io.stdout:flush() end
+  if queue then f:write("queued\n") end
   local release = m:acquire()
   local t0 = uv.hrtime()
-  io.stdout:write("held ", release.fence, "\n"); io.stdout:flush()
+  f:write(("held %d\n"):format(release.fence))
   while not reason do am.sleep(10) end
   local ok, err = pcall(release.check, release)
-  io.stdout:write(("lost %s %d %s %s\n"):format(reason, (uv.hrtime() - t0) // 1e6,
+  f:write(("lost %s %d %s %s\n"):format(reason, (uv.hrtime() - t0) // 1e6,
     ok and "ok" or tostring(err), tostring(release())))
-  io.stdout:flush()
 end)
 ]]
 
-local function output(child)
-  return table.concat(child.out)
+-- A new marker file for a HOLDER child (in the server's directory, removed
+-- with it).
+local function marker_file()
+  return server.dir .. "/markers" .. fresh_name():match("%d+$")
 end
 
--- Until the child's stdout has `pattern` (R.child's wait_for resumes its
--- caller from inside the call when the text is there already).
-local function printed(child, pattern)
-  h.wait_until(function() return output(child):find(pattern) ~= nil end, 10000, pattern)
+local function markers(path)
+  local f = io.open(path)
+  if not f then return "" end
+  local text = f:read("a")
+  f:close()
+  return text
+end
+
+-- The stealer's own marker ("stole FENCE"), between the holder's.
+local function mark(path, text)
+  local f = assert(io.open(path, "a"))
+  f:write(text)
+  f:close()
+end
+
+-- Until the marker file has `pattern`.
+local function printed(path, pattern)
+  h.wait_until(function() return markers(path):find(pattern) ~= nil end, 10000, pattern)
 end
 
 describe("RedisMutex:steal", function()
@@ -66,17 +83,24 @@ describe("RedisMutex:steal", function()
     local c = server:client()
     -- (no watchdog message path: the child took the lock at once, so it
     -- learns it at its next renewal, every 100 ms)
-    local child = R.child(HOLDER, { server.path, name, 30000, 100, 3000, "now" })
-    printed(child, "held %d+\n")
-    local old = math.tointeger(tonumber(output(child):match("held (%d+)")))
+    local log = marker_file()
+    local child = R.child(HOLDER, { server.path, name, 30000, 100, 3000, "now", log })
+    printed(log, "held %d+\n")
+    local old = math.tointeger(tonumber(markers(log):match("held (%d+)")))
     local m = am.RedisMutex.new(c, name)
     local release = m:steal()
+    mark(log, ("stole %d\n"):format(release.fence))
     assert.is_true(release.fence > old)
     -- at once in Redis: the stealer's token alone
     assert.same({ release.token }, holders(c, name))
-    local rc, out, err = child:wait()
+    local rc, _, err = child:wait()
     assert.equal(0, rc, err)
-    local reason, _, check, rel = out:match("lost (%S+) (%d+) (.-) (%S+)\n")
+    -- held, then stolen and told (the told may come before the stealer's
+    -- marker: its renewal can follow the script before our reply is read)
+    local text = markers(log)
+    assert.matches("^held %d+\n", text)
+    assert.matches("\nstole %d+\n", text)
+    local reason, _, check, rel = text:match("\nlost (%S+) (%d+) (.-) (%S+)\n")
     assert.equal("refused", reason)          -- its renewal found the hold gone
     assert.equal(am.E_LOST, check)
     assert.equal("false", rel)
@@ -96,15 +120,22 @@ describe("RedisMutex:steal", function()
       local first = m:acquire()
       -- the child queues behind us (and subscribes), then is handed the
       -- lock; its first renewal is 10 s away (ttl and waiterTimeout 30 s)
-      local child = R.child(HOLDER, { server.path, name, 30000, 10000, 30000, "queue" })
-      printed(child, "queued\n")
+      local log = marker_file()
+      local child = R.child(HOLDER, { server.path, name, 30000, 10000, 30000, "queue", log })
+      printed(log, "queued\n")
       h.wait_until(function() return R.queued(c, name) == 1 end, 5000, "the child queued")
       assert.is_true(first())
-      printed(child, "held %d+\n")
+      printed(log, "held %d+\n")
       local release = m:steal()
-      local rc, out, err = child:wait()
+      mark(log, ("stole %d\n"):format(release.fence))
+      local rc, _, err = child:wait()
       assert.equal(0, rc, err)
-      local reason, ms, check, rel = out:match("lost (%S+) (%d+) (.-) (%S+)\n")
+      local old = math.tointeger(tonumber(markers(log):match("held (%d+)")))
+      assert.is_true(release.fence > old)
+      local text = markers(log)
+      assert.matches("^queued\nheld %d+\n", text)
+      assert.matches("\nstole %d+\n", text)
+      local reason, ms, check, rel = text:match("\nlost (%S+) (%d+) (.-) (%S+)\n")
       assert.equal("stolen", reason)
       assert.is_true(tonumber(ms) < 9000, "told by the message, not the renewal: " .. ms)
       assert.equal(am.E_LOST, check)
