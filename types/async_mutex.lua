@@ -781,11 +781,16 @@ function async_mutex.setErrorHandler(handler) end
 ---@return integer
 function async_mutex.pending() end
 
+---@alias async_mutex.RedisQueryable async_mutex.RedisMutex|async_mutex.RedisSemaphore
+---|async_mutex.KeyedRedisMutex|async_mutex.RedisReentrantMutex|async_mutex.RedisRWLock
+---|async_mutex.KeyedRedisRWLock
+
 ---What holds `lock` and what waits for it: a new snapshot, with or without
----debug mode (README, `am.query`); a keyed set's with `key`.
----@param lock async_mutex.LocalLock
+---debug mode (README, `am.query`); a keyed set's with `key`.  On a Redis
+---lock (docs/redis-locks.md, "Query") it reads the server, and yields.
+---@param lock async_mutex.LocalLock|async_mutex.RedisQueryable
 ---@param key any?
----@return async_mutex.QuerySnapshot
+---@return async_mutex.QuerySnapshot|async_mutex.RedisQuerySnapshot
 function async_mutex.query(lock, key) end
 
 -- luacheck: push ignore 241 (Task and Group: classes of methods, read by nothing)

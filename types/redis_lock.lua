@@ -55,6 +55,22 @@ function RedisReleaser:upgrade() end
 
 
 ---A mutex shared through one Redis server by every process that uses it.
+---A hold or a queued process in a Redis lock's snapshot (`am.query`,
+---docs/redis-locks.md "Query").
+---@class async_mutex.RedisQueryEntry
+---@field mode "exclusive"|"shared"|"weighted"
+---@field weight integer? a RedisSemaphore's
+---@field owner string the request's token, not a coroutine
+---@field client string the id of the client that made it
+---@field mine boolean whether that client is this one
+---@field fence integer? a hold's fencing token
+---@field ttl integer? ms left of a hold's lease, by the server's clock
+---@field depth integer? a RedisReentrantMutex hold of this client
+
+---@class async_mutex.RedisQuerySnapshot
+---@field held async_mutex.RedisQueryEntry[] oldest grant first
+---@field pending async_mutex.RedisQueryEntry[] in the order they will be served
+
 ---@class async_mutex.RedisMutex
 local RedisMutex = {}
 
@@ -97,6 +113,14 @@ function RedisMutex:release() end
 
 ---Rejects this process's waiters with the cancel error.
 function RedisMutex:cancel() end
+
+---Takes the lock at once, whoever holds it (docs/redis-locks.md, "Steal"):
+---every hold in place ends, lost; the stealer's fence is larger than every
+---earlier one; the queue keeps its order.
+---@async
+---@param priority? number checked, orders nothing
+---@return async_mutex.RedisReleaser release
+function RedisMutex:steal(priority) end
 
 
 ---A counting semaphore shared through one Redis server: holders' weights
@@ -147,6 +171,16 @@ function RedisSemaphore:release() end
 ---Rejects this process's waiters with the cancel error.
 function RedisSemaphore:cancel() end
 
+---Takes the lock at once, whoever holds it (docs/redis-locks.md, "Steal"):
+---every hold in place ends, lost; the stealer's fence is larger than every
+---earlier one; the queue keeps its order.
+---@async
+---@param weight? integer default 1, at most the limit
+---@param priority? number
+---@return integer value the limit (every hold ended)
+---@return async_mutex.RedisReleaser release
+function RedisSemaphore:steal(weight, priority) end
+
 
 ---One Redis mutex per key: the lock of `key` is named `prefix .. key`.
 ---@class async_mutex.KeyedRedisMutex
@@ -189,6 +223,21 @@ function KeyedRedisMutex:release(key) end
 ---Rejects this process's waiters of `key`, or of every key when `key` is nil.
 ---@param key? string|number
 function KeyedRedisMutex:cancel(key) end
+
+---Takes the lock at once, whoever holds it (docs/redis-locks.md, "Steal"):
+---every hold in place ends, lost; the stealer's fence is larger than every
+---earlier one; the queue keeps its order.
+---@async
+---@param key string|number
+---@param priority? number
+---@return async_mutex.RedisReleaser release
+function KeyedRedisMutex:steal(key, priority) end
+
+---The holders and queue of `key`'s lock, read from Redis (`am.query`).
+---@async
+---@param key string|number required: the keys are in Redis
+---@return async_mutex.RedisQuerySnapshot
+function KeyedRedisMutex:query(key) end
 
 ---Every key of `keys`, all or nothing: in one atomic request when all their
 ---locks are free, else one by one in the canonical order of the lock names.
@@ -265,6 +314,15 @@ function RedisReentrantMutex:isHeldByMe() end
 ---Rejects this process's waiters with the cancel error.
 function RedisReentrantMutex:cancel() end
 
+---Takes the lock at once, whoever holds it (docs/redis-locks.md, "Steal"):
+---every hold in place ends, lost; the stealer's fence is larger than every
+---earlier one; the queue keeps its order.
+---@async
+---Not by the coroutine that holds it (it would hold it twice).
+---@param priority? number
+---@return async_mutex.RedisReleaser release depth 1
+function RedisReentrantMutex:steal(priority) end
+
 
 ---A readers-writer lock shared through one Redis server: readers of every
 ---process share it, a writer holds it alone (the API of `async_mutex.RWLock`).
@@ -333,6 +391,20 @@ function RedisRWLock:release() end
 
 ---Rejects this process's waiters with the cancel error.
 function RedisRWLock:cancel() end
+
+---Takes the lock at once, whoever holds it (docs/redis-locks.md, "Steal"):
+---every hold in place ends, lost; the stealer's fence is larger than every
+---earlier one; the queue keeps its order.
+---@async
+---@param priority? number
+---@return async_mutex.RedisReleaser release a write hold
+function RedisRWLock:steal(priority) end
+
+---The same, for a read hold (the readers at the queue's head join it).
+---@async
+---@param priority? number
+---@return async_mutex.RedisReleaser release a read hold
+function RedisRWLock:stealRead(priority) end
 
 
 ---A RedisRWLock per key, named `prefix .. key` (the API of `async_mutex.KeyedRWLock`).
@@ -442,6 +514,26 @@ function KeyedRedisRWLock:release(key) end
 ---@param key? string|number
 function KeyedRedisRWLock:cancel(key) end
 
+---Takes `key`'s lock at once for a write (docs/redis-locks.md, "Steal").
+---@async
+---@param key string|number
+---@param priority? number
+---@return async_mutex.RedisReleaser release
+function KeyedRedisRWLock:steal(key, priority) end
+
+---Takes `key`'s lock at once for a read.
+---@async
+---@param key string|number
+---@param priority? number
+---@return async_mutex.RedisReleaser release
+function KeyedRedisRWLock:stealRead(key, priority) end
+
+---The holders and queue of `key`'s lock, read from Redis (`am.query`).
+---@async
+---@param key string|number
+---@return async_mutex.RedisQuerySnapshot
+function KeyedRedisRWLock:query(key) end
+
 
 ---A mutex held by a quorum (a majority) of N independent Redis servers.
 ---@class async_mutex.RedlockMutex
@@ -481,3 +573,7 @@ function RedlockMutex:release() end
 
 ---Rejects this process's waiters with the cancel error.
 function RedlockMutex:cancel() end
+
+---Refused: a Redlock hold is on several independent servers, which no one
+---atomic step can take over (docs/redis-locks.md, "Steal").
+function RedlockMutex:steal() end

@@ -34,7 +34,6 @@ local M = {
   E_LOST = "lock lost: lease expired",          -- docs/semantics.md, Leases and lost holds
   setErrorHandler = core.setErrorHandler,
   pending = core.pending,
-  query = core.query,               -- docs/semantics.md, Query
   spawn = core.spawn,
   group = core.group,
   -- a private semaphore that nobody releases: its requests can only time out
@@ -635,6 +634,20 @@ function M.withSignal(lock, ...)
     argerror(1, "withSignal", "a Redis lock takes no signal")
   end
   return core.withSignal(lock, ...)
+end
+
+--- am.query(lock [, key]): docs/semantics.md, Query.  A Redis lock's
+-- metatable has its own (__query, docs/redis-locks.md "Query"): it asks
+-- the server, and yields.
+do
+  local core_query = core.query
+  function M.query(...)
+    local lock, key = ...
+    local mt = getmetatable(lock)
+    local q = type(mt) == "table" and rawget(mt, "__query")
+    if q then return q(lock, key, 2) end
+    return core_query(...)          -- ("got no value" for no argument)
+  end
 end
 
 return M

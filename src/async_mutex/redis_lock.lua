@@ -21,6 +21,7 @@ local options_of, check_client, new_record, release_name, cancel, state, wait_fo
   base.options_of, base.check_client, base.new_record, base.release_name, base.cancel,
   base.state, base.wait_for_unlock
 local MAX_LIMIT = base.MAX_LIMIT
+local check_steal, steal, query = base.check_steal, base.redis_steal, base.redis_query
 
 local M = {}
 
@@ -83,6 +84,22 @@ end
 function mutex.cancel(self)
   local lk = check_self(self, Mutex, "cancel")
   cancel(lk, nil, nil)
+end
+
+--- steal([priority]): docs/redis-locks.md, "Steal"
+function mutex.steal(self, priority)
+  local lk, limit = check_self(self, Mutex, "steal")
+  check_priority(priority, 1, "steal")
+  check_steal(lk, limit)
+  local release = steal(lk, lk.name, 1)
+  return release
+end
+
+-- am.query(lock): docs/redis-locks.md, "Query" ('n': the key's argument)
+function Mutex.__query(self, key, n)
+  local lk = check_self(self, Mutex, "query")
+  base.check_no_key(lk, key, n)
+  return query(lk, lk.name)
 end
 
 function Mutex.__tostring(lk)
@@ -168,6 +185,21 @@ function semaphore.cancel(self)
   cancel(lk, nil, nil)
 end
 
+function semaphore.steal(self, weight, priority)
+  local lk, limit = check_self(self, Semaphore, "steal")
+  weight = check_weight(lk, weight, 1, "steal")
+  check_priority(priority, 2, "steal")
+  check_steal(lk, limit)
+  local release, value = steal(lk, lk.name, weight)
+  return value, release
+end
+
+function Semaphore.__query(self, key, n)
+  local lk = check_self(self, Semaphore, "query")
+  base.check_no_key(lk, key, n)
+  return query(lk, lk.name, "weighted")
+end
+
 function Semaphore.__tostring(lk)
   return format("async_mutex.RedisSemaphore (%s, %d)", lk.name, lk.limit)
 end
@@ -233,6 +265,27 @@ function keyed.cancel(self, key)
   if key == nil then return cancel(lk, nil, nil) end
   local k = check_key(key, 1, "cancel", lk.name)
   cancel(lk, key, lk.name .. k)
+end
+
+function keyed.steal(self, key, priority)
+  local lk, limit = check_self(self, Keyed, "steal")
+  local k = check_key(key, 1, "steal", lk.name)
+  check_priority(priority, 2, "steal")
+  check_steal(lk, limit)
+  local release = steal(lk, lk.name .. k, 1)
+  return release
+end
+
+-- am.query(set, key) and set:query(key)
+function Keyed.__query(self, key, n)
+  local lk = check_self(self, Keyed, "query")
+  local k = base.check_query_key(lk, key, n, "query")
+  check_usable(lk, "query a Redis lock")
+  return query(lk, lk.name .. k)
+end
+
+function keyed.query(self, key)
+  return Keyed.__query(self, key, 1)
 end
 
 function Keyed.__tostring(lk)

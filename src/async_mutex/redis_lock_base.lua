@@ -158,9 +158,17 @@ local hubs = setmetatable({}, { __mode = "k" })
 -- fences of later grants are larger.  For the same reason a message read
 -- while the waiter has one already (of a grant that a request in flight
 -- may find ended) replaces it when its fence is larger.
+local stolen                         -- (hub, token, fence): below, with the leases
+
 local function on_message(hub, message)
   local token, fence, value = message:match("^(%S+) (%d+) (%-?%d+)$")
-  local w = token and hub.waiters[token]
+  if not token then
+    -- a steal ended the hold (token, fence) of this process
+    token, fence = message:match("^(%S+) (%d+) lost$")
+    if token then stolen(hub, token, tointeger(tonumber(fence))) end
+    return
+  end
+  local w = hub.waiters[token]
   if w then
     fence = tointeger(tonumber(fence))
     if (w.ended and fence <= w.ended) or (w.fence and fence <= w.fence) then return end
@@ -416,6 +424,23 @@ local function lose(lease, reason)
     local ok, err = pcall(lk.on_lost, { name = keys.name, fence = lease.fence,
                                         reason = reason, releaser = lease })
     if not ok then report(err) end
+  end
+end
+
+-- A steal ended the hold of 'token' whose fence is 'fence' (its message,
+-- or the stealer's answer in this process): that hold of this client, if
+-- it still has it, is lost.  The fence tells it from a later grant of the
+-- same token (a waiter that asked again after the steal: a larger fence).
+function stolen(hub, token, fence)
+  for lk in pairs(hub.locks) do
+    for _, holds in pairs(lk.holds) do
+      for i = 1, #holds do
+        local lease = holds[i]
+        if lease.token == token and lease.fence == fence then
+          return lose(lease, "stolen")
+        end
+      end
+    end
   end
 end
 
@@ -1115,6 +1140,85 @@ end
 
 -- }==========================================================
 
+-- {========================================================== steal, query
+-- lock:steal on the Redis locks (docs/redis-locks.md, "Steal"): one
+-- script ends every hold in place and grants the stealer with a new fence
+-- (redis_scripts.lua, steal); the queue keeps its order.  The steal goes
+-- around the lock's local gate: it takes no place in the Redis queue,
+-- which the gate is there to keep to one per process.  Its request is
+-- known to the hub as a waiter's is (close() gives it back), and a grant
+-- not confirmed (replicas) or cut off is given back (Pending).  The holds
+-- it ended in this process are lost at its answer; the other processes
+-- are told by a message on their hand-off channel when they listen, and
+-- otherwise at their next renewal or release, which find the hold gone.
+local function redis_steal(lk, name, weight)
+  local hub = lk.hub
+  if hub.closed then error(CLOSED, 0) end
+  local keys = keys_of(lk, name)
+  local token = hub.id .. ":" .. random_hex()
+  local w <close> = setmetatable({ lk = lk, keys = keys, token = token, done = true },
+                                 Pending)
+  hub.waiters[token] = w
+  if hub.evicts ~= false then eviction(lk) end
+  hub_use(hub)
+  w.done = false
+  local sent = hrtime()
+  -- (the ended holders' channels: the hub channel's form, see channel_of)
+  local prefix = lk.cluster and "{" .. keys.tag .. "}async_mutex:" or "async_mutex:"
+  local r = eval(lk, scripts.steal, keys, token, lk.s_limit,
+                 weight == 1 and "1" or tostring(weight), lk.s_ttl, prefix)
+  if hub.evicts == nil then eviction(lk) end      -- a new connection (see ask)
+  local ended = r[4]
+  for i = 1, #ended, 2 do stolen(hub, ended[i], tointeger(tonumber(ended[i + 1]))) end
+  if lk.replicas then confirm_grant(lk) end       -- else given back (Pending)
+  w.done = true
+  local lease = new_lease(lk, keys, token, tointeger(tonumber(r[2])), sent, lk.ttl)
+  if hub.closed then                  -- (as at the end of redis_acquire)
+    end_after_close(lease)
+    error(CLOSED, 0)
+  end
+  return lease, tointeger(tonumber(r[3]))
+end
+
+-- am.query on the Redis locks (docs/redis-locks.md, "Query"): the holders
+-- and the queue of the lock 'name' as Redis has them, after expiry and
+-- dispatch.  'rw': a readers-writer lock's weights name the mode; a
+-- semaphore's entries ('weighted') have their weight.
+local function redis_query(lk, name, kind)
+  local hub = lk.hub
+  if hub.evicts ~= false then eviction(lk) end
+  if hub.closed then error(CLOSED, 0) end
+  local r = eval(lk, scripts.query, keys_of(lk, name), lk.s_limit)
+  if hub.evicts == nil then eviction(lk) end
+  local now, h, q, c = tonumber(r[1]), r[2], r[3], r[4]
+  local function entry(token, weight)
+    weight = tointeger(tonumber(weight)) or 1
+    local client = token:match("^([^:]+):")
+    local e = { owner = token, client = client, mine = client == hub.id }
+    if kind == "weighted" then
+      e.mode, e.weight = "weighted", weight
+    elseif kind == "rw" then
+      e.mode = weight == lk.limit and "exclusive" or "shared"
+    else
+      e.mode = "exclusive"
+    end
+    return e
+  end
+  local held = {}
+  for i = 1, #h, 2 do
+    local ends, weight, fence = h[i + 1]:match("^(%d+) (%d+) (%d+)")
+    local e = entry(h[i], weight)
+    e.fence, e.ttl = tointeger(tonumber(fence)), tointeger(tonumber(ends) - now)
+    held[#held + 1] = e
+  end
+  -- oldest grant first: fences grow with every grant
+  table.sort(held, function(a, b) return a.fence < b.fence end)
+  local pending = {}
+  for i = 1, #q do pending[i] = entry(q[i], c[i]:match("^(%d+)")) end
+  return { held = held, pending = pending }
+end
+-- }==========================================================
+
 -- {========================================================== locks
 -- A lock record: client, hub, limit (1 for mutexes), options, the local
 -- gate, its waiters in the Redis queue, and the holds of this process by
@@ -1375,6 +1479,36 @@ local function wait_for_unlock(lk, limit, err, name, weight)
   end
 end
 
+-- A steal's refusals, at the user's line ('limit': check_self's): through
+-- tryAcquire (as a local lock's, docs/semantics.md "Steal"), or where it
+-- cannot wait for Redis's answer.
+local function check_steal(lk, limit)
+  if limit == false then
+    error("attempt to steal through tryAcquire (a steal takes the lock whoever holds it)", 3)
+  end
+  check_open(lk.client, 3)
+  if not isyieldable() then error(checks.cannot_yield("steal a Redis lock"), 3) end
+end
+
+-- The key of a keyed set's query (argument n), required: a set's keys are
+-- in Redis, where only a scan could list them.
+local function check_query_key(lk, key, n, fname)
+  if key == nil then
+    argerror(3, n, fname, "key expected: a Redis lock set is queried one key at a time")
+  end
+  return check_key(key, n, fname, lk.name)
+end
+
+-- No key for a lock that has none (am.query(lock, key), argument 2).
+local function check_no_key(lk, key, n)
+  if key ~= nil then
+    argerror(3, n, "query", "no key expected: a " .. getmetatable(lk).__name:match("%.(.*)$")
+      .. " has no keys")
+  end
+  check_open(lk.client, 3)
+  if not isyieldable() then error(checks.cannot_yield("query a Redis lock"), 3) end
+end
+
 local function finish(lk, release, ok, ...)
   if not ok then
     release()
@@ -1399,6 +1533,7 @@ end
 local function decorable(mt)
   local d = { __name = "async_mutex.decorated " .. mt.__name:match("%.(.*)$") }
   d.__index = mt.__index
+  d.__query = mt.__query              -- (am.query, on the lock's own)
   decorated_of[mt] = d
   -- (fname, lock, ms, timeout_error) for withTimeout, (fname, lock,
   -- already_locked_error) for tryAcquire; tail-called by am's decorators,
@@ -1427,7 +1562,9 @@ return {
   lose = lose, forget = forget, new_lease = new_lease, release_lease = release_lease,
   stop_timer = stop_timer,
   eviction = eviction, doze = doze, lock_keys = lock_keys, keys_of = keys_of, split = split,
-  redis_acquire = redis_acquire, replicated = replicated, confirm_grant = confirm_grant,
+  redis_acquire = redis_acquire, redis_steal = redis_steal, redis_query = redis_query,
+  stolen = stolen, check_steal = check_steal, check_query_key = check_query_key,
+  check_no_key = check_no_key, replicated = replicated, confirm_grant = confirm_grant,
   decorated_of = decorated_of, decorable = decorable, check_self = check_self, check_priority = check_priority,
   check_key = check_key, check_usable = check_usable, deadline_of = deadline_of,
   acquire = acquire, OPTIONS = OPTIONS, MAX_MS = MAX_MS, MAX_LIMIT = MAX_LIMIT,

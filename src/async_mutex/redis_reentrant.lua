@@ -16,8 +16,8 @@ local base = require "async_mutex.redis_lock_base"
 local checks = require "async_mutex.checks"
 local uv = require "luv"
 
-local error, getmetatable, pcall, setmetatable, type =
-  error, getmetatable, pcall, setmetatable, type
+local error, getmetatable, ipairs, pcall, setmetatable, type =
+  error, getmetatable, ipairs, pcall, setmetatable, type
 local running, isyieldable = coroutine.running, coroutine.isyieldable
 local format = string.format
 local hrtime = uv.hrtime
@@ -133,6 +133,16 @@ function M.new(client, name, opts)
   return lk
 end
 
+-- The hold of coroutine 'co' on a new grant ('lease'), at depth 1: its
+-- outermost level's releaser.
+local function new_hold(lk, lease, co)
+  local hold = { lease = lease, owner = co, depth = 1 }
+  lk.hold = hold
+  local top = new_level(lk, hold)
+  hold.top = top
+  return top
+end
+
 -- The acquisition of the running coroutine: one more level of its hold,
 -- at once; or a new hold, through the gate and the Redis queue.  The
 -- misuse errors at the user's line (level 3: the caller of the method).
@@ -147,12 +157,7 @@ local function acquire(lk, limit, err, priority)
   if not isyieldable() then
     error(checks.cannot_yield("acquire a Redis lock"), 3)
   end
-  local lease = base.acquire(lk, limit, err, nil, lk.name, 1, priority)
-  hold = { lease = lease, owner = co, depth = 1 }
-  lk.hold = hold
-  local top = new_level(lk, hold)
-  hold.top = top
-  return top
+  return new_hold(lk, base.acquire(lk, limit, err, nil, lk.name, 1, priority), co)
 end
 
 function methods.acquire(self, priority)
@@ -214,6 +219,37 @@ end
 function methods.cancel(self)
   local lk = check_self(self, Reentrant, "cancel")
   base.cancel(lk, nil, nil)
+end
+
+--- steal([priority]): docs/redis-locks.md, "Steal".  The stealer holds at
+-- depth 1; the hold it ended (of this process or another) loses every
+-- level.  The coroutine holding it cannot steal it (it would hold it
+-- twice), as a local ReentrantMutex refuses (docs/semantics.md, "Steal").
+function methods.steal(self, priority)
+  local lk, limit = check_self(self, Reentrant, "steal")
+  check_priority(priority, 1, "steal")
+  base.check_steal(lk, limit)
+  local co = running()
+  local hold = current_hold(lk)
+  if hold and hold.owner == co then
+    error("attempt to steal a reentrant mutex that this coroutine holds"
+      .. " (it would hold it twice)", 2)
+  end
+  -- (the hold of another coroutine here was lost by the steal's answer,
+  -- and its onLost cleared lk.hold)
+  return new_hold(lk, base.redis_steal(lk, lk.name, 1), co)
+end
+
+function Reentrant.__query(self, key, n)
+  local lk = check_self(self, Reentrant, "query")
+  base.check_no_key(lk, key, n)
+  local q = base.redis_query(lk, lk.name)
+  -- this process's holder: the coroutine and its levels
+  local hold = current_hold(lk)
+  for _, e in ipairs(q.held) do
+    if hold and e.owner == hold.lease.token then e.depth = hold.depth end
+  end
+  return q
 end
 
 function Reentrant.__tostring(lk)

@@ -248,6 +248,27 @@ function methods.cancel(self)
   base.cancel(lk, nil, nil)
 end
 
+--- steal([priority]) (a write hold), stealRead([priority]) (a read hold):
+-- every hold in place ends, readers and writers alike (docs/redis-locks.md,
+-- "Steal"); the readers at the queue's head join a read steal.
+local function steal_method(name, weight)
+  return function(self, priority)
+    local lk, limit = check_self(self, RW, name)
+    check_priority(priority, 1, name)
+    base.check_steal(lk, limit)
+    local release = base.redis_steal(lk, lk.name, weight)
+    if weight == WRITE then writes[release] = true end
+    return release
+  end
+end
+methods.steal, methods.stealRead = steal_method("steal", WRITE), steal_method("stealRead", 1)
+
+function RW.__query(self, key, n)
+  local lk = check_self(self, RW, "query")
+  base.check_no_key(lk, key, n)
+  return base.redis_query(lk, lk.name, "rw")
+end
+
 function RW.__tostring(lk)
   return format("async_mutex.RedisRWLock (%s)", lk.name)
 end
@@ -374,6 +395,31 @@ function keyed.cancel(self, key)
   if key == nil then return base.cancel(lk, nil, nil) end
   local k = check_key(key, 1, "cancel", lk.name)
   base.cancel(lk, key, lk.name .. k)
+end
+
+local function keyed_steal_method(name, weight)
+  return function(self, key, priority)
+    local lk, limit = check_self(self, Keyed, name)
+    local k = check_key(key, 1, name, lk.name)
+    check_priority(priority, 2, name)
+    base.check_steal(lk, limit)
+    local release = base.redis_steal(lk, lk.name .. k, weight)
+    if weight == WRITE then writes[release] = true end
+    return release
+  end
+end
+keyed.steal, keyed.stealRead = keyed_steal_method("steal", WRITE),
+  keyed_steal_method("stealRead", 1)
+
+function Keyed.__query(self, key, n)
+  local lk = check_self(self, Keyed, "query")
+  local k = base.check_query_key(lk, key, n, "query")
+  base.check_usable(lk, "query a Redis lock")
+  return base.redis_query(lk, lk.name .. k, "rw")
+end
+
+function keyed.query(self, key)
+  return Keyed.__query(self, key, 1)
 end
 
 function Keyed.__tostring(lk)

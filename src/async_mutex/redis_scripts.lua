@@ -418,6 +418,59 @@ end
 return {u, q, first_end()}
 ]]
 
+--- steal: ARGV token, limit, weight, ttl, prefix.  A forced takeover
+-- (docs/redis-locks.md, "Steal"): every hold in place ends (its record
+-- goes: its renewal and release then find it gone and fail, as for a
+-- lease that ran out), the token is granted 'weight' with a new fence,
+-- and the queue is left as it was, then dispatched (what the ended holds
+-- gave back beyond the steal's weight goes to its head).  Each ended
+-- holder's process is told on its hand-off channel (prefix .. the
+-- process id that begins its token) by "token fence lost", which a
+-- hand-off's pattern does not match.  Returns {1, fence, limit, {token,
+-- fence, ...}}: the ended holds.
+M.steal = PRELUDE .. [[
+local token, limit, weight, ttl, prefix =
+  ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
+held()
+expire_waiters()
+local all = redis.call('HGETALL', H)
+redis.call('DEL', H)
+first, last = nil, nil              -- (N:h now holds the stealer's lease alone)
+local fence = grant(token, weight, ttl, limit)
+local ended = {}
+for i = 1, #all, 2 do
+  local old, f = all[i], string.match(all[i + 1], '^%d+ %d+ (%d+)')
+  ended[#ended + 1] = old
+  ended[#ended + 1] = f
+  local id = string.match(old, '^([^:]+):')
+  if id then
+    local ch = prefix .. id
+    redis.call(string.byte(ch) == 123 and 'SPUBLISH' or 'PUBLISH', ch, old .. ' ' .. f .. ' lost')
+  end
+end
+local u = dispatch(limit, weight)
+keep()
+if u < limit and redis.call('EXISTS', Q) == 0 and redis.call('DEL', F) == 1 then
+  redis.call('PUBLISH', F, '')
+end
+return {1, fmt(fence), limit, ended}
+]]
+
+--- query: ARGV limit.  The holders and the queue after expiry and
+-- dispatch (as state), for am.query: {now, {token, record, ...} of N:h,
+-- {token, arrival, ...} of N:q in order, {token, record, ...} of N:c}.
+M.query = PRELUDE .. [[
+local limit = tonumber(ARGV[1])
+local u = held()
+expire_waiters()
+dispatch(limit, u)
+keep()
+local q = redis.call('ZRANGE', Q, 0, -1)
+local c = {}
+for i = 1, #q do c[i] = redis.call('HGET', C, q[i]) or '' end
+return {fmt(now), redis.call('HGETALL', H), q, c}
+]]
+
 -- For the scripts of the kinds built on this structure (redis_rwlock.lua).
 M.PRELUDE = PRELUDE
 

@@ -884,6 +884,22 @@ function methods.cancel(self)
   end
 end
 
+--- steal(), am.query: refused (docs/redis-locks.md, "Steal"): a hold here
+-- is a quorum of independent servers, and no one script can end it and
+-- grant another on all of them at once; nor does one server's queue say
+-- who holds.
+function methods.steal(self)
+  base.check_self(self, Redlock, "steal")
+  error("attempt to steal a Redlock mutex (its hold is on several independent servers:"
+    .. " no one atomic step can end it everywhere)", 2)
+end
+
+function Redlock.__query(self)
+  base.check_self(self, Redlock, "query")
+  error("attempt to query a Redlock mutex (its holds and queues are on several"
+    .. " independent servers)", 2)
+end
+
 function Redlock.__tostring(rl)
   return format("async_mutex.RedlockMutex (%s, %d servers, quorum %d)", rl.name, rl.n, rl.quorum)
 end
