@@ -250,7 +250,9 @@ function R.run_sequence(seed, nops)
     local ok, r2 = pcall(hd.rel.downgrade, hd.rel)
     if ok then
       hd.ended = true
-      held(lk, hd.key, r2, nil, hd.how .. " downgraded", "read")
+      -- (a steal by a hook after the commit ends the read hold: a steal
+      -- moves 'epoch' on, so the read hold is then one that may be over)
+      held(lk, hd.key, r2, e0, hd.how .. " downgraded", "read")
     elseif not hd.ended and lk.epoch == e0 then
       violation("downgrade: " .. tostring(r2))
     else
