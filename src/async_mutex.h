@@ -23,6 +23,8 @@
 **   decorated.c        withTimeout and tryAcquire: decorated locks, whose
 **                      requests have a limit; every other method is the
 **                      lock's own
+**   run.c              runExclusive's body, between the grant and its
+**                      release
 **   scheduler.c        the ready list, the timers, the anchors of waiting
 **                      coroutines, and the luv handles that resume them;
 **                      the chores of the next loop turn (reports of
@@ -302,6 +304,9 @@ typedef struct Request {
   Key priority;
   int sigidx;                 /* stack index of its signal (withSignal), or
                                  0: none */
+  int fnidx;                  /* runExclusive's: the stack index of its
+                                 body, just above the indices above (run.c);
+                                 0: none */
 } Request;
 
 /*
@@ -539,6 +544,8 @@ int am_push_lease (lua_State *L, int lockidx, int lostidx, Lock *lk,
 void am_lease_end (lua_State *L, Releaser *r);
 void am_lease_lost (lua_State *L, Waiter *w);
 int am_releaser_check (lua_State *L);
+int am_hold_check (lua_State *L, int idx);
+int am_release_hold (lua_State *L, int idx);
 
 /* steal.c */
 int am_steal (lua_State *L, Request *rq);
@@ -589,6 +596,9 @@ int am_withSignal (lua_State *L);
 int am_decorated_request (lua_State *L, int kind, const char *fname,
                           lua_Integer mode);
 void am_steal_decorated (lua_State *L, AmType t);
+
+/* run.c */
+int am_run_body (lua_State *L, int fnidx, int n);
 
 /* scheduler.c */
 State *am_state_open (lua_State *L);

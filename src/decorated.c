@@ -328,13 +328,14 @@ static int decorated_waitForUnlock (lua_State *L) {
 
 
 /*
-** The request of runExclusive(self, fn, ...) on a Mutex or Semaphore
-** ('t'), plain or decorated: checks self and fn, then acquires, with the
-** arguments numbered as runExclusive's (fn is #1).  One C call where the
-** Lua layer would make three.  Returns what acquire returns.
+** runExclusive(self, fn, ...) of a Mutex or Semaphore ('t'), plain or
+** decorated: checks self and fn, acquires, with the arguments numbered as
+** runExclusive's (fn is #1), then runs fn (run.c).  fn stays on the stack
+** just above what the request keeps (Request.fnidx): at 2 for a plain
+** lock; a decorated one's limit, lost error and signal go below it.
 */
 int am_run_request (lua_State *L, AmType t) {
-  Request rq = {.kind = W_ACQUIRE, .first = 2, .base = 0,
+  Request rq = {.kind = W_ACQUIRE, .first = 3, .base = 1,
                 .fname = "runExclusive"};
   Decorated *d = NULL;
   void *lk = am_testself(L, 1, t);
@@ -351,13 +352,13 @@ int am_run_request (lua_State *L, AmType t) {
     }
     lua_pop(L, 1);
   }
-  lua_remove(L, 2);                           /* self ... */
   if (d != NULL) {
-    rq.first = 3;
-    rq.base = 1;
+    rq.first = 4;
+    rq.base = 2;
     lk = undecorate(L, d, &rq);
   }
-  return am_lock_request(L, (Lock *)lk, &rq);
+  rq.fnidx = rq.first - 1;
+  return am_run_body(L, rq.fnidx, am_lock_request(L, (Lock *)lk, &rq));
 }
 
 

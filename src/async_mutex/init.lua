@@ -90,11 +90,12 @@ end
 
 
 -- {========================================================== runExclusive
--- The releaser is to-be-closed: it releases when runExclusive returns, and
--- when the coroutine is closed while fn is suspended.  fn's error is
--- caught so as to release before it propagates (an error that kills a
--- coroutine closes nothing until the coroutine is closed), then re-raised
--- unchanged (level 0).
+-- A Mutex's and a Semaphore's runExclusive is the C core's (run.c).  The
+-- other kinds' do the same here: the releaser is to-be-closed: it
+-- releases when runExclusive returns, and when the coroutine is closed
+-- while fn is suspended.  fn's error is caught so as to release before it
+-- propagates (an error that kills a coroutine closes nothing until the
+-- coroutine is closed), then re-raised unchanged (level 0).
 
 -- A hold lost while fn ran (a lease ran out) raises the lost error once
 -- fn returns (releaser:check(), lease.c); fn's results are dropped.
@@ -115,21 +116,7 @@ local function check_fn(fn, n)
   end
 end
 
-local run = {}
-
--- A Mutex's or Semaphore's runExclusive checks self and fn and acquires in
--- one C call (Class.enter), numbering arguments as runExclusive does.
-local enter_mutex, enter_semaphore = core.Mutex.enter, core.Semaphore.enter
-
-function run.Mutex(self, fn, priority)
-  local release <close> = enter_mutex(self, fn, priority)
-  return finish(release, pcall(fn))
-end
-
-function run.Semaphore(self, fn, weight, priority)
-  local value, release <close> = enter_semaphore(self, fn, weight, priority)
-  return finish(release, pcall(fn, value))
-end
+local run = { Mutex = core.Mutex.runExclusive, Semaphore = core.Semaphore.runExclusive }
 
 function run.KeyedMutex(self, key, fn, priority)
   check_self(self, "KeyedMutex", "runExclusive")
@@ -385,8 +372,7 @@ end
 
 -- The functions above that call requests, and how the user numbers the
 -- arguments they pass on: {name, from, shift}: the request's argument #n,
--- n >= from, is the user's #n + shift.  (run.Mutex and run.Semaphore's
--- request numbers them as the user does.)
+-- n >= from, is the user's #n + shift.
 core.layer(SOURCE, {
   [run.KeyedMutex] = { "runExclusive", 2, 1 },
   [run.KeyedSemaphore] = { "runExclusive", 2, 1 },
