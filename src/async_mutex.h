@@ -424,7 +424,7 @@ struct State {
   int idle, timer, idle_start, idle_stop, timer_start, timer_stop, now;
   int new_idle, new_timer, is_closing;
   int on_idle, on_timer, handler;
-  int layer_source, layer_wrappers;  /* the Lua layer (args.c: am_layer) */
+  int layer_sources, layer_wrappers;  /* the Lua layer (args.c: am_layer) */
   int anchors;                       /* keeps the anchor threads alive */
   int keyedlocks;                    /* weak: address -> keyed lock in a set */
   int stolen;                        /* weak keys: lock -> its exclusive
@@ -473,6 +473,11 @@ int am_argerror (lua_State *L, int idx, int base, const char *fname,
                  const char *msg);
 int am_usage_error (lua_State *L, const char *fmt, ...);
 int am_layer (lua_State *L);
+int am_in_layer (lua_State *L, State *st, const char *source);
+int am_typeerror (lua_State *L, int idx, int base, const char *fname,
+                  const char *expected);
+int am_core_argerror (lua_State *L);
+int am_core_typeerror (lua_State *L);
 lua_Integer am_optweight (lua_State *L, int idx, int base,
                           const char *fname);
 lua_Integer am_checkcount (lua_State *L, int idx);

@@ -587,16 +587,10 @@ void am_dbg_request (lua_State *L, const Request *rq) {
 ** (runExclusive and the like); 0 if none.
 */
 static int user_level (lua_State *L, State *st, lua_Debug *ar) {
-  const char *layer = NULL;
   int level;
-  if (st->layer_source != LUA_NOREF) {
-    lua_rawgeti(L, LUA_REGISTRYINDEX, st->layer_source);
-    layer = lua_tostring(L, -1);          /* anchored by the registry */
-    lua_pop(L, 1);
-  }
   for (level = 1; lua_getstack(L, level, ar); level++) {
     lua_getinfo(L, "S", ar);
-    if (ar->what[0] != 'C' && (layer == NULL || strcmp(ar->source, layer) != 0))
+    if (ar->what[0] != 'C' && !am_in_layer(L, st, ar->source))
       return level;
   }
   return 0;

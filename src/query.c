@@ -245,8 +245,7 @@ static int query (lua_State *L, int base, const char *fname) {
       kd = lk == NULL ? am_tokeyed(L, 1) : NULL;
     }
   if (lk == NULL && kd == NULL)
-    am_argerror(L, 1, base, fname, lua_pushfstring(L,
-                "async_mutex lock expected, got %s", am_typename(L, 1)));
+    am_typeerror(L, 1, base, fname, "async_mutex lock");
   if (kd != NULL) return keyed_query(L, kd, base, fname);
   if (!lua_isnoneornil(L, 2))
     am_argerror(L, 2, base, fname, lua_pushfstring(L,

@@ -833,7 +833,7 @@ static void init_state (State *st) {
   st->timer_start = st->timer_stop = st->now = LUA_NOREF;
   st->new_idle = st->new_timer = st->is_closing = LUA_NOREF;
   st->on_idle = st->on_timer = st->handler = LUA_NOREF;
-  st->layer_source = st->layer_wrappers = LUA_NOREF;
+  st->layer_sources = st->layer_wrappers = LUA_NOREF;
   st->anchors = st->keyedlocks = st->stolen = LUA_NOREF;
   st->dbg = LUA_NOREF;
   st->dbg_flags = 0;
