@@ -478,6 +478,31 @@ static AM_COLD void aborted_meanwhile (lua_State *L, const Request *rq,
 
 
 /*
+** The NEW waiter 'w' of 'rq', anchored and decided, joins the queue of
+** 'lk' (and the timer queue, from 'now', and its signal's list), and the
+** calling coroutine waits until the scheduler resumes it with an outcome
+** (finish_request, or runExclusive's finish_run).
+*/
+static int wait_queued (lua_State *L, Request *rq, Lock *lk, Waiter *w,
+                        lua_Number now) {
+  if (lk->freed) {                 /* a finalizer run by lua_close */
+    am_unanchor(L, w);
+    am_usage_error(L,
+                   "attempt to wait for a lock while the Lua state is closing");
+  }
+  am_enqueue(L, lk, w, &rq->priority);
+  queued(w);
+  if (rq->wait == AM_TIMEOUT) am_timer_add(L, lk->st, w, now, rq->ms);
+  if (rq->sigidx != 0) link_signal(L, rq, w);
+  /* a task cancelled while it ran is closed once it waits (task.c) */
+  if (lk->st->ncanceling > 0) am_task_waits(L, lk->st);
+  am_sync(L, lk->st);                      /* arms the timer */
+  return lua_yieldk(L, 0, (lua_KContext)w,
+                    rq->fnidx != 0 ? finish_run : finish_request);
+}
+
+
+/*
 ** Suspends the calling coroutine in a new waiter for 'rq', queued, until
 ** the scheduler resumes it with an outcome (finish_request).
 */
@@ -535,20 +560,7 @@ static int suspend (lua_State *L, Request *rq) {
     am_unanchor(L, w);            /* never queued: its __close is a no-op */
     return grant_now(L, rq, lk, now);
   }
-  if (lk->freed) {                 /* a finalizer run by lua_close */
-    am_unanchor(L, w);
-    am_usage_error(L,
-                   "attempt to wait for a lock while the Lua state is closing");
-  }
-  am_enqueue(L, lk, w, &rq->priority);
-  queued(w);
-  if (timed) am_timer_add(L, lk->st, w, now, rq->ms);
-  if (rq->sigidx != 0) link_signal(L, rq, w);
-  /* a task cancelled while it ran is closed once it waits (task.c) */
-  if (lk->st->ncanceling > 0) am_task_waits(L, lk->st);
-  am_sync(L, lk->st);                      /* arms the timer */
-  return lua_yieldk(L, 0, (lua_KContext)w,
-                    rq->fnidx != 0 ? finish_run : finish_request);
+  return wait_queued(L, rq, lk, w, now);
 }
 
 
