@@ -39,7 +39,10 @@
 **                      aborted together
 **   query.c            am.query and km:query: a snapshot of the holds
 **                      and requests of a lock
-**   debug.c            debug mode's hooks into the Lua module
+**   debug.c            debug mode's hooks into the Lua module; its owner
+**                      records (debug_records.c, debug_hash.c, debug.h),
+**                      the request hook (debug_deadlock.c), the reads of
+**                      the debug module (debug_read.c)
 **                      async_mutex.debug, and what it may read
 */
 
@@ -83,7 +86,8 @@
 #define AM_E_CANCELED "request for lock canceled"
 #define AM_E_MAX_PENDING  "too many pending requests for this key"
 #define AM_E_LOST     "lock lost: lease expired"
-/* raised by debug mode at a request that would wait for ever (debug.c) */
+/* raised by debug mode at a request that would wait for ever
+   (debug_deadlock.c) */
 #define AM_E_DEADLOCK "deadlock: the request would wait for ever"
 
 
@@ -380,7 +384,7 @@ struct Lock {
   int freed;                  /* its __gc ran (only lua_close does that
                                  to a lock in use): no more waiting */
   int dbg;                    /* debug mode: its newest owner record (a
-                                 slot of debug.c's table), or -1; in the
+                                 slot of debug_records.c's), or -1; in the
                                  padding after 'freed' */
   Keyed *keyed;               /* the keyed set serving this lock, or NULL */
   int selfref;                /* keyed: 0 while in its set (and in the
@@ -434,8 +438,8 @@ struct State {
   int dbg;                           /* debug mode's hooks (debug.c), or
                                         LUA_NOREF: off */
   int dbg_flags;                     /* its flags, read once (debug.c) */
-  DebugRecords *dbg_recs;            /* its owner records (debug.c), or
-                                        NULL */
+  DebugRecords *dbg_recs;            /* its owner records
+                                        (debug_records.c), or NULL */
   lua_State **athreads;              /* anchor threads (scheduler.c) */
   int nathreads;
   int nanchors, free_anchor;         /* their slots; first free one, or 0 */

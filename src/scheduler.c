@@ -440,7 +440,7 @@ static void drop_anchor (State *st, int ref) {
 }
 
 
-/* Pushes the coroutine anchored by 'w', or nil (debug.c's reads). */
+/* Pushes the coroutine anchored by 'w', or nil (debug_read.c's reads). */
 void am_push_anchored (lua_State *L, const Waiter *w) {
   State *st = w->r.lock->st;
   lua_State *A;

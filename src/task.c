@@ -1008,7 +1008,7 @@ static void push_where (lua_State *L, State *st, lua_State *co) {
 ** The waiter of coroutine 'co', anchored by the scheduler: the
 ** to-be-closed userdata at the top of its waiting frame (waiter.c,
 ** suspend), if it has the waiters' metatable; else NULL.  (Debug mode's
-** request hook asks it too: debug.c, alone_and_fits.)
+** request hook asks it too: debug_deadlock.c, alone_and_fits.)
 */
 Waiter *am_waiter_of (lua_State *L, lua_State *co) {
   int top = lua_gettop(co), same;

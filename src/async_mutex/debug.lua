@@ -46,7 +46,7 @@ local OURS = { [OWN] = true }
 local CANONICAL = {}
 
 local opts                        -- the options while on, else nil
--- An owner record as core.dbg_records makes it (src/debug.c: V_*; the
+-- An owner record as core.dbg_records makes it (src/debug.h: V_*; the
 -- records themselves are C structs), then this module's caches.
 local LOCK, REL, HOLDER, SINCE, FN, LINE, WEIGHT, WHERE, LEASED, LOCKID = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10
 local SITE, CANON, WARNED = 11, 13, 14
@@ -333,7 +333,7 @@ local function lock_facts(lock)
 end
 
 --- Could a request for 'weight' of 'lock' (facts 'f') be granted once every
--- holder not doomed has given back?  The rule is C's (src/debug.c,
+-- holder not doomed has given back?  The rule is C's (src/debug_deadlock.c,
 -- fits_outside), which the request hook applies too.
 local function could_fit(lock, f, weight)
   return core.dbg_fits(lock, weight, f.inside, f.inside_w, f.writers)
@@ -344,7 +344,7 @@ end
 -- greatest set of waiting coroutines (R among them, as if it waited) none
 -- of which can be granted on the releases of the holders outside the set.
 -- 'held': R's records; 'behind': someone would be queued behind R's
--- request (src/debug.c, served_after).
+-- request (src/debug_deadlock.c, served_after).
 --
 -- Every earlier request that could wait was searched too, so no such set
 -- exists before R's: one that R's request makes holds R and only
@@ -764,7 +764,7 @@ local function on_created(obj)
   created[obj] = (user_frame())
 end
 
---- The table core.debug() takes (src/debug.c: its layout): the hooks, the
+--- The table core.debug() takes (src/debug.h: its layout): the hooks, the
 -- flags.
 local function hook_table(o)
   return { on_request, on_granted, on_released, on_created,
