@@ -216,3 +216,99 @@ describe("Semaphore:runExclusive", function()
     assert.equal(1, res[2])
   end))
 end)
+
+-- A request that waited gets its grant in the wait's continuation, and
+-- runs fn from there (src/run.c): the same rules as a grant at once.
+describe("runExclusive after a wait", function()
+  it("releases when the coroutine is closed while fn is suspended", h.async(function()
+    local m = am.Mutex.new()
+    local r = m:acquire()
+    local entered = false
+    local co = coroutine.create(function()
+      m:runExclusive(function() entered = true; coroutine.yield() end)
+    end)
+    assert(coroutine.resume(co))
+    r()
+    h.wait_until(function() return entered end)
+    assert.is_true(m:isLocked())
+    assert.is_true(coroutine.close(co))
+    assert.is_false(m:isLocked())
+  end))
+
+  it("ignores a resume by anyone but the scheduler, and runs fn once when granted", h.async(function()
+    local m = am.Mutex.new()
+    local r = m:acquire()
+    local calls, res = 0, nil
+    local co = coroutine.create(function()
+      res = table.pack(m:runExclusive(function() calls = calls + 1; return "a", nil end))
+    end)
+    assert(coroutine.resume(co))
+    assert(coroutine.resume(co, "stray"))     -- still waiting
+    assert.equal(0, calls)
+    assert.equal("suspended", coroutine.status(co))
+    r()
+    h.wait_until(function() return res ~= nil end)
+    assert.equal(1, calls)
+    assert.same({ n = 2, "a", nil }, res)
+    assert.is_false(m:isLocked())
+  end))
+
+  it("raises E_LOST once fn returns when a steal ended the hold, and drops fn's results", h.async(function()
+    local m = am.Mutex.new()
+    local r = m:acquire()
+    local got, stolen
+    h.spawn(function()
+      got = { pcall(m.runExclusive, m, function() h.tick(); h.tick(); return "dropped" end) }
+    end)
+    r()
+    h.tick()
+    stolen = m:steal()
+    h.wait_until(function() return got ~= nil end)
+    assert.same({ false, am.E_LOST }, got)
+    assert.is_true(m:isLocked())               -- the stealer's hold stands
+    assert.is_true(stolen())
+  end))
+
+  it("raises a lease's lost error once fn returns when the lease ran out", h.async(function()
+    local m = am.Mutex.new()
+    local lost = { "lost" }
+    local lm = am.withLease(m, 20, lost)
+    local r = m:acquire()
+    local got
+    h.spawn(function()
+      got = { pcall(lm.runExclusive, lm, function(...) h.sleep(60); return select("#", ...) end) }
+    end)
+    r()
+    h.wait_until(function() return got ~= nil end)
+    assert.is_false(got[1])
+    assert.is_true(rawequal(lost, got[2]))
+    assert.is_false(m:isLocked())
+  end))
+
+  it("gives a Semaphore's fn its value, and releases the weight when fn raises", h.async(function()
+    local s = am.Semaphore.new(0)
+    local e = {}
+    local got
+    h.spawn(function()
+      got = { pcall(s.runExclusive, s, function(v) h.tick(); error({ v = v, e = e }) end, 2) }
+    end)
+    s:setValue(3)
+    h.wait_until(function() return got ~= nil end)
+    assert.is_false(got[1])
+    assert.equal(3, got[2].v)
+    assert.is_true(rawequal(e, got[2].e))
+    assert.equal(3, s:getValue())
+  end))
+
+  it("times out through withTimeout without calling fn", h.async(function()
+    local m = am.Mutex.new()
+    local r = m:acquire()
+    local called = false
+    local ok, err = pcall(am.withTimeout(m, 5).runExclusive, am.withTimeout(m, 5),
+      function() called = true end)
+    assert.is_false(ok)
+    assert.equal(am.E_TIMEOUT, err)
+    assert.is_false(called)
+    r()
+  end))
+end)

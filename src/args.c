@@ -45,10 +45,12 @@ void *am_checkself (lua_State *L, AmType t) {
 /* {====================================================== positions */
 
 /*
-** core.layer(source, wrappers): the Lua layer's chunk name, and its
-** public functions that call requests: wrappers[fn] = {name, from,
-** shift}: fn is the user's 'name', where the request's argument #n, for
-** n >= from, is argument #n + shift.
+** core.layer(source, wrappers): a chunk of the Lua layer (the module's
+** Lua files that raise on the user's behalf: init.lua, debug.lua), whose
+** frames errors pass over to find the user's call; and its public
+** functions that call requests: wrappers[fn] = {name, from, shift}: fn
+** is the user's 'name', where the request's argument #n, for n >= from,
+** is argument #n + shift.  The chunks are a list (State.layer_sources).
 */
 int am_layer (lua_State *L) {
   State *st = am_getstate(L);
@@ -61,8 +63,14 @@ int am_layer (lua_State *L) {
     lua_setfield(L, -2, "__mode");
     lua_setmetatable(L, -2);
     st->layer_wrappers = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_newtable(L);
+    st->layer_sources = luaL_ref(L, LUA_REGISTRYINDEX);
+  }
+  if (!am_in_layer(L, st, lua_tostring(L, 1))) {  /* a chunk loaded again */
+    lua_rawgeti(L, LUA_REGISTRYINDEX, st->layer_sources);
     lua_pushvalue(L, 1);
-    st->layer_source = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_rawseti(L, -2, (lua_Integer)lua_rawlen(L, -2) + 1);
+    lua_pop(L, 1);
   }
   lua_rawgeti(L, LUA_REGISTRYINDEX, st->layer_wrappers);
   lua_pushnil(L);
@@ -76,43 +84,61 @@ int am_layer (lua_State *L) {
 
 
 /*
+** Whether 'source' is a chunk of the Lua layer.  Allocates nothing (so
+** no finalizer runs): it serves the reports of debug mode and am.run too.
+*/
+int am_in_layer (lua_State *L, State *st, const char *source) {
+  int i;
+  if (st->layer_sources == LUA_NOREF) return 0;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, st->layer_sources);
+  for (i = 1; lua_rawgeti(L, -1, i) == LUA_TSTRING; i++) {
+    int same = strcmp(lua_tostring(L, -1), source) == 0;
+    lua_pop(L, 1);
+    if (same) {
+      lua_pop(L, 1);
+      return 1;
+    }
+  }
+  lua_pop(L, 2);
+  return 0;
+}
+
+
+/*
 ** Pushes where a usage error belongs, as luaL_where does: the user's call.
 ** Level 1 called the C function raising; while it is a function of the
 ** Lua layer, the user called that one: go up.  The outermost public
 ** function of the layer passed gives the name and the argument number
-** the user sees ('*fname', '*n').
+** the user sees ('*fname', '*n'; NULL: keep them).
 */
 static void where_user (lua_State *L, const char **fname, int *n) {
   State *st = am_getstate(L);
-  const char *source;
   lua_Debug ar;
   int level = 1;
-  if (st->layer_source == LUA_NOREF) {
+  if (st->layer_wrappers == LUA_NOREF) {
     luaL_where(L, 1);
     return;
   }
-  lua_rawgeti(L, LUA_REGISTRYINDEX, st->layer_source);
   lua_rawgeti(L, LUA_REGISTRYINDEX, st->layer_wrappers);
-  source = lua_tostring(L, -2);
   while (lua_getstack(L, level, &ar)) {
     lua_getinfo(L, "Sf", &ar);                    /* pushes the function */
-    if (strcmp(ar.source, source) != 0) {         /* the user's */
+    if (!am_in_layer(L, st, ar.source)) {         /* the user's */
       lua_pop(L, 1);
       break;
     }
-    if (lua_rawget(L, -2) == LUA_TTABLE) {        /* a public function */
+    if (fname != NULL && lua_rawget(L, -2) == LUA_TTABLE) {  /* public */
       lua_rawgeti(L, -1, 1);
       lua_rawgeti(L, -2, 2);
       lua_rawgeti(L, -3, 3);
-      if (fname != NULL) *fname = lua_tostring(L, -3);  /* anchored */
-      if (n != NULL && *n >= lua_tointeger(L, -2))
+      *fname = lua_tostring(L, -3);               /* anchored */
+      if (*n >= lua_tointeger(L, -2))
         *n += (int)lua_tointeger(L, -1);
       lua_pop(L, 3);
     }
     lua_pop(L, 1);
     level++;
   }
-  lua_pop(L, 2);
+  lua_pop(L, 1);
   luaL_where(L, level);
 }
 
@@ -130,6 +156,48 @@ int am_argerror (lua_State *L, int idx, int base, const char *fname,
   lua_pushfstring(L, "%sbad argument #%d to '%s' (%s)", lua_tostring(L, -1),
                   n, fname, msg);
   return lua_error(L);
+}
+
+
+/* am_argerror saying "<expected> expected, got <the type at idx>". */
+int am_typeerror (lua_State *L, int idx, int base, const char *fname,
+                  const char *expected) {
+  lua_pushfstring(L, "%s expected, got %s", expected, am_typename(L, idx));
+  return am_argerror(L, idx, base, fname, lua_tostring(L, -1));
+}
+
+
+/*
+** The one argument error of the Lua modules: core.argerror(n, fname, msg
+** [, level]) raises "bad argument #n to 'fname' (msg)" at the user's call
+** (the first frame outside the Lua layer: core.layer), or given a level,
+** at that one (1: the caller of core.argerror, as error()'s).
+** core.typeerror(n, fname, expected, value) raises it saying "<expected>
+** expected, got <value's __name or type>" ("no value" when there is
+** none).  The names are the caller's own, and its argument numbers.
+*/
+static int raise_argerror (lua_State *L, int n, const char *fname,
+                           const char *msg, int level) {
+  if (level > 0) luaL_where(L, level);
+  else where_user(L, NULL, NULL);
+  lua_pushfstring(L, "%sbad argument #%d to '%s' (%s)", lua_tostring(L, -1),
+                  n, fname, msg);
+  return lua_error(L);
+}
+
+int am_core_argerror (lua_State *L) {
+  int n = (int)luaL_checkinteger(L, 1);
+  const char *fname = luaL_checkstring(L, 2);
+  const char *msg = luaL_checkstring(L, 3);
+  return raise_argerror(L, n, fname, msg, (int)luaL_optinteger(L, 4, 0));
+}
+
+int am_core_typeerror (lua_State *L) {
+  int n = (int)luaL_checkinteger(L, 1);
+  const char *fname = luaL_checkstring(L, 2);
+  const char *expected = luaL_checkstring(L, 3);
+  lua_pushfstring(L, "%s expected, got %s", expected, am_typename(L, 4));
+  return raise_argerror(L, n, fname, lua_tostring(L, -1), 0);
 }
 
 

@@ -23,6 +23,8 @@
 **   decorated.c        withTimeout and tryAcquire: decorated locks, whose
 **                      requests have a limit; every other method is the
 **                      lock's own
+**   run.c              runExclusive's body, between the grant and its
+**                      release
 **   scheduler.c        the ready list, the timers, the anchors of waiting
 **                      coroutines, and the luv handles that resume them;
 **                      the chores of the next loop turn (reports of
@@ -37,7 +39,10 @@
 **                      aborted together
 **   query.c            am.query and km:query: a snapshot of the holds
 **                      and requests of a lock
-**   debug.c            debug mode's hooks into the Lua module
+**   debug.c            debug mode's hooks into the Lua module; its owner
+**                      records (debug_records.c, debug_hash.c, debug.h),
+**                      the request hook (debug_deadlock.c), the reads of
+**                      the debug module (debug_read.c)
 **                      async_mutex.debug, and what it may read
 */
 
@@ -81,7 +86,8 @@
 #define AM_E_CANCELED "request for lock canceled"
 #define AM_E_MAX_PENDING  "too many pending requests for this key"
 #define AM_E_LOST     "lock lost: lease expired"
-/* raised by debug mode at a request that would wait for ever (debug.c) */
+/* raised by debug mode at a request that would wait for ever
+   (debug_deadlock.c) */
 #define AM_E_DEADLOCK "deadlock: the request would wait for ever"
 
 
@@ -302,6 +308,9 @@ typedef struct Request {
   Key priority;
   int sigidx;                 /* stack index of its signal (withSignal), or
                                  0: none */
+  int fnidx;                  /* runExclusive's: the stack index of its
+                                 body, just above the indices above (run.c);
+                                 0: none */
 } Request;
 
 /*
@@ -375,7 +384,7 @@ struct Lock {
   int freed;                  /* its __gc ran (only lua_close does that
                                  to a lock in use): no more waiting */
   int dbg;                    /* debug mode: its newest owner record (a
-                                 slot of debug.c's table), or -1; in the
+                                 slot of debug_records.c's), or -1; in the
                                  padding after 'freed' */
   Keyed *keyed;               /* the keyed set serving this lock, or NULL */
   int selfref;                /* keyed: 0 while in its set (and in the
@@ -419,7 +428,7 @@ struct State {
   int idle, timer, idle_start, idle_stop, timer_start, timer_stop, now;
   int new_idle, new_timer, is_closing;
   int on_idle, on_timer, handler;
-  int layer_source, layer_wrappers;  /* the Lua layer (args.c: am_layer) */
+  int layer_sources, layer_wrappers;  /* the Lua layer (args.c: am_layer) */
   int anchors;                       /* keeps the anchor threads alive */
   int keyedlocks;                    /* weak: address -> keyed lock in a set */
   int stolen;                        /* weak keys: lock -> its exclusive
@@ -429,8 +438,8 @@ struct State {
   int dbg;                           /* debug mode's hooks (debug.c), or
                                         LUA_NOREF: off */
   int dbg_flags;                     /* its flags, read once (debug.c) */
-  DebugRecords *dbg_recs;            /* its owner records (debug.c), or
-                                        NULL */
+  DebugRecords *dbg_recs;            /* its owner records
+                                        (debug_records.c), or NULL */
   lua_State **athreads;              /* anchor threads (scheduler.c) */
   int nathreads;
   int nanchors, free_anchor;         /* their slots; first free one, or 0 */
@@ -468,6 +477,11 @@ int am_argerror (lua_State *L, int idx, int base, const char *fname,
                  const char *msg);
 int am_usage_error (lua_State *L, const char *fmt, ...);
 int am_layer (lua_State *L);
+int am_in_layer (lua_State *L, State *st, const char *source);
+int am_typeerror (lua_State *L, int idx, int base, const char *fname,
+                  const char *expected);
+int am_core_argerror (lua_State *L);
+int am_core_typeerror (lua_State *L);
 lua_Integer am_optweight (lua_State *L, int idx, int base,
                           const char *fname);
 lua_Integer am_checkcount (lua_State *L, int idx);
@@ -539,6 +553,8 @@ int am_push_lease (lua_State *L, int lockidx, int lostidx, Lock *lk,
 void am_lease_end (lua_State *L, Releaser *r);
 void am_lease_lost (lua_State *L, Waiter *w);
 int am_releaser_check (lua_State *L);
+int am_hold_check (lua_State *L, int idx);
+int am_release_hold (lua_State *L, int idx);
 
 /* steal.c */
 int am_steal (lua_State *L, Request *rq);
@@ -589,6 +605,9 @@ int am_withSignal (lua_State *L);
 int am_decorated_request (lua_State *L, int kind, const char *fname,
                           lua_Integer mode);
 void am_steal_decorated (lua_State *L, AmType t);
+
+/* run.c */
+int am_run_body (lua_State *L, int fnidx, int n);
 
 /* scheduler.c */
 State *am_state_open (lua_State *L);

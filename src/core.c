@@ -110,6 +110,8 @@ static const luaL_Reg core_funcs[] = {
   {"acquireWrite", am_core_acquire_write},
   {"limit", am_core_limit},
   {"layer", am_layer},
+  {"argerror", am_core_argerror},
+  {"typeerror", am_core_typeerror},
   {"unknown_option", am_unknown_option},
   {"cannot_yield", am_cannot_yield},
   {"withTimeout", am_withTimeout},

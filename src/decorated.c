@@ -108,8 +108,7 @@ static Decorated *decorate (lua_State *L, const char *fname) {
   Decorated *d, *from = todecorated(L, 1);
   AmType t;
   if (from == NULL && !locktype(L, 1, &t)) {
-    lua_pushfstring(L, "async_mutex lock expected, got %s", am_typename(L, 1));
-    am_argerror(L, 1, 0, fname, lua_tostring(L, -1));
+    am_typeerror(L, 1, 0, fname, "async_mutex lock");
   }
   d = (Decorated *)lua_newuserdatauv(L, sizeof(Decorated), 4);
   if (from != NULL) {
@@ -221,8 +220,7 @@ int am_withLease (lua_State *L) {
 */
 int am_withSignal (lua_State *L) {
   if (am_tosignal(L, 2) == NULL) {
-    lua_pushfstring(L, "%s expected, got %s", AM_SIGNAL, am_typename(L, 2));
-    am_argerror(L, 2, 0, "withSignal", lua_tostring(L, -1));
+    am_typeerror(L, 2, 0, "withSignal", AM_SIGNAL);
   }
   lua_settop(L, 2);
   decorate(L, "withSignal");
@@ -282,9 +280,8 @@ int am_decorated_request (lua_State *L, int kind, const char *fname,
   Request rq = {.kind = kind, .erridx = 2, .first = 3, .base = 2,
                 .fname = fname, .mode = mode};
   if (d == NULL) {
-    const char *name = am_tnames[t] + strlen("async_mutex.");
-    lua_pushfstring(L, "%s expected, got %s", name, am_typename(L, 1));
-    return am_argerror(L, 1, 0, fname, lua_tostring(L, -1));
+    return am_typeerror(L, 1, 0, fname,
+                        am_tnames[t] + strlen("async_mutex."));
   }
   undecorate(L, d, &rq);
   if (am_tokeyed(L, 1) != NULL) return am_keyed_request(L, &rq);
@@ -328,36 +325,33 @@ static int decorated_waitForUnlock (lua_State *L) {
 
 
 /*
-** The request of runExclusive(self, fn, ...) on a Mutex or Semaphore
-** ('t'), plain or decorated: checks self and fn, then acquires, with the
-** arguments numbered as runExclusive's (fn is #1).  One C call where the
-** Lua layer would make three.  Returns what acquire returns.
+** runExclusive(self, fn, ...) of a Mutex or Semaphore ('t'), plain or
+** decorated: checks self and fn, acquires, with the arguments numbered as
+** runExclusive's (fn is #1), then runs fn (run.c).  fn stays on the stack
+** just above what the request keeps (Request.fnidx): at 2 for a plain
+** lock; a decorated one's limit, lost error and signal go below it.
 */
 int am_run_request (lua_State *L, AmType t) {
-  Request rq = {.kind = W_ACQUIRE, .first = 2, .base = 0,
+  Request rq = {.kind = W_ACQUIRE, .first = 3, .base = 1,
                 .fname = "runExclusive"};
   Decorated *d = NULL;
   void *lk = am_testself(L, 1, t);
   if (lk == NULL && (d = (Decorated *)am_testself(L, 1,
                                                   am_decorated_type[t]))
-                    == NULL) {
-    lua_pushfstring(L, "%s expected, got %s", am_tnames[t], am_typename(L, 1));
-    return am_argerror(L, 1, 0, "runExclusive", lua_tostring(L, -1));
-  }
+                    == NULL)
+    return am_typeerror(L, 1, 0, "runExclusive", am_tnames[t]);
   if (lua_type(L, 2) != LUA_TFUNCTION) {
-    if (luaL_getmetafield(L, 2, "__call") == LUA_TNIL) {
-      lua_pushfstring(L, "function expected, got %s", am_typename(L, 2));
-      return am_argerror(L, 2, 1, "runExclusive", lua_tostring(L, -1));
-    }
+    if (luaL_getmetafield(L, 2, "__call") == LUA_TNIL)
+      return am_typeerror(L, 2, 1, "runExclusive", "function");
     lua_pop(L, 1);
   }
-  lua_remove(L, 2);                           /* self ... */
   if (d != NULL) {
-    rq.first = 3;
-    rq.base = 1;
+    rq.first = 4;
+    rq.base = 2;
     lk = undecorate(L, d, &rq);
   }
-  return am_lock_request(L, (Lock *)lk, &rq);
+  rq.fnidx = rq.first - 1;
+  return am_run_body(L, rq.fnidx, am_lock_request(L, (Lock *)lk, &rq));
 }
 
 

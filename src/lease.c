@@ -84,16 +84,18 @@ void am_lease_lost (lua_State *L, Waiter *w) {
 
 
 /*
-** releaser:check(): raises the lost error (level 0) once the hold was
-** lost (its lease ran out, or a steal ended it: steal.c); otherwise true
-** while the hold is in place, false once given back (by the releaser, or
-** ended by an unscoped release: am_releaser_live).  A lease's lost error
-** is its user value 2; any other releaser's, E_LOST.
+** The check of the releaser at 'idx' (docs/semantics.md, Leases and lost
+** holds): raises the lost error (level 0) once the hold was lost (its
+** lease ran out, or a steal ended it: steal.c); otherwise returns whether
+** the hold is in place (0 once given back, by the releaser or by an
+** unscoped release: am_releaser_live).  A lease's lost error is its user
+** value 2; any other releaser's, E_LOST.  runExclusive's check once its
+** body returned (run.c), and releaser:check()'s.
 */
-int am_releaser_check (lua_State *L) {
-  Releaser *r = (Releaser *)am_checkself(L, AM_T_RELEASER);
+int am_hold_check (lua_State *L, int idx) {
+  Releaser *r = (Releaser *)lua_touserdata(L, idx);
   int live = am_releaser_live(r);
-  if (!live && r->state == S_HELD && am_hold_stolen(L, r, 1, 1)) {
+  if (!live && r->state == S_HELD && am_hold_stolen(L, r, idx, 1)) {
     r->state = S_LOST;                  /* a steal ended it (steal.c) */
     if (r->lease) {                     /* its lease ends with it */
       am_lease_end(L, r);
@@ -101,10 +103,18 @@ int am_releaser_check (lua_State *L) {
     }
   }
   if (r->state == S_LOST) {
-    if (r->lease) lua_getiuservalue(L, 1, 2);
+    if (r->lease) lua_getiuservalue(L, idx, 2);
     else lua_pushliteral(L, AM_E_LOST);
     return lua_error(L);
   }
-  lua_pushboolean(L, live);
+  return live;
+}
+
+
+/* releaser:check(): true while the hold is in place, false once given
+   back; raises the lost error once lost (am_hold_check). */
+int am_releaser_check (lua_State *L) {
+  am_checkself(L, AM_T_RELEASER);
+  lua_pushboolean(L, am_hold_check(L, 1));
   return 1;
 }

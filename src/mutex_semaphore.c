@@ -163,16 +163,13 @@ static int sem_new (lua_State *L) {
 }
 
 
-/*
-** Class.enter(self, fn, ...): the request of runExclusive (decorated.c),
-** for the Lua layer.
-*/
-static int mutex_enter (lua_State *L) {
+/* runExclusive(self, fn, ...) (decorated.c, run.c). */
+static int mutex_runExclusive (lua_State *L) {
   return am_run_request(L, AM_T_MUTEX);
 }
 
 
-static int sem_enter (lua_State *L) {
+static int sem_runExclusive (lua_State *L) {
   return am_run_request(L, AM_T_SEMAPHORE);
 }
 
@@ -351,12 +348,12 @@ const luaL_Reg am_lock_metamethods[] = {
 
 const luaL_Reg am_mutex_class[] = {
   {"new", mutex_new},
-  {"enter", mutex_enter},
+  {"runExclusive", mutex_runExclusive},
   {NULL, NULL}
 };
 
 const luaL_Reg am_semaphore_class[] = {
   {"new", sem_new},
-  {"enter", sem_enter},
+  {"runExclusive", sem_runExclusive},
   {NULL, NULL}
 };

@@ -77,6 +77,71 @@ static int unrecorded (const Lock *lk, const HoldView *hv, int nrec,
 
 
 /*
+** Pushes the list 'held' of a snapshot: the 'nrec' holds recorded in 'hv'
+** (their owners in the table at 'cos', from 1), after 'nextra' holds of
+** weight 'xweight' granted unrecorded; a ReentrantMutex's one hold, at
+** its depth.
+*/
+static void push_held (lua_State *L, Lock *lk, int lockidx,
+                       const HoldView *hv, int nrec, int cos, int nextra,
+                       lua_Integer xweight) {
+  int i, h;
+  if (lk->kind->reentrant) {          /* one hold, at its depth: levels */
+    lua_createtable(L, 1, 0);
+    if (lk->kind->is_locked(lk)) {
+      lua_createtable(L, 0, 4);
+      set_mode(L, lk, 1);
+      lua_getiuservalue(L, lockidx, 2);            /* its holder */
+      lua_setfield(L, -2, "owner");
+      lua_pushinteger(L, lk->held);
+      lua_setfield(L, -2, "depth");
+      if (nrec > 0) {
+        lua_pushnumber(L, hv[nrec - 1].since);       /* the oldest level */
+        lua_setfield(L, -2, "since");
+      }
+      lua_rawseti(L, -2, 1);
+    }
+    return;
+  }
+  lua_createtable(L, nextra + nrec, 0);
+  /* unrecorded first: granted before debug mode was switched on */
+  for (h = 0; h < nextra; h++) {
+    lua_createtable(L, 0, 2);
+    set_mode(L, lk, xweight);
+    lua_rawseti(L, -2, h + 1);
+  }
+  for (i = nrec - 1; i >= 0; i--) {      /* records: oldest first */
+    lua_createtable(L, 0, 4);
+    set_mode(L, lk, hv[i].weight);
+    set_from(L, cos, i + 1, "owner");
+    lua_pushnumber(L, hv[i].since);
+    lua_setfield(L, -2, "since");
+    lua_rawseti(L, -2, ++h);
+  }
+}
+
+
+/*
+** Pushes the list 'pending' of a snapshot: the 'n' requests copied in
+** 'pv', their coroutines in the table at 'cos' from 'from' + 1.
+*/
+static void push_pending (lua_State *L, Lock *lk, const PendView *pv, int n,
+                          lua_Integer from, int cos) {
+  int i;
+  lua_createtable(L, n, 0);
+  for (i = 0; i < n; i++) {
+    lua_createtable(L, 0, 4);
+    set_mode(L, lk, pv[i].weight);
+    set_from(L, cos, from + i + 1, "owner");
+    if (pv[i].key.flt) lua_pushnumber(L, pv[i].key.n);
+    else lua_pushinteger(L, pv[i].key.i);
+    lua_setfield(L, -2, "priority");
+    lua_rawseti(L, -2, i + 1);
+  }
+}
+
+
+/*
 ** Pushes the snapshot of lock 'lk' (at 'lockidx'): { held = {...},
 ** pending = {...} }.  The queue and the records are copied whole, with no
 ** allocation in between, into room made first (as core.dbg_queue does:
@@ -85,12 +150,12 @@ static int unrecorded (const Lock *lk, const HoldView *hv, int nrec,
 */
 static void push_snapshot (lua_State *L, Lock *lk, int lockidx) {
   State *st = lk->st;
-  int base = lua_gettop(L), cos = base + 1, nrec, nextra, i, h;
+  int base = lua_gettop(L), cos = base + 1, nrec, nextra, i;
   size_t nh = 0, np = 0, nb = 0, n = 0;
   HoldView *hv = NULL;
   PendView *pv;
   Bucket **b;
-  lua_Integer xweight;
+  lua_Integer xweight = 1;            /* (read only when nextra > 0) */
   luaL_checkstack(L, 8, NULL);
   for (;;) {          /* room, until nothing grew past it meanwhile */
     size_t needh = (size_t)am_dbg_lock_holds(L, st, lk, NULL, 0, 0, 0);
@@ -124,50 +189,9 @@ static void push_snapshot (lua_State *L, Lock *lk, int lockidx) {
   nextra = lk->freed ? 0 : unrecorded(lk, hv, nrec, &xweight);
   /* the tables */
   lua_createtable(L, 0, 2);                          /* the snapshot */
-  if (lk->kind->reentrant) {          /* one hold, at its depth: levels */
-    lua_createtable(L, 1, 0);
-    if (lk->kind->is_locked(lk)) {
-      lua_createtable(L, 0, 4);
-      set_mode(L, lk, 1);
-      lua_getiuservalue(L, lockidx, 2);            /* its holder */
-      lua_setfield(L, -2, "owner");
-      lua_pushinteger(L, lk->held);
-      lua_setfield(L, -2, "depth");
-      if (nrec > 0) {
-        lua_pushnumber(L, hv[nrec - 1].since);       /* the oldest level */
-        lua_setfield(L, -2, "since");
-      }
-      lua_rawseti(L, -2, 1);
-    }
-  }
-  else {
-    lua_createtable(L, nextra + nrec, 0);
-    /* unrecorded first: granted before debug mode was switched on */
-    for (h = 0; h < nextra; h++) {
-      lua_createtable(L, 0, 2);
-      set_mode(L, lk, xweight);
-      lua_rawseti(L, -2, h + 1);
-    }
-    for (i = nrec - 1; i >= 0; i--) {      /* records: oldest first */
-      lua_createtable(L, 0, 4);
-      set_mode(L, lk, hv[i].weight);
-      set_from(L, cos, i + 1, "owner");
-      lua_pushnumber(L, hv[i].since);
-      lua_setfield(L, -2, "since");
-      lua_rawseti(L, -2, ++h);
-    }
-  }
+  push_held(L, lk, lockidx, hv, nrec, cos, nextra, xweight);
   lua_setfield(L, -2, "held");
-  lua_createtable(L, (int)n, 0);
-  for (i = 0; i < (int)n; i++) {
-    lua_createtable(L, 0, 4);
-    set_mode(L, lk, pv[i].weight);
-    set_from(L, cos, (lua_Integer)nh + i + 1, "owner");
-    if (pv[i].key.flt) lua_pushnumber(L, pv[i].key.n);
-    else lua_pushinteger(L, pv[i].key.i);
-    lua_setfield(L, -2, "priority");
-    lua_rawseti(L, -2, i + 1);
-  }
+  push_pending(L, lk, pv, (int)n, (lua_Integer)nh, cos);
   lua_setfield(L, -2, "pending");
   lua_replace(L, cos);                            /* the snapshot */
   lua_settop(L, cos);
@@ -245,8 +269,7 @@ static int query (lua_State *L, int base, const char *fname) {
       kd = lk == NULL ? am_tokeyed(L, 1) : NULL;
     }
   if (lk == NULL && kd == NULL)
-    am_argerror(L, 1, base, fname, lua_pushfstring(L,
-                "async_mutex lock expected, got %s", am_typename(L, 1)));
+    am_typeerror(L, 1, base, fname, "async_mutex lock");
   if (kd != NULL) return keyed_query(L, kd, base, fname);
   if (!lua_isnoneornil(L, 2))
     am_argerror(L, 2, base, fname, lua_pushfstring(L,

@@ -322,7 +322,7 @@ void am_queue_remove (Queue *q, Waiter *w) {
 
 /*
 ** The buckets of 'q' in queue order, into 'out' (room for q->n): for
-** debug mode's reads (debug.c, core.dbg_queue).  An insertion sort: it
+** debug mode's reads (debug_read.c, core.dbg_queue).  An insertion sort: it
 ** runs only when a deadlock is searched, over few distinct keys.
 */
 void am_queue_ordered (const Queue *q, Bucket **out) {

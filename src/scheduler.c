@@ -440,7 +440,7 @@ static void drop_anchor (State *st, int ref) {
 }
 
 
-/* Pushes the coroutine anchored by 'w', or nil (debug.c's reads). */
+/* Pushes the coroutine anchored by 'w', or nil (debug_read.c's reads). */
 void am_push_anchored (lua_State *L, const Waiter *w) {
   State *st = w->r.lock->st;
   lua_State *A;
@@ -833,7 +833,7 @@ static void init_state (State *st) {
   st->timer_start = st->timer_stop = st->now = LUA_NOREF;
   st->new_idle = st->new_timer = st->is_closing = LUA_NOREF;
   st->on_idle = st->on_timer = st->handler = LUA_NOREF;
-  st->layer_source = st->layer_wrappers = LUA_NOREF;
+  st->layer_sources = st->layer_wrappers = LUA_NOREF;
   st->anchors = st->keyedlocks = st->stolen = LUA_NOREF;
   st->dbg = LUA_NOREF;
   st->dbg_flags = 0;

@@ -993,21 +993,13 @@ static const char *what_of (const Waiter *w, int joined) {
 */
 static void push_where (lua_State *L, State *st, lua_State *co) {
   lua_Debug ar;
-  const char *layer = NULL;
   int level;
-  if (st->layer_source != LUA_NOREF) {
-    lua_rawgeti(L, LUA_REGISTRYINDEX, st->layer_source);
-    layer = lua_tostring(L, -1);
-  }
-  else lua_pushnil(L);
   for (level = 0; lua_getstack(co, level, &ar); level++) {
     if (!lua_getinfo(co, "Sl", &ar) || ar.currentline < 0) continue;
-    if (layer != NULL && strcmp(ar.source, layer) == 0) continue;
+    if (am_in_layer(L, st, ar.source)) continue;
     lua_pushfstring(L, "%s:%d", ar.short_src, ar.currentline);
-    lua_remove(L, -2);
     return;
   }
-  lua_pop(L, 1);
   lua_pushnil(L);
 }
 
@@ -1016,7 +1008,7 @@ static void push_where (lua_State *L, State *st, lua_State *co) {
 ** The waiter of coroutine 'co', anchored by the scheduler: the
 ** to-be-closed userdata at the top of its waiting frame (waiter.c,
 ** suspend), if it has the waiters' metatable; else NULL.  (Debug mode's
-** request hook asks it too: debug.c, alone_and_fits.)
+** request hook asks it too: debug_deadlock.c, alone_and_fits.)
 */
 Waiter *am_waiter_of (lua_State *L, lua_State *co) {
   int top = lua_gettop(co), same;

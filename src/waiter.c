@@ -158,6 +158,25 @@ void am_push_releaser (lua_State *L, int lockidx, Lock *lk,
 
 
 /*
+** The release of the releaser at 'idx' (releaser_release below, and
+** runExclusive's when its body raised: run.c).
+*/
+int am_release_hold (lua_State *L, int idx) {
+  Releaser *r = (Releaser *)lua_touserdata(L, idx);
+  int ended;
+  if (!released(r)) return 0;           /* given back already, or lost */
+  if (r->lease) am_lease_end(L, r);     /* out of the timer queue */
+  /* the kind tells whether this grant was still held (its token) */
+  ended = am_give_back(L, r->lock, r->weight, r->token, 0);
+  am_sync(L, r->lock->st);
+  if (!ended && am_hold_stolen(L, r, idx, 1))
+    r->state = S_LOST;        /* as a lease's end; its record ended then */
+  else if (am_debugging()) am_dbg_released(L, r->lock->st, idx);
+  return ended;
+}
+
+
+/*
 ** Releases once, returning whether this call ended the hold: later calls
 ** (and a lost hold's, lease.c) return false, and arguments are ignored
 ** (docs/semantics.md, Leases and lost holds).  A mutex
@@ -168,20 +187,8 @@ void am_push_releaser (lua_State *L, int lockidx, Lock *lk,
 ** exit, error, or coroutine.close).
 */
 static int releaser_release (lua_State *L) {
-  Releaser *r = (Releaser *)am_checkself(L, AM_T_RELEASER);
-  int ended;
-  if (!released(r)) {                   /* given back already, or lost */
-    lua_pushboolean(L, 0);
-    return 1;
-  }
-  if (r->lease) am_lease_end(L, r);     /* out of the timer queue */
-  /* the kind tells whether this grant was still held (its token) */
-  ended = am_give_back(L, r->lock, r->weight, r->token, 0);
-  am_sync(L, r->lock->st);
-  if (!ended && am_hold_stolen(L, r, 1, 1))
-    r->state = S_LOST;        /* as a lease's end; its record ended then */
-  else if (am_debugging()) am_dbg_released(L, r->lock->st, 1);
-  lua_pushboolean(L, ended);
+  am_checkself(L, AM_T_RELEASER);
+  lua_pushboolean(L, am_release_hold(L, 1));
   return 1;
 }
 
@@ -296,19 +303,10 @@ static AM_COLD void push_canceled (lua_State *L, const Waiter *w) {
 
 
 /*
-** Continuation of a suspended request, run when the coroutine is resumed.
-** A resume by anyone but the scheduler (the waiter is not RESUMING) is
-** ignored: the coroutine goes back to waiting.  Otherwise deliver the
-** outcome: results of the grant, or the error value itself (level 0).
+** Delivers the outcome of the RESUMING waiter 'w' (at 'widx'): pushes the
+** results of the grant, or raises the error value itself (level 0).
 */
-static int finish_request (lua_State *L, int status, lua_KContext ctx) {
-  Waiter *w = (Waiter *)ctx;
-  int widx = waiter_top(w) + 1;
-  (void)status;
-  if (w->r.state != S_RESUMING) {         /* the waiter back on top */
-    lua_settop(L, widx);
-    return lua_yieldk(L, 0, ctx, finish_request);
-  }
+static int deliver (lua_State *L, Waiter *w, int widx) {
   done(w);
   switch (w->r.outcome) {
     case O_GRANTED: {
@@ -343,6 +341,40 @@ static int finish_request (lua_State *L, int status, lua_KContext ctx) {
         push_canceled(L, w);
       return lua_error(L);
   }
+}
+
+
+/*
+** Continuation of a suspended request, run when the coroutine is resumed.
+** A resume by anyone but the scheduler (the waiter is not RESUMING) is
+** ignored: the coroutine goes back to waiting.  Otherwise deliver the
+** outcome.
+*/
+static int finish_request (lua_State *L, int status, lua_KContext ctx) {
+  Waiter *w = (Waiter *)ctx;
+  int widx = waiter_top(w) + 1;
+  (void)status;
+  if (w->r.state != S_RESUMING) {         /* the waiter back on top */
+    lua_settop(L, widx);
+    return lua_yieldk(L, 0, ctx, finish_request);
+  }
+  return deliver(L, w, widx);
+}
+
+
+/*
+** finish_request for runExclusive's request (Request.fnidx): its body
+** is kept just below the waiter, and runs once the grant is delivered.
+*/
+static int finish_run (lua_State *L, int status, lua_KContext ctx) {
+  Waiter *w = (Waiter *)ctx;
+  int widx = waiter_top(w) + 2;
+  (void)status;
+  if (w->r.state != S_RESUMING) {
+    lua_settop(L, widx);
+    return lua_yieldk(L, 0, ctx, finish_run);
+  }
+  return am_run_body(L, widx - 1, deliver(L, w, widx));
 }
 
 
@@ -446,6 +478,31 @@ static AM_COLD void aborted_meanwhile (lua_State *L, const Request *rq,
 
 
 /*
+** The NEW waiter 'w' of 'rq', anchored and decided, joins the queue of
+** 'lk' (and the timer queue, from 'now', and its signal's list), and the
+** calling coroutine waits until the scheduler resumes it with an outcome
+** (finish_request, or runExclusive's finish_run).
+*/
+static int wait_queued (lua_State *L, Request *rq, Lock *lk, Waiter *w,
+                        lua_Number now) {
+  if (lk->freed) {                 /* a finalizer run by lua_close */
+    am_unanchor(L, w);
+    am_usage_error(L,
+                   "attempt to wait for a lock while the Lua state is closing");
+  }
+  am_enqueue(L, lk, w, &rq->priority);
+  queued(w);
+  if (rq->wait == AM_TIMEOUT) am_timer_add(L, lk->st, w, now, rq->ms);
+  if (rq->sigidx != 0) link_signal(L, rq, w);
+  /* a task cancelled while it ran is closed once it waits (task.c) */
+  if (lk->st->ncanceling > 0) am_task_waits(L, lk->st);
+  am_sync(L, lk->st);                      /* arms the timer */
+  return lua_yieldk(L, 0, (lua_KContext)w,
+                    rq->fnidx != 0 ? finish_run : finish_request);
+}
+
+
+/*
 ** Suspends the calling coroutine in a new waiter for 'rq', queued, until
 ** the scheduler resumes it with an outcome (finish_request).
 */
@@ -458,9 +515,12 @@ static int suspend (lua_State *L, Request *rq) {
   int clocked, precise;
   lua_Number now = 0, need;
   Waiter *w;
-  /* keep what the continuation reads; the waiter goes just above */
+  /* keep what the continuation reads (and runExclusive's body, just
+     above it); the waiter goes just above */
+  assert(rq->fnidx == 0 || rq->fnidx == top_kept(rq->lockidx, rq->erridx,
+                                                 rq->lostidx, rq->sigidx) + 1);
   lua_settop(L, top_kept(rq->lockidx, rq->erridx, rq->lostidx,
-                         rq->sigidx));
+                         rq->sigidx) + (rq->fnidx != 0));
   /* RE-ENTRY (docs/semantics.md, "Re-entry"): allocate first, decide
      after.  Both allocations below may run a collector step, and so a
      user's finalizer, which may release this very lock: the decision
@@ -500,19 +560,7 @@ static int suspend (lua_State *L, Request *rq) {
     am_unanchor(L, w);            /* never queued: its __close is a no-op */
     return grant_now(L, rq, lk, now);
   }
-  if (lk->freed) {                 /* a finalizer run by lua_close */
-    am_unanchor(L, w);
-    am_usage_error(L,
-                   "attempt to wait for a lock while the Lua state is closing");
-  }
-  am_enqueue(L, lk, w, &rq->priority);
-  queued(w);
-  if (timed) am_timer_add(L, lk->st, w, now, rq->ms);
-  if (rq->sigidx != 0) link_signal(L, rq, w);
-  /* a task cancelled while it ran is closed once it waits (task.c) */
-  if (lk->st->ncanceling > 0) am_task_waits(L, lk->st);
-  am_sync(L, lk->st);                      /* arms the timer */
-  return lua_yieldk(L, 0, (lua_KContext)w, finish_request);
+  return wait_queued(L, rq, lk, w, now);
 }
 
 

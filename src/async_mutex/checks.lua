@@ -1,10 +1,13 @@
 --- async_mutex.checks: the argument checks the Lua modules of async_mutex
 -- share (the Redis client, Redis locks, optimistic and versioned values), so
--- that their usage errors read alike: "bad argument #n to 'fname' (msg)".
--- init.lua keeps its own argerror, which finds the user's frame itself.
+-- that their usage errors read alike: "bad argument #n to 'fname' (msg)",
+-- the text of the C core's argument errors (src/args.c), which init.lua
+-- and debug.lua raise through core.argerror at the user's call.
 
 local error, getmetatable, ipairs, rawget, require, type =
   error, getmetatable, ipairs, rawget, require, type
+
+local core = require "async_mutex.core"
 
 local M = {}
 
@@ -35,22 +38,23 @@ function M.is_callable(f)
 end
 
 --- Raises an argument error at 'level' (1 = the caller of argerror).
+local core_argerror = core.argerror
 function M.argerror(level, n, fname, msg)
-  error(("bad argument #%d to '%s' (%s)"):format(n, fname, msg), level + 1)
+  core_argerror(n, fname, msg, level + 1)     -- (no tail call: this frame counts)
 end
 
 --- The complaint about the first key of 'options' that the set 'known'
 -- lacks ("unknown option 'tll'"), or nil: a misspelt option is an error,
 -- not a default silently kept.  The C core owns the text (src/args.c), as
 -- its own option tables (KeyedMutex.new, withLease) are checked there.
-M.unknown_option = require("async_mutex.core").unknown_option
+M.unknown_option = core.unknown_option
 
 --- The complaint about attempting 'act' ("acquire a Redis lock") where
 -- the running coroutine cannot yield, or nil when it can: "attempt to
 -- <act> outside a coroutine" on the main thread, "attempt to <act> where
 -- the coroutine cannot yield (...)" in a metamethod or a function called
 -- from C.  The C core owns the words (src/args.c), as the core locks'.
-M.cannot_yield = require("async_mutex.core").cannot_yield
+M.cannot_yield = core.cannot_yield
 
 --- Raises "attempt to use a closed redis client" at 'level' (1 = the
 -- caller of check_open) when 'client' is an async_mutex.redis client that

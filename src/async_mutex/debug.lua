@@ -26,6 +26,9 @@ local concat, sort = table.concat, table.sort
 local floor, max = math.floor, math.max
 local format = string.format
 local now                         -- the records' clock: core.dbg_now (install)
+-- usage errors at the user's call, the first frame outside the Lua layer
+-- (this file is registered as such: install)
+local argerror, typeerror         -- core.argerror, core.typeerror (install)
 local error_text                  -- an error object's text: core.error_text (install)
 
 local AM_TRY = 2                  -- Request.wait of a tryAcquire (async_mutex.h)
@@ -43,7 +46,7 @@ local OURS = { [OWN] = true }
 local CANONICAL = {}
 
 local opts                        -- the options while on, else nil
--- An owner record as core.dbg_records makes it (src/debug.c: V_*; the
+-- An owner record as core.dbg_records makes it (src/debug.h: V_*; the
 -- records themselves are C structs), then this module's caches.
 local LOCK, REL, HOLDER, SINCE, FN, LINE, WEIGHT, WHERE, LEASED, LOCKID = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10
 local SITE, CANON, WARNED = 11, 13, 14
@@ -330,7 +333,7 @@ local function lock_facts(lock)
 end
 
 --- Could a request for 'weight' of 'lock' (facts 'f') be granted once every
--- holder not doomed has given back?  The rule is C's (src/debug.c,
+-- holder not doomed has given back?  The rule is C's (src/debug_deadlock.c,
 -- fits_outside), which the request hook applies too.
 local function could_fit(lock, f, weight)
   return core.dbg_fits(lock, weight, f.inside, f.inside_w, f.writers)
@@ -341,7 +344,7 @@ end
 -- greatest set of waiting coroutines (R among them, as if it waited) none
 -- of which can be granted on the releases of the holders outside the set.
 -- 'held': R's records; 'behind': someone would be queued behind R's
--- request (src/debug.c, served_after).
+-- request (src/debug_deadlock.c, served_after).
 --
 -- Every earlier request that could wait was searched too, so no such set
 -- exists before R's: one that R's request makes holds R and only
@@ -761,7 +764,7 @@ local function on_created(obj)
   created[obj] = (user_frame())
 end
 
---- The table core.debug() takes (src/debug.c: its layout): the hooks, the
+--- The table core.debug() takes (src/debug.h: its layout): the hooks, the
 -- flags.
 local function hook_table(o)
   return { on_request, on_granted, on_released, on_created,
@@ -774,17 +777,8 @@ end
 
 -- {========================================================== the API
 
---- Raises at the user's call: the first frame outside this file.
-local function argerror(n, fname, msg)
-  local level = 2
-  while (getinfo(level, "S") or {}).source == OWN do level = level + 1 end
-  error(format("bad argument #%d to '%s' (%s)", n, fname, msg), level)
-end
-
 local function no_arguments(fname, ...)
-  if select("#", ...) > 0 then
-    argerror(1, fname, "no argument expected, got " .. checks.typename((...)))
-  end
+  if select("#", ...) > 0 then typeerror(1, fname, "no argument", (...)) end
 end
 
 --- The lock object at argument 1 of 'fname' (a decorated lock's lock), or
@@ -799,7 +793,7 @@ local function check_lock(fname, v)
     if checks.REDIS_LOCKS[name] then
       argerror(1, fname, "debug mode watches the local locks, not a Redis lock, got " .. name)
     end
-    argerror(1, fname, "async_mutex lock expected, got " .. name)
+    typeerror(1, fname, "async_mutex lock", v)
   end
   return v
 end
@@ -820,7 +814,7 @@ local OPTIONS = { traceback = true, holdWarning = true, onReport = true }
 -- stderr).  Enabling again replaces the options and keeps the records.
 function M.enable(options)
   if options ~= nil and type(options) ~= "table" then
-    argerror(1, "enable", "table expected, got " .. checks.typename(options))
+    typeerror(1, "enable", "table", options)
   end
   options = options or {}
   local unknown = checks.unknown_option(options, OPTIONS)
@@ -872,7 +866,7 @@ end
 function M.name(lock, name)
   local obj = check_lock("name", lock)
   if type(name) ~= "string" then
-    argerror(2, "name", "string expected, got " .. checks.typename(name))
+    typeerror(2, "name", "string", name)
   end
   names[obj] = name
   classof = setmetatable({}, WEAKK)
@@ -916,6 +910,8 @@ end
 function M.install(am, c, source, canonical)
   core = c
   now = c.dbg_now
+  argerror, typeerror = c.argerror, c.typeerror
+  c.layer(OWN, {})
   error_text = c.error_text
   E_DEADLOCK = c.E_DEADLOCK
   OURS[source] = true

@@ -4,11 +4,16 @@
 -- requests of keyed locks, and am.run.
 
 local core = require "async_mutex.core"
+local checks = require "async_mutex.checks"
 local uv = require "luv"
 
 local error, getmetatable, ipairs, pcall, rawget, select, setmetatable, tostring, type =
   error, getmetatable, ipairs, pcall, rawget, select, setmetatable, tostring, type
 local getinfo = debug.getinfo
+-- usage errors: the core's, at the user's call (the first frame outside
+-- the Lua layer: this file is registered as such by core.layer, below)
+local argerror, typeerror = core.argerror, core.typeerror
+local typename, is_callable = checks.typename, checks.is_callable
 local huge, max, sort = math.huge, math.max, table.sort
 local concat, pack, unpack = table.concat, table.pack, table.unpack
 local hrtime = uv.hrtime
@@ -31,49 +36,30 @@ local M = {
   E_MAX_PENDING = core.E_MAX_PENDING,
   -- async_mutex.redis's, an error object (docs/redis.md, Failures)
   E_UNAVAILABLE = require("async_mutex.unavailable").E_UNAVAILABLE,
-  E_LOST = "lock lost: lease expired",          -- docs/semantics.md, Leases and lost holds
+  E_LOST = core.E_LOST,             -- docs/semantics.md, Leases and lost holds
   setErrorHandler = core.setErrorHandler,
   pending = core.pending,
   spawn = core.spawn,
   group = core.group,
   -- a private semaphore that nobody releases: its requests can only time out
   sleep = core.sleeper(core.Semaphore.new(0)),
-  withTimeout = core.withTimeout,   -- decorated locks are the C core's
-  tryAcquire = core.tryAcquire,
-  withLease = core.withLease,       -- (Redis locks refused by name, below)
   signal = core.signal,             -- docs/semantics.md, Abort signals
+  -- withTimeout, tryAcquire, withLease and withSignal: the C core's
+  -- decorators, which Redis locks take their own way (at the end)
 }
 
 local KINDS = { "Mutex", "Semaphore", "KeyedMutex", "KeyedSemaphore", "RWLock",
   "ReentrantMutex", "KeyedRWLock" }
 local is_keyed = { KeyedMutex = true, KeyedSemaphore = true, KeyedRWLock = true }
 
-local function typename(v)
-  local mt = getmetatable(v)
-  return type(mt) == "table" and type(rawget(mt, "__name")) == "string"
-    and mt.__name or type(v)
-end
-
 -- Usage errors belong to the user's call, the first one outside this file,
 -- with no position when that caller is C (pcall), as Lua's own argument
--- errors.  The C core does the same for errors it raises under the
--- functions of this file (core.layer, at the end).
+-- errors: the core finds it, for its errors and for core.argerror.
 local SOURCE = getinfo(1, "S").source
 
-local function argerror(n, fname, msg)
-  local level = 2
-  repeat
-    local info = getinfo(level, "S")
-    local ours = info and info.source == SOURCE
-    if ours then level = level + 1 end
-  until not ours
-  error(("bad argument #%d to '%s' (%s)"):format(n, fname, msg), level)
-end
-
-local function is_callable(f)
-  if type(f) == "function" then return true end
-  local mt = getmetatable(f)
-  return type(mt) == "table" and rawget(mt, "__call") ~= nil
+-- fn, argument #n of fname, must be callable.
+local function check_fn(fn, n, fname)
+  if not is_callable(fn) then typeerror(n, fname, "function", fn) end
 end
 
 -- The metatables each kind's methods accept as self: the lock's and its
@@ -83,17 +69,18 @@ for _, kind in ipairs(KINDS) do accepts[kind] = core[kind].self end
 
 local function check_self(self, kind, fname)
   if not accepts[kind][getmetatable(self)] then
-    argerror(1, fname, ("async_mutex.%s expected, got %s"):format(kind, typename(self)))
+    typeerror(1, fname, "async_mutex." .. kind, self)
   end
 end
 
 
 -- {========================================================== runExclusive
--- The releaser is to-be-closed: it releases when runExclusive returns, and
--- when the coroutine is closed while fn is suspended.  fn's error is
--- caught so as to release before it propagates (an error that kills a
--- coroutine closes nothing until the coroutine is closed), then re-raised
--- unchanged (level 0).
+-- A Mutex's and a Semaphore's runExclusive is the C core's (run.c).  The
+-- other kinds' do the same here: the releaser is to-be-closed: it
+-- releases when runExclusive returns, and when the coroutine is closed
+-- while fn is suspended.  fn's error is caught so as to release before it
+-- propagates (an error that kills a coroutine closes nothing until the
+-- coroutine is closed), then re-raised unchanged (level 0).
 
 -- A hold lost while fn ran (a lease ran out) raises the lost error once
 -- fn returns (releaser:check(), lease.c); fn's results are dropped.
@@ -108,38 +95,18 @@ local function finish(release, ok, ...)
   return ...
 end
 
-local function check_fn(fn, n)
-  if not is_callable(fn) then
-    argerror(n, "runExclusive", "function expected, got " .. typename(fn))
-  end
-end
-
-local run = {}
-
--- A Mutex's or Semaphore's runExclusive checks self and fn and acquires in
--- one C call (Class.enter), numbering arguments as runExclusive does.
-local enter_mutex, enter_semaphore = core.Mutex.enter, core.Semaphore.enter
-
-function run.Mutex(self, fn, priority)
-  local release <close> = enter_mutex(self, fn, priority)
-  return finish(release, pcall(fn))
-end
-
-function run.Semaphore(self, fn, weight, priority)
-  local value, release <close> = enter_semaphore(self, fn, weight, priority)
-  return finish(release, pcall(fn, value))
-end
+local run = { Mutex = core.Mutex.runExclusive, Semaphore = core.Semaphore.runExclusive }
 
 function run.KeyedMutex(self, key, fn, priority)
   check_self(self, "KeyedMutex", "runExclusive")
-  check_fn(fn, 2)
+  check_fn(fn, 2, "runExclusive")
   local release <close> = self:acquire(key, priority)
   return finish(release, pcall(fn))
 end
 
 function run.KeyedSemaphore(self, key, fn, weight, priority)
   check_self(self, "KeyedSemaphore", "runExclusive")
-  check_fn(fn, 2)
+  check_fn(fn, 2, "runExclusive")
   local value, release <close> = self:acquire(key, weight, priority)
   return finish(release, pcall(fn, value))
 end
@@ -147,7 +114,7 @@ end
 -- The holder's nested runExclusive re-enters (a new level of its hold).
 function run.ReentrantMutex(self, fn, priority)
   check_self(self, "ReentrantMutex", "runExclusive")
-  check_fn(fn, 1)
+  check_fn(fn, 1, "runExclusive")
   local release <close> = self:acquire(priority)
   return finish(release, pcall(fn))
 end
@@ -155,16 +122,14 @@ end
 -- An RWLock stands wherever a Mutex is expected: its runExclusive writes.
 function run.RWLock(self, fn, priority)
   check_self(self, "RWLock", "runExclusive")
-  check_fn(fn, 1)
+  check_fn(fn, 1, "runExclusive")
   local release <close> = self:acquireWrite(priority)
   return finish(release, pcall(fn))
 end
 
 local function run_shared(self, fn, priority)
   check_self(self, "RWLock", "runShared")
-  if not is_callable(fn) then
-    argerror(1, "runShared", "function expected, got " .. typename(fn))
-  end
+  check_fn(fn, 1, "runShared")
   local release <close> = self:acquireRead(priority)
   return finish(release, pcall(fn))
 end
@@ -173,16 +138,14 @@ end
 -- runExclusive writes the key; runShared reads it.
 function run.KeyedRWLock(self, key, fn, priority)
   check_self(self, "KeyedRWLock", "runExclusive")
-  check_fn(fn, 2)
+  check_fn(fn, 2, "runExclusive")
   local release <close> = self:acquireWrite(key, priority)
   return finish(release, pcall(fn))
 end
 
 local function run_shared_key(self, key, fn, priority)
   check_self(self, "KeyedRWLock", "runShared")
-  if not is_callable(fn) then
-    argerror(2, "runShared", "function expected, got " .. typename(fn))
-  end
+  check_fn(fn, 2, "runShared")
   local release <close> = self:acquireRead(key, priority)
   return finish(release, pcall(fn))
 end
@@ -213,7 +176,7 @@ end
 
 local function canonical(keys, fname)
   if type(keys) ~= "table" then
-    argerror(1, fname, "table of keys expected, got " .. typename(keys))
+    typeerror(1, fname, "table of keys", keys)
   end
   local n = #keys
   if n == 0 then argerror(1, fname, "key set must not be empty") end
@@ -330,9 +293,7 @@ end
 local function make_run_all(fname)
   return function(self, kind, take, keys, fn, ...)
     check_self(self, kind, fname)
-    if not is_callable(fn) then
-      argerror(2, fname, "function expected, got " .. typename(fn))
-    end
+    check_fn(fn, 2, fname)
     local release <close> = acquire_all(self, kind, fname, keys, take, ...)
     return finish(release, pcall(fn))
   end
@@ -384,8 +345,7 @@ end
 
 -- The functions above that call requests, and how the user numbers the
 -- arguments they pass on: {name, from, shift}: the request's argument #n,
--- n >= from, is the user's #n + shift.  (run.Mutex and run.Semaphore's
--- request numbers them as the user does.)
+-- n >= from, is the user's #n + shift.
 core.layer(SOURCE, {
   [run.KeyedMutex] = { "runExclusive", 2, 1 },
   [run.KeyedSemaphore] = { "runExclusive", 2, 1 },
@@ -525,10 +485,7 @@ function M.run(...)
     raise_unjoined, traceback = run_options(options)
   end
   local fn = select(first, ...)
-  if not is_callable(fn) then
-    argerror(first, "run", "function expected, got "
-      .. (select("#", ...) < first and "no value" or typename(fn)))
-  end
+  if not is_callable(fn) then typeerror(first, "run", "function", select(first, ...)) end
   local failures = {}
   local outer = core.collect(failures, raise_unjoined)   -- (set while an am.run runs)
   if outer ~= nil or loop_mode() ~= nil then
@@ -618,7 +575,7 @@ M.tryAcquire = decorator(core.tryAcquire, "tryAcquire")
 -- A Redis lock's holds are leases in Redis already (its ttl, renewed by its
 -- watchdog): withLease names it, rather than calling it no async_mutex lock
 -- ("async_mutex lock expected, got async_mutex.RedisMutex").
-local is_redis_lock = require("async_mutex.checks").REDIS_LOCKS
+local is_redis_lock = checks.REDIS_LOCKS
 function M.withLease(lock, ...)
   if is_redis_lock[typename(lock)] then
     argerror(1, "withLease",
