@@ -118,7 +118,10 @@ describe("a hand-off message read after the waiter's next request went out", fun
     assert(os.execute(("LD_PRELOAD= redis-cli -s %s EVALSHA %s 6 %s %s %s %s %s %s A 1 >/dev/null")
       :format(server.path, sha, k[1], k[2], k[3], k[4], k[5], k[6])))
     uv.sleep(250)
-    h.sleep(400)
+    -- B's request grants C in Redis; how soon depends on the machine (a
+    -- fixed 400 ms was too short under valgrind on a loaded one)
+    h.wait_until(function() return fence_in_redis(a, name, "C") ~= nil end, 10000)
+    h.sleep(100)                             -- B read that answer and the message
     c_holds_then_b(a, name, rb)
   end, { deadline = 20000 }))
 
