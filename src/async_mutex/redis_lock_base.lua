@@ -57,6 +57,8 @@ local E_LOST, E_UNAVAILABLE = am.E_LOST, am.E_UNAVAILABLE
 local CLOSED = require("async_mutex.unavailable").new("client closed")
 
 local checks = require "async_mutex.checks"
+checks.join_layer()                     -- its errors stand at the user's call
+local usage_error = checks.usage_error
 local typename, is_callable, argerror, unknown_option, check_open =
   checks.typename, checks.is_callable, checks.argerror, checks.unknown_option, checks.check_open
 
@@ -745,7 +747,7 @@ end
 -- it is held, false once it was given back.
 function lease_methods.check(lease)
   if getmetatable(lease) ~= Lease then
-    argerror(2, 1, "check", "async_mutex.RedisReleaser expected, got " .. typename(lease))
+    argerror(1, "check", "async_mutex.RedisReleaser expected, got " .. typename(lease))
   end
   if lease.state == "held" and hrtime() >= lease.valid_until then
     lose(lease, "expired")
@@ -760,19 +762,19 @@ end
 function lease_methods.downgrade(lease)
   local down = getmetatable(lease) == Lease and lease.lock.downgrade
   if not down then
-    error("attempt to downgrade a releaser that is not a readers-writer lock's write hold", 2)
+    usage_error("attempt to downgrade a releaser that is not a readers-writer lock's write hold")
   end
-  return down(lease)                -- (a tail call: level 2 is the user's there too)
+  return down(lease)
 end
 
 --- releaser:upgrade(): not offered, as locally: two readers that both
 -- upgrade would each wait for the other's read hold to end.
 function lease_methods.upgrade(lease)
   if typename(lease) ~= "async_mutex.RedisReleaser" then
-    argerror(2, 1, "upgrade", "async_mutex.RedisReleaser expected, got " .. typename(lease))
+    argerror(1, "upgrade", "async_mutex.RedisReleaser expected, got " .. typename(lease))
   end
-  error("attempt to upgrade a read hold: not offered (two upgraders would deadlock);"
-    .. " release it, then acquireWrite", 2)
+  usage_error("attempt to upgrade a read hold: not offered (two upgraders would deadlock);"
+    .. " release it, then acquireWrite")
 end
 
 function Lease.__tostring(lease)
@@ -1234,7 +1236,7 @@ local function check_self(self, mt, fname)
   local smt = getmetatable(self)
   if smt == mt then return self, nil, nil end
   if smt == decorated_of[mt] then return self[1], self[2], self[3] end
-  argerror(3, 1, fname, mt.__name .. " expected, got " .. typename(self))
+  argerror(1, fname, mt.__name .. " expected, got " .. typename(self))
 end
 
 -- Worded as the core locks word it (src/args.c), so that a priority error
@@ -1242,9 +1244,9 @@ end
 local function check_priority(p, n, fname)
   if p == nil then return end
   if type(p) ~= "number" then
-    argerror(3, n, fname, "priority must be a number, got " .. type(p))
+    argerror(n, fname, "priority must be a number, got " .. type(p))
   elseif p ~= p then
-    argerror(3, n, fname, "priority must not be NaN")
+    argerror(n, fname, "priority must not be NaN")
   end
 end
 
@@ -1254,7 +1256,7 @@ local function check_key(key, n, fname, prefix)
   local t = type(key)
   if t == "string" then
     if key == "" and prefix == "" then
-      argerror(3, n, fname, "key must not be empty when the prefix is empty"
+      argerror(n, fname, "key must not be empty when the prefix is empty"
         .. " (a lock name must be a non-empty string)")
     end
     return key
@@ -1263,16 +1265,16 @@ local function check_key(key, n, fname, prefix)
     local i = tointeger(key)
     return i and format("%d", i) or format("%.17g", key)
   end
-  argerror(3, n, fname, "key must be a string or a finite number, got " .. typename(key))
+  argerror(n, fname, "key must be a string or a finite number, got " .. typename(key))
 end
 
 -- The misuse errors of a method that talks to Redis, at its caller's line
 -- (the client would raise them at this file's): a closed client, or not
 -- in a coroutine.
 local function check_usable(lk, what)
-  check_open(lk.client, 3)
+  check_open(lk.client)
   if not isyieldable() then
-    error(checks.cannot_yield(what), 3)
+    usage_error(checks.cannot_yield(what))
   end
 end
 
@@ -1325,18 +1327,18 @@ local MAX_MS, MAX_LIMIT = 1 << 40, 1 << 53
 local function options_of(opts, n, fname, client, known)
   if opts == nil then opts = {} end
   if type(opts) ~= "table" then
-    argerror(3, n, fname, "options must be a table, got " .. typename(opts))
+    argerror(n, fname, "options must be a table, got " .. typename(opts))
   end
   local unknown = unknown_option(opts, known or OPTIONS)
-  if unknown then argerror(3, n, fname, unknown) end
+  if unknown then argerror(n, fname, unknown) end
   local function int(field, default, least)
     local v = opts[field]
     if v == nil then return default end
     if type(v) ~= "number" or tointeger(v) == nil or v < least then
-      argerror(4, n, fname, format("options.%s must be an integer >= %d", field, least))
+      argerror(n, fname, format("options.%s must be an integer >= %d", field, least))
     end
     if v > MAX_MS then
-      argerror(4, n, fname, format("options.%s must be an integer <= %d", field, MAX_MS))
+      argerror(n, fname, format("options.%s must be an integer <= %d", field, MAX_MS))
     end
     return tointeger(v)
   end
@@ -1352,19 +1354,19 @@ local function options_of(opts, n, fname, client, known)
     replicas = int("replicas", nil, 1),
   }
   if o.renew >= ttl then
-    argerror(3, n, fname, "options.renewInterval must be below options.ttl")
+    argerror(n, fname, "options.renewInterval must be below options.ttl")
   end
   if o.replicas and not is_client(client)
       and not (rcore.is_cluster and rcore.is_cluster(client)) then
     -- (WAIT is no script's command: it needs the client's own call)
-    argerror(3, n, fname, "options.replicas needs an async_mutex.redis client")
+    argerror(n, fname, "options.replicas needs an async_mutex.redis client")
   end
   if o.on_lost ~= nil and not is_callable(o.on_lost) then
-    argerror(3, n, fname, "options.onLost must be callable")
+    argerror(n, fname, "options.onLost must be callable")
   end
   local ue = o.unsafe_eviction
   if ue ~= nil and ue ~= "error" and ue ~= "warn" then
-    argerror(3, n, fname, "options.unsafeEviction must be \"error\" or \"warn\"")
+    argerror(n, fname, "options.unsafeEviction must be \"error\" or \"warn\"")
   end
   if o.cancel_error == nil then o.cancel_error = am.E_CANCELED end
   if o.lost_error == nil then o.lost_error = E_LOST end
@@ -1374,7 +1376,7 @@ end
 local function check_client(client, fname)
   local ok = pcall(function() return is_callable(client.eval) and is_callable(client.subscribe) end)
   if not ok or not (is_callable(client.eval) and is_callable(client.subscribe)) then
-    argerror(3, 1, fname, "redis client expected, got " .. typename(client))
+    argerror(1, fname, "redis client expected, got " .. typename(client))
   end
 end
 
@@ -1483,17 +1485,17 @@ end
 -- cannot wait for Redis's answer.
 local function check_steal(lk, limit)
   if limit == false then
-    error("attempt to steal through tryAcquire (a steal takes the lock whoever holds it)", 3)
+    usage_error("attempt to steal through tryAcquire (a steal takes the lock whoever holds it)")
   end
-  check_open(lk.client, 3)
-  if not isyieldable() then error(checks.cannot_yield("steal a Redis lock"), 3) end
+  check_open(lk.client)
+  if not isyieldable() then usage_error(checks.cannot_yield("steal a Redis lock")) end
 end
 
 -- The key of a keyed set's query (argument n), required: a set's keys are
 -- in Redis, where only a scan could list them.
 local function check_query_key(lk, key, n, fname)
   if key == nil then
-    argerror(3, n, fname, "key expected: a Redis lock set is queried one key at a time")
+    argerror(n, fname, "key expected: a Redis lock set is queried one key at a time")
   end
   return check_key(key, n, fname, lk.name)
 end
@@ -1501,11 +1503,11 @@ end
 -- No key for a lock that has none (am.query(lock, key), argument 2).
 local function check_no_key(lk, key, n)
   if key ~= nil then
-    argerror(3, n, "query", "no key expected: a " .. getmetatable(lk).__name:match("%.(.*)$")
+    argerror(n, "query", "no key expected: a " .. getmetatable(lk).__name:match("%.(.*)$")
       .. " has no keys")
   end
-  check_open(lk.client, 3)
-  if not isyieldable() then error(checks.cannot_yield("query a Redis lock"), 3) end
+  check_open(lk.client)
+  if not isyieldable() then usage_error(checks.cannot_yield("query a Redis lock")) end
 end
 
 local function finish(lk, release, ok, ...)
@@ -1519,7 +1521,7 @@ end
 
 local function check_fn(fn, n)
   if not is_callable(fn) then
-    argerror(3, n, "runExclusive", "function expected, got " .. typename(fn))
+    argerror(n, "runExclusive", "function expected, got " .. typename(fn))
   end
 end
 
@@ -1535,15 +1537,14 @@ local function decorable(mt)
   d.__query = mt.__query              -- (am.query, on the lock's own)
   decorated_of[mt] = d
   -- (fname, lock, ms, timeout_error) for withTimeout, (fname, lock,
-  -- already_locked_error) for tryAcquire; tail-called by am's decorators,
-  -- so level 2 is the user's call.
+  -- already_locked_error) for tryAcquire; called by am's decorators.
   mt.__decorate = function(fname, lock, a, b)
     if fname == "tryAcquire" then
       if a == nil then a = am.E_ALREADY_LOCKED end
       return setmetatable({ lock, false, a }, d)
     end
     if type(a) ~= "number" or not (a >= 0) then
-      error("bad argument #2 to 'withTimeout' (timeout must be a non-negative number)", 2)
+      checks.argerror(2, "withTimeout", "timeout must be a non-negative number")
     end
     if b == nil then b = am.E_TIMEOUT end
     return setmetatable({ lock, a, b }, d)
