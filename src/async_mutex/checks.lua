@@ -69,8 +69,9 @@ M.cannot_yield = core.cannot_yield
 -- 'client' is an async_mutex.redis client that was closed: a call would
 -- raise it at the line of the module's own call.
 local rcore                 -- async_mutex.redis_core, loaded at the first check
+M.CLOSED_CLIENT = "attempt to use a closed redis client"
 function M.check_open(client)
-  if M.is_closed(client) then M.usage_error("attempt to use a closed redis client") end
+  if M.is_closed(client) then M.usage_error(M.CLOSED_CLIENT) end
 end
 
 --- Whether 'client' is an async_mutex.redis client that was closed.

@@ -69,7 +69,7 @@ end
 -- The misuse checks every method shares, at its caller's line.
 local function check_usable(self, fname, act)
   check_cluster(self, fname)
-  if self.closed then usage_error("attempt to use a closed redis client") end
+  if self.closed then usage_error(checks.CLOSED_CLIENT) end
   local _, main = running()
   if main or not isyieldable() then usage_error("attempt to " .. act .. " outside a coroutine") end
 end

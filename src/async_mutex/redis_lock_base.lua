@@ -759,11 +759,11 @@ end
 --- releaser:downgrade(): the write hold of a readers-writer lock becomes
 -- a read hold (its lock record's 'downgrade', redis_rwlock.lua); refused
 -- for any other releaser, as the local releasers refuse it (src/rwlock.c).
+local NOT_A_WRITE_HOLD =
+  "attempt to downgrade a releaser that is not a readers-writer lock's write hold"
 function lease_methods.downgrade(lease)
   local down = getmetatable(lease) == Lease and lease.lock.downgrade
-  if not down then
-    usage_error("attempt to downgrade a releaser that is not a readers-writer lock's write hold")
-  end
+  if not down then usage_error(NOT_A_WRITE_HOLD) end
   return down(lease)
 end
 
@@ -1380,6 +1380,20 @@ local function check_client(client, fname)
   end
 end
 
+-- Argument #2 of a lock's new: its name, or for a keyed lock the prefix
+-- of its keys' names (which may be empty).
+local function check_name(name)
+  if type(name) ~= "string" or name == "" then
+    argerror(2, "new", "lock name must be a non-empty string, got " .. typename(name))
+  end
+end
+
+local function check_prefix(prefix)
+  if type(prefix) ~= "string" then
+    argerror(2, "new", "key prefix must be a string, got " .. typename(prefix))
+  end
+end
+
 local function new_record(mt, client, name, limit, opts, keyed)
   local lk = setmetatable(opts, mt)
   lk.client, lk.hub, lk.name, lk.limit = client, get_hub(client), name, limit
@@ -1568,7 +1582,8 @@ return {
   decorated_of = decorated_of, decorable = decorable, check_self = check_self, check_priority = check_priority,
   check_key = check_key, check_usable = check_usable, deadline_of = deadline_of,
   acquire = acquire, OPTIONS = OPTIONS, MAX_MS = MAX_MS, MAX_LIMIT = MAX_LIMIT,
-  options_of = options_of, check_client = check_client, new_record = new_record,
-  release_name = release_name, cancel = cancel, state = state,
+  options_of = options_of, check_client = check_client, check_name = check_name,
+  check_prefix = check_prefix, new_record = new_record, release_name = release_name,
+  cancel = cancel, state = state, NOT_A_WRITE_HOLD = NOT_A_WRITE_HOLD,
   wait_for_unlock = wait_for_unlock, finish = finish, check_fn = check_fn,
 }

@@ -18,12 +18,12 @@ checks.join_layer()                     -- its errors stand at the user's call
 local usage_error = checks.usage_error
 local uv = require "luv"
 
-local error, getmetatable, ipairs, pcall, setmetatable, type =
-  error, getmetatable, ipairs, pcall, setmetatable, type
+local error, getmetatable, ipairs, pcall, setmetatable =
+  error, getmetatable, ipairs, pcall, setmetatable
 local running, isyieldable = coroutine.running, coroutine.isyieldable
 local format = string.format
 local hrtime = uv.hrtime
-local typename, argerror, check_open = checks.typename, checks.argerror, checks.check_open
+local check_open = checks.check_open
 local lose, release_lease = base.lose, base.release_lease
 local check_self, check_priority = base.check_self, base.check_priority
 
@@ -126,9 +126,7 @@ end
 --- RedisReentrantMutex.new(client, name [, options])
 function M.new(client, name, opts)
   base.check_client(client, "new")
-  if type(name) ~= "string" or name == "" then
-    argerror(2, "new", "lock name must be a non-empty string, got " .. typename(name))
-  end
+  base.check_name(name)
   local o = base.options_of(opts, 3, "new", client)
   local lk = base.new_record(Reentrant, client, name, 1, o, false)
   lk.on_lost = on_lost_of(lk, o.on_lost)

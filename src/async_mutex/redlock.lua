@@ -636,9 +636,7 @@ local function new(clients, name, opts)
     end
     seen[c] = i
   end
-  if type(name) ~= "string" or name == "" then
-    argerror(2, "new", "lock name must be a non-empty string, got " .. typename(name))
-  end
+  base.check_name(name)
   if type(opts) == "table" and opts.replicas ~= nil then
     -- A quorum of independent masters already outlives the loss of a
     -- minority of them, a failover's included (docs/redis-locks.md,
