@@ -19,12 +19,7 @@ local R = require "lock_redis"
 local scripts = require "async_mutex.redis_scripts"
 local uv = require "luv"
 
-local server
-
-setup(function() server = R.server() end)
-teardown(function() if server then server:stop() end end)
-
-local fresh_name = R.namer("spec120")
+local server, fresh_name = R.file_server(setup, teardown, "spec120")
 
 -- A worker: N sections of the mutex NAME, each holding for a time drawn
 -- around the ttl, markers in LOG.  Prints "onlost falses stale starved"

@@ -10,12 +10,7 @@ local am = require "async_mutex"
 local h = require "helpers"
 local R = require "lock_redis"
 
-local server
-
-setup(function() server = R.server() end)
-teardown(function() if server then server:stop() end end)
-
-local fresh_name = R.namer("spec190")
+local server, fresh_name = R.file_server(setup, teardown, "spec190")
 
 describe("RedisReentrantMutex's holder", function()
   it("re-enters at once, across yields, with no request to Redis: levels of one hold, one fence",

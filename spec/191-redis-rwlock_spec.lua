@@ -10,12 +10,7 @@ local am = require "async_mutex"
 local h = require "helpers"
 local R = require "lock_redis"
 
-local server
-
-setup(function() server = R.server() end)
-teardown(function() if server then server:stop() end end)
-
-local fresh_name = R.namer("spec191")
+local server, fresh_name = R.file_server(setup, teardown, "spec191")
 
 describe("RedisRWLock", function()
   it("lets readers of several processes share it, and a writer hold it alone", h.async(function()

@@ -127,6 +127,13 @@ function Server:cli(args)
   return out
 end
 
+--- The server of a whole spec file (as redis_server.for_file) and a namer
+-- of its locks:
+--   local server, fresh_name = R.file_server(setup, teardown, "spec44")
+function R.file_server(setup, teardown, prefix)
+  return require("redis_server").for_file(setup, teardown, R.server), R.namer(prefix)
+end
+
 --- A fresh redis-server.
 function R.server()
   local dir = os.tmpname()
