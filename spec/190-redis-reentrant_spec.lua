@@ -249,16 +249,8 @@ end)
 ]]
 
   it("keeps the outermost sections exclusive (markers in one O_APPEND file)", h.async(function()
-    local log = os.tmpname()
     local name = fresh_name()
-    local children = {}
-    for p = 1, 4 do
-      children[p] = R.child(WORKER, { server.path, name, 60, log, "p" .. p, os.time() + p })
-    end
-    for p = 1, 4 do
-      local rc, _, err = children[p]:wait()
-      assert.equal(0, rc, err)
-    end
+    local log = R.run_workers(WORKER, 4, server.path, name, 60)
     local inside, overlaps, sections = nil, 0, 0
     for line in io.lines(log) do
       local kind, id = line:match("^(%u) (%S+)")

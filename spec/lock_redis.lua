@@ -395,6 +395,22 @@ for why, n in pairs(reasons) do io.stdout:write(("unavailable %d: %s\n"):format(
 os.exit(0)
 ]]
 
+--- Runs `n` worker processes of `code` (R.child), worker p with the
+-- arguments (socket, name, sections, log, "p<p>", a seed), and waits for
+-- all; each must exit 0.  Returns `log`, the one file of their markers.
+function R.run_workers(code, n, socket, name, sections)
+  local log = os.tmpname()
+  local children = {}
+  for p = 1, n do
+    children[p] = R.child(code, { socket, name, sections, log, "p" .. p, os.time() + p })
+  end
+  for p = 1, n do
+    local rc, _, err = children[p]:wait()
+    if rc ~= 0 then error(("worker p%d exited with %s: %s"):format(p, tostring(rc), err), 2) end
+  end
+  return log
+end
+
 -- The number of processes queued in Redis for the lock 'name'.
 function R.queued(client, name)
   return client:call("ZCARD", name .. ":q")
