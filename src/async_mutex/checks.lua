@@ -6,8 +6,8 @@
 -- Lua layer), for its errors and for these: a module of the layer never
 -- counts stack levels by hand.
 
-local getinfo, getmetatable, ipairs, rawget, require, type =
-  debug.getinfo, getmetatable, ipairs, rawget, require, type
+local getinfo, getmetatable, ipairs, loaded, rawget, require, type =
+  debug.getinfo, getmetatable, ipairs, package.loaded, rawget, require, type
 
 local core = require "async_mutex.core"
 
@@ -74,11 +74,13 @@ function M.check_open(client)
   if M.is_closed(client) then M.usage_error(M.CLOSED_CLIENT) end
 end
 
---- Whether 'client' is an async_mutex.redis client that was closed.
+--- Whether 'client' is an async_mutex.redis client that was closed (none
+-- is before that module is loaded: this one does not load it).
 function M.is_closed(client)
+  local redis = loaded["async_mutex.redis"]
+  if not (redis and redis.internal.is_client(client)) then return false end
   if not rcore then rcore = require "async_mutex.redis_core" end
-  local is_client = rcore.is_client   -- set by async_mutex.redis
-  return is_client ~= nil and is_client(client) and rcore.status(client) == "closed"
+  return rcore.status(client) == "closed"
 end
 
 return M

@@ -107,7 +107,6 @@ local function close_handle(h, after)
     if after then after() end
   end)
 end
-core.close_handle = close_handle   -- the Redis locks' timers too: one owner
 
 -- RE-ENTRY: a debug hook may run at any instruction of this file, and a
 -- finalizer at any allocation, and close the client: the timers are read
@@ -691,8 +690,6 @@ local DEFAULTS = {
   connectTimeout = 2000, commandTimeout = 5000,
   reconnectDelay = 50, reconnectDelayMax = 2000, pingInterval = 15000,
 }
--- (a cluster client's nodes have it unless told otherwise: redis_cluster.lua)
-core.default_command_timeout = DEFAULTS.commandTimeout
 
 -- Every option connect knows: a misspelt one (`commandTimout`) is an
 -- error, not a default silently kept.
@@ -927,7 +924,6 @@ local is_client do
   local mt = getmetatable(core.new({}))
   is_client = function(v) return getmetatable(v) == mt end
 end
-core.is_client = is_client
 
 local function check_client(self, fname)
   if not is_client(self) then
@@ -1042,7 +1038,6 @@ end
 -- async_mutex.redis_lock) are called directly, not in a coroutine of their
 -- own: they are on the path of every hand-off.  Errors are reported alike.
 local direct = setmetatable({}, WEAK_K)
-core.direct_callbacks = direct
 
 -- RE-ENTRY: a new coroutine is an allocation, where a finalizer may end
 -- the subscription: the function is called through s.call, which looks at
@@ -1179,7 +1174,7 @@ end
 -- The state of another connection to the server of `state`'s client,
 -- with its set-up commands and timing options: its subscriber's, and the
 -- one on which the Redis locks give back a closed client's holds
--- (core.sibling, async_mutex.redis_lock).
+-- (sibling, below).
 local function same_server(state)
   return {
     host = state.host, port = state.port, path = state.path, addr = state.addr,
@@ -1191,7 +1186,7 @@ local function same_server(state)
   }
 end
 
-function core.sibling(client)
+local function sibling(client)
   return core.new(same_server(core.state(client)))   -- sets state.ref (weak)
 end
 
@@ -1467,8 +1462,6 @@ local function check_list(list, n, what)
   return out
 end
 
-core.check_list = check_list     -- the cluster client's eval (redis_cluster.lua)
-
 local function is_noscript(err)
   return getmetatable(err) == ERROR_MT and err.code == "NOSCRIPT"
 end
@@ -1480,7 +1473,7 @@ local script_call = core.script
 -- Redis locks pass values, a table less per request).  EVALSHA, and EVAL
 -- when the server does not know the script (NOSCRIPT: restarted, flushed).
 -- The one owner of that rule: client:eval and the Redis locks
--- (async_mutex.redis_lock, through core.run_script) use it.
+-- (async_mutex.redis_lock, through internal.run_script) use it.
 local function run_script(self, script, keys, ...)
   local sha = sha_of(script)
   if sha then
@@ -1496,7 +1489,6 @@ local function run_script(self, script, keys, ...)
   end
   return reply
 end
-core.run_script = run_script
 
 local NONE = {}
 
@@ -1528,5 +1520,19 @@ M.versioned = versioned.versioned
 -- The module's own scripts keep their SHA1 for good (SHA1s, above).
 pin(require "async_mutex.redis_scripts")
 pin(versioned.scripts)
+
+-- What the other Redis modules use of this one's insides (not API; read
+-- by redis_cluster.lua, redis_lock_base.lua and checks.lua, written here
+-- only): the one owner of closing a luv handle (the Redis locks' timers
+-- too), the client test, callbacks called directly (the Redis locks'
+-- hand-off messages), eval's list check and script call (the cluster
+-- client's eval), a new client of the same server (the Redis locks give a
+-- closed client's holds back on it), and the default commandTimeout (a
+-- cluster client's nodes have it unless told otherwise).
+M.internal = {
+  close_handle = close_handle, is_client = is_client, direct_callbacks = direct,
+  check_list = check_list, run_script = run_script, sibling = sibling,
+  default_command_timeout = DEFAULTS.commandTimeout,
+}
 
 return M

@@ -7,6 +7,7 @@
 
 local am = require "async_mutex"
 local rcore = require "async_mutex.redis_core"
+local redis_internal = require("async_mutex.redis").internal
 local checks = require "async_mutex.checks"
 checks.join_layer()                     -- its errors stand at the user's call
 local usage_error = checks.usage_error
@@ -427,7 +428,7 @@ function Cluster.call(self, ...)
   return (route(self, slot, upper(argtext(argv[1])), plain_call, ...))
 end
 
-local run_script, script_call = rcore.run_script, rcore.script
+local run_script, script_call = redis_internal.run_script, rcore.script
 
 local NONE = {}
 
@@ -445,8 +446,8 @@ function Cluster.eval(self, script, keys, args)
   if type(script) ~= "string" then
     argerror(1, "eval", "string expected, got " .. typename(script))
   end
-  keys = rcore.check_list(keys, 2, "keys") or NONE
-  args = rcore.check_list(args, 3, "args") or NONE
+  keys = redis_internal.check_list(keys, 2, "keys") or NONE
+  args = redis_internal.check_list(args, 3, "args") or NONE
   local texts, where = {}, {}
   for i = 1, #keys do texts[i], where[i] = argtext(keys[i]), 2 end
   local slot = check_slots("eval", "script", texts, where, function(i)
@@ -655,22 +656,24 @@ function M.connect(redis, options)
 end
 
 M.Cluster = Cluster
--- (the Redis locks: a lock's keys share a slot, acquireAll over several)
-rcore.is_cluster = function(v) return getmetatable(v) == Cluster end
-rcore.keyslot = keyslot
+
+-- What the Redis locks (redis_lock_base.lua) use of the cluster client (not
+-- API; written here only): the client test, and the three below.
+M.internal = {}
+M.internal.is_cluster = function(v) return getmetatable(v) == Cluster end
 -- The Redis locks' scripts (redis_lock_base.lua): keys that share a slot
 -- by construction (a lock's, or those of several locks of one slot), args
 -- as values, all checked by the locks: routed by the first key, with none
 -- of eval's checks or lists (one lock cycle is two scripts).  Returns the
 -- reply and the client of the node that ran the script: the locks'
 -- `replicas` confirm its writes by WAIT on that node's connection.
-rcore.cluster_script = function(self, script, keys, ...)
+M.internal.script = function(self, script, keys, ...)
   if self.closed then error(unavailable("client closed"), 0) end
   return route(self, keyslot(keys[1]), "script", send_script, script, keys, ...)
 end
 -- A new cluster client like `client` (closed), and its commandTimeout:
 -- the Redis locks give a closed client's holds back on it.
-rcore.cluster_sibling = function(client)
+M.internal.sibling = function(client)
   local opts = { cluster = {} }
   for k, v in pairs(client.options) do opts[k] = v end
   for i, addr in ipairs(client.seeds) do
@@ -680,11 +683,11 @@ rcore.cluster_sibling = function(client)
   local c = M.connect(client.redis, opts)
   -- the slot map is known: no need to ask for it again
   c.slots, c.order, c.epoch = client.slots, client.order, client.epoch
-  return c, rcore.cluster_command_timeout(client)
+  return c, M.internal.command_timeout(client)
 end
 -- The commandTimeout of the nodes' clients.
-rcore.cluster_command_timeout = function(client)
-  return client.options.commandTimeout or rcore.default_command_timeout
+M.internal.command_timeout = function(client)
+  return client.options.commandTimeout or redis_internal.default_command_timeout
 end
 
 return M

@@ -27,12 +27,25 @@ local core = require "async_mutex.core"
 local scripts = require "async_mutex.redis_scripts"
 local uv = require "luv"
 
--- The client's Lua layer owns two helpers the locks share: closing a luv
--- handle safely at exit (docs/redis.md, "Closing and exiting") and running
--- a script (EVALSHA, EVAL on NOSCRIPT).
-require "async_mutex.redis"
+-- The client's Lua layer owns the helpers the locks share: closing a luv
+-- handle safely at exit (docs/redis.md, "Closing and exiting"), running a
+-- script (EVALSHA, EVAL on NOSCRIPT), telling its clients, and others.
+local redis_internal = require("async_mutex.redis").internal
 local rcore = require "async_mutex.redis_core"
-local close_handle, run_script, is_client = rcore.close_handle, rcore.run_script, rcore.is_client
+local close_handle, run_script, is_client =
+  redis_internal.close_handle, redis_internal.run_script, redis_internal.is_client
+
+-- The cluster client's (async_mutex.redis_cluster, loaded by a cluster's
+-- connect): its 'internal' once a cluster client exists, and the test.
+local cluster
+local function is_cluster(client)
+  if not cluster then
+    local mod = package.loaded["async_mutex.redis_cluster"]
+    if not mod then return false end
+    cluster = mod.internal
+  end
+  return cluster.is_cluster(client)
+end
 local alive = rcore.alive
 
 local error, getmetatable, ipairs, pairs, pcall, setmetatable,
@@ -114,7 +127,7 @@ local function eval(lk, script, keys, ...)
     if lk.replicas then wrote_at[running()] = epoch(lk.client) end
     return r
   elseif lk.cluster then           -- (docs/redis-locks.md, "On a cluster")
-    local r, node = rcore.cluster_script(lk.client, script, keys, ...)
+    local r, node = cluster.script(lk.client, script, keys, ...)
     if lk.hub.closed then error(CLOSED, 0) end
     -- (replicas: the WAIT that confirms it goes to the node that ran it)
     if lk.replicas then
@@ -223,7 +236,7 @@ local function get_hub(client)
         if hb then hb.evicts, hb.warned, hb.started = nil, false, nil end
       end
       hub.evicts, hub.evicts_gate = nil, internal(core.Mutex.new())
-    elseif rcore.is_cluster and rcore.is_cluster(client) then
+    elseif is_cluster(client) then
       -- a cluster client (async_mutex.redis_cluster) says when it is closed
       local ref = setmetatable({ hub }, { __mode = "v" })
       client.on_close = function()
@@ -297,7 +310,7 @@ local function subscribe(hub, ch)
   local fn = hub.on_message
   if not fn then
     fn = function(message) on_message(hub, message) end
-    rcore.direct_callbacks[fn] = true       -- it never yields: no coroutine
+    redis_internal.direct_callbacks[fn] = true   -- it never yields: no coroutine
     hub.on_message = fn
   end
   if ch then
@@ -635,9 +648,9 @@ local giving = {}                    -- luacheck: ignore 241 (an anchor)
 local function give_back(client, items)
   local c, ms
   if is_client(client) then
-    c, ms = rcore.sibling(client), rcore.state(client).commandTimeout
+    c, ms = redis_internal.sibling(client), rcore.state(client).commandTimeout
   else                                  -- a cluster client: a new one
-    c, ms = rcore.cluster_sibling(client)
+    c, ms = cluster.sibling(client)
   end
   local left, bound = #items, nil
   local function finish()
@@ -904,13 +917,13 @@ local function has_tag(name)       -- as Redis reads a hash tag: the first {
   return close ~= nil and close > open + 1
 end
 
-local function lock_keys(name, s_limit, cluster)
+local function lock_keys(name, s_limit, on_cluster)
   local base = name
-  if cluster and not has_tag(name) then base = "{" .. name .. "}" end
+  if on_cluster and not has_tag(name) then base = "{" .. name .. "}" end
   local keys = scripts.keys(base)
   keys.name, keys.limit = name, s_limit
   -- the hashed part of its keys: its hand-off channels are in its slot
-  if cluster then keys.tag = base:match("^[^{]*{([^}]*)}") end
+  if on_cluster then keys.tag = base:match("^[^{]*{([^}]*)}") end
   return keys
 end
 
@@ -1356,8 +1369,7 @@ local function options_of(opts, n, fname, client, known)
   if o.renew >= ttl then
     argerror(n, fname, "options.renewInterval must be below options.ttl")
   end
-  if o.replicas and not is_client(client)
-      and not (rcore.is_cluster and rcore.is_cluster(client)) then
+  if o.replicas and not is_client(client) and not is_cluster(client) then
     -- (WAIT is no script's command: it needs the client's own call)
     argerror(n, fname, "options.replicas needs an async_mutex.redis client")
   end
@@ -1401,11 +1413,11 @@ local function new_record(mt, client, name, limit, opts, keyed)
   lk.gate = internal(keyed and core.KeyedMutex.new({ cancelError = opts.cancel_error })
     or core.Mutex.new(opts.cancel_error))
   lk.s_limit, lk.s_ttl, lk.s_wait = tostring(limit), tostring(opts.ttl), tostring(opts.wait_ms)
-  lk.cluster = rcore.is_cluster ~= nil and rcore.is_cluster(client)
+  lk.cluster = is_cluster(client)
   lk.keys, lk.direct = lock_keys(name, lk.s_limit, lk.cluster), is_client(client)
   if lk.replicas then
     -- WAIT's timeout: within the client's commandTimeout and the lease
-    local timeout = lk.cluster and rcore.cluster_command_timeout(client)
+    local timeout = lk.cluster and cluster.command_timeout(client)
       or rcore.state(client).commandTimeout
     local within = min(timeout / 2, lk.ttl / 4)
     lk.s_replicas, lk.s_wait_for = tostring(lk.replicas), tostring(max(1, floor(within)))
