@@ -15,6 +15,9 @@
 -- start() starts it again on the same socket and port, empty.
 
 local uv = require "luv"
+-- (loaded with this file, so that helpers.run can close the clients a
+-- failed test made: see track_clients there)
+pcall(require, "async_mutex.redis")
 
 local R = {}
 

@@ -11,6 +11,9 @@
 --   server:stop()       -- kills it and removes its directory
 
 local uv = require "luv"
+-- (loaded with this file, so that helpers.run can close the clients a
+-- failed test made: see track_clients there)
+pcall(require, "async_mutex.redis")
 
 local M = {}
 local Server = {}
