@@ -114,6 +114,20 @@ local function install_error_handler()
   return function() pcall(am.setErrorHandler, prev) end
 end
 
+-- connect's stand-in, made in a chunk that joins the module's Lua layer
+-- (checks.lua) when run: connect's usage errors stand at the spec's line,
+-- as without it.
+local stand_in = assert(load([[
+  require("async_mutex.checks").join_layer()
+  return function(connect, made)
+    return function(...)
+      local c = connect(...)
+      made[c] = true
+      return c
+    end
+  end
+]], "=(spec/helpers.lua: connect's stand-in)"))
+
 -- The Redis clients a test makes through async_mutex.redis's connect (when
 -- that module is loaded), so that a failed test can close them: its
 -- coroutines would otherwise wait on them, and keep the loop of every later
@@ -124,12 +138,9 @@ local function track_clients()
   if type(redis) ~= "table" or type(redis.connect) ~= "function" then
     return function() return {} end
   end
-  local connect, made = redis.connect, {}
-  redis.connect = function(...)
-    local c = connect(...)
-    made[#made + 1] = c
-    return c
-  end
+  local connect = redis.connect
+  local made = setmetatable({}, { __mode = "k" })  -- (specs of collection too)
+  redis.connect = stand_in()(connect, made)
   return function()
     redis.connect = connect
     return made
@@ -139,7 +150,7 @@ end
 -- After a failed test: closes its clients, and runs the loop until what
 -- they ended has ended (at most 2 s; their errors are the failure's).
 local function close_clients(made)
-  for _, c in ipairs(made) do pcall(c.close, c) end
+  for c in pairs(made) do pcall(c.close, c) end
   local bound = own_handle(uv.new_timer())
   bound:start(2000, 0, function() uv.stop() end)
   bound:unref()

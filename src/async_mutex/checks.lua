@@ -78,7 +78,7 @@ end
 -- is before that module is loaded: this one does not load it).
 function M.is_closed(client)
   local redis = loaded["async_mutex.redis"]
-  if not (redis and redis.internal.is_client(client)) then return false end
+  if not (redis and redis._internal.is_client(client)) then return false end
   if not rcore then rcore = require "async_mutex.redis_core" end
   return rcore.status(client) == "closed"
 end

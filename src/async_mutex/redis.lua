@@ -1473,7 +1473,7 @@ local script_call = core.script
 -- Redis locks pass values, a table less per request).  EVALSHA, and EVAL
 -- when the server does not know the script (NOSCRIPT: restarted, flushed).
 -- The one owner of that rule: client:eval and the Redis locks
--- (async_mutex.redis_lock, through internal.run_script) use it.
+-- (async_mutex.redis_lock, through _internal.run_script) use it.
 local function run_script(self, script, keys, ...)
   local sha = sha_of(script)
   if sha then
@@ -1521,7 +1521,8 @@ M.versioned = versioned.versioned
 pin(require "async_mutex.redis_scripts")
 pin(versioned.scripts)
 
--- What the other Redis modules use of this one's insides (not API; read
+-- What the other Redis modules use of this one's insides (private, as its
+-- leading underscore says; read
 -- by redis_cluster.lua, redis_lock_base.lua and checks.lua, written here
 -- only): the one owner of closing a luv handle (the Redis locks' timers
 -- too), the client test, callbacks called directly (the Redis locks'
@@ -1529,7 +1530,7 @@ pin(versioned.scripts)
 -- client's eval), a new client of the same server (the Redis locks give a
 -- closed client's holds back on it), and the default commandTimeout (a
 -- cluster client's nodes have it unless told otherwise).
-M.internal = {
+M._internal = {
   close_handle = close_handle, is_client = is_client, direct_callbacks = direct,
   check_list = check_list, run_script = run_script, sibling = sibling,
   default_command_timeout = DEFAULTS.commandTimeout,

@@ -7,7 +7,7 @@
 
 local am = require "async_mutex"
 local rcore = require "async_mutex.redis_core"
-local redis_internal = require("async_mutex.redis").internal
+local redis_internal = require("async_mutex.redis")._internal
 local checks = require "async_mutex.checks"
 checks.join_layer()                     -- its errors stand at the user's call
 local usage_error = checks.usage_error
@@ -659,21 +659,21 @@ M.Cluster = Cluster
 
 -- What the Redis locks (redis_lock_base.lua) use of the cluster client (not
 -- API; written here only): the client test, and the three below.
-M.internal = {}
-M.internal.is_cluster = function(v) return getmetatable(v) == Cluster end
+M._internal = {}
+M._internal.is_cluster = function(v) return getmetatable(v) == Cluster end
 -- The Redis locks' scripts (redis_lock_base.lua): keys that share a slot
 -- by construction (a lock's, or those of several locks of one slot), args
 -- as values, all checked by the locks: routed by the first key, with none
 -- of eval's checks or lists (one lock cycle is two scripts).  Returns the
 -- reply and the client of the node that ran the script: the locks'
 -- `replicas` confirm its writes by WAIT on that node's connection.
-M.internal.script = function(self, script, keys, ...)
+M._internal.script = function(self, script, keys, ...)
   if self.closed then error(unavailable("client closed"), 0) end
   return route(self, keyslot(keys[1]), "script", send_script, script, keys, ...)
 end
 -- A new cluster client like `client` (closed), and its commandTimeout:
 -- the Redis locks give a closed client's holds back on it.
-M.internal.sibling = function(client)
+M._internal.sibling = function(client)
   local opts = { cluster = {} }
   for k, v in pairs(client.options) do opts[k] = v end
   for i, addr in ipairs(client.seeds) do
@@ -683,10 +683,10 @@ M.internal.sibling = function(client)
   local c = M.connect(client.redis, opts)
   -- the slot map is known: no need to ask for it again
   c.slots, c.order, c.epoch = client.slots, client.order, client.epoch
-  return c, M.internal.command_timeout(client)
+  return c, M._internal.command_timeout(client)
 end
 -- The commandTimeout of the nodes' clients.
-M.internal.command_timeout = function(client)
+M._internal.command_timeout = function(client)
   return client.options.commandTimeout or redis_internal.default_command_timeout
 end
 

@@ -30,19 +30,19 @@ local uv = require "luv"
 -- The client's Lua layer owns the helpers the locks share: closing a luv
 -- handle safely at exit (docs/redis.md, "Closing and exiting"), running a
 -- script (EVALSHA, EVAL on NOSCRIPT), telling its clients, and others.
-local redis_internal = require("async_mutex.redis").internal
+local redis_internal = require("async_mutex.redis")._internal
 local rcore = require "async_mutex.redis_core"
 local close_handle, run_script, is_client =
   redis_internal.close_handle, redis_internal.run_script, redis_internal.is_client
 
 -- The cluster client's (async_mutex.redis_cluster, loaded by a cluster's
--- connect): its 'internal' once a cluster client exists, and the test.
+-- connect): its '_internal' once a cluster client exists, and the test.
 local cluster
 local function is_cluster(client)
   if not cluster then
     local mod = package.loaded["async_mutex.redis_cluster"]
     if not mod then return false end
-    cluster = mod.internal
+    cluster = mod._internal
   end
   return cluster.is_cluster(client)
 end
