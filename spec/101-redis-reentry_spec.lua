@@ -12,10 +12,7 @@
 local h = require "helpers"
 local redis_server = require "redis_server"
 
-local server
-
-setup(function() server = redis_server.start() end)
-teardown(function() if server then server:stop() end end)
+local server = redis_server.for_file(setup, teardown)
 
 -- The child's prelude: the client's modules, and at_hook(co, name,
 -- action), which runs action() once, at the first call of hooks[name] (a

@@ -12,9 +12,7 @@ local h = require "helpers"
 local redis_server = require "redis_server"
 local redis = require "async_mutex.redis"
 
-local server
-setup(function() server = redis_server.start() end)
-teardown(function() if server then server:stop() end end)
+local server = redis_server.for_file(setup, teardown)
 
 describe("a stray coroutine.resume", function()
   it("of a caller waiting in client:call: it goes on waiting for its own reply", h.async(function()

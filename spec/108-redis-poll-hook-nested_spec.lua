@@ -11,10 +11,7 @@
 local h = require "helpers"
 local redis_server = require "redis_server"
 
-local server
-
-setup(function() server = redis_server.start() end)
-teardown(function() if server then server:stop() end end)
+local server = redis_server.for_file(setup, teardown)
 
 local CHILD = [[
 local uv = require "luv"

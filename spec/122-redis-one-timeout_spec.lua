@@ -12,12 +12,7 @@ local R = require "lock_redis"
 local redis = require "async_mutex.redis"
 local uv = require "luv"
 
-local server
-
-setup(function() server = R.server() end)
-teardown(function() if server then server:resume(); server:stop() end end)
-
-local fresh_name = R.namer("spec122")
+local server, fresh_name = R.file_server(setup, teardown, "spec122")
 
 local TIMEOUT = 300
 local SLACK = 20 * h.TIME_SCALE

@@ -12,12 +12,7 @@ local am = require "async_mutex"
 local h = require "helpers"
 local R = require "lock_redis"
 
-local server
-
-setup(function() server = R.server() end)
-teardown(function() if server then server:stop() end end)
-
-local fresh_name = R.namer("spec123")
+local server, fresh_name = R.file_server(setup, teardown, "spec123")
 
 local function configure(c, maxmemory, policy)
   c:call("CONFIG", "SET", "maxmemory", maxmemory)

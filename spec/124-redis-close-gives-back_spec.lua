@@ -13,12 +13,7 @@ local h = require "helpers"
 local R = require "lock_redis"
 local uv = require "luv"
 
-local server
-
-setup(function() server = R.server() end)
-teardown(function() if server then server:resume(); server:stop() end end)
-
-local fresh_name = R.namer("spec124")
+local server, fresh_name = R.file_server(setup, teardown, "spec124")
 
 local function ms_since(t0) return (uv.hrtime() - t0) / 1e6 end
 

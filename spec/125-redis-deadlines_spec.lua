@@ -17,12 +17,7 @@ local h = require "helpers"
 local R = require "lock_redis"
 local uv = require "luv"
 
-local server
-
-setup(function() server = R.server() end)
-teardown(function() if server then server:stop() end end)
-
-local fresh_name = R.namer("spec125")
+local server, fresh_name = R.file_server(setup, teardown, "spec125")
 
 local hrtime = uv.hrtime
 

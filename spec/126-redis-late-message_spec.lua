@@ -18,12 +18,7 @@ local R = require "lock_redis"
 local scripts = require "async_mutex.redis_scripts"
 local uv = require "luv"
 
-local server
-
-setup(function() server = R.server() end)
-teardown(function() if server then server:stop() end end)
-
-local fresh_name = R.namer("spec126")
+local server, fresh_name = R.file_server(setup, teardown, "spec126")
 
 local function raw(client, name, script, ...)
   return client:eval(script, scripts.keys(name), { ... })

@@ -9,12 +9,7 @@ local am = require "async_mutex"
 local h = require "helpers"
 local R = require "lock_redis"
 
-local server
-
-setup(function() server = R.server() end)
-teardown(function() if server then server:stop() end end)
-
-local fresh_name = R.namer("spec127")
+local server, fresh_name = R.file_server(setup, teardown, "spec127")
 
 -- The scripts run by the server while fn() runs and the loop turns after
 -- it (anything sent in the background has been taken: a PING on the same

@@ -23,12 +23,7 @@ local h = require "helpers"
 local R = require "lock_redis"
 local uv = require "luv"
 
-local server
-
-setup(function() server = R.server() end)
-teardown(function() if server then server:stop() end end)
-
-local fresh_name = R.namer("spec128")
+local server, fresh_name = R.file_server(setup, teardown, "spec128")
 
 -- Runs fn(...) in a coroutine of its own with a call hook that closes
 -- 'client' at the k-th call made by the lock's code (the client's own

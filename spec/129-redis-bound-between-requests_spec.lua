@@ -13,12 +13,7 @@ local h = require "helpers"
 local R = require "lock_redis"
 local uv = require "luv"
 
-local server
-
-setup(function() server = R.server() end)
-teardown(function() if server then server:resume(); server:stop() end end)
-
-local fresh_name = R.namer("spec129")
+local server, fresh_name = R.file_server(setup, teardown, "spec129")
 
 -- The calls of 'command' the server has taken (INFO commandstats).
 local function calls(client, command)

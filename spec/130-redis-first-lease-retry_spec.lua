@@ -13,12 +13,7 @@ local R = require "lock_redis"
 local scripts = require "async_mutex.redis_scripts"
 local uv = require "luv"
 
-local server
-
-setup(function() server = R.server() end)
-teardown(function() if server then server:resume(); server:stop() end end)
-
-local fresh_name = R.namer("spec130")
+local server, fresh_name = R.file_server(setup, teardown, "spec130")
 
 local function raw(client, name, script, ...)
   return client:eval(script, scripts.keys(name), { ... })

@@ -8,10 +8,7 @@ local h = require "helpers"
 local redis_server = require "redis_server"
 local redis = require "async_mutex.redis"
 
-local server
-
-setup(function() server = redis_server.start() end)
-teardown(function() if server then server:stop() end end)
+local server = redis_server.for_file(setup, teardown)
 
 local NOT_VERSIONED = "WRONGTYPE key holds a hash that is not a versioned value"
 

@@ -10,12 +10,7 @@ local am = require "async_mutex"
 local h = require "helpers"
 local R = require "lock_redis"
 
-local server
-
-setup(function() server = R.server() end)
-teardown(function() if server then server:stop() end end)
-
-local fresh_name = R.namer("spec190")
+local server, fresh_name = R.file_server(setup, teardown, "spec190")
 
 describe("RedisReentrantMutex's holder", function()
   it("re-enters at once, across yields, with no request to Redis: levels of one hold, one fence",
@@ -254,16 +249,8 @@ end)
 ]]
 
   it("keeps the outermost sections exclusive (markers in one O_APPEND file)", h.async(function()
-    local log = os.tmpname()
     local name = fresh_name()
-    local children = {}
-    for p = 1, 4 do
-      children[p] = R.child(WORKER, { server.path, name, 60, log, "p" .. p, os.time() + p })
-    end
-    for p = 1, 4 do
-      local rc, _, err = children[p]:wait()
-      assert.equal(0, rc, err)
-    end
+    local log = R.run_workers(WORKER, 4, server.path, name, 60)
     local inside, overlaps, sections = nil, 0, 0
     for line in io.lines(log) do
       local kind, id = line:match("^(%u) (%S+)")

@@ -10,12 +10,7 @@ local am = require "async_mutex"
 local h = require "helpers"
 local R = require "lock_redis"
 
-local server
-
-setup(function() server = R.server() end)
-teardown(function() if server then server:stop() end end)
-
-local fresh_name = R.namer("spec191")
+local server, fresh_name = R.file_server(setup, teardown, "spec191")
 
 describe("RedisRWLock", function()
   it("lets readers of several processes share it, and a writer hold it alone", h.async(function()
@@ -299,16 +294,8 @@ end)
 
   it("never lets a writer overlap anyone, and lets readers overlap (markers in one O_APPEND file)",
     h.async(function()
-      local log = os.tmpname()
       local name = fresh_name()
-      local children = {}
-      for p = 1, 4 do
-        children[p] = R.child(WORKER, { server.path, name, 60, log, "p" .. p, os.time() + p })
-      end
-      for p = 1, 4 do
-        local rc, _, err = children[p]:wait()
-        assert.equal(0, rc, err)
-      end
+      local log = R.run_workers(WORKER, 4, server.path, name, 60)
       local inside, n_in, bad, shared, sections, writes = {}, 0, 0, 0, 0, 0
       for line in io.lines(log) do
         local kind, mode, id = line:match("^(%u) (%u) (%S+)")

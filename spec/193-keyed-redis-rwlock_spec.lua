@@ -7,10 +7,7 @@ local am = require "async_mutex"
 local h = require "helpers"
 local R = require "lock_redis"
 
-local server
-
-setup(function() server = R.server() end)
-teardown(function() if server then server:stop() end end)
+local server = R.file_server(setup, teardown)
 
 local fresh = R.namer("spec193")
 
@@ -120,16 +117,8 @@ end)
 
   it("never lets a write overlap anything on its keys (markers in one O_APPEND file)",
     h.async(function()
-      local log = os.tmpname()
       local prefix = fresh() .. ":"
-      local children = {}
-      for p = 1, 4 do
-        children[p] = R.child(WORKER, { server.path, prefix, 80, log, "p" .. p, os.time() + p })
-      end
-      for p = 1, 4 do
-        local rc, _, err = children[p]:wait()
-        assert.equal(0, rc, err)
-      end
+      local log = R.run_workers(WORKER, 4, server.path, prefix, 80)
       local inside, bad, sections = {}, 0, 0
       for line in io.lines(log) do
         local kind, mode, key, id = line:match("^(%u) (%u) (%S+) (%S+)")

@@ -8,12 +8,7 @@ local h = require "helpers"
 local R = require "lock_redis"
 local uv = require "luv"
 
-local server
-
-setup(function() server = R.server() end)
-teardown(function() if server then server:stop() end end)
-
-local fresh_name = R.namer("spec226")
+local server, fresh_name = R.file_server(setup, teardown, "spec226")
 
 -- The client id of a token ("<client id>:<random>").
 local function client_of(token) return token:match("^([^:]+):") end

@@ -93,10 +93,12 @@ local function escape(s)
 end
 
 --- The string keys of t, sorted.
+-- (a key of a leading underscore and a lower-case letter is private, as
+-- async_mutex.redis's _internal, read by its sibling modules only)
 local function sorted_keys(t)
   local keys = {}
   for k in pairs(t) do
-    if type(k) == "string" then keys[#keys + 1] = k end
+    if type(k) == "string" and not k:match("^_%l") then keys[#keys + 1] = k end
   end
   table.sort(keys)
   return keys

@@ -9,10 +9,7 @@ local am = require "async_mutex"
 local redis = require "async_mutex.redis"
 local redis_server = require "redis_server"
 
-local server
-
-setup(function() server = redis_server.start() end)
-teardown(function() if server then server:stop() end end)
+local server = redis_server.for_file(setup, teardown)
 
 local function f() end
 

@@ -32,10 +32,7 @@ end
 
 local function plain(s) return (s:gsub("%p", "%%%0")) end
 
-local server
-
-setup(function() server = redis_server.start() end)
-teardown(function() if server then server:stop() end end)
+local server = redis_server.for_file(setup, teardown)
 
 local function run(code)
   local r = h.subprocess(code)

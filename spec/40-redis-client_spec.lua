@@ -7,10 +7,7 @@ local redis_server = require "redis_server"
 local redis = require "async_mutex.redis"
 local am = require "async_mutex"
 
-local server
-
-setup(function() server = redis_server.start() end)
-teardown(function() if server then server:stop() end end)
+local server = redis_server.for_file(setup, teardown)
 
 local function client(opts)
   opts = opts or {}

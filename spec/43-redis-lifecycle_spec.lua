@@ -7,10 +7,7 @@
 local h = require "helpers"
 local redis_server = require "redis_server"
 
-local server
-
-setup(function() server = redis_server.start() end)
-teardown(function() if server then server:stop() end end)
+local server = redis_server.for_file(setup, teardown)
 
 -- Runs `body` in a child after connecting `c` to the server; the child
 -- prints "done" as its last line, then its script ends (lua_close).

@@ -7,14 +7,9 @@ local am = require "async_mutex"
 local h = require "helpers"
 local R = require "lock_redis"
 
-local server
-
-setup(function() server = R.server() end)
-teardown(function() if server then server:stop() end end)
+local server, fresh_name = R.file_server(setup, teardown, "spec44")
 
 local queued = R.queued
-
-local fresh_name = R.namer("spec44")
 
 describe("RedisMutex.new", function()
   it("makes a lock that is free in Redis", h.async(function()

@@ -6,14 +6,9 @@ local am = require "async_mutex"
 local h = require "helpers"
 local R = require "lock_redis"
 
-local server
-
-setup(function() server = R.server() end)
-teardown(function() if server then server:stop() end end)
+local server, fresh_name = R.file_server(setup, teardown, "spec47")
 
 local queued = R.queued
-
-local fresh_name = R.namer("spec47")
 
 describe("RedisSemaphore", function()
   it("admits `limit` holders across processes and queues the next", h.async(function()

@@ -15,10 +15,7 @@ local ROOT do
   ROOT = (source:match("^(.*)/[^/]*$") or ".") .. "/.."
 end
 
-local server
-
-setup(function() server = redis_server.start() end)
-teardown(function() if server then server:stop() end end)
+local server = redis_server.for_file(setup, teardown)
 
 local function client()
   return redis.connect({ path = server.path })

@@ -11,10 +11,7 @@ local R = require "lock_redis"
 local redis = require "async_mutex.redis"
 local rcore = require "async_mutex.redis_core"
 
-local server
-
-setup(function() server = R.server() end)
-teardown(function() if server then server:stop() end end)
+local server = R.file_server(setup, teardown)
 
 describe("an error object escaping a coroutine the Redis client resumed", function()
   -- (coroutines of the script's own: a task's error is its task's to

@@ -10,12 +10,8 @@ local h = require "helpers"
 local R = require "lock_redis"
 local scripts = require "async_mutex.redis_scripts"
 
-local server
+local server, fresh_name = R.file_server(setup, teardown, "spec70")
 
-setup(function() server = R.server() end)
-teardown(function() if server then server:stop() end end)
-
-local fresh_name = R.namer("spec70")
 local release = R.release_script
 
 -- acquire(c, name, token, ttl [, mode]): the acquire script for weight 1 of

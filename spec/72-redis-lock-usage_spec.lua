@@ -8,12 +8,7 @@ local redis = require "async_mutex.redis"
 local h = require "helpers"
 local R = require "lock_redis"
 
-local server
-
-setup(function() server = R.server() end)
-teardown(function() if server then server:stop() end end)
-
-local fresh_name = R.namer("spec72")
+local server, fresh_name = R.file_server(setup, teardown, "spec72")
 
 local check = h.raises_at_caller
 

@@ -11,10 +11,7 @@ local redis_server = require "redis_server"
 local redis = require "async_mutex.redis"
 local core = require "async_mutex.redis_core"
 
-local server
-
-setup(function() server = redis_server.start() end)
-teardown(function() if server then server:stop() end end)
+local server = redis_server.for_file(setup, teardown)
 
 -- No timeouts: under valgrind, making a thousand arguments in Lua takes
 -- longer than a connect timeout, and a megabyte longer than a command one.

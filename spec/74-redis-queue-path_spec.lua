@@ -11,12 +11,8 @@ local h = require "helpers"
 local R = require "lock_redis"
 local scripts = require "async_mutex.redis_scripts"
 
-local server
+local server, fresh_name = R.file_server(setup, teardown, "spec74")
 
-setup(function() server = R.server() end)
-teardown(function() if server then server:stop() end end)
-
-local fresh_name = R.namer("spec74")
 local release, server_ms = R.release_script, R.server_ms
 
 -- acquire(c, name, token, ttl, wait_ms, channel [, limit, weight]): the

@@ -26,12 +26,7 @@ local function script(name)
     "examples/redis_orders.lua has no script " .. name)
 end
 
-local server
-
-setup(function() server = R.server() end)
-teardown(function() if server then server:stop() end end)
-
-local fresh_name = R.namer("spec75")
+local server, fresh_name = R.file_server(setup, teardown, "spec75")
 
 describe("examples/redis_orders.lua's fenced store", function()
   it("refuses the sale of a holder paused past its lease once the next holder has read,"

@@ -11,12 +11,7 @@ local R = require "lock_redis"
 local am = require "async_mutex"
 local scripts = require "async_mutex.redis_scripts"
 
-local server
-
-setup(function() server = R.server() end)
-teardown(function() if server then server:stop() end end)
-
-local fresh_name = R.namer("spec77")
+local server, fresh_name = R.file_server(setup, teardown, "spec77")
 
 local MAX_MS = 1 << 40         -- the largest ttl / waiterTimeout
 local MAX_LIMIT = 1 << 53      -- the largest semaphore limit

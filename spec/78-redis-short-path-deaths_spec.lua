@@ -12,10 +12,7 @@ local h = require "helpers"
 local R = require "lock_redis"
 local uv = require "luv"
 
-local server
-
-setup(function() server = R.server() end)
-teardown(function() if server then server:stop() end end)
+local server = R.file_server(setup, teardown)
 
 local queued = R.queued
 

@@ -8,10 +8,7 @@ local h = require "helpers"
 local redis = require "async_mutex.redis"
 local redis_server = require "redis_server"
 
-local server
-
-setup(function() server = redis_server.start() end)
-teardown(function() if server then server:stop() end end)
+local server = redis_server.for_file(setup, teardown)
 
 local check = h.raises_at_caller
 local OPT = "bad argument #1 to 'connect' "

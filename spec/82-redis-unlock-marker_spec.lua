@@ -12,12 +12,7 @@ local h = require "helpers"
 local R = require "lock_redis"
 local scripts = require "async_mutex.redis_scripts"
 
-local server
-
-setup(function() server = R.server() end)
-teardown(function() if server then server:stop() end end)
-
-local fresh_name = R.namer("spec82")
+local server, fresh_name = R.file_server(setup, teardown, "spec82")
 
 -- Long enough that a watcher woken within WOKEN ms was woken by the
 -- release's message, not by its poll (every waiterTimeout / 3).

@@ -17,10 +17,7 @@ local am = require "async_mutex"
 local h = require "helpers"
 local R = require "lock_redis"
 
-local server
-
-setup(function() server = R.server() end)
-teardown(function() if server then server:stop() end end)
+local server = R.file_server(setup, teardown)
 
 local CHILD = [[
 local am = require "async_mutex"
@@ -288,7 +285,6 @@ describe("client:close() with Redis locks held or waited for", function()
     assert.is_true(tonumber(worst) < 500 * h.TIME_SCALE,
       ("seed %d: uv.run() returned %s ms after a close"):format(seed, worst))
   end, { deadline = 120000 }))
-
 
   it("from a finalizer at lua_close, while held and waited for, reads no freed memory",
     h.async(function()

@@ -21,10 +21,7 @@ local R = require "lock_redis"
 local uv = require "luv"
 local am = require "async_mutex"
 
-local server
-
-setup(function() server = R.server() end)
-teardown(function() if server then server:stop() end end)
+local server = R.file_server(setup, teardown)
 
 local queued = R.queued
 local SLACK = 250 * h.TIME_SCALE     -- round trips and scheduling, generous

@@ -17,10 +17,7 @@
 local h = require "helpers"
 local R = require "lock_redis"
 
-local server
-
-setup(function() server = R.server() end)
-teardown(function() if server then server:stop() end end)
+local server = R.file_server(setup, teardown)
 
 local CHILD = [[
 local am = require "async_mutex"

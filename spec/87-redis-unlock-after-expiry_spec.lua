@@ -11,12 +11,8 @@ local h = require "helpers"
 local R = require "lock_redis"
 local uv = require "luv"
 
-local server
+local server, fresh_name = R.file_server(setup, teardown, "spec87")
 
-setup(function() server = R.server() end)
-teardown(function() if server then server:stop() end end)
-
-local fresh_name = R.namer("spec87")
 local TTL = 300
 local OPTS = { waiterTimeout = 300000 }          -- poll every 100 s
 local BOUND = TTL + 3000 * h.TIME_SCALE           -- far below the poll

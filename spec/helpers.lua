@@ -114,6 +114,51 @@ local function install_error_handler()
   return function() pcall(am.setErrorHandler, prev) end
 end
 
+-- connect's stand-in, made in a chunk that joins the module's Lua layer
+-- (checks.lua) when run: connect's usage errors stand at the spec's line,
+-- as without it.
+local stand_in = assert(load([[
+  require("async_mutex.checks").join_layer()
+  return function(connect, made)
+    return function(...)
+      local c = connect(...)
+      made[c] = true
+      return c
+    end
+  end
+]], "=(spec/helpers.lua: connect's stand-in)"))
+
+-- The Redis clients a test makes through async_mutex.redis's connect (when
+-- that module is loaded), so that a failed test can close them: its
+-- coroutines would otherwise wait on them, and keep the loop of every later
+-- test of the process running ("the body finished, the loop did not").
+-- Returns a function that stops the tracking and returns the clients.
+local function track_clients()
+  local redis = package.loaded["async_mutex.redis"]
+  if type(redis) ~= "table" or type(redis.connect) ~= "function" then
+    return function() return {} end
+  end
+  local connect = redis.connect
+  local made = setmetatable({}, { __mode = "k" })  -- (specs of collection too)
+  redis.connect = stand_in()(connect, made)
+  return function()
+    redis.connect = connect
+    return made
+  end
+end
+
+-- After a failed test: closes its clients, and runs the loop until what
+-- they ended has ended (at most 2 s; their errors are the failure's).
+local function close_clients(made)
+  for c in pairs(made) do pcall(c.close, c) end
+  local bound = own_handle(uv.new_timer())
+  bound:start(2000, 0, function() uv.stop() end)
+  bound:unref()
+  pcall(uv.run)
+  bound:close()
+  uv.run("nowait")
+end
+
 --- Runs body with `handler` as the module's error handler (setErrorHandler),
 -- restoring the previous one afterwards, also when body fails.
 function helpers.with_handler(handler, body)
@@ -169,10 +214,13 @@ function helpers.run(body, opts)
     uv.stop()
   end)
   deadline:unref()                       -- do not keep uv.run() alive by itself
+  local untrack = track_clients()
   local result = table.pack(pcall(am.run, { unjoined = "report" }, body))
+  local made = untrack()
   local left = active_handles(deadline)
   deadline:close()
   uv.run("nowait")                       -- let the close complete
+  if timed_out or not result[1] then close_clients(made) end
   restore_handler()
   if timed_out then
     error(("deadline of %d ms passed: %s"):format(deadline_ms,

@@ -15,6 +15,9 @@
 -- start() starts it again on the same socket and port, empty.
 
 local uv = require "luv"
+-- (loaded with this file, so that helpers.run can close the clients a
+-- failed test made: see track_clients there)
+pcall(require, "async_mutex.redis")
 
 local R = {}
 
@@ -125,6 +128,13 @@ function Server:cli(args)
   local out = p:read("a")
   p:close()
   return out
+end
+
+--- The server of a whole spec file (as redis_server.for_file) and a namer
+-- of its locks:
+--   local server, fresh_name = R.file_server(setup, teardown, "spec44")
+function R.file_server(setup, teardown, prefix)
+  return require("redis_server").for_file(setup, teardown, R.server), R.namer(prefix)
 end
 
 --- A fresh redis-server.
@@ -387,6 +397,22 @@ for _, e in ipairs(others) do io.stdout:write(e, "\n") end
 for why, n in pairs(reasons) do io.stdout:write(("unavailable %d: %s\n"):format(n, why)) end
 os.exit(0)
 ]]
+
+--- Runs `n` worker processes of `code` (R.child), worker p with the
+-- arguments (socket, name, sections, log, "p<p>", a seed), and waits for
+-- all; each must exit 0.  Returns `log`, the one file of their markers.
+function R.run_workers(code, n, socket, name, sections)
+  local log = os.tmpname()
+  local children = {}
+  for p = 1, n do
+    children[p] = R.child(code, { socket, name, sections, log, "p" .. p, os.time() + p })
+  end
+  for p = 1, n do
+    local rc, _, err = children[p]:wait()
+    if rc ~= 0 then error(("worker p%d exited with %s: %s"):format(p, tostring(rc), err), 2) end
+  end
+  return log
+end
 
 -- The number of processes queued in Redis for the lock 'name'.
 function R.queued(client, name)

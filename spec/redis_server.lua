@@ -11,6 +11,9 @@
 --   server:stop()       -- kills it and removes its directory
 
 local uv = require "luv"
+-- (loaded with this file, so that helpers.run can close the clients a
+-- failed test made: see track_clients there)
+pcall(require, "async_mutex.redis")
 
 local M = {}
 local Server = {}
@@ -117,6 +120,22 @@ end
 function Server:stop()
   self:kill()
   sh("rm -rf " .. shquote(self.dir))
+end
+
+--- The server of a whole spec file: started by its setup, stopped by its
+-- teardown (also when a test failed).  'start' makes it (M.start unless
+-- given).  Returns a stand-in that reaches the running server:
+--   local server = redis_server.for_file(setup, teardown)
+--   ... server.path, server:client() in the file's tests
+function M.for_file(setup, teardown, start)
+  local running
+  setup(function() running = (start or M.start)() end)
+  teardown(function() if running then running:stop() end end)
+  return setmetatable({}, { __index = function(_, k)
+    local v = assert(running, "the file's server runs from its setup on")[k]
+    if type(v) ~= "function" then return v end
+    return function(_, ...) return v(running, ...) end   -- server:method(...)
+  end })
 end
 
 return M

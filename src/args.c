@@ -212,6 +212,12 @@ int am_usage_error (lua_State *L, const char *fmt, ...) {
   return lua_error(L);
 }
 
+/* core.usage_error(msg): the Lua modules' misuse errors, at the user's
+** call as the core's (am_usage_error). */
+int am_core_usage_error (lua_State *L) {
+  return am_usage_error(L, "%s", luaL_checkstring(L, 1));
+}
+
 
 /*
 ** A request that may wait needs a coroutine that can yield (docs/

@@ -482,6 +482,7 @@ int am_typeerror (lua_State *L, int idx, int base, const char *fname,
                   const char *expected);
 int am_core_argerror (lua_State *L);
 int am_core_typeerror (lua_State *L);
+int am_core_usage_error (lua_State *L);
 lua_Integer am_optweight (lua_State *L, int idx, int base,
                           const char *fname);
 lua_Integer am_checkcount (lua_State *L, int idx);

@@ -112,6 +112,7 @@ static const luaL_Reg core_funcs[] = {
   {"layer", am_layer},
   {"argerror", am_core_argerror},
   {"typeerror", am_core_typeerror},
+  {"usage_error", am_core_usage_error},
   {"unknown_option", am_unknown_option},
   {"cannot_yield", am_cannot_yield},
   {"withTimeout", am_withTimeout},

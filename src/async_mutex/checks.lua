@@ -1,15 +1,24 @@
 --- async_mutex.checks: the argument checks the Lua modules of async_mutex
 -- share (the Redis client, Redis locks, optimistic and versioned values), so
 -- that their usage errors read alike: "bad argument #n to 'fname' (msg)",
--- the text of the C core's argument errors (src/args.c), which init.lua
--- and debug.lua raise through core.argerror at the user's call.
+-- the text of the C core's argument errors (src/args.c), and all stand at
+-- the user's call.  The core finds that call (the first frame outside the
+-- Lua layer), for its errors and for these: a module of the layer never
+-- counts stack levels by hand.
 
-local error, getmetatable, ipairs, rawget, require, type =
-  error, getmetatable, ipairs, rawget, require, type
+local getinfo, getmetatable, ipairs, loaded, rawget, require, type =
+  debug.getinfo, getmetatable, ipairs, package.loaded, rawget, require, type
 
 local core = require "async_mutex.core"
 
 local M = {}
+
+--- Makes the calling module a chunk of the Lua layer (core.layer): its
+-- frames are passed over when an error looks for the user's call.
+function M.join_layer()
+  core.layer(getinfo(2, "S").source, {})
+end
+M.join_layer()
 
 --- The type a usage error names: a metatable's __name, else type(v).
 function M.typename(v)
@@ -37,11 +46,11 @@ function M.is_callable(f)
   return type(mt) == "table" and rawget(mt, "__call") ~= nil
 end
 
---- Raises an argument error at 'level' (1 = the caller of argerror).
-local core_argerror = core.argerror
-function M.argerror(level, n, fname, msg)
-  core_argerror(n, fname, msg, level + 1)     -- (no tail call: this frame counts)
-end
+--- argerror(n, fname, msg): raises "bad argument #n to 'fname' (msg)" at
+-- the user's call; typeerror(n, fname, expected, value): the same saying
+-- "<expected> expected, got <value's type>"; usage_error(msg): raises msg
+-- there.
+M.argerror, M.typeerror, M.usage_error = core.argerror, core.typeerror, core.usage_error
 
 --- The complaint about the first key of 'options' that the set 'known'
 -- lacks ("unknown option 'tll'"), or nil: a misspelt option is an error,
@@ -56,21 +65,22 @@ M.unknown_option = core.unknown_option
 -- from C.  The C core owns the words (src/args.c), as the core locks'.
 M.cannot_yield = core.cannot_yield
 
---- Raises "attempt to use a closed redis client" at 'level' (1 = the
--- caller of check_open) when 'client' is an async_mutex.redis client that
--- was closed: a call would raise it at the line of the module's own call.
+--- Raises "attempt to use a closed redis client" at the user's call when
+-- 'client' is an async_mutex.redis client that was closed: a call would
+-- raise it at the line of the module's own call.
 local rcore                 -- async_mutex.redis_core, loaded at the first check
-function M.check_open(client, level)
-  if M.is_closed(client) then
-    error("attempt to use a closed redis client", level + 1)
-  end
+M.CLOSED_CLIENT = "attempt to use a closed redis client"
+function M.check_open(client)
+  if M.is_closed(client) then M.usage_error(M.CLOSED_CLIENT) end
 end
 
---- Whether 'client' is an async_mutex.redis client that was closed.
+--- Whether 'client' is an async_mutex.redis client that was closed (none
+-- is before that module is loaded: this one does not load it).
 function M.is_closed(client)
+  local redis = loaded["async_mutex.redis"]
+  if not (redis and redis._internal.is_client(client)) then return false end
   if not rcore then rcore = require "async_mutex.redis_core" end
-  local is_client = rcore.is_client   -- set by async_mutex.redis
-  return is_client ~= nil and is_client(client) and rcore.status(client) == "closed"
+  return rcore.status(client) == "closed"
 end
 
 return M

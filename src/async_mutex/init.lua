@@ -490,8 +490,8 @@ function M.run(...)
   local outer = core.collect(failures, raise_unjoined)   -- (set while an am.run runs)
   if outer ~= nil or loop_mode() ~= nil then
     core.collect(outer, true)
-    error("attempt to call am.run while the loop runs or inside am.run "
-      .. "(spawn a task and join it instead)", 2)
+    core.usage_error("attempt to call am.run while the loop runs or inside am.run "
+      .. "(spawn a task and join it instead)")
   end
   -- coroutines waiting already (left by earlier code) are not this run's
   local waited

@@ -12,13 +12,15 @@
 --
 -- init.lua installs it: require("async_mutex.optimistic").install(am).
 
-local coroutine, error, select, pairs, tostring, type =
-  coroutine, error, select, pairs, tostring, type
+local coroutine, error, pairs, tostring, type =
+  coroutine, error, pairs, tostring, type
 local pack, unpack = table.pack, table.unpack
 local floor, huge, min, mtype, random =
   math.floor, math.huge, math.min, math.type, math.random
 
 local checks = require "async_mutex.checks"
+checks.join_layer()                     -- its errors stand at the user's call
+local usage_error = checks.usage_error
 local typename, is_callable, unknown_option =
   checks.typename, checks.is_callable, checks.unknown_option
 
@@ -114,8 +116,8 @@ end
 local function outcome(written, ...)
   if written == true then return true, ... end
   if written == false then return false end
-  error(("optimistic: fn must return true (written) or false (conflict), got %s")
-    :format(typename(written)), 3)
+  usage_error(("optimistic: fn must return true (written) or false (conflict), got %s")
+    :format(typename(written)))
 end
 
 --- What is wrong with `options` for optimistic (a message for an
@@ -134,15 +136,14 @@ function M.install(am)
   function am.optimistic(...)
     local fn, options = ...
     if not is_callable(fn) then
-      error(("bad argument #1 to 'optimistic' (function expected, got %s)")
-        :format(select("#", ...) == 0 and "no value" or typename(fn)), 2)
+      checks.typeerror(1, "optimistic", "function", ...)
     end
     local o, complaint = read_options(options, am.sleep)
     if not o then
-      error(("bad argument #2 to 'optimistic' (%s)"):format(complaint), 2)
+      checks.argerror(2, "optimistic", complaint)
     end
     if not coroutine.isyieldable() then
-      error("attempt to run an optimistic update outside a coroutine", 2)
+      usage_error("attempt to run an optimistic update outside a coroutine")
     end
     local attempt = 1
     while true do

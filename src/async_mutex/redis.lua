@@ -31,6 +31,8 @@ local M = {
 }
 
 local checks = require "async_mutex.checks"
+checks.join_layer()                     -- its errors stand at the user's call
+local usage_error = checks.usage_error
 local typename, is_callable, argerror, unknown_option, check_open =
   checks.typename, checks.is_callable, checks.argerror, checks.unknown_option, checks.check_open
 
@@ -105,7 +107,6 @@ local function close_handle(h, after)
     if after then after() end
   end)
 end
-core.close_handle = close_handle   -- the Redis locks' timers too: one owner
 
 -- RE-ENTRY: a debug hook may run at any instruction of this file, and a
 -- finalizer at any allocation, and close the client: the timers are read
@@ -689,8 +690,6 @@ local DEFAULTS = {
   connectTimeout = 2000, commandTimeout = 5000,
   reconnectDelay = 50, reconnectDelayMax = 2000, pingInterval = 15000,
 }
--- (a cluster client's nodes have it unless told otherwise: redis_cluster.lua)
-core.default_command_timeout = DEFAULTS.commandTimeout
 
 -- Every option connect knows: a misspelt one (`commandTimout`) is an
 -- error, not a default silently kept.
@@ -715,47 +714,47 @@ local function sentinel_options(options, state)
   local spass, suser = options.sentinelPassword, options.sentinelUsername
   for _, k in ipairs({ "sentinelPassword", "sentinelUsername" }) do
     if options[k] ~= nil and type(options[k]) ~= "string" then
-      argerror(3, 1, "connect", ("%s must be a string, got %s"):format(k, typename(options[k])))
+      argerror(1, "connect", ("%s must be a string, got %s"):format(k, typename(options[k])))
     end
   end
   if list == nil and name == nil then
     if spass or suser then
-      argerror(3, 1, "connect", (spass and "sentinelPassword" or "sentinelUsername")
+      argerror(1, "connect", (spass and "sentinelPassword" or "sentinelUsername")
         .. " needs sentinels")
     end
     return nil
   end
-  if list == nil then argerror(3, 1, "connect", "master needs sentinels") end
-  if name == nil then argerror(3, 1, "connect", "sentinels needs master") end
+  if list == nil then argerror(1, "connect", "master needs sentinels") end
+  if name == nil then argerror(1, "connect", "sentinels needs master") end
   if options.host ~= nil or options.port ~= nil or options.path ~= nil then
     -- the sentinels name the master: a fixed address would contradict them
-    argerror(3, 1, "connect", "sentinels excludes host, port and path")
+    argerror(1, "connect", "sentinels excludes host, port and path")
   end
   if type(name) ~= "string" or name == "" then
-    argerror(3, 1, "connect", "master must be a non-empty string")
+    argerror(1, "connect", "master must be a non-empty string")
   end
   if suser and not spass then
-    argerror(3, 1, "connect", "sentinelUsername needs a sentinelPassword")
+    argerror(1, "connect", "sentinelUsername needs a sentinelPassword")
   end
   if type(list) ~= "table" or getmetatable(list) ~= nil or #list == 0 then
-    argerror(3, 1, "connect", "sentinels must be a non-empty list of {host =, port =}")
+    argerror(1, "connect", "sentinels must be a non-empty list of {host =, port =}")
   end
   local sentinels = {}
   for i = 1, #list do
     local e = list[i]
     if type(e) ~= "table" then
-      argerror(3, 1, "connect", ("sentinels[%d] must be a table {host =, port =}, got %s"):format(
+      argerror(1, "connect", ("sentinels[%d] must be a table {host =, port =}, got %s"):format(
         i, typename(e)))
     end
     local unknown = unknown_option(e, SENTINEL_FIELDS)
-    if unknown then argerror(3, 1, "connect", ("sentinels[%d]: %s"):format(i, unknown)) end
+    if unknown then argerror(1, "connect", ("sentinels[%d]: %s"):format(i, unknown)) end
     if type(e.host) ~= "string" then
-      argerror(3, 1, "connect", ("sentinels[%d].host must be a string, got %s"):format(
+      argerror(1, "connect", ("sentinels[%d].host must be a string, got %s"):format(
         i, typename(e.host)))
     end
     local port = port_of(e.port)
     if not port then
-      argerror(3, 1, "connect", ("sentinels[%d].port must be an integer from 1 to 65535"):format(i))
+      argerror(1, "connect", ("sentinels[%d].port must be an integer from 1 to 65535"):format(i))
     end
     sentinels[i] = { name = e.host, port = port, addr = addr_text(e.host, port) }
   end
@@ -799,16 +798,16 @@ local function check_ms(options, name)
   if v == nil then return DEFAULTS[name] end
   if POSITIVE[name] then
     if type(v) ~= "number" or not (v > 0) then
-      argerror(3, 1, "connect", ("%s must be a positive number (math.huge: %s)"):format(
+      argerror(1, "connect", ("%s must be a positive number (math.huge: %s)"):format(
         name, POSITIVE[name]))
     elseif v > MAX_MS and v ~= huge then
-      argerror(3, 1, "connect", ("%s must be at most 2^40 (math.huge: %s)"):format(
+      argerror(1, "connect", ("%s must be at most 2^40 (math.huge: %s)"):format(
         name, POSITIVE[name]))
     end
   elseif type(v) ~= "number" or not (v >= 0) or v == huge then
-    argerror(3, 1, "connect", name .. " must be a non-negative finite number")
+    argerror(1, "connect", name .. " must be a non-negative finite number")
   elseif v > MAX_MS then
-    argerror(3, 1, "connect", name .. " must be at most 2^40")
+    argerror(1, "connect", name .. " must be at most 2^40")
   end
   return v
 end
@@ -816,7 +815,7 @@ end
 local function check_string(options, name)
   local v = options[name]
   if v ~= nil and type(v) ~= "string" then
-    argerror(3, 1, "connect", ("%s must be a string, got %s"):format(name, typename(v)))
+    argerror(1, "connect", ("%s must be a string, got %s"):format(name, typename(v)))
   end
   return v
 end
@@ -827,23 +826,23 @@ end
 function M.connect(options)
   if options == nil then options = {} end     -- every option has a default
   if type(options) ~= "table" then
-    argerror(2, 1, "connect", "table expected, got " .. typename(options))
+    argerror(1, "connect", "table expected, got " .. typename(options))
   end
   -- a Redis Cluster (docs/redis.md, "Cluster"): a tail call, so that its
   -- argument errors are raised at connect's caller's line
   if options.cluster ~= nil then return require("async_mutex.redis_cluster").connect(M, options) end
   local unknown = unknown_option(options, OPTIONS)
-  if unknown then argerror(2, 1, "connect", unknown) end
+  if unknown then argerror(1, "connect", unknown) end
   local state = {}
   for name in pairs(DEFAULTS) do state[name] = check_ms(options, name) end
   local password = check_string(options, "password")
   local username = check_string(options, "username")
   if username and not password then
-    argerror(2, 1, "connect", "username needs a password")
+    argerror(1, "connect", "username needs a password")
   end
   local db = options.db
   if db ~= nil and (mtype(db) ~= "integer" or db < 0) then
-    argerror(2, 1, "connect", "db must be a non-negative integer")
+    argerror(1, "connect", "db must be a non-negative integer")
   end
   -- sent first on every connection (docs/redis.md, Connection)
   local setup = {}
@@ -865,18 +864,18 @@ function M.connect(options)
   local host, port
   if path ~= nil and (options.host ~= nil or options.port ~= nil) then
     -- one address: which of the two the user meant cannot be guessed
-    argerror(2, 1, "connect", "path excludes host and port")
+    argerror(1, "connect", "path excludes host and port")
   end
   if path == nil then
     host, port = options.host, options.port
     if host == nil then host = "127.0.0.1" end
     if port == nil then port = 6379 end
     if type(host) ~= "string" then
-      argerror(2, 1, "connect", "host must be a string, got " .. typename(host))
+      argerror(1, "connect", "host must be a string, got " .. typename(host))
     end
     port = port_of(port)
     if not port then
-      argerror(2, 1, "connect", "port must be an integer from 1 to 65535")
+      argerror(1, "connect", "port must be an integer from 1 to 65535")
     end
   end
   if path then
@@ -925,11 +924,10 @@ local is_client do
   local mt = getmetatable(core.new({}))
   is_client = function(v) return getmetatable(v) == mt end
 end
-core.is_client = is_client
 
 local function check_client(self, fname)
   if not is_client(self) then
-    argerror(3, 1, fname, "async_mutex.redis.Client expected, got " .. typename(self))
+    argerror(1, fname, "async_mutex.redis.Client expected, got " .. typename(self))
   end
 end
 
@@ -1040,7 +1038,6 @@ end
 -- async_mutex.redis_lock) are called directly, not in a coroutine of their
 -- own: they are on the path of every hand-off.  Errors are reported alike.
 local direct = setmetatable({}, WEAK_K)
-core.direct_callbacks = direct
 
 -- RE-ENTRY: a new coroutine is an allocation, where a finalizer may end
 -- the subscription: the function is called through s.call, which looks at
@@ -1177,7 +1174,7 @@ end
 -- The state of another connection to the server of `state`'s client,
 -- with its set-up commands and timing options: its subscriber's, and the
 -- one on which the Redis locks give back a closed client's holds
--- (core.sibling, async_mutex.redis_lock).
+-- (sibling, below).
 local function same_server(state)
   return {
     host = state.host, port = state.port, path = state.path, addr = state.addr,
@@ -1189,7 +1186,7 @@ local function same_server(state)
   }
 end
 
-function core.sibling(client)
+local function sibling(client)
   return core.new(same_server(core.state(client)))   -- sets state.ref (weak)
 end
 
@@ -1251,15 +1248,15 @@ local function subscribe_to(self, channel, fn, kind)
   local fname = kind.fname
   check_client(self, fname)
   if type(channel) ~= "string" then
-    argerror(2, 1, fname, "string expected, got " .. typename(channel))
+    argerror(1, fname, "string expected, got " .. typename(channel))
   end
   if not is_callable(fn) then
-    argerror(2, 2, fname, "function expected, got " .. typename(fn))
+    argerror(2, fname, "function expected, got " .. typename(fn))
   end
-  check_open(self, 2)
+  check_open(self)
   local co, main = running()
   if main or not isyieldable() then
-    error("attempt to subscribe outside a coroutine", 2)
+    usage_error("attempt to subscribe outside a coroutine")
   end
   local sub = subscriber(self, kind)
   -- a subscriber that follows a master through Sentinel: the master found
@@ -1349,7 +1346,7 @@ end
 -- last one.  Never waits; calling it twice does nothing.
 function Subscription.unsubscribe(self)
   if getmetatable(self) ~= Subscription then
-    argerror(2, 1, "unsubscribe", "async_mutex.redis.Subscription expected, got "
+    argerror(1, "unsubscribe", "async_mutex.redis.Subscription expected, got "
       .. typename(self))
   end
   if not self.active then return end
@@ -1442,11 +1439,11 @@ end
 local function check_list(list, n, what)
   if list == nil then return nil end
   if type(list) ~= "table" then
-    argerror(3, n, "eval", ("table of %s expected, got %s"):format(what, typename(list)))
+    argerror(n, "eval", ("table of %s expected, got %s"):format(what, typename(list)))
   end
   local len = #list
   if mtype(len) ~= "integer" or len < 0 then
-    argerror(3, n, "eval", ("%s has no valid length"):format(what))
+    argerror(n, "eval", ("%s has no valid length"):format(what))
   end
   local plain = getmetatable(list) == nil
   local out = plain and list or {}
@@ -1454,18 +1451,16 @@ local function check_list(list, n, what)
     local v = list[i]
     local t = type(v)
     if t ~= "string" and t ~= "number" then
-      argerror(3, n, "eval", ("%s[%d] must be a string or number, got %s"):format(
+      argerror(n, "eval", ("%s[%d] must be a string or number, got %s"):format(
         what, i, typename(v)))
     end
     if v ~= v then   -- NaN: refused here, where the message names eval
-      argerror(3, n, "eval", ("%s[%d] must not be NaN"):format(what, i))
+      argerror(n, "eval", ("%s[%d] must not be NaN"):format(what, i))
     end
     if not plain then out[i] = v end
   end
   return out
 end
-
-core.check_list = check_list     -- the cluster client's eval (redis_cluster.lua)
 
 local function is_noscript(err)
   return getmetatable(err) == ERROR_MT and err.code == "NOSCRIPT"
@@ -1478,7 +1473,7 @@ local script_call = core.script
 -- Redis locks pass values, a table less per request).  EVALSHA, and EVAL
 -- when the server does not know the script (NOSCRIPT: restarted, flushed).
 -- The one owner of that rule: client:eval and the Redis locks
--- (async_mutex.redis_lock, through core.run_script) use it.
+-- (async_mutex.redis_lock, through _internal.run_script) use it.
 local function run_script(self, script, keys, ...)
   local sha = sha_of(script)
   if sha then
@@ -1494,7 +1489,6 @@ local function run_script(self, script, keys, ...)
   end
   return reply
 end
-core.run_script = run_script
 
 local NONE = {}
 
@@ -1503,16 +1497,16 @@ local NONE = {}
 function Client.eval(self, script, keys, args)
   check_client(self, "eval")
   if type(script) ~= "string" then
-    argerror(2, 1, "eval", "string expected, got " .. typename(script))
+    argerror(1, "eval", "string expected, got " .. typename(script))
   end
   keys = check_list(keys, 2, "keys")
   args = check_list(args, 3, "args")
   -- call's own misuse errors, here at eval's caller's line (call would
   -- raise them at this file's)
-  check_open(self, 2)
+  check_open(self)
   local _, main = running()
   if main or not isyieldable() then
-    error("attempt to call redis outside a coroutine", 2)
+    usage_error("attempt to call redis outside a coroutine")
   end
   return run_script(self, script, keys or NONE, args or NONE)
 end
@@ -1526,5 +1520,20 @@ M.versioned = versioned.versioned
 -- The module's own scripts keep their SHA1 for good (SHA1s, above).
 pin(require "async_mutex.redis_scripts")
 pin(versioned.scripts)
+
+-- What the other Redis modules use of this one's insides (private, as its
+-- leading underscore says; read
+-- by redis_cluster.lua, redis_lock_base.lua and checks.lua, written here
+-- only): the one owner of closing a luv handle (the Redis locks' timers
+-- too), the client test, callbacks called directly (the Redis locks'
+-- hand-off messages), eval's list check and script call (the cluster
+-- client's eval), a new client of the same server (the Redis locks give a
+-- closed client's holds back on it), and the default commandTimeout (a
+-- cluster client's nodes have it unless told otherwise).
+M._internal = {
+  close_handle = close_handle, is_client = is_client, direct_callbacks = direct,
+  check_list = check_list, run_script = run_script, sibling = sibling,
+  default_command_timeout = DEFAULTS.commandTimeout,
+}
 
 return M

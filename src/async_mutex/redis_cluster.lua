@@ -7,7 +7,10 @@
 
 local am = require "async_mutex"
 local rcore = require "async_mutex.redis_core"
+local redis_internal = require("async_mutex.redis")._internal
 local checks = require "async_mutex.checks"
+checks.join_layer()                     -- its errors stand at the user's call
+local usage_error = checks.usage_error
 
 local error, getmetatable, ipairs, pairs, pcall, select, setmetatable, tostring, type =
   error, getmetatable, ipairs, pairs, pcall, select, setmetatable, tostring, type
@@ -58,18 +61,18 @@ end
 local Cluster = { __name = "async_mutex.redis.ClusterClient" }
 Cluster.__index = Cluster
 
-local function check_cluster(self, fname, level)
+local function check_cluster(self, fname)
   if getmetatable(self) ~= Cluster then
-    argerror(level or 3, 1, fname, "async_mutex.redis.ClusterClient expected, got " .. typename(self))
+    argerror(1, fname, "async_mutex.redis.ClusterClient expected, got " .. typename(self))
   end
 end
 
 -- The misuse checks every method shares, at its caller's line.
 local function check_usable(self, fname, act)
-  check_cluster(self, fname, 4)
-  if self.closed then error("attempt to use a closed redis client", 3) end
+  check_cluster(self, fname)
+  if self.closed then usage_error(checks.CLOSED_CLIENT) end
   local _, main = running()
-  if main or not isyieldable() then error("attempt to " .. act .. " outside a coroutine", 3) end
+  if main or not isyieldable() then usage_error("attempt to " .. act .. " outside a coroutine") end
 end
 
 -- The ordinary client of the node at addr ("host:port"), made at its
@@ -348,14 +351,14 @@ end
 
 -- The slot of the keys of the command argv[1..n] (nil: it has none);
 -- keys in different slots are a usage error naming the argument.
-local function check_slots(level, fname, first, keys, where, kind)
+local function check_slots(fname, first, keys, where, kind)
   local slot, at
   for i = 1, #keys do
     local s = keyslot(keys[i])
     if slot == nil then
       slot, at = s, i
     elseif s ~= slot then
-      argerror(level, where[i], fname, ("%s%s is in slot %d, not in slot %d of %s%s: on a"
+      argerror(where[i], fname, ("%s%s is in slot %d, not in slot %d of %s%s: on a"
         .. " cluster a %s's keys share one slot (a hash tag: {...})"):format(
         kind(i), format("%q", keys[i]), s, slot, kind(at), format("%q", keys[at]), first))
     end
@@ -366,7 +369,7 @@ end
 local function call_slot(self, n, argv)
   local name = lower(argtext(argv[1]))
   if REFUSED[name] then
-    argerror(3, 2, "call", ("%s is not sent by a cluster client (docs/redis.md,"
+    argerror(2, "call", ("%s is not sent by a cluster client (docs/redis.md,"
       .. " \"Cluster\")"):format(upper(name)))
   end
   local spec = command_spec(self, name, argv[2])
@@ -400,7 +403,7 @@ local function call_slot(self, n, argv)
     end
   end
   -- (not a tail call: the error's level counts this function)
-  local slot = check_slots(4, "call", "command", keys, where, function() return "key " end)
+  local slot = check_slots("call", "command", keys, where, function() return "key " end)
   return slot
 end
 
@@ -411,21 +414,21 @@ local function plain_call(c, _, ...) return c:call(...) end
 function Cluster.call(self, ...)
   check_usable(self, "call", "call redis")
   local n = select("#", ...)
-  if n == 0 then argerror(2, 2, "call", "string or number expected, got no value") end
+  if n == 0 then argerror(2, "call", "string or number expected, got no value") end
   local argv = { ... }
   for i = 1, n do
     local t = type(argv[i])
     if t ~= "string" and t ~= "number" then
-      argerror(2, i + 1, "call", "string or number expected, got " .. typename(argv[i]))
+      argerror(i + 1, "call", "string or number expected, got " .. typename(argv[i]))
     elseif argv[i] ~= argv[i] then
-      argerror(2, i + 1, "call", "number must not be NaN")
+      argerror(i + 1, "call", "number must not be NaN")
     end
   end
   local slot = call_slot(self, n, argv)
   return (route(self, slot, upper(argtext(argv[1])), plain_call, ...))
 end
 
-local run_script, script_call = rcore.run_script, rcore.script
+local run_script, script_call = redis_internal.run_script, rcore.script
 
 local NONE = {}
 
@@ -441,13 +444,13 @@ end
 function Cluster.eval(self, script, keys, args)
   check_usable(self, "eval", "call redis")
   if type(script) ~= "string" then
-    argerror(2, 1, "eval", "string expected, got " .. typename(script))
+    argerror(1, "eval", "string expected, got " .. typename(script))
   end
-  keys = rcore.check_list(keys, 2, "keys") or NONE
-  args = rcore.check_list(args, 3, "args") or NONE
+  keys = redis_internal.check_list(keys, 2, "keys") or NONE
+  args = redis_internal.check_list(args, 3, "args") or NONE
   local texts, where = {}, {}
   for i = 1, #keys do texts[i], where[i] = argtext(keys[i]), 2 end
-  local slot = check_slots(3, "eval", "script", texts, where, function(i)
+  local slot = check_slots("eval", "script", texts, where, function(i)
     return ("keys[%d] "):format(i)
   end)
   return (route(self, slot, "script", send_script, script, keys, args))
@@ -459,10 +462,10 @@ end
 function Cluster.subscribe(self, channel, fn)
   check_usable(self, "subscribe", "subscribe")
   if type(channel) ~= "string" then
-    argerror(2, 1, "subscribe", "string expected, got " .. typename(channel))
+    argerror(1, "subscribe", "string expected, got " .. typename(channel))
   end
   if not checks.is_callable(fn) then
-    argerror(2, 2, "subscribe", "function expected, got " .. typename(fn))
+    argerror(2, "subscribe", "function expected, got " .. typename(fn))
   end
   return master_of(self, keyslot(channel)):subscribe(channel, fn)
 end
@@ -520,10 +523,10 @@ end
 function Cluster.ssubscribe(self, channel, fn)
   check_usable(self, "ssubscribe", "subscribe")
   if type(channel) ~= "string" then
-    argerror(2, 1, "ssubscribe", "string expected, got " .. typename(channel))
+    argerror(1, "ssubscribe", "string expected, got " .. typename(channel))
   end
   if not checks.is_callable(fn) then
-    argerror(2, 2, "ssubscribe", "function expected, got " .. typename(fn))
+    argerror(2, "ssubscribe", "function expected, got " .. typename(fn))
   end
   local cs = setmetatable({ channel = channel, fn = fn, active = true, inner = false },
     ShardSubscription)
@@ -534,7 +537,7 @@ end
 --- Ends the subscription; never waits.
 function ShardSubscription.unsubscribe(self)
   if getmetatable(self) ~= ShardSubscription then
-    argerror(2, 1, "unsubscribe", "async_mutex.redis.ShardSubscription expected, got "
+    argerror(1, "unsubscribe", "async_mutex.redis.ShardSubscription expected, got "
       .. typename(self))
   end
   if not self.active then return end
@@ -554,7 +557,7 @@ end
 function Cluster.keyslot(self, key)
   check_cluster(self, "keyslot")
   if type(key) ~= "string" and type(key) ~= "number" then
-    argerror(2, 1, "keyslot", "string or number expected, got " .. typename(key))
+    argerror(1, "keyslot", "string or number expected, got " .. typename(key))
   end
   return keyslot(argtext(key))
 end
@@ -616,12 +619,12 @@ function M.connect(redis, options)
   if unknown then
     local name = unknown:match("'(.-)'")
     if name == "host" or name == "port" or name == "path" or name == "db" then
-      argerror(2, 1, "connect", ("cluster excludes %s"):format(name))
+      argerror(1, "connect", ("cluster excludes %s"):format(name))
     end
-    argerror(2, 1, "connect", unknown)
+    argerror(1, "connect", unknown)
   end
   if type(seeds) ~= "table" or #seeds == 0 then
-    argerror(2, 1, "connect", "cluster must be a non-empty list of {host =, port =}")
+    argerror(1, "connect", "cluster must be a non-empty list of {host =, port =}")
   end
   local opts = {}
   for k in pairs(NODE_OPTIONS) do opts[k] = options[k] end
@@ -630,7 +633,7 @@ function M.connect(redis, options)
   local ok, err = pcall(redis.connect, opts)
   if not ok then
     if type(err) == "string" then err = err:gsub("^[^\n:]+:%d+: ", "", 1) end
-    error(err, 2)
+    usage_error(err)
   end
   err:close()
   local list = {}
@@ -639,7 +642,7 @@ function M.connect(redis, options)
     if host == nil then host = "127.0.0.1" end
     if type(s) ~= "table" or type(host) ~= "string" or mtype(port) ~= "integer"
         or port < 1 or port > 65535 then
-      argerror(2, 1, "connect", ("cluster[%d] must be {host = string, port = integer"
+      argerror(1, "connect", ("cluster[%d] must be {host = string, port = integer"
         .. " from 1 to 65535}"):format(i))
     end
     list[i] = host .. ":" .. port
@@ -653,22 +656,24 @@ function M.connect(redis, options)
 end
 
 M.Cluster = Cluster
--- (the Redis locks: a lock's keys share a slot, acquireAll over several)
-rcore.is_cluster = function(v) return getmetatable(v) == Cluster end
-rcore.keyslot = keyslot
+
+-- What the Redis locks (redis_lock_base.lua) use of the cluster client (not
+-- API; written here only): the client test, and the three below.
+M._internal = {}
+M._internal.is_cluster = function(v) return getmetatable(v) == Cluster end
 -- The Redis locks' scripts (redis_lock_base.lua): keys that share a slot
 -- by construction (a lock's, or those of several locks of one slot), args
 -- as values, all checked by the locks: routed by the first key, with none
 -- of eval's checks or lists (one lock cycle is two scripts).  Returns the
 -- reply and the client of the node that ran the script: the locks'
 -- `replicas` confirm its writes by WAIT on that node's connection.
-rcore.cluster_script = function(self, script, keys, ...)
+M._internal.script = function(self, script, keys, ...)
   if self.closed then error(unavailable("client closed"), 0) end
   return route(self, keyslot(keys[1]), "script", send_script, script, keys, ...)
 end
 -- A new cluster client like `client` (closed), and its commandTimeout:
 -- the Redis locks give a closed client's holds back on it.
-rcore.cluster_sibling = function(client)
+M._internal.sibling = function(client)
   local opts = { cluster = {} }
   for k, v in pairs(client.options) do opts[k] = v end
   for i, addr in ipairs(client.seeds) do
@@ -678,11 +683,11 @@ rcore.cluster_sibling = function(client)
   local c = M.connect(client.redis, opts)
   -- the slot map is known: no need to ask for it again
   c.slots, c.order, c.epoch = client.slots, client.order, client.epoch
-  return c, rcore.cluster_command_timeout(client)
+  return c, M._internal.command_timeout(client)
 end
 -- The commandTimeout of the nodes' clients.
-rcore.cluster_command_timeout = function(client)
-  return client.options.commandTimeout or rcore.default_command_timeout
+M._internal.command_timeout = function(client)
+  return client.options.commandTimeout or redis_internal.default_command_timeout
 end
 
 return M

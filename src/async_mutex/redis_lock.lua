@@ -13,7 +13,8 @@ local ipairs, pcall, tointeger, type =
   ipairs, pcall, math.tointeger, type
 local format = string.format
 local checks = require "async_mutex.checks"
-local typename, argerror = checks.typename, checks.argerror
+checks.join_layer()                     -- its errors stand at the user's call
+local argerror = checks.argerror
 local check_self, check_priority, check_key, check_usable, acquire, finish, check_fn =
   base.check_self, base.check_priority, base.check_key, base.check_usable, base.acquire,
   base.finish, base.check_fn
@@ -37,9 +38,7 @@ Mutex.__index = mutex
 --- RedisMutex.new(client, name [, options])
 function M.new_mutex(client, name, opts)
   check_client(client, "new")
-  if type(name) ~= "string" or name == "" then
-    argerror(2, 2, "new", "lock name must be a non-empty string, got " .. typename(name))
-  end
+  base.check_name(name)
   local o = options_of(opts, 3, "new", client)
   local lk = new_record(Mutex, client, name, 1, o, false)
   return lk
@@ -114,21 +113,19 @@ Semaphore.__index = semaphore
 local function check_weight(lk, w, n, fname)
   if w == nil then return 1 end
   local i = type(w) == "number" and tointeger(w)
-  if not i or i < 1 then argerror(3, n, fname, "weight must be a positive integer") end
-  if i > lk.limit then argerror(3, n, fname, "weight must not exceed the semaphore's limit") end
+  if not i or i < 1 then argerror(n, fname, "weight must be a positive integer") end
+  if i > lk.limit then argerror(n, fname, "weight must not exceed the semaphore's limit") end
   return i
 end
 
 --- RedisSemaphore.new(client, name, limit [, options])
 function M.new_semaphore(client, name, limit, opts)
   check_client(client, "new")
-  if type(name) ~= "string" or name == "" then
-    argerror(2, 2, "new", "lock name must be a non-empty string, got " .. typename(name))
-  end
+  base.check_name(name)
   if type(limit) ~= "number" or tointeger(limit) == nil or limit < 1 then
-    argerror(2, 3, "new", "limit must be a positive integer")
+    argerror(3, "new", "limit must be a positive integer")
   end
-  if limit > MAX_LIMIT then argerror(2, 3, "new", format("limit must be at most %d", MAX_LIMIT)) end
+  if limit > MAX_LIMIT then argerror(3, "new", format("limit must be at most %d", MAX_LIMIT)) end
   local o = options_of(opts, 4, "new", client)
   return new_record(Semaphore, client, name, tointeger(limit), o, false)
 end
@@ -212,9 +209,7 @@ Keyed.__index = keyed
 --- KeyedRedisMutex.new(client, prefix [, options])
 function M.new_keyed(client, prefix, opts)
   check_client(client, "new")
-  if type(prefix) ~= "string" then
-    argerror(2, 2, "new", "key prefix must be a string, got " .. typename(prefix))
-  end
+  base.check_prefix(prefix)
   local o = options_of(opts, 3, "new", client)
   return new_record(Keyed, client, prefix, 1, o, true)
 end

@@ -27,12 +27,25 @@ local core = require "async_mutex.core"
 local scripts = require "async_mutex.redis_scripts"
 local uv = require "luv"
 
--- The client's Lua layer owns two helpers the locks share: closing a luv
--- handle safely at exit (docs/redis.md, "Closing and exiting") and running
--- a script (EVALSHA, EVAL on NOSCRIPT).
-require "async_mutex.redis"
+-- The client's Lua layer owns the helpers the locks share: closing a luv
+-- handle safely at exit (docs/redis.md, "Closing and exiting"), running a
+-- script (EVALSHA, EVAL on NOSCRIPT), telling its clients, and others.
+local redis_internal = require("async_mutex.redis")._internal
 local rcore = require "async_mutex.redis_core"
-local close_handle, run_script, is_client = rcore.close_handle, rcore.run_script, rcore.is_client
+local close_handle, run_script, is_client =
+  redis_internal.close_handle, redis_internal.run_script, redis_internal.is_client
+
+-- The cluster client's (async_mutex.redis_cluster, loaded by a cluster's
+-- connect): its '_internal' once a cluster client exists, and the test.
+local cluster
+local function is_cluster(client)
+  if not cluster then
+    local mod = package.loaded["async_mutex.redis_cluster"]
+    if not mod then return false end
+    cluster = mod._internal
+  end
+  return cluster.is_cluster(client)
+end
 local alive = rcore.alive
 
 local error, getmetatable, ipairs, pairs, pcall, setmetatable,
@@ -57,6 +70,8 @@ local E_LOST, E_UNAVAILABLE = am.E_LOST, am.E_UNAVAILABLE
 local CLOSED = require("async_mutex.unavailable").new("client closed")
 
 local checks = require "async_mutex.checks"
+checks.join_layer()                     -- its errors stand at the user's call
+local usage_error = checks.usage_error
 local typename, is_callable, argerror, unknown_option, check_open =
   checks.typename, checks.is_callable, checks.argerror, checks.unknown_option, checks.check_open
 
@@ -112,7 +127,7 @@ local function eval(lk, script, keys, ...)
     if lk.replicas then wrote_at[running()] = epoch(lk.client) end
     return r
   elseif lk.cluster then           -- (docs/redis-locks.md, "On a cluster")
-    local r, node = rcore.cluster_script(lk.client, script, keys, ...)
+    local r, node = cluster.script(lk.client, script, keys, ...)
     if lk.hub.closed then error(CLOSED, 0) end
     -- (replicas: the WAIT that confirms it goes to the node that ran it)
     if lk.replicas then
@@ -221,7 +236,7 @@ local function get_hub(client)
         if hb then hb.evicts, hb.warned, hb.started = nil, false, nil end
       end
       hub.evicts, hub.evicts_gate = nil, internal(core.Mutex.new())
-    elseif rcore.is_cluster and rcore.is_cluster(client) then
+    elseif is_cluster(client) then
       -- a cluster client (async_mutex.redis_cluster) says when it is closed
       local ref = setmetatable({ hub }, { __mode = "v" })
       client.on_close = function()
@@ -295,7 +310,7 @@ local function subscribe(hub, ch)
   local fn = hub.on_message
   if not fn then
     fn = function(message) on_message(hub, message) end
-    rcore.direct_callbacks[fn] = true       -- it never yields: no coroutine
+    redis_internal.direct_callbacks[fn] = true   -- it never yields: no coroutine
     hub.on_message = fn
   end
   if ch then
@@ -633,9 +648,9 @@ local giving = {}                    -- luacheck: ignore 241 (an anchor)
 local function give_back(client, items)
   local c, ms
   if is_client(client) then
-    c, ms = rcore.sibling(client), rcore.state(client).commandTimeout
+    c, ms = redis_internal.sibling(client), rcore.state(client).commandTimeout
   else                                  -- a cluster client: a new one
-    c, ms = rcore.cluster_sibling(client)
+    c, ms = cluster.sibling(client)
   end
   local left, bound = #items, nil
   local function finish()
@@ -745,7 +760,7 @@ end
 -- it is held, false once it was given back.
 function lease_methods.check(lease)
   if getmetatable(lease) ~= Lease then
-    argerror(2, 1, "check", "async_mutex.RedisReleaser expected, got " .. typename(lease))
+    argerror(1, "check", "async_mutex.RedisReleaser expected, got " .. typename(lease))
   end
   if lease.state == "held" and hrtime() >= lease.valid_until then
     lose(lease, "expired")
@@ -757,22 +772,22 @@ end
 --- releaser:downgrade(): the write hold of a readers-writer lock becomes
 -- a read hold (its lock record's 'downgrade', redis_rwlock.lua); refused
 -- for any other releaser, as the local releasers refuse it (src/rwlock.c).
+local NOT_A_WRITE_HOLD =
+  "attempt to downgrade a releaser that is not a readers-writer lock's write hold"
 function lease_methods.downgrade(lease)
   local down = getmetatable(lease) == Lease and lease.lock.downgrade
-  if not down then
-    error("attempt to downgrade a releaser that is not a readers-writer lock's write hold", 2)
-  end
-  return down(lease)                -- (a tail call: level 2 is the user's there too)
+  if not down then usage_error(NOT_A_WRITE_HOLD) end
+  return down(lease)
 end
 
 --- releaser:upgrade(): not offered, as locally: two readers that both
 -- upgrade would each wait for the other's read hold to end.
 function lease_methods.upgrade(lease)
   if typename(lease) ~= "async_mutex.RedisReleaser" then
-    argerror(2, 1, "upgrade", "async_mutex.RedisReleaser expected, got " .. typename(lease))
+    argerror(1, "upgrade", "async_mutex.RedisReleaser expected, got " .. typename(lease))
   end
-  error("attempt to upgrade a read hold: not offered (two upgraders would deadlock);"
-    .. " release it, then acquireWrite", 2)
+  usage_error("attempt to upgrade a read hold: not offered (two upgraders would deadlock);"
+    .. " release it, then acquireWrite")
 end
 
 function Lease.__tostring(lease)
@@ -902,13 +917,13 @@ local function has_tag(name)       -- as Redis reads a hash tag: the first {
   return close ~= nil and close > open + 1
 end
 
-local function lock_keys(name, s_limit, cluster)
+local function lock_keys(name, s_limit, on_cluster)
   local base = name
-  if cluster and not has_tag(name) then base = "{" .. name .. "}" end
+  if on_cluster and not has_tag(name) then base = "{" .. name .. "}" end
   local keys = scripts.keys(base)
   keys.name, keys.limit = name, s_limit
   -- the hashed part of its keys: its hand-off channels are in its slot
-  if cluster then keys.tag = base:match("^[^{]*{([^}]*)}") end
+  if on_cluster then keys.tag = base:match("^[^{]*{([^}]*)}") end
   return keys
 end
 
@@ -1234,7 +1249,7 @@ local function check_self(self, mt, fname)
   local smt = getmetatable(self)
   if smt == mt then return self, nil, nil end
   if smt == decorated_of[mt] then return self[1], self[2], self[3] end
-  argerror(3, 1, fname, mt.__name .. " expected, got " .. typename(self))
+  argerror(1, fname, mt.__name .. " expected, got " .. typename(self))
 end
 
 -- Worded as the core locks word it (src/args.c), so that a priority error
@@ -1242,9 +1257,9 @@ end
 local function check_priority(p, n, fname)
   if p == nil then return end
   if type(p) ~= "number" then
-    argerror(3, n, fname, "priority must be a number, got " .. type(p))
+    argerror(n, fname, "priority must be a number, got " .. type(p))
   elseif p ~= p then
-    argerror(3, n, fname, "priority must not be NaN")
+    argerror(n, fname, "priority must not be NaN")
   end
 end
 
@@ -1254,7 +1269,7 @@ local function check_key(key, n, fname, prefix)
   local t = type(key)
   if t == "string" then
     if key == "" and prefix == "" then
-      argerror(3, n, fname, "key must not be empty when the prefix is empty"
+      argerror(n, fname, "key must not be empty when the prefix is empty"
         .. " (a lock name must be a non-empty string)")
     end
     return key
@@ -1263,16 +1278,16 @@ local function check_key(key, n, fname, prefix)
     local i = tointeger(key)
     return i and format("%d", i) or format("%.17g", key)
   end
-  argerror(3, n, fname, "key must be a string or a finite number, got " .. typename(key))
+  argerror(n, fname, "key must be a string or a finite number, got " .. typename(key))
 end
 
 -- The misuse errors of a method that talks to Redis, at its caller's line
 -- (the client would raise them at this file's): a closed client, or not
 -- in a coroutine.
 local function check_usable(lk, what)
-  check_open(lk.client, 3)
+  check_open(lk.client)
   if not isyieldable() then
-    error(checks.cannot_yield(what), 3)
+    usage_error(checks.cannot_yield(what))
   end
 end
 
@@ -1325,18 +1340,18 @@ local MAX_MS, MAX_LIMIT = 1 << 40, 1 << 53
 local function options_of(opts, n, fname, client, known)
   if opts == nil then opts = {} end
   if type(opts) ~= "table" then
-    argerror(3, n, fname, "options must be a table, got " .. typename(opts))
+    argerror(n, fname, "options must be a table, got " .. typename(opts))
   end
   local unknown = unknown_option(opts, known or OPTIONS)
-  if unknown then argerror(3, n, fname, unknown) end
+  if unknown then argerror(n, fname, unknown) end
   local function int(field, default, least)
     local v = opts[field]
     if v == nil then return default end
     if type(v) ~= "number" or tointeger(v) == nil or v < least then
-      argerror(4, n, fname, format("options.%s must be an integer >= %d", field, least))
+      argerror(n, fname, format("options.%s must be an integer >= %d", field, least))
     end
     if v > MAX_MS then
-      argerror(4, n, fname, format("options.%s must be an integer <= %d", field, MAX_MS))
+      argerror(n, fname, format("options.%s must be an integer <= %d", field, MAX_MS))
     end
     return tointeger(v)
   end
@@ -1352,19 +1367,18 @@ local function options_of(opts, n, fname, client, known)
     replicas = int("replicas", nil, 1),
   }
   if o.renew >= ttl then
-    argerror(3, n, fname, "options.renewInterval must be below options.ttl")
+    argerror(n, fname, "options.renewInterval must be below options.ttl")
   end
-  if o.replicas and not is_client(client)
-      and not (rcore.is_cluster and rcore.is_cluster(client)) then
+  if o.replicas and not is_client(client) and not is_cluster(client) then
     -- (WAIT is no script's command: it needs the client's own call)
-    argerror(3, n, fname, "options.replicas needs an async_mutex.redis client")
+    argerror(n, fname, "options.replicas needs an async_mutex.redis client")
   end
   if o.on_lost ~= nil and not is_callable(o.on_lost) then
-    argerror(3, n, fname, "options.onLost must be callable")
+    argerror(n, fname, "options.onLost must be callable")
   end
   local ue = o.unsafe_eviction
   if ue ~= nil and ue ~= "error" and ue ~= "warn" then
-    argerror(3, n, fname, "options.unsafeEviction must be \"error\" or \"warn\"")
+    argerror(n, fname, "options.unsafeEviction must be \"error\" or \"warn\"")
   end
   if o.cancel_error == nil then o.cancel_error = am.E_CANCELED end
   if o.lost_error == nil then o.lost_error = E_LOST end
@@ -1374,7 +1388,21 @@ end
 local function check_client(client, fname)
   local ok = pcall(function() return is_callable(client.eval) and is_callable(client.subscribe) end)
   if not ok or not (is_callable(client.eval) and is_callable(client.subscribe)) then
-    argerror(3, 1, fname, "redis client expected, got " .. typename(client))
+    argerror(1, fname, "redis client expected, got " .. typename(client))
+  end
+end
+
+-- Argument #2 of a lock's new: its name, or for a keyed lock the prefix
+-- of its keys' names (which may be empty).
+local function check_name(name)
+  if type(name) ~= "string" or name == "" then
+    argerror(2, "new", "lock name must be a non-empty string, got " .. typename(name))
+  end
+end
+
+local function check_prefix(prefix)
+  if type(prefix) ~= "string" then
+    argerror(2, "new", "key prefix must be a string, got " .. typename(prefix))
   end
 end
 
@@ -1385,11 +1413,11 @@ local function new_record(mt, client, name, limit, opts, keyed)
   lk.gate = internal(keyed and core.KeyedMutex.new({ cancelError = opts.cancel_error })
     or core.Mutex.new(opts.cancel_error))
   lk.s_limit, lk.s_ttl, lk.s_wait = tostring(limit), tostring(opts.ttl), tostring(opts.wait_ms)
-  lk.cluster = rcore.is_cluster ~= nil and rcore.is_cluster(client)
+  lk.cluster = is_cluster(client)
   lk.keys, lk.direct = lock_keys(name, lk.s_limit, lk.cluster), is_client(client)
   if lk.replicas then
     -- WAIT's timeout: within the client's commandTimeout and the lease
-    local timeout = lk.cluster and rcore.cluster_command_timeout(client)
+    local timeout = lk.cluster and cluster.command_timeout(client)
       or rcore.state(client).commandTimeout
     local within = min(timeout / 2, lk.ttl / 4)
     lk.s_replicas, lk.s_wait_for = tostring(lk.replicas), tostring(max(1, floor(within)))
@@ -1483,17 +1511,17 @@ end
 -- cannot wait for Redis's answer.
 local function check_steal(lk, limit)
   if limit == false then
-    error("attempt to steal through tryAcquire (a steal takes the lock whoever holds it)", 3)
+    usage_error("attempt to steal through tryAcquire (a steal takes the lock whoever holds it)")
   end
-  check_open(lk.client, 3)
-  if not isyieldable() then error(checks.cannot_yield("steal a Redis lock"), 3) end
+  check_open(lk.client)
+  if not isyieldable() then usage_error(checks.cannot_yield("steal a Redis lock")) end
 end
 
 -- The key of a keyed set's query (argument n), required: a set's keys are
 -- in Redis, where only a scan could list them.
 local function check_query_key(lk, key, n, fname)
   if key == nil then
-    argerror(3, n, fname, "key expected: a Redis lock set is queried one key at a time")
+    argerror(n, fname, "key expected: a Redis lock set is queried one key at a time")
   end
   return check_key(key, n, fname, lk.name)
 end
@@ -1501,11 +1529,11 @@ end
 -- No key for a lock that has none (am.query(lock, key), argument 2).
 local function check_no_key(lk, key, n)
   if key ~= nil then
-    argerror(3, n, "query", "no key expected: a " .. getmetatable(lk).__name:match("%.(.*)$")
+    argerror(n, "query", "no key expected: a " .. getmetatable(lk).__name:match("%.(.*)$")
       .. " has no keys")
   end
-  check_open(lk.client, 3)
-  if not isyieldable() then error(checks.cannot_yield("query a Redis lock"), 3) end
+  check_open(lk.client)
+  if not isyieldable() then usage_error(checks.cannot_yield("query a Redis lock")) end
 end
 
 local function finish(lk, release, ok, ...)
@@ -1519,7 +1547,7 @@ end
 
 local function check_fn(fn, n)
   if not is_callable(fn) then
-    argerror(3, n, "runExclusive", "function expected, got " .. typename(fn))
+    argerror(n, "runExclusive", "function expected, got " .. typename(fn))
   end
 end
 
@@ -1535,15 +1563,14 @@ local function decorable(mt)
   d.__query = mt.__query              -- (am.query, on the lock's own)
   decorated_of[mt] = d
   -- (fname, lock, ms, timeout_error) for withTimeout, (fname, lock,
-  -- already_locked_error) for tryAcquire; tail-called by am's decorators,
-  -- so level 2 is the user's call.
+  -- already_locked_error) for tryAcquire; called by am's decorators.
   mt.__decorate = function(fname, lock, a, b)
     if fname == "tryAcquire" then
       if a == nil then a = am.E_ALREADY_LOCKED end
       return setmetatable({ lock, false, a }, d)
     end
     if type(a) ~= "number" or not (a >= 0) then
-      error("bad argument #2 to 'withTimeout' (timeout must be a non-negative number)", 2)
+      checks.argerror(2, "withTimeout", "timeout must be a non-negative number")
     end
     if b == nil then b = am.E_TIMEOUT end
     return setmetatable({ lock, a, b }, d)
@@ -1567,7 +1594,8 @@ return {
   decorated_of = decorated_of, decorable = decorable, check_self = check_self, check_priority = check_priority,
   check_key = check_key, check_usable = check_usable, deadline_of = deadline_of,
   acquire = acquire, OPTIONS = OPTIONS, MAX_MS = MAX_MS, MAX_LIMIT = MAX_LIMIT,
-  options_of = options_of, check_client = check_client, new_record = new_record,
-  release_name = release_name, cancel = cancel, state = state,
+  options_of = options_of, check_client = check_client, check_name = check_name,
+  check_prefix = check_prefix, new_record = new_record, release_name = release_name,
+  cancel = cancel, state = state, NOT_A_WRITE_HOLD = NOT_A_WRITE_HOLD,
   wait_for_unlock = wait_for_unlock, finish = finish, check_fn = check_fn,
 }

@@ -17,6 +17,7 @@
 local core = require "async_mutex.core"
 local base = require "async_mutex.redis_lock_base"
 local checks = require "async_mutex.checks"
+checks.join_layer()                     -- its errors stand at the user's call
 local uv = require "luv"
 
 local error, getmetatable, ipairs, pcall, setmetatable, tointeger, tonumber, type, unpack =
@@ -72,10 +73,10 @@ end
 -- name; the usage errors of the local acquireAll, and the Redis keys' own.
 local function canonical(lk, keys, fname)
   if type(keys) ~= "table" then
-    argerror(3, 1, fname, "table of keys expected, got " .. typename(keys))
+    argerror(1, fname, "table of keys expected, got " .. typename(keys))
   end
   local n = #keys
-  if n == 0 then argerror(3, 1, fname, "key set must not be empty") end
+  if n == 0 then argerror(1, fname, "key set must not be empty") end
   local seen, sorted, names = {}, {}, {}
   for i = 1, n do
     local key = keys[i]
@@ -83,7 +84,7 @@ local function canonical(lk, keys, fname)
     local k
     if t == "string" then
       if key == "" and lk.name == "" then
-        argerror(3, 1, fname, format("key #%d must not be empty when the prefix is empty"
+        argerror(1, fname, format("key #%d must not be empty when the prefix is empty"
           .. " (a lock name must be a non-empty string)", i))
       end
       k = key
@@ -91,7 +92,7 @@ local function canonical(lk, keys, fname)
       local int = tointeger(key)
       k = int and format("%d", int) or format("%.17g", key)
     else
-      argerror(3, 1, fname, format("key #%d must be a string or a finite number, got %s", i,
+      argerror(1, fname, format("key #%d must be a string or a finite number, got %s", i,
         typename(key)))
     end
     local name = lk.name .. k
@@ -177,7 +178,7 @@ Multi.__call, Multi.__close = release_all, release_all
 -- while every key is held, false once they were given back.
 function multi_methods.check(m)
   if getmetatable(m) ~= Multi then
-    argerror(2, 1, "check", "async_mutex.RedisMultiReleaser expected, got " .. typename(m))
+    argerror(1, "check", "async_mutex.RedisMultiReleaser expected, got " .. typename(m))
   end
   if lost(m) then error(m[1].lock.lost_error, 0) end
   if m.done then return false end
@@ -350,7 +351,7 @@ function M.install(methods, mt, modes)
       local lk, limit, err = base.check_self(self, mt, run_name)
       local sorted, names = canonical(lk, keys, run_name)
       if not is_callable(fn) then
-        argerror(2, 2, run_name, "function expected, got " .. typename(fn))
+        argerror(2, run_name, "function expected, got " .. typename(fn))
       end
       base.check_priority(priority, 3, run_name)
       base.check_usable(lk, "acquire a Redis lock")

@@ -14,14 +14,16 @@
 
 local base = require "async_mutex.redis_lock_base"
 local checks = require "async_mutex.checks"
+checks.join_layer()                     -- its errors stand at the user's call
+local usage_error = checks.usage_error
 local uv = require "luv"
 
-local error, getmetatable, ipairs, pcall, setmetatable, type =
-  error, getmetatable, ipairs, pcall, setmetatable, type
+local error, getmetatable, ipairs, pcall, setmetatable =
+  error, getmetatable, ipairs, pcall, setmetatable
 local running, isyieldable = coroutine.running, coroutine.isyieldable
 local format = string.format
 local hrtime = uv.hrtime
-local typename, argerror, check_open = checks.typename, checks.argerror, checks.check_open
+local check_open = checks.check_open
 local lose, release_lease = base.lose, base.release_lease
 local check_self, check_priority = base.check_self, base.check_priority
 
@@ -124,9 +126,7 @@ end
 --- RedisReentrantMutex.new(client, name [, options])
 function M.new(client, name, opts)
   base.check_client(client, "new")
-  if type(name) ~= "string" or name == "" then
-    argerror(2, 2, "new", "lock name must be a non-empty string, got " .. typename(name))
-  end
+  base.check_name(name)
   local o = base.options_of(opts, 3, "new", client)
   local lk = base.new_record(Reentrant, client, name, 1, o, false)
   lk.on_lost = on_lost_of(lk, o.on_lost)
@@ -145,9 +145,9 @@ end
 
 -- The acquisition of the running coroutine: one more level of its hold,
 -- at once; or a new hold, through the gate and the Redis queue.  The
--- misuse errors at the user's line (level 3: the caller of the method).
+-- misuse errors at the user's line.
 local function acquire(lk, limit, err, priority)
-  check_open(lk.client, 3)
+  check_open(lk.client)
   local co = running()
   local hold = current_hold(lk)
   if hold and hold.owner == co then
@@ -155,7 +155,7 @@ local function acquire(lk, limit, err, priority)
     return new_level(lk, hold)
   end
   if not isyieldable() then
-    error(checks.cannot_yield("acquire a Redis lock"), 3)
+    usage_error(checks.cannot_yield("acquire a Redis lock"))
   end
   return new_hold(lk, base.acquire(lk, limit, err, nil, lk.name, 1, priority), co)
 end
@@ -191,8 +191,8 @@ function methods.waitForUnlock(self, priority)
   base.check_usable(lk, "wait for a Redis lock")
   local hold = current_hold(lk)
   if hold and hold.owner == running() then
-    error("attempt to wait for a reentrant mutex that this coroutine holds"
-      .. " (it would wait for itself)", 2)
+    usage_error("attempt to wait for a reentrant mutex that this coroutine holds"
+      .. " (it would wait for itself)")
   end
   base.wait_for_unlock(lk, limit, err, lk.name, 1)
 end
@@ -232,8 +232,8 @@ function methods.steal(self, priority)
   local co = running()
   local hold = current_hold(lk)
   if hold and hold.owner == co then
-    error("attempt to steal a reentrant mutex that this coroutine holds"
-      .. " (it would hold it twice)", 2)
+    usage_error("attempt to steal a reentrant mutex that this coroutine holds"
+      .. " (it would hold it twice)")
   end
   -- (the hold of another coroutine here was lost by the steal's answer,
   -- and its onLost cleared lk.hold)

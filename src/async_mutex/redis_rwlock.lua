@@ -17,10 +17,12 @@
 local base = require "async_mutex.redis_lock_base"
 local scripts = require "async_mutex.redis_scripts"
 local checks = require "async_mutex.checks"
+checks.join_layer()                     -- its errors stand at the user's call
+local usage_error = checks.usage_error
 local uv = require "luv"
 
-local error, pcall, setmetatable, tointeger, tonumber, type =
-  error, pcall, setmetatable, math.tointeger, tonumber, type
+local error, pcall, setmetatable, tointeger, tonumber =
+  error, pcall, setmetatable, math.tointeger, tonumber
 local isyieldable = coroutine.isyieldable
 local format = string.format
 local hrtime = uv.hrtime
@@ -58,25 +60,27 @@ return {1, fmt(fence)}
 -- oldest of them, and only a write can be downgraded.
 local writes = setmetatable({}, { __mode = "k" })
 
+local ENDED = "attempt to downgrade a write hold that has ended"
+
 -- The write hold 'lease' becomes a read hold: one atomic script, and the
 -- write releaser is spent (it returns false from then on); returns the
--- read releaser.  Called by releaser:downgrade() (redis_lock_base.lua) as
--- a tail call, so that level 2 is the user's call.  A reply that does not come leaves Redis's state unknown
+-- read releaser.  Called by releaser:downgrade() (redis_lock_base.lua).
+-- A reply that does not come leaves Redis's state unknown
 -- (a read hold, or still the write): the write is then taken as lost
 -- (reason "unknown"), since it can no longer be trusted to exclude readers.
 local function downgrade(lease)
   local lk = lease.lock
   if not writes[lease] then
-    error("attempt to downgrade a releaser that is not a readers-writer lock's write hold", 2)
+    usage_error(base.NOT_A_WRITE_HOLD)
   end
   -- (the clock first: a close() in a hook of that luv call ends the hold)
   local now = hrtime()
   if lease.state == "held" and now >= lease.valid_until then base.lose(lease, "expired") end
   if lease.state == "lost" then error(lk.lost_error, 0) end
-  if lease.state ~= "held" then error("attempt to downgrade a write hold that has ended", 2) end
-  check_open(lk.client, 2)
+  if lease.state ~= "held" then usage_error(ENDED) end
+  check_open(lk.client)
   if not isyieldable() then
-    error(checks.cannot_yield("downgrade a Redis write hold"), 2)
+    usage_error(checks.cannot_yield("downgrade a Redis write hold"))
   end
   -- (replicas: a downgrade is not confirmed by WAIT: lost in a failover,
   -- the promoted replica has the write hold instead of the read, which
@@ -92,7 +96,7 @@ local function downgrade(lease)
     -- hold Redis may have now ends with its lease, as a lost one does
     if lease.state == "lost" then error(lk.lost_error, 0) end
     if lk.hub.closed then error(base.CLOSED, 0) end   -- the close gave it back
-    error("attempt to downgrade a write hold that has ended", 2)
+    usage_error(ENDED)
   end
   if r == 0 then
     base.lose(lease, "refused")
@@ -124,9 +128,7 @@ RW.__index = methods
 --- RedisRWLock.new(client, name [, options])
 local function new(client, name, opts)
   base.check_client(client, "new")
-  if type(name) ~= "string" or name == "" then
-    argerror(2, 2, "new", "lock name must be a non-empty string, got " .. typename(name))
-  end
+  base.check_name(name)
   local o = base.options_of(opts, 3, "new", client)
   local lk = base.new_record(RW, client, name, WRITE, o, false)
   lk.downgrade = downgrade
@@ -163,7 +165,7 @@ methods.acquireWrite, methods.acquire = write_method("acquireWrite"), write_meth
 function methods.runShared(self, fn, priority)
   local lk, limit, err = check_self(self, RW, "runShared")
   if not checks.is_callable(fn) then
-    argerror(2, 1, "runShared", "function expected, got " .. typename(fn))
+    argerror(1, "runShared", "function expected, got " .. typename(fn))
   end
   check_priority(priority, 2, "runShared")
   base.check_usable(lk, "acquire a Redis lock")
@@ -266,9 +268,7 @@ local check_key = base.check_key
 --- KeyedRedisRWLock.new(client, prefix [, options])
 local function new_keyed(client, prefix, opts)
   base.check_client(client, "new")
-  if type(prefix) ~= "string" then
-    argerror(2, 2, "new", "key prefix must be a string, got " .. typename(prefix))
-  end
+  base.check_prefix(prefix)
   local o = base.options_of(opts, 3, "new", client)
   local lk = base.new_record(Keyed, client, prefix, WRITE, o, true)
   lk.downgrade = downgrade
@@ -306,7 +306,7 @@ function keyed.runShared(self, key, fn, priority)
   local lk, limit, err = check_self(self, Keyed, "runShared")
   local k = check_key(key, 1, "runShared", lk.name)
   if not checks.is_callable(fn) then
-    argerror(2, 2, "runShared", "function expected, got " .. typename(fn))
+    argerror(2, "runShared", "function expected, got " .. typename(fn))
   end
   check_priority(priority, 3, "runShared")
   base.check_usable(lk, "acquire a Redis lock")

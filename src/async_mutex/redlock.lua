@@ -30,6 +30,8 @@ local base = require "async_mutex.redis_lock_base"
 local scripts = require "async_mutex.redis_scripts"
 local multi = require "async_mutex.redis_multi"
 local checks = require "async_mutex.checks"
+checks.join_layer()                     -- its errors stand at the user's call
+local usage_error = checks.usage_error
 local uv = require "luv"
 
 local error, getmetatable, ipairs, pairs, pcall, setmetatable, tonumber, tostring, type =
@@ -615,10 +617,10 @@ local OPTIONS_ORDER = { "ttl", "renew", "wait_ms", "cancel_error", "lost_error",
 --- RedlockMutex.new(clients, name [, options])
 local function new(clients, name, opts)
   if type(clients) ~= "table" or getmetatable(clients) ~= nil then
-    argerror(2, 1, "new", "array of redis clients expected, got " .. typename(clients))
+    argerror(1, "new", "array of redis clients expected, got " .. typename(clients))
   end
   local n = #clients
-  if n == 0 then argerror(2, 1, "new", "array of redis clients must not be empty") end
+  if n == 0 then argerror(1, "new", "array of redis clients must not be empty") end
   local seen = {}
   for i = 1, n do
     local c = clients[i]
@@ -626,23 +628,21 @@ local function new(clients, name, opts)
       return checks.is_callable(c.eval) and checks.is_callable(c.subscribe)
     end) and checks.is_callable(c.eval) and checks.is_callable(c.subscribe)
     if not ok then
-      argerror(2, 1, "new", format("client #%d: redis client expected, got %s", i, typename(c)))
+      argerror(1, "new", format("client #%d: redis client expected, got %s", i, typename(c)))
     end
     if seen[c] then
-      argerror(2, 1, "new", format("client #%d is client #%d again (each server counts once)",
+      argerror(1, "new", format("client #%d is client #%d again (each server counts once)",
         i, seen[c]))
     end
     seen[c] = i
   end
-  if type(name) ~= "string" or name == "" then
-    argerror(2, 2, "new", "lock name must be a non-empty string, got " .. typename(name))
-  end
+  base.check_name(name)
   if type(opts) == "table" and opts.replicas ~= nil then
     -- A quorum of independent masters already outlives the loss of a
     -- minority of them, a failover's included (docs/redis-locks.md,
     -- "Scaling out"): WAIT on each server would add a round trip per
     -- server and guarantee nothing the quorum does not.
-    argerror(2, 3, "new", "options.replicas is not for RedlockMutex"
+    argerror(3, "new", "options.replicas is not for RedlockMutex"
       .. " (its servers are independent masters: the quorum keeps a grant)")
   end
   local o = base.options_of(opts, 3, "new", nil, KNOWN)
@@ -670,8 +670,8 @@ end
 
 -- The misuse errors of a method that talks to Redis, at its caller's line.
 local function check_usable(rl, what)
-  for i = 1, rl.n do check_open(rl.clients[i], 3) end
-  if not isyieldable() then error(checks.cannot_yield(what), 3) end
+  for i = 1, rl.n do check_open(rl.clients[i]) end
+  if not isyieldable() then usage_error(checks.cannot_yield(what)) end
 end
 
 -- The whole acquisition: the lock's gate (with the decorator's bound),
@@ -759,14 +759,14 @@ end
 -- who holds.
 function methods.steal(self)
   base.check_self(self, Redlock, "steal")
-  error("attempt to steal a Redlock mutex (its hold is on several independent servers:"
-    .. " no one atomic step can end it everywhere)", 2)
+  usage_error("attempt to steal a Redlock mutex (its hold is on several independent servers:"
+    .. " no one atomic step can end it everywhere)")
 end
 
 function Redlock.__query(self)
   base.check_self(self, Redlock, "query")
-  error("attempt to query a Redlock mutex (its holds and queues are on several"
-    .. " independent servers)", 2)
+  usage_error("attempt to query a Redlock mutex (its holds and queues are on several"
+    .. " independent servers)")
 end
 
 function Redlock.__tostring(rl)

@@ -18,12 +18,14 @@
 local am = require "async_mutex"
 local optimistic = require "async_mutex.optimistic"
 
-local error, getmetatable, select, setmetatable, tonumber, tostring, type =
-  error, getmetatable, select, setmetatable, tonumber, tostring, type
+local getmetatable, select, setmetatable, tonumber, tostring, type =
+  getmetatable, select, setmetatable, tonumber, tostring, type
 local isyieldable, running = coroutine.isyieldable, coroutine.running
 local huge, mtype, tointeger = math.huge, math.type, math.tointeger
 
 local checks = require "async_mutex.checks"
+checks.join_layer()                     -- its errors stand at the user's call
+local usage_error = checks.usage_error
 local typename, is_callable, argerror, is_closed =
   checks.typename, checks.is_callable, checks.argerror, checks.is_closed
 
@@ -143,7 +145,7 @@ local meta = {
 
 local function check_self(self, fname)
   if getmetatable(self) ~= meta then
-    argerror(3, 1, fname, "async_mutex.redis.Versioned expected, got " .. typename(self))
+    argerror(1, fname, "async_mutex.redis.Versioned expected, got " .. typename(self))
   end
 end
 
@@ -151,10 +153,10 @@ end
 -- would raise them at this file's): a closed client, or not in a
 -- coroutine ("attempt to <verb> a versioned value outside a coroutine").
 local function check_usable(self, verb)
-  checks.check_open(self.client, 3)
+  checks.check_open(self.client)
   local _, main = running()
   if main or not isyieldable() then
-    error(("attempt to %s a versioned value outside a coroutine"):format(verb), 3)
+    usage_error(("attempt to %s a versioned value outside a coroutine"):format(verb))
   end
 end
 
@@ -179,7 +181,7 @@ end
 local function check_value(value, n, fname)
   local s = to_value(value)
   if not s then
-    argerror(3, n, fname, "string or finite number expected, got " .. typename(value))
+    argerror(n, fname, "string or finite number expected, got " .. typename(value))
   end
   return s
 end
@@ -187,7 +189,7 @@ end
 local function check_version(version, n, fname)
   local v = type(version) == "number" and tointeger(version)
   if not v or v < 0 then
-    argerror(3, n, fname, "version must be a non-negative integer")
+    argerror(n, fname, "version must be a non-negative integer")
   end
   return v
 end
@@ -268,11 +270,11 @@ function Versioned.update(self, ...)
   check_self(self, "update")
   local fn, options = ...
   if not is_callable(fn) then
-    argerror(2, 1, "update", ("function expected, got %s")
+    argerror(1, "update", ("function expected, got %s")
       :format(select("#", ...) == 0 and "no value" or typename(fn)))
   end
   local complaint = optimistic.check_options(options)
-  if complaint then argerror(2, 2, "update", complaint) end
+  if complaint then argerror(2, "update", complaint) end
   check_usable(self, "update")
   local value, version = am.optimistic(function(attempt)
     if is_closed(self.client) then return true, CLOSED end
@@ -286,10 +288,10 @@ function Versioned.update(self, ...)
     return true, s, v
   end, options)
   if value == BAD_RESULT then
-    error(("update: fn must return a string or finite number, got %s")
-      :format(typename(version)), 2)
+    usage_error(("update: fn must return a string or finite number, got %s")
+      :format(typename(version)))
   end
-  if value == CLOSED then checks.check_open(self.client, 2) end
+  if value == CLOSED then checks.check_open(self.client) end
   return value, version
 end
 
@@ -299,10 +301,10 @@ end
 --- versioned(client, key): the versioned value stored at `key`.
 function M.versioned(client, key)
   if typename(client) ~= "async_mutex.redis.Client" then
-    argerror(2, 1, "versioned", "async_mutex.redis.Client expected, got " .. typename(client))
+    argerror(1, "versioned", "async_mutex.redis.Client expected, got " .. typename(client))
   end
   if type(key) ~= "string" then
-    argerror(2, 2, "versioned", "string expected, got " .. typename(key))
+    argerror(2, "versioned", "string expected, got " .. typename(key))
   end
   local v = setmetatable({ client = client, key = key }, meta)
   return v
