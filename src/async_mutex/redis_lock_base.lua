@@ -132,7 +132,7 @@ end
 -- (each caller says why).  send_release: the same, for a token the caller
 -- has put in 'inflight' already.
 local function send_release(lk, keys, token)
-  local ok, r = pcall(eval, lk, scripts.release, keys, token, keys.limit)
+  local ok, r = pcall(eval, lk, lk.release_script, keys, token, keys.limit)
   lk.hub.inflight[token] = nil
   return ok, r
 end
@@ -1395,6 +1395,7 @@ local function new_record(mt, client, name, limit, opts, keyed)
     lk.s_replicas, lk.s_wait_for = tostring(lk.replicas), tostring(max(1, floor(within)))
   end
   lk.acquire_script = scripts.acquire     -- (a kind may put its own: ask)
+  lk.release_script = scripts.release     -- (and its own release: send_release)
   lk.waiting = {}
   lk.holds = {}
   return lk
