@@ -10,6 +10,7 @@ local am = require "async_mutex"
 local h = require "helpers"
 local R = require "lock_redis"
 local uv = require "luv"
+local scripts = require "async_mutex.redis_scripts"
 
 local servers = {}
 
@@ -31,6 +32,17 @@ local function clients()
   return t
 end
 
+-- closes every client of the lists given when a case ends, also when it
+-- fails: a hold a failed case leaves would keep its hand-off subscriptions,
+-- and with them the loop, for ever (h.closing takes clients, not lists)
+local function closing(...)
+  local all = {}
+  for _, list in ipairs({ ... }) do
+    for _, c in ipairs(list) do all[#all + 1] = c end
+  end
+  return h.closing(table.unpack(all))
+end
+
 -- calls of 'command' (a command name in INFO commandstats, a script's own
 -- calls included) on each server of 'cs', summed
 local function calls(cs, command)
@@ -42,9 +54,48 @@ local function calls(cs, command)
   return n
 end
 
-local function scripts_run(cs)
+-- The scripts the servers of 'cs' run from now on, but a hold's renewals
+-- (each holder's watchdog, every ttl / 3 from its grant: one lands
+-- anywhere in a slow run), read from their SLOWLOG with every command
+-- logged (INFO commandstats cannot tell the scripts apart).  The renewal
+-- script is loaded on every server first, so that it is always an EVALSHA
+-- of its SHA1.  log:count() counts them; closing the log restores the
+-- servers' SLOWLOG settings.
+local function script_log(cs)
+  local renew
+  for _, c in ipairs(cs) do
+    renew = c:call("SCRIPT", "LOAD", scripts.renew)
+    c:call("CONFIG", "SET", "slowlog-max-len", "100000")
+    c:call("CONFIG", "SET", "slowlog-log-slower-than", "0")
+    c:call("SLOWLOG", "RESET")
+  end
+  local log = {}
+  function log.count()
+    local n = 0
+    for _, c in ipairs(cs) do
+      for _, entry in ipairs(c:call("SLOWLOG", "GET", "-1")) do
+        local args = entry[4]
+        local cmd = args[1]:lower()
+        if cmd == "eval" or cmd == "evalsha" and args[2] ~= renew then
+          n = n + 1
+        end
+      end
+    end
+    return n
+  end
+  return setmetatable(log, { __close = function()
+    for _, c in ipairs(cs) do
+      pcall(c.call, c, "CONFIG", "SET", "slowlog-log-slower-than", "10000")
+      pcall(c.call, c, "CONFIG", "SET", "slowlog-max-len", "128")
+    end
+  end })
+end
+
+-- the clients' hand-off channels subscribed on the servers of 'cs'
+-- (docs/redis-locks.md: async_mutex:<id>), summed
+local function subscribed(cs)
   local n = 0
-  for _, c in ipairs(cs) do n = n + R.scripts_run(c) end
+  for _, c in ipairs(cs) do n = n + #c:call("PUBSUB", "CHANNELS", "async_mutex:*") end
   return n
 end
 
@@ -59,15 +110,16 @@ end
 describe("RedlockMutex's requests", function()
   it("hand over with the releases alone: the new holder sends nothing", h.async(function()
     local ca, cb, cs = clients(), clients(), clients()
-    local _ <close> = h.closing(ca, cb, cs)
+    local _ <close> = closing(ca, cb, cs)
     local name = fresh()
     -- the same quorum-fence counter on every server: every draw agrees,
     -- and no counter has to be raised (a request of its own)
     for _, c in ipairs(cs) do c:call("SET", name .. ":qf", "1000", "PX", "60000") end
-    -- ttl 3000: no renewal (every second) and no waiter's request again
-    -- (at the lease's end) between the counts
-    local qa = am.RedlockMutex.new(ca, name, { ttl = 3000 })
-    local qb = am.RedlockMutex.new(cb, name, { ttl = 3000 })
+    -- waiterTimeout far above any run: the waiter does not renew its place
+    -- while it waits (every waiterTimeout / 3)
+    local opts = { ttl = 3000, waiterTimeout = 3600000 }
+    local qa = am.RedlockMutex.new(ca, name, opts)
+    local qb = am.RedlockMutex.new(cb, name, opts)
     local r = qa:acquire()
     assert.equal(1001, r.fence)
     h.wait_until(function() return holders(cs, name) == 3 end)  -- the late one joined
@@ -78,33 +130,33 @@ describe("RedlockMutex's requests", function()
       return true
     end)
     h.sleep(100)                  -- its requests (and asking again once subscribed) answered
-    local before = scripts_run(cs)
+    local log <close> = script_log(cs)
     assert.is_true(r())
     h.wait_until(function() return got ~= nil end)
     h.sleep(100)                  -- anything the grant sends in the background
     -- the 3 releases, each drawing the new holder's quorum fence there
     -- (before: one DRAW per server granted, 5 or 6 scripts)
-    assert.equal(3, scripts_run(cs) - before)
+    assert.equal(3, log:count())
     assert.equal(1002, got.fence)
     assert.is_true(got())
   end))
 
   it("keeps its subscriptions from one acquisition to the next", h.async(function()
     local ca, cb, cs = clients(), clients(), clients()
-    local _ <close> = h.closing(ca, cb, cs)
+    local _ <close> = closing(ca, cb, cs)
     local name = fresh()
     local qa = am.RedlockMutex.new(ca, name, { ttl = 3000 })
     local qb = am.RedlockMutex.new(cb, name, { ttl = 3000 })
     -- both processes take turns; the subscriptions are counted while the
     -- two are at it, after the first turns (each process subscribed on
     -- each server where it waited) and before the last
-    local done, before, after = 0, nil, nil
+    local done, before, after, subs = 0, nil, nil, nil
     for _, q in ipairs({ qa, qb }) do
       h.spawn(function()
         for i = 1, 25 do
           local x = q:acquire()
           if q == qa and i == 5 then before = calls(cs, "subscribe") end
-          if q == qa and i == 25 then after = calls(cs, "subscribe") end
+          if q == qa and i == 25 then after, subs = calls(cs, "subscribe"), subscribed(cs) end
           h.sleep(2)
           x()
         end
@@ -117,11 +169,16 @@ describe("RedlockMutex's requests", function()
     -- unsubscribed there, and subscribed again at the next acquisition)
     assert.is_true(before > 0)
     assert.equal(before, after)
+    assert.is_true(subs > 0)
+    -- and once the lock is neither held nor waited for, the processes
+    -- unsubscribe (a loop turn later), their clients still open: nothing
+    -- is left to keep uv.run() from returning
+    h.wait_until(function() return subscribed(cs) == 0 end, 2000, "unsubscribed")
   end))
 
   it("never finds a late server's next request queued behind its grant", h.async(function()
     local ca, cs = clients(), clients()
-    local _ <close> = h.closing(ca, cs)
+    local _ <close> = closing(ca, cs)
     local name = fresh()
     local q = am.RedlockMutex.new(ca, name, { ttl = 1000 })
     q:acquire()()                 -- connected, the servers' age read
@@ -139,5 +196,6 @@ describe("RedlockMutex's requests", function()
     -- not given back yet, and was queued, a ZADD, then handed the lock)
     assert.equal(before, calls({ cs[3] }, "zadd"))
     assert.is_false(q:isLocked())
+    h.wait_until(function() return subscribed(cs) == 0 end, 2000, "unsubscribed")
   end))
 end)
