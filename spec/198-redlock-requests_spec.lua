@@ -74,19 +74,16 @@ local function script_log(cs)
   function log.count()
     local n, seen = 0, {}
     for i, c in ipairs(cs) do
-      local later                     -- (the log is newest first)
+      local evals = {}                -- (the log is newest first)
       for _, entry in ipairs(c:call("SLOWLOG", "GET", "-1")) do
         local args = entry[4]
         local cmd = args[1]:lower()
-        local rest = table.concat(args, " ", 3)
-        if cmd == "evalsha" and later == "eval " .. rest then
-          n = n - 1                     -- (NOSCRIPT: the EVAL after it ran)
-        end
-        if cmd == "eval" or cmd == "evalsha" and args[2] ~= renew then
+        local rest = table.concat(args, " ", 3)      -- (a token: unique)
+        if cmd == "eval" then evals[rest] = true end
+        if cmd == "eval" or cmd == "evalsha" and args[2] ~= renew and not evals[rest] then
           n = n + 1
           seen[#seen + 1] = ("server %d %s %s %s"):format(i, cmd, args[2]:sub(1, 24), rest)
         end
-        later = cmd .. " " .. rest
       end
     end
     return n, table.concat(seen, "\n")
