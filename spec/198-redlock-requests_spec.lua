@@ -61,7 +61,9 @@ end
 -- script is loaded on every server first, so that it is always an EVALSHA
 -- of its SHA1; an EVALSHA answered NOSCRIPT (followed by the EVAL of the
 -- same keys and arguments) ran nothing.  log:count() counts them, and
--- says what they were; closing the log restores the SLOWLOG settings.
+-- says what they were; log:count(word) counts those whose last argument
+-- is 'word' (an acquire request's mode: "wait", "again", "try").  Closing
+-- the log restores the SLOWLOG settings.
 local function script_log(cs)
   local renew
   for _, c in ipairs(cs) do
@@ -71,7 +73,7 @@ local function script_log(cs)
     c:call("SLOWLOG", "RESET")
   end
   local log = {}
-  function log.count()
+  function log.count(_, word)
     local n, seen = 0, {}
     for i, c in ipairs(cs) do
       local evals = {}                -- (the log is newest first)
@@ -80,7 +82,8 @@ local function script_log(cs)
         local cmd = args[1]:lower()
         local rest = table.concat(args, " ", 3)      -- (a token: unique)
         if cmd == "eval" then evals[rest] = true end
-        if cmd == "eval" or cmd == "evalsha" and args[2] ~= renew and not evals[rest] then
+        if (cmd == "eval" or cmd == "evalsha" and args[2] ~= renew and not evals[rest])
+            and (word == nil or args[#args] == word) then
           n = n + 1
           seen[#seen + 1] = ("server %d %s %s %s"):format(i, cmd, args[2]:sub(1, 24), rest)
         end
@@ -198,6 +201,7 @@ describe("RedlockMutex's requests", function()
     local q = am.RedlockMutex.new(ca, name, { ttl = 1000 })
     q:acquire()()                 -- connected, the servers' age read
     local before = calls({ cs[3] }, "zadd")
+    local log <close> = script_log({ cs[3] })
     servers[3]:pause()
     -- three acquisitions with the quorum of servers 1 and 2; server 3's
     -- requests wait in its socket: acquire, (its release), acquire, ...
@@ -205,11 +209,22 @@ describe("RedlockMutex's requests", function()
       local x = q:acquire()
       assert.is_true(x())
     end
+    -- answered after a third of the lease (ttl 1000): the late grants
+    -- are stale, and a stale grant is confirmed by asking again (unless
+    -- given back)
+    h.sleep(400)
     servers[3]:resume()
     h.wait_until(function() return holders(cs, name) == 0 end, 3000, "every grant given back")
     -- (before: the second acquisition's request found the first's grant,
     -- not given back yet, and was queued, a ZADD, then handed the lock)
     assert.equal(before, calls({ cs[3] }, "zadd"))
+    -- and no request of theirs asked again there: a grant answered late
+    -- (after a third of its lease, as confirmed grants are) is not
+    -- confirmed once its token was given back (before: it was, taking the
+    -- lock there anew, behind the release, until its lease ended)
+    local asked, seen = log:count("again")
+    assert.equal(0, asked, seen)
+    assert.equal(3, (log:count("wait")))
     assert.is_false(q:isLocked())
     h.wait_until(function() return subscribed(cs) == 0 end, 2000, "unsubscribed")
   end))

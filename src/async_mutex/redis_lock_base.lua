@@ -1093,6 +1093,11 @@ local function redis_acquire(lk, name, weight, deadline, err, token)
     -- by asking again, a write of this connection, as a stale one is)
     if hrtime() - sent < first * NS / 3
       and not (lk.replicas and not (r and r[1] == 1)) then break end
+    -- Canceled meanwhile (cancel(), or a RedlockMutex's attempt that no
+    -- longer needs this server, whose release may have gone out behind
+    -- the request already): not asked again, which would take the lock
+    -- anew after that release; the token is given back (Pending).
+    if w.canceled then error(lk.cancel_error, 0) end
     -- Stale: confirm it by asking again (Redis renews a grant it still
     -- has to ttl from this request, and answers with its fence), or learn
     -- that it ended meanwhile (this process was too slow to take it): the
