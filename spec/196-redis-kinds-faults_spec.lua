@@ -99,6 +99,7 @@ for _, kind in ipairs(KINDS) do
       holder:kill()
       holder:wait()
       local c = server:client()
+      local _c <close> = h.closing(c)   -- (also when it fails)
       local t0 = hrtime()
       local r = adapter(src, c, name).other()
       local waited = ms_since(t0)
@@ -110,6 +111,7 @@ for _, kind in ipairs(KINDS) do
     it("is held up by a waiter SIGKILLed no longer than the dead-waiter bound", h.async(function()
       local name = fresh()
       local a, b = server:client(), server:client()
+      local _ab <close> = h.closing(a, b)   -- (also when it fails)
       local ka = adapter(src, a, name, { waiterTimeout = 300 })
       local held = ka.take()
       local waiter = child(src, name, "other", 30000, 300)
@@ -135,6 +137,7 @@ for _, kind in ipairs(KINDS) do
       h.async(function()
         local name = fresh()
         local a, b = server:client(), server:client()
+        local _ab <close> = h.closing(a, b)   -- (also when it fails)
         local lost = 0
         local r = adapter(src, a, name, { ttl = 200, onLost = function() lost = lost + 1 end })
           .take()
@@ -155,6 +158,7 @@ for _, kind in ipairs(KINDS) do
       h.async(function()
         local name = fresh()
         local c = server:client({ reconnectDelay = 10, reconnectDelayMax = 50 })
+        local _c <close> = h.closing(c)   -- (also when it fails)
         local lost = {}
         -- (slowed down, a restart can outlast a 300 ms lease: the renewal
         -- would then find the lease over by the local clock, not refused)
@@ -186,6 +190,7 @@ for _, kind in ipairs(KINDS) do
       h.async(function()
         local name = fresh()
         local c = server:client({ commandTimeout = 300 })
+        local _c <close> = h.closing(c)   -- (also when it fails)
         local k = adapter(src, c, name)
         assert.is_true(k.take()())                     -- connected, policy read
         server:pause()
@@ -202,6 +207,7 @@ for _, kind in ipairs(KINDS) do
     it("is given back by client:close(): the other process is granted at once", h.async(function()
       local name = fresh()
       local a, b = server:client(), server:client()
+      local _ab <close> = h.closing(a, b)   -- (also when it fails)
       local r = adapter(src, a, name).take()
       local got
       h.spawn(function() got = adapter(src, b, name).other() end)
@@ -218,9 +224,11 @@ for _, kind in ipairs(KINDS) do
     it("refuses a server that may evict its keys, writing nothing", h.async(function()
       local name = fresh()
       local admin = server:client()
+      local _admin <close> = h.closing(admin)   -- (also when it fails)
       admin:call("CONFIG", "SET", "maxmemory", "10000000")
       admin:call("CONFIG", "SET", "maxmemory-policy", "allkeys-lru")
       local c = server:client()
+      local _c <close> = h.closing(c)   -- (also when it fails)
       local ok, err = pcall(adapter(src, c, name).take)
       admin:call("CONFIG", "SET", "maxmemory", "0")
       admin:call("CONFIG", "SET", "maxmemory-policy", "noeviction")
@@ -239,6 +247,7 @@ for _, kind in ipairs(KINDS) do
         assert.is_true(holder:wait_for("held\n"))
         local waiter = child(src, name, "other", 200, 200)
         local c = server:client()
+        local _c <close> = h.closing(c)   -- (also when it fails)
         h.wait_until(function() return R.queued(c, adapter(src, c, name).watch) == 1 end, 10000)
         holder:kill(); waiter:kill()
         holder:wait(); waiter:wait()
@@ -255,6 +264,7 @@ for _, kind in ipairs(KINDS) do
       h.async(function()
         local name = fresh()
         local a, b = server:client(), server:client()
+        local _ab <close> = h.closing(a, b)   -- (also when it fails)
         local r = adapter(src, a, name).take()
         local kb = adapter(src, b, name)
         local early = {}

@@ -535,6 +535,15 @@ end
 -- running in every later case, of its file and of the files after it.
 function helpers.closing(...)
   local things = table.pack(...)
+  -- (a thing it cannot close is an error here, not a silent no-op at the
+  -- end: a list of clients given by mistake closed none of them, and a
+  -- failed case's holds then kept the loop running into the next cases)
+  for i = 1, things.n do
+    local t = things[i]
+    if t ~= nil and not (t.close or t.stop) then
+      error(("h.closing: argument #%d has no close or stop method"):format(i), 2)
+    end
+  end
   return setmetatable({}, { __close = function()
     for i = 1, things.n do
       local t = things[i]

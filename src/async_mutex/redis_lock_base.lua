@@ -147,7 +147,7 @@ end
 -- (each caller says why).  send_release: the same, for a token the caller
 -- has put in 'inflight' already.
 local function send_release(lk, keys, token)
-  local ok, r = pcall(eval, lk, scripts.release, keys, token, keys.limit)
+  local ok, r = pcall(eval, lk, lk.release_script, keys, token, keys.limit)
   lk.hub.inflight[token] = nil
   return ok, r
 end
@@ -1108,6 +1108,11 @@ local function redis_acquire(lk, name, weight, deadline, err, token)
     -- by asking again, a write of this connection, as a stale one is)
     if hrtime() - sent < first * NS / 3
       and not (lk.replicas and not (r and r[1] == 1)) then break end
+    -- Canceled meanwhile (cancel(), or a RedlockMutex's attempt that no
+    -- longer needs this server, whose release may have gone out behind
+    -- the request already): not asked again, which would take the lock
+    -- anew after that release; the token is given back (Pending).
+    if w.canceled then error(lk.cancel_error, 0) end
     -- Stale: confirm it by asking again (Redis renews a grant it still
     -- has to ttl from this request, and answers with its fence), or learn
     -- that it ended meanwhile (this process was too slow to take it): the
@@ -1423,6 +1428,7 @@ local function new_record(mt, client, name, limit, opts, keyed)
     lk.s_replicas, lk.s_wait_for = tostring(lk.replicas), tostring(max(1, floor(within)))
   end
   lk.acquire_script = scripts.acquire     -- (a kind may put its own: ask)
+  lk.release_script = scripts.release     -- (and its own release: send_release)
   lk.waiting = {}
   lk.holds = {}
   return lk

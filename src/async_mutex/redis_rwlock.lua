@@ -14,6 +14,7 @@
 -- one more script: the write's record becomes a read's, with a new fence,
 -- and the readers at the head join in the same atomic step.
 
+local core = require "async_mutex.core"
 local base = require "async_mutex.redis_lock_base"
 local scripts = require "async_mutex.redis_scripts"
 local checks = require "async_mutex.checks"
@@ -29,6 +30,7 @@ local hrtime = uv.hrtime
 local typename, argerror, check_open = checks.typename, checks.argerror, checks.check_open
 local check_self, check_priority, acquire, finish, check_fn =
   base.check_self, base.check_priority, base.acquire, base.finish, base.check_fn
+local limited_read, limited_write = core.acquireRead, core.acquireWrite
 
 -- A write's weight and the lock's limit: above any number of readers, and
 -- exact in the scripts' doubles (WRITE + readers stays below 2^53).
@@ -131,12 +133,33 @@ local function new(client, name, opts)
   base.check_name(name)
   local o = base.options_of(opts, 3, "new", client)
   local lk = base.new_record(RW, client, name, WRITE, o, false)
+  -- The local gate is a core RWLock, not a Mutex (redis_lock_base.lua):
+  -- the readers of this process go to Redis together, each request in
+  -- flight at once on the connection, where a Mutex let one through per
+  -- round trip; a writer still goes alone, and a reader queues behind a
+  -- writer waiting at the gate, so the local order is the RWLock's.
+  lk.gate = core.dbg_internal(core.RWLock.new(o.cancel_error))
   lk.downgrade = downgrade
   return lk
 end
 
+-- The whole acquisition (base.acquire's, through the RWLock gate in the
+-- request's mode): the gate, then Redis with what is left of the bound.
+local function rw_acquire(lk, limit, err, weight, priority)
+  local deadline = base.deadline_of(limit)
+  local gate = lk.gate
+  local gate_release
+  if weight == 1 then
+    if limit == nil then gate_release = gate:acquireRead(priority)
+    else gate_release = limited_read(gate, limit, err, priority) end
+  elseif limit == nil then gate_release = gate:acquireWrite(priority)
+  else gate_release = limited_write(gate, limit, err, priority) end
+  local _ <close> = gate_release
+  return base.redis_acquire(lk, lk.name, weight, deadline, err)
+end
+
 local function write(lk, limit, err, priority)
-  local lease = acquire(lk, limit, err, nil, lk.name, WRITE, priority)
+  local lease = rw_acquire(lk, limit, err, WRITE, priority)
   writes[lease] = true
   return lease
 end
@@ -145,7 +168,7 @@ function methods.acquireRead(self, priority)
   local lk, limit, err = check_self(self, RW, "acquireRead")
   check_priority(priority, 1, "acquireRead")
   base.check_usable(lk, "acquire a Redis lock")
-  local release = acquire(lk, limit, err, nil, lk.name, 1, priority)
+  local release = rw_acquire(lk, limit, err, 1, priority)
   return release
 end
 
@@ -169,7 +192,7 @@ function methods.runShared(self, fn, priority)
   end
   check_priority(priority, 2, "runShared")
   base.check_usable(lk, "acquire a Redis lock")
-  local release <close> = acquire(lk, limit, err, nil, lk.name, 1, priority)
+  local release <close> = rw_acquire(lk, limit, err, 1, priority)
   return finish(lk, release, pcall(fn))
 end
 

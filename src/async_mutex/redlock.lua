@@ -53,14 +53,11 @@ local limited = core.acquire
 
 local M = {}
 
---- ACQUIRE: a server's acquire request, in one call: the acquire script of
--- redis_scripts.lua (its keys and arguments, KEYS[1..6]), and when it
--- grants, the draw of the quorum fence from N:qf (KEYS[7]), as DRAW below
--- draws it, added to its answer: {1, fence, value, drawn}.  A grant by
--- hand-off (the release script's) draws with DRAW once it is known.
-M.ACQUIRE = "local function acquire()\n" .. scripts.acquire .. "\nend\n" .. [[
-local r = acquire()
-if r[1] == 1 then
+-- draw_qf(): the draw of the quorum fence from N:qf (KEYS[7]) for the
+-- server's holder, as DRAW below draws it (the counter plus one, or the
+-- server's time in us); returns it as a string.
+local DRAW_QF = [[
+local function draw_qf()
   local last = redis.call('GET', KEYS[7])
   local v
   if last then
@@ -69,9 +66,20 @@ if r[1] == 1 then
     local t = redis.call('TIME')
     v = tonumber(t[1]) * 1000000 + tonumber(t[2])
   end
-  r[4] = string.format('%d', v)
-  redis.call('SET', KEYS[7], r[4], 'PX', 3600000)
+  local s = string.format('%d', v)
+  redis.call('SET', KEYS[7], s, 'PX', 3600000)
+  return s
 end
+]]
+
+--- ACQUIRE: a server's acquire request, in one call: the acquire script of
+-- redis_scripts.lua (its keys and arguments, KEYS[1..6]), and when it
+-- grants, the draw of the quorum fence, added to its answer: {1, fence,
+-- value, drawn}.  A grant by hand-off draws in the release that grants it
+-- (RELEASE), or with DRAW once it is known.
+M.ACQUIRE = "local function acquire()\n" .. scripts.acquire .. "\nend\n" .. DRAW_QF .. [[
+local r = acquire()
+if r[1] == 1 then r[4] = draw_qf() end
 return r
 ]]
 
@@ -91,6 +99,33 @@ local v = last and tonumber(last) + 1 or sec * 1000000 + usec
 local s = string.format('%d', v)
 redis.call('SET', KEYS[2], s, 'PX', 3600000)
 return s
+]]
+
+--- RELEASE: the release script of redis_scripts.lua (its keys and
+-- arguments), whose hand-off also draws the new holder's quorum fence from
+-- N:qf (KEYS[7]), as DRAW would: when the script publishes a grant's
+-- message ("token fence value"), the token holds the lock here already
+-- (its record is written first), so it is this server's holder that the
+-- draw is made for; the draw goes in the message's value field, negated
+-- ("token fence -drawn"), and the new holder needs no DRAW round trip.
+-- (Its redis.call is wrapped, rather than the script's text edited: the
+-- script stays the Redis locks' own.)
+M.RELEASE = DRAW_QF .. [[
+local real = redis
+local redis = setmetatable({
+  call = function(cmd, ...)
+    if cmd == 'PUBLISH' or cmd == 'SPUBLISH' then
+      local ch, msg = ...
+      local head, fence = string.match(msg, '^(%S+) (%d+) %-?%d+$')
+      if head then return real.call(cmd, ch, head .. ' ' .. fence .. ' -' .. draw_qf()) end
+    end
+    return real.call(cmd, ...)
+  end,
+}, { __index = real })
+local function release()
+]] .. scripts.release .. [[
+end
+return release()
 ]]
 
 --- RAISE: KEYS N:h, N:qf; ARGV token, fence.  If the token holds the lock
@@ -185,6 +220,28 @@ local function forget(hold)
   end
 end
 
+-- Every server's hub is in use from an attempt's start to the end of its
+-- hold ('uses': the attempt's or hold's count is taken), as a Redis lock's
+-- is while it is waited for or held (redis_lock_base.lua, hub): a server
+-- whose own request ended early (withdrawn when the quorum was reached
+-- elsewhere, or its lease given back) keeps its hand-off subscription,
+-- rather than dropping it one loop turn later and subscribing again (a
+-- round trip, and a request that asks again) at the next acquisition.
+local function use_hubs(rl)
+  for i = 1, rl.n do base.hub_use(rl.servers[i].hub) end
+end
+
+local function unuse_hubs(rec)
+  if not rec.uses then return end
+  rec.uses = false
+  local rl = rec.rl or rec.lock
+  for i = 1, rl.n do base.hub_unuse(rl.servers[i].hub) end
+end
+
+-- { rec }, to be closed: the uses end also when the waiting coroutine is
+-- closed (coroutine.close) or raises.
+local UNUSE = { __close = function(g) unuse_hubs(g[1]) end }
+
 -- Fewer than a quorum of the hold's leases are valid: the hold ends.  Lost
 -- (onLost, check() raises) unless its leases ended by their clients'
 -- close().  The leases still running are let go: a lost hold is not given
@@ -202,6 +259,8 @@ local function end_hold(hold, reason)
   end
   hold.state = closed and "released" or "lost"
   forget(hold)
+  hold.att = nil
+  unuse_hubs(hold)
   for _, lease in pairs(hold.leases) do
     hold_of[lease] = nil
     if lease.state == "held" then
@@ -245,10 +304,31 @@ local function release_hold(hold)
     hold_of[lease] = nil
     list[#list + 1] = lease
   end
+  -- The servers whose request has not answered yet: their tokens are
+  -- released now, behind the request on the same connection, so that the
+  -- next acquisition's request does not find this one's grant there
+  -- (queued behind it, waiting for its late give-back); their answer then
+  -- ends the lease here without a request (answered).
+  local att = hold.att
+  hold.att = nil
+  if att then
+    for i = 1, rl.n do
+      local s = att.srv[i]
+      if s and s.state == "pending" and not s.answered then
+        s.given_back = true
+        local lk = rl.servers[i]
+        base.background(base.release_token, lk, base.keys_of(lk, rl.name), s.token)
+      end
+    end
+  end
+  -- (the hubs stay in use until the answers: a coroutine that acquires
+  -- again at once keeps the subscriptions, as release_lease keeps its own)
   if not isyieldable() then
+    unuse_hubs(hold)
     for i = 1, #list do base.release_lease(list[i]) end
     return true
   end
+  local _ <close> = setmetatable({ hold }, UNUSE)
   local n, quorum = #list, rl.quorum
   local had, refused, waiting, bell = 0, 0, nil, nil
   for i = 1, n do
@@ -266,6 +346,7 @@ local function release_hold(hold)
     waiting = true
     local _ = bell:acquire()
   end
+  unuse_hubs(hold)
   if had < quorum then
     hold.state = "lost"
     if rl.on_lost then
@@ -325,6 +406,16 @@ local function fence_keys(lk) return lk.fence_keys end
 
 local start                           -- (att, i): a request on server i
 
+-- Ends a lease here without a request: its token's release was sent
+-- after the request that granted it, on the same connection (release_hold).
+local function drop(lease)
+  if lease.state ~= "held" then return end
+  lease.state = "released"
+  base.stop_timer(lease)
+  base.forget(lease)
+  base.hub_unuse(lease.lock.hub)
+end
+
 -- A server's grant is no good (its draw found no hold, or failed, or the
 -- server is too young): given back, and the server failed for this
 -- attempt.
@@ -356,12 +447,29 @@ local function drawn(att, s, value)
   if counts(att) >= att.rl.quorum then ring(att) end
 end
 
+-- A server of the hold that drew below its fence ('v', nil: drew nothing),
+-- after the quorum had settled it (a late grant or draw): its counter is
+-- raised to the fence in the background.  Safety does not need it (the
+-- quorum has the fence), but the next grant's draws then agree, and
+-- settle_fence has nothing to raise, one round trip fewer.
+local function catch_up(att, i, s, v)
+  local hold = att.hold
+  if not hold or hold.state ~= "held" or (v and v >= hold.fence) then return end
+  local lk = att.rl.servers[i]
+  base.background(base.eval, lk, M.RAISE, fence_keys(lk), s.token, format("%d", hold.fence))
+end
+
 -- Draws the fence of server i's token, granted by hand-off.
 local function draw(att, i, s)
   local lk = att.rl.servers[i]
   base.background(function()
     local ok, v = pcall(base.eval, lk, M.DRAW, fence_keys(lk), s.token)
-    if att.srv[i] ~= s or att.done or s.state ~= "granted" then return end
+    if att.srv[i] ~= s or att.done or s.state ~= "granted" then
+      if ok and att.done and att.srv[i] == s and tonumber(v) ~= 0 then
+        catch_up(att, i, s, tonumber(v))
+      end
+      return
+    end
     if not ok then return fail_server(att, s, v) end
     v = tonumber(v)
     if v == 0 then return fail_server(att, s, DRAW_ENDED) end   -- its lease ended
@@ -375,6 +483,11 @@ end
 local function answered(att, i, s, ok, lease, value)
   local rl = att.rl
   local lk = rl.servers[i]
+  s.answered = true
+  if s.given_back then                  -- its release went out behind it
+    if ok then drop(lease) end
+    return
+  end
   if ok and lk.hub.started == nil and att.srv[i] == s and not att.done then
     local ok2, e = pcall(started, lk)
     if not ok2 then
@@ -389,6 +502,7 @@ local function answered(att, i, s, ok, lease, value)
       if att.srv[i] == s and hold and hold_now(hold).state == "held" and not young(rl, lk) then
         hold.leases[i] = lease
         hold_of[lease] = hold
+        catch_up(att, i, s, value and tonumber(value))
       else
         base.background(base.release_lease, lease)
       end
@@ -421,8 +535,12 @@ function start(att, i)
   local bound                        -- nil: the attempt's caller bounds it
   if att.try then bound = false end
   local ok, err = co_resume(co_create(function()
-    local ok, lease, _, value = pcall(base.redis_acquire, lk, rl.name, 1, bound, TRY, s.token)
-    answered(att, i, s, ok, lease, value)
+    local ok, lease, value, drew = pcall(base.redis_acquire, lk, rl.name, 1, bound, TRY, s.token)
+    -- the draw: made by the grant's request (M.ACQUIRE's answer), or by
+    -- the release that handed the lock over (M.RELEASE's message: the
+    -- value negated), else nil (another release's hand-off: DRAW)
+    if ok and not drew and value and value < 0 then drew = -value end
+    answered(att, i, s, ok, lease, drew)
   end))
   if not ok then error(err, 0) end
 end
@@ -493,6 +611,7 @@ local function settle_fence(att, fence, deadline)
         have = have + 1
       else
         asked = asked + 1
+        s.raising = true
         local lk = rl.servers[i]
         base.background(function()
           local ok, r = pcall(base.eval, lk, M.RAISE, fence_keys(lk), s.token, format("%d", fence))
@@ -529,6 +648,9 @@ local function acquire_quorum(rl, deadline, err)
                 bell = internal(core.Semaphore.new(0)), progress = hrtime(),
                 settle = settle_ms(rl) * NS }
   rl.waiting[att] = true
+  use_hubs(rl)
+  att.uses = true
+  local _ <close> = setmetatable({ att }, UNUSE)   -- (kept by the hold on success)
   local ok, res = pcall(function()
     for i = 1, rl.n do start(att, i) end
     while true do
@@ -571,7 +693,10 @@ local function acquire_quorum(rl, deadline, err)
     finish(att, false)
     error(res, 0)
   end
-  local hold = setmetatable({ lock = rl, leases = {}, fence = tointeger(res), state = "held" }, Hold)
+  -- (the attempt's uses of the hubs become the hold's)
+  local hold = setmetatable({ lock = rl, leases = {}, fence = tointeger(res), state = "held",
+                              uses = att.uses, att = att }, Hold)
+  att.uses = false
   for i = 1, rl.n do
     local s = att.srv[i]
     if s.lease and (s.state == "drawn" or s.state == "granted") then
@@ -580,6 +705,10 @@ local function acquire_quorum(rl, deadline, err)
     end
   end
   att.hold = hold
+  for i = 1, rl.n do            -- (drawn after settle_fence looked)
+    local s = att.srv[i]
+    if s.state == "drawn" and not s.raising and hold.leases[i] then catch_up(att, i, s, s.draw) end
+  end
   finish(att, true)
   -- Clients closed by a finalizer or a hook since their grants (at an
   -- allocation above): the close gave their tokens back.  With fewer than
@@ -592,6 +721,8 @@ local function acquire_quorum(rl, deadline, err)
   end
   if closed and left < rl.quorum then
     hold.state = "released"
+    hold.att = nil
+    unuse_hubs(hold)
     for _, lease in pairs(hold.leases) do
       hold_of[lease] = nil
       if lease.state == "held" then base.background(base.release_lease, lease) end
@@ -660,7 +791,7 @@ local function new(clients, name, opts)
     so.on_lost = on_server_lost
     rl.clients[i] = clients[i]
     local lk = base.new_record(Server, clients[i], name, 1, so, false)
-    lk.acquire_script = M.ACQUIRE
+    lk.acquire_script, lk.release_script = M.ACQUIRE, M.RELEASE
     lk.keys[7] = name .. ":qf"
     lk.fence_keys = { lk.keys[1], lk.keys[7] }
     rl.servers[i] = lk
