@@ -157,12 +157,8 @@ void am_push_releaser (lua_State *L, int lockidx, Lock *lk,
 }
 
 
-/*
-** The release of the releaser at 'idx' (releaser_release below, and
-** runExclusive's when its body raised: run.c).
-*/
-int am_release_hold (lua_State *L, int idx) {
-  Releaser *r = (Releaser *)lua_touserdata(L, idx);
+/* The release of the releaser 'r', at 'idx'. */
+static int release_hold (lua_State *L, Releaser *r, int idx) {
   int ended;
   if (!released(r)) return 0;           /* given back already, or lost */
   if (r->lease) am_lease_end(L, r);     /* out of the timer queue */
@@ -177,6 +173,15 @@ int am_release_hold (lua_State *L, int idx) {
 
 
 /*
+** The release of the releaser at 'idx' (runExclusive's when its body
+** raised: run.c).
+*/
+int am_release_hold (lua_State *L, int idx) {
+  return release_hold(L, (Releaser *)lua_touserdata(L, idx), idx);
+}
+
+
+/*
 ** Releases once, returning whether this call ended the hold: later calls
 ** (and a lost hold's, lease.c) return false, and arguments are ignored
 ** (docs/semantics.md, Leases and lost holds).  A mutex
@@ -187,8 +192,13 @@ int am_release_hold (lua_State *L, int idx) {
 ** exit, error, or coroutine.close).
 */
 static int releaser_release (lua_State *L) {
-  am_checkself(L, AM_T_RELEASER);
-  lua_pushboolean(L, am_release_hold(L, 1));
+  Releaser *r = (Releaser *)lua_touserdata(L, 1);
+  /* am_checkself's test, on every release: its metatable stays on the
+     stack (only the result on top is returned) */
+  if (r == NULL || !lua_getmetatable(L, 1)
+      || lua_topointer(L, -1) != lua_topointer(L, am_mtindex(AM_T_RELEASER)))
+    r = (Releaser *)am_checkself(L, AM_T_RELEASER);   /* raises */
+  lua_pushboolean(L, release_hold(L, r, 1));
   return 1;
 }
 
