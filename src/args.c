@@ -18,21 +18,9 @@
 #include "async_mutex.h"
 
 
-/*
-** The userdata at 'idx' if its metatable is type 't''s, or NULL.  On
-** every request and release: the metatables are compared by address
-** (lua_topointer), two cheap reads where lua_rawequal costs a third of
-** the check; a table's address is its identity for its lifetime, and the
-** upvalue keeps this one alive.
-*/
+/* The userdata at 'idx' if its metatable is type 't''s, or NULL. */
 void *am_testself (lua_State *L, int idx, AmType t) {
-  void *p = lua_touserdata(L, idx);
-  if (p != NULL && lua_getmetatable(L, idx)) {
-    int same = lua_topointer(L, -1) == lua_topointer(L, am_mtindex(t));
-    lua_pop(L, 1);
-    if (same) return p;
-  }
-  return NULL;
+  return am_isself(L, idx, t);
 }
 
 
@@ -42,7 +30,7 @@ void *am_testself (lua_State *L, int idx, AmType t) {
 ** the requests is the lock's own (decorated.c).
 */
 void *am_checkself (lua_State *L, AmType t) {
-  void *p = am_testself(L, 1, t);
+  void *p = am_isself(L, 1, t);
   if (p == NULL && am_undecorate(L, t)) p = lua_touserdata(L, 1);
   return p ? p : luaL_checkudata(L, 1, am_tnames[t]);  /* raises */
 }

@@ -523,14 +523,15 @@ static int suspend (lua_State *L, Request *rq) {
   int hands_out = HAND_OUT_WAITERS && !timed && !leased
                   && rq->sigidx == 0 && rq->kind == W_ACQUIRE;
   int clocked, precise;
+  int top = top_kept(rq->lockidx, rq->erridx, rq->lostidx, rq->sigidx)
+            + (rq->fnidx != 0);
   lua_Number now = 0, need;
   Waiter *w;
   /* keep what the continuation reads (and runExclusive's body, just
-     above it); the waiter goes just above */
-  assert(rq->fnidx == 0 || rq->fnidx == top_kept(rq->lockidx, rq->erridx,
-                                                 rq->lostidx, rq->sigidx) + 1);
-  lua_settop(L, top_kept(rq->lockidx, rq->erridx, rq->lostidx,
-                         rq->sigidx) + (rq->fnidx != 0));
+     above it); the waiter goes just above.  Most often (m:acquire()) the
+     stack is that already, and lua_gettop costs less than lua_settop */
+  assert(rq->fnidx == 0 || rq->fnidx == top);
+  if (lua_gettop(L) != top) lua_settop(L, top);
   /* RE-ENTRY (docs/semantics.md, "Re-entry"): allocate first, decide
      after.  Both allocations below may run a collector step, and so a
      user's finalizer, which may release this very lock: the decision
