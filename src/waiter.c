@@ -195,8 +195,7 @@ static int releaser_release (lua_State *L) {
   Releaser *r = (Releaser *)lua_touserdata(L, 1);
   /* am_checkself's test, on every release: its metatable stays on the
      stack (only the result on top is returned) */
-  if (r == NULL || !lua_getmetatable(L, 1)
-      || lua_topointer(L, -1) != lua_topointer(L, am_mtindex(AM_T_RELEASER)))
+  if (r == NULL || !lua_getmetatable(L, 1) || !am_is_mt(L, AM_T_RELEASER))
     r = (Releaser *)am_checkself(L, AM_T_RELEASER);   /* raises */
   lua_pushboolean(L, release_hold(L, r, 1));
   return 1;
