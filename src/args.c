@@ -20,13 +20,7 @@
 
 /* The userdata at 'idx' if its metatable is type 't''s, or NULL. */
 void *am_testself (lua_State *L, int idx, AmType t) {
-  void *p = lua_touserdata(L, idx);
-  if (p != NULL && lua_getmetatable(L, idx)) {
-    int same = lua_rawequal(L, -1, am_mtindex(t));
-    lua_pop(L, 1);
-    if (same) return p;
-  }
-  return NULL;
+  return am_isself(L, idx, t);
 }
 
 
@@ -36,7 +30,7 @@ void *am_testself (lua_State *L, int idx, AmType t) {
 ** the requests is the lock's own (decorated.c).
 */
 void *am_checkself (lua_State *L, AmType t) {
-  void *p = am_testself(L, 1, t);
+  void *p = am_isself(L, 1, t);
   if (p == NULL && am_undecorate(L, t)) p = lua_touserdata(L, 1);
   return p ? p : luaL_checkudata(L, 1, am_tnames[t]);  /* raises */
 }

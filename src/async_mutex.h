@@ -472,6 +472,25 @@ extern const char *const am_tnames[AM_NTYPES];
 void am_check_yieldable (lua_State *L, const char *act);
 int am_cannot_yield (lua_State *L);
 void *am_testself (lua_State *L, int idx, AmType t);
+/*
+** Whether the table on top is type 't''s metatable, compared by address
+** (lua_topointer: two cheap reads where lua_rawequal costs a third of a
+** check of every request and release); a table's address is its identity
+** while it lives, and the upvalue keeps this one alive.
+*/
+#define am_is_mt(L,t)  \
+  (lua_topointer(L, -1) == lua_topointer(L, am_mtindex(t)))
+
+/* am_testself, inline for the checks of every request and release. */
+static inline void *am_isself (lua_State *L, int idx, AmType t) {
+  void *p = lua_touserdata(L, idx);
+  if (p != NULL && lua_getmetatable(L, idx)) {
+    int same = am_is_mt(L, t);
+    lua_pop(L, 1);
+    if (same) return p;
+  }
+  return NULL;
+}
 void *am_checkself (lua_State *L, AmType t);
 int am_argerror (lua_State *L, int idx, int base, const char *fname,
                  const char *msg);

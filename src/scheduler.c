@@ -632,7 +632,7 @@ static int on_idle (lua_State *L) {
     st->pending--;
     status = lua_resume(co, L, 0, &nres);     /* its slot keeps it alive */
     if (status == LUA_OK || status == LUA_YIELD) {
-      lua_pop(co, nres);
+      if (nres != 0) lua_pop(co, nres);     /* a wait again yields none */
       drop_anchor(st, ref);
     }
     else {

@@ -157,12 +157,8 @@ void am_push_releaser (lua_State *L, int lockidx, Lock *lk,
 }
 
 
-/*
-** The release of the releaser at 'idx' (releaser_release below, and
-** runExclusive's when its body raised: run.c).
-*/
-int am_release_hold (lua_State *L, int idx) {
-  Releaser *r = (Releaser *)lua_touserdata(L, idx);
+/* The release of the releaser 'r', at 'idx'. */
+static int release_hold (lua_State *L, Releaser *r, int idx) {
   int ended;
   if (!released(r)) return 0;           /* given back already, or lost */
   if (r->lease) am_lease_end(L, r);     /* out of the timer queue */
@@ -177,6 +173,15 @@ int am_release_hold (lua_State *L, int idx) {
 
 
 /*
+** The release of the releaser at 'idx' (runExclusive's when its body
+** raised: run.c).
+*/
+int am_release_hold (lua_State *L, int idx) {
+  return release_hold(L, (Releaser *)lua_touserdata(L, idx), idx);
+}
+
+
+/*
 ** Releases once, returning whether this call ended the hold: later calls
 ** (and a lost hold's, lease.c) return false, and arguments are ignored
 ** (docs/semantics.md, Leases and lost holds).  A mutex
@@ -187,8 +192,12 @@ int am_release_hold (lua_State *L, int idx) {
 ** exit, error, or coroutine.close).
 */
 static int releaser_release (lua_State *L) {
-  am_checkself(L, AM_T_RELEASER);
-  lua_pushboolean(L, am_release_hold(L, 1));
+  Releaser *r = (Releaser *)lua_touserdata(L, 1);
+  /* am_checkself's test, on every release: its metatable stays on the
+     stack (only the result on top is returned) */
+  if (r == NULL || !lua_getmetatable(L, 1) || !am_is_mt(L, AM_T_RELEASER))
+    r = (Releaser *)am_checkself(L, AM_T_RELEASER);   /* raises */
+  lua_pushboolean(L, release_hold(L, r, 1));
   return 1;
 }
 
@@ -513,14 +522,15 @@ static int suspend (lua_State *L, Request *rq) {
   int hands_out = HAND_OUT_WAITERS && !timed && !leased
                   && rq->sigidx == 0 && rq->kind == W_ACQUIRE;
   int clocked, precise;
+  int top = top_kept(rq->lockidx, rq->erridx, rq->lostidx, rq->sigidx)
+            + (rq->fnidx != 0);
   lua_Number now = 0, need;
   Waiter *w;
   /* keep what the continuation reads (and runExclusive's body, just
-     above it); the waiter goes just above */
-  assert(rq->fnidx == 0 || rq->fnidx == top_kept(rq->lockidx, rq->erridx,
-                                                 rq->lostidx, rq->sigidx) + 1);
-  lua_settop(L, top_kept(rq->lockidx, rq->erridx, rq->lostidx,
-                         rq->sigidx) + (rq->fnidx != 0));
+     above it); the waiter goes just above.  Most often (m:acquire()) the
+     stack is that already, and lua_gettop costs less than lua_settop */
+  assert(rq->fnidx == 0 || rq->fnidx == top);
+  if (lua_gettop(L) != top) lua_settop(L, top);
   /* RE-ENTRY (docs/semantics.md, "Re-entry"): allocate first, decide
      after.  Both allocations below may run a collector step, and so a
      user's finalizer, which may release this very lock: the decision
