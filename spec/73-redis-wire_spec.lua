@@ -1,5 +1,5 @@
 -- The Redis client writes requests in the protocol's form itself
--- (`write_command` in src/redis/redis.c, docs/redis.md "Connection"), and
+-- (`amr_write_command` in src/redis/output.c, docs/redis.md "Connection"), and
 -- `core.script` takes a script's arguments as a list or as values (the
 -- Redis locks pass values: docs/redis-locks.md, "Benchmark", third pass).
 -- Every length header, argument count and byte must reach the server as

@@ -2,7 +2,7 @@
 ** error_text.c: the text of an error object, as lua5.4 prints an uncaught
 ** one (lua.c, msghandler), for the reports of errors escaping a coroutine
 ** the module resumed: the scheduler's (scheduler.c, am_report) and the
-** Redis client's (redis/redis.c, resume).  Linked into both modules.
+** Redis client's (redis/wait.c, amr_resume).  Linked into both modules.
 */
 
 #define LUA_LIB

@@ -44,7 +44,7 @@ local MAX_RETRIES = 7
 local keyslot = rcore.keyslot
 M.keyslot = keyslot
 
--- An argument as the client sends it (src/redis/redis.c, argstring):
+-- An argument as the client sends it (src/redis/call.c, argstring):
 -- integers in decimal, floats with %.15g, or %.17g when that loses bits.
 local function argtext(v)
   if type(v) == "string" then return v end
