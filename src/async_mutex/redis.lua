@@ -33,6 +33,7 @@ local M = {
 local checks = require "async_mutex.checks"
 checks.join_layer()                     -- its errors stand at the user's call
 local usage_error = checks.usage_error
+local typeerror = checks.typeerror
 local typename, is_callable, argerror, unknown_option, check_open =
   checks.typename, checks.is_callable, checks.argerror, checks.unknown_option, checks.check_open
 
@@ -826,7 +827,7 @@ end
 function M.connect(options)
   if options == nil then options = {} end     -- every option has a default
   if type(options) ~= "table" then
-    argerror(1, "connect", "table expected, got " .. typename(options))
+    typeerror(1, "connect", "table", options)
   end
   -- a Redis Cluster (docs/redis.md, "Cluster"): a tail call, so that its
   -- argument errors are raised at connect's caller's line
@@ -927,7 +928,7 @@ end
 
 local function check_client(self, fname)
   if not is_client(self) then
-    argerror(1, fname, "async_mutex.redis.Client expected, got " .. typename(self))
+    typeerror(1, fname, "async_mutex.redis.Client", self)
   end
 end
 
@@ -1248,10 +1249,10 @@ local function subscribe_to(self, channel, fn, kind)
   local fname = kind.fname
   check_client(self, fname)
   if type(channel) ~= "string" then
-    argerror(1, fname, "string expected, got " .. typename(channel))
+    typeerror(1, fname, "string", channel)
   end
   if not is_callable(fn) then
-    argerror(2, fname, "function expected, got " .. typename(fn))
+    typeerror(2, fname, "function", fn)
   end
   check_open(self)
   local co, main = running()
@@ -1346,8 +1347,7 @@ end
 -- last one.  Never waits; calling it twice does nothing.
 function Subscription.unsubscribe(self)
   if getmetatable(self) ~= Subscription then
-    argerror(1, "unsubscribe", "async_mutex.redis.Subscription expected, got "
-      .. typename(self))
+    typeerror(1, "unsubscribe", "async_mutex.redis.Subscription", self)
   end
   if not self.active then return end
   self.active = false
@@ -1439,7 +1439,7 @@ end
 local function check_list(list, n, what)
   if list == nil then return nil end
   if type(list) ~= "table" then
-    argerror(n, "eval", ("table of %s expected, got %s"):format(what, typename(list)))
+    typeerror(n, "eval", "table of " .. what, list)
   end
   local len = #list
   if mtype(len) ~= "integer" or len < 0 then
@@ -1497,7 +1497,7 @@ local NONE = {}
 function Client.eval(self, script, keys, args)
   check_client(self, "eval")
   if type(script) ~= "string" then
-    argerror(1, "eval", "string expected, got " .. typename(script))
+    typeerror(1, "eval", "string", script)
   end
   keys = check_list(keys, 2, "keys")
   args = check_list(args, 3, "args")

@@ -17,8 +17,8 @@ local error, getmetatable, ipairs, pairs, pcall, select, setmetatable, tostring,
 local running, isyieldable, cocreate, coresume = coroutine.running, coroutine.isyieldable,
   coroutine.create, coroutine.resume
 local mtype, lower, upper, format = math.type, string.lower, string.upper, string.format
-local typename, argerror, unknown_option = checks.typename, checks.argerror,
-  checks.unknown_option
+local typeerror = checks.typeerror
+local argerror, unknown_option = checks.argerror, checks.unknown_option
 
 local unavailable = rcore.hooks.unavailable
 local is_unavailable = require("async_mutex.unavailable").is
@@ -63,7 +63,7 @@ Cluster.__index = Cluster
 
 local function check_cluster(self, fname)
   if getmetatable(self) ~= Cluster then
-    argerror(1, fname, "async_mutex.redis.ClusterClient expected, got " .. typename(self))
+    typeerror(1, fname, "async_mutex.redis.ClusterClient", self)
   end
 end
 
@@ -414,12 +414,12 @@ local function plain_call(c, _, ...) return c:call(...) end
 function Cluster.call(self, ...)
   check_usable(self, "call", "call redis")
   local n = select("#", ...)
-  if n == 0 then argerror(2, "call", "string or number expected, got no value") end
+  if n == 0 then typeerror(2, "call", "string or number") end
   local argv = { ... }
   for i = 1, n do
     local t = type(argv[i])
     if t ~= "string" and t ~= "number" then
-      argerror(i + 1, "call", "string or number expected, got " .. typename(argv[i]))
+      typeerror(i + 1, "call", "string or number", argv[i])
     elseif argv[i] ~= argv[i] then
       argerror(i + 1, "call", "number must not be NaN")
     end
@@ -444,7 +444,7 @@ end
 function Cluster.eval(self, script, keys, args)
   check_usable(self, "eval", "call redis")
   if type(script) ~= "string" then
-    argerror(1, "eval", "string expected, got " .. typename(script))
+    typeerror(1, "eval", "string", script)
   end
   keys = redis_internal.check_list(keys, 2, "keys") or NONE
   args = redis_internal.check_list(args, 3, "args") or NONE
@@ -462,10 +462,10 @@ end
 function Cluster.subscribe(self, channel, fn)
   check_usable(self, "subscribe", "subscribe")
   if type(channel) ~= "string" then
-    argerror(1, "subscribe", "string expected, got " .. typename(channel))
+    typeerror(1, "subscribe", "string", channel)
   end
   if not checks.is_callable(fn) then
-    argerror(2, "subscribe", "function expected, got " .. typename(fn))
+    typeerror(2, "subscribe", "function", fn)
   end
   return master_of(self, keyslot(channel)):subscribe(channel, fn)
 end
@@ -523,10 +523,10 @@ end
 function Cluster.ssubscribe(self, channel, fn)
   check_usable(self, "ssubscribe", "subscribe")
   if type(channel) ~= "string" then
-    argerror(1, "ssubscribe", "string expected, got " .. typename(channel))
+    typeerror(1, "ssubscribe", "string", channel)
   end
   if not checks.is_callable(fn) then
-    argerror(2, "ssubscribe", "function expected, got " .. typename(fn))
+    typeerror(2, "ssubscribe", "function", fn)
   end
   local cs = setmetatable({ channel = channel, fn = fn, active = true, inner = false },
     ShardSubscription)
@@ -537,8 +537,7 @@ end
 --- Ends the subscription; never waits.
 function ShardSubscription.unsubscribe(self)
   if getmetatable(self) ~= ShardSubscription then
-    argerror(1, "unsubscribe", "async_mutex.redis.ShardSubscription expected, got "
-      .. typename(self))
+    typeerror(1, "unsubscribe", "async_mutex.redis.ShardSubscription", self)
   end
   if not self.active then return end
   self.active = false
@@ -557,7 +556,7 @@ end
 function Cluster.keyslot(self, key)
   check_cluster(self, "keyslot")
   if type(key) ~= "string" and type(key) ~= "number" then
-    argerror(1, "keyslot", "string or number expected, got " .. typename(key))
+    typeerror(1, "keyslot", "string or number", key)
   end
   return keyslot(argtext(key))
 end

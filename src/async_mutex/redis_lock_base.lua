@@ -72,6 +72,7 @@ local CLOSED = require("async_mutex.unavailable").new("client closed")
 local checks = require "async_mutex.checks"
 checks.join_layer()                     -- its errors stand at the user's call
 local usage_error = checks.usage_error
+local typeerror = checks.typeerror
 local typename, is_callable, argerror, unknown_option, check_open =
   checks.typename, checks.is_callable, checks.argerror, checks.unknown_option, checks.check_open
 
@@ -760,7 +761,7 @@ end
 -- it is held, false once it was given back.
 function lease_methods.check(lease)
   if getmetatable(lease) ~= Lease then
-    argerror(1, "check", "async_mutex.RedisReleaser expected, got " .. typename(lease))
+    typeerror(1, "check", "async_mutex.RedisReleaser", lease)
   end
   if lease.state == "held" and hrtime() >= lease.valid_until then
     lose(lease, "expired")
@@ -784,7 +785,7 @@ end
 -- upgrade would each wait for the other's read hold to end.
 function lease_methods.upgrade(lease)
   if typename(lease) ~= "async_mutex.RedisReleaser" then
-    argerror(1, "upgrade", "async_mutex.RedisReleaser expected, got " .. typename(lease))
+    typeerror(1, "upgrade", "async_mutex.RedisReleaser", lease)
   end
   usage_error("attempt to upgrade a read hold: not offered (two upgraders would deadlock);"
     .. " release it, then acquireWrite")
@@ -1254,7 +1255,7 @@ local function check_self(self, mt, fname)
   local smt = getmetatable(self)
   if smt == mt then return self, nil, nil end
   if smt == decorated_of[mt] then return self[1], self[2], self[3] end
-  argerror(1, fname, mt.__name .. " expected, got " .. typename(self))
+  typeerror(1, fname, mt.__name, self)
 end
 
 -- Worded as the core locks word it (src/args.c), so that a priority error
@@ -1393,7 +1394,7 @@ end
 local function check_client(client, fname)
   local ok = pcall(function() return is_callable(client.eval) and is_callable(client.subscribe) end)
   if not ok or not (is_callable(client.eval) and is_callable(client.subscribe)) then
-    argerror(1, fname, "redis client expected, got " .. typename(client))
+    typeerror(1, fname, "redis client", client)
   end
 end
 
@@ -1553,7 +1554,7 @@ end
 
 local function check_fn(fn, n)
   if not is_callable(fn) then
-    argerror(n, "runExclusive", "function expected, got " .. typename(fn))
+    typeerror(n, "runExclusive", "function", fn)
   end
 end
 

@@ -26,6 +26,7 @@ local co_create, co_resume, isyieldable = coroutine.create, coroutine.resume, co
 local byte, format, concat, sort = string.byte, string.format, table.concat, table.sort
 local min, max, huge = math.min, math.max, math.huge
 local hrtime = uv.hrtime
+local typeerror = checks.typeerror
 local typename, argerror, is_callable = checks.typename, checks.argerror, checks.is_callable
 local NS = base.NS
 
@@ -73,7 +74,7 @@ end
 -- name; the usage errors of the local acquireAll, and the Redis keys' own.
 local function canonical(lk, keys, fname)
   if type(keys) ~= "table" then
-    argerror(1, fname, "table of keys expected, got " .. typename(keys))
+    typeerror(1, fname, "table of keys", keys)
   end
   local n = #keys
   if n == 0 then argerror(1, fname, "key set must not be empty") end
@@ -178,7 +179,7 @@ Multi.__call, Multi.__close = release_all, release_all
 -- while every key is held, false once they were given back.
 function multi_methods.check(m)
   if getmetatable(m) ~= Multi then
-    argerror(1, "check", "async_mutex.RedisMultiReleaser expected, got " .. typename(m))
+    typeerror(1, "check", "async_mutex.RedisMultiReleaser", m)
   end
   if lost(m) then error(m[1].lock.lost_error, 0) end
   if m.done then return false end
@@ -351,7 +352,7 @@ function M.install(methods, mt, modes)
       local lk, limit, err = base.check_self(self, mt, run_name)
       local sorted, names = canonical(lk, keys, run_name)
       if not is_callable(fn) then
-        argerror(2, run_name, "function expected, got " .. typename(fn))
+        typeerror(2, run_name, "function", fn)
       end
       base.check_priority(priority, 3, run_name)
       base.check_usable(lk, "acquire a Redis lock")

@@ -27,7 +27,8 @@ local error, pcall, setmetatable, tointeger, tonumber =
 local isyieldable = coroutine.isyieldable
 local format = string.format
 local hrtime = uv.hrtime
-local typename, argerror, check_open = checks.typename, checks.argerror, checks.check_open
+local typeerror = checks.typeerror
+local check_open = checks.check_open
 local check_self, check_priority, acquire, finish, check_fn =
   base.check_self, base.check_priority, base.acquire, base.finish, base.check_fn
 local limited_read, limited_write = core.acquireRead, core.acquireWrite
@@ -188,7 +189,7 @@ methods.acquireWrite, methods.acquire = write_method("acquireWrite"), write_meth
 function methods.runShared(self, fn, priority)
   local lk, limit, err = check_self(self, RW, "runShared")
   if not checks.is_callable(fn) then
-    argerror(1, "runShared", "function expected, got " .. typename(fn))
+    typeerror(1, "runShared", "function", fn)
   end
   check_priority(priority, 2, "runShared")
   base.check_usable(lk, "acquire a Redis lock")
@@ -329,7 +330,7 @@ function keyed.runShared(self, key, fn, priority)
   local lk, limit, err = check_self(self, Keyed, "runShared")
   local k = check_key(key, 1, "runShared", lk.name)
   if not checks.is_callable(fn) then
-    argerror(2, "runShared", "function expected, got " .. typename(fn))
+    typeerror(2, "runShared", "function", fn)
   end
   check_priority(priority, 3, "runShared")
   base.check_usable(lk, "acquire a Redis lock")

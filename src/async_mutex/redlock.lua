@@ -41,7 +41,8 @@ local min, max, random, tointeger = math.min, math.max, math.random, math.tointe
 local format = string.format
 local hrtime = uv.hrtime
 local internal = core.dbg_internal
-local typename, argerror, check_open = checks.typename, checks.argerror, checks.check_open
+local typeerror = checks.typeerror
+local argerror, check_open = checks.argerror, checks.check_open
 local E_UNAVAILABLE = am.E_UNAVAILABLE
 local unavailable = require "async_mutex.unavailable"
 -- Why a server failed an attempt, besides its client's own errors
@@ -748,7 +749,7 @@ local OPTIONS_ORDER = { "ttl", "renew", "wait_ms", "cancel_error", "lost_error",
 --- RedlockMutex.new(clients, name [, options])
 local function new(clients, name, opts)
   if type(clients) ~= "table" or getmetatable(clients) ~= nil then
-    argerror(1, "new", "array of redis clients expected, got " .. typename(clients))
+    typeerror(1, "new", "array of redis clients", clients)
   end
   local n = #clients
   if n == 0 then argerror(1, "new", "array of redis clients must not be empty") end
@@ -759,7 +760,7 @@ local function new(clients, name, opts)
       return checks.is_callable(c.eval) and checks.is_callable(c.subscribe)
     end) and checks.is_callable(c.eval) and checks.is_callable(c.subscribe)
     if not ok then
-      argerror(1, "new", format("client #%d: redis client expected, got %s", i, typename(c)))
+      typeerror(1, "new", format("client #%d: redis client", i), c)
     end
     if seen[c] then
       argerror(1, "new", format("client #%d is client #%d again (each server counts once)",

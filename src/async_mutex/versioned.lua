@@ -18,14 +18,15 @@
 local am = require "async_mutex"
 local optimistic = require "async_mutex.optimistic"
 
-local getmetatable, select, setmetatable, tonumber, tostring, type =
-  getmetatable, select, setmetatable, tonumber, tostring, type
+local getmetatable, setmetatable, tonumber, tostring, type =
+  getmetatable, setmetatable, tonumber, tostring, type
 local isyieldable, running = coroutine.isyieldable, coroutine.running
 local huge, mtype, tointeger = math.huge, math.type, math.tointeger
 
 local checks = require "async_mutex.checks"
 checks.join_layer()                     -- its errors stand at the user's call
 local usage_error = checks.usage_error
+local typeerror = checks.typeerror
 local typename, is_callable, argerror, is_closed =
   checks.typename, checks.is_callable, checks.argerror, checks.is_closed
 
@@ -145,7 +146,7 @@ local meta = {
 
 local function check_self(self, fname)
   if getmetatable(self) ~= meta then
-    argerror(1, fname, "async_mutex.redis.Versioned expected, got " .. typename(self))
+    typeerror(1, fname, "async_mutex.redis.Versioned", self)
   end
 end
 
@@ -181,7 +182,7 @@ end
 local function check_value(value, n, fname)
   local s = to_value(value)
   if not s then
-    argerror(n, fname, "string or finite number expected, got " .. typename(value))
+    typeerror(n, fname, "string or finite number", value)
   end
   return s
 end
@@ -270,8 +271,7 @@ function Versioned.update(self, ...)
   check_self(self, "update")
   local fn, options = ...
   if not is_callable(fn) then
-    argerror(1, "update", ("function expected, got %s")
-      :format(select("#", ...) == 0 and "no value" or typename(fn)))
+    typeerror(1, "update", "function", ...)
   end
   local complaint = optimistic.check_options(options)
   if complaint then argerror(2, "update", complaint) end
@@ -301,10 +301,10 @@ end
 --- versioned(client, key): the versioned value stored at `key`.
 function M.versioned(client, key)
   if typename(client) ~= "async_mutex.redis.Client" then
-    argerror(1, "versioned", "async_mutex.redis.Client expected, got " .. typename(client))
+    typeerror(1, "versioned", "async_mutex.redis.Client", client)
   end
   if type(key) ~= "string" then
-    argerror(2, "versioned", "string expected, got " .. typename(key))
+    typeerror(2, "versioned", "string", key)
   end
   local v = setmetatable({ client = client, key = key }, meta)
   return v
