@@ -1,7 +1,7 @@
 -- Debug mode and the Redis locks (docs/debug.md, "Deadlocks": it does not
 -- watch the Redis locks, and sees the user's own local locks used inside
 -- their sections).  The local locks a Redis lock uses itself (its gate, a
--- waiter's bell, the hub's subscription gate, src/async_mutex/redis_lock_base.lua)
+-- waiter's bell, the hub's subscription gate, src/async_mutex/redis_lock_*.lua)
 -- are marked internal and invisible to it: ordinary contended use reported
 -- lock-order inversions between a bell and a gate, and left each bell's
 -- grant as a hold of a dead coroutine (a leak: 174 holds and 638 KB of heap

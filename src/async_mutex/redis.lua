@@ -1523,7 +1523,7 @@ pin(versioned.scripts)
 
 -- What the other Redis modules use of this one's insides (private, as its
 -- leading underscore says; read
--- by redis_cluster.lua, redis_lock_base.lua and checks.lua, written here
+-- by redis_cluster.lua, redis_lock_*.lua and checks.lua, written here
 -- only): the one owner of closing a luv handle (the Redis locks' timers
 -- too), the client test, callbacks called directly (the Redis locks'
 -- hand-off messages), eval's list check and script call (the cluster

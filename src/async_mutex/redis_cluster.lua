@@ -650,17 +650,17 @@ function M.connect(redis, options)
     redis = redis, options = opts, seeds = list,
     nodes = {}, addr_of = {}, slots = {}, order = {}, epoch = 0, specs = {},
     gate = am.Mutex.new(), refreshing = false, closed = false, nmoved = 0, nasked = 0,
-    on_close = false,          -- set by the Redis locks (redis_lock_base.lua)
+    on_close = false,          -- set by the Redis locks (redis_lock_hub.lua)
   }, Cluster)
 end
 
 M.Cluster = Cluster
 
--- What the Redis locks (redis_lock_base.lua) use of the cluster client (not
+-- What the Redis locks (redis_lock_*.lua) use of the cluster client (not
 -- API; written here only): the client test, and the three below.
 M._internal = {}
 M._internal.is_cluster = function(v) return getmetatable(v) == Cluster end
--- The Redis locks' scripts (redis_lock_base.lua): keys that share a slot
+-- The Redis locks' scripts (redis_lock_hub.lua, eval): keys that share a slot
 -- by construction (a lock's, or those of several locks of one slot), args
 -- as values, all checked by the locks: routed by the first key, with none
 -- of eval's checks or lists (one lock cycle is two scripts).  Returns the

@@ -223,7 +223,7 @@ end
 
 -- Every server's hub is in use from an attempt's start to the end of its
 -- hold ('uses': the attempt's or hold's count is taken), as a Redis lock's
--- is while it is waited for or held (redis_lock_base.lua, hub): a server
+-- is while it is waited for or held (redis_lock_hub.lua): a server
 -- whose own request ended early (withdrawn when the quorum was reached
 -- elsewhere, or its lease given back) keeps its hand-off subscription,
 -- rather than dropping it one loop turn later and subscribing again (a
