@@ -86,7 +86,7 @@ static void argstring (lua_State *L, int i) {
 ** output buffer (converting them first: a bad one raises, changing
 ** nothing).  Returns 1; or 0, with the E_UNAVAILABLE to raise on top, if
 ** no connection could be had; or 2 with a wait record on top (only when
-** `canwait`: see ensure_connection).
+** `canwait`: see amr_ensure_connection).
 */
 int amr_append (lua_State *L, Client *cl, int canwait) {
   int n = lua_gettop(L) - 1, k;

@@ -2,8 +2,8 @@
 ** connect.c: a connection's start and end.  connect_now opens one (its
 ** socket, its epoll set on Linux, its table of callbacks, its parser,
 ** its set-up commands, then its luv poll handle through hooks.open),
-** ensure_connection asks the Lua layer's back-off first, disconnect ends
-** one and resumes every caller that waited on it.
+** amr_ensure_connection asks the Lua layer's back-off first,
+** amr_disconnect ends one and resumes every caller that waited on it.
 */
 #define _POSIX_C_SOURCE 200809L
 #define LUA_LIB

@@ -66,7 +66,7 @@ typedef struct Client {
   size_t outlen, outcap;
   int fd;               /* the connection's socket (-1: none) */
   int epfd;             /* Linux: its epoll set, which the handle watches */
-  lua_Integer progress; /* now_ms() of the last batch of replies, or of a
+  lua_Integer progress; /* amr_now_ms() of the last batch of replies, or of a
                            call sent with nothing in flight: a wait's
                            commandTimeout counts from the later */
   int connecting;       /* the connect is under way */

@@ -86,7 +86,8 @@ static int wait_k (lua_State *L, int status, lua_KContext ctx) {
 
 int amr_core_wait (lua_State *L) {
   luaL_checktype(L, 1, LUA_TTABLE);
-  if (!lua_isyieldable(L)) return luaL_error(L, "BUG: wait outside a coroutine");
+  if (!lua_isyieldable(L))
+    return luaL_error(L, "BUG: wait outside a coroutine");
   return wait_k(L, LUA_OK, 0);
 }
 
