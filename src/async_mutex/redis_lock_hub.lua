@@ -59,6 +59,7 @@ require("async_mutex.checks").join_layer()
 
 local NS = 1e6                      -- hrtime units (ns) per ms
 
+-- A fresh 128-bit token from the system's cryptographic source, as 32 hex
 -- digits: /dev/urandom read through a buffered file, 4 KB at a time (one
 -- read(2) and one hex conversion, in C, serve 128 tokens; uv.random costs
 -- a getrandom(2) call each, about 8 us here), or uv.random where
