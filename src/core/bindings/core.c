@@ -11,7 +11,7 @@
 
 #include <math.h>
 
-#include "async_mutex.h"
+#include "../async_mutex.h"
 
 
 /* core.kind(v): "Mutex", "Semaphore", "RWLock", "ReentrantMutex",

@@ -15,7 +15,7 @@
 #include "lua.h"
 #include "lauxlib.h"
 
-#include "async_mutex.h"
+#include "../async_mutex.h"
 
 
 /* The userdata at 'idx' if its metatable is type 't''s, or NULL. */
