@@ -465,10 +465,8 @@ struct State {
   int closing;                       /* state__gc: reports to stderr */
 };
 
-/* core.c */
-extern const char *const am_tnames[AM_NTYPES];
-
 /* args.c */
+extern const char *const am_tnames[AM_NTYPES];
 void am_check_yieldable (lua_State *L, const char *act);
 int am_cannot_yield (lua_State *L);
 void *am_testself (lua_State *L, int idx, AmType t);
@@ -612,7 +610,6 @@ void am_keyed_settle (lua_State *L, Lock *lk);
 extern const AmType am_decorated_type[AM_NTYPES];
 extern const luaL_Reg am_decorated_methods[];
 int am_undecorate (lua_State *L, AmType t);
-const char *am_typename (lua_State *L, int idx);
 int am_run_request (lua_State *L, AmType t);
 int am_core_acquire (lua_State *L);
 int am_core_acquire_read (lua_State *L);

@@ -91,14 +91,6 @@ static Decorated *todecorated (lua_State *L, int idx) {
 }
 
 
-/* __name of the value at 'idx', or its type name. */
-const char *am_typename (lua_State *L, int idx) {
-  if (luaL_getmetafield(L, idx, "__name") == LUA_TSTRING)
-    return lua_tostring(L, -1);
-  return luaL_typename(L, idx);
-}
-
-
 /*
 ** Pushes a new decorated lock of the lock at 1, a copy of it when it is
 ** decorated already, and returns it.  'fname' names the decorator in
