@@ -6,8 +6,8 @@ LUA      ?= lua5.4
 BUSTED   ?= /usr/bin/busted
 CC       ?= gcc
 LUA_INC  ?= /usr/include/lua5.4
-# Link-time optimization lets the hot path cross the files of src/ (one
-# file per concept) as if it were one.
+# Link-time optimization lets the hot path cross the files of src/core/ (one
+# file per concept, a folder per layer) as if they were one.
 CFLAGS   ?= -O2 -g -flto
 # -Werror is for this project's own builds; a user's compiler (the rock's
 # build, rock-build below) may warn where ours does not.
@@ -20,8 +20,10 @@ SOFLAGS  ?= -shared
 
 # BUILD is where objects and the module go; sanitizer builds use their own.
 BUILD    ?= build
-SRCS      = $(wildcard src/*.c)
-HDRS      = $(wildcard src/*.h)
+# The core (async_mutex.core): src/core/, a folder per layer
+# (docs/internals.md), and src/error_text.c, which the Redis client links too.
+SRCS      = $(wildcard src/core/*/*.c) src/error_text.c
+HDRS      = $(wildcard src/core/*.h src/core/*/*.h) src/error_text.h
 OBJS      = $(patsubst src/%.c,$(BUILD)/obj/%.o,$(SRCS))
 MODULE    = $(BUILD)/async_mutex/core.so
 
@@ -33,6 +35,7 @@ RUNENV    = LUA_PATH="src/?.lua;src/?/init.lua;;" LUA_CPATH="build/?.so;;"
 all: $(MODULE)
 
 $(BUILD)/obj/%.o: src/%.c $(HDRS) | $(BUILD)/obj
+	@mkdir -p $(@D)
 	$(CC) $(ALLFLAGS) -c $< -o $@
 
 $(MODULE): $(OBJS) | $(BUILD)/async_mutex

@@ -1,7 +1,8 @@
 -- Development rockspec: builds the checkout it sits in.  It is also the
 -- template of the release rockspecs (`make rock`).  The Makefile builds and
--- installs the modules (rock-build, rock-install): a new src/*.c or
--- src/async_mutex/*.lua needs no line here.
+-- installs the modules (rock-build, rock-install): a new C file of
+-- src/core/'s layer folders or a new src/async_mutex/*.lua needs no line
+-- here.
 --
 --   luarocks --lua-version 5.4 make --deps-mode=none   # luv from Debian's lua-luv
 --   luarocks --lua-version 5.4 make                    # luv from luarocks.org

@@ -218,7 +218,7 @@ describe("Semaphore:runExclusive", function()
 end)
 
 -- A request that waited gets its grant in the wait's continuation, and
--- runs fn from there (src/run.c): the same rules as a grant at once.
+-- runs fn from there (src/core/engine/run.c): the same rules as a grant at once.
 describe("runExclusive after a wait", function()
   it("releases when the coroutine is closed while fn is suspended", h.async(function()
     local m = am.Mutex.new()

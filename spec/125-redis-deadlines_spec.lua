@@ -8,7 +8,7 @@
 -- stands still while a callback runs: after 10 ms of blocking work, a
 -- 20 ms bound ended after 10 ms.
 --
--- The bound at the gate is the core lock's timer (src/scheduler.c): it
+-- The bound at the gate is the core lock's timer (src/core/scheduler/scheduler.c): it
 -- is brought up to date before it starts, but it counts in whole ms of
 -- the loop's clock, so that one case relies on the core's own deadline.
 

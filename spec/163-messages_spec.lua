@@ -1,7 +1,7 @@
 -- The words of two usage errors (docs/api.md, Errors): a request made where its
 -- coroutine cannot yield says so, rather than "outside a coroutine"; an
 -- unknown option lists the options taken and suggests the one meant when
--- one is near.  One owner each in the C core (src/args.c), which the Lua
+-- one is near.  One owner each in the C core (src/core/args/args.c), which the Lua
 -- modules use (async_mutex/checks.lua).
 local h = require "helpers"
 local am = require "async_mutex"

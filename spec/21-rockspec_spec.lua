@@ -1,7 +1,8 @@
 -- Keeps async-mutex-scm-1.rockspec and the Makefile in step with the tree:
 -- luarocks builds with `make rock-build` and installs with `make
 -- rock-install` (build type "make", so that the Redis part is built only
--- where hiredis is), which take every src/*.c into the core, every Lua
+-- where hiredis is), which take every C file of src/core/ (and
+-- src/error_text.c) into the core, every Lua
 -- module of src/async_mutex/ under its name, and the annotations of
 -- types/, with no list to keep up to date.  Here the two targets run into
 -- a temporary directory, as luarocks runs them.
@@ -53,7 +54,7 @@ describe("async-mutex-scm-1.rockspec", function()
       assert.is_nil(load_rockspec().external_dependencies)
     end)
 
-  it("installs the C modules (the core from every src/*.c), every Lua module of "
+  it("installs the C modules (the core from every C file of src/core/), every Lua module of "
     .. "src/async_mutex/ and the annotations of types/", function()
       local tmp = must("mktemp -d"):gsub("%s+$", "")
       must(("cd '%s' && make -s rock-build CFLAGS='-O2 -fPIC' LIBFLAG=-shared "
@@ -73,13 +74,16 @@ describe("async-mutex-scm-1.rockspec", function()
       end
       table.sort(expected)
       assert.same(expected, installed)
-      -- the core's objects: one per C file of src/
+      -- the core's objects: one per C file of src/core/'s layer folders,
+      -- and src/error_text.c's
       local objects = {}
-      for o in must(("cd '%s' && ls build/luarocks/obj/*.o"):format(ROOT)):gmatch("[^\n]+") do
-        objects[#objects + 1] = "src/" .. o:match("([^/]*)%.o$") .. ".c"
+      for o in must(("cd '%s/build/luarocks/obj' && ls core/*/*.o error_text.o"):format(ROOT))
+          :gmatch("[^\n]+") do
+        objects[#objects + 1] = "src/" .. o:gsub("%.o$", ".c")
       end
       table.sort(objects)
-      assert.same(lines(must(("cd '%s' && ls src/*.c"):format(ROOT))), objects)
+      assert.same(lines(must(("cd '%s' && ls src/core/*/*.c src/error_text.c"):format(ROOT))),
+        objects)
       assert.is_true(#objects >= 10)
       assert.equal(h.read_file(ROOT .. "/src/async_mutex/init.lua"),
         h.read_file(tmp .. "/lua/async_mutex/init.lua"))

@@ -1,4 +1,4 @@
--- The queues' structure (src/queue.c): one FIFO list per distinct priority
+-- The queues' structure (src/core/queue/queue.c): one FIFO list per distinct priority
 -- or timeout duration, found by a hash and ordered by a heap.  These tests
 -- drive many distinct keys through insertions and removals from the middle
 -- (timeouts, coroutine.close) and check every outcome against a plain

@@ -103,7 +103,7 @@ describe("make rock", function()
       local present = {}
       for line in files:gmatch("[^\n]+") do present[line] = true end
       for _, file in ipairs({ "LICENSE", "README.md", "CHANGELOG.md",
-        "src/async_mutex/init.lua", "src/core.c", "types/async_mutex.lua",
+        "src/async_mutex/init.lua", "src/core/bindings/core.c", "types/async_mutex.lua",
         "examples/withdraw.lua" }) do
         assert(present[top .. file], file .. " is not in the rock:\n" .. files)
       end

@@ -148,7 +148,7 @@ describe("usage errors", function()
 end)
 
 -- The option tables the C core reads refuse a key they do not know, with
--- the Lua modules' words (checks.unknown_option, owned by src/args.c): a
+-- the Lua modules' words (checks.unknown_option, owned by src/core/args/args.c): a
 -- misspelt option would otherwise leave its default silently in place.
 describe("unknown options", function()
   local KEYED = "cancelError, maxPending, maxPendingError"

@@ -1,6 +1,6 @@
 -- Re-entry into the module from a debug hook run by one of the luv calls
 -- that start, stop or replace its idle handle and timer (am_sync,
--- src/scheduler.c): the call back is completed, and the handles are
+-- src/core/scheduler/scheduler.c): the call back is completed, and the handles are
 -- brought in line with the queues once, by the outer call
 -- (docs/semantics.md, Re-entry; docs/internals.md, Rules the code keeps).
 -- Found by the re-entrancy fuzzer (spec/fuzz/reentrancy.lua) with call

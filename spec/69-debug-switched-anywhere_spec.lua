@@ -116,7 +116,7 @@ describe("a finalizer that switches debug mode while enable() allocates", functi
   -- a new priority (a new bucket) or closes a waiting coroutine (its bucket
   -- freed).  L2's holder waits for L3 (held by the chunk): with a holder
   -- that waits for nothing, C clears A's request without a search
-  -- (src/debug.c, alone_and_fits).
+  -- (src/core/debug/debug_deadlock.c, alone_and_fits).
   local QUEUE = [[
     local L1, L2, L3 = am.Mutex.new(), am.Mutex.new(), am.Mutex.new()
     local hold2

@@ -138,7 +138,7 @@ log("luv's libuv: ", version, " (", luv_so, ")")
 -- 4. what the modules include and link
 log("== the tree")
 log(must(("cd %s && find lib/lua share/lua -type f | sort"):format(q(TREE))))
-for _, src in ipairs({ "src/*.c", "src/redis/*.c" }) do
+for _, src in ipairs({ "src/*.c", "src/core/*/*.c", "src/redis/*.c" }) do
   local deps = must(("cc -M -I%s %s"):format(q(INC), src))
   for header in deps:gmatch("%S+%.h") do
     if header:match("uv%.h$") or header:match("/uv/") or header:match("luv") then

@@ -1,6 +1,7 @@
 -- The path of one contended Mutex acquire -> release -> resume through the
--- C core, as a reader would follow it: the functions of src/*.c entered
--- (and how often), and the files they are in.  Runs the cycle K and K + 10
+-- C core, as a reader would follow it: the functions of src/core/ entered
+-- (and how often), and the files they are in (by their layer's folder,
+-- docs/internals.md).  Runs the cycle K and K + 10
 -- times under callgrind, on a build without optimization (so that every
 -- function is a function), and keeps the calls that grew by a multiple of
 -- 10: the ones each cycle makes.
@@ -40,7 +41,8 @@ holder()
 f:close()
 
 -- calls[name] and edges["caller>callee"] over one run of k cycles;
--- file[name] for functions of src/.
+-- file[name] for functions of the core: "engine/waiter.c" for
+-- src/core/engine/waiter.c ("error_text.c": src/error_text.c).
 local file = {}
 local function calls(k)
   local out = os.tmpname()
@@ -53,7 +55,8 @@ local function calls(k)
     if key == "fl" then fl = val
     elseif key == "fn" then
       fn = val
-      local src = fl and fl:match("/src/([%w_]+%.c)$")
+      local src = fl and (fl:match("/src/core/([%w_]+/[%w_]+%.c)$")
+        or fl:match("/src/(error_text%.c)$"))
       if src then file[val] = src end
     elseif key == "cfn" then cfn = val
     elseif key == "calls" and cfn then
@@ -83,11 +86,13 @@ table.sort(rows, function(x, y)
   if x[1] ~= y[1] then return x[1] < y[1] end
   return x[2] < y[2]
 end)
-for _, r in ipairs(rows) do print(("%-20s %-28s %g"):format(r[1], r[2], r[3])) end
+for _, r in ipairs(rows) do print(("%-26s %-28s %g"):format(r[1], r[2], r[3])) end
 local nfiles = 0
 for _ in pairs(files) do nfiles = nfiles + 1 end
--- hops: calls from a function of one file of src/ into another file's
-local hops = 0
+-- hops: calls from a function of one file of the core into another file's;
+-- of them, the calls from one folder into another
+local hops, folder_hops = 0, 0
+local function folder(path) return path:match("^(.*)/") or "." end
 for edge, n in pairs(eb) do
   local from, to = edge:match("^(.*)>(.*)$")
   if file[from] and file[to] and file[from] ~= file[to] then
@@ -96,7 +101,8 @@ for edge, n in pairs(eb) do
       print(("  %s:%s -> %s:%s  %g"):format(file[from], from, file[to], to, per))
     end
     hops = hops + per
+    if folder(file[from]) ~= folder(file[to]) then folder_hops = folder_hops + per end
   end
 end
-print(("%d functions in %d files entered, %g calls, %g of them from one file into another, per cycle")
-  :format(#rows, nfiles, total, hops))
+print(("%d functions in %d files entered, %g calls, %g of them from one file into another "
+  .. "(%g from one folder into another), per cycle"):format(#rows, nfiles, total, hops, folder_hops))

@@ -87,7 +87,7 @@ local shown, seen = 0, {}
 for _, r in ipairs(rows) do
   -- The same function appears under several names (recursion levels,
   -- source file vs symbol): keep the first of each cost.
-  local key = r[2]:gsub("'%d+$", ""):gsub("^src/[%w_]+%.c:", "")
+  local key = r[2]:gsub("'%d+$", ""):gsub("^src/[%w_/]+%.c:", "")
   if not seen[key] then
     seen[key] = true
     print(("%8.0f  %s"):format(r[1], r[2]))

@@ -15,7 +15,34 @@
 #include "lua.h"
 #include "lauxlib.h"
 
-#include "async_mutex.h"
+#include "../async_mutex.h"
+
+
+/*
+** The module's metatable names (registry keys and __name), by type: what
+** argument errors name; core.c registers the metatables under them.
+*/
+const char *const am_tnames[AM_NTYPES] = {
+  [AM_T_MUTEX] = AM_MUTEX,
+  [AM_T_SEMAPHORE] = AM_SEMAPHORE,
+  [AM_T_RELEASER] = AM_RELEASER,
+  [AM_T_WAITER] = AM_WAITER,
+  [AM_T_KEYED_MUTEX] = AM_KEYED_MUTEX,
+  [AM_T_KEYED_SEMAPHORE] = AM_KEYED_SEMAPHORE,
+  [AM_T_DECORATED_MUTEX] = AM_DECORATED_MUTEX,
+  [AM_T_DECORATED_SEMAPHORE] = AM_DECORATED_SEMAPHORE,
+  [AM_T_DECORATED_KEYED_MUTEX] = AM_DECORATED_KEYED_MUTEX,
+  [AM_T_DECORATED_KEYED_SEMAPHORE] = AM_DECORATED_KEYED_SEMAPHORE,
+  [AM_T_RWLOCK] = AM_RWLOCK,
+  [AM_T_DECORATED_RWLOCK] = AM_DECORATED_RWLOCK,
+  [AM_T_REENTRANT_MUTEX] = AM_REENTRANT_MUTEX,
+  [AM_T_DECORATED_REENTRANT_MUTEX] = AM_DECORATED_REENTRANT_MUTEX,
+  [AM_T_KEYED_RWLOCK] = AM_KEYED_RWLOCK,
+  [AM_T_DECORATED_KEYED_RWLOCK] = AM_DECORATED_KEYED_RWLOCK,
+  [AM_T_TASK] = AM_TASK,
+  [AM_T_GROUP] = AM_GROUP,
+  [AM_T_SIGNAL] = AM_SIGNAL,
+};
 
 
 /* The userdata at 'idx' if its metatable is type 't''s, or NULL. */
@@ -153,10 +180,18 @@ int am_argerror (lua_State *L, int idx, int base, const char *fname,
 }
 
 
+/* __name of the value at 'idx', or its type name. */
+static const char *typename_of (lua_State *L, int idx) {
+  if (luaL_getmetafield(L, idx, "__name") == LUA_TSTRING)
+    return lua_tostring(L, -1);
+  return luaL_typename(L, idx);
+}
+
+
 /* am_argerror saying "<expected> expected, got <the type at idx>". */
 int am_typeerror (lua_State *L, int idx, int base, const char *fname,
                   const char *expected) {
-  lua_pushfstring(L, "%s expected, got %s", expected, am_typename(L, idx));
+  lua_pushfstring(L, "%s expected, got %s", expected, typename_of(L, idx));
   return am_argerror(L, idx, base, fname, lua_tostring(L, -1));
 }
 
@@ -190,7 +225,7 @@ int am_core_typeerror (lua_State *L) {
   int n = (int)luaL_checkinteger(L, 1);
   const char *fname = luaL_checkstring(L, 2);
   const char *expected = luaL_checkstring(L, 3);
-  lua_pushfstring(L, "%s expected, got %s", expected, am_typename(L, 4));
+  lua_pushfstring(L, "%s expected, got %s", expected, typename_of(L, 4));
   return raise_argerror(L, n, fname, lua_tostring(L, -1), 0);
 }
 

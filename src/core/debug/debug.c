@@ -35,7 +35,7 @@
 #include "lua.h"
 #include "lauxlib.h"
 
-#include "async_mutex.h"
+#include "../async_mutex.h"
 #include "debug.h"
 int am_debug_on = 0;
 

@@ -13,7 +13,7 @@
 #include "lua.h"
 #include "lauxlib.h"
 
-#include "async_mutex.h"
+#include "../async_mutex.h"
 
 
 /* {====================================================== the kinds */

@@ -11,7 +11,7 @@
 
 #include <math.h>
 
-#include "async_mutex.h"
+#include "../async_mutex.h"
 
 
 /* core.kind(v): "Mutex", "Semaphore", "RWLock", "ReentrantMutex",
@@ -134,30 +134,6 @@ static const luaL_Reg core_funcs[] = {
   {"collect", am_collect},
   {"clock", am_core_clock},
   {NULL, NULL}
-};
-
-
-/* The module's metatable names (registry keys and __name), by type. */
-const char *const am_tnames[AM_NTYPES] = {
-  [AM_T_MUTEX] = AM_MUTEX,
-  [AM_T_SEMAPHORE] = AM_SEMAPHORE,
-  [AM_T_RELEASER] = AM_RELEASER,
-  [AM_T_WAITER] = AM_WAITER,
-  [AM_T_KEYED_MUTEX] = AM_KEYED_MUTEX,
-  [AM_T_KEYED_SEMAPHORE] = AM_KEYED_SEMAPHORE,
-  [AM_T_DECORATED_MUTEX] = AM_DECORATED_MUTEX,
-  [AM_T_DECORATED_SEMAPHORE] = AM_DECORATED_SEMAPHORE,
-  [AM_T_DECORATED_KEYED_MUTEX] = AM_DECORATED_KEYED_MUTEX,
-  [AM_T_DECORATED_KEYED_SEMAPHORE] = AM_DECORATED_KEYED_SEMAPHORE,
-  [AM_T_RWLOCK] = AM_RWLOCK,
-  [AM_T_DECORATED_RWLOCK] = AM_DECORATED_RWLOCK,
-  [AM_T_REENTRANT_MUTEX] = AM_REENTRANT_MUTEX,
-  [AM_T_DECORATED_REENTRANT_MUTEX] = AM_DECORATED_REENTRANT_MUTEX,
-  [AM_T_KEYED_RWLOCK] = AM_KEYED_RWLOCK,
-  [AM_T_DECORATED_KEYED_RWLOCK] = AM_DECORATED_KEYED_RWLOCK,
-  [AM_T_TASK] = AM_TASK,
-  [AM_T_GROUP] = AM_GROUP,
-  [AM_T_SIGNAL] = AM_SIGNAL,
 };
 
 

@@ -33,8 +33,8 @@
 #include "lua.h"
 #include "lauxlib.h"
 
-#include "async_mutex.h"
-#include "error_text.h"
+#include "../async_mutex.h"
+#include "../../error_text.h"
 
 
 

@@ -17,9 +17,9 @@
 #include "lua.h"
 #include "lauxlib.h"
 
-#include "async_mutex.h"
+#include "../async_mutex.h"
 #include "debug.h"
-#include "error_text.h"
+#include "../../error_text.h"
 
 
 /* {====================================================== core.dbg_* */

@@ -2,48 +2,63 @@
 ** async_mutex.h: private header of the async_mutex core
 ** docs/internals.md walks through one request across these files.
 **
-** File map (prototypes below are grouped by the file that defines them):
-**   core.c             luaopen_async_mutex_core: the metatables, by name,
-**                      through one table; setErrorHandler, pending, kind
-**   args.c             the user's arguments: self, weights, priorities,
-**                      keys; argument errors numbered as the user wrote
-**   waiter.c           the life of a Waiter, every state change, and the
-**                      Releaser a grant hands out; making a request
-**   rules.c            the queue rules every lock kind shares: grant,
-**                      dispatch, cancel, expiry, giving a grant back
-**   mutex_semaphore.c  the Mutex and Semaphore lock kinds and methods
-**   rwlock.c           the RWLock kind: shared reads, exclusive writes;
-**                      a write releaser's downgrade
-**   reentrant.c        the ReentrantMutex kind: its holder re-enters
-**   lease.c            leased holds: their releasers, their expiry
-**   steal.c            lock:steal(): every hold of a lock ends (lost),
-**                      the stealer's is granted at once
-**   keyed.c            KeyedMutex, KeyedSemaphore and KeyedRWLock: a
-**                      lock per key
-**   decorated.c        withTimeout and tryAcquire: decorated locks, whose
-**                      requests have a limit; every other method is the
-**                      lock's own
-**   run.c              runExclusive's body, between the grant and its
-**                      release
-**   scheduler.c        the ready list, the timers, the anchors of waiting
-**                      coroutines, and the luv handles that resume them;
-**                      the chores of the next loop turn (reports of
-**                      failed tasks, deferred cancels)
-**   task.c             tasks (am.spawn) and groups (am.group): the body
-**                      that records how a task ends, join, cancel; the
-**                      waiting coroutines listed (am.stranded)
-**   error_text.c       an error object's text (error_text.h; also in the
-**                      Redis client's module)
-**   queue.c            FIFO lists and priority queues of waiters
-**   signal.c           abort signals (am.signal): a signal's waiters,
-**                      aborted together
-**   query.c            am.query and km:query: a snapshot of the holds
-**                      and requests of a lock
-**   debug.c            debug mode's hooks into the Lua module; its owner
-**                      records (debug_records.c, debug_hash.c, debug.h),
-**                      the request hook (debug_deadlock.c), the reads of
-**                      the debug module (debug_read.c)
-**                      async_mutex.debug, and what it may read
+** File map, by folder of src/core/, a layer each, bottom to top: each
+** folder uses the ones beneath it (docs/internals.md, "The layers";
+** bench/tools/layers.lua lists the uses that still go up).  The
+** prototypes below are grouped by the file that defines them.
+**   queue/      queue.c            FIFO lists and priority queues of
+**                                  waiters (no Lua call)
+**   args/       args.c             the user's arguments: self, weights,
+**                                  priorities, keys; argument errors
+**                                  numbered as the user wrote them; the
+**                                  metatables' names
+**   scheduler/  scheduler.c        the ready list, the timers, the anchors
+**                                  of waiting coroutines, and the luv
+**                                  handles that resume them; the chores of
+**                                  the next loop turn (reports of failed
+**                                  tasks, deferred cancels)
+**   engine/     waiter.c           the life of a Waiter, every state
+**                                  change, and the Releaser a grant hands
+**                                  out; making a request
+**               rules.c            the queue rules every lock kind shares:
+**                                  grant, dispatch, cancel, expiry, giving
+**                                  a grant back
+**               lease.c            leased holds: their releasers, their
+**                                  expiry
+**               steal.c            lock:steal(): every hold of a lock ends
+**                                  (lost), the stealer's is granted at once
+**               signal.c           abort signals (am.signal): a signal's
+**                                  waiters, aborted together
+**               run.c              runExclusive's body, between the grant
+**                                  and its release
+**   kinds/      mutex_semaphore.c  the Mutex and Semaphore lock kinds and
+**                                  methods
+**               rwlock.c           the RWLock kind: shared reads, exclusive
+**                                  writes; a write releaser's downgrade
+**               reentrant.c        the ReentrantMutex kind: its holder
+**                                  re-enters
+**               keyed.c            KeyedMutex, KeyedSemaphore and
+**                                  KeyedRWLock: a lock per key
+**   tasks/      task.c             tasks (am.spawn) and groups (am.group):
+**                                  the body that records how a task ends,
+**                                  join, cancel; the waiting coroutines
+**                                  listed (am.stranded)
+**   debug/      debug.c            debug mode's hooks into the Lua module
+**                                  async_mutex.debug; its owner records
+**                                  (debug_records.c, debug_hash.c,
+**                                  debug.h), the request hook
+**                                  (debug_deadlock.c), what the debug
+**                                  module may read (debug_read.c)
+**   bindings/   core.c             luaopen_async_mutex_core: the
+**                                  metatables, by name, through one table;
+**                                  setErrorHandler, pending, kind
+**               decorated.c        withTimeout and tryAcquire: decorated
+**                                  locks, whose requests have a limit;
+**                                  every other method is the lock's own
+**               query.c            am.query and km:query: a snapshot of
+**                                  the holds and requests of a lock
+** Beneath them all: this header, and src/error_text.c (an error object's
+** text, error_text.h; also in the Redis client's module).
 */
 
 #ifndef ASYNC_MUTEX_H
@@ -465,10 +480,8 @@ struct State {
   int closing;                       /* state__gc: reports to stderr */
 };
 
-/* core.c */
-extern const char *const am_tnames[AM_NTYPES];
-
 /* args.c */
+extern const char *const am_tnames[AM_NTYPES];
 void am_check_yieldable (lua_State *L, const char *act);
 int am_cannot_yield (lua_State *L);
 void *am_testself (lua_State *L, int idx, AmType t);
@@ -612,7 +625,6 @@ void am_keyed_settle (lua_State *L, Lock *lk);
 extern const AmType am_decorated_type[AM_NTYPES];
 extern const luaL_Reg am_decorated_methods[];
 int am_undecorate (lua_State *L, AmType t);
-const char *am_typename (lua_State *L, int idx);
 int am_run_request (lua_State *L, AmType t);
 int am_core_acquire (lua_State *L);
 int am_core_acquire_read (lua_State *L);

@@ -12,7 +12,7 @@
 #include "lua.h"
 #include "lauxlib.h"
 
-#include "async_mutex.h"
+#include "../async_mutex.h"
 
 
 /* The KeyedMutex, KeyedSemaphore or KeyedRWLock at 'idx', or NULL. */

@@ -24,7 +24,7 @@
 #include "lua.h"
 #include "lauxlib.h"
 
-#include "async_mutex.h"
+#include "../async_mutex.h"
 
 
 /* {====================================================== transitions */

@@ -12,7 +12,7 @@
 
 #include "lua.h"
 
-#include "async_mutex.h"
+#include "../async_mutex.h"
 
 /*
 ** The hook table (async_mutex.debug: hook_table): the Lua hooks, then

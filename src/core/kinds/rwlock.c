@@ -14,7 +14,7 @@
 #include "lua.h"
 #include "lauxlib.h"
 
-#include "async_mutex.h"
+#include "../async_mutex.h"
 
 
 #define WRITTEN  AM_RW_WRITTEN     /* the value while a writer holds it */

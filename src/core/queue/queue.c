@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "async_mutex.h"
+#include "../async_mutex.h"
 
 
 /* {====================================================== lists */

@@ -17,7 +17,7 @@
 #include "lua.h"
 #include "lauxlib.h"
 
-#include "async_mutex.h"
+#include "../async_mutex.h"
 
 
 /*
@@ -88,14 +88,6 @@ static Decorated *todecorated (lua_State *L, int idx) {
     if (d != NULL) return (Decorated *)d;
   }
   return NULL;
-}
-
-
-/* __name of the value at 'idx', or its type name. */
-const char *am_typename (lua_State *L, int idx) {
-  if (luaL_getmetafield(L, idx, "__name") == LUA_TSTRING)
-    return lua_tostring(L, -1);
-  return luaL_typename(L, idx);
 }
 
 
