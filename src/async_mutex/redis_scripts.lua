@@ -299,14 +299,14 @@ if ARGV[7] ~= 'again' then
   -- reader beside other readers (granted when nobody is queued and it
   -- fits beside the live holders), and a request that must queue (it
   -- does not fit, or a live head that does not fit waits: then dispatch
-  -- would grant nothing, and a newcomer queues at the tail).  What the
-  -- full path would do first is left out only where it changes nothing:
-  -- with nobody queued there is nothing to expire or dispatch; behind a
-  -- live head that does not fit, dead waiters further on stay until a
-  -- full run, which expires them before any grant (as above).  A grant
-  -- removes the holders whose lease ended (as held()); N:h keeps its
-  -- expiry unless this lease ends later (every lease written set it to at
-  -- least its own end).
+  -- would grant nothing, and a newcomer queues at the tail, or a try is
+  -- refused).  What the full path would do first is left out only where
+  -- it changes nothing: with nobody queued there is nothing to expire or
+  -- dispatch; behind a live head that does not fit, dead waiters further
+  -- on stay until a full run, which expires them before any grant (as
+  -- above).  A grant removes the holders whose lease ended (as held());
+  -- N:h keeps its expiry unless this lease ends later (every lease
+  -- written set it to at least its own end).
   local hs = redis.call('HGETALL', KEYS[1])
   local t = redis.call('TIME')
   local sec, usec = tonumber(t[1]), tonumber(t[2])
@@ -336,15 +336,18 @@ if ARGV[7] ~= 'again' then
     if e > last then redis.call('PEXPIREAT', KEYS[1], string.format('%d', e)) end
     return {1, fence, limit - sum}
   end
-  local queue = ARGV[7] == 'wait' and not head
-  if ARGV[7] == 'wait' and head then
+  -- (dispatch would grant nothing: nobody queued, or a live head that
+  -- does not fit; a try is then refused as the full path refuses it)
+  local stuck = not head
+  if head then
     local d = redis.call('ZSCORE', KEYS[3], head)
     if d and tonumber(d) >= now then
       local w = string.match(redis.call('HGET', KEYS[4], head), '^(%d+)')
-      queue = sum + tonumber(w) > limit
+      stuck = sum + tonumber(w) > limit
     end
   end
-  if queue then
+  if stuck and ARGV[7] == 'try' then return {0} end
+  if stuck then
     local last_n = tonumber(redis.call('GET', KEYS[5]) or '0')
     local n = string.format('%d', math.max(last_n + 1, sec * 1000000 + usec))
     redis.call('SET', KEYS[5], n, 'PX', 3600000)
