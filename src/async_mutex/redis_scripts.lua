@@ -199,19 +199,23 @@ local function dispatch(limit, u)
     redis.call('SET', N, fmt(fence + n - 1), 'PX', 3600000)
     -- (value: the room left before each grant, as one grant after the
     -- other leaves it)
-    local records, room = {}, limit - u0
+    local records, messages, room = {}, {}, limit - u0
     for i = 1, n do
       local f, e = fmt(fence + i - 1), now + ttls[i]
       records[2 * i - 1] = granted[i]
       records[2 * i] = fmt(e) .. ' ' .. fmt(ws[i]) .. ' ' .. f .. ' ' .. fmt(room)
+      messages[i] = granted[i] .. ' ' .. f .. ' ' .. fmt(room)
       note(e)
-      -- (a channel in "{...}": the lock's shard channel on a cluster)
-      redis.call(string.byte(chs[i]) == 123 and 'SPUBLISH' or 'PUBLISH', chs[i],
-                 granted[i] .. ' ' .. f .. ' ' .. fmt(room))
       room = room - ws[i]
     end
     redis.call('HSET', H, unpack(records))
     wrote = true
+    -- (the records first: a message is sent once its token holds, which
+    -- redlock.lua's RELEASE counts on; a channel in "{...}": the lock's
+    -- shard channel on a cluster)
+    for i = 1, n do
+      redis.call(string.byte(chs[i]) == 123 and 'SPUBLISH' or 'PUBLISH', chs[i], messages[i])
+    end
     if n < #heads then break end
   end
   return u
