@@ -162,23 +162,61 @@ end
 -- Grants to the head of the queue while it fits (u: the weight held), each
 -- by one message on its process's channel: "token fence value".  Strict
 -- FIFO: a head that does not fit blocks the ones behind it.  Returns the
--- weight held afterwards.
+-- weight held afterwards.  The heads granted together (the readers at the
+-- head of a RedisRWLock's queue, behind a writer that left) are granted
+-- by one command of each kind for all of them, read and written a batch
+-- of heads at a time: their fences are what as many draw()s would give
+-- (consecutive: the clock is the script's one reading).
+local BATCH = 64
 local function dispatch(limit, u)
   while u < limit do
-    local head = redis.call('ZRANGE', Q, 0, 0)[1]
-    if not head then break end
-    local info = redis.call('HGET', C, head)
-    local w, ttl, ch = string.match(info, '^(%d+) (%d+) (.*)$')
-    w = tonumber(w)
+    -- the head alone first: most often it does not fit (a writer behind
+    -- readers, a reader behind a writer), or it fills the room
+    local heads = redis.call('ZRANGE', Q, 0, 0)
+    if not heads[1] then break end
+    local infos = {redis.call('HGET', C, heads[1])}
+    local w = tonumber(string.match(infos[1], '^(%d+)'))
     if u + w > limit then break end
-    redis.call('ZREM', Q, head)
-    redis.call('ZREM', W, head)
-    redis.call('HDEL', C, head)
-    local fence = grant(head, w, tonumber(ttl), limit - u)
-    -- (a channel in "{...}": the lock's shard channel on a cluster)
-    redis.call(string.byte(ch) == 123 and 'SPUBLISH' or 'PUBLISH', ch,
-               head .. ' ' .. fmt(fence) .. ' ' .. fmt(limit - u))
-    u = u + w
+    if u + w < limit then
+      heads = redis.call('ZRANGE', Q, 0, BATCH - 1)
+      if heads[2] then infos = redis.call('HMGET', C, unpack(heads)) end
+    end
+    local n, u0, ws, ttls, chs = 0, u, {}, {}, {}
+    for i = 1, #heads do
+      local w, ttl, ch = string.match(infos[i], '^(%d+) (%d+) (.*)$')
+      w = tonumber(w)
+      if u + w > limit then break end
+      n = n + 1
+      ws[n], ttls[n], chs[n] = w, tonumber(ttl), ch
+      u = u + w
+    end
+    if n == 0 then break end
+    local granted = n == #heads and heads or {unpack(heads, 1, n)}
+    redis.call('ZREM', Q, unpack(granted))
+    redis.call('ZREM', W, unpack(granted))
+    redis.call('HDEL', C, unpack(granted))
+    local fence = math.max(tonumber(redis.call('GET', N) or '0') + 1, sec * 1000000 + usec)
+    redis.call('SET', N, fmt(fence + n - 1), 'PX', 3600000)
+    -- (value: the room left before each grant, as one grant after the
+    -- other leaves it)
+    local records, messages, room = {}, {}, limit - u0
+    for i = 1, n do
+      local f, e = fmt(fence + i - 1), now + ttls[i]
+      records[2 * i - 1] = granted[i]
+      records[2 * i] = fmt(e) .. ' ' .. fmt(ws[i]) .. ' ' .. f .. ' ' .. fmt(room)
+      messages[i] = granted[i] .. ' ' .. f .. ' ' .. fmt(room)
+      note(e)
+      room = room - ws[i]
+    end
+    redis.call('HSET', H, unpack(records))
+    wrote = true
+    -- (the records first: a message is sent once its token holds, which
+    -- redlock.lua's RELEASE counts on; a channel in "{...}": the lock's
+    -- shard channel on a cluster)
+    for i = 1, n do
+      redis.call(string.byte(chs[i]) == 123 and 'SPUBLISH' or 'PUBLISH', chs[i], messages[i])
+    end
+    if n < #heads then break end
   end
   return u
 end
@@ -260,6 +298,75 @@ if ARGV[7] ~= 'again' then
         return {0, e - now, n}
       end
     end
+  end
+  -- The other new requests of the common cases, before the prelude: a
+  -- reader beside other readers (granted when nobody is queued and it
+  -- fits beside the live holders), and a request that must queue (it
+  -- does not fit, or a live head that does not fit waits: then dispatch
+  -- would grant nothing, and a newcomer queues at the tail, or a try is
+  -- refused).  What the full path would do first is left out only where
+  -- it changes nothing: with nobody queued there is nothing to expire or
+  -- dispatch; behind a live head that does not fit, dead waiters further
+  -- on stay until a full run, which expires them before any grant (as
+  -- above).  A grant removes the holders whose lease ended (as held());
+  -- N:h keeps its expiry unless this lease ends later (every lease
+  -- written set it to at least its own end).
+  local hs = redis.call('HGETALL', KEYS[1])
+  local t = redis.call('TIME')
+  local sec, usec = tonumber(t[1]), tonumber(t[2])
+  local now = sec * 1000 + math.floor(usec / 1000)
+  local limit, weight = tonumber(ARGV[2]), tonumber(ARGV[3])
+  local sum, first, last = 0, nil, 0
+  for i = 2, #hs, 2 do
+    local e, w = string.match(hs[i], '^(%d+) (%d+)')
+    e = tonumber(e)
+    if e >= now then
+      sum = sum + tonumber(w)
+      if e > last then last = e end
+      if not first or e < first then first = e end
+    end
+  end
+  local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
+  if not head and sum + weight <= limit then
+    for i = 2, #hs, 2 do
+      if tonumber(string.match(hs[i], '^%d+')) < now then redis.call('HDEL', KEYS[1], hs[i - 1]) end
+    end
+    local n = tonumber(redis.call('GET', KEYS[5]) or '0')
+    local fence = string.format('%d', math.max(n + 1, sec * 1000000 + usec))
+    redis.call('SET', KEYS[5], fence, 'PX', 3600000)
+    local e = now + tonumber(ARGV[4])
+    redis.call('HSET', KEYS[1], ARGV[1], string.format('%d', e) .. ' ' .. ARGV[3] .. ' '
+      .. fence .. ' ' .. string.format('%d', limit - sum))
+    if e > last then redis.call('PEXPIREAT', KEYS[1], string.format('%d', e)) end
+    return {1, fence, limit - sum}
+  end
+  -- (dispatch would grant nothing: nobody queued, or a live head that
+  -- does not fit; a try is then refused as the full path refuses it)
+  local stuck = not head
+  if head then
+    local d = redis.call('ZSCORE', KEYS[3], head)
+    if d and tonumber(d) >= now then
+      local w = string.match(redis.call('HGET', KEYS[4], head), '^(%d+)')
+      stuck = sum + tonumber(w) > limit
+    end
+  end
+  if stuck and ARGV[7] == 'try' then return {0} end
+  if stuck then
+    local last_n = tonumber(redis.call('GET', KEYS[5]) or '0')
+    local n = string.format('%d', math.max(last_n + 1, sec * 1000000 + usec))
+    redis.call('SET', KEYS[5], n, 'PX', 3600000)
+    local ttl, wait_ms = tonumber(ARGV[4]), tonumber(ARGV[5])
+    redis.call('ZADD', KEYS[2], n, ARGV[1])
+    redis.call('ZADD', KEYS[3], string.format('%d', now + wait_ms), ARGV[1])
+    redis.call('HSET', KEYS[4], ARGV[1],
+      ARGV[3] .. ' ' .. string.format('%d', math.min(ttl, wait_ms)) .. ' ' .. ARGV[6])
+    if redis.call('PTTL', KEYS[3]) < wait_ms then   -- as waiters_until() below
+      local ms = string.format('%d', 2 * wait_ms)
+      redis.call('PEXPIRE', KEYS[2], ms)
+      redis.call('PEXPIRE', KEYS[3], ms)
+      redis.call('PEXPIRE', KEYS[4], ms)
+    end
+    return {0, first and first - now or -1, n}
   end
 end
 ]] .. PRELUDE .. [[
@@ -360,6 +467,25 @@ if e then
         redis.call(string.byte(ch) == 123 and 'SPUBLISH' or 'PUBLISH', ch,
                    head .. ' ' .. fence .. ' 1')
         return 1
+      end
+    end
+    -- A reader's release while others still read and a writer waits (a
+    -- RedisRWLock's, a semaphore's): when the live head does not fit
+    -- beside the live holders, dispatch would grant nothing, and nothing
+    -- else is left to do (the queue stays, so no waitForUnlock is rung).
+    -- A dead head takes the full path, whose expiry may let the next one
+    -- in; dead waiters behind a live head stay until a full run, as above.
+    if ARGV[2] ~= '1' then
+      local d = redis.call('ZSCORE', KEYS[3], head)
+      if d and tonumber(d) >= now then
+        local hs = redis.call('HGETALL', KEYS[1])
+        local sum = 0
+        for i = 2, #hs, 2 do
+          local he, hw = string.match(hs[i], '^(%d+) (%d+)')
+          if tonumber(he) >= now then sum = sum + tonumber(hw) end
+        end
+        local w = string.match(redis.call('HGET', KEYS[4], head), '^(%d+)')
+        if sum + tonumber(w) > tonumber(ARGV[2]) then return 1 end
       end
     end
   end
