@@ -532,6 +532,7 @@ void am_waiter_ready (lua_State *L, Waiter *w, int outcome,
 void am_waiter_resuming (Waiter *w);
 int am_waiter_abandon (lua_State *L, Waiter *w);
 void am_waiter_detach (Waiter *w);
+void am_hold_ended (Releaser *r, int lost);
 extern const luaL_Reg am_releaser_metamethods[];
 extern const luaL_Reg am_waiter_metamethods[];
 extern const luaL_Reg am_releaser_methods[];

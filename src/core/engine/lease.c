@@ -73,7 +73,7 @@ void am_lease_lost (lua_State *L, Waiter *w) {
   lua_rawgeti(L, LUA_REGISTRYINDEX, ref);               /* the releaser */
   /* a hold a steal ended is lost as well (steal.c): given back then */
   stolen = !live && am_hold_stolen(L, &w->r, lua_gettop(L), 1);
-  w->r.state = live || stolen ? S_LOST : S_RELEASED;
+  am_hold_ended(&w->r, live || stolen);
   w->r.ref = LUA_NOREF;
   if (live) am_give_back(L, w->r.lock, w->r.weight, w->r.token, 1);
   if (am_debugging() && !stolen)          /* its owner record ends */
@@ -96,7 +96,7 @@ int am_hold_check (lua_State *L, int idx) {
   Releaser *r = (Releaser *)lua_touserdata(L, idx);
   int live = am_releaser_live(r);
   if (!live && r->state == S_HELD && am_hold_stolen(L, r, idx, 1)) {
-    r->state = S_LOST;                  /* a steal ended it (steal.c) */
+    am_hold_ended(r, 1);                /* a steal ended it (steal.c) */
     if (r->lease) {                     /* its lease ends with it */
       am_lease_end(L, r);
       am_sync(L, r->lock->st);

@@ -76,11 +76,30 @@ static void held (Waiter *w) {
 }
 
 
+/*
+** HELD -> LOST or RELEASED: a hold ended other than by its releaser's own
+** release: its lease ran out or a steal ended it (lost), or it ends as it
+** becomes another hold (an RWLock write downgraded: spent, released).
+** lease.c and rwlock.c end holds through this, and write no state.
+*/
+void am_hold_ended (Releaser *r, int lost) {
+  assert(r->state == S_HELD);
+  r->state = lost ? S_LOST : S_RELEASED;
+}
+
+
 /* HELD -> RELEASED; returns whether it was HELD (releases once). */
 static int released (Releaser *r) {
   if (r->state != S_HELD) return 0;
   r->state = S_RELEASED;
   return 1;
+}
+
+
+/* RELEASED -> LOST: a release found its hold stolen before it. */
+static void lost_after_release (Releaser *r) {
+  assert(r->state == S_RELEASED);
+  r->state = S_LOST;
 }
 
 
@@ -166,7 +185,7 @@ static int release_hold (lua_State *L, Releaser *r, int idx) {
   ended = am_give_back(L, r->lock, r->weight, r->token, 0);
   am_sync(L, r->lock->st);
   if (!ended && am_hold_stolen(L, r, idx, 1))
-    r->state = S_LOST;        /* as a lease's end; its record ended then */
+    lost_after_release(r);    /* as a lease's end; its record ended then */
   else if (am_debugging()) am_dbg_released(L, r->lock->st, idx);
   return ended;
 }

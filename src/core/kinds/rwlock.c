@@ -222,7 +222,7 @@ int am_rw_downgrade (lua_State *L) {
   if (r->state != S_HELD || lk->value != WRITTEN || r->token != lk->gen)
     return am_usage_error(L, "attempt to downgrade a write hold that has "
                              "ended");
-  r->state = S_RELEASED;
+  am_hold_ended(r, 0);                  /* spent: the read hold follows */
   lk->value = 1;                        /* the writer, now a reader */
   lk->held -= AM_RW_WRITE - AM_RW_READ;
   lua_getiuservalue(L, 1, 1);           /* the lock, for the new releaser */
