@@ -440,7 +440,7 @@ local function reason_of(err)
   return type(err) == "table" and rawget(err, "reason") or error_text(err)
 end
 
--- A client of sentinel i (made once, reused: idle, it holds no handle).
+-- A client of sentinel i (made once, reused: idle, it keeps no loop running).
 local function sentinel_client(S, i)
   local sen = S.sentinels[i]
   local c = sen.client
