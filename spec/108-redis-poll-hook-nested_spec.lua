@@ -1,12 +1,14 @@
--- A debug hook at luv's poll start or stop (docs/redis.md, "Re-entry")
--- that calls the same client, whose C part then changes what the same
--- poll handle watches (a nested hooks.watch), and then closes the client.
--- The handle must be closed only once luv is done with the outer start or
--- stop: libuv asserts that a handle it starts or stops is not closing.
--- Before, the nested call's end marked the handle free, the close closed
--- it, and the outer stop aborted the process (found by the Redis client's
--- re-entrancy fuzzer, seeds 520000.. of a run).  Each case runs in a child
--- process: an abort fails the case, not the run.
+-- A debug hook at luv's poll start, or at the ref or unref of the poll
+-- handle (docs/redis.md, "Re-entry"), that calls the same client, whose C
+-- part then changes what the same poll handle watches (a nested
+-- hooks.watch), and then closes the client.  The handle must be closed
+-- only once luv is done with the outer call: libuv asserts that a handle
+-- it starts or stops is not closing.  Before, the nested call's end marked
+-- the handle free, the close closed it, and the outer stop aborted the
+-- process (found by the Redis client's re-entrancy fuzzer, seeds 520000..
+-- of a run).  The handle is no longer stopped when the client goes idle,
+-- only unref'd, and ref'd again at the next call: those are the points now.
+-- Each case runs in a child process: an abort fails the case, not the run.
 
 local h = require "helpers"
 local redis_server = require "redis_server"
@@ -17,7 +19,7 @@ local CHILD = [[
 local uv = require "luv"
 local redis = require "async_mutex.redis"
 local PORT, WHICH = %d, %q
-local target = WHICH == "start" and uv.poll_start or uv.poll_stop
+local target = ({ start = uv.poll_start, ref = uv.ref, unref = uv.unref })[WHICH]
 local c = redis.connect({ port = PORT })
 local fired, nested, outcome = false, nil, nil
 local function hook()
@@ -45,8 +47,8 @@ debug.sethook()
 io.write(tostring(fired), "|", tostring(outcome), "|", tostring(nested), "\n")
 ]]
 
-describe("a debug hook at luv's poll start or stop that calls the client, then closes it", function()
-  for _, which in ipairs({ "start", "stop" }) do
+describe("a debug hook at luv's poll start, ref or unref that calls the client, then closes it", function()
+  for _, which in ipairs({ "start", "ref", "unref" }) do
     it(("at %s: no abort, every call ends, uv.run() returns"):format(which), function()
       local res = h.subprocess(CHILD:format(server.port, which), 60)
       assert.equal("", res.stderr)

@@ -54,17 +54,56 @@ describe("the poll handle of a connection", function()
     assert.equal(redis.E_UNAVAILABLE, blocked.err)
   end))
 
-  it("stops being active when no reply is due, so uv.run() returns", function()
+  it("keeps no loop running when no reply is due, so uv.run() returns", function()
+    -- idle, the handle goes on watching (an end of file is seen when it
+    -- comes) but is unref'd: uv.run() returns with it started; the next
+    -- call refs it again, with no start or stop of its own
     local r = child([[
 go(function() print(c:call("PING")) end)
 uv.run()
-local active = 0
-uv.walk(function(hd) if hd:is_active() then active = active + 1 end end)
-print(active)
+local polls, referenced = 0, 0
+uv.walk(function(hd)
+  if tostring(hd):match("^uv_poll") and hd:is_active() then polls = polls + 1 end
+  if hd:is_active() and hd:has_ref() then referenced = referenced + 1 end
+end)
+print(polls, referenced)
+go(function() print(c:call("PING")) end)
+uv.run()
+print(uv.loop_alive())
 ]])
     assert.equal("", r.stderr)
     assert.equal(0, r.rc)
-    assert.equal("PONG\n0\ndone\n", r.stdout)
+    assert.equal("PONG\n1\t0\nPONG\nfalse\ndone\n", r.stdout)
+  end)
+
+  it("sees an idle connection's end when it comes, and closes its socket", function()
+    -- the server closes the idle connection (CLIENT KILL from another
+    -- client); the handle, watching while idle, reads the end of file at
+    -- once: the socket is closed then, not at the next call, and the next
+    -- call goes to a new connection
+    local r = child([[
+local other = redis.connect({ port = PORT })
+local function sockets()
+  local p = io.popen(("ls -l /proc/%d/fd"):format(uv.os_getpid()))
+  local n = select(2, p:read("a"):gsub("socket:", ""))
+  p:close()
+  return n
+end
+go(function()
+  local id = c:call("CLIENT", "ID")
+  assert(other:call("PING") == "PONG")
+  local before = sockets()
+  assert(other:call("CLIENT", "KILL", "ID", id) == 1)
+  sleep(50)                                 -- idle: the end of file comes
+  print(before - sockets())
+  print(c:call("PING"), c:call("CLIENT", "ID") ~= id)
+  other:close()
+end)
+uv.run()
+]])
+    assert.equal("", r.stderr)
+    assert.equal(0, r.rc)
+    assert.equal("1\nPONG\ttrue\ndone\n", r.stdout)
   end)
 
   it("reports a reset connection (a poll error) as E_UNAVAILABLE, printing nothing", function()

@@ -72,11 +72,17 @@ local function record(msg)
 end
 helpers.record_error = record
 
+-- (An idle Redis client's poll handle goes on watching, unref'd: it keeps
+-- no loop running, docs/redis.md, Connection; it is not counted.)
+local function idle_poll(hd)
+  return tostring(hd):match("^uv_poll") and not hd:has_ref()
+end
+
 local function active_handles(except)
   local names = {}
   uv.walk(function(hd)
     if hd ~= except and not own[hd] and not hd:is_closing()
-        and hd:is_active() then
+        and hd:is_active() and not idle_poll(hd) then
       names[#names + 1] = tostring(hd)
     end
   end)

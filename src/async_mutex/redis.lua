@@ -258,10 +258,15 @@ function hooks.progress(state)
   end
 end
 
--- watch(state, conn, connecting, events): what the poll handle now
--- watches ("r", "w", "rw"; nil: nothing); the timer runs while it watches
--- and something is awaited (the connect, or replies).
-function hooks.watch(state, conn, connecting, events)
+-- watch(state, conn, connecting, events, active): what the poll handle
+-- now watches ("r", "w", "rw"; nil: nothing), and whether anything is
+-- awaited (the connect, replies, a subscriber's messages, output).  The
+-- handle keeps watching a connection while it is idle (an end of file is
+-- seen at once), but only an active one keeps the loop running: it is
+-- unref'd when idle, and ref'd again at the next call, which starts
+-- nothing and makes no system call (docs/redis.md, Connection).  The
+-- timer runs while something is awaited (the connect, or replies).
+function hooks.watch(state, conn, connecting, events, active)
   local p = conn and conn.poll
   if p then
     -- RE-ENTRY: a finalizer or a debug hook may end this connection at
@@ -272,13 +277,19 @@ function hooks.watch(state, conn, connecting, events)
     -- whose outermost call closes it once luv is done with it: libuv
     -- asserts that a handle it starts or stops is not closing.
     conn.busy = (conn.busy or 0) + 1
-    if not conn.dead then
+    if not conn.dead and events ~= conn.events then
       if events then p:start(events, conn.on_event) else p:stop() end
+      conn.events = events
+    end
+    -- (a background connection, the watch on the sentinels'
+    -- +switch-master, never keeps the loop running: unref'd at its open)
+    if not conn.dead and not state.background then
+      if active then p:ref() else p:unref() end
     end
     conn.busy = conn.busy - 1
     if conn.dead and conn.busy == 0 then close_handle(p, conn.on_closed) end
   end
-  if events then
+  if active then
     if not state.timing then
       local client = state.ref[1]
       if connecting or busy(state, client) then arm(state, connecting) end
@@ -430,7 +441,7 @@ local function reason_of(err)
   return type(err) == "table" and rawget(err, "reason") or error_text(err)
 end
 
--- A client of sentinel i (made once, reused: idle, it holds no handle).
+-- A client of sentinel i (made once, reused: idle, it keeps no loop running).
 local function sentinel_client(S, i)
   local sen = S.sentinels[i]
   local c = sen.client

@@ -143,7 +143,7 @@ end
 -- One hub per client: the channel on which this process's waiters are told
 -- of hand-offs, one subscription to it for every lock of the client, and
 -- the waiters by token.  The subscription exists while a lock of the client
--- is held or waited for (so that an idle client keeps no handle active and
+-- is held or waited for (so that an idle client keeps no loop running and
 -- uv.run() can return); it is dropped one loop turn after the last use.
 
 local hubs = setmetatable({}, { __mode = "k" })

@@ -54,7 +54,7 @@ static void detach (lua_State *L, int i, Client *cl, int had) {
   cl->outlen = 0;
   cl->fd = cl->epfd = -1;
   cl->connecting = cl->blocked = cl->nsetup = 0;
-  cl->watching = 0;
+  cl->watching = cl->active = 0;
   cl->events = cl->inner = 0;
   cl->head = cl->tail = 0;
   cl->epoch++;
@@ -250,7 +250,7 @@ static void adopt (lua_State *L, int i, Client *cl, int conn, int fd,
   cl->connecting = 1;       /* done at the first writable event, whether
                                or not connect() completed at once */
   cl->inner = EV_W;
-  cl->events = 0;
+  cl->events = cl->active = 0;
   cl->outlen = 0;
   cl->blocked = 0;
   cl->watching = 0;

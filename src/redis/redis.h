@@ -72,7 +72,8 @@ typedef struct Client {
   int connecting;       /* the connect is under way */
   int blocked;          /* output waits for the socket to be writable */
   int watching;         /* what hooks.watch was last told: connecting */
-  int events;           /* ... and the events of the poll handle (EV_*) */
+  int events;           /* ... the events of the poll handle (EV_*) */
+  int active;           /* ... and whether anything is awaited */
   int inner;            /* the socket's events in the epoll set (EV_*) */
   int nsetup;           /* replies due to the set-up commands (AUTH,
                            SELECT), which come before any call's */

@@ -1,9 +1,9 @@
 /*
 ** watch.c: the client on luv's loop.  A connection is watched by a luv
 ** poll handle, made and closed by the Lua layer's hooks (open, lost) and
-** told what to watch by hooks.watch; on Linux it watches an epoll set of
-** the connection's own that holds the socket, so that libuv never sees
-** the socket.  The fd the handle watched is closed only once luv has
+** told what to watch by hooks.watch (and unref'd while the client is
+** idle); on Linux it watches an epoll set of the connection's own that
+** holds the socket, so that libuv never sees the socket.  The fd the handle watched is closed only once luv has
 ** completed the handle's close (conn.on_closed).  The Lua layer's timer
 ** runs the connect and command timeouts while the handle watches.
 */
@@ -26,30 +26,39 @@
 
 /*
 ** Watches what the connection needs: writable while connecting or while
-** output waits for the socket; readable while replies are due (or a
-** subscriber listens); nothing when idle, so that an idle client keeps no
-** active handle.  On Linux the socket is in the connection's own epoll
-** set (cl->epfd), whose interest changes here with epoll_ctl, and the luv
-** poll handle watches that set, readable whenever the socket has any of
-** those events: libuv never sees the socket (so no poll error of it
-** reaches luv, whose poll callback printed each on stderr up to luv
-** 1.44.2-0; docs/redis.md, Connection).  Elsewhere the handle watches
-** the socket itself.  The Lua layer is told (hooks.watch(state, conn,
-** connecting, events)) only when one of these changes: events, what the
-** handle watches ("r", "w", "rw"; nil: stopped), and whether the connect
-** is under way; its timer runs the connect and command timeouts while
-** the handle watches.  While calls flow, nothing changes: no Lua call.
+** output waits for the socket; readable whenever it is connected, so
+** that an end of file is seen when it comes, also while idle.  What
+** changes between a call and its reply is only whether the handle is
+** active, that is, whether it keeps the loop running (replies are due, a
+** subscriber listens, output waits, or the connect is under way): the
+** Lua layer refs the handle then and unrefs it when the client is idle,
+** so that an idle client keeps uv.run() from returning no more than a
+** stopped handle would, and a call costs no system call of its own to
+** start and stop watching (docs/redis.md, Connection).  On Linux the
+** socket is in the connection's own epoll set (cl->epfd), whose interest
+** changes here with epoll_ctl (only while output waits), and the luv poll
+** handle watches that set, readable whenever the socket has any of those
+** events: libuv never sees the socket (so no poll error of it reaches
+** luv, whose poll callback printed each on stderr up to luv 1.44.2-0).
+** Elsewhere the handle watches the socket itself.  The Lua layer is told
+** (hooks.watch(state, conn, connecting, events, active)) only when one of
+** these changes: events, what the handle watches ("r", "w", "rw"; nil:
+** stopped), whether the connect is under way, and whether anything is
+** awaited; its timer runs the connect and command timeouts while
+** something is.
 */
 void amr_update_watch (lua_State *L, int i, Client *cl) {
-  int connecting = 0, ev = 0, handle;
+  int connecting = 0, ev = 0, active = 0, handle;
   if (cl->fd >= 0) {
     if (cl->connecting) {
-      connecting = 1;
+      connecting = active = 1;
       ev = EV_W;
     }
     else {
-      if (cl->tail > cl->head || cl->nsetup > 0 || cl->listening) ev |= EV_R;
+      ev = EV_R;
       if (cl->blocked) ev |= EV_W;
+      active = cl->blocked || cl->tail > cl->head || cl->nsetup > 0
+               || cl->listening;
     }
   }
 #ifdef AM_EPOLL
@@ -64,16 +73,19 @@ void amr_update_watch (lua_State *L, int i, Client *cl) {
 #else
   handle = ev;
 #endif
-  if (connecting == cl->watching && handle == cl->events) return;
+  if (connecting == cl->watching && handle == cl->events
+      && active == cl->active) return;
   cl->watching = connecting;
   cl->events = handle;
+  cl->active = active;
   lua_getfield(L, HOOKS, "watch");
   lua_getiuservalue(L, i, UV_STATE);
   lua_getiuservalue(L, i, UV_CONN);
   lua_pushboolean(L, connecting);
   if (handle == 0) lua_pushnil(L);
   else lua_pushstring(L, handle == EV_R ? "r" : handle == EV_W ? "w" : "rw");
-  lua_call(L, 4, 0);
+  lua_pushboolean(L, active);
+  lua_call(L, 5, 0);
 }
 
 /*

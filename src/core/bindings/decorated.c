@@ -98,7 +98,7 @@ static Decorated *todecorated (lua_State *L, int idx) {
 */
 static Decorated *decorate (lua_State *L, const char *fname) {
   Decorated *d, *from = todecorated(L, 1);
-  AmType t;
+  AmType t = (AmType)0;                 /* (set by locktype when from is NULL) */
   if (from == NULL && !locktype(L, 1, &t)) {
     am_typeerror(L, 1, 0, fname, "async_mutex lock");
   }

@@ -125,6 +125,7 @@ DebugRecords *am_dbg_new_records (lua_State *L) {
                                                 * sizeof(Record))) == NULL) {
     free(d);
     luaL_error(L, "not enough memory");
+    return NULL;                     /* (not reached: luaL_error raises) */
   }
   d->cap = FIRST_SLOTS;
   d->free = -1;
