@@ -1,7 +1,7 @@
 --- async_mutex.checks: the argument checks the Lua modules of async_mutex
 -- share (the Redis client, Redis locks, optimistic and versioned values), so
 -- that their usage errors read alike: "bad argument #n to 'fname' (msg)",
--- the text of the C core's argument errors (src/args.c), and all stand at
+-- the text of the C core's argument errors (src/core/args/args.c), and all stand at
 -- the user's call.  The core finds that call (the first frame outside the
 -- Lua layer), for its errors and for these: a module of the layer never
 -- counts stack levels by hand.
@@ -54,7 +54,7 @@ M.argerror, M.typeerror, M.usage_error = core.argerror, core.typeerror, core.usa
 
 --- The complaint about the first key of 'options' that the set 'known'
 -- lacks ("unknown option 'tll'"), or nil: a misspelt option is an error,
--- not a default silently kept.  The C core owns the text (src/args.c), as
+-- not a default silently kept.  The C core owns the text (src/core/args/args.c), as
 -- its own option tables (KeyedMutex.new, withLease) are checked there.
 M.unknown_option = core.unknown_option
 
@@ -62,7 +62,7 @@ M.unknown_option = core.unknown_option
 -- the running coroutine cannot yield, or nil when it can: "attempt to
 -- <act> outside a coroutine" on the main thread, "attempt to <act> where
 -- the coroutine cannot yield (...)" in a metamethod or a function called
--- from C.  The C core owns the words (src/args.c), as the core locks'.
+-- from C.  The C core owns the words (src/core/args/args.c), as the core locks'.
 M.cannot_yield = core.cannot_yield
 
 --- Raises "attempt to use a closed redis client" at the user's call when

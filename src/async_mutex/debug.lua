@@ -1,7 +1,7 @@
 --- async_mutex.debug: debug mode (am.debug; docs/debug.md).
 -- Off by default; am.debug.enable([options]) or ASYNC_MUTEX_DEBUG=1 at
 -- require time turns it on.  While on, the C core calls the hooks of this
--- module (src/debug.c): after a grant is delivered, a waiter queued, a
+-- module (src/core/debug/debug.c): after a grant is delivered, a waiter queued, a
 -- releaser given back, a lock made, and before a request decides anything.
 -- From them it keeps:
 --  * owner records: each hold's holder coroutine, its loop time, where it
@@ -46,7 +46,7 @@ local OURS = { [OWN] = true }
 local CANONICAL = {}
 
 local opts                        -- the options while on, else nil
--- An owner record as core.dbg_records makes it (src/debug.h: V_*; the
+-- An owner record as core.dbg_records makes it (src/core/debug/debug.h: V_*; the
 -- records themselves are C structs), then this module's caches.
 local LOCK, REL, HOLDER, SINCE, FN, LINE, WEIGHT, WHERE, LEASED, LOCKID = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10
 local SITE, CANON, WARNED = 11, 13, 14
@@ -333,7 +333,7 @@ local function lock_facts(lock)
 end
 
 --- Could a request for 'weight' of 'lock' (facts 'f') be granted once every
--- holder not doomed has given back?  The rule is C's (src/debug_deadlock.c,
+-- holder not doomed has given back?  The rule is C's (src/core/debug/debug_deadlock.c,
 -- fits_outside), which the request hook applies too.
 local function could_fit(lock, f, weight)
   return core.dbg_fits(lock, weight, f.inside, f.inside_w, f.writers)
@@ -344,7 +344,7 @@ end
 -- greatest set of waiting coroutines (R among them, as if it waited) none
 -- of which can be granted on the releases of the holders outside the set.
 -- 'held': R's records; 'behind': someone would be queued behind R's
--- request (src/debug_deadlock.c, served_after).
+-- request (src/core/debug/debug_deadlock.c, served_after).
 --
 -- Every earlier request that could wait was searched too, so no such set
 -- exists before R's: one that R's request makes holds R and only
@@ -706,7 +706,7 @@ end
 
 
 -- {========================================================== hooks
--- Called by the C core (src/debug.c), in this order in the table.
+-- Called by the C core (src/core/debug/debug.c), in this order in the table.
 
 -- Each hook first checks that debug mode is on still: a "c" hook at its
 -- call may have switched it off.
@@ -745,7 +745,7 @@ local function on_request(lock, weight, unlock, would_wait, wait, priority, behi
   end
 end
 
--- The record was made by the C core (src/debug.c); this runs for a key's
+-- The record was made by the C core (src/core/debug/debug.c); this runs for a key's
 -- lock ('keyed': was it taken by acquireAll? the record keeps the answer)
 -- and while long holds are checked.
 local function on_granted(keyed)
@@ -755,7 +755,7 @@ local function on_granted(keyed)
   if keyed then return from_canonical() end
 end
 
--- The last record ended (src/debug.c): the check stops.
+-- The last record ended (src/core/debug/debug.c): the check stops.
 local function on_released()
   if timer_on then stop_timer() end
 end
@@ -764,7 +764,7 @@ local function on_created(obj)
   created[obj] = (user_frame())
 end
 
---- The table core.debug() takes (src/debug.h: its layout): the hooks, the
+--- The table core.debug() takes (src/core/debug/debug.h: its layout): the hooks, the
 -- flags.
 local function hook_table(o)
   return { on_request, on_granted, on_released, on_created,

@@ -81,7 +81,7 @@ local function check_self(self, mt, fname)
   typeerror(1, fname, mt.__name, self)
 end
 
--- Worded as the core locks word it (src/args.c), so that a priority error
+-- Worded as the core locks word it (src/core/args/args.c), so that a priority error
 -- reads the same on a local and a Redis lock.
 local function check_priority(p, n, fname)
   if p == nil then return end

@@ -436,7 +436,7 @@ end
 
 --- releaser:downgrade(): the write hold of a readers-writer lock becomes
 -- a read hold (its lock record's 'downgrade', redis_rwlock.lua); refused
--- for any other releaser, as the local releasers refuse it (src/rwlock.c).
+-- for any other releaser, as the local releasers refuse it (src/core/kinds/rwlock.c).
 local NOT_A_WRITE_HOLD =
   "attempt to downgrade a releaser that is not a readers-writer lock's write hold"
 function lease_methods.downgrade(lease)
