@@ -81,9 +81,13 @@ end
 -- Runs fn(...) in a coroutine of its own and returns at its first yield:
 -- requests whose result nobody waits for (releases, withdrawals,
 -- renewals).  Errors are dropped: each caller says why that is safe.
+-- Also those raised after a yield (a reply that says the client was closed
+-- meanwhile): the client would hand them to the error handler, as a
+-- failure of the program's own.
+local function dropping_errors(fn, ...) pcall(fn, ...) end
 local function background(fn, ...)
-  local co = co_create(fn)
-  co_resume(co, ...)
+  local co = co_create(dropping_errors)
+  co_resume(co, fn, ...)
 end
 
 -- For the locks with `replicas` (their WAIT, below), per coroutine, of its
