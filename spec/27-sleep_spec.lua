@@ -45,13 +45,15 @@ describe("async_mutex.sleep", function()
   end))
 
   it("wakes sleepers in deadline order, equal deadlines in call order", h.async(function()
+    -- (deadlines 100 ms apart: each counts from its own call, so a stall of
+    -- the process between two calls on a loaded machine must not reorder them)
     local log = {}
-    for _, sleeper in ipairs({ { 30, "30" }, { 10, "10 first" }, { 20, "20" },
-                               { 10, "10 second" }, { 0, "0" } }) do
+    for _, sleeper in ipairs({ { 300, "300" }, { 100, "100 first" }, { 200, "200" },
+                               { 100, "100 second" }, { 0, "0" } }) do
       am.spawn(function() am.sleep(sleeper[1]); log[#log + 1] = sleeper[2] end)
     end
     h.wait_until(function() return #log == 5 end)
-    assert.same({ "0", "10 first", "10 second", "20", "30" }, log)
+    assert.same({ "0", "100 first", "100 second", "200", "300" }, log)
   end))
 
   it("shares the scheduler's timer queue with withTimeout requests, in deadline order",
