@@ -300,6 +300,25 @@ function hooks.watch(state, conn, connecting, events, active)
   end
 end
 
+-- stale(conn): the handle's callback found no client for this connection
+-- (the client was collected and its finalizer, which closes the handle,
+-- has not run yet; or the connection is no longer its client's).  Idle,
+-- the handle watches on: an end of file nobody reads would wake the loop
+-- at every iteration, so it stops watching (the finalizer, or hooks.lost,
+-- closes it).  RE-ENTRY: as in hooks.watch, conn.busy keeps a finalizer
+-- or a debug hook from closing the handle under luv's stop.
+function hooks.stale(conn)
+  local p = conn.poll
+  if not p or conn.dead or not conn.events then return end
+  conn.busy = (conn.busy or 0) + 1
+  if not conn.dead and conn.events then
+    p:stop()
+    conn.events = nil
+  end
+  conn.busy = conn.busy - 1
+  if conn.dead and conn.busy == 0 then close_handle(p, conn.on_closed) end
+end
+
 function hooks.connected(state)
   state.failures = 0
   state.next_attempt = 0
