@@ -149,6 +149,29 @@ ballast = nil
     assert.equal("1\ttrue\ndone\n", r.stdout)
   end)
 
+  it("exits cleanly with a client collected whose finalizer has not run yet", function()
+    -- the script ends while a collected client's finalizer is due (the
+    -- cycle that collected it is not finished): lua_close runs it first,
+    -- and it closes the client's handles then, when a guard made for
+    -- those closes gets no finalizer; the spare guard completes them
+    -- before luv finalizes the handles (before: a segfault in luv's exit)
+    local r = child([[
+collectgarbage("incremental")
+go(function() assert(c:call("PING") == "PONG") end)
+uv.run()
+local weak = setmetatable({ c }, { __mode = "v" })
+c = nil
+collectgarbage("stop")                    -- steps by hand from here
+local ballast = {}                        -- a cycle of many steps
+for i = 1, 300000 do ballast[i] = { i } end
+while weak[1] ~= nil do collectgarbage("step", 0) end
+collectgarbage("restart")
+]])
+    assert.equal("", r.stderr)
+    assert.equal(0, r.rc)
+    assert.equal("done\n", r.stdout)
+  end)
+
   it("reports a reset connection (a poll error) as E_UNAVAILABLE, printing nothing", function()
     -- 1,000 calls unanswered (the server stopped), then the server killed:
     -- the reset socket makes epoll report an error for the poll handle
