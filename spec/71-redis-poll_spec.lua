@@ -106,6 +106,72 @@ uv.run()
     assert.equal("1\nPONG\ttrue\ndone\n", r.stdout)
   end)
 
+  it("stops watching an idle connection whose client is collected, its finalizer not yet run", function()
+    -- the incremental collector clears the client's weak reference (which
+    -- the handle's callback reaches it by) at its atomic step and runs the
+    -- finalizer (which closes the handle) some steps later; meanwhile the
+    -- server ends the idle connection: its end of file stays unread, and a
+    -- handle still watching would wake the loop at every iteration until
+    -- something allocates.  The loop's iterations are counted over 200 ms.
+    local r = child([[
+collectgarbage("incremental")
+go(function() assert(c:call("PING") == "PONG") end)
+uv.run()
+local weak = setmetatable({ c }, { __mode = "v" })
+c = nil
+collectgarbage("stop")                    -- steps by hand from here
+local ballast = {}                        -- a cycle of many steps
+for i = 1, 300000 do ballast[i] = { i } end
+while weak[1] ~= nil do collectgarbage("step", 0) end
+local open = 0
+uv.walk(function(hd)
+  if tostring(hd):match("^uv_poll") and not hd:is_closing() then open = open + 1 end
+end)
+local other = redis.connect({ port = PORT })
+go(function()
+  other:call("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+  other:close()
+end)
+uv.run()
+local iterations, check, t = 0, uv.new_check(), uv.new_timer()
+check:start(function() iterations = iterations + 1 end)
+check:unref()
+t:start(200, 0, function() t:close(); check:close() end)
+uv.run()
+print(open, iterations < 50)
+collectgarbage("restart")
+collectgarbage()
+uv.run()
+ballast = nil
+]])
+    assert.equal("", r.stderr)
+    assert.equal(0, r.rc)
+    assert.equal("1\ttrue\ndone\n", r.stdout)
+  end)
+
+  it("exits cleanly with a client collected whose finalizer has not run yet", function()
+    -- the script ends while a collected client's finalizer is due (the
+    -- cycle that collected it is not finished): lua_close runs it first,
+    -- and it closes the client's handles then, when a guard made for
+    -- those closes gets no finalizer; the spare guard completes them
+    -- before luv finalizes the handles (before: a segfault in luv's exit)
+    local r = child([[
+collectgarbage("incremental")
+go(function() assert(c:call("PING") == "PONG") end)
+uv.run()
+local weak = setmetatable({ c }, { __mode = "v" })
+c = nil
+collectgarbage("stop")                    -- steps by hand from here
+local ballast = {}                        -- a cycle of many steps
+for i = 1, 300000 do ballast[i] = { i } end
+while weak[1] ~= nil do collectgarbage("step", 0) end
+collectgarbage("restart")
+]])
+    assert.equal("", r.stderr)
+    assert.equal(0, r.rc)
+    assert.equal("done\n", r.stdout)
+  end)
+
   it("reports a reset connection (a poll error) as E_UNAVAILABLE, printing nothing", function()
     -- 1,000 calls unanswered (the server stopped), then the server killed:
     -- the reset socket makes epoll report an error for the poll handle

@@ -81,13 +81,22 @@ local sentinel_attempt, sentinel_lost, sentinel_wait
 -- once (uv.run "nowait"), which completes every pending close before any
 -- handle is finalized.  Guards are referenced until their close completes,
 -- so no ordinary collection ever runs that finalizer.
+-- At lua_close a guard made then gets no finalizer (Lua registers none
+-- once lua_close has begun), and a client whose finalizer was already due
+-- (collected by a cycle that had not finished) runs first and closes its
+-- handles then.  So a spare guard, the newest of all, is made after each
+-- handle of a client (fresh_guard): still referenced (as `spare`) when it
+-- is finalized, which only lua_close does, it completes those closes
+-- before luv finalizes the handles (spec 71).
 local pending = {}
+local spare
 local GUARD = { __gc = function(guard)
-  if pending[guard] then
+  if pending[guard] or (guard == spare and next(pending)) then
     pending = {}
     uv.run("nowait")
   end
 end }
+local function fresh_guard() spare = setmetatable({}, GUARD) end
 
 -- `after` (optional) runs once the close is complete; at once if luv has
 -- finalized the handle already, or someone else is closing it.  A handle
@@ -198,6 +207,7 @@ local function arm(state, connecting)
   -- look and the store have no call between them)
   if not state.timer then
     local t = uv.new_timer()
+    fresh_guard()
     if not state.on_timer then state.on_timer = function() on_timer(state) end end
     local client = state.ref and state.ref[1]
     local closed = not client or status(client) == "closed"
@@ -234,6 +244,7 @@ function hooks.open(state, conn, fd)
   if conn.dead then return nil, "closed" end
   conn.opening = true
   local p, err, name = uv.new_poll(fd)
+  if p then fresh_guard() end
   conn.opening = false
   if p then conn.poll = p end
   if conn.dead then
@@ -298,6 +309,25 @@ function hooks.watch(state, conn, connecting, events, active)
     stop_timer(state.timer)
     state.timing = false
   end
+end
+
+-- stale(conn): the handle's callback found no client for this connection
+-- (the client was collected and its finalizer, which closes the handle,
+-- has not run yet; or the connection is no longer its client's).  Idle,
+-- the handle watches on: an end of file nobody reads would wake the loop
+-- at every iteration, so it stops watching (the finalizer, or hooks.lost,
+-- closes it).  RE-ENTRY: as in hooks.watch, conn.busy keeps a finalizer
+-- or a debug hook from closing the handle under luv's stop.
+function hooks.stale(conn)
+  local p = conn.poll
+  if not p or conn.dead or not conn.events then return end
+  conn.busy = (conn.busy or 0) + 1
+  if not conn.dead and conn.events then
+    p:stop()
+    conn.events = nil
+  end
+  conn.busy = conn.busy - 1
+  if conn.dead and conn.busy == 0 then close_handle(p, conn.on_closed) end
 end
 
 function hooks.connected(state)
@@ -1015,6 +1045,7 @@ local function restore(sub)
     -- (a hook or finalizer at that call may have closed the subscriber, or
     -- made its timer: the look and the store have no call between them)
     local t = uv.new_timer()
+    fresh_guard()
     if sub.closed or sub.retry then
       close_handle(t)
       if sub.closed then return end
@@ -1170,6 +1201,7 @@ local function start_pings(sub)
     -- (a hook or finalizer at that call may have closed this subscriber,
     -- or made its timer: the look and the store have no call between them)
     local t = uv.new_timer()
+    fresh_guard()
     if sub.closed or sub.ping then
       close_handle(t)
     else

@@ -346,9 +346,10 @@ int amr_ensure_connection (lua_State *L, int i, Client *cl,
   if (cl->fd >= 0 && !cl->connecting && cl->head == cl->tail
       && cl->nsetup == 0 && cl->outlen == 0 && !cl->in_event
       && !cl->subscriber) {
-    /* idle, so unwatched: a connection the server ended meanwhile (a
-       restart, an idle timeout) is readable now; replace it rather than
-       fail this call */
+    /* idle: a connection the server ended meanwhile (a restart, an
+       idle timeout) is readable now, and its handle, which watches it
+       unref'd, has not seen it yet if the loop has not run since;
+       replace it rather than fail this call */
     struct pollfd p;
     p.fd = cl->fd;
     p.events = POLLIN;

@@ -211,7 +211,12 @@ int amr_conn_event (lua_State *L) {
   Client *cl = conn_client(L);
   int nready, ready, was, errpos = 0, e;
   unsigned epoch;
-  if (cl == NULL) return 0;
+  if (cl == NULL) {              /* nobody reads it: hooks.stale stops it */
+    lua_getfield(L, HOOKS, "stale");
+    lua_pushvalue(L, CONN);
+    lua_call(L, 1, 0);
+    return 0;
+  }
   epoch = cl->epoch;                 /* changes when the connection ends */
   if (!lua_isnil(L, 1)) {                /* a poll error: the socket's own */
     amr_fail_errno(L, 3, cl, amr_socket_error(cl->fd, ECONNRESET));
