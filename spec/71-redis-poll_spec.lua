@@ -35,6 +35,22 @@ print("done")
   return h.subprocess(code, 30)
 end
 
+-- A child's prelude: the client c, idle after a call, is collected by an
+-- incremental cycle stepped by hand, and left there: its weak reference
+-- cleared (the atomic step), its finalizer (which closes its handles) not
+-- run yet.  The cycle's ballast keeps it from finishing.
+local COLLECTED_UNFINALIZED = [[
+collectgarbage("incremental")
+go(function() assert(c:call("PING") == "PONG") end)
+uv.run()
+local weak = setmetatable({ c }, { __mode = "v" })
+c = nil
+collectgarbage("stop")                    -- steps by hand from here
+local ballast = {}                        -- a cycle of many steps
+for i = 1, 300000 do ballast[i] = { i } end
+while weak[1] ~= nil do collectgarbage("step", 0) end
+]]
+
 describe("the poll handle of a connection", function()
   it("is a luv handle: uv.walk visits it while calls wait", h.async(function()
     local c = redis.connect({ port = server.port })
@@ -113,16 +129,7 @@ uv.run()
     -- server ends the idle connection: its end of file stays unread, and a
     -- handle still watching would wake the loop at every iteration until
     -- something allocates.  The loop's iterations are counted over 200 ms.
-    local r = child([[
-collectgarbage("incremental")
-go(function() assert(c:call("PING") == "PONG") end)
-uv.run()
-local weak = setmetatable({ c }, { __mode = "v" })
-c = nil
-collectgarbage("stop")                    -- steps by hand from here
-local ballast = {}                        -- a cycle of many steps
-for i = 1, 300000 do ballast[i] = { i } end
-while weak[1] ~= nil do collectgarbage("step", 0) end
+    local r = child(COLLECTED_UNFINALIZED .. [[
 local open = 0
 uv.walk(function(hd)
   if tostring(hd):match("^uv_poll") and not hd:is_closing() then open = open + 1 end
@@ -155,16 +162,7 @@ ballast = nil
     -- and it closes the client's handles then, when a guard made for
     -- those closes gets no finalizer; the spare guard completes them
     -- before luv finalizes the handles (before: a segfault in luv's exit)
-    local r = child([[
-collectgarbage("incremental")
-go(function() assert(c:call("PING") == "PONG") end)
-uv.run()
-local weak = setmetatable({ c }, { __mode = "v" })
-c = nil
-collectgarbage("stop")                    -- steps by hand from here
-local ballast = {}                        -- a cycle of many steps
-for i = 1, 300000 do ballast[i] = { i } end
-while weak[1] ~= nil do collectgarbage("step", 0) end
+    local r = child(COLLECTED_UNFINALIZED .. [[
 collectgarbage("restart")
 ]])
     assert.equal("", r.stderr)
