@@ -118,13 +118,15 @@ describe("KeyedRedisMutex:acquireAll", function()
   it("runExclusiveAll calls fn holding every key, and raises the lost error", h.async(function()
     local a = server:client()
     local prefix = fresh() .. ":"
-    local ka = am.KeyedRedisMutex.new(a, prefix, { ttl = 100, renewInterval = 0 })
+    -- (ttl stretched where the process is slow: valgrind, GC stress)
+    local ttl = 100 * h.TIME_SCALE
+    local ka = am.KeyedRedisMutex.new(a, prefix, { ttl = ttl, renewInterval = 0 })
     assert.same({ 1, 2 }, { ka:runExclusiveAll({ "p", "q" }, function()
       assert.same({ "p", "q" }, held(a, prefix, { "p", "q" }))
       return 1, 2
     end) })
     assert.same({}, held(a, prefix, { "p", "q" }))
-    local ok, err = pcall(ka.runExclusiveAll, ka, { "p", "q" }, function() h.sleep(200) end)
+    local ok, err = pcall(ka.runExclusiveAll, ka, { "p", "q" }, function() h.sleep(2 * ttl) end)
     assert.is_false(ok)
     assert.equal(am.E_LOST, err)
     a:close()
