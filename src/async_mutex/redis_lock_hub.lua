@@ -42,6 +42,7 @@ end
 local error, next, pairs, pcall, setmetatable, tonumber, tostring, type =
   error, next, pairs, pcall, setmetatable, tonumber, tostring, type
 local co_create, co_resume, running = coroutine.create, coroutine.resume, coroutine.running
+local traceback, xpcall, io = debug.traceback, xpcall, io
 local tointeger = math.tointeger
 local format = string.format
 -- The locks made here (gates, bells) are the library's own: debug mode
@@ -80,11 +81,23 @@ end
 
 -- Runs fn(...) in a coroutine of its own and returns at its first yield:
 -- requests whose result nobody waits for (releases, withdrawals,
--- renewals).  Errors are dropped: each caller says why that is safe.
--- Also those raised after a yield (a reply that says the client was closed
--- meanwhile): the client would hand them to the error handler, as a
--- failure of the program's own.
-local function dropping_errors(fn, ...) pcall(fn, ...) end
+-- renewals).  Their outcomes are dropped: each caller says why that is
+-- safe.  Also those raised after a yield (a reply that says the client was
+-- closed meanwhile): the client would hand them to the error handler, as a
+-- failure of the program's own.  An outcome is an error object (an
+-- E_UNAVAILABLE, an error reply: tables); any other error is a fault of
+-- the module or of code it called, and is written to stderr with its
+-- traceback rather than lost.
+local function fault_trace(e)
+  if type(e) == "table" then return e end
+  return traceback(tostring(e), 2)
+end
+local function dropping_errors(fn, ...)
+  local ok, e = xpcall(fn, fault_trace, ...)
+  if not ok and type(e) ~= "table" then
+    io.stderr:write("async_mutex: error in a Redis lock's background request: ", e, "\n")
+  end
+end
 local function background(fn, ...)
   local co = co_create(dropping_errors)
   co_resume(co, fn, ...)
