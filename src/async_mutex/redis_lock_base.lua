@@ -431,6 +431,7 @@ return {
   lose = lease_m.lose, forget = lease_m.forget, stolen = lease_m.stolen,
   new_lease = lease_m.new_lease, release_lease = release_lease,
   stop_timer = lease_m.stop_timer, end_after_close = lease_m.end_after_close,
+  open_gate = lease_m.open_gate,
   NOT_A_WRITE_HOLD = lease_m.NOT_A_WRITE_HOLD,
   -- acquisition, steal, query (redis_lock_acquire.lua)
   eviction = eviction, doze = doze, lock_keys = lock_keys, keys_of = keys_of,

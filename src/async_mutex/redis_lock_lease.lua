@@ -70,6 +70,17 @@ local function stop_timer(lease)
   end
 end
 
+-- A RedisRWLock's write hold keeps its process's gate (redis_rwlock.lua,
+-- rw_acquire) until it ends: opened here, wherever a hold ends (released,
+-- lost, downgraded, ended by a close).
+local function open_gate(lease)
+  local g = lease.gate
+  if g then
+    lease.gate = nil
+    g()
+  end
+end
+
 local function forget(lease)
   local name = lease.keys.name
   local holds = lease.lock.holds[name]
@@ -94,6 +105,7 @@ end
 local function lose(lease, reason)
   if lease.state ~= "held" then return end
   lease.state = "lost"
+  open_gate(lease)
   stop_timer(lease)
   forget(lease)
   local lk = lease.lock
@@ -203,7 +215,8 @@ end
 -- a third of it whatever the watchdog's setting.
 -- A lease has eight fields at most (lock, keys, token, fence, state,
 -- valid_until, next_renew, timer), so that its table has no larger hash
--- part: the lock's name and ":free" channel are in its keys' list.
+-- part: the lock's name and ":free" channel are in its keys' list.  (A
+-- RedisRWLock's write hold has a ninth, its gate: open_gate.)
 local function new_lease(lk, keys, token, fence, sent, first)
   local next_renew
   if first < lk.ttl then next_renew = sent + (first // 3) * NS
@@ -228,6 +241,7 @@ end
 local function end_after_close(lease)
   if lease.state == "held" then
     lease.state = "released"
+    open_gate(lease)
     stop_timer(lease)
     forget(lease)
     local hub = lease.lock.hub
@@ -258,6 +272,9 @@ local function release_lease(lease)
   -- In flight from here on, for a close() in a hook of the calls below:
   -- the lease is no longer among the holds it gives back (send_release)
   lk.hub.inflight[lease.token] = keys
+  -- (the readers it lets in run from the next loop turn: their requests
+  -- follow this release on the connection)
+  open_gate(lease)
   stop_timer(lease)
   forget(lease)
   if not isyieldable() then
@@ -396,6 +413,7 @@ local function client_closed(hub)
     for _, lease in ipairs(ended) do
       if lease.state == "held" then
         lease.state = "released"
+        open_gate(lease)
         local t = lease.timer
         if t and not alive(t) then
           lease.timer, owner[t], fire_of[t] = nil, nil, nil
@@ -465,7 +483,7 @@ end
 return {
   Lease = Lease, lease_methods = lease_methods, drift = drift,
   lose = lose, forget = forget, stolen = stolen, new_lease = new_lease,
-  release_lease = release_lease, stop_timer = stop_timer,
+  release_lease = release_lease, stop_timer = stop_timer, open_gate = open_gate,
   end_after_close = end_after_close, client_closed = client_closed,
   NOT_A_WRITE_HOLD = NOT_A_WRITE_HOLD,
 }

@@ -113,6 +113,7 @@ local function downgrade(lease)
   lease.state = "released"
   writes[lease] = nil
   hub.inflight[lease.token] = lease.keys
+  base.open_gate(lease)             -- this process's readers may join it
   base.stop_timer(lease)
   base.forget(lease)
   local read = base.new_lease(lk, lease.keys, lease.token, tointeger(tonumber(r[2])), sent, lk.ttl)
@@ -144,8 +145,28 @@ local function new(client, name, opts)
   return lk
 end
 
+-- A write's gate until its lease has it: opened by the close of a write
+-- acquisition that raised (or whose coroutine was closed).
+local GateUntilHeld = {
+  __close = function(g)
+    local release = g.release
+    if release then
+      g.release = nil
+      release()
+    end
+  end,
+}
+
 -- The whole acquisition (base.acquire's, through the RWLock gate in the
 -- request's mode): the gate, then Redis with what is left of the bound.
+-- A read opens the gate once Redis granted it.  A write keeps it closed
+-- until its hold ends (the lease opens it: redis_lock_lease.lua,
+-- open_gate): no reader of this process could be granted beside it, and
+-- one that went to Redis meanwhile queued there behind it, a request, a
+-- place in the queue, a hand-off message and a wake-up each, where it
+-- now waits at the gate and, let in by the release, is most often
+-- granted at once beside the readers the release let in
+-- (docs/redis-locks.md, "RedisRWLock").
 local function rw_acquire(lk, limit, err, weight, priority)
   local deadline = base.deadline_of(limit)
   local gate = lk.gate
@@ -155,8 +176,17 @@ local function rw_acquire(lk, limit, err, weight, priority)
     else gate_release = limited_read(gate, limit, err, priority) end
   elseif limit == nil then gate_release = gate:acquireWrite(priority)
   else gate_release = limited_write(gate, limit, err, priority) end
-  local _ <close> = gate_release
-  return base.redis_acquire(lk, lk.name, weight, deadline, err)
+  if weight == 1 then
+    local _ <close> = gate_release
+    return base.redis_acquire(lk, lk.name, weight, deadline, err)
+  end
+  local g <close> = setmetatable({ release = gate_release }, GateUntilHeld)
+  local lease = base.redis_acquire(lk, lk.name, weight, deadline, err)
+  lease.gate, g.release = gate_release, nil
+  -- ended already (a close() in a finalizer run by that allocation): it
+  -- opened no gate, so the gate opens here
+  if lease.state ~= "held" then base.open_gate(lease) end
+  return lease
 end
 
 local function write(lk, limit, err, priority)
