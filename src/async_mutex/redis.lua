@@ -213,11 +213,7 @@ local function arm(state, connecting)
     local closed = not client or status(client) == "closed"
     if closed or state.timer then close_handle(t) else state.timer = t end
     if closed then return end
-    -- The timer never keeps the loop running: the poll handle does,
-    -- ref'd while anything is awaited (hooks.watch).  So the timer may
-    -- run on while the client is idle, and a call on an idle connection
-    -- neither starts nor stops it.
-    t:unref()
+    if state.background then t:unref() end
   end
   uv.update_time()    -- luv's timers count from the loop's clock: as of now
   state.armed_at = now()
@@ -304,14 +300,14 @@ function hooks.watch(state, conn, connecting, events, active)
     conn.busy = conn.busy - 1
     if conn.dead and conn.busy == 0 then close_handle(p, conn.on_closed) end
   end
-  -- The timer runs on while the client goes idle (unref'd: see arm):
-  -- started and stopped around each call, it cost more than the call's
-  -- own Lua (luv's start refs its callback, the loop's clock is read);
-  -- when it fires, an idle client stops it, and a busy one counts from
-  -- the start of the wait now under way (progress), not from its arming.
-  if active and not state.timing then
-    local client = state.ref[1]
-    if connecting or busy(state, client) then arm(state, connecting) end
+  if active then
+    if not state.timing then
+      local client = state.ref[1]
+      if connecting or busy(state, client) then arm(state, connecting) end
+    end
+  elseif state.timing then
+    stop_timer(state.timer)
+    state.timing = false
   end
 end
 
