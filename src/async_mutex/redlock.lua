@@ -168,7 +168,7 @@ local function worker(fn, a, b, c)
     if nspare >= SPARE_MAX then return end
     -- (a spare worker holds nothing of its last job: a lock, a client,
     -- may be collected)
-    fn, a, b, c = nil, nil, nil, nil
+    fn, a, b, c = nil, nil, nil, nil     -- luacheck: ignore 311 (read by no one: let go)
     nspare = nspare + 1
     spare[nspare] = self
     -- (a resume by anyone else, who could not pass a job, runs nothing)
