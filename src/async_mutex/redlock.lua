@@ -36,7 +36,8 @@ local uv = require "luv"
 
 local error, getmetatable, ipairs, pairs, pcall, setmetatable, tonumber, tostring, type =
   error, getmetatable, ipairs, pairs, pcall, setmetatable, tonumber, tostring, type
-local co_create, co_resume, isyieldable = coroutine.create, coroutine.resume, coroutine.isyieldable
+local co_create, co_resume, co_yield, co_status, running, isyieldable = coroutine.create,
+  coroutine.resume, coroutine.yield, coroutine.status, coroutine.running, coroutine.isyieldable
 local min, max, random, tointeger = math.min, math.max, math.random, math.tointeger
 local format = string.format
 local hrtime = uv.hrtime
@@ -143,6 +144,63 @@ if tonumber(redis.call('GET', KEYS[2]) or '0') < tonumber(ARGV[2]) then
 end
 return 1
 ]]
+
+-- {========================================================== workers
+-- Each server's request waits for its reply in a coroutine of its own
+-- (the client pairs a reply with the coroutine that called): n of them
+-- per acquisition and n per release.  They are kept once their request
+-- is done and run the next one, rather than made anew: a new coroutine
+-- is a lua_State, its stack grown by reallocations to the depth of a
+-- request, and garbage for the collector (a fifth of a cycle's
+-- instructions were in malloc, realloc and free, with one per request).
+-- A worker runs one job at a time, fn(a, b, c), which must not raise
+-- (the callers' jobs catch what they call); it goes back to the spare
+-- list only when the job returns, so a coroutine still waiting for a
+-- reply, or left waiting for good, is never handed out.
+
+local spare, nspare, SPARE_MAX = {}, 0, 64
+for i = 1, SPARE_MAX do spare[i] = false end     -- (its slots made once)
+
+local function worker(fn, a, b, c)
+  local self = running()
+  while true do
+    if fn then fn(a, b, c) end
+    if nspare >= SPARE_MAX then return end
+    -- (a spare worker holds nothing of its last job: a lock, a client,
+    -- may be collected)
+    fn, a, b, c = nil, nil, nil, nil     -- luacheck: ignore 311 (read by no one: let go)
+    nspare = nspare + 1
+    spare[nspare] = self
+    -- (a resume by anyone else, who could not pass a job, runs nothing)
+    repeat fn, a, b, c = co_yield() until type(fn) == "function"
+  end
+end
+
+-- Runs fn(a, b, c) in a worker and returns at its first yield.
+local function go(fn, a, b, c)
+  local co
+  if nspare > 0 then
+    co = spare[nspare]
+    spare[nspare] = false
+    nspare = nspare - 1
+    -- RE-ENTRY: a finalizer or a hook that runs between a worker's
+    -- return to the list and its yield (and releases a hold) finds it
+    -- running: not resumed, the job gets a new one
+    if co_status(co) ~= "suspended" then co = co_create(worker) end
+  else
+    co = co_create(worker)
+  end
+  local ok, err = co_resume(co, fn, a, b, c)
+  if not ok then error(err, 0) end
+end
+
+-- base.background's job in a worker: its errors dropped (each caller
+-- says why that is safe).
+local function quietly(fn, a, b) pcall(fn, a, b) end
+local function quietly_release_token(lk, keys, token) pcall(base.release_token, lk, keys, token) end
+local function background(fn, a, b) go(quietly, fn, a, b) end
+
+-- }==========================================================
 
 local Redlock = { __name = "async_mutex.RedlockMutex" }
 local methods = {}
@@ -265,7 +323,7 @@ local function end_hold(hold, reason)
   for _, lease in pairs(hold.leases) do
     hold_of[lease] = nil
     if lease.state == "held" then
-      if closed then base.background(base.release_lease, lease)
+      if closed then background(base.release_lease, lease)
       else base.lose(lease, "expired") end
     end
   end
@@ -287,6 +345,17 @@ end
 local function hold_now(hold)
   if hold.state == "held" and valid(hold) < hold.lock.quorum then end_hold(hold, "expired") end
   return hold
+end
+
+-- One server's release of release_hold, below, counted in 'tally'; the
+-- releaser is woken once the answers decide it.
+local function release_one(tally, lease)
+  local ok, r = pcall(base.release_lease, lease)
+  if ok and r then tally.had = tally.had + 1 else tally.refused = tally.refused + 1 end
+  if tally.waiting and (tally.had >= tally.quorum or tally.n - tally.refused < tally.quorum) then
+    tally.waiting = false
+    tally.bell:release()
+  end
 end
 
 -- Releases every server's lease at once: true if a quorum of them still
@@ -318,7 +387,7 @@ local function release_hold(hold)
       if s and s.state == "pending" and not s.answered then
         s.given_back = true
         local lk = rl.servers[i]
-        base.background(base.release_token, lk, base.keys_of(lk, rl.name), s.token)
+        go(quietly_release_token, lk, base.keys_of(lk, rl.name), s.token)
       end
     end
   end
@@ -331,24 +400,15 @@ local function release_hold(hold)
   end
   local _ <close> = setmetatable({ hold }, UNUSE)
   local n, quorum = #list, rl.quorum
-  local had, refused, waiting, bell = 0, 0, nil, nil
-  for i = 1, n do
-    co_resume(co_create(function()
-      local ok, r = pcall(base.release_lease, list[i])
-      if ok and r then had = had + 1 else refused = refused + 1 end
-      if waiting and (had >= quorum or n - refused < quorum) then
-        waiting = false
-        bell:release()
-      end
-    end))
-  end
-  if had < quorum and n - refused >= quorum then
-    bell = internal(core.Semaphore.new(0))
-    waiting = true
-    local _ = bell:acquire()
+  local tally = { n = n, quorum = quorum, had = 0, refused = 0, waiting = false, bell = nil }
+  for i = 1, n do go(release_one, tally, list[i]) end
+  if tally.had < quorum and n - tally.refused >= quorum then
+    tally.bell = internal(core.Semaphore.new(0))
+    tally.waiting = true
+    local _ = tally.bell:acquire()
   end
   unuse_hubs(hold)
-  if had < quorum then
+  if tally.had < quorum then
     hold.state = "lost"
     if rl.on_lost then
       local ok, err = pcall(rl.on_lost, { name = rl.name, fence = hold.fence,
@@ -424,7 +484,7 @@ local function fail_server(att, s, err)
   if s.state == "failed" then return end
   s.state, s.err = "failed", err
   att.failed = att.failed + 1
-  if s.lease then base.background(base.release_lease, s.lease) end
+  if s.lease then background(base.release_lease, s.lease) end
   s.lease = nil
   ring(att)
 end
@@ -492,7 +552,7 @@ local function answered(att, i, s, ok, lease, value)
   if ok and lk.hub.started == nil and att.srv[i] == s and not att.done then
     local ok2, e = pcall(started, lk)
     if not ok2 then
-      base.background(base.release_lease, lease)
+      background(base.release_lease, lease)
       ok, lease = false, e
     end
   end
@@ -505,14 +565,14 @@ local function answered(att, i, s, ok, lease, value)
         hold_of[lease] = hold
         catch_up(att, i, s, value and tonumber(value))
       else
-        base.background(base.release_lease, lease)
+        background(base.release_lease, lease)
       end
     end
     return
   end
   if not ok then return fail_server(att, s, lease) end
   if young(rl, lk) then
-    base.background(base.release_lease, lease)
+    background(base.release_lease, lease)
     return fail_server(att, s, YOUNG)
   end
   s.lease = lease
@@ -520,6 +580,20 @@ local function answered(att, i, s, ok, lease, value)
   att.progress = hrtime()
   if value then return drawn(att, s, tonumber(value)) end   -- granted at once: drawn too
   draw(att, i, s)
+end
+
+-- Server i's request of the attempt (in a worker).
+local function ask_server(att, i, s)
+  local rl = att.rl
+  local bound                        -- nil: the attempt's caller bounds it
+  if att.try then bound = false end
+  local ok, lease, value, drew = pcall(base.redis_acquire, rl.servers[i], rl.name, 1, bound, TRY,
+                                       s.token)
+  -- the draw: made by the grant's request (M.ACQUIRE's answer), or by
+  -- the release that handed the lock over (M.RELEASE's message: the
+  -- value negated), else nil (another release's hand-off: DRAW)
+  if ok and not drew and value and value < 0 then drew = -value end
+  answered(att, i, s, ok, lease, drew)
 end
 
 function start(att, i)
@@ -533,17 +607,7 @@ function start(att, i)
     s.err = YOUNG
     return
   end
-  local bound                        -- nil: the attempt's caller bounds it
-  if att.try then bound = false end
-  local ok, err = co_resume(co_create(function()
-    local ok, lease, value, drew = pcall(base.redis_acquire, lk, rl.name, 1, bound, TRY, s.token)
-    -- the draw: made by the grant's request (M.ACQUIRE's answer), or by
-    -- the release that handed the lock over (M.RELEASE's message: the
-    -- value negated), else nil (another release's hand-off: DRAW)
-    if ok and not drew and value and value < 0 then drew = -value end
-    answered(att, i, s, ok, lease, drew)
-  end))
-  if not ok then error(err, 0) end
+  go(ask_server, att, i, s)
 end
 
 -- Ends the attempt: the servers still waiting are withdrawn (their
@@ -557,7 +621,7 @@ local function finish(att, keep)
     local s = att.srv[i]
     if s.state == "pending" then base.cancel(rl.servers[i], nil, rl.name) end
     if not keep and s.lease then
-      base.background(base.release_lease, s.lease)
+      background(base.release_lease, s.lease)
       s.lease = nil
     end
   end
@@ -594,7 +658,7 @@ local function give_back_partial(att)
     local s = att.srv[i]
     if s.state == "granted" or s.state == "drawn" then
       att.srv[i] = nil                 -- superseded: a late answer is given back
-      if s.lease then base.background(base.release_lease, s.lease) end
+      if s.lease then background(base.release_lease, s.lease) end
       start(att, i)
     end
   end
@@ -726,7 +790,7 @@ local function acquire_quorum(rl, deadline, err)
     unuse_hubs(hold)
     for _, lease in pairs(hold.leases) do
       hold_of[lease] = nil
-      if lease.state == "held" then base.background(base.release_lease, lease) end
+      if lease.state == "held" then background(base.release_lease, lease) end
     end
     error(base.CLOSED, 0)
   end

@@ -1,0 +1,87 @@
+-- RedlockMutex's workers (src/async_mutex/redlock.lua, "workers";
+-- docs/redis-locks.md, "RedlockMutex"): each server's request waits for
+-- its reply in a coroutine that is kept for the next request rather than
+-- made anew.  A spare worker holds nothing of its last job (the lock, its
+-- hold, its clients are collected once the program lets go of them), and
+-- many acquisitions at once, each with a request per server in flight,
+-- each get the worker of their own that the client's replies need.
+
+local am = require "async_mutex"
+local h = require "helpers"
+local R = require "lock_redis"
+local uv = require "luv"
+
+local servers = {}
+
+setup(function()
+  for i = 1, 3 do servers[i] = R.server() end
+  -- a server counts once it has been up for ttl (read in whole seconds,
+  -- taken as up to a second less): every lock here has a ttl of 1000
+  uv.sleep(2100)
+end)
+teardown(function()
+  for _, s in ipairs(servers) do s:stop() end
+end)
+
+local fresh = R.namer("spec279")
+
+local function clients()
+  local t = {}
+  for i, s in ipairs(servers) do t[i] = s:client() end
+  return t
+end
+
+describe("RedlockMutex's workers", function()
+  it("keep nothing of their last job: the lock and its hold are collected", h.async(function()
+    local cs = clients()
+    local _ <close> = h.closing(table.unpack(cs))
+    local weak = setmetatable({}, { __mode = "v" })
+    do
+      local q = am.RedlockMutex.new(cs, fresh(), { ttl = 1000 })
+      for _ = 1, 5 do
+        local r = q:acquire()
+        weak[2] = r
+        assert.is_true(r())
+      end
+      weak[1] = q
+    end
+    h.sleep(50)                     -- the late servers' answers, in the background
+    collectgarbage()
+    collectgarbage()
+    assert.is_true(weak[1] == nil, "the lock is still referenced")
+    assert.is_true(weak[2] == nil, "its last hold is still referenced")
+  end))
+
+  it("give each of many acquisitions at once a worker per server", h.async(function()
+    local cs = clients()
+    local _ <close> = h.closing(table.unpack(cs))
+    -- more workers in flight than the spare ones kept (64): a request per
+    -- server of each acquisition; fewer under GC stress, where each
+    -- allocation runs a collection step (80 at once took minutes there,
+    -- before the workers too), but still more than 64 (25 x 3 servers)
+    local N, ROUNDS = 80, 3
+    if h.SLOW then N, ROUNDS = 25, 1 end
+    local locks, names, done, fences = {}, {}, 0, {}
+    for i = 1, N do
+      names[i] = fresh()
+      locks[i] = am.RedlockMutex.new(cs, names[i], { ttl = 1000 })
+    end
+    for i = 1, N do
+      h.spawn(function()
+        for _ = 1, ROUNDS do
+          local r = locks[i]:acquire()
+          assert.is_true(r:check())
+          fences[#fences + 1] = r.fence
+          assert.is_true(r())
+        end
+        done = done + 1
+      end)
+    end
+    h.wait_until(function() return done == N end, 30000, "every acquisition")
+    assert.equal(N * ROUNDS, #fences)
+    -- and none is left held on any server
+    for _, c in ipairs(cs) do
+      for i = 1, N do assert.equal(0, c:call("HLEN", names[i] .. ":h")) end
+    end
+  end, { deadline = 40000 }))
+end)
