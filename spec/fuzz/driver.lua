@@ -146,6 +146,16 @@ function driver.main(argv, suite)
   return 0
 end
 
+--- Park-Miller, the re-entrancy fuzzers' draws: the same sequence for a
+-- seed, whatever the platform.  rng(seed) returns rnd, and rnd(n) a whole
+-- number from 1 to n.
+function driver.park_miller(seed)
+  local x = seed % 2147483646 + 1
+  return function(n)
+    x = x * 48271 % 2147483647
+    return x % n + 1
+  end
+end
 
 --- The command line of a re-entrancy fuzzer (spec/fuzz/reentrancy.lua,
 -- spec/fuzz/redis_reentrancy.lua): `fuzz N [J [SEED]]` through the pool
