@@ -223,11 +223,7 @@ describe("RedisReentrantMutex across 4 processes", function()
   -- Nested sections (re-entered at random depths, yielding inside) write a
   -- begin and an end marker to one O_APPEND file at the outermost level:
   -- no two processes' outermost sections overlap.
-  local WORKER = R.PROLOGUE .. [[
-local NAME, N, LOG, ID, SEED = table.unpack(ARGS)
-math.randomseed(tonumber(SEED))
-local f = assert(io.open(LOG, "a"))
-f:setvbuf("no")
+  local WORKER = R.WORKER_PROLOGUE .. [[
 local rm = am.RedisReentrantMutex.new(client, NAME, { ttl = 2000 })
 local function nest(d)
   if d == 0 then am.sleep(math.random(0, 2)); return end

@@ -398,6 +398,36 @@ for why, n in pairs(reasons) do io.stdout:write(("unavailable %d: %s\n"):format(
 os.exit(0)
 ]]
 
+--- The start of a worker for R.run_workers: R.PROLOGUE, then its arguments
+-- NAME (a lock's name, or a keyed lock's prefix), N (how many sections),
+-- LOG, ID; math.random seeded with the worker's own seed; `f`, LOG opened
+-- to append unbuffered (each marker one write(2)); in_parallel(n, body):
+-- body(c) in n coroutines c = 1..n, returning once every one has ended;
+-- some_of(keys): 1 or more of `keys` (each with odds 0.4), in keys' order.
+R.WORKER_PROLOGUE = R.PROLOGUE .. [[
+local NAME, N, LOG, ID, SEED = table.unpack(ARGS)
+math.randomseed(tonumber(SEED))
+local f = assert(io.open(LOG, "a"))
+f:setvbuf("no")
+local function in_parallel(n, body)
+  local left, done = n, coroutine.running()
+  for c = 1, n do
+    am.spawn(function()
+      body(c)
+      left = left - 1
+      if left == 0 and coroutine.status(done) == "suspended" then coroutine.resume(done) end
+    end)
+  end
+  if left > 0 then coroutine.yield() end
+end
+local function some_of(keys)
+  local pick = {}
+  for _, k in ipairs(keys) do if math.random() < 0.4 then pick[#pick + 1] = k end end
+  if #pick == 0 then pick[1] = keys[math.random(#keys)] end
+  return pick
+end
+]]
+
 --- Runs `n` worker processes of `code` (R.child), worker p with the
 -- arguments (socket, name, sections, log, "p<p>", a seed), and waits for
 -- all; each must exit 0.  Returns `log`, the one file of their markers.
@@ -432,6 +462,35 @@ end
 function R.release_script(client, name, token, limit)
   local scripts = require "async_mutex.redis_scripts"
   return client:eval(scripts.release, scripts.keys(name), { token, tostring(limit or 1) })
+end
+
+--- The acquire script run directly, as the locks run it: `token` asks for
+-- a lease of `ttl` ms in `mode` ("wait" unless given); o.limit (1: a mutex)
+-- and o.weight (1) as the lock's, o.wait the waiter timeout (3000 ms),
+-- o.channel the wake-up channel (one nobody listens on).  Returns the
+-- script's reply.
+function R.acquire_script(client, name, token, ttl, mode, o)
+  local scripts = require "async_mutex.redis_scripts"
+  o = o or {}
+  return client:eval(scripts.acquire, scripts.keys(name),
+    { token, tostring(o.limit or 1), tostring(o.weight or 1), tostring(ttl),
+      tostring(o.wait or 3000), o.channel or "nobody", mode or "wait" })
+end
+
+--- The renew script run directly: `token` asks for a lease of `ttl` ms
+-- on a lock of `limit` (1: a mutex).  Returns 1 if the token held it.
+function R.renew_script(client, name, token, ttl, limit)
+  local scripts = require "async_mutex.redis_scripts"
+  return client:eval(scripts.renew, scripts.keys(name), { token, tostring(limit or 1), tostring(ttl) })
+end
+
+--- The tokens recorded as holders of `name` in Redis (its N:h hash), sorted.
+function R.holder_tokens(client, name)
+  local t = client:call("HKEYS", name .. ":h")
+  local out = {}
+  for i = 1, #t do out[i] = t[i] end
+  table.sort(out)
+  return out
 end
 
 -- The scripts the server has run so far (EVAL and EVALSHA requests, from
