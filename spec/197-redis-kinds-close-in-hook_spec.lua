@@ -18,17 +18,10 @@ local h = require "helpers"
 local R = require "lock_redis"
 local uv = require "luv"
 
-local server
-
-setup(function()
-  server = R.server()
-  -- a RedlockMutex counts a server once it has been up for its ttl
-  -- (1000 ms here; INFO gives whole seconds)
-  uv.sleep(2100)
-end)
-teardown(function() if server then server:stop() end end)
-
-local fresh_name = R.namer("spec197")
+local server, fresh_name = R.file_server(setup, teardown, "spec197")
+-- a RedlockMutex counts a server once it has been up for its ttl (1000 ms
+-- here; INFO gives whole seconds)
+setup(function() uv.sleep(2100) end)
 
 -- The lock code a close may come from: the Redis locks' modules, not the
 -- client's own (its windows are the client's: docs/redis.md).
