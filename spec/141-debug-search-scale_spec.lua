@@ -62,9 +62,7 @@ describe("coroutines that each hold a lock and queue on one mutex", function()
 end)
 
 describe("deadlocks still found", function()
-  local rec = dr.recorder()
-  before_each(rec.enable)
-  after_each(rec.disable)
+  local rec = dr.recorder(before_each, after_each)
 
   -- Coroutines that each take their first lock, wait to be resumed, then
   -- request their second; step(i) resumes the i-th.

@@ -101,9 +101,7 @@ end)
 describe("lockdep for a coroutine that holds many locks: the same reports", function()
   local dr = require "debug_reports"
   local am = require "async_mutex"
-  local rec = dr.recorder()
-  before_each(rec.enable)
-  after_each(rec.disable)
+  local rec = dr.recorder(before_each, after_each)
 
   -- n mutexes named apart (a class each), taken in order
   local function named(prefix, n)
