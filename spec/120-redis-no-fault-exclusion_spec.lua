@@ -143,9 +143,7 @@ end)
 -- than the waiter's ttl, so the waiter sleeps a third of its
 -- waiterTimeout between requests; A gives the lock back after more than
 -- the waiter's ttl.
-local function raw(client, name, script, ...)
-  return client:eval(script, scripts.keys(name), { ... })
-end
+local raw = R.eval_script
 
 describe("a hand-off that comes long after the waiter's last request", function()
   it("is confirmed before acquire returns: the lease runs, nothing is lost, nobody else gets in",

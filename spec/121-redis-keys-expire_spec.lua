@@ -15,9 +15,7 @@ local scripts = require "async_mutex.redis_scripts"
 local server, fresh_name = R.file_server(setup, teardown, "spec121")
 local churn_server = R.file_server(setup, teardown)   -- (the churn's own: DBSIZE counts every key)
 
-local function raw(client, name, script, ...)
-  return client:eval(script, scripts.keys(name), { ... })
-end
+local raw = R.eval_script
 
 local function pttl(client, key) return client:call("PTTL", key) end
 

@@ -20,9 +20,7 @@ local uv = require "luv"
 
 local server, fresh_name = R.file_server(setup, teardown, "spec126")
 
-local function raw(client, name, script, ...)
-  return client:eval(script, scripts.keys(name), { ... })
-end
+local raw = R.eval_script
 
 -- The fence of the holder 'token' in Redis (nil: not a holder).
 local function fence_in_redis(client, name, token)

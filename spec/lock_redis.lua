@@ -464,6 +464,49 @@ function R.release_script(client, name, token, limit)
   return client:eval(scripts.release, scripts.keys(name), { token, tostring(limit or 1) })
 end
 
+--- Runs fn(...) in a coroutine of its own with a call hook that closes
+-- `client` at the k-th call made from the files whose names contain one of
+-- `files` (the lock code a close may come from; the client's own windows
+-- are the client's: docs/redis.md).  Returns a function that tells, once fn
+-- has returned, whether the close came and pcall's results (nil before).
+function R.with_close_at(k, client, files, fn, ...)
+  local h = require "helpers"
+  local args = table.pack(...)
+  local result, closed
+  local calls = 0
+  local function in_files(src)
+    for _, f in ipairs(files) do
+      if src:find(f, 1, true) then return true end
+    end
+    return false
+  end
+  h.spawn(function()
+    debug.sethook(function()
+      local caller = debug.getinfo(3, "S")
+      if not (caller and in_files(caller.short_src)) then return end
+      calls = calls + 1
+      if calls == k then
+        debug.sethook()
+        closed = true
+        client:close()
+      end
+    end, "c")
+    result = table.pack(pcall(fn, table.unpack(args, 1, args.n)))
+    debug.sethook()
+  end)
+  return function()
+    if not result then return nil end
+    return closed or false, table.unpack(result, 1, result.n)
+  end
+end
+
+--- A lock script of async_mutex.redis_scripts run directly on the lock
+-- `name`'s keys, with the arguments `...` (strings, as the locks pass them).
+function R.eval_script(client, name, script, ...)
+  local scripts = require "async_mutex.redis_scripts"
+  return client:eval(script, scripts.keys(name), { ... })
+end
+
 --- The acquire script run directly, as the locks run it: `token` asks for
 -- a lease of `ttl` ms in `mode` ("wait" unless given); o.limit (1: a mutex)
 -- and o.weight (1) as the lock's, o.wait the waiter timeout (3000 ms),

@@ -418,21 +418,8 @@ function R.run_sequence(seed, nops)
     end
   end)
   if not ok then violation("clean-up: " .. tostring(err)) end
-  for _, a in ipairs(actors) do
-    if not a.closed and coroutine.status(a.co) ~= "dead" then
-      violation(("%s never ended (%s)"):format(tostring(a.what), coroutine.status(a.co)))
-    elseif not a.closed and a.outcomes ~= 1 then
-      violation(("%s ended %d times"):format(tostring(a.what), a.outcomes))
-    end
-  end
-  uv.walk(function(hd)
-    if hd:is_active() and not hd:is_closing() then
-      local t = tostring(hd)
-      if t:match("^uv_timer") then
-        t = t .. (" (due in %d ms%s)"):format(hd:get_due_in(), hd:has_ref() and "" or ", unreferenced")
-      end
-      violation("an active handle left: " .. t)
-    end
+  require("fuzz.driver").check_end(actors, violation, function(a)
+    return ("%s (%s)"):format(tostring(a.what), coroutine.status(a.co))
   end)
   if #reported > 0 then violation("reported: " .. reported[1]) end
   am.setErrorHandler(prev_handler)

@@ -592,14 +592,10 @@ function R.run_sequence(seed, nops)
   end)
   if not ok then violation("clean-up: " .. tostring(err)) end
   check()
-  for _, a in ipairs(actors) do
-    if not a.closed and coroutine.status(a.co) ~= "dead" then
-      violation(("an actor never ended: %s, %s, %s, parked %s, pending %d"):format(a.what,
-        coroutine.status(a.co), tostring(a.lock.obj), tostring(a.parked), am.pending() - base))
-    elseif not a.closed and a.outcomes ~= 1 then
-      violation(("a request ended %d times"):format(a.outcomes))
-    end
-  end
+  require("fuzz.driver").check_end(actors, violation, function(a)
+    return ("%s, %s, %s, parked %s, pending %d"):format(a.what, coroutine.status(a.co),
+      tostring(a.lock.obj), tostring(a.parked), am.pending() - base)
+  end)
   if am.pending() ~= base then violation(("pending %d, was %d"):format(am.pending(), base)) end
   for _, lk in ipairs(locks) do
     if (lk.kind == "KeyedMutex" or lk.kind == "KeyedRWLock") and lk.obj:count() ~= 0 then
@@ -615,9 +611,6 @@ function R.run_sequence(seed, nops)
       violation("a lock left locked: " .. tostring(lk.obj))
     end
   end
-  uv.walk(function(hd)
-    if hd:is_active() and not hd:is_closing() then violation("an active handle left: " .. tostring(hd)) end
-  end)
   if TRACE then
     for _, line in ipairs(trace) do io.stderr:write(line, "\n") end
   end
