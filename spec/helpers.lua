@@ -619,6 +619,19 @@ function helpers.subprocess(code, timeout_s, prefix)
   return { rc = rc, how = how, stdout = out, stderr = err }
 end
 
+--- The instructions a child (helpers.subprocess) running `code` executes,
+-- callgrind's "Collected" count; the child must print "ok\n" and nothing
+-- else.  For the cost specs' ratios (measured in one run: docs name no
+-- timed unit test).
+function helpers.instructions(code, timeout_s)
+  local res = helpers.subprocess(code, timeout_s,
+    "valgrind --tool=callgrind --callgrind-out-file=/dev/null")
+  require("luassert").equal("ok\n", res.stdout, res.stderr)
+  local count = res.stderr:match("Collected : (%d+)")
+  assert(count, "no count from callgrind: " .. res.stderr)
+  return tonumber(count)
+end
+
 -- The prelude of a re-entry case (reentry_child): the module, luv, and
 -- the tools the cases of specs 35, 38 and 39 call back with.
 local REENTRY_PRELUDE = [[
