@@ -26,6 +26,16 @@ function M.enable(options)
   return reports
 end
 
+--- fn(reports) run with debug mode on (M.enable(options): `reports` are
+-- its reports so far), then debug mode off, whether fn raised or not; fn's
+-- error, if any, raised again.
+function M.in_debug_mode(options, fn)
+  local reports = M.enable(options)
+  local ok, err = pcall(fn, reports)
+  am.debug.disable()
+  if not ok then error(err, 0) end
+end
+
 --- The reports of 'kind', in the order they came.
 function M.of_kind(reports, kind)
   local out = {}
