@@ -22,7 +22,7 @@
 -- a section at once), h.without_yield(fn), h.try_now(fn), h.error_of(fn)
 -- (message without "file:line: "), h.keys_of(keyed), h.count_handles(kind),
 -- h.run_loop(ms) (uv.run() from main code), h.subprocess(code) (a separate
--- lua5.4), h.load(n) (load-test sizes), h.gc(), h.closing(...) (closes
+-- lua5.4), h.instructions(code) (callgrind's count of one), h.load(n) (load-test sizes), h.gc(), h.closing(...) (closes
 -- clients and servers when a case ends, also when it fails), h.ms_since(t0),
 -- h.with_loop_clock(fn) (deadlines counted from uv.now(), as a model does),
 -- h.reports_during(fn) (the module's reports of failures made meanwhile).
