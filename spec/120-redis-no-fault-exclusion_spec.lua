@@ -112,14 +112,7 @@ describe("RedisMutex with no fault injected", function()
         cells[#cells + 1] = cell
       end
       for _, cell in ipairs(cells) do
-        local lost, falses, stale, starved = 0, 0, 0, 0
-        for _, child in ipairs(cell.children) do
-          local rc, out, err = child:wait()
-          assert.equal(0, rc, err)
-          local l, f, s, p = out:match("^(%d+) (%d+) (%d+) (%d+)")
-          lost, falses, stale = lost + tonumber(l), falses + tonumber(f), stale + tonumber(s)
-          starved = starved + tonumber(p)
-        end
+        local lost, falses, stale, starved = R.sum_counts(cell.children, 4)
         local overlaps, sections = overlaps_in(cell.log)
         os.remove(cell.log)
         assert.equal(cell.procs * SECTIONS[ttl], sections)

@@ -247,17 +247,7 @@ end)
   it("keeps the outermost sections exclusive (markers in one O_APPEND file)", h.async(function()
     local name = fresh_name()
     local log = R.run_workers(WORKER, 4, server.path, name, 60)
-    local inside, overlaps, sections = nil, 0, 0
-    for line in io.lines(log) do
-      local kind, id = line:match("^(%u) (%S+)")
-      if kind == "B" then
-        sections = sections + 1
-        if inside then overlaps = overlaps + 1 end
-        inside = id
-      elseif id == inside then
-        inside = nil
-      end
-    end
+    local overlaps, sections = R.overlaps_in(log)
     os.remove(log)
     assert.equal(240, sections)
     assert.equal(0, overlaps)

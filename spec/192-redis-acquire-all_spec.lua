@@ -178,17 +178,7 @@ end)
     h.async(function()
       local prefix = fresh() .. ":"
       local log = R.run_workers(WORKER, 4, server.path, prefix, 80)
-      local inside, overlaps, sections = {}, 0, 0
-      for line in io.lines(log) do
-        local kind, key, id = line:match("^(%u) (%S+) (%S+)")
-        if kind == "B" then
-          sections = sections + 1
-          if inside[key] then overlaps = overlaps + 1 end
-          inside[key] = id
-        elseif inside[key] == id then
-          inside[key] = nil
-        end
-      end
+      local overlaps, sections = R.key_overlaps_in(log)
       os.remove(log)
       assert.is_true(sections >= 4 * 2 * 80)
       assert.equal(0, overlaps)

@@ -444,6 +444,23 @@ function R.run_workers(code, n, socket, name, sections)
   return log
 end
 
+--- Waits for each of `children` (R.child), which must exit 0 and print n
+-- whole numbers first ("3 0 1 ..."); returns their sums, place by place.
+function R.sum_counts(children, n)
+  local assert = require "luassert"
+  local pattern = "^" .. ("(%d+) "):rep(n - 1) .. "(%d+)"
+  local sums = {}
+  for i = 1, n do sums[i] = 0 end
+  for _, child in ipairs(children) do
+    local rc, out, err = child:wait()
+    assert.equal(0, rc, err)
+    local counts = { out:match(pattern) }
+    assert.equal(n, #counts, out)
+    for i = 1, n do sums[i] = sums[i] + tonumber(counts[i]) end
+  end
+  return table.unpack(sums, 1, n)
+end
+
 -- The number of processes queued in Redis for the lock 'name'.
 function R.queued(client, name)
   return client:call("ZCARD", name .. ":q")
@@ -583,6 +600,26 @@ function R.overlaps_in(path)
       inside[id] = true
     elseif kind == "E" then
       inside[id] = nil
+    end
+  end
+  return overlaps, sections
+end
+
+--- The same for the sections of keyed locks ("B key id" and "E key id"
+-- lines): the number of sections that began on a key while another
+-- section of that key was running or that ended while another was the
+-- key's latest (overlaps), and of sections.
+function R.key_overlaps_in(path)
+  local inside, overlaps, sections = {}, 0, 0
+  for line in io.lines(path) do
+    local kind, key, id = line:match("^(%u) (%S+) (%S+)$")
+    if kind == "B" then
+      sections = sections + 1
+      if inside[key] then overlaps = overlaps + 1 end
+      inside[key] = id
+    elseif kind == "E" then
+      if inside[key] ~= id then overlaps = overlaps + 1 end
+      inside[key] = nil
     end
   end
   return overlaps, sections
