@@ -51,6 +51,19 @@ local function active()
   uv.walk(function(hd) if hd:is_active() and not hd:is_closing() then n = n + 1 end end)
   return n
 end
+-- c:call(...) in a coroutine of its own, prepare(co) run first in it.
+-- Returns r: r.co the coroutine, r.outcome "ok err" once the call ended.
+local function call_in_coroutine(c, prepare, ...)
+  local args = table.pack(...)
+  local r = {}
+  am.spawn(function()
+    r.co = coroutine.running()
+    if prepare then prepare(r.co) end
+    local ok, err = pcall(c.call, c, table.unpack(args, 1, args.n))
+    r.outcome = tostring(ok) .. " " .. tostring(err)
+  end)
+  return r
+end
 ]]
 
 local function child(body)
@@ -64,13 +77,9 @@ describe("a client closed by Lua code the C part runs", function()
     local out = child([[
 local c = redis.connect({ port = PORT })
 at_hook(nil, "connected", function() c:close() end)
-local outcome
-am.spawn(function()
-  local ok, err = pcall(c.call, c, "PING")
-  outcome = tostring(ok) .. " " .. tostring(err)
-end)
+local r = call_in_coroutine(c, nil, "PING")
 uv.run()
-print(outcome, active(), others())
+print(r.outcome, active(), others())
 ]])
     assert.equal("false redis server unavailable: client closed\t0\t0\n", out)
   end)
@@ -80,15 +89,9 @@ print(outcome, active(), others())
     -- then the call's into a NULL one)
     local out = child([[
 local c = redis.connect({ port = PORT, db = 2 })
-local outcome, co
-am.spawn(function()
-  co = coroutine.running()
-  at_hook(co, "open", function() c:close() end)
-  local ok, err = pcall(c.call, c, "PING")
-  outcome = tostring(ok) .. " " .. tostring(err)
-end)
+local r = call_in_coroutine(c, function(co) at_hook(co, "open", function() c:close() end) end, "PING")
 uv.run()
-print(outcome, coroutine.status(co), active(), others())
+print(r.outcome, coroutine.status(r.co), active(), others())
 ]])
     assert.equal("false redis server unavailable: client closed\tdead\t0\t0\n", out)
   end)
@@ -97,14 +100,9 @@ print(outcome, coroutine.status(co), active(), others())
     function()
       local out = child([[
 local c = redis.connect({ port = PORT })
-local outcome
-am.spawn(function()
-  at_hook(coroutine.running(), "attempt", function() c:close() end)
-  local ok, err = pcall(c.call, c, "PING")
-  outcome = tostring(ok) .. " " .. tostring(err)
-end)
+local r = call_in_coroutine(c, function(co) at_hook(co, "attempt", function() c:close() end) end, "PING")
 uv.run()
-print(outcome, core.status(c), active(), others())
+print(r.outcome, core.status(c), active(), others())
 ]])
       assert.equal("false redis server unavailable: client closed\tclosed\t0\t0\n", out)
     end)
@@ -115,17 +113,13 @@ print(outcome, core.status(c), active(), others())
       -- call sees its connection gone and raises the error itself)
       local out = child([[
 local c = redis.connect({ port = PORT })
-local outcome, co
-am.spawn(function()
+local r = call_in_coroutine(c, function(co)
   assert(c:call("PING") == "PONG")          -- connected, then idle: unwatched
   am.sleep(1)                               -- a call of its own loop turn
-  co = coroutine.running()
   at_hook(co, "watch", function() c:close() end)
-  local ok, err = pcall(c.call, c, "BLPOP", "spec101:none", 0)
-  outcome = tostring(ok) .. " " .. tostring(err)
-end)
+end, "BLPOP", "spec101:none", 0)
 uv.run()
-print(outcome, coroutine.status(co), active(), others())
+print(r.outcome, coroutine.status(r.co), active(), others())
 ]])
       assert.equal("false redis server unavailable: client closed\tdead\t0\t0\n", out)
     end)

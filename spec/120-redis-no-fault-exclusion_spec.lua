@@ -112,14 +112,7 @@ describe("RedisMutex with no fault injected", function()
         cells[#cells + 1] = cell
       end
       for _, cell in ipairs(cells) do
-        local lost, falses, stale, starved = 0, 0, 0, 0
-        for _, child in ipairs(cell.children) do
-          local rc, out, err = child:wait()
-          assert.equal(0, rc, err)
-          local l, f, s, p = out:match("^(%d+) (%d+) (%d+) (%d+)")
-          lost, falses, stale = lost + tonumber(l), falses + tonumber(f), stale + tonumber(s)
-          starved = starved + tonumber(p)
-        end
+        local lost, falses, stale, starved = R.sum_counts(cell.children, 4)
         local overlaps, sections = overlaps_in(cell.log)
         os.remove(cell.log)
         assert.equal(cell.procs * SECTIONS[ttl], sections)
@@ -143,9 +136,7 @@ end)
 -- than the waiter's ttl, so the waiter sleeps a third of its
 -- waiterTimeout between requests; A gives the lock back after more than
 -- the waiter's ttl.
-local function raw(client, name, script, ...)
-  return client:eval(script, scripts.keys(name), { ... })
-end
+local raw = R.eval_script
 
 describe("a hand-off that comes long after the waiter's last request", function()
   it("is confirmed before acquire returns: the lease runs, nothing is lost, nobody else gets in",

@@ -12,19 +12,10 @@ local h = require "helpers"
 local R = require "lock_redis"
 local scripts = require "async_mutex.redis_scripts"
 
-local server, churn_server         -- (the churn's own: DBSIZE counts every key)
+local server, fresh_name = R.file_server(setup, teardown, "spec121")
+local churn_server = R.file_server(setup, teardown)   -- (the churn's own: DBSIZE counts every key)
 
-setup(function() server, churn_server = R.server(), R.server() end)
-teardown(function()
-  if server then server:stop() end
-  if churn_server then churn_server:stop() end
-end)
-
-local fresh_name = R.namer("spec121")
-
-local function raw(client, name, script, ...)
-  return client:eval(script, scripts.keys(name), { ... })
-end
+local raw = R.eval_script
 
 local function pttl(client, key) return client:call("PTTL", key) end
 

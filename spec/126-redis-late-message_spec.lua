@@ -20,9 +20,7 @@ local uv = require "luv"
 
 local server, fresh_name = R.file_server(setup, teardown, "spec126")
 
-local function raw(client, name, script, ...)
-  return client:eval(script, scripts.keys(name), { ... })
-end
+local raw = R.eval_script
 
 -- The fence of the holder 'token' in Redis (nil: not a holder).
 local function fence_in_redis(client, name, token)
@@ -255,14 +253,7 @@ describe("RedisMutex across processes whose loops block while they wait", functi
       end
       local report = {}
       for _, cell in ipairs(cells) do
-        local stale, falses, starved = 0, 0, 0
-        for _, child in ipairs(cell.children) do
-          local rc, out, err = child:wait()
-          assert.equal(0, rc, err)
-          local s, f, p = out:match("^(%d+) (%d+) (%d+)")
-          stale, falses = stale + tonumber(s), falses + tonumber(f)
-          starved = starved + tonumber(p)
-        end
+        local stale, falses, starved = R.sum_counts(cell.children, 3)
         local overlaps, sections = overlaps_in(cell.log)
         os.remove(cell.log)
         assert.equal(3 * N, sections)

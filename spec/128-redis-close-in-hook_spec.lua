@@ -25,32 +25,10 @@ local uv = require "luv"
 
 local server, fresh_name = R.file_server(setup, teardown, "spec128")
 
--- Runs fn(...) in a coroutine of its own with a call hook that closes
--- 'client' at the k-th call made by the lock's code (the client's own
--- windows are the client's: docs/redis.md).  Returns a function that
--- tells, once fn has returned, pcall's results and whether the close came.
+-- fn(...) with `client` closed at the k-th call made by the lock's code
+-- (R.with_close_at).
 local function with_close_at(k, client, fn, ...)
-  local args = table.pack(...)
-  local result, closed
-  local calls = 0
-  h.spawn(function()
-    debug.sethook(function()
-      local caller = debug.getinfo(3, "S")
-      if not (caller and caller.short_src:find("redis_lock", 1, true)) then return end
-      calls = calls + 1
-      if calls == k then
-        debug.sethook()
-        closed = true
-        client:close()
-      end
-    end, "c")
-    result = table.pack(pcall(fn, table.unpack(args, 1, args.n)))
-    debug.sethook()
-  end)
-  return function()
-    if not result then return nil end
-    return closed or false, table.unpack(result, 1, result.n)
-  end
+  return R.with_close_at(k, client, { "redis_lock" }, fn, ...)
 end
 
 -- Runs acquire on a new client's lock with a call hook that closes that

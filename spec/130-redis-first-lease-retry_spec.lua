@@ -15,9 +15,7 @@ local uv = require "luv"
 
 local server, fresh_name = R.file_server(setup, teardown, "spec130")
 
-local function raw(client, name, script, ...)
-  return client:eval(script, scripts.keys(name), { ... })
-end
+local raw = R.eval_script
 
 describe("a hand-off's first lease with no watchdog", function()
   it("is renewed again when its one renewal fails: the hold lasts its ttl", h.async(function()

@@ -40,12 +40,7 @@ io.write("ok\n")
 
 --- Instructions the child runs (callgrind's "Collected" count).
 local function instructions(n, mode)
-  local res = h.subprocess(CHILD:format(n, mode), 120,
-    "valgrind --tool=callgrind --callgrind-out-file=/dev/null")
-  assert.equal("ok\n", res.stdout, res.stderr)
-  local count = res.stderr:match("Collected : (%d+)")
-  assert(count, "no count from callgrind: " .. res.stderr)
-  return tonumber(count)
+  return h.instructions(CHILD:format(n, mode), 120)
 end
 
 describe("coroutines that each hold a lock and queue on one mutex", function()
@@ -62,9 +57,7 @@ describe("coroutines that each hold a lock and queue on one mutex", function()
 end)
 
 describe("deadlocks still found", function()
-  local rec = dr.recorder()
-  before_each(rec.enable)
-  after_each(rec.disable)
+  local rec = dr.recorder(before_each, after_each)
 
   -- Coroutines that each take their first lock, wait to be resumed, then
   -- request their second; step(i) resumes the i-th.
@@ -233,51 +226,34 @@ end
 local function run_program(p, seed, debug_until)
   local locks = {}
   for i, kind in ipairs(p.locks) do locks[i] = make_lock(kind) end
-  local cos, raised = {}, {}
-  for _, ops in ipairs(p.cos) do
-    dp.actor(cos, function(t)
-      local held = {}
-      local function release_all()
-        for i = #held, 1, -1 do held[i]() end
-        held = {}
+  return dp.run(p, seed, debug_until, function(op, held)
+    if op[1] == "release" then
+      if #held > 0 then
+        local r = table.remove(held, op[2] % #held + 1)
+        r()
       end
-      for _, op in ipairs(ops) do
-        t.step_in()
-        if op[1] == "release" then
-          if #held > 0 then
-            local r = table.remove(held, op[2] % #held + 1)
-            r()
-          end
-        else
-          local lock, kind = locks[op[2]], p.locks[op[2]]
-          local weight, prio, key = op[3], op[4], op[5]
-          local res
-          if op[1] == "unlock" then
-            if kind == "Semaphore" then res = table.pack(pcall(lock.waitForUnlock, lock, weight, prio))
-            elseif kind == "KeyedMutex" then res = table.pack(pcall(lock.waitForUnlock, lock, key, prio))
-            else res = table.pack(pcall(lock.waitForUnlock, lock, prio)) end
-          elseif kind == "Semaphore" then res = table.pack(pcall(lock.acquire, lock, weight, prio))
-          elseif kind == "RWLock" then
-            res = table.pack(pcall(weight == 1 and lock.acquireRead or lock.acquireWrite, lock, prio))
-          elseif kind == "KeyedMutex" then res = table.pack(pcall(lock.acquire, lock, key, prio))
-          else res = table.pack(pcall(lock.acquire, lock, prio)) end
-          if not res[1] then
-            if res[2] ~= am.E_DEADLOCK and not tostring(res[2]):find("reentrant mutex that this coroutine holds") then
-              error(res[2], 0)
-            end
-            if res[2] == am.E_DEADLOCK then raised[#raised + 1] = t.step end
-            release_all()
-            t.done = true
-            return
-          end
-          if op[1] ~= "unlock" then held[#held + 1] = res[res.n] end
-        end
+      return
+    end
+    local lock, kind = locks[op[2]], p.locks[op[2]]
+    local weight, prio, key = op[3], op[4], op[5]
+    local res
+    if op[1] == "unlock" then
+      if kind == "Semaphore" then res = table.pack(pcall(lock.waitForUnlock, lock, weight, prio))
+      elseif kind == "KeyedMutex" then res = table.pack(pcall(lock.waitForUnlock, lock, key, prio))
+      else res = table.pack(pcall(lock.waitForUnlock, lock, prio)) end
+    elseif kind == "Semaphore" then res = table.pack(pcall(lock.acquire, lock, weight, prio))
+    elseif kind == "RWLock" then
+      res = table.pack(pcall(weight == 1 and lock.acquireRead or lock.acquireWrite, lock, prio))
+    elseif kind == "KeyedMutex" then res = table.pack(pcall(lock.acquire, lock, key, prio))
+    else res = table.pack(pcall(lock.acquire, lock, prio)) end
+    if not res[1] then
+      if res[2] ~= am.E_DEADLOCK and not tostring(res[2]):find("reentrant mutex that this coroutine holds") then
+        error(res[2], 0)
       end
-      release_all()
-      t.done = true
-    end)
-  end
-  return raised, dp.drive(cos, dp.lcg(seed), debug_until), cos
+      return res[2] == am.E_DEADLOCK and "deadlock" or "end"
+    end
+    if op[1] ~= "unlock" then held[#held + 1] = res[res.n] end
+  end, function(r) r() end)
 end
 
 describe("random programs over every lock kind", function()

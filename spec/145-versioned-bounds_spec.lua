@@ -21,11 +21,7 @@ local function client()
   return redis.connect({ path = server.path })
 end
 
-local key_count = 0
-local function fresh_key()
-  key_count = key_count + 1
-  return "versioned-bounds:" .. key_count
-end
+local fresh_key = require("lock_redis").namer("versioned-bounds")
 
 -- A key whose version field reads 'version' (as if that many writes had
 -- been made), with value "v".

@@ -14,9 +14,7 @@ local h = require "helpers"
 local am = require "async_mutex"
 local dr = require "debug_reports"
 
-local rec = dr.recorder()
-before_each(rec.enable)
-after_each(rec.disable)
+local rec = dr.recorder(before_each, after_each)
 
 local function holds_of(lock) return #am.debug.holds(lock) end
 

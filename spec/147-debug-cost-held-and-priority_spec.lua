@@ -59,12 +59,7 @@ io.write("ok\n")
 
 --- Instructions the child runs (callgrind's "Collected" count).
 local function instructions(n, mode, scenario)
-  local res = h.subprocess(CHILD:format(n, mode, scenario), 120,
-    "valgrind --tool=callgrind --callgrind-out-file=/dev/null")
-  assert.equal("ok\n", res.stdout, res.stderr)
-  local count = res.stderr:match("Collected : (%d+)")
-  assert(count, "no count from callgrind: " .. res.stderr)
-  return tonumber(count)
+  return h.instructions(CHILD:format(n, mode, scenario), 120)
 end
 
 --- on(n), on(2n), off(n): debug mode on costs at most 'times' the
@@ -101,9 +96,7 @@ end)
 describe("lockdep for a coroutine that holds many locks: the same reports", function()
   local dr = require "debug_reports"
   local am = require "async_mutex"
-  local rec = dr.recorder()
-  before_each(rec.enable)
-  after_each(rec.disable)
+  local rec = dr.recorder(before_each, after_each)
 
   -- n mutexes named apart (a class each), taken in order
   local function named(prefix, n)

@@ -99,54 +99,37 @@ end
 local function run_program(p, seed, debug_until)
   local locks = {}
   for i, spec in ipairs(p.locks) do locks[i] = make_lock(spec) end
-  local cos, raised = {}, {}
-  for _, ops in ipairs(p.cos) do
-    dp.actor(cos, function(t)
-      local held = {}
-      local function release_all()
-        for i = #held, 1, -1 do held[i].r() end
-        held = {}
+  return dp.run(p, seed, debug_until, function(op, held)
+    if op[1] == "release" then
+      if #held > 0 then table.remove(held, op[2] % #held + 1).r() end
+    elseif op[1] == "downgrade" then
+      local hd = held[1] and held[op[2] % #held + 1]
+      if hd and hd.write then
+        local ok, rr = pcall(function() return hd.r:downgrade() end)
+        if ok then hd.r, hd.write = rr, false end
       end
-      for _, op in ipairs(ops) do
-        t.step_in()
-        if op[1] == "release" then
-          if #held > 0 then table.remove(held, op[2] % #held + 1).r() end
-        elseif op[1] == "downgrade" then
-          local hd = held[1] and held[op[2] % #held + 1]
-          if hd and hd.write then
-            local ok, rr = pcall(function() return hd.r:downgrade() end)
-            if ok then hd.r, hd.write = rr, false end
-          end
-        else
-          local spec = p.locks[op[2]]
-          local lock = decorate(locks[op[2]], op[6])
-          local fn, args, weight = request(op, spec, lock)
-          local res = table.pack(pcall(fn, lock, table.unpack(args)))
-          if not res[1] then
-            local e = res[2]
-            if e == am.E_DEADLOCK then
-              raised[#raised + 1] = t.step
-              release_all()
-              t.done = true
-              return
-            elseif e ~= am.E_ALREADY_LOCKED and not tostring(e):find("reentrant mutex that this coroutine holds") then
-              error(e, 0)
-            end
-          elseif op[1] ~= "unlock" then
-            local hd = { r = res[res.n], write = op[1] == "acquire" and spec.kind:find("RWLock") ~= nil and weight ~= 1 }
-            if op[1] == "acquire" and op[6] == "plain" and op[7] == 1 then
-              hd.r = unscoped(spec.kind, locks[op[2]], op[5], weight) or hd.r
-              if hd.r ~= res[res.n] then hd.write = false end
-            end
-            held[#held + 1] = hd
-          end
+    else
+      local spec = p.locks[op[2]]
+      local lock = decorate(locks[op[2]], op[6])
+      local fn, args, weight = request(op, spec, lock)
+      local res = table.pack(pcall(fn, lock, table.unpack(args)))
+      if not res[1] then
+        local e = res[2]
+        if e == am.E_DEADLOCK then
+          return "deadlock"
+        elseif e ~= am.E_ALREADY_LOCKED and not tostring(e):find("reentrant mutex that this coroutine holds") then
+          error(e, 0)
         end
+      elseif op[1] ~= "unlock" then
+        local hd = { r = res[res.n], write = op[1] == "acquire" and spec.kind:find("RWLock") ~= nil and weight ~= 1 }
+        if op[1] == "acquire" and op[6] == "plain" and op[7] == 1 then
+          hd.r = unscoped(spec.kind, locks[op[2]], op[5], weight) or hd.r
+          if hd.r ~= res[res.n] then hd.write = false end
+        end
+        held[#held + 1] = hd
       end
-      release_all()
-      t.done = true
-    end)
-  end
-  return raised, dp.drive(cos, dp.lcg(seed), debug_until), cos
+    end
+  end, function(hd) hd.r() end)
 end
 
 describe("random programs over every lock kind, keyed forms and release() included", function()

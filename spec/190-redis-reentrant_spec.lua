@@ -223,11 +223,7 @@ describe("RedisReentrantMutex across 4 processes", function()
   -- Nested sections (re-entered at random depths, yielding inside) write a
   -- begin and an end marker to one O_APPEND file at the outermost level:
   -- no two processes' outermost sections overlap.
-  local WORKER = R.PROLOGUE .. [[
-local NAME, N, LOG, ID, SEED = table.unpack(ARGS)
-math.randomseed(tonumber(SEED))
-local f = assert(io.open(LOG, "a"))
-f:setvbuf("no")
+  local WORKER = R.WORKER_PROLOGUE .. [[
 local rm = am.RedisReentrantMutex.new(client, NAME, { ttl = 2000 })
 local function nest(d)
   if d == 0 then am.sleep(math.random(0, 2)); return end
@@ -251,17 +247,7 @@ end)
   it("keeps the outermost sections exclusive (markers in one O_APPEND file)", h.async(function()
     local name = fresh_name()
     local log = R.run_workers(WORKER, 4, server.path, name, 60)
-    local inside, overlaps, sections = nil, 0, 0
-    for line in io.lines(log) do
-      local kind, id = line:match("^(%u) (%S+)")
-      if kind == "B" then
-        sections = sections + 1
-        if inside then overlaps = overlaps + 1 end
-        inside = id
-      elseif id == inside then
-        inside = nil
-      end
-    end
+    local overlaps, sections = R.overlaps_in(log)
     os.remove(log)
     assert.equal(240, sections)
     assert.equal(0, overlaps)

@@ -264,30 +264,19 @@ describe("RedisRWLock across 4 processes", function()
   -- 95 % reads: each section writes a begin and an end marker with its
   -- mode to one O_APPEND file.  A write overlaps nothing; reads overlap
   -- each other (the lock is shared, not serialized).
-  local WORKER = R.PROLOGUE .. [[
-local NAME, N, LOG, ID, SEED = table.unpack(ARGS)
-math.randomseed(tonumber(SEED))
-local f = assert(io.open(LOG, "a"))
-f:setvbuf("no")
+  local WORKER = R.WORKER_PROLOGUE .. [[
 local rw = am.RedisRWLock.new(client, NAME, { ttl = 2000 })
 main(function()
-  local left = 3
-  local done = coroutine.running()
-  for c = 1, 3 do
-    am.spawn(function()
-      for i = 1, tonumber(N) do
-        local write = math.random() < 0.05
-        local release <close> = write and rw:acquireWrite() or rw:acquireRead()
-        local mode = write and "W" or "R"
-        f:write(("B %s %s%d.%d\n"):format(mode, ID, c, i))
-        am.sleep(math.random(0, 2))
-        f:write(("E %s %s%d.%d\n"):format(mode, ID, c, i))
-      end
-      left = left - 1
-      if left == 0 then coroutine.resume(done) end
-    end)
-  end
-  coroutine.yield()
+  in_parallel(3, function(c)
+    for i = 1, tonumber(N) do
+      local write = math.random() < 0.05
+      local release <close> = write and rw:acquireWrite() or rw:acquireRead()
+      local mode = write and "W" or "R"
+      f:write(("B %s %s%d.%d\n"):format(mode, ID, c, i))
+      am.sleep(math.random(0, 2))
+      f:write(("E %s %s%d.%d\n"):format(mode, ID, c, i))
+    end
+  end)
   f:close()
 end)
 ]]

@@ -151,37 +151,25 @@ end)
 describe("acquireAll from 4 processes over overlapping keys in random order", function()
   -- Each section takes 1 to 4 of 6 keys, listed in a random order, and
   -- writes a begin and an end marker per key to one O_APPEND file.
-  local WORKER = R.PROLOGUE .. [[
-local PREFIX, N, LOG, ID, SEED = table.unpack(ARGS)
-math.randomseed(tonumber(SEED))
-local f = assert(io.open(LOG, "a"))
-f:setvbuf("no")
-local km = am.KeyedRedisMutex.new(client, PREFIX, { ttl = 3000 })
+  local WORKER = R.WORKER_PROLOGUE .. [[
+local km = am.KeyedRedisMutex.new(client, NAME, { ttl = 3000 })
 local KEYS = { "a", "b", "c", "d", "e", "f" }
 main(function()
-  local left, done = 2, coroutine.running()
-  for c = 1, 2 do
-    am.spawn(function()
-      for i = 1, tonumber(N) do
-        local pick = {}
-        for _, k in ipairs(KEYS) do if math.random() < 0.4 then pick[#pick + 1] = k end end
-        if #pick == 0 then pick[1] = KEYS[math.random(#KEYS)] end
-        for j = #pick, 2, -1 do
-          local r = math.random(j)
-          pick[j], pick[r] = pick[r], pick[j]
-        end
-        local id = ("%s.%d.%d"):format(ID, c, i)
-        km:runExclusiveAll(pick, function()
-          for _, k in ipairs(pick) do f:write(("B %s %s\n"):format(k, id)) end
-          if math.random() < 0.5 then am.sleep(math.random(0, 2)) end
-          for _, k in ipairs(pick) do f:write(("E %s %s\n"):format(k, id)) end
-        end)
+  in_parallel(2, function(c)
+    for i = 1, tonumber(N) do
+      local pick = some_of(KEYS)
+      for j = #pick, 2, -1 do
+        local r = math.random(j)
+        pick[j], pick[r] = pick[r], pick[j]
       end
-      left = left - 1
-      if left == 0 then coroutine.resume(done) end
-    end)
-  end
-  coroutine.yield()
+      local id = ("%s.%d.%d"):format(ID, c, i)
+      km:runExclusiveAll(pick, function()
+        for _, k in ipairs(pick) do f:write(("B %s %s\n"):format(k, id)) end
+        if math.random() < 0.5 then am.sleep(math.random(0, 2)) end
+        for _, k in ipairs(pick) do f:write(("E %s %s\n"):format(k, id)) end
+      end)
+    end
+  end)
   f:close()
 end)
 ]]
@@ -190,17 +178,7 @@ end)
     h.async(function()
       local prefix = fresh() .. ":"
       local log = R.run_workers(WORKER, 4, server.path, prefix, 80)
-      local inside, overlaps, sections = {}, 0, 0
-      for line in io.lines(log) do
-        local kind, key, id = line:match("^(%u) (%S+) (%S+)")
-        if kind == "B" then
-          sections = sections + 1
-          if inside[key] then overlaps = overlaps + 1 end
-          inside[key] = id
-        elseif inside[key] == id then
-          inside[key] = nil
-        end
-      end
+      local overlaps, sections = R.key_overlaps_in(log)
       os.remove(log)
       assert.is_true(sections >= 4 * 2 * 80)
       assert.equal(0, overlaps)

@@ -89,18 +89,12 @@ end)
 describe("KeyedRedisRWLock from 4 processes", function()
   -- Sections read or write 1 to 3 of 5 keys (a fifth of them write),
   -- with markers per key: a write overlaps nothing on its key.
-  local WORKER = R.PROLOGUE .. [[
-local PREFIX, N, LOG, ID, SEED = table.unpack(ARGS)
-math.randomseed(tonumber(SEED))
-local f = assert(io.open(LOG, "a"))
-f:setvbuf("no")
-local krw = am.KeyedRedisRWLock.new(client, PREFIX, { ttl = 3000 })
+  local WORKER = R.WORKER_PROLOGUE .. [[
+local krw = am.KeyedRedisRWLock.new(client, NAME, { ttl = 3000 })
 local KEYS = { "a", "b", "c", "d", "e" }
 main(function()
   for i = 1, tonumber(N) do
-    local pick = {}
-    for _, k in ipairs(KEYS) do if math.random() < 0.4 then pick[#pick + 1] = k end end
-    if #pick == 0 then pick[1] = KEYS[math.random(#KEYS)] end
+    local pick = some_of(KEYS)
     local write = math.random() < 0.2
     local mode = write and "W" or "R"
     local id = ID .. "." .. i

@@ -374,14 +374,7 @@ end)
           end
         end
         for _, cell in ipairs(cells) do
-          local lost, falses, starved = 0, 0, 0
-          for _, ch in ipairs(cell.children) do
-            local rc, out, err = ch:wait()
-            assert.equal(0, rc, err)
-            local l, f, p = out:match("^(%d+) (%d+) (%d+)")
-            lost, falses = lost + tonumber(l), falses + tonumber(f)
-            starved = starved + tonumber(p)
-          end
+          local lost, falses, starved = R.sum_counts(cell.children, 3)
           local inside, bad, pauses = {}, 0, {}
           for line in io.lines(cell.log) do
             local id = line:match("^P %a+ (%S+)")

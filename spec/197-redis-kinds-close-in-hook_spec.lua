@@ -18,55 +18,20 @@ local h = require "helpers"
 local R = require "lock_redis"
 local uv = require "luv"
 
-local server
-
-setup(function()
-  server = R.server()
-  -- a RedlockMutex counts a server once it has been up for its ttl
-  -- (1000 ms here; INFO gives whole seconds)
-  uv.sleep(2100)
-end)
-teardown(function() if server then server:stop() end end)
-
-local fresh_name = R.namer("spec197")
+local server, fresh_name = R.file_server(setup, teardown, "spec197")
+-- a RedlockMutex counts a server once it has been up for its ttl (1000 ms
+-- here; INFO gives whole seconds)
+setup(function() uv.sleep(2100) end)
 
 -- The lock code a close may come from: the Redis locks' modules, not the
 -- client's own (its windows are the client's: docs/redis.md).
 local LOCK_FILES = { "async_mutex/redis_lock", "async_mutex/redis_multi",
                      "async_mutex/redis_rwlock", "async_mutex/redlock" }
 
-local function in_lock_code(src)
-  for _, f in ipairs(LOCK_FILES) do
-    if src:find(f, 1, true) then return true end
-  end
-  return false
-end
-
--- Runs fn() in a coroutine of its own with a call hook that closes
--- 'client' at the k-th call made by the locks' code.  Returns a function
--- that tells, once fn has returned, whether the close came and pcall's
--- results.
+-- fn() with `client` closed at the k-th call made by the locks' code
+-- (R.with_close_at).
 local function with_close_at(k, client, fn)
-  local result, closed
-  local calls = 0
-  h.spawn(function()
-    debug.sethook(function()
-      local caller = debug.getinfo(3, "S")
-      if not (caller and in_lock_code(caller.short_src)) then return end
-      calls = calls + 1
-      if calls == k then
-        debug.sethook()
-        closed = true
-        client:close()
-      end
-    end, "c")
-    result = table.pack(pcall(fn))
-    debug.sethook()
-  end)
-  return function()
-    if not result then return nil end
-    return closed or false, table.unpack(result, 1, result.n)
-  end
+  return R.with_close_at(k, client, LOCK_FILES, fn)
 end
 
 -- The errors an operation cut off by its client's close may raise.

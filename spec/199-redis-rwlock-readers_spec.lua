@@ -10,12 +10,7 @@ local am = require "async_mutex"
 local h = require "helpers"
 local R = require "lock_redis"
 
-local server
-
-setup(function() server = R.server() end)
-teardown(function() if server then server:stop() end end)
-
-local fresh_name = R.namer("spec199")
+local server, fresh_name = R.file_server(setup, teardown, "spec199")
 
 describe("RedisRWLock's readers of one process", function()
   it("queue together behind a writer and are granted together", h.async(function()

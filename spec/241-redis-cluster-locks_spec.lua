@@ -290,18 +290,7 @@ os.exit(0)
         local rc, _, err = procs[i]:wait()
         assert.equal(0, rc, err)
       end
-      local inside, overlaps, sections = {}, 0, 0
-      for line in io.lines(log) do
-        local kind, key, id = line:match("^(%u) (%S+) (%S+)$")
-        if kind == "B" then
-          sections = sections + 1
-          if inside[key] then overlaps = overlaps + 1 end
-          inside[key] = id
-        elseif kind == "E" then
-          assert.equal(inside[key], id)
-          inside[key] = nil
-        end
-      end
+      local overlaps, sections = R.key_overlaps_in(log)
       os.remove(log)
       assert.equal(4 * 3 * N, sections)
       assert.equal(0, overlaps)

@@ -13,12 +13,7 @@ local h = require "helpers"
 local R = require "lock_redis"
 local scripts = require "async_mutex.redis_scripts"
 
-local server
-
-setup(function() server = R.server() end)
-teardown(function() if server then server:stop() end end)
-
-local fresh_name = R.namer("spec276")
+local server, fresh_name = R.file_server(setup, teardown, "spec276")
 
 local WRITE = 1 << 40
 
@@ -201,30 +196,19 @@ describe("RedisRWLock's grants across 4 processes", function()
   -- one that began after it ended was granted after it (a larger one); a
   -- reader granted beside a writer, even one that ended before the
   -- writer wrote its begin, breaks that.
-  local WORKER = R.PROLOGUE .. [[
-local NAME, N, LOG, ID, SEED = table.unpack(ARGS)
-math.randomseed(tonumber(SEED))
-local f = assert(io.open(LOG, "a"))
-f:setvbuf("no")
+  local WORKER = R.WORKER_PROLOGUE .. [[
 local rw = am.RedisRWLock.new(client, NAME, { ttl = 5000 })
 main(function()
-  local left = 6
-  local done = coroutine.running()
-  for c = 1, 6 do
-    am.spawn(function()
-      for i = 1, tonumber(N) do
-        local write = math.random() < 0.2
-        local release <close> = write and rw:acquireWrite() or rw:acquireRead()
-        local mode = write and "W" or "R"
-        f:write(("B %s %s%d.%d %d\n"):format(mode, ID, c, i, release.fence))
-        am.sleep(math.random(0, 1))
-        f:write(("E %s %s%d.%d %d\n"):format(mode, ID, c, i, release.fence))
-      end
-      left = left - 1
-      if left == 0 then coroutine.resume(done) end
-    end)
-  end
-  coroutine.yield()
+  in_parallel(6, function(c)
+    for i = 1, tonumber(N) do
+      local write = math.random() < 0.2
+      local release <close> = write and rw:acquireWrite() or rw:acquireRead()
+      local mode = write and "W" or "R"
+      f:write(("B %s %s%d.%d %d\n"):format(mode, ID, c, i, release.fence))
+      am.sleep(math.random(0, 1))
+      f:write(("E %s %s%d.%d %d\n"):format(mode, ID, c, i, release.fence))
+    end
+  end)
   f:close()
 end)
 ]]

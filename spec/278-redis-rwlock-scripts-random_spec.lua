@@ -14,10 +14,7 @@ local h = require "helpers"
 local R = require "lock_redis"
 local scripts = require "async_mutex.redis_scripts"
 
-local server
-
-setup(function() server = R.server() end)
-teardown(function() if server then server:stop() end end)
+local server = R.file_server(setup, teardown)
 
 local LIMIT = tostring(1 << 40)         -- a write's weight, the limit
 

@@ -10,21 +10,27 @@ local h = require "helpers"
 -- limit; its stdout.
 local function run(body) return h.reentry_child(body, 60) end
 
-describe("a debug hook", function()
-  it("that releases the mutex from the clock read (uv.hrtime) of a withTimeout acquire: granted at once, no timer left", function()
-    assert.equal("true false 0 0\n", run([[
+-- The scene of the first cases: m held by `holder`, then a withTimeout(m,
+-- 20) acquire in a coroutine with a call hook (on_call) at the function %s
+-- that runs %s; `got`: whether the acquire was granted (then released).
+local TIMED_ACQUIRE_OF_HELD = [[
       local m = am.Mutex.new()
       local holder
       coroutine.wrap(function() holder = m:acquire() end)()
       local got
       coroutine.wrap(function()
-        on_call(uv.hrtime, function() m:release() end)
+        on_call(%s, function() %s end)
         local d = am.withTimeout(m, 20)
         local ok, r = pcall(d.acquire, d)
         debug.sethook()
         got = ok
         if ok then r() end
       end)()
+]]
+
+describe("a debug hook", function()
+  it("that releases the mutex from the clock read (uv.hrtime) of a withTimeout acquire: granted at once, no timer left", function()
+    assert.equal("true false 0 0\n", run(TIMED_ACQUIRE_OF_HELD:format("uv.hrtime", "m:release()") .. [[
       local timers = 0
       uv.walk(function(hd) if hd:get_type() == "timer" and hd:is_active() then timers = timers + 1 end end)
       uv.run()
@@ -33,19 +39,7 @@ describe("a debug hook", function()
   end)
 
   it("that releases the mutex from the timer:start of a withTimeout acquire: the waiter is granted, its releaser works", function()
-    assert.equal("true false 0\n", run([[
-      local m = am.Mutex.new()
-      local holder
-      coroutine.wrap(function() holder = m:acquire() end)()
-      local got
-      coroutine.wrap(function()
-        on_call(uv.timer_start, function() holder() end)
-        local d = am.withTimeout(m, 20)
-        local ok, r = pcall(d.acquire, d)
-        debug.sethook()
-        got = ok
-        if ok then r() end
-      end)()
+    assert.equal("true false 0\n", run(TIMED_ACQUIRE_OF_HELD:format("uv.timer_start", "holder()") .. [[
       uv.run()
       io.write(tostring(got), " ", tostring(m:isLocked()), " ", am.pending(), "\n")
     ]]))

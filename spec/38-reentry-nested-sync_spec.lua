@@ -14,9 +14,10 @@ local h = require "helpers"
 -- (h.reentry_child: on_call, raise_at, close_all, active); its stdout.
 local run = h.reentry_child
 
-describe("a debug hook run while the module replaces its closed idle handle", function()
-  it("that makes another wake-up due (a release) from the is_closing check: one handle, uv.run() returns, both waiters run", function()
-    assert.equal("2 0 0 false false\n", run([[
+-- The scene of the first cases: m1 and m2 held (released by r1, r2), a
+-- waiter on each (counted in `got` once it ran), the module's handles
+-- closed, the closes completed.
+local TWO_HELD_HANDLES_CLOSED = [[
       local m1, m2 = am.Mutex.new(), am.Mutex.new()
       local r1 = coroutine.wrap(function() return m1:acquire() end)()
       local r2 = coroutine.wrap(function() return m2:acquire() end)()
@@ -25,6 +26,11 @@ describe("a debug hook run while the module replaces its closed idle handle", fu
       coroutine.wrap(function() m2:acquire()(); got = got + 1 end)()
       close_all()                            -- the idle handle among them
       uv.run()                               -- the closes complete
+]]
+
+describe("a debug hook run while the module replaces its closed idle handle", function()
+  it("that makes another wake-up due (a release) from the is_closing check: one handle, uv.run() returns, both waiters run", function()
+    assert.equal("2 0 0 false false\n", run(TWO_HELD_HANDLES_CLOSED .. [[
       coroutine.wrap(function()
         on_call(uv.is_closing, function() r2() end)
         r1()                                 -- a wake-up due: replace the handle
@@ -37,15 +43,7 @@ describe("a debug hook run while the module replaces its closed idle handle", fu
   end)
 
   it("that closes the handles again and makes a wake-up due from the new handle's start: it runs, nothing is left active", function()
-    assert.equal("2 0 0\n", run([[
-      local m1, m2 = am.Mutex.new(), am.Mutex.new()
-      local r1 = coroutine.wrap(function() return m1:acquire() end)()
-      local r2 = coroutine.wrap(function() return m2:acquire() end)()
-      local got = 0
-      coroutine.wrap(function() m1:acquire()(); got = got + 1 end)()
-      coroutine.wrap(function() m2:acquire()(); got = got + 1 end)()
-      close_all()
-      uv.run()
+    assert.equal("2 0 0\n", run(TWO_HELD_HANDLES_CLOSED .. [[
       coroutine.wrap(function()
         on_call(uv.idle_start, function() close_all(); r2() end)
         r1()

@@ -11,12 +11,7 @@ local uv = require "luv"
 local server, fresh_name = R.file_server(setup, teardown, "spec45")
 
 -- The tokens holding 'name' in Redis.
-local function holders(client, name)
-  local t = client:call("HKEYS", name .. ":h")
-  local out = {}
-  for i = 1, #t do out[i] = t[i] end
-  return out
-end
+local holders = R.holder_tokens
 
 describe("am.E_LOST", function()
   it("is the lease vocabulary's exact string", function()

@@ -22,11 +22,7 @@ local function client()
 end
 
 -- A key of its own for each test.
-local key_count = 0
-local function fresh_key()
-  key_count = key_count + 1
-  return "versioned:" .. key_count
-end
+local fresh_key = require("lock_redis").namer("versioned")
 
 --- The elements of an array reply (without its `n`).
 local function list(reply)

@@ -4,6 +4,7 @@
 -- and a releaser that did nothing says so.
 local h = require "helpers"
 local am = require "async_mutex"
+local dr = require "debug_reports"
 
 local function state_of(r) return tostring(r):match("%((%a+)%)") end
 
@@ -50,24 +51,19 @@ describe("a KeyedSemaphore releaser whose key's lock left the set", function()
   end))
 
   it("is no holder in debug mode's report", h.async(function()
-    am.debug.enable({ onReport = function() end })
-    local ok, err = pcall(function()
+    dr.in_debug_mode({}, function()
       local ks = am.KeyedSemaphore.new(1)
       local _, r = ks:acquire("x")
       ks:release("x")
       assert.same({}, am.debug.holds(ks))
       assert.is_false(r())
     end)
-    am.debug.disable()
-    assert(ok, err)
   end))
 end)
 
 describe("debug mode's long holds after ks:release(key) ended a hold", function()
   it("reports none: the key's lock left the set, and no hold is left", h.async(function()
-    local reports = {}
-    am.debug.enable({ holdWarning = 20, onReport = function(t) reports[#reports + 1] = t end })
-    local ok, err = pcall(function()
+    dr.in_debug_mode({ holdWarning = 20 }, function(reports)
       local ks = am.KeyedSemaphore.new(1)
       local _, r = ks:acquire("x")
       ks:release("x")
@@ -76,16 +72,12 @@ describe("debug mode's long holds after ks:release(key) ended a hold", function(
       assert.same({}, am.debug.holds())
       assert.is_false(r())
     end)
-    am.debug.disable()
-    assert(ok, err)
   end))
 end)
 
 describe("lockdep after ks:release(key) ended a coroutine's only hold", function()
   it("records no nesting: the coroutine held nothing when it took the next lock", h.async(function()
-    local reports = {}
-    am.debug.enable({ onReport = function(t) reports[#reports + 1] = t end })
-    local ok, err = pcall(function()
+    dr.in_debug_mode({}, function(reports)
       local ks, m = am.KeyedSemaphore.new(1), am.Mutex.new()
       local _ = ks:acquire("x")
       ks:release("x")                        -- holds nothing now
@@ -97,8 +89,6 @@ describe("lockdep after ks:release(key) ended a coroutine's only hold", function
       rm2()
       assert.same({}, reports)
     end)
-    am.debug.disable()
-    assert(ok, err)
   end))
 end)
 

@@ -11,15 +11,8 @@ local h = require "helpers"
 local R = require "lock_redis"
 local dr = require "debug_reports"
 
-local server
-
-setup(function() server = R.server() end)
-teardown(function()
-  am.debug.disable()
-  if server then server:stop() end
-end)
-
-local fresh_name = R.namer("spec57")
+local server, fresh_name = R.file_server(setup, teardown, "spec57")
+teardown(function() am.debug.disable() end)
 
 -- n rounds of each of 'workers' coroutines taking the locks in 'order'
 -- (each held across sleeps, so that the others queue), all given back by

@@ -10,9 +10,7 @@ local THIS = "spec/61%-debug%-deadlock_spec.lua"
 
 local dr = require "debug_reports"
 
-local rec = dr.recorder()
-before_each(rec.enable)
-after_each(rec.disable)
+local rec = dr.recorder(before_each, after_each)
 
 -- The deadlock reports (lockdep's are spec 62's), and the first of them.
 local function deadlocks() return rec.count("deadlock") end

@@ -10,9 +10,7 @@ local THIS = "spec/62%-debug%-lockdep_spec.lua"
 local dr = require "debug_reports"
 local line = dr.line
 
-local rec = dr.recorder()
-before_each(rec.enable)
-after_each(rec.disable)
+local rec = dr.recorder(before_each, after_each)
 
 local function inversions() return rec.of_kind("inversion") end
 

@@ -10,9 +10,7 @@ local h = require "helpers"
 local am = require "async_mutex"
 local dr = require "debug_reports"
 
-local rec = dr.recorder()
-before_each(rec.enable)
-after_each(rec.disable)
+local rec = dr.recorder(before_each, after_each)
 
 local function deadlocks() return rec.count("deadlock") end
 local function first_deadlock() return rec.first("deadlock") end

@@ -47,12 +47,7 @@ io.write("ok\n")
 
 --- Instructions the child runs (callgrind's "Collected" count).
 local function instructions(kind, order)
-  local res = h.subprocess(CHILD:format(N, kind, order), 300,
-    "valgrind --tool=callgrind --callgrind-out-file=/dev/null")
-  assert.equal("ok\n", res.stdout, res.stderr)
-  local n = res.stderr:match("Collected : (%d+)")
-  assert(n, "no count from callgrind: " .. res.stderr)
-  return tonumber(n)
+  return h.instructions(CHILD:format(N, kind, order), 300)
 end
 
 local under_asan = (os.getenv("LD_PRELOAD") or ""):find("asan")

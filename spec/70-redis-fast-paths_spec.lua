@@ -16,10 +16,7 @@ local release = R.release_script
 
 -- acquire(c, name, token, ttl [, mode]): the acquire script for weight 1 of
 -- a mutex, with a channel nobody listens on.
-local function acquire(c, name, token, ttl, mode)
-  return c:eval(scripts.acquire, scripts.keys(name),
-    { token, "1", "1", tostring(ttl), "3000", "spec70:nobody", mode or "wait" })
-end
+local acquire = R.acquire_script
 
 describe("the acquire script's short path (a lock with no holder and no queue)", function()
   it("grants with a fence, the lease end and the value a full grant gives", h.async(function()
@@ -121,8 +118,7 @@ end)
 describe("the release script's mutex hand-off (a holder, a live head queued)", function()
   -- queue(c, name, token, wait_ms, channel): the acquire script, queued
   local function queue(c, name, token, wait_ms, channel)
-    return c:eval(scripts.acquire, scripts.keys(name),
-      { token, "1", "1", "30000", tostring(wait_ms), channel, "wait" })
+    return acquire(c, name, token, 30000, "wait", { wait = wait_ms, channel = channel })
   end
 
   local function heard_on(c, channel)
@@ -198,8 +194,7 @@ describe("the release script's mutex hand-off (a holder, a live head queued)", f
     local c = server:client()
     local name = fresh_name()
     local function sem(token, weight)
-      return c:eval(scripts.acquire, scripts.keys(name),
-        { token, "2", tostring(weight), "30000", "3000", "spec70:nobody", "wait" })
+      return acquire(c, name, token, 30000, "wait", { limit = 2, weight = weight })
     end
     assert.equal(1, sem("a", 2)[1])
     assert.equal(0, sem("b", 1)[1])

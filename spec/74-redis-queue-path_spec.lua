@@ -18,9 +18,8 @@ local release, server_ms = R.release_script, R.server_ms
 -- acquire(c, name, token, ttl, wait_ms, channel [, limit, weight]): the
 -- acquire script in "wait" mode
 local function acquire(c, name, token, ttl, wait_ms, channel, limit, weight)
-  return c:eval(scripts.acquire, scripts.keys(name),
-    { token, limit or "1", weight or "1", tostring(ttl), tostring(wait_ms),
-      channel or "spec74:nobody", "wait" })
+  return R.acquire_script(c, name, token, ttl, "wait",
+    { limit = limit, weight = weight, wait = wait_ms, channel = channel or "spec74:nobody" })
 end
 
 describe("a new waiter behind a mutex's live holder", function()

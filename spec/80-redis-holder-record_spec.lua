@@ -16,23 +16,12 @@ local server, fresh_name = R.file_server(setup, teardown, "spec80")
 local release, server_ms = R.release_script, R.server_ms
 
 -- acquire(c, name, token, ttl [, mode]): the acquire script, a mutex
-local function acquire(c, name, token, ttl, mode)
-  return c:eval(scripts.acquire, scripts.keys(name),
-    { token, "1", "1", tostring(ttl), "3000", "spec80:nobody", mode or "wait" })
-end
+local acquire = R.acquire_script
 
-local function renew(c, name, token, ttl)
-  return c:eval(scripts.renew, scripts.keys(name), { token, "1", tostring(ttl) })
-end
+local renew = R.renew_script
 
 -- The holders' tokens, sorted.
-local function holders(c, name)
-  local t = c:call("HKEYS", name .. ":h")
-  local out = {}
-  for i = 1, #t do out[i] = t[i] end
-  table.sort(out)
-  return out
-end
+local holders = R.holder_tokens
 
 describe("a holder's record whose lease ended", function()
   it("is no hold: the next acquire removes it and is granted", h.async(function()

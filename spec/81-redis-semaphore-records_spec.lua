@@ -16,13 +16,12 @@ local release, server_ms = R.release_script, R.server_ms
 
 -- acquire(c, name, token, limit, weight, ttl [, mode, wait_ms, channel])
 local function acquire(c, name, token, limit, weight, ttl, mode, wait_ms, channel)
-  return c:eval(scripts.acquire, scripts.keys(name),
-    { token, tostring(limit), tostring(weight), tostring(ttl), tostring(wait_ms or 3000),
-      channel or "spec81:nobody", mode or "wait" })
+  return R.acquire_script(c, name, token, ttl, mode,
+    { limit = limit, weight = weight, wait = wait_ms, channel = channel })
 end
 
 local function renew(c, name, token, limit, ttl)
-  return c:eval(scripts.renew, scripts.keys(name), { token, tostring(limit), tostring(ttl) })
+  return R.renew_script(c, name, token, ttl, limit)
 end
 
 local function state(c, name, limit)

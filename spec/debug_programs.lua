@@ -5,6 +5,7 @@
 --   local rnd = dp.lcg(seed)                 -- seeded integers: rnd(a), rnd(a, b)
 --   local t = dp.actor(cos, function(t) ... end)   -- a coroutine of a program
 --   local stuck = dp.drive(cos, rnd, debug_until)  -- runs it to its end
+--   return dp.run(p, seed, debug_until, do_op, release)   -- a run_program's end
 --   dp.check_both_ways(n, seed_of, gen_program, run_program)
 --
 -- A program is coroutines, each a list of operations on shared locks.  Its
@@ -79,6 +80,32 @@ function M.drive(cos, rnd, debug_until)
   end
   h.tick(2)
   return stuck
+end
+
+--- Runs program `p` (p.cos: a list of operation lists) under drive, with
+-- `seed` choosing the steps and debug mode off from step `debug_until`
+-- (nil: on throughout).  Each coroutine runs its operations through
+-- do_op(op, held, t), `held` its list of holds, released with
+-- release(hold), last first, when it ends; do_op returns "deadlock" when
+-- its request raised E_DEADLOCK (the step is recorded and the coroutine
+-- ends), "end" when the coroutine ends for another reason, else nil.
+-- Returns what check_both_ways' run_program returns.
+function M.run(p, seed, debug_until, do_op, release)
+  local cos, raised = {}, {}
+  for _, ops in ipairs(p.cos) do
+    M.actor(cos, function(t)
+      local held = {}
+      for _, op in ipairs(ops) do
+        t.step_in()
+        local stop = do_op(op, held, t)
+        if stop == "deadlock" then raised[#raised + 1] = t.step end
+        if stop then break end
+      end
+      for i = #held, 1, -1 do release(held[i]) end
+      t.done = true
+    end)
+  end
+  return raised, M.drive(cos, M.lcg(seed), debug_until), cos
 end
 
 --- n programs, gen_program(lcg(seed_of(seed))) each, checked both ways

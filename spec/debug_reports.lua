@@ -5,9 +5,9 @@
 --   dr.of_kind(reports, "deadlock")                    -- those of one kind, in order
 --   dr.line()                                          -- the caller's current line
 --
---   local rec = dr.recorder()           -- the current test's reports:
---   before_each(rec.enable)             --   debug mode on before each test,
---   after_each(rec.disable)             --   off after it
+--   local rec = dr.recorder(before_each, after_each)
+--                                       -- the current test's reports: debug
+--                                       -- mode on before each test, off after
 --   rec.count("deadlock"), rec.first("deadlock"), rec.of_kind("inversion")
 
 local am = require "async_mutex"
@@ -26,6 +26,16 @@ function M.enable(options)
   return reports
 end
 
+--- fn(reports) run with debug mode on (M.enable(options): `reports` are
+-- its reports so far), then debug mode off, whether fn raised or not; fn's
+-- error, if any, raised again.
+function M.in_debug_mode(options, fn)
+  local reports = M.enable(options)
+  local ok, err = pcall(fn, reports)
+  am.debug.disable()
+  if not ok then error(err, 0) end
+end
+
 --- The reports of 'kind', in the order they came.
 function M.of_kind(reports, kind)
   local out = {}
@@ -33,16 +43,18 @@ function M.of_kind(reports, kind)
   return out
 end
 
---- The reports of a spec file whose tests run in debug mode (busted's
--- before_each and after_each are the spec file's, so it registers
--- rec.enable and rec.disable itself).  rec.enable([options]): debug mode
+--- The reports of a spec file whose tests run in debug mode: given busted's
+-- before_each and after_each (the spec file's own), it registers
+-- rec.enable and rec.disable with them.  rec.enable([options]): debug mode
 -- on, reports recorded afresh; rec.disable(): off; rec.of_kind(kind),
 -- rec.count(kind), rec.first(kind): the reports since the last enable.
-function M.recorder()
+function M.recorder(before_each, after_each)
   local reports = {}
   local rec = {}
   function rec.enable(options) reports = M.enable(options) end
   function rec.disable() am.debug.disable() end
+  if before_each then before_each(rec.enable) end
+  if after_each then after_each(rec.disable) end
   function rec.of_kind(kind) return M.of_kind(reports, kind) end
   function rec.count(kind) return #M.of_kind(reports, kind) end
   function rec.first(kind) return M.of_kind(reports, kind)[1] end

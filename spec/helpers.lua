@@ -22,7 +22,7 @@
 -- a section at once), h.without_yield(fn), h.try_now(fn), h.error_of(fn)
 -- (message without "file:line: "), h.keys_of(keyed), h.count_handles(kind),
 -- h.run_loop(ms) (uv.run() from main code), h.subprocess(code) (a separate
--- lua5.4), h.load(n) (load-test sizes), h.gc(), h.closing(...) (closes
+-- lua5.4), h.instructions(code) (callgrind's count of one), h.load(n) (load-test sizes), h.gc(), h.closing(...) (closes
 -- clients and servers when a case ends, also when it fails), h.ms_since(t0),
 -- h.with_loop_clock(fn) (deadlines counted from uv.now(), as a model does),
 -- h.reports_during(fn) (the module's reports of failures made meanwhile).
@@ -617,6 +617,19 @@ function helpers.subprocess(code, timeout_s, prefix)
   os.remove(script)
   os.remove(errfile)
   return { rc = rc, how = how, stdout = out, stderr = err }
+end
+
+--- The instructions a child (helpers.subprocess) running `code` executes,
+-- callgrind's "Collected" count; the child must print "ok\n" and nothing
+-- else.  For the cost specs' ratios (measured in one run: docs name no
+-- timed unit test).
+function helpers.instructions(code, timeout_s)
+  local res = helpers.subprocess(code, timeout_s,
+    "valgrind --tool=callgrind --callgrind-out-file=/dev/null")
+  require("luassert").equal("ok\n", res.stdout, res.stderr)
+  local count = res.stderr:match("Collected : (%d+)")
+  assert(count, "no count from callgrind: " .. res.stderr)
+  return tonumber(count)
 end
 
 -- The prelude of a re-entry case (reentry_child): the module, luv, and

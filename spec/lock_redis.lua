@@ -398,6 +398,36 @@ for why, n in pairs(reasons) do io.stdout:write(("unavailable %d: %s\n"):format(
 os.exit(0)
 ]]
 
+--- The start of a worker for R.run_workers: R.PROLOGUE, then its arguments
+-- NAME (a lock's name, or a keyed lock's prefix), N (how many sections),
+-- LOG, ID; math.random seeded with the worker's own seed; `f`, LOG opened
+-- to append unbuffered (each marker one write(2)); in_parallel(n, body):
+-- body(c) in n coroutines c = 1..n, returning once every one has ended;
+-- some_of(keys): 1 or more of `keys` (each with odds 0.4), in keys' order.
+R.WORKER_PROLOGUE = R.PROLOGUE .. [[
+local NAME, N, LOG, ID, SEED = table.unpack(ARGS)
+math.randomseed(tonumber(SEED))
+local f = assert(io.open(LOG, "a"))
+f:setvbuf("no")
+local function in_parallel(n, body)
+  local left, done = n, coroutine.running()
+  for c = 1, n do
+    am.spawn(function()
+      body(c)
+      left = left - 1
+      if left == 0 and coroutine.status(done) == "suspended" then coroutine.resume(done) end
+    end)
+  end
+  if left > 0 then coroutine.yield() end
+end
+local function some_of(keys)
+  local pick = {}
+  for _, k in ipairs(keys) do if math.random() < 0.4 then pick[#pick + 1] = k end end
+  if #pick == 0 then pick[1] = keys[math.random(#keys)] end
+  return pick
+end
+]]
+
 --- Runs `n` worker processes of `code` (R.child), worker p with the
 -- arguments (socket, name, sections, log, "p<p>", a seed), and waits for
 -- all; each must exit 0.  Returns `log`, the one file of their markers.
@@ -412,6 +442,23 @@ function R.run_workers(code, n, socket, name, sections)
     if rc ~= 0 then error(("worker p%d exited with %s: %s"):format(p, tostring(rc), err), 2) end
   end
   return log
+end
+
+--- Waits for each of `children` (R.child), which must exit 0 and print n
+-- whole numbers first ("3 0 1 ..."); returns their sums, place by place.
+function R.sum_counts(children, n)
+  local assert = require "luassert"
+  local pattern = "^" .. ("(%d+) "):rep(n - 1) .. "(%d+)"
+  local sums = {}
+  for i = 1, n do sums[i] = 0 end
+  for _, child in ipairs(children) do
+    local rc, out, err = child:wait()
+    assert.equal(0, rc, err)
+    local counts = { out:match(pattern) }
+    assert.equal(n, #counts, out)
+    for i = 1, n do sums[i] = sums[i] + tonumber(counts[i]) end
+  end
+  return table.unpack(sums, 1, n)
 end
 
 -- The number of processes queued in Redis for the lock 'name'.
@@ -432,6 +479,78 @@ end
 function R.release_script(client, name, token, limit)
   local scripts = require "async_mutex.redis_scripts"
   return client:eval(scripts.release, scripts.keys(name), { token, tostring(limit or 1) })
+end
+
+--- Runs fn(...) in a coroutine of its own with a call hook that closes
+-- `client` at the k-th call made from the files whose names contain one of
+-- `files` (the lock code a close may come from; the client's own windows
+-- are the client's: docs/redis.md).  Returns a function that tells, once fn
+-- has returned, whether the close came and pcall's results (nil before).
+function R.with_close_at(k, client, files, fn, ...)
+  local h = require "helpers"
+  local args = table.pack(...)
+  local result, closed
+  local calls = 0
+  local function in_files(src)
+    for _, f in ipairs(files) do
+      if src:find(f, 1, true) then return true end
+    end
+    return false
+  end
+  h.spawn(function()
+    debug.sethook(function()
+      local caller = debug.getinfo(3, "S")
+      if not (caller and in_files(caller.short_src)) then return end
+      calls = calls + 1
+      if calls == k then
+        debug.sethook()
+        closed = true
+        client:close()
+      end
+    end, "c")
+    result = table.pack(pcall(fn, table.unpack(args, 1, args.n)))
+    debug.sethook()
+  end)
+  return function()
+    if not result then return nil end
+    return closed or false, table.unpack(result, 1, result.n)
+  end
+end
+
+--- A lock script of async_mutex.redis_scripts run directly on the lock
+-- `name`'s keys, with the arguments `...` (strings, as the locks pass them).
+function R.eval_script(client, name, script, ...)
+  local scripts = require "async_mutex.redis_scripts"
+  return client:eval(script, scripts.keys(name), { ... })
+end
+
+--- The acquire script run directly, as the locks run it: `token` asks for
+-- a lease of `ttl` ms in `mode` ("wait" unless given); o.limit (1: a mutex)
+-- and o.weight (1) as the lock's, o.wait the waiter timeout (3000 ms),
+-- o.channel the wake-up channel (one nobody listens on).  Returns the
+-- script's reply.
+function R.acquire_script(client, name, token, ttl, mode, o)
+  local scripts = require "async_mutex.redis_scripts"
+  o = o or {}
+  return client:eval(scripts.acquire, scripts.keys(name),
+    { token, tostring(o.limit or 1), tostring(o.weight or 1), tostring(ttl),
+      tostring(o.wait or 3000), o.channel or "nobody", mode or "wait" })
+end
+
+--- The renew script run directly: `token` asks for a lease of `ttl` ms
+-- on a lock of `limit` (1: a mutex).  Returns 1 if the token held it.
+function R.renew_script(client, name, token, ttl, limit)
+  local scripts = require "async_mutex.redis_scripts"
+  return client:eval(scripts.renew, scripts.keys(name), { token, tostring(limit or 1), tostring(ttl) })
+end
+
+--- The tokens recorded as holders of `name` in Redis (its N:h hash), sorted.
+function R.holder_tokens(client, name)
+  local t = client:call("HKEYS", name .. ":h")
+  local out = {}
+  for i = 1, #t do out[i] = t[i] end
+  table.sort(out)
+  return out
 end
 
 -- The scripts the server has run so far (EVAL and EVALSHA requests, from
@@ -481,6 +600,26 @@ function R.overlaps_in(path)
       inside[id] = true
     elseif kind == "E" then
       inside[id] = nil
+    end
+  end
+  return overlaps, sections
+end
+
+--- The same for the sections of keyed locks ("B key id" and "E key id"
+-- lines): the number of sections that began on a key while another
+-- section of that key was running or that ended while another was the
+-- key's latest (overlaps), and of sections.
+function R.key_overlaps_in(path)
+  local inside, overlaps, sections = {}, 0, 0
+  for line in io.lines(path) do
+    local kind, key, id = line:match("^(%u) (%S+) (%S+)$")
+    if kind == "B" then
+      sections = sections + 1
+      if inside[key] then overlaps = overlaps + 1 end
+      inside[key] = id
+    elseif kind == "E" then
+      if inside[key] ~= id then overlaps = overlaps + 1 end
+      inside[key] = nil
     end
   end
   return overlaps, sections

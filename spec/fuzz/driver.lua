@@ -146,6 +146,38 @@ function driver.main(argv, suite)
   return 0
 end
 
+--- Park-Miller, the re-entrancy fuzzers' draws: the same sequence for a
+-- seed, whatever the platform.  rng(seed) returns rnd, and rnd(n) a whole
+-- number from 1 to n.
+function driver.park_miller(seed)
+  local x = seed % 2147483646 + 1
+  return function(n)
+    x = x * 48271 % 2147483647
+    return x % n + 1
+  end
+end
+
+--- The end of a re-entrancy fuzzer's sequence: violation(text) for each
+-- actor that did not end exactly once (those closed on purpose, a.closed,
+-- aside), named by describe(a), and for each handle left active.
+function driver.check_end(actors, violation, describe)
+  for _, a in ipairs(actors) do
+    if not a.closed and coroutine.status(a.co) ~= "dead" then
+      violation(("an actor never ended: %s"):format(describe(a)))
+    elseif not a.closed and a.outcomes ~= 1 then
+      violation(("%s ended %d times"):format(describe(a), a.outcomes))
+    end
+  end
+  uv.walk(function(hd)
+    if hd:is_active() and not hd:is_closing() then
+      local t = tostring(hd)
+      if t:match("^uv_timer") then
+        t = t .. (" (due in %d ms%s)"):format(hd:get_due_in(), hd:has_ref() and "" or ", unreferenced")
+      end
+      violation("an active handle left: " .. t)
+    end
+  end)
+end
 
 --- The command line of a re-entrancy fuzzer (spec/fuzz/reentrancy.lua,
 -- spec/fuzz/redis_reentrancy.lua): `fuzz N [J [SEED]]` through the pool

@@ -35,16 +35,9 @@
 
 local uv = require "luv"
 
-local root = debug.getinfo(1, "S").source:match("^@(.*)/spec/fuzz/[^/]*$") or "."
-if not package.path:find(root .. "/spec/?.lua", 1, true)
-    and not (root == "." and package.path:find("spec/?.lua", 1, true)) then
-  package.path = ("%s/src/?.lua;%s/src/?/init.lua;%s/spec/?.lua;"):format(root, root, root)
-    .. package.path
-end
-if not (os.getenv("LUA_CPATH_5_4") or os.getenv("LUA_CPATH"))
-    and not package.cpath:find(root .. "/build/?.so", 1, true) then
-  package.cpath = root .. "/build/?.so;" .. package.cpath
-end
+local paths = dofile((debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or ".") .. "/paths.lua")
+local root = paths.lua(debug.getinfo(1, "S").source)
+paths.build_unless_chosen(root)
 
 local am = require "async_mutex"
 local redis = require "async_mutex.redis"
@@ -52,14 +45,7 @@ local fake = require "fake_redis"
 
 local R = {}
 
--- Park-Miller: the same sequence for a seed, whatever the platform.
-local function rng(seed)
-  local x = seed % 2147483646 + 1
-  return function(n)
-    x = x * 48271 % 2147483647
-    return x % n + 1
-  end
-end
+local rng = require("fuzz.driver").park_miller
 
 local CLOSED = "attempt to use a closed redis client"
 -- Bounds of one sequence: hooks that fire at every call would otherwise
@@ -432,21 +418,8 @@ function R.run_sequence(seed, nops)
     end
   end)
   if not ok then violation("clean-up: " .. tostring(err)) end
-  for _, a in ipairs(actors) do
-    if not a.closed and coroutine.status(a.co) ~= "dead" then
-      violation(("%s never ended (%s)"):format(tostring(a.what), coroutine.status(a.co)))
-    elseif not a.closed and a.outcomes ~= 1 then
-      violation(("%s ended %d times"):format(tostring(a.what), a.outcomes))
-    end
-  end
-  uv.walk(function(hd)
-    if hd:is_active() and not hd:is_closing() then
-      local t = tostring(hd)
-      if t:match("^uv_timer") then
-        t = t .. (" (due in %d ms%s)"):format(hd:get_due_in(), hd:has_ref() and "" or ", unreferenced")
-      end
-      violation("an active handle left: " .. t)
-    end
+  require("fuzz.driver").check_end(actors, violation, function(a)
+    return ("%s (%s)"):format(tostring(a.what), coroutine.status(a.co))
   end)
   if #reported > 0 then violation("reported: " .. reported[1]) end
   am.setErrorHandler(prev_handler)

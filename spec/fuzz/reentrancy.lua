@@ -32,34 +32,15 @@
 
 local uv = require "luv"
 
-local root = debug.getinfo(1, "S").source:match("^@(.*)/spec/fuzz/[^/]*$") or "."
--- (root is "." when busted loads this file as spec/fuzz/...: its lpath has
--- src/ and spec/ already, and a second, "./"-spelt copy would load
--- async_mutex again under another chunk name in the later spec files)
-if not package.path:find(root .. "/spec/?.lua", 1, true)
-    and not (root == "." and package.path:find("spec/?.lua", 1, true)) then
-  package.path = ("%s/src/?.lua;%s/src/?/init.lua;%s/spec/?.lua;"):format(root, root, root)
-    .. package.path
-end
--- This checkout's build, unless the caller chose one (LUA_CPATH: `make
--- asan` and spec 91 under it run the sanitizer build, build/asan)
-if not (os.getenv("LUA_CPATH_5_4") or os.getenv("LUA_CPATH"))
-    and not package.cpath:find(root .. "/build/?.so", 1, true) then
-  package.cpath = root .. "/build/?.so;" .. package.cpath
-end
+local paths = dofile((debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or ".") .. "/paths.lua")
+local root = paths.lua(debug.getinfo(1, "S").source)
+paths.build_unless_chosen(root)
 
 local am = require "async_mutex"
 
 local R = {}
 
--- Park-Miller: the same sequence for a seed, whatever the platform.
-local function rng(seed)
-  local x = seed % 2147483646 + 1
-  return function(n)
-    x = x * 48271 % 2147483647
-    return x % n + 1
-  end
-end
+local rng = require("fuzz.driver").park_miller
 
 local EXPECTED = {
   [am.E_TIMEOUT] = true, [am.E_ALREADY_LOCKED] = true,
@@ -611,14 +592,10 @@ function R.run_sequence(seed, nops)
   end)
   if not ok then violation("clean-up: " .. tostring(err)) end
   check()
-  for _, a in ipairs(actors) do
-    if not a.closed and coroutine.status(a.co) ~= "dead" then
-      violation(("an actor never ended: %s, %s, %s, parked %s, pending %d"):format(a.what,
-        coroutine.status(a.co), tostring(a.lock.obj), tostring(a.parked), am.pending() - base))
-    elseif not a.closed and a.outcomes ~= 1 then
-      violation(("a request ended %d times"):format(a.outcomes))
-    end
-  end
+  require("fuzz.driver").check_end(actors, violation, function(a)
+    return ("%s, %s, %s, parked %s, pending %d"):format(a.what, coroutine.status(a.co),
+      tostring(a.lock.obj), tostring(a.parked), am.pending() - base)
+  end)
   if am.pending() ~= base then violation(("pending %d, was %d"):format(am.pending(), base)) end
   for _, lk in ipairs(locks) do
     if (lk.kind == "KeyedMutex" or lk.kind == "KeyedRWLock") and lk.obj:count() ~= 0 then
@@ -634,9 +611,6 @@ function R.run_sequence(seed, nops)
       violation("a lock left locked: " .. tostring(lk.obj))
     end
   end
-  uv.walk(function(hd)
-    if hd:is_active() and not hd:is_closing() then violation("an active handle left: " .. tostring(hd)) end
-  end)
   if TRACE then
     for _, line in ipairs(trace) do io.stderr:write(line, "\n") end
   end

@@ -58,26 +58,9 @@
 local uv = require "luv"
 
 -- The repository root: this file is ROOT/spec/fuzz/runner.lua.
-local root = debug.getinfo(1, "S").source:match("^@(.*)/spec/fuzz/[^/]*$") or "."
-
--- (root is "." when busted loads this file as spec/fuzz/...: its lpath has
--- src/ and spec/ already, and a second, "./"-spelt copy would load
--- async_mutex again under another chunk name in the later spec files)
-if not package.path:find(root .. "/spec/?.lua", 1, true)
-    and not (root == "." and package.path:find("spec/?.lua", 1, true)) then
-  package.path = ("%s/src/?.lua;%s/src/?/init.lua;%s/spec/?.lua;"):format(root, root, root)
-    .. package.path
-end
--- A build of this checkout already on the path is the one under test
--- (`make asan` puts build/asan first): two builds loaded at once would
--- share one scheduler.  Otherwise (an installed copy, or none) build/.
-do
-  local found = package.searchpath("async_mutex.core", package.cpath)
-  local ours = found and (not found:match("^/") or found:sub(1, #root + 1) == root .. "/")
-  if not ours then
-    package.cpath = ("%s/build/?.so;"):format(root) .. package.cpath
-  end
-end
+local paths = dofile((debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or ".") .. "/paths.lua")
+local root = paths.lua(debug.getinfo(1, "S").source)
+paths.build_unless_ours(root)
 
 -- AM_FUZZ_IMPL=DIR: test the module built in another tree (DIR/src for the
 -- Lua layer, DIR/build for core.so), e.g. a patched copy.
