@@ -161,12 +161,6 @@ static int rw_stealRead (lua_State *L) {
 }
 
 
-static int rw_isLocked (lua_State *L) {
-  lua_pushboolean(L, checkrw(L)->value != 0);
-  return 1;
-}
-
-
 static int rw_isWriteLocked (lua_State *L) {
   lua_pushboolean(L, checkrw(L)->value == WRITTEN);
   return 1;
@@ -193,13 +187,6 @@ static int rw_release (lua_State *L) {
   return 0;
 }
 
-
-static int rw_cancel (lua_State *L) {
-  Lock *lk = checkrw(L);
-  am_cancel(L, lk);
-  am_sync(L, lk->st);
-  return 0;
-}
 
 /* }====================================================== */
 
@@ -251,12 +238,12 @@ int am_rw_upgrade (lua_State *L) {
 
 
 static int rw__tostring (lua_State *L) {
-  Lock *lk = (Lock *)luaL_checkudata(L, 1, AM_RWLOCK);
+  Lock *lk = (Lock *)luaL_checkudata(L, 1, am_tnames[AM_T_RWLOCK]);
   if (lk->value == WRITTEN)
-    lua_pushfstring(L, "%s (write-locked, %d waiting): %p", AM_RWLOCK,
+    lua_pushfstring(L, "%s (write-locked, %d waiting): %p", am_tnames[AM_T_RWLOCK],
                     (int)lk->queue.count, (void *)lk);
   else
-    lua_pushfstring(L, "%s (%I readers, %d waiting): %p", AM_RWLOCK,
+    lua_pushfstring(L, "%s (%I readers, %d waiting): %p", am_tnames[AM_T_RWLOCK],
                     (LUAI_UACINT)lk->value, (int)lk->queue.count,
                     (void *)lk);
   return 1;
@@ -265,12 +252,6 @@ static int rw__tostring (lua_State *L) {
 
 /* NOTE: as lock__gc (mutex_semaphore.c): a lock with waiters is never
    collected, so __gc only frees memory. */
-static int rw__gc (lua_State *L) {
-  am_lock_free((Lock *)lua_touserdata(L, 1));
-  return 0;
-}
-
-
 /* A decorated RWLock's requests (decorated.c): with its limit. */
 static int drw_acquire (lua_State *L) {
   return am_decorated_request(L, W_ACQUIRE, "acquire", AM_RW_WRITE);
@@ -292,16 +273,15 @@ static int drw_waitForUnlock (lua_State *L) {
 }
 
 
+/* With the shared methods of lock.c (isLocked, cancel, __gc). */
 const luaL_Reg am_rwlock_methods[] = {
   {"acquire", rw_acquire},
   {"acquireRead", rw_acquireRead},
   {"acquireWrite", rw_acquireWrite},
   {"waitForUnlock", rw_waitForUnlock},
-  {"isLocked", rw_isLocked},
   {"isWriteLocked", rw_isWriteLocked},
   {"readers", rw_readers},
   {"release", rw_release},
-  {"cancel", rw_cancel},
   {"steal", rw_steal},
   {"stealRead", rw_stealRead},
   {NULL, NULL}
@@ -317,7 +297,6 @@ const luaL_Reg am_decorated_rwlock_methods[] = {
 
 const luaL_Reg am_rwlock_metamethods[] = {
   {"__tostring", rw__tostring},
-  {"__gc", rw__gc},
   {NULL, NULL}
 };
 
