@@ -31,7 +31,9 @@
 **                                  waiters, aborted together
 **               run.c              runExclusive's body, between the grant
 **                                  and its release
-**   kinds/      mutex_semaphore.c  the Mutex and Semaphore lock kinds and
+**   kinds/      lock.c             the methods every kind shares, from its
+**                                  LockKind (the kind table below)
+**               mutex_semaphore.c  the Mutex and Semaphore lock kinds and
 **                                  methods
 **               rwlock.c           the RWLock kind: shared reads, exclusive
 **                                  writes; a write releaser's downgrade
@@ -50,7 +52,8 @@
 **                                  (debug_deadlock.c), what the debug
 **                                  module may read (debug_read.c)
 **   bindings/   core.c             luaopen_async_mutex_core: the
-**                                  metatables, by name, through one table;
+**                                  metatables, by name, from the kind
+**                                  table;
 **                                  setErrorHandler, pending, kind
 **               decorated.c        withTimeout and tryAcquire: decorated
 **                                  locks, whose requests have a limit;
@@ -164,7 +167,8 @@ typedef enum AmType {
 #define AM_NUPVALUES        (1 + AM_NTYPES)
 #define am_pushmt(L,t)      lua_pushvalue(L, am_mtindex(t))
 #define am_getstate(L)      ((State *)lua_touserdata(L, AM_STATE_UPVALUE))
-/* A lock type's methods (core.c) have one upvalue more: their type. */
+/* A lock type's methods (core.c) have one upvalue more: its LockKind
+   (a keyed set's: of its locks), a light userdata. */
 #define AM_KIND_UPVALUE     lua_upvalueindex(AM_NUPVALUES + 1)
 
 typedef struct Waiter Waiter;
@@ -412,6 +416,26 @@ struct LockKind {
   /* reentrant kinds (reentrant.c): the coroutine holding the lock
      ('Lock.owner') is granted again at once, past the queue */
   int reentrant;
+  /* The engine's questions to a kind whose grant depends on who asks or
+     whose holds differ by weight; NULL: the answer of a kind that does
+     not (a Mutex's).  The engine never names a kind. */
+  /* is 'rq' its holder's own request, granted at once (waiter.c)?  It
+     raises what its holder may not ask; NULL: never */
+  int (*reenters) (lua_State *L, Lock *lk, const Request *rq);
+  /* a grant of 'lk' (at 'lockidx') reached the running coroutine, now its
+     holder (waiter.c, steal.c); NULL: nothing to record */
+  void (*owned) (lua_State *L, Lock *lk, int lockidx);
+  /* is a hold of 'weight', whose token is the lock's generation, still in
+     place (rules.c: am_releaser_live)?  NULL: is_locked */
+  int (*live) (const Lock *lk, lua_Integer weight);
+  /* is a hold of 'weight' one of several at once, which a steal ends by
+     moving the generation on (steal.c)?  NULL: never */
+  int (*shared) (lua_Integer weight);
+  /* is the lock held by one hold whose token is its generation (steal.c)?
+     NULL: is_locked */
+  int (*exclusive) (const Lock *lk);
+  /* methods the kind adds to every releaser (core.c), or NULL */
+  const luaL_Reg *releaser_methods;
 };
 
 /*
@@ -523,7 +547,6 @@ AM_KEYED_KINDS(AM_DECLARE_KIND)
 
 /* args.c */
 extern const char *const am_tnames[AM_NTYPES];
-extern const LockKind *const am_kinds[AM_NLOCKTYPES];
 Lock *am_tolock (lua_State *L, int idx);
 Keyed *am_tokeyed (lua_State *L, int idx);
 void am_check_yieldable (lua_State *L, const char *act);
@@ -605,12 +628,8 @@ void am_lock_free (Lock *lk);
 #define AM_RW_READ   1
 #define AM_RW_WRITE  2
 #define AM_RW_WRITTEN  (-1)     /* an RWLock's value while a writer holds it */
-int am_rw_downgrade (lua_State *L);
-int am_rw_upgrade (lua_State *L);
 
 /* reentrant.c */
-int am_reenters (lua_State *L, Lock *lk, const Request *rq);
-void am_reentrant_owned (lua_State *L, Lock *lk, int lockidx);
 
 /* lease.c */
 int am_push_lease (lua_State *L, int lockidx, int lostidx, Lock *lk,

@@ -34,11 +34,6 @@ const char *const am_tnames[AM_NTYPES] = {
   [AM_T_SIGNAL] = AM_SIGNAL,
 };
 
-/* The LockKind of each lock type (of a keyed set's locks). */
-#define KIND(T, C, kind, ...)  [AM_T_##T] = &kind,
-const LockKind *const am_kinds[AM_NLOCKTYPES] = {
-  AM_LOCK_KINDS(KIND) AM_KEYED_KINDS(KIND)
-};
 
 
 /*

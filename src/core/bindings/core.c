@@ -184,9 +184,16 @@ static void setfuncs (lua_State *L, int idx, const luaL_Reg *l, int extra) {
 }
 
 
+/* The LockKind of each lock type (of a keyed set's locks). */
+#define KIND(T, C, kind, ...)  [AM_T_##T] = &kind,
+static const LockKind *const kinds[AM_NLOCKTYPES] = {
+  AM_LOCK_KINDS(KIND) AM_KEYED_KINDS(KIND)
+};
+
+
 /*
 ** Sets type 't''s functions 'own' into the table at 'idx'.  A lock
-** type's have its type as one more upvalue (AM_KIND_UPVALUE); a kind's
+** type's have its LockKind as one more upvalue (AM_KIND_UPVALUE); a kind's
 ** are merged over the ones every kind shares ('shared', lock.c), and a
 ** NULL function in 'own' removes the shared one of its name.
 */
@@ -198,10 +205,10 @@ static void settypefuncs (lua_State *L, int idx, AmType t,
     return;
   }
   if (t < AM_NKINDS) {
-    lua_pushinteger(L, t);
+    lua_pushlightuserdata(L, (void *)kinds[t]);
     setfuncs(L, idx, shared, 1);
   }
-  lua_pushinteger(L, t);
+  lua_pushlightuserdata(L, (void *)kinds[t]);
   setfuncs(L, idx, own, 1);
   for (; own->name != NULL; own++)
     if (own->func == NULL) {
@@ -332,6 +339,11 @@ LUAMOD_API int luaopen_async_mutex_core (lua_State *L) {
   for (t = 0; t < AM_NTYPES; t++)
     if (types[t].decorated)
       open_decorated(L, (AmType)t, types[t].decorates, module);
+  lua_getfield(L, 2 + AM_T_RELEASER, "__index");
+  for (t = 0; t < AM_NKINDS; t++)           /* a kind's releaser methods */
+    if (kinds[t]->releaser_methods != NULL)
+      setfuncs(L, -1, kinds[t]->releaser_methods, 0);
+  lua_pop(L, 1);
   lua_pushliteral(L, AM_E_TIMEOUT);
   lua_setfield(L, -2, "E_TIMEOUT");
   lua_pushliteral(L, AM_E_ALREADY_LOCKED);

@@ -4,8 +4,8 @@
 ** async_mutex.h) before the kind's own, which replace them where a kind
 ** differs (a ReentrantMutex's acquire, an RWLock's release); a kind's
 ** NULL entry removes one (a ReentrantMutex has no release).  Each
-** function here finds its type in its extra upvalue (core.c), so one
-** function serves every kind.
+** function here finds its LockKind in its extra upvalue (core.c), so
+** one function serves every kind.
 */
 
 #define LUA_LIB
@@ -16,8 +16,9 @@
 #include "../async_mutex.h"
 
 
-/* The type of the lock this method belongs to (core.c: open_type). */
-#define locktype(L)  ((AmType)lua_tointeger(L, AM_KIND_UPVALUE))
+/* The kind and type of the lock this method belongs to (core.c). */
+#define lockkind(L)  ((const LockKind *)lua_touserdata(L, AM_KIND_UPVALUE))
+#define locktype(L)  (lockkind(L)->type)
 #define checklock(L)  ((Lock *)am_checkself(L, locktype(L)))
 
 
@@ -27,15 +28,14 @@
 ** cancel error (default E_CANCELED) is user value 1.
 */
 static int lock_new (lua_State *L) {
-  AmType t = locktype(L);
-  const LockKind *kind = am_kinds[t];
+  const LockKind *kind = lockkind(L);
   lua_Integer value = kind->weighted ? am_checkcount(L, 1) : 1;
   int erridx = kind->weighted ? 2 : 1;
   Lock *lk;
   lua_settop(L, erridx);
   lk = (Lock *)lua_newuserdatauv(L, sizeof(Lock), 1);
   am_lock_init(lk, kind, am_getstate(L), value);
-  am_pushmt(L, t);
+  am_pushmt(L, kind->type);
   lua_setmetatable(L, -2);
   if (lua_isnil(L, erridx)) lua_pushliteral(L, AM_E_CANCELED);
   else lua_pushvalue(L, erridx);

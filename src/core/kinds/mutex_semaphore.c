@@ -87,6 +87,26 @@ static void sem_end_holds (Lock *lk) {
 }
 
 
+/*
+** A semaphore's hold is live while its generation is (a steal moves it
+** on), unless its key's lock left the set (docs/semantics.md, Keyed
+** locks): it does nothing then.  Its holds are shared, never exclusive.
+*/
+static int sem_live (const Lock *lk, lua_Integer weight) {
+  (void)weight;
+  return lk->keyed == NULL || lk->selfref != LUA_NOREF;
+}
+
+static int sem_shared (lua_Integer weight) {
+  (void)weight;
+  return 1;
+}
+
+static int sem_exclusive (const Lock *lk) {
+  (void)lk;
+  return 0;
+}
+
 const LockKind am_mutex_kind = {
   .name = "Mutex",
   .noun = "a mutex",
@@ -113,6 +133,9 @@ const LockKind am_semaphore_kind = {
   .give_back = sem_give_back,
   .is_locked = value_is_locked,
   .end_holds = sem_end_holds,
+  .live = sem_live,
+  .shared = sem_shared,
+  .exclusive = sem_exclusive,
 };
 
 /* }====================================================== */

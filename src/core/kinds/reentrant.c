@@ -70,6 +70,9 @@ static void re_end_holds (Lock *lk) {
 }
 
 
+static int re_reenters (lua_State *L, Lock *lk, const Request *rq);
+static void re_owned (lua_State *L, Lock *lk, int lockidx);
+
 const LockKind am_reentrant_kind = {
   .name = "ReentrantMutex",
   .noun = "a reentrant mutex",
@@ -83,6 +86,8 @@ const LockKind am_reentrant_kind = {
   .is_locked = re_is_locked,
   .end_holds = re_end_holds,
   .reentrant = 1,
+  .reenters = re_reenters,
+  .owned = re_owned,
 };
 
 /* }====================================================== */
@@ -92,7 +97,7 @@ const LockKind am_reentrant_kind = {
 ** Is 'rq' its holder's (waiter.c: granted at once, as a new level)?  The
 ** holder's waitForUnlock would wait for itself: raises.
 */
-int am_reenters (lua_State *L, Lock *lk, const Request *rq) {
+static int re_reenters (lua_State *L, Lock *lk, const Request *rq) {
   if (lk->owner != L || lk->value > 0) return 0;
   if (rq->kind == W_UNLOCK)
     am_usage_error(L, "attempt to wait for a reentrant mutex that this "
@@ -108,7 +113,7 @@ int am_reenters (lua_State *L, Lock *lk, const Request *rq) {
 ** be reused by a new one.  The anchor stays until the next grant replaces
 ** it.
 */
-void am_reentrant_owned (lua_State *L, Lock *lk, int lockidx) {
+static void re_owned (lua_State *L, Lock *lk, int lockidx) {
   lk->owner = L;
   lua_pushthread(L);
   lua_setiuservalue(L, lockidx, 2);

@@ -74,6 +74,31 @@ static void rw_end_holds (Lock *lk) {
 }
 
 
+/* A write hold is live while the lock is written (rw:release() ends it);
+   a read hold while readers hold it. */
+static int rw_live (const Lock *lk, lua_Integer weight) {
+  return weight == AM_RW_READ ? lk->value > 0 : lk->value == WRITTEN;
+}
+
+static int rw_shared (lua_Integer weight) {
+  return weight == AM_RW_READ;
+}
+
+static int rw_exclusive (const Lock *lk) {
+  return lk->value == WRITTEN;
+}
+
+static int rw_downgrade (lua_State *L);
+static int rw_upgrade (lua_State *L);
+
+/* What every releaser has (core.c); each checks its lock is an RWLock. */
+static const luaL_Reg rw_releaser_methods[] = {
+  {"downgrade", rw_downgrade},
+  {"upgrade", rw_upgrade},
+  {NULL, NULL}
+};
+
+
 const LockKind am_rwlock_kind = {
   .name = "RWLock",
   .noun = "a readers-writer lock",
@@ -86,6 +111,10 @@ const LockKind am_rwlock_kind = {
   .give_back = rw_give_back,
   .is_locked = rw_is_locked,
   .end_holds = rw_end_holds,
+  .live = rw_live,
+  .shared = rw_shared,
+  .exclusive = rw_exclusive,
+  .releaser_methods = rw_releaser_methods,
 };
 
 /* }====================================================== */
@@ -198,7 +227,7 @@ static int rw_release (lua_State *L) {
 ** the head join at once (dispatch).  Raises for a releaser of any other
 ** hold, or one whose write hold has ended.
 */
-int am_rw_downgrade (lua_State *L) {
+static int rw_downgrade (lua_State *L) {
   Releaser *r = (Releaser *)am_checkself(L, AM_T_RELEASER);
   Lock *lk = r->lock;
   if (lk->kind != &am_rwlock_kind || r->weight != AM_RW_WRITE)
@@ -229,7 +258,7 @@ int am_rw_downgrade (lua_State *L) {
 ** each wait for the other's read hold to end: a deadlock the lock cannot
 ** break.  Raises, to say so where the user would try it.
 */
-int am_rw_upgrade (lua_State *L) {
+static int rw_upgrade (lua_State *L) {
   am_checkself(L, AM_T_RELEASER);
   return am_usage_error(L, "attempt to upgrade a read hold: not offered "
                            "(two upgraders would deadlock); release it, "
