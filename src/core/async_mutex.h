@@ -31,7 +31,9 @@
 **                                  waiters, aborted together
 **               run.c              runExclusive's body, between the grant
 **                                  and its release
-**   kinds/      mutex_semaphore.c  the Mutex and Semaphore lock kinds and
+**   kinds/      lock.c             the methods every kind shares, from its
+**                                  LockKind (the kind table below)
+**               mutex_semaphore.c  the Mutex and Semaphore lock kinds and
 **                                  methods
 **               rwlock.c           the RWLock kind: shared reads, exclusive
 **                                  writes; a write releaser's downgrade
@@ -50,7 +52,8 @@
 **                                  (debug_deadlock.c), what the debug
 **                                  module may read (debug_read.c)
 **   bindings/   core.c             luaopen_async_mutex_core: the
-**                                  metatables, by name, through one table;
+**                                  metatables, by name, from the kind
+**                                  table;
 **                                  setErrorHandler, pending, kind
 **               decorated.c        withTimeout and tryAcquire: decorated
 **                                  locks, whose requests have a limit;
@@ -70,27 +73,12 @@
 #include "lua.h"
 #include "lauxlib.h"
 
-/* Metatable names, as they appear in argument errors. */
-#define AM_MUTEX      "async_mutex.Mutex"
-#define AM_SEMAPHORE  "async_mutex.Semaphore"
+/* Metatable names, as they appear in argument errors (a lock kind's are
+   built from the kind table below: "async_mutex." and its class). */
 #define AM_RELEASER   "async_mutex.Releaser"
 #define AM_WAITER     "async_mutex.Waiter"
 #define AM_STATE      "async_mutex.State"       /* its metatable */
 #define AM_STATE_KEY  "async_mutex.scheduler"   /* registry key of the state */
-#define AM_KEYED_MUTEX      "async_mutex.KeyedMutex"
-#define AM_KEYED_SEMAPHORE  "async_mutex.KeyedSemaphore"
-#define AM_RWLOCK     "async_mutex.RWLock"
-#define AM_REENTRANT_MUTEX  "async_mutex.ReentrantMutex"
-#define AM_KEYED_RWLOCK     "async_mutex.KeyedRWLock"
-/* Decorated locks' metatables are made per copy of the module, and not
-   registered: these are only their __name. */
-#define AM_DECORATED_MUTEX  "async_mutex.decorated Mutex"
-#define AM_DECORATED_SEMAPHORE  "async_mutex.decorated Semaphore"
-#define AM_DECORATED_KEYED_MUTEX  "async_mutex.decorated KeyedMutex"
-#define AM_DECORATED_KEYED_SEMAPHORE  "async_mutex.decorated KeyedSemaphore"
-#define AM_DECORATED_RWLOCK  "async_mutex.decorated RWLock"
-#define AM_DECORATED_REENTRANT_MUTEX  "async_mutex.decorated ReentrantMutex"
-#define AM_DECORATED_KEYED_RWLOCK  "async_mutex.decorated KeyedRWLock"
 #define AM_TASK       "async_mutex.Task"
 #define AM_SIGNAL     "async_mutex.Signal"
 #define AM_GROUP      "async_mutex.Group"
@@ -107,28 +95,81 @@
 
 
 /*
+** The kind table: one line per lock kind, from which the module's types,
+** their metatables' names, their classes (module.<Class>) and the
+** decorated types are all built (core.c, args.c, decorated.c).  A kind is
+** one file of kinds/ plus its line here (docs/internals.md, "How to add a
+** lock kind").  Columns: TYPE (AM_T_<TYPE>), Class, its LockKind, its
+** metamethods, its methods and its class functions (merged over the
+** shared ones of lock.c, which any column may name), and the methods of
+** its decorated type.  AM_KEYED_KINDS: the keyed sets of the kinds that
+** have them (keyed.c), the same columns; their LockKind is the one of
+** their locks.  AM_EXTRA_KINDS: more lines from the compiler's command
+** line (-D), for a kind built outside this tree (spec 287's toy kind).
+*/
+#define AM_LOCK_KINDS(X) \
+  X(MUTEX, Mutex, am_mutex_kind, am_lock_metamethods, \
+    am_mutex_methods, am_mutex_class, am_decorated_methods) \
+  X(SEMAPHORE, Semaphore, am_semaphore_kind, am_lock_metamethods, \
+    am_semaphore_methods, am_semaphore_class, am_decorated_methods) \
+  X(RWLOCK, RWLock, am_rwlock_kind, am_rwlock_metamethods, \
+    am_rwlock_methods, am_rwlock_class, am_decorated_rwlock_methods) \
+  X(REENTRANT_MUTEX, ReentrantMutex, am_reentrant_kind, \
+    am_reentrant_metamethods, am_reentrant_methods, am_reentrant_class, \
+    am_decorated_reentrant_methods) \
+  AM_EXTRA_KINDS(X)
+#define AM_KEYED_KINDS(X) \
+  X(KEYED_MUTEX, KeyedMutex, am_mutex_kind, am_keyed_metamethods, \
+    am_keyed_mutex_methods, am_keyed_mutex_class, am_decorated_methods) \
+  X(KEYED_SEMAPHORE, KeyedSemaphore, am_semaphore_kind, \
+    am_keyed_metamethods, am_keyed_semaphore_methods, \
+    am_keyed_semaphore_class, am_decorated_methods) \
+  X(KEYED_RWLOCK, KeyedRWLock, am_rwlock_kind, am_keyed_metamethods, \
+    am_keyed_rwlock_methods, am_keyed_rwlock_class, \
+    am_decorated_keyed_rwlock_methods)
+#ifndef AM_EXTRA_KINDS
+#define AM_EXTRA_KINDS(X)
+#endif
+
+/* What a line declares: its kind and its tables, defined in its file. */
+#define AM_DECLARE_KIND(T, C, kind, mm, m, cl, dm) \
+  extern const LockKind kind; \
+  extern const luaL_Reg mm[], m[], cl[], dm[];
+
+/*
 ** The module's metatables.  Every C function of the module has the same
 ** upvalues: the scheduler state, then one metatable per type in this
 ** order, so the hot paths check and set metatables without a registry
 ** lookup by name.  core.c registers them from one table indexed by these.
+** The lock types (the kinds, then the keyed sets) come first, then their
+** decorated types in the same order: type t's decorated type is
+** t + AM_NLOCKTYPES.
 */
+#define AM_TYPE_OF(T, ...)       AM_T_##T,
+#define AM_DECORATED_OF(T, ...)  AM_T_DECORATED_##T,
 typedef enum AmType {
-  AM_T_MUTEX, AM_T_SEMAPHORE, AM_T_RELEASER, AM_T_WAITER,
-  AM_T_KEYED_MUTEX, AM_T_KEYED_SEMAPHORE,
-  AM_T_DECORATED_MUTEX, AM_T_DECORATED_SEMAPHORE,
-  AM_T_DECORATED_KEYED_MUTEX, AM_T_DECORATED_KEYED_SEMAPHORE,
-  AM_T_RWLOCK, AM_T_DECORATED_RWLOCK,
-  AM_T_REENTRANT_MUTEX, AM_T_DECORATED_REENTRANT_MUTEX,
-  AM_T_KEYED_RWLOCK, AM_T_DECORATED_KEYED_RWLOCK,
-  AM_T_TASK, AM_T_GROUP, AM_T_SIGNAL,
+  AM_LOCK_KINDS(AM_TYPE_OF)
+  AM_NKINDS,                  /* not a type: how many kinds there are */
+  AM_KEYED_BEFORE = AM_NKINDS - 1,
+  AM_KEYED_KINDS(AM_TYPE_OF)
+  AM_NLOCKTYPES,              /* not a type: how many lock types */
+  AM_DECORATED_BEFORE = AM_NLOCKTYPES - 1,
+  AM_LOCK_KINDS(AM_DECORATED_OF)
+  AM_KEYED_KINDS(AM_DECORATED_OF)
+  AM_T_RELEASER, AM_T_WAITER, AM_T_TASK, AM_T_GROUP, AM_T_SIGNAL,
   AM_NTYPES                   /* not a type: how many there are */
 } AmType;
+#define AM_FIRST_KEYED  ((AmType)AM_NKINDS)
+#define am_decorated_type(t)  ((AmType)((t) + AM_NLOCKTYPES))
 
 #define AM_STATE_UPVALUE    lua_upvalueindex(1)
 #define am_mtindex(t)       lua_upvalueindex(2 + (t))
 #define AM_NUPVALUES        (1 + AM_NTYPES)
 #define am_pushmt(L,t)      lua_pushvalue(L, am_mtindex(t))
 #define am_getstate(L)      ((State *)lua_touserdata(L, AM_STATE_UPVALUE))
+/* A lock type's methods (core.c) have one upvalue more: its LockKind
+   (a keyed set's: of its locks), a light userdata. */
+#define AM_KIND_UPVALUE     lua_upvalueindex(AM_NUPVALUES + 1)
 
 typedef struct Waiter Waiter;
 typedef struct Lock Lock;
@@ -375,6 +416,26 @@ struct LockKind {
   /* reentrant kinds (reentrant.c): the coroutine holding the lock
      ('Lock.owner') is granted again at once, past the queue */
   int reentrant;
+  /* The engine's questions to a kind whose grant depends on who asks or
+     whose holds differ by weight; NULL: the answer of a kind that does
+     not (a Mutex's).  The engine never names a kind. */
+  /* is 'rq' its holder's own request, granted at once (waiter.c)?  It
+     raises what its holder may not ask; NULL: never */
+  int (*reenters) (lua_State *L, Lock *lk, const Request *rq);
+  /* a grant of 'lk' (at 'lockidx') reached the running coroutine, now its
+     holder (waiter.c, steal.c); NULL: nothing to record */
+  void (*owned) (lua_State *L, Lock *lk, int lockidx);
+  /* is a hold of 'weight', whose token is the lock's generation, still in
+     place (rules.c: am_releaser_live)?  NULL: is_locked */
+  int (*live) (const Lock *lk, lua_Integer weight);
+  /* is a hold of 'weight' one of several at once, which a steal ends by
+     moving the generation on (steal.c)?  NULL: never */
+  int (*shared) (lua_Integer weight);
+  /* is the lock held by one hold whose token is its generation (steal.c)?
+     NULL: is_locked */
+  int (*exclusive) (const Lock *lk);
+  /* methods the kind adds to every releaser (core.c), or NULL */
+  const luaL_Reg *releaser_methods;
 };
 
 /*
@@ -480,8 +541,14 @@ struct State {
   int closing;                       /* state__gc: reports to stderr */
 };
 
+/* Each kind's LockKind and tables (the kind table above). */
+AM_LOCK_KINDS(AM_DECLARE_KIND)
+AM_KEYED_KINDS(AM_DECLARE_KIND)
+
 /* args.c */
 extern const char *const am_tnames[AM_NTYPES];
+Lock *am_tolock (lua_State *L, int idx);
+Keyed *am_tokeyed (lua_State *L, int idx);
 void am_check_yieldable (lua_State *L, const char *act);
 int am_cannot_yield (lua_State *L);
 void *am_testself (lua_State *L, int idx, AmType t);
@@ -504,6 +571,7 @@ static inline void *am_isself (lua_State *L, int idx, AmType t) {
   }
   return NULL;
 }
+int am_undecorate (lua_State *L, AmType t);
 void *am_checkself (lua_State *L, AmType t);
 int am_argerror (lua_State *L, int idx, int base, const char *fname,
                  const char *msg);
@@ -560,25 +628,8 @@ void am_lock_free (Lock *lk);
 #define AM_RW_READ   1
 #define AM_RW_WRITE  2
 #define AM_RW_WRITTEN  (-1)     /* an RWLock's value while a writer holds it */
-extern const LockKind am_rwlock_kind;
-extern const luaL_Reg am_rwlock_methods[];
-extern const luaL_Reg am_rwlock_metamethods[];
-extern const luaL_Reg am_rwlock_class[];
-extern const luaL_Reg am_decorated_rwlock_methods[];
-extern const luaL_Reg am_keyed_rwlock_methods[];
-extern const luaL_Reg am_keyed_rwlock_class[];
-extern const luaL_Reg am_decorated_keyed_rwlock_methods[];
-int am_rw_downgrade (lua_State *L);
-int am_rw_upgrade (lua_State *L);
 
 /* reentrant.c */
-extern const LockKind am_reentrant_kind;
-extern const luaL_Reg am_reentrant_methods[];
-extern const luaL_Reg am_reentrant_metamethods[];
-extern const luaL_Reg am_reentrant_class[];
-extern const luaL_Reg am_decorated_reentrant_methods[];
-int am_reenters (lua_State *L, Lock *lk, const Request *rq);
-void am_reentrant_owned (lua_State *L, Lock *lk, int lockidx);
 
 /* lease.c */
 int am_push_lease (lua_State *L, int lockidx, int lostidx, Lock *lk,
@@ -595,23 +646,12 @@ int am_steal (lua_State *L, Request *rq);
 int am_lock_steal (lua_State *L, Lock *lk, Request *rq);
 int am_hold_stolen (lua_State *L, const Releaser *r, int idx, int forget);
 
-/* mutex_semaphore.c */
-extern const LockKind am_mutex_kind;
-extern const LockKind am_semaphore_kind;
-extern const luaL_Reg am_mutex_methods[];
-extern const luaL_Reg am_semaphore_methods[];
+/* lock.c: the methods every kind shares (core.c merges them in) */
+extern const luaL_Reg am_lock_methods[];
 extern const luaL_Reg am_lock_metamethods[];
-extern const luaL_Reg am_mutex_class[];
-extern const luaL_Reg am_semaphore_class[];
-Lock *am_tolock (lua_State *L, int idx);
+extern const luaL_Reg am_lock_class[];
 
 /* keyed.c */
-extern const luaL_Reg am_keyed_mutex_methods[];
-extern const luaL_Reg am_keyed_semaphore_methods[];
-extern const luaL_Reg am_keyed_metamethods[];
-extern const luaL_Reg am_keyed_mutex_class[];
-extern const luaL_Reg am_keyed_semaphore_class[];
-Keyed *am_tokeyed (lua_State *L, int idx);
 Lock *am_keyed_recheck (lua_State *L, Lock *lk, int lockidx);
 /* The lock serving the key of 'lk' (at 'lockidx') now (keyed.c). */
 #define am_keyed_current(L,lk,lockidx)  \
@@ -623,9 +663,6 @@ void am_keyed_settle (lua_State *L, Lock *lk);
   ((lk)->keyed != NULL ? am_keyed_settle(L, lk) : (void)0)
 
 /* decorated.c */
-extern const AmType am_decorated_type[AM_NTYPES];
-extern const luaL_Reg am_decorated_methods[];
-int am_undecorate (lua_State *L, AmType t);
 int am_run_request (lua_State *L, AmType t);
 int am_core_acquire (lua_State *L);
 int am_core_acquire_read (lua_State *L);

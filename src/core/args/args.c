@@ -22,32 +22,66 @@
 ** The module's metatable names (registry keys and __name), by type: what
 ** argument errors name; core.c registers the metatables under them.
 */
+#define TNAME(T, C, ...)  [AM_T_##T] = "async_mutex." #C,
+#define DNAME(T, C, ...)  [AM_T_DECORATED_##T] = "async_mutex.decorated " #C,
 const char *const am_tnames[AM_NTYPES] = {
-  [AM_T_MUTEX] = AM_MUTEX,
-  [AM_T_SEMAPHORE] = AM_SEMAPHORE,
+  AM_LOCK_KINDS(TNAME) AM_KEYED_KINDS(TNAME)
+  AM_LOCK_KINDS(DNAME) AM_KEYED_KINDS(DNAME)
   [AM_T_RELEASER] = AM_RELEASER,
   [AM_T_WAITER] = AM_WAITER,
-  [AM_T_KEYED_MUTEX] = AM_KEYED_MUTEX,
-  [AM_T_KEYED_SEMAPHORE] = AM_KEYED_SEMAPHORE,
-  [AM_T_DECORATED_MUTEX] = AM_DECORATED_MUTEX,
-  [AM_T_DECORATED_SEMAPHORE] = AM_DECORATED_SEMAPHORE,
-  [AM_T_DECORATED_KEYED_MUTEX] = AM_DECORATED_KEYED_MUTEX,
-  [AM_T_DECORATED_KEYED_SEMAPHORE] = AM_DECORATED_KEYED_SEMAPHORE,
-  [AM_T_RWLOCK] = AM_RWLOCK,
-  [AM_T_DECORATED_RWLOCK] = AM_DECORATED_RWLOCK,
-  [AM_T_REENTRANT_MUTEX] = AM_REENTRANT_MUTEX,
-  [AM_T_DECORATED_REENTRANT_MUTEX] = AM_DECORATED_REENTRANT_MUTEX,
-  [AM_T_KEYED_RWLOCK] = AM_KEYED_RWLOCK,
-  [AM_T_DECORATED_KEYED_RWLOCK] = AM_DECORATED_KEYED_RWLOCK,
   [AM_T_TASK] = AM_TASK,
   [AM_T_GROUP] = AM_GROUP,
   [AM_T_SIGNAL] = AM_SIGNAL,
 };
 
 
+
+/*
+** The index of the lock type, from 'first' to 'last', whose metatable
+** the value at 'idx' has, or -1.
+*/
+static int whichtype (lua_State *L, int idx, int first, int last) {
+  int t, found = -1;
+  if (lua_touserdata(L, idx) != NULL && lua_getmetatable(L, idx)) {
+    const void *mt = lua_topointer(L, -1);
+    for (t = first; t <= last && found < 0; t++)
+      if (mt == lua_topointer(L, am_mtindex(t))) found = t;
+    lua_pop(L, 1);
+  }
+  return found;
+}
+
+
+/* The lock of any kind at 'idx' (not a keyed set), or NULL. */
+Lock *am_tolock (lua_State *L, int idx) {
+  return whichtype(L, idx, 0, AM_NKINDS - 1) >= 0
+         ? (Lock *)lua_touserdata(L, idx) : NULL;
+}
+
+
+/* The keyed set of any kind at 'idx', or NULL. */
+Keyed *am_tokeyed (lua_State *L, int idx) {
+  return whichtype(L, idx, AM_FIRST_KEYED, AM_NLOCKTYPES - 1) >= 0
+         ? (Keyed *)lua_touserdata(L, idx) : NULL;
+}
+
+
 /* The userdata at 'idx' if its metatable is type 't''s, or NULL. */
 void *am_testself (lua_State *L, int idx, AmType t) {
   return am_isself(L, idx, t);
+}
+
+
+/*
+** If argument 1 is a decorated lock of lock type 't' (decorated.c),
+** replaces it by its lock (its user value 1) and returns 1; otherwise 0.
+*/
+int am_undecorate (lua_State *L, AmType t) {
+  if (t >= AM_NLOCKTYPES || am_isself(L, 1, am_decorated_type(t)) == NULL)
+    return 0;
+  lua_getiuservalue(L, 1, 1);
+  lua_replace(L, 1);
+  return 1;
 }
 
 

@@ -150,46 +150,16 @@ typedef struct TypeReg {
   AmType decorates;
 } TypeReg;
 
+#define LOCKTYPE(T, C, kind, mm, m, cl, dm)  [AM_T_##T] = {#C, mm, m, cl},
+#define DECORATED(T, C, kind, mm, m, cl, dm)  \
+  [AM_T_DECORATED_##T] = {.methods = dm, .decorated = 1, \
+                          .decorates = AM_T_##T},
 static const TypeReg types[AM_NTYPES] = {
-  [AM_T_MUTEX] = {"Mutex", am_lock_metamethods,
-                  am_mutex_methods, am_mutex_class},
-  [AM_T_SEMAPHORE] = {"Semaphore", am_lock_metamethods,
-                      am_semaphore_methods, am_semaphore_class},
+  AM_LOCK_KINDS(LOCKTYPE) AM_KEYED_KINDS(LOCKTYPE)
+  AM_LOCK_KINDS(DECORATED) AM_KEYED_KINDS(DECORATED)
   [AM_T_RELEASER] = {NULL, am_releaser_metamethods,
                      am_releaser_methods, NULL},
   [AM_T_WAITER] = {NULL, am_waiter_metamethods, NULL, NULL},
-  [AM_T_KEYED_MUTEX] = {"KeyedMutex",
-                        am_keyed_metamethods, am_keyed_mutex_methods,
-                        am_keyed_mutex_class},
-  [AM_T_KEYED_SEMAPHORE] = {"KeyedSemaphore",
-                            am_keyed_metamethods,
-                            am_keyed_semaphore_methods,
-                            am_keyed_semaphore_class},
-  [AM_T_DECORATED_MUTEX] = {.methods = am_decorated_methods,
-                            .decorated = 1, .decorates = AM_T_MUTEX},
-  [AM_T_DECORATED_SEMAPHORE] = {.methods = am_decorated_methods,
-                                .decorated = 1,
-                                .decorates = AM_T_SEMAPHORE},
-  [AM_T_DECORATED_KEYED_MUTEX] = {.methods = am_decorated_methods,
-                                  .decorated = 1,
-                                  .decorates = AM_T_KEYED_MUTEX},
-  [AM_T_DECORATED_KEYED_SEMAPHORE] = {.methods = am_decorated_methods,
-                                      .decorated = 1,
-                                      .decorates = AM_T_KEYED_SEMAPHORE},
-  [AM_T_RWLOCK] = {"RWLock", am_rwlock_metamethods,
-                   am_rwlock_methods, am_rwlock_class},
-  [AM_T_DECORATED_RWLOCK] = {.methods = am_decorated_rwlock_methods,
-                             .decorated = 1, .decorates = AM_T_RWLOCK},
-  [AM_T_REENTRANT_MUTEX] = {"ReentrantMutex", am_reentrant_metamethods,
-                            am_reentrant_methods, am_reentrant_class},
-  [AM_T_DECORATED_REENTRANT_MUTEX] = {
-    .methods = am_decorated_reentrant_methods, .decorated = 1,
-    .decorates = AM_T_REENTRANT_MUTEX},
-  [AM_T_KEYED_RWLOCK] = {"KeyedRWLock", am_keyed_metamethods,
-                         am_keyed_rwlock_methods, am_keyed_rwlock_class},
-  [AM_T_DECORATED_KEYED_RWLOCK] = {
-    .methods = am_decorated_keyed_rwlock_methods, .decorated = 1,
-    .decorates = AM_T_KEYED_RWLOCK},
   [AM_T_TASK] = {NULL, am_task_metamethods, am_task_methods, NULL},
   [AM_T_GROUP] = {NULL, am_group_metamethods, am_group_methods, NULL},
   [AM_T_SIGNAL] = {NULL, am_signal_metamethods, NULL, NULL},
@@ -214,6 +184,40 @@ static void setfuncs (lua_State *L, int idx, const luaL_Reg *l, int extra) {
 }
 
 
+/* The LockKind of each lock type (of a keyed set's locks). */
+#define KIND(T, C, kind, ...)  [AM_T_##T] = &kind,
+static const LockKind *const kinds[AM_NLOCKTYPES] = {
+  AM_LOCK_KINDS(KIND) AM_KEYED_KINDS(KIND)
+};
+
+
+/*
+** Sets type 't''s functions 'own' into the table at 'idx'.  A lock
+** type's have its LockKind as one more upvalue (AM_KIND_UPVALUE); a kind's
+** are merged over the ones every kind shares ('shared', lock.c), and a
+** NULL function in 'own' removes the shared one of its name.
+*/
+static void settypefuncs (lua_State *L, int idx, AmType t,
+                          const luaL_Reg *shared, const luaL_Reg *own) {
+  idx = lua_absindex(L, idx);
+  if (t >= AM_NLOCKTYPES) {
+    setfuncs(L, idx, own, 0);
+    return;
+  }
+  if (t < AM_NKINDS) {
+    lua_pushlightuserdata(L, (void *)kinds[t]);
+    setfuncs(L, idx, shared, 1);
+  }
+  lua_pushlightuserdata(L, (void *)kinds[t]);
+  setfuncs(L, idx, own, 1);
+  for (; own->name != NULL; own++)
+    if (own->func == NULL) {
+      lua_pushnil(L);
+      lua_setfield(L, idx, own->name);
+    }
+}
+
+
 /*
 ** Fills type 't''s metatable (at its upvalue's stack index): metamethods,
 ** an __index table of methods; module[class] = {new = ..., methods =
@@ -223,7 +227,8 @@ static void setfuncs (lua_State *L, int idx, const luaL_Reg *l, int extra) {
 static void open_type (lua_State *L, AmType t, int module) {
   const TypeReg *r = &types[t];
   int mt = 2 + t;
-  if (r->metamethods != NULL) setfuncs(L, mt, r->metamethods, 0);
+  if (r->metamethods != NULL)
+    settypefuncs(L, mt, t, am_lock_metamethods, r->metamethods);
   if (r->class == NULL) {                   /* private: methods only */
     if (r->methods != NULL) {
       lua_newtable(L);
@@ -238,11 +243,11 @@ static void open_type (lua_State *L, AmType t, int module) {
     lua_pushvalue(L, -1);
     lua_setfield(L, mt, "__index");
   }
-  setfuncs(L, -1, r->methods, 0);
+  settypefuncs(L, -1, t, am_lock_methods, r->methods);
   lua_createtable(L, 0, 4);                 /* module[class] */
   lua_insert(L, -2);
   lua_setfield(L, -2, "methods");
-  setfuncs(L, -1, r->functions, 0);
+  settypefuncs(L, -1, t, am_lock_class, r->functions);
   lua_createtable(L, 0, 2);                 /* the metatables of self */
   lua_pushvalue(L, mt);
   lua_pushboolean(L, 1);
@@ -309,6 +314,11 @@ __attribute__((visibility("default")))
 LUAMOD_API int luaopen_async_mutex_core (lua_State *L) {
   int t, module;
   lua_settop(L, 0);
+  /* the state, a metatable per type and the module, then setfuncs's
+     copies of the upvalues and what open_type and open_decorated push:
+     past LUA_MINSTACK, which a build without -flto overran (its writes
+     past the stack's end hung the first require after luv's) */
+  luaL_checkstack(L, 2 * AM_NUPVALUES + 16, "async_mutex.core");
   am_state_open(L);                         /* 1: the state */
   for (t = 0; t < AM_NTYPES; t++) {         /* 2 + t: type t's metatable */
     if (!types[t].decorated)
@@ -329,6 +339,11 @@ LUAMOD_API int luaopen_async_mutex_core (lua_State *L) {
   for (t = 0; t < AM_NTYPES; t++)
     if (types[t].decorated)
       open_decorated(L, (AmType)t, types[t].decorates, module);
+  lua_getfield(L, 2 + AM_T_RELEASER, "__index");
+  for (t = 0; t < AM_NKINDS; t++)           /* a kind's releaser methods */
+    if (kinds[t]->releaser_methods != NULL)
+      setfuncs(L, -1, kinds[t]->releaser_methods, 0);
+  lua_pop(L, 1);
   lua_pushliteral(L, AM_E_TIMEOUT);
   lua_setfield(L, -2, "E_TIMEOUT");
   lua_pushliteral(L, AM_E_ALREADY_LOCKED);

@@ -35,45 +35,12 @@ typedef struct Decorated {
 } Decorated;
 
 
-/* The decorated type of each lock type; AM_T_MUTEX (0) for the others. */
-const AmType am_decorated_type[AM_NTYPES] = {
-  [AM_T_MUTEX] = AM_T_DECORATED_MUTEX,
-  [AM_T_SEMAPHORE] = AM_T_DECORATED_SEMAPHORE,
-  [AM_T_KEYED_MUTEX] = AM_T_DECORATED_KEYED_MUTEX,
-  [AM_T_KEYED_SEMAPHORE] = AM_T_DECORATED_KEYED_SEMAPHORE,
-  [AM_T_RWLOCK] = AM_T_DECORATED_RWLOCK,
-  [AM_T_REENTRANT_MUTEX] = AM_T_DECORATED_REENTRANT_MUTEX,
-  [AM_T_KEYED_RWLOCK] = AM_T_DECORATED_KEYED_RWLOCK,
-};
-
-
-/*
-** If argument 1 is a decorated lock of type 't', replaces it by its lock
-** and returns 1; otherwise 0.
-*/
-int am_undecorate (lua_State *L, AmType t) {
-  AmType d = am_decorated_type[t];
-  if (d == AM_T_MUTEX || am_testself(L, 1, d) == NULL) return 0;
-  lua_getiuservalue(L, 1, 1);
-  lua_replace(L, 1);
-  return 1;
-}
-
-
-/* The lock types, each of which has a decorated type. */
-static const AmType lock_types[] = {AM_T_MUTEX, AM_T_SEMAPHORE,
-                                    AM_T_KEYED_MUTEX, AM_T_KEYED_SEMAPHORE,
-                                    AM_T_RWLOCK, AM_T_REENTRANT_MUTEX,
-                                    AM_T_KEYED_RWLOCK};
-#define NLOCKTYPES  (sizeof(lock_types) / sizeof(lock_types[0]))
-
-
 /* The type of the lock at 'idx'; returns 0 if it is none. */
 static int locktype (lua_State *L, int idx, AmType *t) {
-  size_t i;
-  for (i = 0; i < NLOCKTYPES; i++)
-    if (am_testself(L, idx, lock_types[i]) != NULL) {
-      *t = lock_types[i];
+  int i;
+  for (i = 0; i < AM_NLOCKTYPES; i++)
+    if (am_testself(L, idx, (AmType)i) != NULL) {
+      *t = (AmType)i;
       return 1;
     }
   return 0;
@@ -82,9 +49,9 @@ static int locktype (lua_State *L, int idx, AmType *t) {
 
 /* The decorated lock at 'idx', or NULL. */
 static Decorated *todecorated (lua_State *L, int idx) {
-  size_t i;
-  for (i = 0; i < NLOCKTYPES; i++) {
-    void *d = am_testself(L, idx, am_decorated_type[lock_types[i]]);
+  int i;
+  for (i = 0; i < AM_NLOCKTYPES; i++) {
+    void *d = am_testself(L, idx, am_decorated_type(i));
     if (d != NULL) return (Decorated *)d;
   }
   return NULL;
@@ -119,7 +86,7 @@ static Decorated *decorate (lua_State *L, const char *fname) {
     lua_pushvalue(L, 1);
     lua_setiuservalue(L, -2, 1);
   }
-  am_pushmt(L, am_decorated_type[d->type]);
+  am_pushmt(L, am_decorated_type(d->type));
   lua_setmetatable(L, -2);
   return d;
 }
@@ -290,8 +257,7 @@ int am_decorated_request (lua_State *L, int kind, const char *fname,
 ** hold has none).  A timeout is moot: it never waits.
 */
 void am_steal_decorated (lua_State *L, AmType t) {
-  Decorated *d = am_decorated_type[t] == AM_T_MUTEX ? NULL
-               : (Decorated *)am_testself(L, 1, am_decorated_type[t]);
+  Decorated *d = (Decorated *)am_testself(L, 1, am_decorated_type(t));
   if (d == NULL) return;
   if (d->wait == AM_TRY)
     am_usage_error(L, "attempt to steal through tryAcquire (a steal takes "
@@ -329,7 +295,7 @@ int am_run_request (lua_State *L, AmType t) {
   Decorated *d = NULL;
   void *lk = am_testself(L, 1, t);
   if (lk == NULL && (d = (Decorated *)am_testself(L, 1,
-                                                  am_decorated_type[t]))
+                                                  am_decorated_type(t)))
                     == NULL)
     return am_typeerror(L, 1, 0, "runExclusive", am_tnames[t]);
   if (lua_type(L, 2) != LUA_TFUNCTION) {

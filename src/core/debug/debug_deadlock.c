@@ -157,7 +157,7 @@ static int alone_and_fits (lua_State *L, DebugRecords *d,
 ** set again, and the error propagates to the requester: nothing queued.
 ** sleep()'s private semaphore (no error value) is not a lock to debug,
 ** nor is a lock marked internal (core.dbg_internal), nor a
-** ReentrantMutex's re-entry by its holder (am_reenters): it is granted at
+** ReentrantMutex's re-entry by its holder (its kind's reenters): it is granted at
 ** once, past the queue, so it never waits and orders nothing (lockdep
 ** recorded the lock once, when it was first taken).  Nor a request nobody
 ** would wait for: its coroutine holds nothing, and no waiter would be

@@ -198,16 +198,8 @@ void am_dispatch (lua_State *L, Lock *lk) {
 int am_releaser_live (const Releaser *r) {
   const Lock *lk = r->lock;
   if (r->state != S_HELD || lk->freed || r->token != lk->gen) return 0;
-  if (lk->kind == &am_semaphore_kind)      /* unless its key's lock left
-                                             the set (docs/semantics.md,
-                                             Keyed locks): it does nothing */
-    return lk->keyed == NULL || lk->selfref != LUA_NOREF;
-  if (lk->kind == &am_rwlock_kind)         /* a write: readers may hold it
-                                             since rw:release() ended it */
-    return r->weight == AM_RW_READ ? lk->value > 0
-         : lk->value == AM_RW_WRITTEN;
-  /* a generation's token: Mutex, ReentrantMutex */
-  return lk->kind->is_locked(lk);
+  return lk->kind->live != NULL ? lk->kind->live(lk, r->weight)
+                                : lk->kind->is_locked(lk);
 }
 
 

@@ -54,6 +54,12 @@ static int push_set (lua_State *L, State *st, int idx, int create) {
 }
 
 
+/* Is a hold of 'weight' one of several at once (its kind's answer)? */
+static int shared (const Lock *lk, lua_Integer weight) {
+  return lk->kind->shared != NULL && lk->kind->shared(weight);
+}
+
+
 /*
 ** Was the hold of releaser 'r' (at 'idx'; not live) ended by a steal?
 ** With 'forget', the releaser is told so once (it becomes LOST): its
@@ -64,8 +70,7 @@ int am_hold_stolen (lua_State *L, const Releaser *r, int idx, int forget) {
   const Lock *lk = r->lock;
   lua_Integer left;
   if (lk->freed || r->token == lk->gen) return 0;
-  if (lk->kind->returns_value
-      || (lk->kind == &am_rwlock_kind && r->weight == AM_RW_READ))
+  if (shared(lk, r->weight))
     return 1;                         /* its generation moved on: a steal */
   idx = lua_absindex(L, idx);
   luaL_checkstack(L, 4, NULL);
@@ -121,8 +126,7 @@ static void add_token (lua_State *L, State *st, int idx, lua_Integer tok,
 
 /* Is 'lk' held by one exclusive hold whose token is its generation? */
 static int exclusive (const Lock *lk) {
-  if (lk->kind->returns_value) return 0;            /* a Semaphore */
-  return lk->kind == &am_rwlock_kind ? lk->value == AM_RW_WRITTEN
+  return lk->kind->exclusive != NULL ? lk->kind->exclusive(lk)
                                      : lk->kind->is_locked(lk);
 }
 
@@ -145,7 +149,7 @@ static int mark_undelivered (Lock *lk, lua_Integer tok) {
       w->r.outcome = O_CANCELED;          /* not given back if closed */
       w->r.stolen = 1;                    /* raises the lost error */
       if (tok != 0 && w->r.token == tok
-          && !(lk->kind == &am_rwlock_kind && w->r.weight == AM_RW_READ))
+          && !shared(lk, w->r.weight))
         hold = 1;
     }
   return hold;
@@ -216,7 +220,7 @@ AM_COLD int am_steal (lua_State *L, Request *rq) {
   lk->held = 0;
   lk->gen++;                            /* every hold's token is stale */
   token = am_take(lk, rq->weight);
-  if (lk->kind->reentrant) am_reentrant_owned(L, lk, rq->lockidx);
+  if (lk->kind->owned != NULL) lk->kind->owned(L, lk, rq->lockidx);
   /* a Semaphore returns the value; its hold's token is the generation */
   hold = lk->kind->returns_value ? lk->gen : token;
   am_dispatch(L, lk);                   /* what the ended holds gave back */

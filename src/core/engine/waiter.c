@@ -340,8 +340,8 @@ static int deliver (lua_State *L, Waiter *w, int widx) {
     case O_GRANTED: {
       int n;
       if (w->r.kind == W_UNLOCK) return 0;
-      if (w->r.lock->kind->reentrant)      /* its holder, from now on */
-        am_reentrant_owned(L, w->r.lock, w->r.lockidx);
+      if (w->r.lock->kind->owned != NULL)  /* its holder, from now on */
+        w->r.lock->kind->owned(L, w->r.lock, w->r.lockidx);
       if (w->r.leased) {                     /* the lease starts (or ran) */
         lua_Number now = am_timer_now(L, w->r.lock->st, 1);
         n = push_leased_grant(L, w->r.lockidx, w->r.lostidx, w->r.lock,
@@ -471,7 +471,7 @@ static int grant_now (lua_State *L, const Request *rq, Lock *lk,
     return 0;
   }
   token = am_take(lk, rq->weight);
-  if (lk->kind->reentrant) am_reentrant_owned(L, lk, rq->lockidx);
+  if (lk->kind->owned != NULL) lk->kind->owned(L, lk, rq->lockidx);
   if (rq->lease > 0)
     n = push_leased_grant(L, rq->lockidx, rq->lostidx, lk, rq->weight,
                           token, now, now + rq->lease);
@@ -617,7 +617,8 @@ int am_request (lua_State *L, Request *rq) {
      made for this request) and given the key a new one: decide on the
      key's lock as it is now (docs/internals.md, Decide, then commit) */
   rq->lock = am_keyed_current(L, rq->lock, rq->lockidx);
-  if (rq->lock->kind->reentrant && am_reenters(L, rq->lock, rq))
+  if (rq->lock->kind->reenters != NULL
+      && rq->lock->kind->reenters(L, rq->lock, rq))
     return grant_now(L, rq, rq->lock, now);     /* its holder, once more */
   if (am_can_lock_now(rq->lock, rq->weight, &rq->priority))  /* fast path */
     return grant_now(L, rq, rq->lock, now);
@@ -654,8 +655,6 @@ const luaL_Reg am_releaser_metamethods[] = {
 /* Methods of a releaser; each checks that its lock kind offers it. */
 const luaL_Reg am_releaser_methods[] = {
   {"check", am_releaser_check},
-  {"downgrade", am_rw_downgrade},
-  {"upgrade", am_rw_upgrade},
   {NULL, NULL}
 };
 

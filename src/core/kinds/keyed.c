@@ -15,27 +15,12 @@
 #include "../async_mutex.h"
 
 
-/* The KeyedMutex, KeyedSemaphore or KeyedRWLock at 'idx', or NULL. */
-Keyed *am_tokeyed (lua_State *L, int idx) {
-  void *p = lua_touserdata(L, idx);
-  if (p != NULL && lua_getmetatable(L, idx)) {
-    int ok = lua_rawequal(L, -1, am_mtindex(AM_T_KEYED_MUTEX))
-          || lua_rawequal(L, -1, am_mtindex(AM_T_KEYED_SEMAPHORE))
-          || lua_rawequal(L, -1, am_mtindex(AM_T_KEYED_RWLOCK));
-    lua_pop(L, 1);
-    if (ok) return (Keyed *)p;
-  }
-  return NULL;
-}
-
-
 /* The keyed set at 1 (a decorated one is replaced by its set), or raises. */
 static Keyed *checkkeyed (lua_State *L) {
   Keyed *kd = am_tokeyed(L, 1);
-  if (kd == NULL && (am_undecorate(L, AM_T_KEYED_MUTEX)
-                     || am_undecorate(L, AM_T_KEYED_SEMAPHORE)
-                     || am_undecorate(L, AM_T_KEYED_RWLOCK)))
-    kd = am_tokeyed(L, 1);
+  int t;
+  for (t = AM_FIRST_KEYED; kd == NULL && t < AM_NLOCKTYPES; t++)
+    if (am_undecorate(L, (AmType)t)) kd = am_tokeyed(L, 1);
   luaL_argexpected(L, kd != NULL, 1, "keyed lock");
   return kd;
 }

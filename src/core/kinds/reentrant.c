@@ -70,6 +70,9 @@ static void re_end_holds (Lock *lk) {
 }
 
 
+static int re_reenters (lua_State *L, Lock *lk, const Request *rq);
+static void re_owned (lua_State *L, Lock *lk, int lockidx);
+
 const LockKind am_reentrant_kind = {
   .name = "ReentrantMutex",
   .noun = "a reentrant mutex",
@@ -83,6 +86,8 @@ const LockKind am_reentrant_kind = {
   .is_locked = re_is_locked,
   .end_holds = re_end_holds,
   .reentrant = 1,
+  .reenters = re_reenters,
+  .owned = re_owned,
 };
 
 /* }====================================================== */
@@ -92,7 +97,7 @@ const LockKind am_reentrant_kind = {
 ** Is 'rq' its holder's (waiter.c: granted at once, as a new level)?  The
 ** holder's waitForUnlock would wait for itself: raises.
 */
-int am_reenters (lua_State *L, Lock *lk, const Request *rq) {
+static int re_reenters (lua_State *L, Lock *lk, const Request *rq) {
   if (lk->owner != L || lk->value > 0) return 0;
   if (rq->kind == W_UNLOCK)
     am_usage_error(L, "attempt to wait for a reentrant mutex that this "
@@ -108,7 +113,7 @@ int am_reenters (lua_State *L, Lock *lk, const Request *rq) {
 ** be reused by a new one.  The anchor stays until the next grant replaces
 ** it.
 */
-void am_reentrant_owned (lua_State *L, Lock *lk, int lockidx) {
+static void re_owned (lua_State *L, Lock *lk, int lockidx) {
   lk->owner = L;
   lua_pushthread(L);
   lua_setiuservalue(L, lockidx, 2);
@@ -143,25 +148,12 @@ static int re_acquire (lua_State *L) {
 }
 
 
-static int re_waitForUnlock (lua_State *L) {
-  Request rq = {.kind = W_UNLOCK, .first = 2, .base = 1,
-                .fname = "waitForUnlock"};
-  return am_lock_request(L, checkre(L), &rq);
-}
-
-
 /* rm:steal([priority]): steal.c (never by its holder) */
 static int re_steal (lua_State *L) {
   Request rq = {.kind = W_ACQUIRE, .wait = AM_STEAL, .first = 2, .base = 1,
                 .fname = "steal"};
   am_steal_decorated(L, AM_T_REENTRANT_MUTEX);
   return am_lock_steal(L, checkre(L), &rq);
-}
-
-
-static int re_isLocked (lua_State *L) {
-  lua_pushboolean(L, checkre(L)->value <= 0);
-  return 1;
 }
 
 
@@ -181,33 +173,19 @@ static int re_isHeldByMe (lua_State *L) {
 }
 
 
-static int re_cancel (lua_State *L) {
-  Lock *lk = checkre(L);
-  am_cancel(L, lk);
-  am_sync(L, lk->st);
-  return 0;
-}
-
 /* }====================================================== */
 
 
 static int re__tostring (lua_State *L) {
-  Lock *lk = (Lock *)luaL_checkudata(L, 1, AM_REENTRANT_MUTEX);
+  Lock *lk = (Lock *)luaL_checkudata(L, 1, am_tnames[AM_T_REENTRANT_MUTEX]);
   if (lk->value <= 0)
     lua_pushfstring(L, "%s (locked, depth %I, %d waiting): %p",
-                    AM_REENTRANT_MUTEX, (LUAI_UACINT)lk->held,
+                    am_tnames[AM_T_REENTRANT_MUTEX], (LUAI_UACINT)lk->held,
                     (int)lk->queue.count, (void *)lk);
   else
-    lua_pushfstring(L, "%s (unlocked, %d waiting): %p", AM_REENTRANT_MUTEX,
+    lua_pushfstring(L, "%s (unlocked, %d waiting): %p", am_tnames[AM_T_REENTRANT_MUTEX],
                     (int)lk->queue.count, (void *)lk);
   return 1;
-}
-
-
-/* NOTE: as lock__gc (mutex_semaphore.c): only frees memory. */
-static int re__gc (lua_State *L) {
-  am_lock_free((Lock *)lua_touserdata(L, 1));
-  return 0;
 }
 
 
@@ -221,14 +199,14 @@ static int dre_waitForUnlock (lua_State *L) {
 }
 
 
+/* With the shared methods of lock.c (waitForUnlock, isLocked, cancel,
+   __gc). */
 const luaL_Reg am_reentrant_methods[] = {
   {"acquire", re_acquire},
-  {"waitForUnlock", re_waitForUnlock},
-  {"isLocked", re_isLocked},
   {"depth", re_depth},
   {"isHeldByMe", re_isHeldByMe},
-  {"cancel", re_cancel},
   {"steal", re_steal},
+  {"release", NULL},          /* none: a hold ends by its releaser only */
   {NULL, NULL}
 };
 
@@ -240,7 +218,6 @@ const luaL_Reg am_decorated_reentrant_methods[] = {
 
 const luaL_Reg am_reentrant_metamethods[] = {
   {"__tostring", re__tostring},
-  {"__gc", re__gc},
   {NULL, NULL}
 };
 

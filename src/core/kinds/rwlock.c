@@ -74,6 +74,31 @@ static void rw_end_holds (Lock *lk) {
 }
 
 
+/* A write hold is live while the lock is written (rw:release() ends it);
+   a read hold while readers hold it. */
+static int rw_live (const Lock *lk, lua_Integer weight) {
+  return weight == AM_RW_READ ? lk->value > 0 : lk->value == WRITTEN;
+}
+
+static int rw_shared (lua_Integer weight) {
+  return weight == AM_RW_READ;
+}
+
+static int rw_exclusive (const Lock *lk) {
+  return lk->value == WRITTEN;
+}
+
+static int rw_downgrade (lua_State *L);
+static int rw_upgrade (lua_State *L);
+
+/* What every releaser has (core.c); each checks its lock is an RWLock. */
+static const luaL_Reg rw_releaser_methods[] = {
+  {"downgrade", rw_downgrade},
+  {"upgrade", rw_upgrade},
+  {NULL, NULL}
+};
+
+
 const LockKind am_rwlock_kind = {
   .name = "RWLock",
   .noun = "a readers-writer lock",
@@ -86,6 +111,10 @@ const LockKind am_rwlock_kind = {
   .give_back = rw_give_back,
   .is_locked = rw_is_locked,
   .end_holds = rw_end_holds,
+  .live = rw_live,
+  .shared = rw_shared,
+  .exclusive = rw_exclusive,
+  .releaser_methods = rw_releaser_methods,
 };
 
 /* }====================================================== */
@@ -161,12 +190,6 @@ static int rw_stealRead (lua_State *L) {
 }
 
 
-static int rw_isLocked (lua_State *L) {
-  lua_pushboolean(L, checkrw(L)->value != 0);
-  return 1;
-}
-
-
 static int rw_isWriteLocked (lua_State *L) {
   lua_pushboolean(L, checkrw(L)->value == WRITTEN);
   return 1;
@@ -194,13 +217,6 @@ static int rw_release (lua_State *L) {
 }
 
 
-static int rw_cancel (lua_State *L) {
-  Lock *lk = checkrw(L);
-  am_cancel(L, lk);
-  am_sync(L, lk->st);
-  return 0;
-}
-
 /* }====================================================== */
 
 
@@ -211,7 +227,7 @@ static int rw_cancel (lua_State *L) {
 ** the head join at once (dispatch).  Raises for a releaser of any other
 ** hold, or one whose write hold has ended.
 */
-int am_rw_downgrade (lua_State *L) {
+static int rw_downgrade (lua_State *L) {
   Releaser *r = (Releaser *)am_checkself(L, AM_T_RELEASER);
   Lock *lk = r->lock;
   if (lk->kind != &am_rwlock_kind || r->weight != AM_RW_WRITE)
@@ -242,7 +258,7 @@ int am_rw_downgrade (lua_State *L) {
 ** each wait for the other's read hold to end: a deadlock the lock cannot
 ** break.  Raises, to say so where the user would try it.
 */
-int am_rw_upgrade (lua_State *L) {
+static int rw_upgrade (lua_State *L) {
   am_checkself(L, AM_T_RELEASER);
   return am_usage_error(L, "attempt to upgrade a read hold: not offered "
                            "(two upgraders would deadlock); release it, "
@@ -251,12 +267,12 @@ int am_rw_upgrade (lua_State *L) {
 
 
 static int rw__tostring (lua_State *L) {
-  Lock *lk = (Lock *)luaL_checkudata(L, 1, AM_RWLOCK);
+  Lock *lk = (Lock *)luaL_checkudata(L, 1, am_tnames[AM_T_RWLOCK]);
   if (lk->value == WRITTEN)
-    lua_pushfstring(L, "%s (write-locked, %d waiting): %p", AM_RWLOCK,
+    lua_pushfstring(L, "%s (write-locked, %d waiting): %p", am_tnames[AM_T_RWLOCK],
                     (int)lk->queue.count, (void *)lk);
   else
-    lua_pushfstring(L, "%s (%I readers, %d waiting): %p", AM_RWLOCK,
+    lua_pushfstring(L, "%s (%I readers, %d waiting): %p", am_tnames[AM_T_RWLOCK],
                     (LUAI_UACINT)lk->value, (int)lk->queue.count,
                     (void *)lk);
   return 1;
@@ -265,12 +281,6 @@ static int rw__tostring (lua_State *L) {
 
 /* NOTE: as lock__gc (mutex_semaphore.c): a lock with waiters is never
    collected, so __gc only frees memory. */
-static int rw__gc (lua_State *L) {
-  am_lock_free((Lock *)lua_touserdata(L, 1));
-  return 0;
-}
-
-
 /* A decorated RWLock's requests (decorated.c): with its limit. */
 static int drw_acquire (lua_State *L) {
   return am_decorated_request(L, W_ACQUIRE, "acquire", AM_RW_WRITE);
@@ -292,16 +302,15 @@ static int drw_waitForUnlock (lua_State *L) {
 }
 
 
+/* With the shared methods of lock.c (isLocked, cancel, __gc). */
 const luaL_Reg am_rwlock_methods[] = {
   {"acquire", rw_acquire},
   {"acquireRead", rw_acquireRead},
   {"acquireWrite", rw_acquireWrite},
   {"waitForUnlock", rw_waitForUnlock},
-  {"isLocked", rw_isLocked},
   {"isWriteLocked", rw_isWriteLocked},
   {"readers", rw_readers},
   {"release", rw_release},
-  {"cancel", rw_cancel},
   {"steal", rw_steal},
   {"stealRead", rw_stealRead},
   {NULL, NULL}
@@ -317,7 +326,6 @@ const luaL_Reg am_decorated_rwlock_methods[] = {
 
 const luaL_Reg am_rwlock_metamethods[] = {
   {"__tostring", rw__tostring},
-  {"__gc", rw__gc},
   {NULL, NULL}
 };
 
