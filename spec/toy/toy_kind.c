@@ -1,5 +1,5 @@
 /*
-** toy_kind.c: a lock kind that exists only for spec 279, which builds the
+** toy_kind.c: a lock kind that exists only for spec 280, which builds the
 ** core with this file and its one line of the kind table (AM_EXTRA_KINDS
 ** on the compiler's command line) to show that a kind needs nothing else
 ** (docs/internals.md, "How to add a lock kind").  Its rules: a Toy is held
