@@ -423,6 +423,7 @@ return {
   check_steal = check_steal, check_query_key = check_query_key, check_no_key = check_no_key,
   -- the hub, requests, replicas (redis_lock_hub.lua)
   CLOSED = CLOSED, NS = NS, random_hex = hub_m.random_hex, background = hub_m.background,
+  dropping_errors = hub_m.dropping_errors,
   eval = eval, release_token = hub_m.release_token, get_hub = get_hub,
   hub_use = hub_m.hub_use, hub_unuse = hub_m.hub_unuse, subscribe = hub_m.subscribe,
   replicated = hub_m.replicated, confirm_grant = hub_m.confirm_grant,

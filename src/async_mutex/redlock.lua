@@ -194,10 +194,14 @@ local function go(fn, a, b, c)
   if not ok then error(err, 0) end
 end
 
--- base.background's job in a worker: its errors dropped (each caller
--- says why that is safe).
-local function quietly(fn, a, b) pcall(fn, a, b) end
-local function quietly_release_token(lk, keys, token) pcall(base.release_token, lk, keys, token) end
+-- base.background's job in a worker: its outcomes dropped (each caller
+-- says why that is safe), any other error written to stderr, as
+-- base.background does (redis_lock_hub.lua, dropping_errors).
+local dropping_errors = base.dropping_errors
+local function quietly(fn, a, b) dropping_errors(fn, a, b) end
+local function quietly_release_token(lk, keys, token)
+  dropping_errors(base.release_token, lk, keys, token)
+end
 local function background(fn, a, b) go(quietly, fn, a, b) end
 
 -- }==========================================================
