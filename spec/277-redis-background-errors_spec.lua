@@ -21,12 +21,12 @@ local server = redis_server.for_file(setup, teardown)
 local function caught(fn)
   local reported, written = {}, {}
   local stderr = io.stderr
-  io.stderr = { write = function(self, ...)
+  io.stderr = { write = function(self, ...)   -- luacheck: ignore 122 (caught, then put back)
     for _, v in ipairs({ ... }) do written[#written + 1] = tostring(v) end
     return self
   end }
   local ok, err = pcall(h.with_handler, function(e) reported[#reported + 1] = tostring(e) end, fn)
-  io.stderr = stderr
+  io.stderr = stderr                         -- luacheck: ignore 122
   if not ok then error(err, 0) end
   return reported, table.concat(written)
 end
