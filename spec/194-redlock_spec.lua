@@ -11,17 +11,8 @@ local h = require "helpers"
 local R = require "lock_redis"
 local uv = require "luv"
 
-local servers = {}
-
-setup(function()
-  for i = 1, 3 do servers[i] = R.server() end
-  -- a server counts once it has been up for ttl (read in whole seconds,
-  -- taken as up to a second less): every lock here has a ttl <= 1000
-  uv.sleep(2100)
-end)
-teardown(function()
-  for _, s in ipairs(servers) do s:resume(); s:stop() end
-end)
+-- every lock here has a ttl <= 1000
+local servers = R.redlock_servers(setup, teardown, 3, 1000)
 
 -- Each test starts with servers old enough to count (a test before may
 -- have restarted some): up for 2 s at least; and running (one that failed

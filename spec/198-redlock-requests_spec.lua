@@ -12,17 +12,8 @@ local R = require "lock_redis"
 local uv = require "luv"
 local scripts = require "async_mutex.redis_scripts"
 
-local servers = {}
-
-setup(function()
-  for i = 1, 3 do servers[i] = R.server() end
-  -- a server counts once it has been up for ttl (read in whole seconds,
-  -- taken as up to a second less): every lock here has a ttl <= 3000
-  uv.sleep(4100)
-end)
-teardown(function()
-  for _, s in ipairs(servers) do s:resume(); s:stop() end
-end)
+-- every lock here has a ttl <= 3000
+local servers = R.redlock_servers(setup, teardown, 3, 3000)
 
 local fresh = R.namer("spec198")
 

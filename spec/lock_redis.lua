@@ -137,6 +137,23 @@ function R.file_server(setup, teardown, prefix)
   return require("redis_server").for_file(setup, teardown, R.server), R.namer(prefix)
 end
 
+--- The n redis-servers of a RedlockMutex spec file (a list, filled by its
+-- setup, stopped by its teardown, resumed first if a test paused one).  A
+-- server counts for a Redlock once it has been up for the lock's ttl (read
+-- in whole seconds, taken as up to a second less): the setup waits that
+-- long for the longest ttl of the file's locks, `max_ttl` ms.
+function R.redlock_servers(setup, teardown, n, max_ttl)
+  local servers = {}
+  setup(function()
+    for i = 1, n do servers[i] = R.server() end
+    uv.sleep(max_ttl + 1100)
+  end)
+  teardown(function()
+    for _, s in ipairs(servers) do s:resume(); s:stop() end
+  end)
+  return servers
+end
+
 --- A fresh redis-server.
 function R.server()
   local dir = os.tmpname()
