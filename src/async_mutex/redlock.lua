@@ -198,11 +198,10 @@ end
 -- says why that is safe), any other error written to stderr, as
 -- base.background does (redis_lock_hub.lua, dropping_errors).
 local dropping_errors = base.dropping_errors
-local function quietly(fn, a, b) dropping_errors(fn, a, b) end
 local function quietly_release_token(lk, keys, token)
   dropping_errors(base.release_token, lk, keys, token)
 end
-local function background(fn, a, b) go(quietly, fn, a, b) end
+local function background(fn, a, b) go(dropping_errors, fn, a, b) end
 
 -- }==========================================================
 

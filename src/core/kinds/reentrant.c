@@ -141,13 +141,6 @@ static int re_new (lua_State *L) {
 
 /* {====================================================== methods */
 
-static int re_acquire (lua_State *L) {
-  Request rq = {.kind = W_ACQUIRE, .first = 2, .base = 1,
-                .fname = "acquire"};
-  return am_lock_request(L, checkre(L), &rq);
-}
-
-
 /* rm:steal([priority]): steal.c (never by its holder) */
 static int re_steal (lua_State *L) {
   Request rq = {.kind = W_ACQUIRE, .wait = AM_STEAL, .first = 2, .base = 1,
@@ -202,7 +195,6 @@ static int dre_waitForUnlock (lua_State *L) {
 /* With the shared methods of lock.c (waitForUnlock, isLocked, cancel,
    __gc). */
 const luaL_Reg am_reentrant_methods[] = {
-  {"acquire", re_acquire},
   {"depth", re_depth},
   {"isHeldByMe", re_isHeldByMe},
   {"steal", re_steal},
