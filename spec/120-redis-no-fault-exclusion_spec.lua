@@ -13,13 +13,11 @@
 -- with O_APPEND (one write(2) each, unbuffered), and overlaps are read from
 -- the order of the lines in that file.
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 local scripts = require "async_mutex.redis_scripts"
 local uv = require "luv"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec120")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec120")
 
 -- A worker: N sections of the mutex NAME, each holding for a time drawn
 -- around the ttl, markers in LOG.  Prints "onlost falses stale starved"

@@ -7,12 +7,10 @@
 -- N:h, N:q, N:w and N:c with no expiry: with KeyedRedisMutex over an
 -- unbounded key space (user ids, order ids), memory grew without bound.
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 local scripts = require "async_mutex.redis_scripts"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec121")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec121")
 local churn_server = R.file_server(setup, teardown)   -- (the churn's own: DBSIZE counts every key)
 
 local raw = R.eval_script

@@ -8,11 +8,9 @@
 -- may evict them too: only noeviction (or no maxmemory) is safe.  Before,
 -- nothing was checked.
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec123")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec123")
 
 local function configure(c, maxmemory, policy)
   c:call("CONFIG", "SET", "maxmemory", maxmemory)

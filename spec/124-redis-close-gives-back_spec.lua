@@ -8,12 +8,10 @@
 -- that reached the head of the queue was handed the lock and held it for
 -- its first lease.
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 local uv = require "luv"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec124")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec124")
 
 local function ms_since(t0) return (uv.hrtime() - t0) / 1e6 end
 

@@ -12,12 +12,10 @@
 -- is brought up to date before it starts, but it counts in whole ms of
 -- the loop's clock, so that one case relies on the core's own deadline.
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 local uv = require "luv"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec125")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec125")
 
 local hrtime = uv.hrtime
 

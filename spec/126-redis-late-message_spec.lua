@@ -12,13 +12,11 @@
 -- worker processes write begin and end markers to one file opened with
 -- O_APPEND, and overlaps are read from the order of the lines.
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 local scripts = require "async_mutex.redis_scripts"
 local uv = require "luv"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec126")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec126")
 
 local raw = R.eval_script
 

@@ -5,11 +5,9 @@
 -- server never had): two scripts per refusal, a server's work doubled for
 -- a program that polls a busy lock with tryAcquire.
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec127")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec127")
 
 -- The scripts run by the server while fn() runs and the loop turns after
 -- it (anything sent in the background has been taken: a PING on the same

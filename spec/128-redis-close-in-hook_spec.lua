@@ -18,12 +18,10 @@
 -- client's own calls (its hooks.watch, while a request is being written)
 -- left that request waiting for ever, a defect of the client's, reported.
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 local uv = require "luv"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec128")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec128")
 
 -- fn(...) with `client` closed at the k-th call made by the lock's code
 -- (R.with_close_at).

@@ -6,11 +6,9 @@
 -- in Redis; everyone else (coroutines of this process, other processes)
 -- waits as for a RedisMutex; a lost lease ends every level.
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec190")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec190")
 
 describe("RedisReentrantMutex's holder", function()
   it("re-enters at once, across yields, with no request to Redis: levels of one hold, one fence",

@@ -6,11 +6,9 @@
 -- strictly increase across reads and writes; downgrade lets no writer in
 -- between, upgrade is refused.
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec191")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec191")
 
 describe("RedisRWLock", function()
   it("lets readers of several processes share it, and a writer hold it alone", h.async(function()

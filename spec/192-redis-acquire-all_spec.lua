@@ -5,13 +5,9 @@
 -- cannot be had gives back the keys taken before it; the releaser gives
 -- every key back, even when one of them was lost.
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 
-local server = R.file_server(setup, teardown)
-
-local fresh = R.namer("spec192")
+local am, h, server, fresh = R.spec_file(setup, teardown, "spec192")
 
 -- The keys of 'names' held in Redis right now (their N:h exists).
 local function held(client, prefix, names)

@@ -3,13 +3,9 @@
 -- am.KeyedRWLock: per-key reads and writes, downgrade, release(key), and
 -- multi-key reads and writes in the canonical order, all or nothing.
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 
-local server = R.file_server(setup, teardown)
-
-local fresh = R.namer("spec193")
+local am, h, server, fresh = R.spec_file(setup, teardown, "spec193")
 
 describe("KeyedRedisRWLock", function()
   it("applies the RWLock's rules per key; other keys never block", h.async(function()

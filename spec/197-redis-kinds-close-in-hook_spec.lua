@@ -13,12 +13,10 @@
 -- returned holds whose tokens the close had given back: check() true on a
 -- closed client while another process held the lock.
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 local uv = require "luv"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec197")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec197")
 -- a RedlockMutex counts a server once it has been up for its ttl (1000 ms
 -- here; INFO gives whole seconds)
 setup(function() uv.sleep(2100) end)

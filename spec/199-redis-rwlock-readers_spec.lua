@@ -6,11 +6,9 @@
 -- while it waits queues behind it.  A write keeps the gate until its hold
 -- ends, however it ends: the process's readers wait there, not in Redis.
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec199")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec199")
 
 describe("RedisRWLock's readers of one process", function()
   it("queue together behind a writer and are granted together", h.async(function()

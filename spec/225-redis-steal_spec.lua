@@ -5,12 +5,10 @@
 -- keeps its order.  Holders in other processes are child lua5.4 processes
 -- that write markers to their stdout; the server is this file's own.
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 local uv = require "luv"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec225")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec225")
 
 -- The tokens that hold `name` in Redis (its N:h hash).
 local function holders(c, name)

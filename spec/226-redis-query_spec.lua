@@ -3,12 +3,10 @@
 -- Several clients stand for several processes (each has its own client
 -- id and place in the Redis queue); the server is this file's own.
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 local uv = require "luv"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec226")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec226")
 
 -- The client id of a token ("<client id>:<random>").
 local function client_of(token) return token:match("^([^:]+):") end

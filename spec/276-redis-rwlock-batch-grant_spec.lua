@@ -8,12 +8,10 @@
 -- once.  Each client stands for a process here (its own channel and
 -- tokens), and the last test runs 4 real processes.
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 local scripts = require "async_mutex.redis_scripts"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec276")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec276")
 
 local WRITE = 1 << 40
 

@@ -3,11 +3,9 @@
 -- channel and its own place in the Redis queue.  Every test runs against
 -- the real redis-server this file starts.
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec44")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec44")
 
 local queued = R.queued
 

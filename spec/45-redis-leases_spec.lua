@@ -3,12 +3,10 @@
 -- (docs/redis-locks.md, "Leases" and "Failures"; the vocabulary is
 -- docs/semantics.md, "Leases and lost holds").
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 local uv = require "luv"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec45")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec45")
 
 -- The tokens holding 'name' in Redis.
 local holders = R.holder_tokens

@@ -4,12 +4,10 @@
 -- the fencing tokens, and that no waiter waits more than one turn of the
 -- queue on a log kept in Redis; dead holders and dead waiters by SIGKILL.
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 local uv = require "luv"
 
-local server = R.file_server(setup, teardown)
+local am, h, server = R.spec_file(setup, teardown)
 
 local queued = R.queued
 

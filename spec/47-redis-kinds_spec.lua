@@ -2,11 +2,9 @@
 -- calls mean on Redis locks: withTimeout, tryAcquire, cancel,
 -- waitForUnlock, closed coroutines (docs/redis-locks.md, "The API").
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec47")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec47")
 
 local queued = R.queued
 

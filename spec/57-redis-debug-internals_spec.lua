@@ -6,12 +6,10 @@
 -- lock-order inversions between a bell and a gate, and left each bell's
 -- grant as a hold of a dead coroutine (a leak: 174 holds and 638 KB of heap
 -- after 4 x 100 contended acquisitions, 1606 holds after 4 x 1000).
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 local dr = require "debug_reports"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec57")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec57")
 teardown(function() am.debug.disable() end)
 
 -- n rounds of each of 'workers' coroutines taking the locks in 'order'

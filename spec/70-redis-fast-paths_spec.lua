@@ -5,12 +5,10 @@
 -- the locks only meet under load (a lease that ended in Redis before anyone
 -- removed it) can be made at will.
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 local scripts = require "async_mutex.redis_scripts"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec70")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec70")
 
 local release = R.release_script
 

@@ -3,12 +3,10 @@
 -- an unknown option is refused, a priority error is worded as the core
 -- locks word it, and a call on a closed client raises at the caller's line.
 
-local am = require "async_mutex"
 local redis = require "async_mutex.redis"
-local h = require "helpers"
 local R = require "lock_redis"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec72")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec72")
 
 local check = h.raises_at_caller
 

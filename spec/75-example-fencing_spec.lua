@@ -9,9 +9,10 @@
 -- scenario is played with real RedisMutex grants on a real redis-server,
 -- without timing races: the first holder's lease (100 ms, no watchdog) has
 -- ended in Redis before the second holder asks.
-local am = require "async_mutex"
-local h = require "helpers"
+
 local R = require "lock_redis"
+
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec75")
 
 local ROOT do
   local source = debug.getinfo(1, "S").source:gsub("^@", "")
@@ -25,8 +26,6 @@ local function script(name)
   return assert(example:match("\nlocal " .. name .. " = %[%[\n(.-)%]%]\n"),
     "examples/redis_orders.lua has no script " .. name)
 end
-
-local server, fresh_name = R.file_server(setup, teardown, "spec75")
 
 describe("examples/redis_orders.lua's fenced store", function()
   it("refuses the sale of a holder paused past its lease once the next holder has read,"

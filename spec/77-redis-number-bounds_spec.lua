@@ -6,12 +6,10 @@
 -- A semaphore's weights and room up to 2^53 are written digit for digit in
 -- the records the scripts read back (Lua 5.1's tostring would give 1e+15).
 
-local h = require "helpers"
 local R = require "lock_redis"
-local am = require "async_mutex"
 local scripts = require "async_mutex.redis_scripts"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec77")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec77")
 
 local MAX_MS = 1 << 40         -- the largest ttl / waiterTimeout
 local MAX_LIMIT = 1 << 53      -- the largest semaphore limit

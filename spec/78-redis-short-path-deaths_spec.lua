@@ -7,12 +7,10 @@
 -- the lease ends, runs the full path, which expires them.  Waiters are
 -- killed with SIGKILL, as in spec 46.
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 local uv = require "luv"
 
-local server = R.file_server(setup, teardown)
+local am, h, server = R.spec_file(setup, teardown)
 
 local queued = R.queued
 

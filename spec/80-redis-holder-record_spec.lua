@@ -6,12 +6,10 @@
 -- layout (N:h a zset beside N:g) fails loudly instead of granting.  The
 -- scripts are run directly, with tokens of our own, as in spec 70.
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 local scripts = require "async_mutex.redis_scripts"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec80")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec80")
 
 local release, server_ms = R.release_script, R.server_ms
 

@@ -5,12 +5,10 @@
 -- directly, with tokens of our own, as in spec 70; the lease the client
 -- counts is checked through RedisMutex.
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 local scripts = require "async_mutex.redis_scripts"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec81")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec81")
 
 local release, server_ms = R.release_script, R.server_ms
 

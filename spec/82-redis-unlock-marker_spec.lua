@@ -7,12 +7,10 @@
 -- (h.wait_until scales its bound under the memory checkers: the poll, at
 -- 100 s here, stays far beyond it.)
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 local scripts = require "async_mutex.redis_scripts"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec82")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec82")
 
 -- Long enough that a watcher woken within WOKEN ms was woken by the
 -- release's message, not by its poll (every waiterTimeout / 3).

@@ -13,11 +13,9 @@
 -- far below the old delays (the defaults: ttl 30 s, waiterTimeout 3 s;
 -- the waiters here use waiterTimeout 30 s, a renewal every 10 s).
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 
-local server = R.file_server(setup, teardown)
+local am, h, server = R.spec_file(setup, teardown)
 
 local CHILD = [[
 local am = require "async_mutex"

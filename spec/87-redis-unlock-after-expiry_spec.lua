@@ -6,12 +6,10 @@
 -- waiterTimeout / 3 (100 s here, with a lease of 300 ms).  Now the state
 -- script tells it when the first lease ends, and it looks again then.
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 local uv = require "luv"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec87")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec87")
 
 local TTL = 300
 local OPTS = { waiterTimeout = 300000 }          -- poll every 100 s

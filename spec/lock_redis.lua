@@ -137,6 +137,15 @@ function R.file_server(setup, teardown, prefix)
   return require("redis_server").for_file(setup, teardown, R.server), R.namer(prefix)
 end
 
+--- The head of a Redis lock spec file in one line: the module, the spec
+-- helpers, the file's server and the namer of its locks (R.file_server):
+--   local R = require "lock_redis"
+--   local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec44")
+function R.spec_file(setup, teardown, prefix)
+  local server, fresh_name = R.file_server(setup, teardown, prefix)
+  return require "async_mutex", require "helpers", server, fresh_name
+end
+
 --- The n redis-servers of a RedlockMutex spec file (a list, filled by its
 -- setup, stopped by its teardown, resumed first if a test paused one).  A
 -- server counts for a Redlock once it has been up for the lock's ttl (read
