@@ -13,10 +13,7 @@
 local h = require "helpers"
 local redis_server = require "redis_server"
 
-local ROOT do
-  local source = debug.getinfo(1, "S").source:gsub("^@", "")
-  ROOT = (source:match("^(.*)/[^/]*$") or ".") .. "/.."
-end
+local ROOT = h.ROOT
 
 local function q(s)
   return "'" .. tostring(s):gsub("'", "'\\''") .. "'"

@@ -9,10 +9,7 @@
 
 local h = require "helpers"
 
-local ROOT do
-  local source = debug.getinfo(1, "S").source:gsub("^@", "")
-  ROOT = (source:match("^(.*)/[^/]*$") or ".") .. "/.."
-end
+local ROOT = h.ROOT
 
 local function load_rockspec()
   local spec = {}

@@ -22,11 +22,8 @@
 local h = require "helpers"
 local redis_server = require "redis_server"
 
-local ROOT do
-  local source = debug.getinfo(1, "S").source:gsub("^@", "")
-  ROOT = (source:match("^(.*)/[^/]*$") or ".") .. "/.."
+local ROOT = h.ROOT
   if ROOT:sub(1, 1) ~= "/" then ROOT = require("luv").cwd() .. "/" .. ROOT end
-end
 
 --- The Markdown files whose blocks are checked: README.md and docs/*.md.
 local function documents()

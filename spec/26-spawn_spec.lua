@@ -333,11 +333,7 @@ describe("async_mutex.spawn", function()
 end)
 
 describe("README's Quick start", function()
-  -- The repository root: the parent of the directory holding this file.
-  local ROOT do
-    local source = debug.getinfo(1, "S").source:gsub("^@", "")
-    ROOT = (source:match("^(.*)/[^/]*$") or ".") .. "/.."
-  end
+  local ROOT = h.ROOT
   local readme = h.read_file(ROOT .. "/README.md")
   local code = readme:match("\n## Quick start\n.-\n```lua\n(.-)```\n")
   local IO_LINE = "  am.sleep(100)                              -- simulated I/O: the lock is held across it\n"
@@ -375,10 +371,7 @@ describe("README's Quick start", function()
 end)
 
 describe("docs/api.md's Errors snippets", function()
-  local ROOT do
-    local source = debug.getinfo(1, "S").source:gsub("^@", "")
-    ROOT = (source:match("^(.*)/[^/]*$") or ".") .. "/.."
-  end
+  local ROOT = h.ROOT
   local section = h.read_file(ROOT .. "/docs/api.md"):match("\n## Errors\n(.-)\n## ")
   local snippets = {}
   for block in (section or ""):gmatch("\n```lua\n(.-)```\n") do

@@ -6,10 +6,7 @@
 -- and core.kind all work, with no other change.  The Toy runs in a
 -- process of its own: its core is another build of the module.
 
-local ROOT do
-  local source = debug.getinfo(1, "S").source:gsub("^@", "")
-  ROOT = (source:match("^(.*)/[^/]*$") or ".") .. "/.."
-end
+local ROOT = require("helpers").ROOT
 
 -- Runs a shell command (not under the sanitizer runtime `make asan`
 -- preloads); returns its output and whether it exited with 0.

@@ -9,11 +9,7 @@ local redis_server = require "redis_server"
 local redis = require "async_mutex.redis"
 local am = require "async_mutex"
 
--- The repository root: the parent of the directory holding this file.
-local ROOT do
-  local source = debug.getinfo(1, "S").source:gsub("^@", "")
-  ROOT = (source:match("^(.*)/[^/]*$") or ".") .. "/.."
-end
+local ROOT = h.ROOT
 
 local server = redis_server.for_file(setup, teardown)
 

@@ -14,10 +14,7 @@ local R = require "lock_redis"
 
 local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec75")
 
-local ROOT do
-  local source = debug.getinfo(1, "S").source:gsub("^@", "")
-  ROOT = (source:match("^(.*)/[^/]*$") or ".") .. "/.."
-end
+local ROOT = h.ROOT
 
 local example = h.read_file(ROOT .. "/examples/redis_orders.lua")
 

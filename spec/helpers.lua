@@ -56,6 +56,11 @@ function helpers.load(n)
   return math.max(1, n)
 end
 
+--- The repository root, as a path from where the suite runs: the parent
+-- of spec/, the folder of this file (and of every spec).
+helpers.ROOT = (debug.getinfo(1, "S").source:gsub("^@", ""):match("^(.*)/[^/]*$") or ".")
+  .. "/.."
+
 helpers.DEFAULT_DEADLINE = 5000
 
 -- Deadlines and wait_until limits are stretched by this factor when SLOW.
