@@ -91,9 +91,7 @@ describe("a rock built where hiredis is missing", function()
 end)
 
 describe("the client's sockets", function()
-  local server
-  setup(function() server = redis_server.start() end)
-  teardown(function() if server then server:stop() end end)
+  local server = redis_server.for_file(setup, teardown)
 
   it("are closed on exec: a child process started while connected holds none of them",
     function()

@@ -213,9 +213,7 @@ local function check_busted(b)
 end
 
 describe("the code blocks of README.md and docs/*.md", function()
-  local server
-  setup(function() server = redis_server.start() end)
-  teardown(function() if server then server:stop() end end)
+  local server = redis_server.for_file(setup, teardown)
 
   it("are found, each with a known marker or none", function()
     -- README.md alone had 24 blocks when this spec was written

@@ -9,11 +9,7 @@ local am = require "async_mutex"
 
 local server = redis_server.for_file(setup, teardown)
 
-local function client(opts)
-  opts = opts or {}
-  if not opts.path then opts.port = opts.port or server.port end
-  return redis.connect(opts)
-end
+local function client(opts) return server:client(opts) end
 
 describe("redis.connect", function()
   it("connects over TCP and over a unix socket", h.async(function()

@@ -8,11 +8,7 @@ local am = require "async_mutex"
 
 local server = redis_server.for_file(setup, teardown)
 
-local function client(opts)
-  opts = opts or {}
-  opts.port = server.port
-  return redis.connect(opts)
-end
+local function client(opts) return server:client(opts) end
 
 describe("client:subscribe", function()
   it("delivers messages to fn(message, channel) once the server confirmed", h.async(function()

@@ -163,6 +163,21 @@ function R.redlock_servers(setup, teardown, n, max_ttl)
   return servers
 end
 
+--- The head of a RedlockMutex spec file in one line (as R.spec_file): the
+-- module, the spec helpers, its n servers (R.redlock_servers), a namer of
+-- its locks, and clients(opts), a new list of one client per server.
+--   local am, h, servers, fresh, clients =
+--     R.redlock_spec_file(setup, teardown, 3, 1000, "spec194")
+function R.redlock_spec_file(setup, teardown, n, max_ttl, prefix)
+  local servers = R.redlock_servers(setup, teardown, n, max_ttl)
+  local function clients(opts)
+    local t = {}
+    for i, s in ipairs(servers) do t[i] = s:client(opts) end
+    return t
+  end
+  return require "async_mutex", require "helpers", servers, R.namer(prefix), clients
+end
+
 --- A fresh redis-server.
 function R.server()
   local dir = os.tmpname()
