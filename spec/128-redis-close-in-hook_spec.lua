@@ -44,19 +44,10 @@ local function close_at(k, other_client, setup_scene)
   local after = setup_scene and setup_scene(lb, name)
   local outcome = with_close_at(k, a, la.acquire, la)
   if after then after(function() return outcome() ~= nil end) end
-  h.wait_until(function() return outcome() ~= nil end, 3000)
-  local closed, ok, r = outcome()
-  if not closed then
-    a:close()
-    assert.is_true(ok, r)
-    return nil
-  end
-  local problem = false
-  if ok then
-    if r:check() then problem = "held after the close" end
-  elseif r ~= am.E_UNAVAILABLE and not tostring(r):find("attempt to use a closed redis client") then
-    problem = "raised " .. tostring(r)
-  end
+  local problem = R.close_outcome(outcome, a, function(r)
+    return r == am.E_UNAVAILABLE or tostring(r):find("attempt to use a closed redis client")
+  end)
+  if problem == nil then return nil end
   -- what the close gave back lets the other process in at once
   local rb
   h.spawn(function() rb = lb:acquire() end)

@@ -48,19 +48,8 @@ local function close_at(k, b, prepare)
   local name = fresh_name()
   local op, other = prepare(a, b, name)
   local outcome = with_close_at(k, a, op)
-  h.wait_until(function() return outcome() ~= nil end, 3000)
-  local closed, ok, r = outcome()
-  if not closed then
-    a:close()
-    assert.is_true(ok, r)
-    return nil
-  end
-  local problem = false
-  if ok then
-    if r:check() then problem = "held after the close" end
-  elseif not closed_error(r) then
-    problem = "raised " .. tostring(r)
-  end
+  local problem = R.close_outcome(outcome, a, closed_error)
+  if problem == nil then return nil end
   -- what the close gave back lets the other process in at once (the
   -- leases are 1000 ms)
   local rb

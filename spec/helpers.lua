@@ -25,7 +25,9 @@
 -- lua5.4), h.instructions(code) (callgrind's count of one), h.load(n) (load-test sizes), h.gc(), h.closing(...) (closes
 -- clients and servers when a case ends, also when it fails), h.ms_since(t0),
 -- h.with_loop_clock(fn) (deadlines counted from uv.now(), as a model does),
--- h.reports_during(fn) (the module's reports of failures made meanwhile).
+-- h.reports_during(fn) (the module's reports of failures made meanwhile),
+-- h.reentrancy_fuzzer(script, seed, n) (a fuzzer of spec/fuzz run and
+-- checked), h.ROOT (the repository root).
 --
 -- The numbering of the spec files is explained in spec/README.md.
 
@@ -622,6 +624,24 @@ function helpers.subprocess(code, timeout_s, prefix)
   os.remove(script)
   os.remove(errfile)
   return { rc = rc, how = how, stdout = out, stderr = err }
+end
+
+--- Runs the re-entrancy fuzzer `script` (spec/fuzz/..., its "run SEED N"
+-- mode) in a child lua5.4 (helpers.subprocess) and checks its report:
+-- nothing on stderr, exit 0, "OK <N> sequences <ops> ops <calls>
+-- re-entrant calls" with N sequences.  Returns ops and calls.
+function helpers.reentrancy_fuzzer(script, seed, n, timeout_s)
+  local assert = require "luassert"
+  local res = helpers.subprocess(([[
+    arg = { [0] = %q, "run", "%d", "%d" }
+    dofile(arg[0])
+  ]]):format(script, seed, n), timeout_s)
+  assert.equal("", res.stderr)
+  local seqs, ops, calls = res.stdout:match("^OK (%d+) sequences (%d+) ops (%d+) re%-entrant calls\n$")
+  assert.is_not_nil(seqs, res.stdout)
+  assert.equal(0, res.rc)
+  assert.equal(n, tonumber(seqs))
+  return tonumber(ops), tonumber(calls)
 end
 
 --- The instructions a child (helpers.subprocess) running `code` executes,

@@ -558,6 +558,29 @@ function R.with_close_at(k, client, files, fn, ...)
   end
 end
 
+--- Waits (3 s at most) for the end of a run of R.with_close_at whose fn
+-- returned a hold, and judges it: nil when fn ended before the close came
+-- (it must have succeeded; `client` is closed here), else false, or the
+-- problem (a string): fn returned a hold that still checks after the
+-- close, or raised an error that is not `closed_error(err)`.
+function R.close_outcome(outcome, client, closed_error)
+  local h = require "helpers"
+  local assert = require "luassert"
+  h.wait_until(function() return outcome() ~= nil end, 3000)
+  local closed, ok, r = outcome()
+  if not closed then
+    client:close()
+    assert.is_true(ok, r)
+    return nil
+  end
+  if ok then
+    if r:check() then return "held after the close" end
+  elseif not closed_error(r) then
+    return "raised " .. tostring(r)
+  end
+  return false
+end
+
 --- A lock script of async_mutex.redis_scripts run directly on the lock
 -- `name`'s keys, with the arguments `...` (strings, as the locks pass them).
 function R.eval_script(client, name, script, ...)
