@@ -15,19 +15,7 @@ local redis_server = require "redis_server"
 
 local ROOT = h.ROOT
 
-local function q(s)
-  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
-end
-
--- Runs a shell command (not under the sanitizer runtime `make asan`
--- preloads); returns its output, failing on a non-zero exit.
-local function must(command)
-  local p = assert(io.popen("(unset LD_PRELOAD; " .. command .. ") 2>&1"))
-  local out = p:read("a")
-  local _, _, code = p:close()
-  assert(code == 0, ("`%s` failed:\n%s"):format(command, out))
-  return out
-end
+local q, must = h.shquote, h.must
 
 describe("async_mutex.redis_core", function()
   local so = package.searchpath("async_mutex.redis_core", package.cpath)

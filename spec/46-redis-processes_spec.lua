@@ -209,19 +209,13 @@ end)
     waiter:kill()
     waiter:wait()
     -- a second waiter of this process queues behind the dead one
-    local got
     local c2 = server:client()
-    local other = am.RedisMutex.new(c2, name, { waiterTimeout = 300 })
-    h.spawn(function()
-      local r = other:acquire()
-      got = uv.hrtime()
-      r()
-    end)
+    local got = R.grant_time(am.RedisMutex.new(c2, name, { waiterTimeout = 300 }))
     h.wait_until(function() return queued(c, name) == 2 end)
     local t0 = uv.hrtime()
     release()                              -- handed to the dead process
-    h.wait_until(function() return got ~= nil end, 5000)
-    local waited = (got - t0) / 1e6
+    h.wait_until(function() return got() ~= nil end, 5000)
+    local waited = (got() - t0) / 1e6
     assert.is_true(waited < (300 + 200) * h.TIME_SCALE, ("waited %.1f ms"):format(waited))
     c:close(); c2:close()
   end, { deadline = 20000 }))

@@ -600,6 +600,24 @@ end
 local function shquote(s)
   return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
 end
+helpers.shquote = shquote
+
+--- Runs a shell command; returns its exit code and its output (stdout and
+-- stderr together).  Not under the sanitizer runtime `make asan` preloads:
+-- its leak checker would fail the tools.
+function helpers.sh(command)
+  local p = assert(io.popen("(unset LD_PRELOAD; " .. command .. ") 2>&1", "r"))
+  local out = p:read("a")
+  local _, _, code = p:close()
+  return code, out
+end
+
+--- The same, failing on a non-zero exit code; returns the output.
+function helpers.must(command)
+  local code, out = helpers.sh(command)
+  assert(code == 0, ("`%s` failed (%s):\n%s"):format(command, tostring(code), out))
+  return out
+end
 
 --- Runs Lua code in a separate `lua5.4` process that finds the module the way
 -- this one does (LUA_PATH / LUA_CPATH from package.path / package.cpath).

@@ -502,6 +502,19 @@ function R.sum_counts(children, n)
   return table.unpack(sums, 1, n)
 end
 
+--- Spawns a coroutine that acquires `lock` (h.spawn: its error fails the
+-- test), notes when it was granted (uv.hrtime) and releases at once.
+-- Returns a function that gives that time, nil before.
+function R.grant_time(lock)
+  local got
+  require("helpers").spawn(function()
+    local r = lock:acquire()
+    got = uv.hrtime()
+    r()
+  end)
+  return function() return got end
+end
+
 -- The number of processes queued in Redis for the lock 'name'.
 function R.queued(client, name)
   return client:call("ZCARD", name .. ":q")
