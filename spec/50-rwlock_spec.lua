@@ -7,14 +7,11 @@ local am = require "async_mutex"
 
 local E = h.error_of
 
--- Coroutines other specs leave queued for good: counted before each test.
-local pending0
-before_each(function() pending0 = am.pending() end)
+local no_more_pending = h.pending_baseline(before_each)
 
 local requester = h.requester
 
-local function reader(...) return requester("acquireRead", ...) end
-local function writer(...) return requester("acquireWrite", ...) end
+local reader, writer = h.reader, h.writer
 
 -- Holds the lock `hold` times from main code: a function releasing it.
 local function held_read(rw)
@@ -428,7 +425,7 @@ describe("RWLock releasers", function()
     assert.is_true(r2.ok)
     r(); r2.release()
     assert.is_false(rw:isLocked())
-    assert.equal(pending0, am.pending())
+    no_more_pending()
   end))
 
   it("refuse to upgrade a read hold, saying why", h.async(function()
@@ -565,7 +562,7 @@ describe("RWLock with withTimeout and tryAcquire", function()
       am.withTimeout(rw, 5, "late")) })
     w()
     assert.is_false(rw:isLocked())
-    assert.equal(pending0, am.pending())
+    no_more_pending()
   end))
 
   it("a writer timing out lets the readers queued behind it share with the holders", h.async(function()
@@ -618,7 +615,7 @@ describe("RWLock bad input", function()
     assert.equal("bad argument #1 to 'acquireRead' (priority must be a number, got table)",
       E(function() t:acquireRead({}) end))
     assert.is_false(rw:isLocked())
-    assert.equal(pending0, am.pending())
+    no_more_pending()
   end))
 
   it("rejects a function argument that is not callable", h.async(function()
@@ -650,7 +647,7 @@ describe("RWLock bad input", function()
       E(function() rw:waitForUnlock() end))
     w()
     assert.is_false(rw:isLocked())
-    assert.equal(pending0, am.pending())
+    no_more_pending()
   end)
 
   it("reports bad-input errors at the caller's line", h.async(function()

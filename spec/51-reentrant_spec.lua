@@ -6,8 +6,7 @@ local am = require "async_mutex"
 
 local E = h.error_of
 
-local pending0
-before_each(function() pending0 = am.pending() end)
+local no_more_pending = h.pending_baseline(before_each)
 
 describe("ReentrantMutex.new", function()
   it("creates an unlocked mutex of depth 0", function()
@@ -243,7 +242,7 @@ describe("ReentrantMutex with withTimeout and tryAcquire", function()
     release()
     h.wait_until(function() return got end)
     assert.same({ 9 }, got)
-    assert.equal(pending0, am.pending())
+    no_more_pending()
   end))
 end)
 
@@ -261,7 +260,7 @@ describe("ReentrantMutex bad input", function()
     assert.equal("bad argument #1 to 'depth' (async_mutex.ReentrantMutex expected, got async_mutex.Mutex)",
       E(function() m.depth(am.Mutex.new()) end))
     assert.is_false(m:isLocked())
-    assert.equal(pending0, am.pending())
+    no_more_pending()
   end))
 
   it("refuses to wait outside a coroutine", function()

@@ -10,13 +10,11 @@ local am = require "async_mutex"
 
 local E = h.error_of
 
-local pending0
-before_each(function() pending0 = am.pending() end)
+local no_more_pending = h.pending_baseline(before_each)
 
 local requester = h.requester
 
-local function reader(log, name, kr, key, ...) return requester("acquireRead", log, name, kr, key, ...) end
-local function writer(log, name, kr, key, ...) return requester("acquireWrite", log, name, kr, key, ...) end
+local reader, writer = h.reader, h.writer
 
 describe("KeyedRWLock.new", function()
   it("creates an empty set: every key free, no reader, no writer", function()
@@ -209,7 +207,7 @@ describe("KeyedRWLock: idle keys are freed", function()
     assert.same({ false, am.E_TIMEOUT }, { pcall(t.acquireWrite, t, "k") })
     r2()
     assert.equal(0, kr:count())
-    assert.equal(pending0, am.pending())
+    no_more_pending()
   end))
 
   it("after a queued coroutine is closed, and after a holder is closed", h.async(function()
@@ -228,7 +226,7 @@ describe("KeyedRWLock: idle keys are freed", function()
     assert.equal(1, kr:count())
     assert.is_true(coroutine.close(co))
     assert.equal(0, kr:count())
-    assert.equal(pending0, am.pending())
+    no_more_pending()
   end))
 
   it("keeps memory to the keys in use: 20,000 keys read and released leave none", h.async(function()
@@ -429,7 +427,7 @@ describe("KeyedRWLock multi-key requests", function()
     assert.is_false(kr:isLocked("a"))
     w()
     assert.equal(0, kr:count())
-    assert.equal(pending0, am.pending())
+    no_more_pending()
   end))
 
   it("tryAcquire's acquireAllRead shares keys that only readers hold", h.async(function()
@@ -479,7 +477,7 @@ describe("KeyedRWLock decorators", function()
     r()
     w()
     assert.equal(0, kr:count())
-    assert.equal(pending0, am.pending())
+    no_more_pending()
   end))
 
   it("tryAcquire decides at once, sharing reads and refusing behind a writer", h.async(function()
@@ -641,7 +639,7 @@ describe("KeyedRWLock bad input", function()
     assert.equal("bad argument #2 to 'acquireAllRead' (priority must be a number, got table)",
       E(function() t:acquireAllRead({ "k" }, {}) end))
     assert.equal(0, kr:count())
-    assert.equal(pending0, am.pending())
+    no_more_pending()
   end))
 
   it("refuses bad key sets to the multi-key requests", h.async(function()
@@ -678,7 +676,7 @@ describe("KeyedRWLock bad input", function()
     assert.equal("attempt to wait for a readers-writer lock outside a coroutine",
       E(function() kr:waitForUnlock("k") end))
     assert.equal(0, kr:count())
-    assert.equal(pending0, am.pending())
+    no_more_pending()
   end)
 
   it("reports bad-input errors at the caller's line", h.async(function()

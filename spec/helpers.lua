@@ -440,6 +440,21 @@ function helpers.holder(lock, ...)
   end
 end
 
+--- Requesters (helpers.requester) of a readers-writer lock's read and
+-- write holds: reader(log, name, lock, ...) calls lock:acquireRead(...).
+function helpers.reader(...) return helpers.requester("acquireRead", ...) end
+function helpers.writer(...) return helpers.requester("acquireWrite", ...) end
+
+--- Counts before each test the coroutines queued for good (am.pending():
+-- what earlier files left waiting); returns a function that asserts the
+-- test has left no more.
+function helpers.pending_baseline(before_each)
+  local am = require "async_mutex"
+  local base
+  before_each(function() base = am.pending() end)
+  return function() require("luassert").equal(base, am.pending()) end
+end
+
 --- Checks that a lock has one owner at a time: `holder` and `waiter` are
 -- helpers.acquirer records on `lock`; the holder has it and the waiter
 -- waits; once the holder releases, the waiter has it on the next loop turn;
