@@ -171,9 +171,7 @@ describe("a hand-off that comes long after the waiter's last request", function(
     end, { deadline = 20000 }))
 
   it("that comes soon after it is taken as it is: no request more", h.async(function()
-    local a, b = server:client(), server:client()
-    local name = fresh_name()
-    local ma, mb = am.RedisMutex.new(a, name), am.RedisMutex.new(b, name)
+    local ma, mb, a, b, name = R.two_locks(server, fresh_name, am.RedisMutex)
     local ra = ma:acquire()
     local rb
     h.spawn(function() rb = mb:acquire() end)

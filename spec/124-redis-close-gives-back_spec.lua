@@ -18,9 +18,7 @@ local function ms_since(t0) return (uv.hrtime() - t0) / 1e6 end
 describe("client:close() with holds pending", function()
   it("gives back a mutex, a semaphore's weight and a keyed set's keys: the other process"
     .. " is granted at once (was: after ttl)", h.async(function()
-    local a, b = server:client(), server:client()
-    local name = fresh_name()
-    local ma, mb = am.RedisMutex.new(a, name), am.RedisMutex.new(b, name)
+    local ma, mb, a, b, name = R.two_locks(server, fresh_name, am.RedisMutex)
     local sa = am.RedisSemaphore.new(a, name .. "s", 3)
     local sb = am.RedisSemaphore.new(b, name .. "s", 3)
     local ka, kb = am.KeyedRedisMutex.new(a, name .. "k:"), am.KeyedRedisMutex.new(b, name .. "k:")

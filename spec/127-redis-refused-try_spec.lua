@@ -23,9 +23,7 @@ end
 
 describe("a refused tryAcquire on a Redis lock", function()
   it("sends one request: mutex, semaphore, keyed set", h.async(function()
-    local a, b = server:client(), server:client()
-    local name = fresh_name()
-    local ma, mb = am.RedisMutex.new(a, name), am.RedisMutex.new(b, name)
+    local ma, mb, a, b, name = R.two_locks(server, fresh_name, am.RedisMutex)
     local sa, sb = am.RedisSemaphore.new(a, name .. "s", 2), am.RedisSemaphore.new(b, name .. "s", 2)
     local ka, kb = am.KeyedRedisMutex.new(a, name .. ":"), am.KeyedRedisMutex.new(b, name .. ":")
     local ra = ma:acquire()

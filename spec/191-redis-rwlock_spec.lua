@@ -12,9 +12,7 @@ local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec191")
 
 describe("RedisRWLock", function()
   it("lets readers of several processes share it, and a writer hold it alone", h.async(function()
-    local a, b = server:client(), server:client()
-    local name = fresh_name()
-    local ra, rb = am.RedisRWLock.new(a, name), am.RedisRWLock.new(b, name)
+    local ra, rb, a, b, name = R.two_locks(server, fresh_name, am.RedisRWLock)
     assert.is_false(ra:isLocked())
     local r1 = ra:acquireRead()
     local r2 = rb:acquireRead()
@@ -77,9 +75,7 @@ describe("RedisRWLock", function()
     end))
 
   it("draws strictly increasing fences across reads and writes", h.async(function()
-    local a, b = server:client(), server:client()
-    local name = fresh_name()
-    local la, lb = am.RedisRWLock.new(a, name), am.RedisRWLock.new(b, name)
+    local la, lb, a, b, name = R.two_locks(server, fresh_name, am.RedisRWLock)
     local last = 0
     for i = 1, 40 do
       local lock = i % 2 == 0 and la or lb
@@ -92,8 +88,7 @@ describe("RedisRWLock", function()
   end))
 
   it("renews and loses each reader's lease on its own", h.async(function()
-    local a, b = server:client(), server:client()
-    local name = fresh_name()
+    local a, b, name = R.two_clients(server, fresh_name)
     local lost = {}
     local short = am.RedisRWLock.new(a, name, { ttl = 150, renewInterval = 0,
       onLost = function(info) lost[#lost + 1] = info end })
@@ -112,9 +107,7 @@ describe("RedisRWLock", function()
   end))
 
   it("waitForUnlock waits until a write could be granted", h.async(function()
-    local a, b = server:client(), server:client()
-    local name = fresh_name()
-    local la, lb = am.RedisRWLock.new(a, name), am.RedisRWLock.new(b, name)
+    local la, lb, a, b, name = R.two_locks(server, fresh_name, am.RedisRWLock)
     local r = la:acquireRead()
     local watcher = h.requester("waitForUnlock", nil, "watch", lb)
     h.sleep(50)
@@ -191,8 +184,7 @@ describe("RedisRWLock's downgrade", function()
     end))
 
   it("keeps the read hold's lease renewed by the watchdog", h.async(function()
-    local a, b = server:client(), server:client()
-    local name = fresh_name()
+    local a, b, name = R.two_clients(server, fresh_name)
     local la, lb = am.RedisRWLock.new(a, name, { ttl = 150 }), am.RedisRWLock.new(b, name)
     local read = la:acquireWrite():downgrade()
     h.sleep(400)

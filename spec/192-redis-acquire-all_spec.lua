@@ -20,9 +20,7 @@ end
 
 describe("KeyedRedisMutex:acquireAll", function()
   it("takes free keys in one atomic request, and gives them all back", h.async(function()
-    local a, b = server:client(), server:client()
-    local prefix = fresh() .. ":"
-    local ka, kb = am.KeyedRedisMutex.new(a, prefix), am.KeyedRedisMutex.new(b, prefix)
+    local ka, kb, a, b, prefix = R.two_keyed_locks(server, fresh, am.KeyedRedisMutex)
     assert.is_false(ka:isLocked("x"))          -- connected; the eviction policy read
     local before = R.scripts_run(a)
     local all = ka:acquireAll({ "y", 3, "x", "3", "y" })
@@ -46,9 +44,7 @@ describe("KeyedRedisMutex:acquireAll", function()
 
   it("waits for held keys one at a time in the canonical order, holding those before them",
     h.async(function()
-      local a, b = server:client(), server:client()
-      local prefix = fresh() .. ":"
-      local ka, kb = am.KeyedRedisMutex.new(a, prefix), am.KeyedRedisMutex.new(b, prefix)
+      local ka, kb, a, b, prefix = R.two_keyed_locks(server, fresh, am.KeyedRedisMutex)
       local rm = kb:acquire("m")
       local w = h.requester("acquireAll", nil, "all", ka, { "z", "m", "a" })
       h.wait_until(function() return R.queued(b, prefix .. "m") == 1 end)
@@ -63,9 +59,7 @@ describe("KeyedRedisMutex:acquireAll", function()
     end))
 
   it("gives back the keys it took when one cannot be had: timeout, cancel, try", h.async(function()
-    local a, b = server:client(), server:client()
-    local prefix = fresh() .. ":"
-    local ka, kb = am.KeyedRedisMutex.new(a, prefix), am.KeyedRedisMutex.new(b, prefix)
+    local ka, kb, a, b, prefix = R.two_keyed_locks(server, fresh, am.KeyedRedisMutex)
     local rm = kb:acquire("m")
     -- a bound on the whole acquisition
     local t0 = require("luv").hrtime()
@@ -129,9 +123,7 @@ describe("KeyedRedisMutex:acquireAll", function()
   end))
 
   it("is given back by client:close(), at once", h.async(function()
-    local a, b = server:client(), server:client()
-    local prefix = fresh() .. ":"
-    local ka, kb = am.KeyedRedisMutex.new(a, prefix), am.KeyedRedisMutex.new(b, prefix)
+    local ka, kb, a, b, prefix = R.two_keyed_locks(server, fresh, am.KeyedRedisMutex)
     local all = ka:acquireAll({ "a", "b" })
     local got
     h.spawn(function() got = kb:acquireAll({ "b", "a" }) end)

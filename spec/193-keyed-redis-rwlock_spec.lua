@@ -9,9 +9,7 @@ local am, h, server, fresh = R.spec_file(setup, teardown, "spec193")
 
 describe("KeyedRedisRWLock", function()
   it("applies the RWLock's rules per key; other keys never block", h.async(function()
-    local a, b = server:client(), server:client()
-    local prefix = fresh() .. ":"
-    local ka, kb = am.KeyedRedisRWLock.new(a, prefix), am.KeyedRedisRWLock.new(b, prefix)
+    local ka, kb, a, b, prefix = R.two_keyed_locks(server, fresh, am.KeyedRedisRWLock)
     local r1 = ka:acquireRead("x")
     local r2 = kb:acquireRead("x")
     assert.equal(2, ka:readers("x"))
@@ -38,9 +36,7 @@ describe("KeyedRedisRWLock", function()
   end))
 
   it("reads several keys together with other readers, and writes them alone", h.async(function()
-    local a, b = server:client(), server:client()
-    local prefix = fresh() .. ":"
-    local ka, kb = am.KeyedRedisRWLock.new(a, prefix), am.KeyedRedisRWLock.new(b, prefix)
+    local ka, kb, a, b, prefix = R.two_keyed_locks(server, fresh, am.KeyedRedisRWLock)
     local reads = ka:acquireAllRead({ "p", "q" })
     local more = kb:acquireAllRead({ "q", "p", "r" })
     assert.equal(2, kb:readers("p"))
@@ -69,9 +65,7 @@ describe("KeyedRedisRWLock", function()
   end))
 
   it("waitForUnlock(key) waits until a write of the key could be granted", h.async(function()
-    local a, b = server:client(), server:client()
-    local prefix = fresh() .. ":"
-    local ka, kb = am.KeyedRedisRWLock.new(a, prefix), am.KeyedRedisRWLock.new(b, prefix)
+    local ka, kb, a, b, prefix = R.two_keyed_locks(server, fresh, am.KeyedRedisRWLock)
     local r = ka:acquireRead("k")
     local watcher = h.requester("waitForUnlock", nil, "watch", kb, "k")
     h.sleep(40)

@@ -12,10 +12,8 @@ local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec199")
 
 describe("RedisRWLock's readers of one process", function()
   it("queue together behind a writer and are granted together", h.async(function()
-    local a, b = server:client(), server:client()
+    local ra, rb, a, b, name = R.two_locks(server, fresh_name, am.RedisRWLock)
     local _ <close> = h.closing(a, b)
-    local name = fresh_name()
-    local ra, rb = am.RedisRWLock.new(a, name), am.RedisRWLock.new(b, name)
     local w = rb:acquireWrite()
     local readers = {}
     for i = 1, 3 do readers[i] = h.requester("acquireRead", nil, "r" .. i, ra) end
@@ -37,10 +35,8 @@ describe("RedisRWLock's readers of one process", function()
   end))
 
   it("wait behind a writer of their process, which goes alone", h.async(function()
-    local a, b = server:client(), server:client()
+    local ra, rb, a, b, name = R.two_locks(server, fresh_name, am.RedisRWLock)
     local _ <close> = h.closing(a, b)
-    local name = fresh_name()
-    local ra, rb = am.RedisRWLock.new(a, name), am.RedisRWLock.new(b, name)
     local r0 = rb:acquireRead()
     local w = h.requester("acquireWrite", nil, "w", ra)
     h.wait_until(function() return R.queued(a, name) == 1 end)

@@ -160,10 +160,8 @@ describe("RedisRWLock's batch grants", function()
   end, { deadline = 30000 }))
 
   it("skip a dead writer at the head at once, at the last reader's release", h.async(function()
-    local a, b = server:client(), server:client()
+    local ra, rb, a, b, name = R.two_locks(server, fresh_name, am.RedisRWLock)
     local _ <close> = h.closing(a, b)
-    local name = fresh_name()
-    local ra, rb = am.RedisRWLock.new(a, name), am.RedisRWLock.new(b, name)
     local r0 = ra:acquireRead()
     -- a writer of a process that then dies: queued with a deadline 100 ms on
     local r = a:eval(scripts.acquire, scripts.keys(name),

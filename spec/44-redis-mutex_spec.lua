@@ -91,9 +91,7 @@ describe("RedisMutex:acquire", function()
   end))
 
   it("hands out fencing tokens that strictly increase", h.async(function()
-    local a, b = server:client(), server:client()
-    local name = fresh_name()
-    local ma, mb = am.RedisMutex.new(a, name), am.RedisMutex.new(b, name)
+    local ma, mb, a, b, name = R.two_locks(server, fresh_name, am.RedisMutex)
     local last = 0
     for i = 1, 50 do
       local release = (i % 2 == 0 and ma or mb):acquire()
@@ -123,9 +121,7 @@ end)
 
 describe("RedisMutex hand-off between processes", function()
   it("passes the lock to a waiting process when the holder releases", h.async(function()
-    local a, b = server:client(), server:client()
-    local name = fresh_name()
-    local ma, mb = am.RedisMutex.new(a, name), am.RedisMutex.new(b, name)
+    local ma, mb, a, b, name = R.two_locks(server, fresh_name, am.RedisMutex)
     local ra = ma:acquire()
     local got
     h.spawn(function()
@@ -167,9 +163,7 @@ describe("RedisMutex hand-off between processes", function()
   end))
 
   it("serves this process's coroutines by priority, one place in Redis between them", h.async(function()
-    local a, b = server:client(), server:client()
-    local name = fresh_name()
-    local ma, mb = am.RedisMutex.new(a, name), am.RedisMutex.new(b, name)
+    local ma, mb, a, b, name = R.two_locks(server, fresh_name, am.RedisMutex)
     local rb = mb:acquire()
     local order = {}
     for _, p in ipairs({ 0, 5, 1 }) do

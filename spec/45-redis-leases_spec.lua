@@ -19,8 +19,7 @@ end)
 
 describe("the watchdog", function()
   it("keeps a lock held for 5 times its TTL", h.async(function()
-    local a, b = server:client(), server:client()
-    local name = fresh_name()
+    local a, b, name = R.two_clients(server, fresh_name)
     local lost = false
     -- a renewal is due every ttl / 3: the lease is lost only if the process
     -- stalls for about 2/3 of the TTL, which a loaded machine does for
@@ -115,8 +114,7 @@ describe("a lease that runs out", function()
   end))
 
   it("lets the next process in, and a late release deletes nothing of its hold", h.async(function()
-    local a, b = server:client(), server:client()
-    local name = fresh_name()
+    local a, b, name = R.two_clients(server, fresh_name)
     local ma = am.RedisMutex.new(a, name, { ttl = 40, renewInterval = 0 })
     local mb = am.RedisMutex.new(b, name)
     local ra = ma:acquire()

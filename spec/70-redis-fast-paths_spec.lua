@@ -233,8 +233,7 @@ end)
 
 describe("cancel() while the first request of an acquire is in flight", function()
   it("rejects the request once Redis queued it, and takes it out of the queue", h.async(function()
-    local a, b = server:client(), server:client()
-    local name = fresh_name()
+    local a, b, name = R.two_clients(server, fresh_name)
     local ra = am.RedisMutex.new(a, name):acquire()
     local mb = am.RedisMutex.new(b, name, { cancelError = "stop" })
     local outcome

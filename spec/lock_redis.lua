@@ -146,6 +146,27 @@ function R.spec_file(setup, teardown, prefix)
   return require "async_mutex", require "helpers", server, fresh_name
 end
 
+--- The set-up of a case with two processes: two clients of `server`
+-- (a, b) and a fresh lock name.  Returns a, b, name.
+function R.two_clients(server, fresh_name)
+  return server:client(), server:client(), fresh_name()
+end
+
+--- The same with one lock of `class` on that name for each client
+-- (class.new(client, name, ...)).  Returns lock_a, lock_b, a, b, name.
+function R.two_locks(server, fresh_name, class, ...)
+  local a, b, name = R.two_clients(server, fresh_name)
+  return class.new(a, name, ...), class.new(b, name, ...), a, b, name
+end
+
+--- The same for a keyed lock: its prefix is a fresh name and ":".
+-- Returns keyed_a, keyed_b, a, b, prefix.
+function R.two_keyed_locks(server, fresh_name, class, ...)
+  local a, b, name = R.two_clients(server, fresh_name)
+  local prefix = name .. ":"
+  return class.new(a, prefix, ...), class.new(b, prefix, ...), a, b, prefix
+end
+
 --- The n redis-servers of a RedlockMutex spec file (a list, filled by its
 -- setup, stopped by its teardown, resumed first if a test paused one).  A
 -- server counts for a Redlock once it has been up for the lock's ttl (read
