@@ -434,16 +434,11 @@ describe("steal with replicas", function()
 end)
 
 describe("steal on a cluster client", function()
-  local redis_cluster_server = require "redis_cluster_server"
-  local redis = require "async_mutex.redis"
-  local cluster
-  setup(function() cluster = redis_cluster_server.start(3) end)
-  teardown(function() if cluster then cluster:stop() end end)
+  local cluster = require("redis_cluster_server").for_file(setup, teardown, 3)
 
   it("takes the lock in its slot and tells a holder of another client by its shard channel",
     h.async(function()
-      local a = redis.connect({ cluster = cluster.seeds })
-      local b = redis.connect({ cluster = cluster.seeds })
+      local a, b = cluster:connect(), cluster:connect()
       local _ <close> = h.closing(a, b)
       local name = fresh_name()
       local told = {}

@@ -11,18 +11,9 @@ local am = require "async_mutex"
 local uv = require "luv"
 local R = require "lock_redis"
 
-local cluster
-local children = {}
+local cluster, children = redis_cluster_server.for_file(setup, teardown, 3)
 
-setup(function() cluster = redis_cluster_server.start(3) end)
-teardown(function()
-  for _, child in ipairs(children) do child:kill() end   -- (a failed test's)
-  if cluster then cluster:stop() end
-end)
-
-local function connect()
-  return redis.connect({ cluster = cluster.seeds })
-end
+local function connect() return cluster:connect() end
 
 -- The keys each master holds that match pattern.
 local function keys_by_master(c, pattern)

@@ -19,11 +19,7 @@ local WOKEN = 3000
 
 -- The keys Redis has for the lock 'name', sorted.
 local function keys_of(c, name)
-  local t = c:call("KEYS", name .. ":*")
-  local out = {}
-  for i = 1, #t do out[i] = t[i] end
-  table.sort(out)
-  return out
+  return R.sorted(c:call("KEYS", name .. ":*"))
 end
 
 -- Spawns m:waitForUnlock(...); returns its record (done, ok, err).

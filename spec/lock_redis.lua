@@ -642,13 +642,17 @@ function R.renew_script(client, name, token, ttl, limit)
   return client:eval(scripts.renew, scripts.keys(name), { token, tostring(limit or 1), tostring(ttl) })
 end
 
---- The tokens recorded as holders of `name` in Redis (its N:h hash), sorted.
-function R.holder_tokens(client, name)
-  local t = client:call("HKEYS", name .. ":h")
+--- A sorted copy of a reply's list of strings (KEYS, HKEYS).
+function R.sorted(t)
   local out = {}
   for i = 1, #t do out[i] = t[i] end
   table.sort(out)
   return out
+end
+
+--- The tokens recorded as holders of `name` in Redis (its N:h hash), sorted.
+function R.holder_tokens(client, name)
+  return R.sorted(client:call("HKEYS", name .. ":h"))
 end
 
 -- The scripts the server has run so far (EVAL and EVALSHA requests, from
