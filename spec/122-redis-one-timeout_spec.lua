@@ -72,8 +72,7 @@ describe("against a SIGSTOPped server", function()
   it("acquire and tryAcquire raise E_UNAVAILABLE within one commandTimeout, while the"
     .. " withdrawal of their request is in flight", h.async(function()
     local c = server:client({ commandTimeout = TIMEOUT })
-    local other = server:client()
-    local name = fresh_name()
+    local other, name = R.one_client(server, fresh_name)
     local o = { ttl = 2000 }
     local m = am.RedisMutex.new(c, name, o)
     assert.is_false(m:isLocked())        -- connected, the eviction policy read

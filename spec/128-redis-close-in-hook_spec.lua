@@ -36,8 +36,7 @@ end
 -- the acquire finished before the k-th call, else a problem (a string) or
 -- false.
 local function close_at(k, other_client, setup_scene)
-  local a = server:client()
-  local name = fresh_name()
+  local a, name = R.one_client(server, fresh_name)
   local la = am.RedisMutex.new(a, name, { ttl = 1000 })
   local lb = am.RedisMutex.new(other_client, name, { ttl = 1000 })
   assert.is_false(la:isLocked())          -- connected, eviction policy read
@@ -102,8 +101,7 @@ end)
 -- granted at once.  Returns nil when the release finished before the k-th
 -- call, else how long the other process waited (ms).
 local function close_in_release_at(k, other_client, release)
-  local a = server:client()
-  local name = fresh_name()
+  local a, name = R.one_client(server, fresh_name)
   local la = am.RedisMutex.new(a, name, { ttl = 1000 })
   local lb = am.RedisMutex.new(other_client, name, { ttl = 1000 })
   local ra = la:acquire()

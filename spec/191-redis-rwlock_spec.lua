@@ -120,8 +120,7 @@ describe("RedisRWLock", function()
 
   it("release() ends this process's oldest write hold, nothing while it only reads",
     h.async(function()
-      local a = server:client()
-      local rw = am.RedisRWLock.new(a, fresh_name())
+      local rw, a = R.one_lock(server, fresh_name, am.RedisRWLock)
       local r = rw:acquireRead()
       assert.is_false(rw:release())
       assert.is_true(r:check())
@@ -135,8 +134,7 @@ describe("RedisRWLock", function()
     end))
 
   it("runShared and runExclusive hold a read and a write", h.async(function()
-    local a = server:client()
-    local rw = am.RedisRWLock.new(a, fresh_name())
+    local rw, a = R.one_lock(server, fresh_name, am.RedisRWLock)
     assert.equal(7, rw:runShared(function()
       assert.equal(1, rw:readers())
       return rw:runShared(function() return 7 end)    -- a second read: shares
@@ -196,8 +194,7 @@ describe("RedisRWLock's downgrade", function()
 
   it("is refused for reads, other kinds, ended and lost writes; upgrade is never offered",
     h.async(function()
-      local a = server:client()
-      local name = fresh_name()
+      local a, name = R.one_client(server, fresh_name)
       local rw = am.RedisRWLock.new(a, name, { ttl = 100, renewInterval = 0 })
       local r = rw:acquireRead()
       h.raises_at_caller({ function() r:downgrade() end,
@@ -231,8 +228,7 @@ describe("RedisRWLock's downgrade", function()
     end))
 
   it("from main code (a luv callback) is refused: outside a coroutine", h.async(function()
-    local a = server:client()
-    local rw = am.RedisRWLock.new(a, fresh_name())
+    local rw, a = R.one_lock(server, fresh_name, am.RedisRWLock)
     local rel = rw:acquireWrite()
     local done, ok, err = false, nil, nil
     local t = require("luv").new_timer()

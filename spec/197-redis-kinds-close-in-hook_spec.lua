@@ -44,8 +44,7 @@ end
 -- (on b_client's, the same name).  Returns nil when the operation finished
 -- before the k-th call, else a problem (a string) or false.
 local function close_at(k, b, prepare)
-  local a = server:client()
-  local name = fresh_name()
+  local a, name = R.one_client(server, fresh_name)
   local op, other = prepare(a, b, name)
   local outcome = with_close_at(k, a, op)
   local problem = R.close_outcome(outcome, a, closed_error)

@@ -11,8 +11,7 @@ local queued = R.queued
 
 describe("RedisMutex.new", function()
   it("makes a lock that is free in Redis", h.async(function()
-    local c = server:client()
-    local m = am.RedisMutex.new(c, fresh_name())
+    local m, c = R.one_lock(server, fresh_name, am.RedisMutex)
     assert.is_false(m:isLocked())
     assert.matches("^async_mutex.RedisMutex %(spec44:%d+%)$", tostring(m))
     c:close()
@@ -57,8 +56,7 @@ end)
 
 describe("RedisMutex:acquire", function()
   it("returns a releaser with a fencing token, and holds the lock in Redis", h.async(function()
-    local c = server:client()
-    local name = fresh_name()
+    local c, name = R.one_client(server, fresh_name)
     local m = am.RedisMutex.new(c, name)
     local release = m:acquire()
     assert.equal("integer", math.type(release.fence))
@@ -73,8 +71,7 @@ describe("RedisMutex:acquire", function()
   end))
 
   it("gives every grant a fresh 128-bit token, unknown to other grants", h.async(function()
-    local c = server:client()
-    local name = fresh_name()
+    local c, name = R.one_client(server, fresh_name)
     local m = am.RedisMutex.new(c, name)
     local seen = {}
     for _ = 1, 20 do
@@ -103,8 +100,7 @@ describe("RedisMutex:acquire", function()
   end))
 
   it("refuses to wait outside a coroutine, and bad priorities", h.async(function()
-    local c = server:client()
-    local m = am.RedisMutex.new(c, fresh_name())
+    local m, c = R.one_lock(server, fresh_name, am.RedisMutex)
     local outside
     ("x"):gsub(".", function() outside = h.error_of(function() m:acquire() end) end)
     assert.equal("attempt to acquire a Redis lock where the coroutine cannot yield (inside a"
@@ -236,8 +232,7 @@ end)
 
 describe("RedisMutex:runExclusive", function()
   it("returns the function's results and releases", h.async(function()
-    local c = server:client()
-    local m = am.RedisMutex.new(c, fresh_name())
+    local m, c = R.one_lock(server, fresh_name, am.RedisMutex)
     local a, b, cc = m:runExclusive(function()
       assert.is_true(m:isLocked())
       return 1, nil, "x"
@@ -248,8 +243,7 @@ describe("RedisMutex:runExclusive", function()
   end))
 
   it("releases when the function raises, and raises the same value", h.async(function()
-    local c = server:client()
-    local m = am.RedisMutex.new(c, fresh_name())
+    local m, c = R.one_lock(server, fresh_name, am.RedisMutex)
     local e = {}
     local ok, err = pcall(m.runExclusive, m, function() error(e) end)
     assert.is_false(ok)
@@ -259,8 +253,7 @@ describe("RedisMutex:runExclusive", function()
   end))
 
   it("refuses a non-callable function before acquiring", h.async(function()
-    local c = server:client()
-    local m = am.RedisMutex.new(c, fresh_name())
+    local m, c = R.one_lock(server, fresh_name, am.RedisMutex)
     assert.equal("bad argument #1 to 'runExclusive' (function expected, got number)",
       h.error_of(function() m:runExclusive(1) end))
     assert.is_false(m:isLocked())
@@ -270,8 +263,7 @@ end)
 
 describe("RedisMutex releasers", function()
   it("release at the end of a <close> scope", h.async(function()
-    local c = server:client()
-    local m = am.RedisMutex.new(c, fresh_name())
+    local m, c = R.one_lock(server, fresh_name, am.RedisMutex)
     do
       local release <close> = m:acquire()
       assert.is_true(m:isLocked())
@@ -281,8 +273,7 @@ describe("RedisMutex releasers", function()
   end))
 
   it("m:release() ends this process's hold, once", h.async(function()
-    local c = server:client()
-    local m = am.RedisMutex.new(c, fresh_name())
+    local m, c = R.one_lock(server, fresh_name, am.RedisMutex)
     local release = m:acquire()
     assert.is_true(m:release())
     assert.is_false(m:release())

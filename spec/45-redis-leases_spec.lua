@@ -45,8 +45,7 @@ end)
 
 describe("a lease that runs out", function()
   it("is lost: onLost fires, check raises E_LOST, the releaser returns false", h.async(function()
-    local c = server:client()
-    local name = fresh_name()
+    local c, name = R.one_client(server, fresh_name)
     local info
     local m = am.RedisMutex.new(c, name, { ttl = 50, renewInterval = 0,
                                            onLost = function(i) info = i end })
@@ -63,8 +62,7 @@ describe("a lease that runs out", function()
   end))
 
   it("is reported by onLost within 10 ms of its local end", h.async(function()
-    local c = server:client()
-    local name = fresh_name()
+    local c, name = R.one_client(server, fresh_name)
     local lost_at, due_at
     local m = am.RedisMutex.new(c, name, { ttl = 200, renewInterval = 0,
                                            onLost = function() lost_at = uv.hrtime() end })
@@ -100,8 +98,7 @@ describe("a lease that runs out", function()
   end))
 
   it("makes runExclusive raise E_LOST when the function returns", h.async(function()
-    local c = server:client()
-    local m = am.RedisMutex.new(c, fresh_name(), { ttl = 30, renewInterval = 0 })
+    local m, c = R.one_lock(server, fresh_name, am.RedisMutex, { ttl = 30, renewInterval = 0 })
     local ran = false
     local ok, err = pcall(m.runExclusive, m, function()
       h.sleep(60)

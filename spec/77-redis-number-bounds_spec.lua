@@ -36,8 +36,7 @@ describe("Redis lock options at their bounds", function()
 
   it("holds and hands off with ttl = waiterTimeout = the bound, never two holders",
     h.async(function()
-      local c = server:client()
-      local name = fresh_name()
+      local c, name = R.one_client(server, fresh_name)
       local opts = { ttl = MAX_MS, waiterTimeout = MAX_MS }
       local a, b, t = am.RedisMutex.new(c, name, opts), am.RedisMutex.new(c, name, opts),
         am.RedisMutex.new(c, name, opts)
@@ -67,8 +66,7 @@ describe("a semaphore's large weights in the scripts' records", function()
   end
 
   it("are written digit for digit, read back and dispatched", h.async(function()
-    local c = server:client()
-    local name = fresh_name()
+    local c, name = R.one_client(server, fresh_name)
     local limit, big = MAX_LIMIT, 1 << 50
     local r = acquire(c, name, "holder", limit, limit)
     assert.equal(1, r[1])

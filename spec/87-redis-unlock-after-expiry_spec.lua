@@ -55,8 +55,7 @@ end
 
 describe("waitForUnlock when the holder dies", function()
   it("RedisMutex: returns at the end of the dead holder's lease", h.async(function()
-    local c = server:client()
-    local name = fresh_name()
+    local c, name = R.one_client(server, fresh_name)
     local m = am.RedisMutex.new(c, name, OPTS)
     local ms = lag_after_kill(name, nil, function()
       return h.requester("waitForUnlock", nil, "watcher", m)
@@ -67,8 +66,7 @@ describe("waitForUnlock when the holder dies", function()
   end, { deadline = 20000 }))
 
   it("RedisSemaphore: returns when the dead holder's lease leaves room", h.async(function()
-    local c = server:client()
-    local name = fresh_name()
+    local c, name = R.one_client(server, fresh_name)
     local s = am.RedisSemaphore.new(c, name, 3, OPTS)
     local ms = lag_after_kill(name, 3, function()
       return h.requester("waitForUnlock", nil, "watcher", s, 2)
@@ -78,8 +76,7 @@ describe("waitForUnlock when the holder dies", function()
   end, { deadline = 20000 }))
 
   it("KeyedRedisMutex: returns at the end of the dead holder's lease", h.async(function()
-    local c = server:client()
-    local name = fresh_name()
+    local c, name = R.one_client(server, fresh_name)
     -- the key "a" of the set with prefix P is the lock named P .. "a"
     -- (docs/redis-locks.md), the one a RedisMutex of that name takes
     local k = am.KeyedRedisMutex.new(c, name .. ":", OPTS)

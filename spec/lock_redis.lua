@@ -146,6 +146,19 @@ function R.spec_file(setup, teardown, prefix)
   return require "async_mutex", require "helpers", server, fresh_name
 end
 
+--- The set-up of a case with one process: a client of `server` and a
+-- fresh lock name.  Returns client, name.
+function R.one_client(server, fresh_name)
+  return server:client(), fresh_name()
+end
+
+--- The same with one lock of `class` on that name (class.new(client, name,
+-- ...)).  Returns lock, client.
+function R.one_lock(server, fresh_name, class, ...)
+  local c, name = R.one_client(server, fresh_name)
+  return class.new(c, name, ...), c
+end
+
 --- The set-up of a case with two processes: two clients of `server`
 -- (a, b) and a fresh lock name.  Returns a, b, name.
 function R.two_clients(server, fresh_name)
