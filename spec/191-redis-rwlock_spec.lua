@@ -271,25 +271,7 @@ end)
     h.async(function()
       local name = fresh_name()
       local log = R.run_workers(WORKER, 4, server.path, name, 60)
-      local inside, n_in, bad, shared, sections, writes = {}, 0, 0, 0, 0, 0
-      for line in io.lines(log) do
-        local kind, mode, id = line:match("^(%u) (%u) (%S+)")
-        if kind == "B" then
-          sections = sections + 1
-          if mode == "W" then
-            writes = writes + 1
-            if n_in > 0 then bad = bad + 1 end
-          else
-            for _, m in pairs(inside) do if m == "W" then bad = bad + 1 end end
-            if n_in > 0 then shared = shared + 1 end
-          end
-          inside[id] = mode
-          n_in = n_in + 1
-        else
-          inside[id] = nil
-          n_in = n_in - 1
-        end
-      end
+      local bad, shared, sections, writes = R.rw_overlaps_in(log)
       os.remove(log)
       assert.equal(4 * 3 * 60, sections)
       assert.equal(0, bad)

@@ -213,35 +213,15 @@ end)
     h.async(function()
       local name = fresh_name()
       local log = R.run_workers(WORKER, 4, server.path, name, 40)
-      local inside, n_in, bad, shared = {}, 0, 0, 0
-      local events = {}
-      for line in io.lines(log) do
-        local kind, mode, id, fence = line:match("^(%u) (%u) (%S+) (%d+)$")
-        events[#events + 1] = { kind = kind, mode = mode, id = id, fence = tonumber(fence) }
-        if kind == "B" then
-          if mode == "W" then
-            if n_in > 0 then bad = bad + 1 end
-          else
-            for _, m in pairs(inside) do if m == "W" then bad = bad + 1 end end
-            if n_in > 0 then shared = shared + 1 end
-          end
-          inside[id] = mode
-          n_in = n_in + 1
-        else
-          inside[id] = nil
-          n_in = n_in - 1
-        end
-      end
+      local bad, shared, sections, writes, events = R.rw_overlaps_in(log)
       os.remove(log)
-      local sections, writes, misordered = 0, 0, 0
+      local misordered = 0
       local max_begun = 0             -- the largest fence of the sections begun so far
       local open_w                    -- the fence of a write between its begin and end
       local last_w_end = 0            -- the fence of the last write that ended
       for _, e in ipairs(events) do
         if e.kind == "B" then
-          sections = sections + 1
           if e.mode == "W" then
-            writes = writes + 1
             if e.fence <= max_begun then misordered = misordered + 1 end
             open_w = e.fence
           end

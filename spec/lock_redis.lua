@@ -720,6 +720,37 @@ function R.overlaps_in(path)
   return overlaps, sections
 end
 
+--- Reads a marker file of readers-writer workers ("B mode id [fence]"
+-- and "E mode id [fence]" lines, mode R or W): the number of sections that
+-- began beside a write or as a write beside anyone (bad), of reads that
+-- began while another section ran (shared), of sections, of writes; and
+-- the lines in order, as { kind =, mode =, id =, fence = } (fence: nil
+-- where the line has none).
+function R.rw_overlaps_in(path)
+  local inside, n_in, bad, shared, sections, writes = {}, 0, 0, 0, 0, 0
+  local events = {}
+  for line in io.lines(path) do
+    local kind, mode, id, fence = line:match("^(%u) (%u) (%S+) ?(%d*)$")
+    events[#events + 1] = { kind = kind, mode = mode, id = id, fence = tonumber(fence) }
+    if kind == "B" then
+      sections = sections + 1
+      if mode == "W" then
+        writes = writes + 1
+        if n_in > 0 then bad = bad + 1 end
+      else
+        for _, m in pairs(inside) do if m == "W" then bad = bad + 1 end end
+        if n_in > 0 then shared = shared + 1 end
+      end
+      inside[id] = mode
+      n_in = n_in + 1
+    else
+      inside[id] = nil
+      n_in = n_in - 1
+    end
+  end
+  return bad, shared, sections, writes, events
+end
+
 --- The same for the sections of keyed locks ("B key id" and "E key id"
 -- lines): the number of sections that began on a key while another
 -- section of that key was running or that ended while another was the
