@@ -9,8 +9,6 @@ local E = h.error_of
 
 local no_more_pending = h.pending_baseline(before_each)
 
-local requester = h.requester
-
 local reader, writer = h.reader, h.writer
 
 -- Holds the lock `hold` times from main code: a function releasing it.
@@ -569,7 +567,7 @@ describe("RWLock with withTimeout and tryAcquire", function()
     local rw = am.RWLock.new()
     local r = rw:acquireRead()
     local t = am.withTimeout(rw, 10)
-    local w = requester("acquireWrite", nil, "w", t)
+    local w = h.writer(nil, "w", t)
     local r2 = reader(nil, "r2", rw)
     h.wait_until(function() return w.done end)
     assert.equal(am.E_TIMEOUT, w.err)

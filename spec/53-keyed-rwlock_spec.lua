@@ -12,8 +12,6 @@ local E = h.error_of
 
 local no_more_pending = h.pending_baseline(before_each)
 
-local requester = h.requester
-
 local reader, writer = h.reader, h.writer
 
 describe("KeyedRWLock.new", function()
@@ -418,7 +416,7 @@ describe("KeyedRWLock multi-key requests", function()
     local try = am.tryAcquire(kr)
     assert.same({ false, am.E_ALREADY_LOCKED }, { pcall(try.acquireAllWrite, try, { "a", "b" }) })
     assert.is_false(kr:isLocked("a"))
-    local c = requester("acquireAllRead", nil, "c", kr, { "a", "b" })
+    local c = h.requester("acquireAllRead", nil, "c", kr, { "a", "b" })
     h.tick()
     assert.equal(1, kr:readers("a"))            -- a taken, b waited for
     kr:cancel("b")

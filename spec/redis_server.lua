@@ -147,6 +147,13 @@ function M.for_file(setup, teardown, start)
   end })
 end
 
+--- The head of a Redis client spec file in one line: the spec helpers,
+-- the client module and the file's server (M.for_file):
+--   local h, redis, server = require("redis_server").spec_file(setup, teardown)
+function M.spec_file(setup, teardown)
+  return require "helpers", require "async_mutex.redis", M.for_file(setup, teardown)
+end
+
 --- The same for each test: a new server started before each test and
 -- stopped after it (before_each, after_each).
 function M.for_each_test(before_each, after_each, start)
