@@ -37,8 +37,7 @@ describe("async_mutex.setErrorHandler", function()
   end))
 
   it("receives string errors as raised, position included", h.async(function()
-    local reports = {}
-    with_handler(function(err) reports[#reports + 1] = err end, function()
+    h.with_errors(function(reports)
       local s = am.Semaphore.new(0)
       coroutine.wrap(function()
         s:waitForUnlock()
@@ -67,8 +66,7 @@ describe("async_mutex.setErrorHandler", function()
   end))
 
   it("reports an unhandled cancel or timeout error raised in the resumed coroutine", h.async(function()
-    local reports = {}
-    with_handler(function(err) reports[#reports + 1] = err end, function()
+    h.with_errors(function(reports)
       local m = am.Mutex.new()
       local r = m:acquire()
       coroutine.wrap(function() m:acquire() end)()
@@ -83,8 +81,7 @@ describe("async_mutex.setErrorHandler", function()
   end))
 
   it("is not called for coroutines that finish normally or catch their errors", h.async(function()
-    local reports = {}
-    with_handler(function(err) reports[#reports + 1] = err end, function()
+    h.with_errors(function(reports)
       local m = am.Mutex.new()
       local r = m:acquire()
       coroutine.wrap(function() local x = m:acquire(); x() end)()

@@ -168,8 +168,7 @@ describe("an error escaping a coroutine resumed by the module", function()
     -- silently releases (or double-releases) on its own.
     local m = am.Mutex.new()
     local r = m:acquire()
-    local reports = {}
-    with_handler(function(err) reports[#reports + 1] = err end, function()
+    h.with_errors(function(reports)
       coroutine.wrap(function()
         local mine = m:acquire()               -- not <close>
         local _ = mine

@@ -182,6 +182,16 @@ function helpers.with_handler(handler, body)
   if not ok then error(err, 0) end
 end
 
+--- Runs body(errors) with a handler (setErrorHandler) that appends each
+-- error value the module reports to the list `errors`, which body may
+-- watch as it runs; returns that list.
+function helpers.with_errors(body)
+  local errors = {}
+  helpers.with_handler(function(err) errors[#errors + 1] = err end,
+    function() body(errors) end)
+  return errors
+end
+
 --- Runs body with a handler collecting the module's reports (its
 -- setErrorHandler's handler); returns them, each {err, text, task}.
 function helpers.reports_during(body)
