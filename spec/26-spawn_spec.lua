@@ -194,14 +194,19 @@ describe("async_mutex.spawn", function()
       assert.is_truthy(r.stderr:find("early failure.-late failure"), r.stderr)
     end)
 
+    -- The start of the two children below: luv, the module, and
+    -- object(text), an error object whose __tostring gives text.
+    local WITH_OBJECT = [[
+local uv = require "luv"
+local am = require "async_mutex"
+local function object(text)
+  return setmetatable({}, { __tostring = function() return text end })
+end
+]]
+
     it("names an error object by its __tostring, as lua5.4 does (a Redis error's message)",
       function()
-        local r = h.subprocess([[
-          local uv = require "luv"
-          local am = require "async_mutex"
-          local function object(text)
-            return setmetatable({}, { __tostring = function() return text end })
-          end
+        local r = h.subprocess(WITH_OBJECT .. [[
           am.spawn(function() error(object("WRONGTYPE at once"), 0) end)
           am.spawn(function() am.sleep(1); error(object("WRONGTYPE later"), 0) end)
           am.spawn(function() error({}, 0) end)
@@ -224,12 +229,7 @@ describe("async_mutex.spawn", function()
 
     it("names the error objects of a failing handler and of a failing __close the same way",
       function()
-        local r = h.subprocess([[
-          local uv = require "luv"
-          local am = require "async_mutex"
-          local function object(text)
-            return setmetatable({}, { __tostring = function() return text end })
-          end
+        local r = h.subprocess(WITH_OBJECT .. [[
           -- a <close> that raises as the error leaves: its error is the
           -- task's (Lua's rule for errors in closing methods)
           am.spawn(function()
