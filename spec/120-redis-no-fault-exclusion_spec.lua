@@ -27,12 +27,7 @@ local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec120")
 -- request: a loaded machine, the pause no lease survives, stalls() in
 -- spec/lock_redis.lua; their sections are marked "P", so that their
 -- overlaps are not counted).
-local WORKER = R.PROLOGUE .. [[
-local NAME, TTL, WAIT, N, SEED, LOG, ID = table.unpack(ARGS)
-TTL, WAIT, N = tonumber(TTL), tonumber(WAIT), tonumber(N)
-math.randomseed(tonumber(SEED))
-local f = assert(io.open(LOG, "a"))
-f:setvbuf("no")
+local WORKER = R.TIMED_WORKER_PROLOGUE .. [[
 -- hold times spread around the ttl: well below it, just below and above
 -- it, and a few times it (held by the watchdog's renewals)
 local FACTORS = { 0.1, 0.5, 0.9, 1.1, 1.6, 2.5 }

@@ -30,8 +30,7 @@ local function drift(ttl) return ttl // 100 + 2 end
 -- Runs COROS coroutines of EACH timed waits each, of the kinds chosen by
 -- pick(); returns the waits that ended early, and how many there were.
 local function timed_waits(COROS, EACH, pick)
-  local holder, waiter = server:client(), server:client()
-  local name = fresh_name()
+  local holder, waiter, name = R.two_clients(server, fresh_name)
   -- held by another client for the whole test: every wait times out
   local held = {}
   for i = 1, COROS do

@@ -165,12 +165,7 @@ end)
 -- sixth of the lease on a loaded machine, after acquire returned, while it
 -- held or during the release's round trip: a pause, not a fault of the
 -- lock).
-local WORKER = R.PROLOGUE .. [[
-local NAME, TTL, WAIT, N, SEED, LOG, ID = table.unpack(ARGS)
-TTL, WAIT, N = tonumber(TTL), tonumber(WAIT), tonumber(N)
-math.randomseed(tonumber(SEED))
-local f = assert(io.open(LOG, "a"))
-f:setvbuf("no")
+local WORKER = R.TIMED_WORKER_PROLOGUE .. [[
 local m = am.RedisMutex.new(client, NAME, { ttl = TTL, waiterTimeout = WAIT })
 local other = redis.connect { path = SOCK }
 local waiting, done = false, false

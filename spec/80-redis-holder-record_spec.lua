@@ -70,8 +70,7 @@ describe("a holder's record whose lease ended", function()
 
   it("is a lost hold for RedisMutex: onLost, a false release, the next holder kept",
     h.async(function()
-      local c, c2 = server:client(), server:client()
-      local name = fresh_name()
+      local c, c2, name = R.two_clients(server, fresh_name)
       local lost
       local m = am.RedisMutex.new(c, name,
         { ttl = 60, renewInterval = 0, onLost = function(info) lost = info.reason end })

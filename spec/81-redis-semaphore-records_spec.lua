@@ -157,8 +157,7 @@ describe("the 'again' request of a queued waiter", function()
 
   it("through RedisMutex: a waiter granted at its holder's lease end holds for its ttl",
     h.async(function()
-      local c, c2 = server:client(), server:client()
-      local name = fresh_name()
+      local c, c2, name = R.two_clients(server, fresh_name)
       -- a holder that dies: a token of our own with a 100 ms lease
       acquire(c, name, "dead", 1, 1, 100)
       local m = am.RedisMutex.new(c, name, { ttl = 5000, waiterTimeout = 300 })

@@ -29,8 +29,7 @@ end
 
 describe("RedisMutex:waitForUnlock and the release's mark", function()
   it("is woken by a release that comes after it started waiting", h.async(function()
-    local c, c2 = server:client(), server:client()
-    local name = fresh_name()
+    local c, c2, name = R.two_clients(server, fresh_name)
     local m, other = am.RedisMutex.new(c, name, OPTS), am.RedisMutex.new(c2, name, OPTS)
     local release = other:acquire()
     local w = watcher(m)
@@ -47,8 +46,7 @@ describe("RedisMutex:waitForUnlock and the release's mark", function()
 
   it("is woken whatever the moment of the release between its start and its wait",
     h.async(function()
-      local c, c2 = server:client(), server:client()
-      local name = fresh_name()
+      local c, c2, name = R.two_clients(server, fresh_name)
       local m, other = am.RedisMutex.new(c, name, OPTS), am.RedisMutex.new(c2, name, OPTS)
       -- the release comes 0, 1, 2, ... loop turns after the watcher started:
       -- before its first check, between its subscription and its mark, or
@@ -79,8 +77,7 @@ describe("RedisMutex:waitForUnlock and the release's mark", function()
 
   it("marks for at most waiterTimeout when it gives up; a later release publishes nothing",
     h.async(function()
-      local c, c2 = server:client(), server:client()
-      local name = fresh_name()
+      local c, c2, name = R.two_clients(server, fresh_name)
       local m = am.RedisMutex.new(c, name, { waiterTimeout = 2000 })
       local release = am.RedisMutex.new(c2, name, OPTS):acquire()
       local err = h.error_of(function() am.withTimeout(m, 50):waitForUnlock() end)
@@ -103,8 +100,7 @@ end)
 
 describe("RedisSemaphore:waitForUnlock and the release's mark", function()
   it("waits for room for its weight, woken by the release that makes it", h.async(function()
-    local c, c2 = server:client(), server:client()
-    local name = fresh_name()
+    local c, c2, name = R.two_clients(server, fresh_name)
     local s = am.RedisSemaphore.new(c, name, 3, OPTS)
     local other = am.RedisSemaphore.new(c2, name, 3, OPTS)
     local _, r1 = other:acquire(1)
@@ -125,8 +121,7 @@ end)
 
 describe("an idle lock", function()
   it("leaves only its counter key, which expires, after every kind of use", h.async(function()
-    local c, c2 = server:client(), server:client()
-    local name = fresh_name()
+    local c, c2, name = R.two_clients(server, fresh_name)
     -- a mutex: a free acquire, a queued one, a hand-off, a watcher, a withdrawal
     local m, other = am.RedisMutex.new(c, name, OPTS), am.RedisMutex.new(c2, name, OPTS)
     local r = m:acquire()

@@ -473,6 +473,18 @@ for why, n in pairs(reasons) do io.stdout:write(("unavailable %d: %s\n"):format(
 os.exit(0)
 ]]
 
+--- The start of a worker of timed sections (specs 120 and 126): R.PROLOGUE,
+-- then its arguments NAME, TTL and WAIT (the lock's ttl and waiterTimeout,
+-- ms), N (how many sections), SEED, LOG, ID; math.random seeded; `f`, LOG
+-- opened to append unbuffered (each marker one write(2)).
+R.TIMED_WORKER_PROLOGUE = R.PROLOGUE .. [[
+local NAME, TTL, WAIT, N, SEED, LOG, ID = table.unpack(ARGS)
+TTL, WAIT, N = tonumber(TTL), tonumber(WAIT), tonumber(N)
+math.randomseed(tonumber(SEED))
+local f = assert(io.open(LOG, "a"))
+f:setvbuf("no")
+]]
+
 --- The start of a worker for R.run_workers: R.PROLOGUE, then its arguments
 -- NAME (a lock's name, or a keyed lock's prefix), N (how many sections),
 -- LOG, ID; math.random seeded with the worker's own seed; `f`, LOG opened
