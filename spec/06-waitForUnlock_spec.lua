@@ -184,9 +184,7 @@ end)
 
 describe("Semaphore:waitForUnlock cost", function()
   it("does not depend on the value: setValue(2^40) with waiters registered is instant (P6, #90)", function()
-    local res = h.subprocess([[
-      local uv = require "luv"
-      local am = require "async_mutex"
+    local res = h.am_subprocess([[
       local s = am.Semaphore.new(0)
       local done = 0
       for _, w in ipairs { 1, 7, 1000, 1 << 39 } do

@@ -192,9 +192,7 @@ describe("a separate process", function()
   end)
 
   it("runs to the end when everything is released, with nothing left on the loop", function()
-    local res = h.subprocess([[
-      local uv = require "luv"
-      local am = require "async_mutex"
+    local res = h.am_subprocess([[
       local m = am.Mutex.new()
       local wt = am.withTimeout(m, 60000)
       local n = 0

@@ -250,9 +250,7 @@ end
       end)
 
     it("a handler that raises is reported on stderr and the process goes on", function()
-      local r = h.subprocess([[
-        local uv = require "luv"
-        local am = require "async_mutex"
+      local r = h.am_subprocess([[
         am.setErrorHandler(function() error("handler broke", 0) end)
         am.spawn(function() error("spawned broke", 0) end)
         uv.run()
@@ -286,9 +284,7 @@ end
 
   describe("leaves the loop clean", function()
     it("uv.run() returns once the spawned coroutines are done, with no handle left", function()
-      local r = h.subprocess([[
-        local uv = require "luv"
-        local am = require "async_mutex"
+      local r = h.am_subprocess([[
         local s = am.Semaphore.new(2)
         local done = 0
         for i = 1, 50 do
@@ -380,9 +376,7 @@ describe("docs/api.md's Errors snippets", function()
 
   it("release the mutex on every path: granted, and timed out", function()
     assert.equal(2, #snippets)
-    local r = h.subprocess(([[
-      local uv = require "luv"
-      local am = require "async_mutex"
+    local r = h.am_subprocess(([[
       local mutex = am.Mutex.new()
       local outcomes = {}
       local function snippets() %s

@@ -15,9 +15,7 @@ describe("an error object escaping a coroutine the Redis client resumed", functi
   -- (coroutines of the script's own: a task's error is its task's to
   -- report, spec 26; these the client's resume reports)
   local function child(body)
-    return h.subprocess(([[
-      local uv = require "luv"
-      local am = require "async_mutex"
+    return h.am_subprocess(([[
       local redis = require "async_mutex.redis"
       local c = redis.connect({ path = %q })
       %s

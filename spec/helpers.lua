@@ -22,7 +22,7 @@
 -- a section at once), h.without_yield(fn), h.try_now(fn), h.error_of(fn)
 -- (message without "file:line: "), h.keys_of(keyed), h.count_handles(kind),
 -- h.run_loop(ms) (uv.run() from main code), h.subprocess(code) (a separate
--- lua5.4), h.instructions(code) (callgrind's count of one), h.load(n) (load-test sizes), h.gc(), h.closing(...) (closes
+-- lua5.4; h.am_subprocess(code): one with uv and am), h.instructions(code) (callgrind's count of one), h.load(n) (load-test sizes), h.gc(), h.closing(...) (closes
 -- clients and servers when a case ends, also when it fails), h.ms_since(t0),
 -- h.with_loop_clock(fn) (deadlines counted from uv.now(), as a model does),
 -- h.reports_during(fn) (the module's reports of failures made meanwhile),
@@ -685,6 +685,13 @@ function helpers.reentrancy_fuzzer(script, seed, n, timeout_s)
   assert.equal(0, res.rc)
   assert.equal(n, tonumber(seqs))
   return tonumber(ops), tonumber(calls)
+end
+
+--- helpers.subprocess for a child that uses the module: `code` runs
+-- with `uv` (luv) and `am` (async_mutex) required on its first line.
+function helpers.am_subprocess(code, timeout_s, prefix)
+  return helpers.subprocess('local uv, am = require "luv", require "async_mutex"; ' .. code,
+    timeout_s, prefix)
 end
 
 --- The instructions a child (helpers.subprocess) running `code` executes,
