@@ -549,13 +549,14 @@ function R.sum_counts(children, n)
 end
 
 --- Spawns a coroutine that acquires `lock` (h.spawn: its error fails the
--- test), notes when it was granted (uv.hrtime) and releases at once.
--- Returns a function that gives that time, nil before.
-function R.grant_time(lock)
+-- test), notes when it was granted (`clock()`: uv.hrtime unless given)
+-- and releases at once.  Returns a function that gives that time, nil
+-- before.
+function R.grant_time(lock, clock)
   local got
   require("helpers").spawn(function()
     local r = lock:acquire()
-    got = uv.hrtime()
+    got = (clock or uv.hrtime)()
     r()
   end)
   return function() return got end
