@@ -16,7 +16,8 @@
 --
 -- Also: h.tick(n) (one loop turn: deferred wake-ups delivered), h.sleep(ms),
 -- h.wait_until(pred), h.spawn(fn, ...), h.acquirer / h.waiter (a coroutine
--- blocked in acquire / waitForUnlock, with its outcome recorded), h.chain (an
+-- blocked in acquire / waitForUnlock, with its outcome recorded), h.held(lock)
+-- (a new lock held by the test), h.chain (an
 -- acquirer that releases at once), h.holder(lock) (a lock held for main
 -- code), h.check_one_owner(lock, a, b), h.occupancy() (how many are inside
 -- a section at once), h.without_yield(fn), h.try_now(fn), h.error_of(fn)
@@ -427,6 +428,13 @@ function helpers.chain(log, name, lock, ...)
   local w = helpers.acquirer(log, name, lock, ...)
   w.after = function(x) if x.ok then x.release() end end
   return w
+end
+
+--- The set-up of most cases: `lock`, new and free, held by the running
+-- test (lock:acquire(), or lock[method]() such as an RWLock's
+-- "acquireRead").  Returns lock and the releaser.
+function helpers.held(lock, method)
+  return lock, lock[method or "acquire"](lock)
 end
 
 --- Holds `lock` from a coroutine of its own, so that main code (which cannot
