@@ -163,8 +163,7 @@ describe("am.withSignal(lock, s)", function()
   end))
 
   it("ends acquireAll with the reason, giving back the keys it took", h.async(function()
-    local km = am.KeyedMutex.new()
-    local rb = km:acquire("b")
+    local km, rb = h.held(am.KeyedMutex.new(), "acquire", "b")
     local s = am.signal()
     local r = req(am.withSignal(km, s), "acquireAll", { "a", "b", "c" })
     assert.is_true(km:isLocked("a"))            -- "a" taken, waiting for "b"

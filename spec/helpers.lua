@@ -431,10 +431,11 @@ function helpers.chain(log, name, lock, ...)
 end
 
 --- The set-up of most cases: `lock`, new and free, held by the running
--- test (lock:acquire(), or lock[method]() such as an RWLock's
--- "acquireRead").  Returns lock and the releaser.
-function helpers.held(lock, method)
-  return lock, lock[method or "acquire"](lock)
+-- test (lock:acquire(), or lock[method](...) such as an RWLock's
+-- "acquireRead", a keyed lock's "acquire" with its key).  Returns lock
+-- and the releaser.
+function helpers.held(lock, method, ...)
+  return lock, lock[method or "acquire"](lock, ...)
 end
 
 --- Holds `lock` from a coroutine of its own, so that main code (which cannot
