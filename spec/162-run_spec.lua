@@ -172,7 +172,8 @@ describe("am.run", function()
     it("names a key's lock by its keyed set and key, and a joiner by the task it joins", function()
       local out = raised([[
         function main()
-          local km, r = h.held(am.KeyedMutex.new(), "acquire", "k")
+          local km = am.KeyedMutex.new()
+          local r = km:acquire("k")
           local t = am.spawn(function() km:acquire("k") end)
           t:join()
         end
