@@ -38,8 +38,7 @@ describe("priority order", function()
   end))
 
   it("keeps this order for many random priorities", h.async(function()
-    local m = am.Mutex.new()
-    local r = m:acquire()
+    local m, r = h.held(am.Mutex.new())
     local log, expected = {}, {}
     local seed = 12345
     for i = 1, 200 do
@@ -171,8 +170,7 @@ describe("weights", function()
   end))
 
   it("applies the same immediate-grant rule to a Mutex with priorities", h.async(function()
-    local m = am.Mutex.new()
-    local r = m:acquire()
+    local m, r = h.held(am.Mutex.new())
     local a = h.acquirer(nil, "a", m, 0)
     r()                                        -- a granted, queue empty, locked
     local b = h.acquirer(nil, "b", m, 100)

@@ -12,8 +12,7 @@ describe("Mutex:waitForUnlock", function()
   end))
 
   it("waits while the mutex is held and returns after the release, without locking", h.async(function()
-    local m = am.Mutex.new()
-    local r = m:acquire()
+    local m, r = h.held(am.Mutex.new())
     local w = h.waiter(nil, "w", m)
     h.tick(2)
     assert.is_false(w.done)
@@ -27,8 +26,7 @@ describe("Mutex:waitForUnlock", function()
   end))
 
   it("does not return while queued acquirers of the same priority would re-lock (#52)", h.async(function()
-    local m = am.Mutex.new()
-    local r = m:acquire()
+    local m, r = h.held(am.Mutex.new())
     local b = h.acquirer(nil, "b", m)
     local w = h.waiter(nil, "w", m)
     r()                                        -- b takes over
@@ -42,8 +40,7 @@ describe("Mutex:waitForUnlock", function()
   end))
 
   it("returns before a lower-priority queued acquirer takes the lock", h.async(function()
-    local m = am.Mutex.new()
-    local r = m:acquire()
+    local m, r = h.held(am.Mutex.new())
     local b = h.acquirer(nil, "b", m, 0)
     local w = h.waiter(nil, "w", m, 1)
     r()
@@ -54,8 +51,7 @@ describe("Mutex:waitForUnlock", function()
   end))
 
   it("waits while the mutex is held, whatever its priority", h.async(function()
-    local m = am.Mutex.new()
-    local r = m:acquire()
+    local m, r = h.held(am.Mutex.new())
     local w = h.waiter(nil, "w", m, 5)
     h.tick()
     assert.is_false(w.done)
@@ -65,8 +61,7 @@ describe("Mutex:waitForUnlock", function()
   end))
 
   it("is not rejected by cancel() and returns on a later release", h.async(function()
-    local m = am.Mutex.new()
-    local r = m:acquire()
+    local m, r = h.held(am.Mutex.new())
     local b = h.acquirer(nil, "b", m)
     local w = h.waiter(nil, "w", m)
     m:cancel()
@@ -184,9 +179,7 @@ end)
 
 describe("Semaphore:waitForUnlock cost", function()
   it("does not depend on the value: setValue(2^40) with waiters registered is instant (P6, #90)", function()
-    local res = h.subprocess([[
-      local uv = require "luv"
-      local am = require "async_mutex"
+    local res = h.am_subprocess([[
       local s = am.Semaphore.new(0)
       local done = 0
       for _, w in ipairs { 1, 7, 1000, 1 << 39 } do

@@ -72,8 +72,7 @@ describe("Mutex:runExclusive", function()
   end))
 
   it("waits for the lock when it is held", h.async(function()
-    local m = am.Mutex.new()
-    local r = m:acquire()
+    local m, r = h.held(am.Mutex.new())
     local ran = false
     h.spawn(function() m:runExclusive(function() ran = true end) end)
     h.tick()
@@ -135,8 +134,7 @@ describe("Mutex:runExclusive", function()
   end))
 
   it("takes a priority as its second argument", h.async(function()
-    local m = am.Mutex.new()
-    local r = m:acquire()
+    local m, r = h.held(am.Mutex.new())
     local log = {}
     h.spawn(function() m:runExclusive(function() log[#log + 1] = "low" end) end)
     h.spawn(function() m:runExclusive(function() log[#log + 1] = "high" end, 2) end)
@@ -221,8 +219,7 @@ end)
 -- runs fn from there (src/core/engine/run.c): the same rules as a grant at once.
 describe("runExclusive after a wait", function()
   it("releases when the coroutine is closed while fn is suspended", h.async(function()
-    local m = am.Mutex.new()
-    local r = m:acquire()
+    local m, r = h.held(am.Mutex.new())
     local entered = false
     local co = coroutine.create(function()
       m:runExclusive(function() entered = true; coroutine.yield() end)
@@ -236,8 +233,7 @@ describe("runExclusive after a wait", function()
   end))
 
   it("ignores a resume by anyone but the scheduler, and runs fn once when granted", h.async(function()
-    local m = am.Mutex.new()
-    local r = m:acquire()
+    local m, r = h.held(am.Mutex.new())
     local calls, res = 0, nil
     local co = coroutine.create(function()
       res = table.pack(m:runExclusive(function() calls = calls + 1; return "a", nil end))
@@ -254,8 +250,7 @@ describe("runExclusive after a wait", function()
   end))
 
   it("raises E_LOST once fn returns when a steal ended the hold, and drops fn's results", h.async(function()
-    local m = am.Mutex.new()
-    local r = m:acquire()
+    local m, r = h.held(am.Mutex.new())
     local got, stolen
     h.spawn(function()
       got = { pcall(m.runExclusive, m, function() h.tick(); h.tick(); return "dropped" end) }
@@ -301,8 +296,7 @@ describe("runExclusive after a wait", function()
   end))
 
   it("times out through withTimeout without calling fn", h.async(function()
-    local m = am.Mutex.new()
-    local r = m:acquire()
+    local m, r = h.held(am.Mutex.new())
     local called = false
     local ok, err = pcall(am.withTimeout(m, 5).runExclusive, am.withTimeout(m, 5),
       function() called = true end)

@@ -13,24 +13,9 @@
 local h = require "helpers"
 local redis_server = require "redis_server"
 
-local ROOT do
-  local source = debug.getinfo(1, "S").source:gsub("^@", "")
-  ROOT = (source:match("^(.*)/[^/]*$") or ".") .. "/.."
-end
+local ROOT = h.ROOT
 
-local function q(s)
-  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
-end
-
--- Runs a shell command (not under the sanitizer runtime `make asan`
--- preloads); returns its output, failing on a non-zero exit.
-local function must(command)
-  local p = assert(io.popen("(unset LD_PRELOAD; " .. command .. ") 2>&1"))
-  local out = p:read("a")
-  local _, _, code = p:close()
-  assert(code == 0, ("`%s` failed:\n%s"):format(command, out))
-  return out
-end
+local q, must = h.shquote, h.must
 
 describe("async_mutex.redis_core", function()
   local so = package.searchpath("async_mutex.redis_core", package.cpath)
@@ -94,9 +79,7 @@ describe("a rock built where hiredis is missing", function()
 end)
 
 describe("the client's sockets", function()
-  local server
-  setup(function() server = redis_server.start() end)
-  teardown(function() if server then server:stop() end end)
+  local server = redis_server.for_file(setup, teardown)
 
   it("are closed on exec: a child process started while connected holds none of them",
     function()

@@ -24,9 +24,7 @@ end
 
 describe("a list whose __len answers differently each time", function()
   it("is read once by client:eval: what it checked is what it sends", function()
-    local res = h.subprocess(([[
-local uv = require "luv"
-local am = require "async_mutex"
+    local res = h.am_subprocess(([[
 local redis = require "async_mutex.redis"
 %s
 local c = redis.connect({ port = %d })
@@ -44,9 +42,7 @@ uv.run()
 
   it("is read once by core.script (the Redis locks' path), and refused out of range, "
     .. "with nothing sent", function()
-      local res = h.subprocess(([[
-local uv = require "luv"
-local am = require "async_mutex"
+      local res = h.am_subprocess(([[
 local redis = require "async_mutex.redis"
 local core = require "async_mutex.redis_core"
 %s
@@ -73,9 +69,7 @@ uv.run()
     end)
 
   it("as many keys as the stack takes: a clear error, not a crash", function()
-    local res = h.subprocess(([[
-local uv = require "luv"
-local am = require "async_mutex"
+    local res = h.am_subprocess(([[
 local redis = require "async_mutex.redis"
 local core = require "async_mutex.redis_core"
 local c = redis.connect({ port = %d })

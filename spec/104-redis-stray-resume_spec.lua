@@ -8,11 +8,8 @@
 -- for its host name, raised E_UNAVAILABLE.
 
 local am = require "async_mutex"
-local h = require "helpers"
-local redis_server = require "redis_server"
-local redis = require "async_mutex.redis"
 
-local server = redis_server.for_file(setup, teardown)
+local h, redis, server = require("redis_server").spec_file(setup, teardown)
 
 describe("a stray coroutine.resume", function()
   it("of a caller waiting in client:call: it goes on waiting for its own reply", h.async(function()

@@ -13,13 +13,11 @@
 -- with O_APPEND (one write(2) each, unbuffered), and overlaps are read from
 -- the order of the lines in that file.
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 local scripts = require "async_mutex.redis_scripts"
 local uv = require "luv"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec120")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec120")
 
 -- A worker: N sections of the mutex NAME, each holding for a time drawn
 -- around the ttl, markers in LOG.  Prints "onlost falses stale starved"
@@ -29,12 +27,7 @@ local server, fresh_name = R.file_server(setup, teardown, "spec120")
 -- request: a loaded machine, the pause no lease survives, stalls() in
 -- spec/lock_redis.lua; their sections are marked "P", so that their
 -- overlaps are not counted).
-local WORKER = R.PROLOGUE .. [[
-local NAME, TTL, WAIT, N, SEED, LOG, ID = table.unpack(ARGS)
-TTL, WAIT, N = tonumber(TTL), tonumber(WAIT), tonumber(N)
-math.randomseed(tonumber(SEED))
-local f = assert(io.open(LOG, "a"))
-f:setvbuf("no")
+local WORKER = R.TIMED_WORKER_PROLOGUE .. [[
 -- hold times spread around the ttl: well below it, just below and above
 -- it, and a few times it (held by the watchdog's renewals)
 local FACTORS = { 0.1, 0.5, 0.9, 1.1, 1.6, 2.5 }
@@ -173,9 +166,7 @@ describe("a hand-off that comes long after the waiter's last request", function(
     end, { deadline = 20000 }))
 
   it("that comes soon after it is taken as it is: no request more", h.async(function()
-    local a, b = server:client(), server:client()
-    local name = fresh_name()
-    local ma, mb = am.RedisMutex.new(a, name), am.RedisMutex.new(b, name)
+    local ma, mb, a, b, name = R.two_locks(server, fresh_name, am.RedisMutex)
     local ra = ma:acquire()
     local rb
     h.spawn(function() rb = mb:acquire() end)

@@ -7,12 +7,10 @@
 -- N:h, N:q, N:w and N:c with no expiry: with KeyedRedisMutex over an
 -- unbounded key space (user ids, order ids), memory grew without bound.
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 local scripts = require "async_mutex.redis_scripts"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec121")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec121")
 local churn_server = R.file_server(setup, teardown)   -- (the churn's own: DBSIZE counts every key)
 
 local raw = R.eval_script
@@ -22,8 +20,7 @@ local function pttl(client, key) return client:call("PTTL", key) end
 describe("the keys of a lock", function()
   it("expire with what they hold: a lease, the queue's deadlines, a waitForUnlock's mark",
     h.async(function()
-      local c = server:client()
-      local name = fresh_name()
+      local c, name = R.one_client(server, fresh_name)
       raw(c, name, scripts.acquire, "A", "1", "1", "500", "300", "ch", "wait")
       local t = pttl(c, name .. ":h")
       assert.is_true(t > 400 and t <= 500, "N:h: " .. t)
@@ -53,8 +50,7 @@ describe("the keys of a lock", function()
 
   it("never expire before the longest lease or deadline they hold, whatever the options",
     h.async(function()
-      local c = server:client()
-      local name = fresh_name()
+      local c, name = R.one_client(server, fresh_name)
       -- a semaphore of 2: X with a long lease, then Y with a short one
       raw(c, name, scripts.acquire, "X", "2", "1", "100000", "300", "ch", "wait")
       raw(c, name, scripts.acquire, "Y", "2", "1", "100", "300", "ch", "wait")
@@ -82,8 +78,7 @@ describe("the keys of a lock", function()
     end))
 
   it("keep fences increasing when the counter has expired", h.async(function()
-    local c = server:client()
-    local name = fresh_name()
+    local c, name = R.one_client(server, fresh_name)
     local m = am.RedisMutex.new(c, name)
     local r = m:acquire()
     local f1 = r.fence

@@ -6,13 +6,11 @@
 -- caller waited for that withdrawal too, on a fresh connection: two
 -- commandTimeouts (10 s with the default 5000).
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 local redis = require "async_mutex.redis"
 local uv = require "luv"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec122")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec122")
 
 local TIMEOUT = 300
 local SLACK = 20 * h.TIME_SCALE
@@ -74,8 +72,7 @@ describe("against a SIGSTOPped server", function()
   it("acquire and tryAcquire raise E_UNAVAILABLE within one commandTimeout, while the"
     .. " withdrawal of their request is in flight", h.async(function()
     local c = server:client({ commandTimeout = TIMEOUT })
-    local other = server:client()
-    local name = fresh_name()
+    local other, name = R.one_client(server, fresh_name)
     local o = { ttl = 2000 }
     local m = am.RedisMutex.new(c, name, o)
     assert.is_false(m:isLocked())        -- connected, the eviction policy read

@@ -8,11 +8,9 @@
 -- may evict them too: only noeviction (or no maxmemory) is safe.  Before,
 -- nothing was checked.
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec123")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec123")
 
 local function configure(c, maxmemory, policy)
   c:call("CONFIG", "SET", "maxmemory", maxmemory)
@@ -32,8 +30,7 @@ describe("a server whose maxmemory-policy may evict keys", function()
     h.async(function()
       local admin = server:client()
       configure(admin, "10000000", "allkeys-random")
-      local c = server:client()
-      local name = fresh_name()
+      local c, name = R.one_client(server, fresh_name)
       local m = am.RedisMutex.new(c, name)
       local s = am.RedisSemaphore.new(c, name .. "s", 2)
       local k = am.KeyedRedisMutex.new(c, name .. "k:")
@@ -62,8 +59,7 @@ describe("a server whose maxmemory-policy may evict keys", function()
         { "0", "allkeys-lru", true },
       }) do
         configure(admin, case[1], case[2])
-        local c = server:client()
-        local m = am.RedisMutex.new(c, fresh_name())
+        local m, c = R.one_lock(server, fresh_name, am.RedisMutex)
         local ok, err = pcall(m.acquire, m)
         assert.equal(case[3], ok, case[2] .. " with maxmemory " .. case[1] .. ": "
           .. tostring(err))
@@ -80,8 +76,7 @@ describe("a server whose maxmemory-policy may evict keys", function()
 
   it("is read again on each new connection of the client", h.async(function()
     local admin = server:client()
-    local c = server:client()
-    local name = fresh_name()
+    local c, name = R.one_client(server, fresh_name)
     local m = am.RedisMutex.new(c, name)
     m:acquire()()                          -- read once: safe
     configure(admin, "10000000", "allkeys-lfu")

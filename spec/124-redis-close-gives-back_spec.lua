@@ -8,21 +8,17 @@
 -- that reached the head of the queue was handed the lock and held it for
 -- its first lease.
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 local uv = require "luv"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec124")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec124")
 
 local function ms_since(t0) return (uv.hrtime() - t0) / 1e6 end
 
 describe("client:close() with holds pending", function()
   it("gives back a mutex, a semaphore's weight and a keyed set's keys: the other process"
     .. " is granted at once (was: after ttl)", h.async(function()
-    local a, b = server:client(), server:client()
-    local name = fresh_name()
-    local ma, mb = am.RedisMutex.new(a, name), am.RedisMutex.new(b, name)
+    local ma, mb, a, b, name = R.two_locks(server, fresh_name, am.RedisMutex)
     local sa = am.RedisSemaphore.new(a, name .. "s", 3)
     local sb = am.RedisSemaphore.new(b, name .. "s", 3)
     local ka, kb = am.KeyedRedisMutex.new(a, name .. "k:"), am.KeyedRedisMutex.new(b, name .. "k:")

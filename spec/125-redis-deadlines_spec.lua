@@ -12,12 +12,10 @@
 -- is brought up to date before it starts, but it counts in whole ms of
 -- the loop's clock, so that one case relies on the core's own deadline.
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 local uv = require "luv"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec125")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec125")
 
 local hrtime = uv.hrtime
 
@@ -32,8 +30,7 @@ local function drift(ttl) return ttl // 100 + 2 end
 -- Runs COROS coroutines of EACH timed waits each, of the kinds chosen by
 -- pick(); returns the waits that ended early, and how many there were.
 local function timed_waits(COROS, EACH, pick)
-  local holder, waiter = server:client(), server:client()
-  local name = fresh_name()
+  local holder, waiter, name = R.two_clients(server, fresh_name)
   -- held by another client for the whole test: every wait times out
   local held = {}
   for i = 1, COROS do

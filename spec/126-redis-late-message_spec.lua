@@ -12,13 +12,11 @@
 -- worker processes write begin and end markers to one file opened with
 -- O_APPEND, and overlaps are read from the order of the lines.
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 local scripts = require "async_mutex.redis_scripts"
 local uv = require "luv"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec126")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec126")
 
 local raw = R.eval_script
 
@@ -167,12 +165,7 @@ end)
 -- sixth of the lease on a loaded machine, after acquire returned, while it
 -- held or during the release's round trip: a pause, not a fault of the
 -- lock).
-local WORKER = R.PROLOGUE .. [[
-local NAME, TTL, WAIT, N, SEED, LOG, ID = table.unpack(ARGS)
-TTL, WAIT, N = tonumber(TTL), tonumber(WAIT), tonumber(N)
-math.randomseed(tonumber(SEED))
-local f = assert(io.open(LOG, "a"))
-f:setvbuf("no")
+local WORKER = R.TIMED_WORKER_PROLOGUE .. [[
 local m = am.RedisMutex.new(client, NAME, { ttl = TTL, waiterTimeout = WAIT })
 local other = redis.connect { path = SOCK }
 local waiting, done = false, false

@@ -5,11 +5,9 @@
 -- server never had): two scripts per refusal, a server's work doubled for
 -- a program that polls a busy lock with tryAcquire.
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec127")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec127")
 
 -- The scripts run by the server while fn() runs and the loop turns after
 -- it (anything sent in the background has been taken: a PING on the same
@@ -25,9 +23,7 @@ end
 
 describe("a refused tryAcquire on a Redis lock", function()
   it("sends one request: mutex, semaphore, keyed set", h.async(function()
-    local a, b = server:client(), server:client()
-    local name = fresh_name()
-    local ma, mb = am.RedisMutex.new(a, name), am.RedisMutex.new(b, name)
+    local ma, mb, a, b, name = R.two_locks(server, fresh_name, am.RedisMutex)
     local sa, sb = am.RedisSemaphore.new(a, name .. "s", 2), am.RedisSemaphore.new(b, name .. "s", 2)
     local ka, kb = am.KeyedRedisMutex.new(a, name .. ":"), am.KeyedRedisMutex.new(b, name .. ":")
     local ra = ma:acquire()

@@ -18,12 +18,10 @@
 -- client's own calls (its hooks.watch, while a request is being written)
 -- left that request waiting for ever, a defect of the client's, reported.
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 local uv = require "luv"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec128")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec128")
 
 -- fn(...) with `client` closed at the k-th call made by the lock's code
 -- (R.with_close_at).
@@ -38,27 +36,17 @@ end
 -- the acquire finished before the k-th call, else a problem (a string) or
 -- false.
 local function close_at(k, other_client, setup_scene)
-  local a = server:client()
-  local name = fresh_name()
+  local a, name = R.one_client(server, fresh_name)
   local la = am.RedisMutex.new(a, name, { ttl = 1000 })
   local lb = am.RedisMutex.new(other_client, name, { ttl = 1000 })
   assert.is_false(la:isLocked())          -- connected, eviction policy read
   local after = setup_scene and setup_scene(lb, name)
   local outcome = with_close_at(k, a, la.acquire, la)
   if after then after(function() return outcome() ~= nil end) end
-  h.wait_until(function() return outcome() ~= nil end, 3000)
-  local closed, ok, r = outcome()
-  if not closed then
-    a:close()
-    assert.is_true(ok, r)
-    return nil
-  end
-  local problem = false
-  if ok then
-    if r:check() then problem = "held after the close" end
-  elseif r ~= am.E_UNAVAILABLE and not tostring(r):find("attempt to use a closed redis client") then
-    problem = "raised " .. tostring(r)
-  end
+  local problem = R.close_outcome(outcome, a, function(r)
+    return r == am.E_UNAVAILABLE or tostring(r):find("attempt to use a closed redis client")
+  end)
+  if problem == nil then return nil end
   -- what the close gave back lets the other process in at once
   local rb
   h.spawn(function() rb = lb:acquire() end)
@@ -113,8 +101,7 @@ end)
 -- granted at once.  Returns nil when the release finished before the k-th
 -- call, else how long the other process waited (ms).
 local function close_in_release_at(k, other_client, release)
-  local a = server:client()
-  local name = fresh_name()
+  local a, name = R.one_client(server, fresh_name)
   local la = am.RedisMutex.new(a, name, { ttl = 1000 })
   local lb = am.RedisMutex.new(other_client, name, { ttl = 1000 })
   local ra = la:acquire()

@@ -8,12 +8,10 @@
 -- state request (waitForUnlock), each one more round trip, each up to a
 -- commandTimeout, before the bound was looked at.
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 local uv = require "luv"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec129")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec129")
 
 -- The calls of 'command' the server has taken (INFO commandstats).
 local function calls(client, command)

@@ -7,13 +7,11 @@
 -- it: one transient failure ended the hold at waiterTimeout instead of
 -- ttl (onLost, E_LOST), with the server reachable again long before.
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 local scripts = require "async_mutex.redis_scripts"
 local uv = require "luv"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec130")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec130")
 
 local raw = R.eval_script
 

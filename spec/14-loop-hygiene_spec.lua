@@ -47,8 +47,7 @@ describe("the luv loop", function()
   end))
 
   it("keeps no timer running after a withTimeout grant", h.async(function()
-    local m = am.Mutex.new()
-    local r = m:acquire()
+    local m, r = h.held(am.Mutex.new())
     local a = h.acquirer(nil, "a", am.withTimeout(m, 10000))
     assert.equal(1, h.count_handles("uv_timer_t", true))  -- waiting: one timer
     r()
@@ -60,8 +59,7 @@ describe("the luv loop", function()
   end))
 
   it("keeps no timer running after a withTimeout cancel or expiry", h.async(function()
-    local m = am.Mutex.new()
-    local r = m:acquire()
+    local m, r = h.held(am.Mutex.new())
     local a = h.acquirer(nil, "a", am.withTimeout(m, 10000))
     m:cancel()
     assert.equal(0, h.count_handles("uv_timer_t", true))
@@ -75,8 +73,7 @@ describe("the luv loop", function()
   end))
 
   it("does not spin the CPU while waiters wait", h.async(function()
-    local m = am.Mutex.new()
-    local r = m:acquire()
+    local m, r = h.held(am.Mutex.new())
     for _ = 1, 10 do h.acquirer(nil, "x", m) end
     h.acquirer(nil, "t", am.withTimeout(m, 5000))
     local c0 = os.clock()
@@ -88,8 +85,7 @@ describe("the luv loop", function()
   end))
 
   it("lets uv.walk() visit every handle while grants, waiters and timers are pending", h.async(function()
-    local m = am.Mutex.new()
-    local r = m:acquire()
+    local m, r = h.held(am.Mutex.new())
     h.acquirer(nil, "a", m)
     h.acquirer(nil, "b", am.withTimeout(m, 1000))
     r()                                        -- a granted, not yet resumed
@@ -192,9 +188,7 @@ describe("a separate process", function()
   end)
 
   it("runs to the end when everything is released, with nothing left on the loop", function()
-    local res = h.subprocess([[
-      local uv = require "luv"
-      local am = require "async_mutex"
+    local res = h.am_subprocess([[
       local m = am.Mutex.new()
       local wt = am.withTimeout(m, 60000)
       local n = 0

@@ -99,9 +99,7 @@ end)
 
 describe("an onReport that raises an error object whose __tostring raises", function()
   it("from the long-hold timer: written to stderr by the shared text, the process goes on", function()
-    local res = h.subprocess([[
-local uv = require "luv"
-local am = require "async_mutex"
+    local res = h.am_subprocess([[
 local bad = setmetatable({}, { __tostring = function() error("tostring failed") end })
 am.debug.enable({ holdWarning = 20, onReport = function() error(bad) end })
 local m = am.Mutex.new()

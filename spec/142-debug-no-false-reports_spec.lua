@@ -14,8 +14,7 @@ local dr = require "debug_reports"
 
 local rec = dr.recorder(before_each, after_each)
 
-local function deadlocks() return rec.count("deadlock") end
-local function inversions() return rec.count("inversion") end
+local deadlocks, inversions = rec.deadlocks, rec.inversions
 
 describe("a leased hold in a wait-for cycle", function()
   it("its holder requesting the lock again waits for the lease's end and gets it", h.async(function()

@@ -30,9 +30,7 @@ describe("am.debug.enable({ holdWarning = ms })", function()
   end)
 
   it("takes 2^40 and a fraction of a ms: grants and releases print nothing, a long hold is reported", function()
-    local res = h.subprocess([[
-local uv = require "luv"
-local am = require "async_mutex"
+    local res = h.am_subprocess([[
 local reports = 0
 for _, ms in ipairs({ 2 ^ 40, 0.5 }) do
   am.debug.enable({ holdWarning = ms, onReport = function() reports = reports + 1 end })

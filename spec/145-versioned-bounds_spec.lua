@@ -9,13 +9,10 @@
 -- successor (a write there is refused with an error); a version field
 -- above it is not a versioned value.
 -- Also: update whose fn closes the client raises at update's caller.
-local h = require "helpers"
-local redis_server = require "redis_server"
-local redis = require "async_mutex.redis"
 
 local THIS = "spec/145%-versioned%-bounds_spec.lua"
 
-local server = redis_server.for_file(setup, teardown)
+local h, redis, server = require("redis_server").spec_file(setup, teardown)
 
 local function client()
   return redis.connect({ path = server.path })

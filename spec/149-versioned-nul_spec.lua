@@ -4,11 +4,8 @@
 -- version 5 and the next write overwrote it with 6.  A field with a NUL is
 -- not a versioned value: every operation refuses it with WRONGTYPE and
 -- writes nothing.  Against a real redis-server.
-local h = require "helpers"
-local redis_server = require "redis_server"
-local redis = require "async_mutex.redis"
 
-local server = redis_server.for_file(setup, teardown)
+local h, redis, server = require("redis_server").spec_file(setup, teardown)
 
 local NOT_VERSIONED = "WRONGTYPE key holds a hash that is not a versioned value"
 

@@ -78,8 +78,7 @@ describe("bad arguments to Mutex:acquire", function()
   end))
 
   it("reject a bad priority on a held mutex too, queuing nothing", h.async(function()
-    local m = am.Mutex.new()
-    local r = m:acquire()
+    local m, r = h.held(am.Mutex.new())
     local before = state(m)
     assert.equal("bad argument #1 to 'acquire' (priority must be a number, got string)",
       E(function() m:acquire("x") end))
@@ -153,8 +152,7 @@ describe("bad arguments to runExclusive", function()
   end))
 
   it("reject a non-function on a held lock without queuing", h.async(function()
-    local m = am.Mutex.new()
-    local r = m:acquire()
+    local m, r = h.held(am.Mutex.new())
     local before = state(m)
     E(function() m:runExclusive("not a function") end)
     assert.same(before, state(m))
@@ -424,8 +422,7 @@ describe("blocking calls in a non-yieldable context inside a coroutine", functio
   end))
 
   it("raise in a non-yieldable context even on a held lock, queuing nothing", h.async(function()
-    local m = am.Mutex.new()
-    local r = m:acquire()
+    local m, r = h.held(am.Mutex.new())
     local before = state(m)
     local err
     ("a"):gsub(".", function()

@@ -5,8 +5,7 @@ local am = require "async_mutex"
 describe("hand-off under load", function()
   it("lets 100,000 coroutines queued behind a holder each acquire and release without yielding", h.async(function()
     local N = h.load(100000)
-    local m = am.Mutex.new()
-    local r = m:acquire()
+    local m, r = h.held(am.Mutex.new())
     local n, order_ok = 0, true
     local base = am.pending()
     local function worker(i)
@@ -26,8 +25,7 @@ describe("hand-off under load", function()
 
   it("lets 30,000 runExclusive calls queued behind a holder all run", h.async(function()
     local N = h.load(30000)
-    local m = am.Mutex.new()
-    local r = m:acquire()
+    local m, r = h.held(am.Mutex.new())
     local n = 0
     local function worker() m:runExclusive(function() n = n + 1 end) end
     for _ = 1, N do coroutine.wrap(worker)() end
@@ -59,8 +57,7 @@ describe("hand-off under load", function()
     -- would visit ~9*10^8 entries; compare with the forward order.
     local N = h.load(40000)
     local function run(reverse)
-      local m = am.Mutex.new()
-      local r = m:acquire()
+      local m, r = h.held(am.Mutex.new())
       local wts = {}
       for k = 0, 9 do wts[k] = am.withTimeout(m, 5 + k) end
       local done = 0

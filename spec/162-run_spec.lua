@@ -6,11 +6,7 @@
 -- and cannot inside this file's h.async).
 local h = require "helpers"
 
--- The repository root: the parent of the directory holding this file.
-local ROOT do
-  local source = debug.getinfo(1, "S").source:gsub("^@", "")
-  ROOT = (source:match("^(.*)/[^/]*$") or ".") .. "/.."
-end
+local ROOT = h.ROOT
 
 --- Runs 'body' in a child after `am` and `uv` are loaded; returns the
 -- result (rc, stdout, stderr).

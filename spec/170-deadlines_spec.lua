@@ -109,9 +109,7 @@ end)
 
 describe("in a fresh process", function()
   it("withTimeout(m, 300) after blocking start-up work raises after 300 ms or more", function()
-    local r = h.subprocess([[
-      local uv = require "luv"
-      local am = require "async_mutex"
+    local r = h.am_subprocess([[
       local function now_ms() return uv.hrtime() / 1e6 end
       local t_end = now_ms() + 50                 -- start-up work: the loop idle meanwhile
       while now_ms() < t_end do end

@@ -44,8 +44,7 @@ describe("acquireAll", function()
   end))
 
   it("takes the keys in canonical order, whatever order the caller gives", h.async(function()
-    local km = am.KeyedMutex.new()
-    local ra = km:acquire("a")
+    local km, ra = h.held(am.KeyedMutex.new(), "acquire", "a")
     local done = false
     h.spawn(function()
       local r = km:acquireAll({ "c", "b", "a" })   -- canonical: a, b, c
@@ -303,8 +302,7 @@ end)
 
 describe("bad key sets", function()
   it("refuses bad key sets to acquireAll and runExclusiveAll with the exact message", h.async(function()
-    local km = am.KeyedMutex.new()
-    local r = km:acquire("held")
+    local km, r = h.held(am.KeyedMutex.new(), "acquire", "held")
     local function msg(f) return "bad argument #1 to '" .. f .. "' " end
     assert.equal(msg("acquireAll") .. "(key set must not be empty)", E(function() km:acquireAll({}) end))
     assert.equal(msg("acquireAll") .. "(table of keys expected, got string)", E(function() km:acquireAll("a") end))

@@ -44,8 +44,7 @@ describe("count, waiting and keys", function()
   end))
 
   it("keys() returns a new array each time", h.async(function()
-    local km = am.KeyedMutex.new()
-    local r = km:acquire("a")
+    local km, r = h.held(am.KeyedMutex.new(), "acquire", "a")
     local k1, k2 = km:keys(), km:keys()
     assert.are_not.equal(k1, k2)
     k1[1] = "changed"

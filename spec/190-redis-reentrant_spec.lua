@@ -6,17 +6,14 @@
 -- in Redis; everyone else (coroutines of this process, other processes)
 -- waits as for a RedisMutex; a lost lease ends every level.
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec190")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec190")
 
 describe("RedisReentrantMutex's holder", function()
   it("re-enters at once, across yields, with no request to Redis: levels of one hold, one fence",
     h.async(function()
-      local c = server:client()
-      local rm = am.RedisReentrantMutex.new(c, fresh_name())
+      local rm, c = R.one_lock(server, fresh_name, am.RedisReentrantMutex)
       assert.equal(0, rm:depth())
       assert.is_false(rm:isHeldByMe())
       local r1 = rm:acquire()
@@ -51,9 +48,7 @@ describe("RedisReentrantMutex's holder", function()
 
   it("re-enters through withTimeout and tryAcquire, which bound or refuse everyone else",
     h.async(function()
-      local a, b = server:client(), server:client()
-      local name = fresh_name()
-      local rm, other = am.RedisReentrantMutex.new(a, name), am.RedisReentrantMutex.new(b, name)
+      local rm, other, a, b, name = R.two_locks(server, fresh_name, am.RedisReentrantMutex)
       local r1 = rm:acquire()
       local r2 = am.tryAcquire(rm):acquire()
       local r3 = am.withTimeout(rm, 0):acquire()
@@ -74,8 +69,7 @@ describe("RedisReentrantMutex's holder", function()
     end))
 
   it("waits for itself in waitForUnlock: refused, at the caller's line", h.async(function()
-    local c = server:client()
-    local rm = am.RedisReentrantMutex.new(c, fresh_name())
+    local rm, c = R.one_lock(server, fresh_name, am.RedisReentrantMutex)
     local release = rm:acquire()
     h.raises_at_caller({ function() rm:waitForUnlock() end,
       "attempt to wait for a reentrant mutex that this coroutine holds (it would wait for itself)" })
@@ -88,9 +82,7 @@ end)
 describe("RedisReentrantMutex's other coroutines and processes", function()
   it("wait as for a RedisMutex until every level is released; a coroutine the holder spawns too",
     h.async(function()
-      local a, b = server:client(), server:client()
-      local name = fresh_name()
-      local rm, other = am.RedisReentrantMutex.new(a, name), am.RedisReentrantMutex.new(b, name)
+      local rm, other, a, b, name = R.two_locks(server, fresh_name, am.RedisReentrantMutex)
       local log = {}
       local r1 = rm:acquire()
       local r2 = rm:acquire()
@@ -120,8 +112,7 @@ describe("RedisReentrantMutex's other coroutines and processes", function()
 
   it("cannot end the hold: another process's release and releases with other tokens change nothing",
     h.async(function()
-      local a, b = server:client(), server:client()
-      local name = fresh_name()
+      local a, b, name = R.two_clients(server, fresh_name)
       local rm = am.RedisReentrantMutex.new(a, name)
       local r1 = rm:acquire()
       local r2 = rm:acquire()
@@ -140,8 +131,7 @@ describe("RedisReentrantMutex's other coroutines and processes", function()
     end))
 
   it("cancel rejects this process's waiters, not the holder's levels", h.async(function()
-    local a = server:client()
-    local rm = am.RedisReentrantMutex.new(a, fresh_name())
+    local rm, a = R.one_lock(server, fresh_name, am.RedisReentrantMutex)
     local release = rm:acquire()
     local w = h.acquirer(nil, "w", rm)
     h.sleep(20)
@@ -201,8 +191,7 @@ end)
 describe("RedisReentrantMutex and client:close()", function()
   it("ends the hold here and gives it back in Redis: the other process is granted at once",
     h.async(function()
-      local a, b = server:client(), server:client()
-      local name = fresh_name()
+      local a, b, name = R.two_clients(server, fresh_name)
       local rm = am.RedisReentrantMutex.new(a, name, { ttl = 30000 })
       local r1 = rm:acquire()
       local r2 = rm:acquire()
@@ -281,8 +270,7 @@ describe("RedisReentrantMutex's usage errors", function()
   end))
 
   it("need a coroutine for a first acquire, not for a re-entry's release", function()
-    local c = server:client()
-    local rm = am.RedisReentrantMutex.new(c, fresh_name())
+    local rm, c = R.one_lock(server, fresh_name, am.RedisReentrantMutex)
     h.raises_at_caller({ function() rm:acquire() end,
       "attempt to acquire a Redis lock outside a coroutine" })
     h.raises_at_caller({ function() rm:isLocked() end, "attempt to ask Redis outside a coroutine" })

@@ -6,17 +6,13 @@
 -- strictly increase across reads and writes; downgrade lets no writer in
 -- between, upgrade is refused.
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec191")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec191")
 
 describe("RedisRWLock", function()
   it("lets readers of several processes share it, and a writer hold it alone", h.async(function()
-    local a, b = server:client(), server:client()
-    local name = fresh_name()
-    local ra, rb = am.RedisRWLock.new(a, name), am.RedisRWLock.new(b, name)
+    local ra, rb, a, b, name = R.two_locks(server, fresh_name, am.RedisRWLock)
     assert.is_false(ra:isLocked())
     local r1 = ra:acquireRead()
     local r2 = rb:acquireRead()
@@ -79,9 +75,7 @@ describe("RedisRWLock", function()
     end))
 
   it("draws strictly increasing fences across reads and writes", h.async(function()
-    local a, b = server:client(), server:client()
-    local name = fresh_name()
-    local la, lb = am.RedisRWLock.new(a, name), am.RedisRWLock.new(b, name)
+    local la, lb, a, b, name = R.two_locks(server, fresh_name, am.RedisRWLock)
     local last = 0
     for i = 1, 40 do
       local lock = i % 2 == 0 and la or lb
@@ -94,8 +88,7 @@ describe("RedisRWLock", function()
   end))
 
   it("renews and loses each reader's lease on its own", h.async(function()
-    local a, b = server:client(), server:client()
-    local name = fresh_name()
+    local a, b, name = R.two_clients(server, fresh_name)
     local lost = {}
     local short = am.RedisRWLock.new(a, name, { ttl = 150, renewInterval = 0,
       onLost = function(info) lost[#lost + 1] = info end })
@@ -114,9 +107,7 @@ describe("RedisRWLock", function()
   end))
 
   it("waitForUnlock waits until a write could be granted", h.async(function()
-    local a, b = server:client(), server:client()
-    local name = fresh_name()
-    local la, lb = am.RedisRWLock.new(a, name), am.RedisRWLock.new(b, name)
+    local la, lb, a, b, name = R.two_locks(server, fresh_name, am.RedisRWLock)
     local r = la:acquireRead()
     local watcher = h.requester("waitForUnlock", nil, "watch", lb)
     h.sleep(50)
@@ -129,8 +120,7 @@ describe("RedisRWLock", function()
 
   it("release() ends this process's oldest write hold, nothing while it only reads",
     h.async(function()
-      local a = server:client()
-      local rw = am.RedisRWLock.new(a, fresh_name())
+      local rw, a = R.one_lock(server, fresh_name, am.RedisRWLock)
       local r = rw:acquireRead()
       assert.is_false(rw:release())
       assert.is_true(r:check())
@@ -144,8 +134,7 @@ describe("RedisRWLock", function()
     end))
 
   it("runShared and runExclusive hold a read and a write", h.async(function()
-    local a = server:client()
-    local rw = am.RedisRWLock.new(a, fresh_name())
+    local rw, a = R.one_lock(server, fresh_name, am.RedisRWLock)
     assert.equal(7, rw:runShared(function()
       assert.equal(1, rw:readers())
       return rw:runShared(function() return 7 end)    -- a second read: shares
@@ -193,8 +182,7 @@ describe("RedisRWLock's downgrade", function()
     end))
 
   it("keeps the read hold's lease renewed by the watchdog", h.async(function()
-    local a, b = server:client(), server:client()
-    local name = fresh_name()
+    local a, b, name = R.two_clients(server, fresh_name)
     local la, lb = am.RedisRWLock.new(a, name, { ttl = 150 }), am.RedisRWLock.new(b, name)
     local read = la:acquireWrite():downgrade()
     h.sleep(400)
@@ -206,8 +194,7 @@ describe("RedisRWLock's downgrade", function()
 
   it("is refused for reads, other kinds, ended and lost writes; upgrade is never offered",
     h.async(function()
-      local a = server:client()
-      local name = fresh_name()
+      local a, name = R.one_client(server, fresh_name)
       local rw = am.RedisRWLock.new(a, name, { ttl = 100, renewInterval = 0 })
       local r = rw:acquireRead()
       h.raises_at_caller({ function() r:downgrade() end,
@@ -241,8 +228,7 @@ describe("RedisRWLock's downgrade", function()
     end))
 
   it("from main code (a luv callback) is refused: outside a coroutine", h.async(function()
-    local a = server:client()
-    local rw = am.RedisRWLock.new(a, fresh_name())
+    local rw, a = R.one_lock(server, fresh_name, am.RedisRWLock)
     local rel = rw:acquireWrite()
     local done, ok, err = false, nil, nil
     local t = require("luv").new_timer()
@@ -285,25 +271,7 @@ end)
     h.async(function()
       local name = fresh_name()
       local log = R.run_workers(WORKER, 4, server.path, name, 60)
-      local inside, n_in, bad, shared, sections, writes = {}, 0, 0, 0, 0, 0
-      for line in io.lines(log) do
-        local kind, mode, id = line:match("^(%u) (%u) (%S+)")
-        if kind == "B" then
-          sections = sections + 1
-          if mode == "W" then
-            writes = writes + 1
-            if n_in > 0 then bad = bad + 1 end
-          else
-            for _, m in pairs(inside) do if m == "W" then bad = bad + 1 end end
-            if n_in > 0 then shared = shared + 1 end
-          end
-          inside[id] = mode
-          n_in = n_in + 1
-        else
-          inside[id] = nil
-          n_in = n_in - 1
-        end
-      end
+      local bad, shared, sections, writes = R.rw_overlaps_in(log)
       os.remove(log)
       assert.equal(4 * 3 * 60, sections)
       assert.equal(0, bad)

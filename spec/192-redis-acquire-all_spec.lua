@@ -5,13 +5,9 @@
 -- cannot be had gives back the keys taken before it; the releaser gives
 -- every key back, even when one of them was lost.
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 
-local server = R.file_server(setup, teardown)
-
-local fresh = R.namer("spec192")
+local am, h, server, fresh = R.spec_file(setup, teardown, "spec192")
 
 -- The keys of 'names' held in Redis right now (their N:h exists).
 local function held(client, prefix, names)
@@ -24,9 +20,7 @@ end
 
 describe("KeyedRedisMutex:acquireAll", function()
   it("takes free keys in one atomic request, and gives them all back", h.async(function()
-    local a, b = server:client(), server:client()
-    local prefix = fresh() .. ":"
-    local ka, kb = am.KeyedRedisMutex.new(a, prefix), am.KeyedRedisMutex.new(b, prefix)
+    local ka, kb, a, b, prefix = R.two_keyed_locks(server, fresh, am.KeyedRedisMutex)
     assert.is_false(ka:isLocked("x"))          -- connected; the eviction policy read
     local before = R.scripts_run(a)
     local all = ka:acquireAll({ "y", 3, "x", "3", "y" })
@@ -50,9 +44,7 @@ describe("KeyedRedisMutex:acquireAll", function()
 
   it("waits for held keys one at a time in the canonical order, holding those before them",
     h.async(function()
-      local a, b = server:client(), server:client()
-      local prefix = fresh() .. ":"
-      local ka, kb = am.KeyedRedisMutex.new(a, prefix), am.KeyedRedisMutex.new(b, prefix)
+      local ka, kb, a, b, prefix = R.two_keyed_locks(server, fresh, am.KeyedRedisMutex)
       local rm = kb:acquire("m")
       local w = h.requester("acquireAll", nil, "all", ka, { "z", "m", "a" })
       h.wait_until(function() return R.queued(b, prefix .. "m") == 1 end)
@@ -67,9 +59,7 @@ describe("KeyedRedisMutex:acquireAll", function()
     end))
 
   it("gives back the keys it took when one cannot be had: timeout, cancel, try", h.async(function()
-    local a, b = server:client(), server:client()
-    local prefix = fresh() .. ":"
-    local ka, kb = am.KeyedRedisMutex.new(a, prefix), am.KeyedRedisMutex.new(b, prefix)
+    local ka, kb, a, b, prefix = R.two_keyed_locks(server, fresh, am.KeyedRedisMutex)
     local rm = kb:acquire("m")
     -- a bound on the whole acquisition
     local t0 = require("luv").hrtime()
@@ -133,9 +123,7 @@ describe("KeyedRedisMutex:acquireAll", function()
   end))
 
   it("is given back by client:close(), at once", h.async(function()
-    local a, b = server:client(), server:client()
-    local prefix = fresh() .. ":"
-    local ka, kb = am.KeyedRedisMutex.new(a, prefix), am.KeyedRedisMutex.new(b, prefix)
+    local ka, kb, a, b, prefix = R.two_keyed_locks(server, fresh, am.KeyedRedisMutex)
     local all = ka:acquireAll({ "a", "b" })
     local got
     h.spawn(function() got = kb:acquireAll({ "b", "a" }) end)

@@ -3,19 +3,13 @@
 -- am.KeyedRWLock: per-key reads and writes, downgrade, release(key), and
 -- multi-key reads and writes in the canonical order, all or nothing.
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 
-local server = R.file_server(setup, teardown)
-
-local fresh = R.namer("spec193")
+local am, h, server, fresh = R.spec_file(setup, teardown, "spec193")
 
 describe("KeyedRedisRWLock", function()
   it("applies the RWLock's rules per key; other keys never block", h.async(function()
-    local a, b = server:client(), server:client()
-    local prefix = fresh() .. ":"
-    local ka, kb = am.KeyedRedisRWLock.new(a, prefix), am.KeyedRedisRWLock.new(b, prefix)
+    local ka, kb, a, b, prefix = R.two_keyed_locks(server, fresh, am.KeyedRedisRWLock)
     local r1 = ka:acquireRead("x")
     local r2 = kb:acquireRead("x")
     assert.equal(2, ka:readers("x"))
@@ -42,9 +36,7 @@ describe("KeyedRedisRWLock", function()
   end))
 
   it("reads several keys together with other readers, and writes them alone", h.async(function()
-    local a, b = server:client(), server:client()
-    local prefix = fresh() .. ":"
-    local ka, kb = am.KeyedRedisRWLock.new(a, prefix), am.KeyedRedisRWLock.new(b, prefix)
+    local ka, kb, a, b, prefix = R.two_keyed_locks(server, fresh, am.KeyedRedisRWLock)
     local reads = ka:acquireAllRead({ "p", "q" })
     local more = kb:acquireAllRead({ "q", "p", "r" })
     assert.equal(2, kb:readers("p"))
@@ -73,9 +65,7 @@ describe("KeyedRedisRWLock", function()
   end))
 
   it("waitForUnlock(key) waits until a write of the key could be granted", h.async(function()
-    local a, b = server:client(), server:client()
-    local prefix = fresh() .. ":"
-    local ka, kb = am.KeyedRedisRWLock.new(a, prefix), am.KeyedRedisRWLock.new(b, prefix)
+    local ka, kb, a, b, prefix = R.two_keyed_locks(server, fresh, am.KeyedRedisRWLock)
     local r = ka:acquireRead("k")
     local watcher = h.requester("waitForUnlock", nil, "watch", kb, "k")
     h.sleep(40)

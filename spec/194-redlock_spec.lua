@@ -6,13 +6,11 @@
 -- quorum; a server up for less than ttl does not count; a partial grant
 -- that makes no progress is given back (a split).
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 local uv = require "luv"
 
 -- every lock here has a ttl <= 1000
-local servers = R.redlock_servers(setup, teardown, 3, 1000)
+local am, h, servers, fresh, clients = R.redlock_spec_file(setup, teardown, 3, 1000, "spec194")
 
 -- Each test starts with servers old enough to count (a test before may
 -- have restarted some): up for 2 s at least; and running (one that failed
@@ -28,14 +26,6 @@ before_each(function()
     end
   end
 end)
-
-local fresh = R.namer("spec194")
-
-local function clients(opts)
-  local t = {}
-  for i, s in ipairs(servers) do t[i] = s:client(opts) end
-  return t
-end
 
 local function close_all(...)
   for _, list in ipairs({ ... }) do

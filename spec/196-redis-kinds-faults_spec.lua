@@ -11,14 +11,10 @@
 -- waiter joins ('watch'); and which of the two requests exclude everyone
 -- (the others share with each other).
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 local uv = require "luv"
 
-local server = R.file_server(setup, teardown)
-
-local fresh = R.namer("spec196")
+local am, h, server, fresh = R.spec_file(setup, teardown, "spec196")
 
 local KINDS = {
   { "RedisReentrantMutex (two levels)", [[

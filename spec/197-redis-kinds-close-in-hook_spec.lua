@@ -13,12 +13,10 @@
 -- returned holds whose tokens the close had given back: check() true on a
 -- closed client while another process held the lock.
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 local uv = require "luv"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec197")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec197")
 -- a RedlockMutex counts a server once it has been up for its ttl (1000 ms
 -- here; INFO gives whole seconds)
 setup(function() uv.sleep(2100) end)
@@ -46,23 +44,11 @@ end
 -- (on b_client's, the same name).  Returns nil when the operation finished
 -- before the k-th call, else a problem (a string) or false.
 local function close_at(k, b, prepare)
-  local a = server:client()
-  local name = fresh_name()
+  local a, name = R.one_client(server, fresh_name)
   local op, other = prepare(a, b, name)
   local outcome = with_close_at(k, a, op)
-  h.wait_until(function() return outcome() ~= nil end, 3000)
-  local closed, ok, r = outcome()
-  if not closed then
-    a:close()
-    assert.is_true(ok, r)
-    return nil
-  end
-  local problem = false
-  if ok then
-    if r:check() then problem = "held after the close" end
-  elseif not closed_error(r) then
-    problem = "raised " .. tostring(r)
-  end
+  local problem = R.close_outcome(outcome, a, closed_error)
+  if problem == nil then return nil end
   -- what the close gave back lets the other process in at once (the
   -- leases are 1000 ms)
   local rb

@@ -6,22 +6,12 @@
 -- next acquisition queued behind the grant of the one before (its token
 -- is given back behind its request at the release).
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 local uv = require "luv"
 local scripts = require "async_mutex.redis_scripts"
 
 -- every lock here has a ttl <= 3000
-local servers = R.redlock_servers(setup, teardown, 3, 3000)
-
-local fresh = R.namer("spec198")
-
-local function clients()
-  local t = {}
-  for i, s in ipairs(servers) do t[i] = s:client() end
-  return t
-end
+local am, h, servers, fresh, clients = R.redlock_spec_file(setup, teardown, 3, 3000, "spec198")
 
 -- closes every client of the lists given when a case ends, also when it
 -- fails: a hold a failed case leaves would keep its hand-off subscriptions,

@@ -6,18 +6,14 @@
 -- while it waits queues behind it.  A write keeps the gate until its hold
 -- ends, however it ends: the process's readers wait there, not in Redis.
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec199")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec199")
 
 describe("RedisRWLock's readers of one process", function()
   it("queue together behind a writer and are granted together", h.async(function()
-    local a, b = server:client(), server:client()
+    local ra, rb, a, b, name = R.two_locks(server, fresh_name, am.RedisRWLock)
     local _ <close> = h.closing(a, b)
-    local name = fresh_name()
-    local ra, rb = am.RedisRWLock.new(a, name), am.RedisRWLock.new(b, name)
     local w = rb:acquireWrite()
     local readers = {}
     for i = 1, 3 do readers[i] = h.requester("acquireRead", nil, "r" .. i, ra) end
@@ -39,10 +35,8 @@ describe("RedisRWLock's readers of one process", function()
   end))
 
   it("wait behind a writer of their process, which goes alone", h.async(function()
-    local a, b = server:client(), server:client()
+    local ra, rb, a, b, name = R.two_locks(server, fresh_name, am.RedisRWLock)
     local _ <close> = h.closing(a, b)
-    local name = fresh_name()
-    local ra, rb = am.RedisRWLock.new(a, name), am.RedisRWLock.new(b, name)
     local r0 = rb:acquireRead()
     local w = h.requester("acquireWrite", nil, "w", ra)
     h.wait_until(function() return R.queued(a, name) == 1 end)

@@ -8,11 +8,7 @@ local h = require "helpers"
 local LUA = os.getenv("LUA") or "lua5.4"
 local TIME_LIMIT = 10                   -- seconds, for a hung example
 
--- The repository root: the parent of the directory holding this file.
-local ROOT do
-  local source = debug.getinfo(1, "S").source:gsub("^@", "")
-  ROOT = (source:match("^(.*)/[^/]*$") or ".") .. "/.."
-end
+local ROOT = h.ROOT
 
 local function shell_quote(s)
   return "'" .. s:gsub("'", "'\\''") .. "'"

@@ -9,10 +9,7 @@
 
 local h = require "helpers"
 
-local ROOT do
-  local source = debug.getinfo(1, "S").source:gsub("^@", "")
-  ROOT = (source:match("^(.*)/[^/]*$") or ".") .. "/.."
-end
+local ROOT = h.ROOT
 
 local function load_rockspec()
   local spec = {}
@@ -21,15 +18,7 @@ local function load_rockspec()
   return spec
 end
 
--- Runs a shell command (not under the sanitizer runtime `make asan`
--- preloads); returns its output, failing on a non-zero exit.
-local function must(command)
-  local p = assert(io.popen("(unset LD_PRELOAD; " .. command .. ") 2>&1"))
-  local out = p:read("a")
-  local _, _, code = p:close()
-  assert(code == 0, ("`%s` failed:\n%s"):format(command, out))
-  return out
-end
+local must = h.must
 
 local function lines(s)
   local t = {}

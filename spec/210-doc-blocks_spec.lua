@@ -22,11 +22,8 @@
 local h = require "helpers"
 local redis_server = require "redis_server"
 
-local ROOT do
-  local source = debug.getinfo(1, "S").source:gsub("^@", "")
-  ROOT = (source:match("^(.*)/[^/]*$") or ".") .. "/.."
+local ROOT = h.ROOT
   if ROOT:sub(1, 1) ~= "/" then ROOT = require("luv").cwd() .. "/" .. ROOT end
-end
 
 --- The Markdown files whose blocks are checked: README.md and docs/*.md.
 local function documents()
@@ -216,9 +213,7 @@ local function check_busted(b)
 end
 
 describe("the code blocks of README.md and docs/*.md", function()
-  local server
-  setup(function() server = redis_server.start() end)
-  teardown(function() if server then server:stop() end end)
+  local server = redis_server.for_file(setup, teardown)
 
   it("are found, each with a known marker or none", function()
     -- README.md alone had 24 blocks when this spec was written

@@ -10,11 +10,8 @@ local uv = require "luv"
 local am = require "async_mutex"
 local h = require "helpers"
 
-local ROOT do
-  local source = debug.getinfo(1, "S").source:gsub("^@", "")
-  ROOT = (source:match("^(.*)/[^/]*$") or ".") .. "/.."
+local ROOT = h.ROOT
   if ROOT:sub(1, 1) ~= "/" then ROOT = uv.cwd() .. "/" .. ROOT end
-end
 
 local function quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 

@@ -34,12 +34,10 @@ end
 
 describe("queues with many distinct keys", function()
   -- waiters other specs left behind, on purpose, count in am.pending()
-  local pending0
-  before_each(function() pending0 = am.pending() end)
+  local no_more_pending = h.pending_baseline(before_each)
   it("grant in priority order after removals from the middle of many buckets", h.async(function()
     local rand = rng(2024)
-    local m = am.Mutex.new()
-    local release = m:acquire()
+    local m, release = h.held(am.Mutex.new())
     local log, waiters, survivors = {}, {}, {}
     -- 300 distinct priorities (fractions, negatives, infinities, both zeros)
     local prios = { 0, -0.0, math.huge, -math.huge }
@@ -65,13 +63,12 @@ describe("queues with many distinct keys", function()
     end
     expect_grants(survivors, release, log)
     assert.is_false(m:isLocked())
-    assert.equal(pending0, am.pending())
+    no_more_pending()
   end, { deadline = 60000 }))   -- 1,700 coroutines: ~12 s under `make gcstress`, 20+ loaded
 
   it("find every bucket again after many were dropped, made and dropped", h.async(function()
     local rand = rng(99)
-    local m = am.Mutex.new()
-    local release = m:acquire()
+    local m, release = h.held(am.Mutex.new())
     local log, live = {}, {}
     local n = 0
     local function add(p)
@@ -93,12 +90,11 @@ describe("queues with many distinct keys", function()
     local survivors = {}
     for _, x in pairs(live) do survivors[#survivors + 1] = x end
     expect_grants(survivors, release, log)
-    assert.equal(pending0, am.pending())
+    no_more_pending()
   end, { deadline = 60000 }))   -- 4,500 coroutines: ~20 s under `make gcstress`
 
   it("treat 0 and -0 as one priority, FIFO", h.async(function()
-    local m = am.Mutex.new()
-    local release = m:acquire()
+    local m, release = h.held(am.Mutex.new())
     local log = {}
     h.chain(log, "a", m, 0)
     h.chain(log, "b", m, -0.0)
@@ -114,8 +110,7 @@ describe("queues with many distinct keys", function()
   it("expire many distinct timeouts in deadline order, then arrival order", h.async(function()
    h.with_loop_clock(function()
     local rand = rng(77)
-    local m = am.Mutex.new()
-    local release = m:acquire()
+    local m, release = h.held(am.Mutex.new())
     local log, expected = {}, {}
     local t0 = require("luv").now()
     -- 400 waiters over 60 distinct durations, enqueued over a few loop turns
@@ -197,6 +192,6 @@ describe("queues with many distinct keys", function()
     assert.equal(150, granted)
     assert.equal(250, timed_out)
     assert.equal(150, s:getValue())
-    assert.equal(pending0, am.pending())
+    no_more_pending()
   end))
 end)

@@ -5,12 +5,10 @@
 -- keeps its order.  Holders in other processes are child lua5.4 processes
 -- that write markers to their stdout; the server is this file's own.
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 local uv = require "luv"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec225")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec225")
 
 -- The tokens that hold `name` in Redis (its N:h hash).
 local function holders(c, name)
@@ -215,8 +213,7 @@ describe("RedisMutex:steal", function()
   end))
 
   it("on a free lock is a plain grant", h.async(function()
-    local c = server:client()
-    local m = am.RedisMutex.new(c, fresh_name())
+    local m, c = R.one_lock(server, fresh_name, am.RedisMutex)
     local release = m:steal(5)
     assert.is_true(m:isLocked())
     assert.is_true(release())
@@ -225,8 +222,7 @@ describe("RedisMutex:steal", function()
   end))
 
   it("through withTimeout is the lock's own", h.async(function()
-    local c = server:client()
-    local m = am.RedisMutex.new(c, fresh_name())
+    local m, c = R.one_lock(server, fresh_name, am.RedisMutex)
     local held = m:acquire()
     local release = am.withTimeout(m, 10):steal()
     assert.is_false(held())
@@ -235,8 +231,7 @@ describe("RedisMutex:steal", function()
   end))
 
   it("refuses bad arguments and misuse with exact messages", h.async(function()
-    local c = server:client()
-    local m = am.RedisMutex.new(c, fresh_name())
+    local m, c = R.one_lock(server, fresh_name, am.RedisMutex)
     local s = am.RedisSemaphore.new(c, fresh_name(), 3)
     local km = am.KeyedRedisMutex.new(c, fresh_name())
     assert.equal("bad argument #1 to 'steal' (priority must be a number, got string)",
@@ -272,8 +267,7 @@ describe("RedisMutex:steal", function()
   end))
 
   it("needs a coroutine", function()
-    local c = server:client()
-    local m = am.RedisMutex.new(c, fresh_name())
+    local m, c = R.one_lock(server, fresh_name, am.RedisMutex)
     assert.equal("attempt to steal a Redis lock outside a coroutine",
       h.error_of(function() m:steal() end))
     c:close()
@@ -377,8 +371,7 @@ end)
 describe("RedisReentrantMutex:steal", function()
   it("ends every level of another coroutine's hold; the stealer holds at depth 1",
     h.async(function()
-      local c = server:client()
-      local rm = am.RedisReentrantMutex.new(c, fresh_name())
+      local rm, c = R.one_lock(server, fresh_name, am.RedisReentrantMutex)
       local l1, l2
       local go = am.Semaphore.new(0)
       local holder = am.spawn(function()
@@ -436,16 +429,11 @@ describe("steal with replicas", function()
 end)
 
 describe("steal on a cluster client", function()
-  local redis_cluster_server = require "redis_cluster_server"
-  local redis = require "async_mutex.redis"
-  local cluster
-  setup(function() cluster = redis_cluster_server.start(3) end)
-  teardown(function() if cluster then cluster:stop() end end)
+  local cluster = require("redis_cluster_server").for_file(setup, teardown, 3)
 
   it("takes the lock in its slot and tells a holder of another client by its shard channel",
     h.async(function()
-      local a = redis.connect({ cluster = cluster.seeds })
-      local b = redis.connect({ cluster = cluster.seeds })
+      local a, b = cluster:connect(), cluster:connect()
       local _ <close> = h.closing(a, b)
       local name = fresh_name()
       local told = {}

@@ -3,12 +3,10 @@
 -- Several clients stand for several processes (each has its own client
 -- id and place in the Redis queue); the server is this file's own.
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 local uv = require "luv"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec226")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec226")
 
 -- The client id of a token ("<client id>:<random>").
 local function client_of(token) return token:match("^([^:]+):") end
@@ -86,8 +84,7 @@ describe("am.query(redisMutex)", function()
     end))
 
   it("is reached through a decorated lock", h.async(function()
-    local c = server:client()
-    local m = am.RedisMutex.new(c, fresh_name())
+    local m, c = R.one_lock(server, fresh_name, am.RedisMutex)
     local r = m:acquire()
     assert.equal(r.token, am.query(am.withTimeout(m, 10)).held[1].owner)
     assert.equal(r.token, am.query(am.tryAcquire(m)).held[1].owner)
@@ -96,8 +93,7 @@ describe("am.query(redisMutex)", function()
   end))
 
   it("refuses bad arguments and misuse with exact messages", h.async(function()
-    local c = server:client()
-    local m = am.RedisMutex.new(c, fresh_name())
+    local m, c = R.one_lock(server, fresh_name, am.RedisMutex)
     local km = am.KeyedRedisMutex.new(c, fresh_name())
     assert.equal("bad argument #2 to 'query' (no key expected: a RedisMutex has no keys)",
       h.error_of(function() am.query(m, "k") end))
@@ -124,8 +120,7 @@ describe("am.query(redisMutex)", function()
   end))
 
   it("needs a coroutine", function()
-    local c = server:client()
-    local m = am.RedisMutex.new(c, fresh_name())
+    local m, c = R.one_lock(server, fresh_name, am.RedisMutex)
     assert.equal("attempt to query a Redis lock outside a coroutine",
       h.error_of(function() am.query(m) end))
     c:close()
@@ -201,8 +196,7 @@ describe("am.query on the readers-writer and reentrant kinds", function()
   end))
 
   it("gives a reentrant hold of this process its depth", h.async(function()
-    local c = server:client()
-    local rm = am.RedisReentrantMutex.new(c, fresh_name())
+    local rm, c = R.one_lock(server, fresh_name, am.RedisReentrantMutex)
     local l1, l2 = rm:acquire(), rm:acquire()
     local q = am.query(rm)
     assert.equal(1, #q.held)

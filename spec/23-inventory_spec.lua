@@ -15,11 +15,7 @@ local FULL = "STOCK apple=150 fig=150 kiwi=100 pear=100 sold=0"
 local TOO_LONG = "? ERROR line too long (at most 1024 bytes)"
 local COUNT_ERROR = "ERROR count must be a whole number from 1 to 1000000"
 
--- The repository root: the parent of the directory holding this file.
-local ROOT do
-  local source = debug.getinfo(1, "S").source:gsub("^@", "")
-  ROOT = (source:match("^(.*)/[^/]*$") or ".") .. "/.."
-end
+local ROOT = h.ROOT
 
 
 -- {========================================================== the server

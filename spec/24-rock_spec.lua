@@ -8,31 +8,9 @@
 local am = require "async_mutex"
 local h = require "helpers"
 
--- The repository root: the parent of the directory holding this file.
-local ROOT do
-  local source = debug.getinfo(1, "S").source:gsub("^@", "")
-  ROOT = (source:match("^(.*)/[^/]*$") or ".") .. "/.."
-end
+local ROOT = h.ROOT
 
-local function q(s)
-  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
-end
-
---- Runs a shell command; returns its exit code and its output (stdout and
--- stderr together).  Not under the sanitizer runtime `make asan` preloads:
--- its leak checker would fail the tools.
-local function sh(command)
-  local p = assert(io.popen("(unset LD_PRELOAD; " .. command .. ") 2>&1", "r"))
-  local out = p:read("a")
-  local _, _, code = p:close()
-  return code, out
-end
-
-local function must(command)
-  local code, out = sh(command)
-  assert(code == 0, ("`%s` failed (%s):\n%s"):format(command, tostring(code), out))
-  return out
-end
+local q, sh, must = h.shquote, h.sh, h.must
 
 local function load_rockspec(file)
   local spec = {}

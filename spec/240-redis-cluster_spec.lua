@@ -11,16 +11,9 @@ local redis_cluster_server = require "redis_cluster_server"
 local redis = require "async_mutex.redis"
 local am = require "async_mutex"
 
-local cluster
+local cluster = redis_cluster_server.for_file(setup, teardown, 3)
 
-setup(function() cluster = redis_cluster_server.start(3) end)
-teardown(function() if cluster then cluster:stop() end end)
-
-local function connect(extra)
-  local opts = { cluster = cluster.seeds }
-  for k, v in pairs(extra or {}) do opts[k] = v end
-  return redis.connect(opts)
-end
+local function connect(extra) return cluster:connect(extra) end
 
 -- The master (an ordinary client from c:masters()) that holds `key`: the
 -- only one whose own EXISTS answers without a MOVED.

@@ -11,18 +11,9 @@ local am = require "async_mutex"
 local uv = require "luv"
 local R = require "lock_redis"
 
-local cluster
-local children = {}
+local cluster, children = redis_cluster_server.for_file(setup, teardown, 3)
 
-setup(function() cluster = redis_cluster_server.start(3) end)
-teardown(function()
-  for _, child in ipairs(children) do child:kill() end   -- (a failed test's)
-  if cluster then cluster:stop() end
-end)
-
-local function connect()
-  return redis.connect({ cluster = cluster.seeds })
-end
+local function connect() return cluster:connect() end
 
 -- The keys each master holds that match pattern.
 local function keys_by_master(c, pattern)
@@ -42,14 +33,9 @@ describe("Redis locks on a cluster", function()
       local on = 0
       for _, list in ipairs(where) do if #list > 0 then on = on + 1 end end
       assert.equal(1, on)
-      local granted_at
-      h.spawn(function()
-        local r = mb:acquire()
-        granted_at = uv.now()
-        r()
-      end)
+      local granted_at = R.grant_time(mb, uv.now)
       h.sleep(100)
-      assert.is_nil(granted_at)
+      assert.is_nil(granted_at())
       -- the waiter listens on a shard channel of the lock's slot, on the
       -- lock's master only, and on no classic channel
       local shard, classic = 0, 0
@@ -65,9 +51,9 @@ describe("Redis locks on a cluster", function()
       assert.equal(0, classic)
       local t0 = uv.now()
       release()
-      h.wait_until(function() return granted_at ~= nil end, 2000, "the hand-off")
+      h.wait_until(function() return granted_at() ~= nil end, 2000, "the hand-off")
       -- by the hand-off message, not by the waiter's timeout (3000 ms)
-      assert.is_true(granted_at - t0 < 1000 * h.TIME_SCALE, "hand-off took " .. (granted_at - t0) .. " ms")
+      assert.is_true(granted_at() - t0 < 1000 * h.TIME_SCALE, "hand-off took " .. (granted_at() - t0) .. " ms")
       -- waitForUnlock hears the release (on "{orders:42}:free")
       local r2 = ma:acquire()
       local free_at
@@ -144,27 +130,23 @@ describe("Redis locks on a cluster", function()
       local _ <close> = h.closing(a, b)
       local ma, mb = am.RedisMutex.new(a, "closing"), am.RedisMutex.new(b, "closing")
       local release = ma:acquire()
-      local waiter_err, granted_at
+      local waiter_err
       h.spawn(function()
         local ok, err = pcall(ma.acquire, ma)
         waiter_err = ok and "granted" or err
       end)
-      h.spawn(function()
-        local r = mb:acquire()
-        granted_at = uv.now()
-        r()
-      end)
+      local granted_at = R.grant_time(mb, uv.now)
       h.sleep(100)
       local t0 = uv.now()
       a:close()
       assert.is_false(release())
-      h.wait_until(function() return waiter_err ~= nil and granted_at ~= nil end, 3000,
+      h.wait_until(function() return waiter_err ~= nil and granted_at() ~= nil end, 3000,
         "the waiter's error and the other client's grant")
       assert.equal(redis.E_UNAVAILABLE, waiter_err)
       assert.equal("client closed", waiter_err.reason)
       -- given back by the closed client, not after its lease (ttl 30 s;
       -- the bound is 4 s under sanitizers, h.TIME_SCALE)
-      assert.is_true(granted_at - t0 < 1000 * h.TIME_SCALE, "granted after " .. (granted_at - t0) .. " ms")
+      assert.is_true(granted_at() - t0 < 1000 * h.TIME_SCALE, "granted after " .. (granted_at() - t0) .. " ms")
     end))
 
   it("KeyedRedisMutex: keys on every master, one holder per key across 4 clients",

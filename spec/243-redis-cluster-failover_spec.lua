@@ -19,25 +19,13 @@ local redis = require "async_mutex.redis"
 local am = require "async_mutex"
 local uv = require "luv"
 
-local cluster
-local children = {}
-
-setup(function()
-  -- (a node not heard from for 1 s is failing: a failover in about 2 s)
-  cluster = redis_cluster_server.start(3, { replicas = 1, node_timeout = 1000 })
-end)
-teardown(function()
-  for _, child in ipairs(children) do child:kill() end   -- (a failed test's)
-  if cluster then cluster:stop() end
-end)
+-- (a node not heard from for 1 s is failing: a failover in about 2 s)
+local cluster, children = redis_cluster_server.for_file(setup, teardown, 3,
+  { replicas = 1, node_timeout = 1000 })
 
 local S = h.TIME_SCALE
 
-local function connect(opts)
-  local o = { cluster = cluster.seeds }
-  for k, v in pairs(opts or {}) do o[k] = v end
-  return redis.connect(o)
-end
+local function connect(opts) return cluster:connect(opts) end
 
 -- The WAIT commands node i has run (INFO commandstats).
 local function waits(i)

@@ -82,11 +82,7 @@ for tag in ([[meta class field param return type alias enum generic overload
   operator async nodiscard deprecated see version private protected package
   cast diagnostic module source]]):gmatch("%a+") do TAGS[tag] = true end
 
--- The repository root: the parent of the directory holding this file.
-local ROOT do
-  local source = debug.getinfo(1, "S").source:gsub("^@", "")
-  ROOT = (source:match("^(.*)/[^/]*$") or ".") .. "/.."
-end
+local ROOT = h.ROOT
 
 local function escape(s)
   return (s:gsub("%p", "%%%0"))

@@ -194,14 +194,19 @@ describe("async_mutex.spawn", function()
       assert.is_truthy(r.stderr:find("early failure.-late failure"), r.stderr)
     end)
 
+    -- The start of the two children below: luv, the module, and
+    -- object(text), an error object whose __tostring gives text.
+    local WITH_OBJECT = [[
+local uv = require "luv"
+local am = require "async_mutex"
+local function object(text)
+  return setmetatable({}, { __tostring = function() return text end })
+end
+]]
+
     it("names an error object by its __tostring, as lua5.4 does (a Redis error's message)",
       function()
-        local r = h.subprocess([[
-          local uv = require "luv"
-          local am = require "async_mutex"
-          local function object(text)
-            return setmetatable({}, { __tostring = function() return text end })
-          end
+        local r = h.subprocess(WITH_OBJECT .. [[
           am.spawn(function() error(object("WRONGTYPE at once"), 0) end)
           am.spawn(function() am.sleep(1); error(object("WRONGTYPE later"), 0) end)
           am.spawn(function() error({}, 0) end)
@@ -224,12 +229,7 @@ describe("async_mutex.spawn", function()
 
     it("names the error objects of a failing handler and of a failing __close the same way",
       function()
-        local r = h.subprocess([[
-          local uv = require "luv"
-          local am = require "async_mutex"
-          local function object(text)
-            return setmetatable({}, { __tostring = function() return text end })
-          end
+        local r = h.subprocess(WITH_OBJECT .. [[
           -- a <close> that raises as the error leaves: its error is the
           -- task's (Lua's rule for errors in closing methods)
           am.spawn(function()
@@ -250,9 +250,7 @@ describe("async_mutex.spawn", function()
       end)
 
     it("a handler that raises is reported on stderr and the process goes on", function()
-      local r = h.subprocess([[
-        local uv = require "luv"
-        local am = require "async_mutex"
+      local r = h.am_subprocess([[
         am.setErrorHandler(function() error("handler broke", 0) end)
         am.spawn(function() error("spawned broke", 0) end)
         uv.run()
@@ -286,9 +284,7 @@ describe("async_mutex.spawn", function()
 
   describe("leaves the loop clean", function()
     it("uv.run() returns once the spawned coroutines are done, with no handle left", function()
-      local r = h.subprocess([[
-        local uv = require "luv"
-        local am = require "async_mutex"
+      local r = h.am_subprocess([[
         local s = am.Semaphore.new(2)
         local done = 0
         for i = 1, 50 do
@@ -333,11 +329,7 @@ describe("async_mutex.spawn", function()
 end)
 
 describe("README's Quick start", function()
-  -- The repository root: the parent of the directory holding this file.
-  local ROOT do
-    local source = debug.getinfo(1, "S").source:gsub("^@", "")
-    ROOT = (source:match("^(.*)/[^/]*$") or ".") .. "/.."
-  end
+  local ROOT = h.ROOT
   local readme = h.read_file(ROOT .. "/README.md")
   local code = readme:match("\n## Quick start\n.-\n```lua\n(.-)```\n")
   local IO_LINE = "  am.sleep(100)                              -- simulated I/O: the lock is held across it\n"
@@ -375,10 +367,7 @@ describe("README's Quick start", function()
 end)
 
 describe("docs/api.md's Errors snippets", function()
-  local ROOT do
-    local source = debug.getinfo(1, "S").source:gsub("^@", "")
-    ROOT = (source:match("^(.*)/[^/]*$") or ".") .. "/.."
-  end
+  local ROOT = h.ROOT
   local section = h.read_file(ROOT .. "/docs/api.md"):match("\n## Errors\n(.-)\n## ")
   local snippets = {}
   for block in (section or ""):gmatch("\n```lua\n(.-)```\n") do
@@ -387,9 +376,7 @@ describe("docs/api.md's Errors snippets", function()
 
   it("release the mutex on every path: granted, and timed out", function()
     assert.equal(2, #snippets)
-    local r = h.subprocess(([[
-      local uv = require "luv"
-      local am = require "async_mutex"
+    local r = h.am_subprocess(([[
       local mutex = am.Mutex.new()
       local outcomes = {}
       local function snippets() %s

@@ -187,9 +187,7 @@ describe("async_mutex.sleep", function()
   end)
 
   it("lets uv.run() return once every sleeper has woken", function()
-    local r = h.subprocess([[
-      local uv = require "luv"
-      local am = require "async_mutex"
+    local r = h.am_subprocess([[
       local woke = 0
       for i = 1, 100 do am.spawn(function() am.sleep(i % 5); woke = woke + 1 end) end
       uv.run()

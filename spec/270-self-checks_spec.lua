@@ -10,8 +10,7 @@ local E = h.error_of
 
 describe("the self of a releaser's call and close", function()
   it("rejects every other value with the exact message, and releases nothing", h.async(function()
-    local m = am.Mutex.new()
-    local r = m:acquire()
+    local m, r = h.held(am.Mutex.new())
     local call, close = getmetatable(r).__call, getmetatable(r).__close
     local function expected(fname, got)
       return ("bad argument #1 to '%s' (async_mutex.Releaser expected, got %s)")
@@ -30,8 +29,7 @@ describe("the self of a releaser's call and close", function()
   end))
 
   it("accepts a waiter handed out as the releaser of a contended grant", h.async(function()
-    local m = am.Mutex.new()
-    local release = m:acquire()
+    local m, release = h.held(am.Mutex.new())
     local got
     am.spawn(function() got = m:acquire() end)
     release()

@@ -8,12 +8,10 @@
 -- once.  Each client stands for a process here (its own channel and
 -- tokens), and the last test runs 4 real processes.
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 local scripts = require "async_mutex.redis_scripts"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec276")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec276")
 
 local WRITE = 1 << 40
 
@@ -162,10 +160,8 @@ describe("RedisRWLock's batch grants", function()
   end, { deadline = 30000 }))
 
   it("skip a dead writer at the head at once, at the last reader's release", h.async(function()
-    local a, b = server:client(), server:client()
+    local ra, rb, a, b, name = R.two_locks(server, fresh_name, am.RedisRWLock)
     local _ <close> = h.closing(a, b)
-    local name = fresh_name()
-    local ra, rb = am.RedisRWLock.new(a, name), am.RedisRWLock.new(b, name)
     local r0 = ra:acquireRead()
     -- a writer of a process that then dies: queued with a deadline 100 ms on
     local r = a:eval(scripts.acquire, scripts.keys(name),
@@ -217,35 +213,15 @@ end)
     h.async(function()
       local name = fresh_name()
       local log = R.run_workers(WORKER, 4, server.path, name, 40)
-      local inside, n_in, bad, shared = {}, 0, 0, 0
-      local events = {}
-      for line in io.lines(log) do
-        local kind, mode, id, fence = line:match("^(%u) (%u) (%S+) (%d+)$")
-        events[#events + 1] = { kind = kind, mode = mode, id = id, fence = tonumber(fence) }
-        if kind == "B" then
-          if mode == "W" then
-            if n_in > 0 then bad = bad + 1 end
-          else
-            for _, m in pairs(inside) do if m == "W" then bad = bad + 1 end end
-            if n_in > 0 then shared = shared + 1 end
-          end
-          inside[id] = mode
-          n_in = n_in + 1
-        else
-          inside[id] = nil
-          n_in = n_in - 1
-        end
-      end
+      local bad, shared, sections, writes, events = R.rw_overlaps_in(log)
       os.remove(log)
-      local sections, writes, misordered = 0, 0, 0
+      local misordered = 0
       local max_begun = 0             -- the largest fence of the sections begun so far
       local open_w                    -- the fence of a write between its begin and end
       local last_w_end = 0            -- the fence of the last write that ended
       for _, e in ipairs(events) do
         if e.kind == "B" then
-          sections = sections + 1
           if e.mode == "W" then
-            writes = writes + 1
             if e.fence <= max_begun then misordered = misordered + 1 end
             open_w = e.fence
           end

@@ -9,12 +9,9 @@
 -- program had failed.  Before, it did (spec 194 under ASan: a Redlock's
 -- catch-up RAISE on a client that a restart closed).
 
-local h = require "helpers"
-local redis = require "async_mutex.redis"
 local base = require "async_mutex.redis_lock_base"
-local redis_server = require "redis_server"
 
-local server = redis_server.for_file(setup, teardown)
+local h, redis, server = require("redis_server").spec_file(setup, teardown)
 
 -- Runs fn(reported) with the error handler and io.stderr both caught;
 -- returns what each received.

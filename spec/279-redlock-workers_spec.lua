@@ -6,21 +6,11 @@
 -- many acquisitions at once, each with a request per server in flight,
 -- each get the worker of their own that the client's replies need.
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 local uv = require "luv"
 
 -- every lock here has a ttl <= 1000
-local servers = R.redlock_servers(setup, teardown, 3, 1000)
-
-local fresh = R.namer("spec279")
-
-local function clients()
-  local t = {}
-  for i, s in ipairs(servers) do t[i] = s:client() end
-  return t
-end
+local am, h, servers, fresh, clients = R.redlock_spec_file(setup, teardown, 3, 1000, "spec279")
 
 describe("RedlockMutex's workers", function()
   it("keep nothing of their last job: the lock and its hold are collected", h.async(function()

@@ -4,12 +4,9 @@
 -- module calls in between (eval calls call, a versioned value's methods call
 -- the client), with the exact message docs/api.md lists.  A misspelt option
 -- is an error too, never a default silently kept.
-local h = require "helpers"
 local am = require "async_mutex"
-local redis = require "async_mutex.redis"
-local redis_server = require "redis_server"
 
-local server = redis_server.for_file(setup, teardown)
+local h, redis, server = require("redis_server").spec_file(setup, teardown)
 
 local function f() end
 

@@ -6,18 +6,15 @@
 -- and core.kind all work, with no other change.  The Toy runs in a
 -- process of its own: its core is another build of the module.
 
-local ROOT do
-  local source = debug.getinfo(1, "S").source:gsub("^@", "")
-  ROOT = (source:match("^(.*)/[^/]*$") or ".") .. "/.."
-end
+local h = require "helpers"
+
+local ROOT = h.ROOT
 
 -- Runs a shell command (not under the sanitizer runtime `make asan`
 -- preloads); returns its output and whether it exited with 0.
 local function run(command)
-  local p = assert(io.popen("(unset LD_PRELOAD; " .. command .. ") 2>&1"))
-  local out = p:read("a")
-  local ok = p:close()
-  return out, ok
+  local code, out = h.sh(command)
+  return out, code == 0
 end
 
 local LINE = "X(TOY, Toy, am_toy_kind, am_lock_metamethods, am_lock_methods, "

@@ -11,10 +11,7 @@
 local h = require "helpers"
 local redis_server = require "redis_server"
 
-local ROOT do
-  local source = debug.getinfo(1, "S").source:gsub("^@", "")
-  ROOT = (source:match("^(.*)/[^/]*$") or ".") .. "/.."
-end
+local ROOT = h.ROOT
 
 local readme = h.read_file(ROOT .. "/README.md")
 local api = h.read_file(ROOT .. "/docs/api.md")

@@ -24,8 +24,7 @@ describe("copas", function()
     -- a later release hands the lock to a request nobody will ever run:
     -- the lock is then owned for good by a dead request.
     local base = am.pending()
-    local m = am.Mutex.new()
-    local r = m:acquire()
+    local m, r = h.held(am.Mutex.new())
     local log = {}
     local canceled = h.acquirer(log, "canceled", m)
     m:cancel()                                 -- settled, not yet resumed
@@ -173,8 +172,7 @@ describe("nvim-nio", function()
 
     -- 4. the waiter picked by a release timed out in the same turn
     local d
-    local m = am.Mutex.new()
-    local r = m:acquire()
+    local m, r = h.held(am.Mutex.new())
     local t = uv.new_timer()
     local racer = h.acquirer(nil, "racer", am.withTimeout(m, 5))
     racer.after = function(x) if x.ok then x.release() end end
@@ -291,8 +289,7 @@ describe("async-mutex", function()
     -- the queue (async-mutex 0.5.0): the release grants the stale request,
     -- isLocked() stays true, and a lighter request behind it stays blocked.
     local base = am.pending()
-    local m = am.Mutex.new()
-    local r = m:acquire()
+    local m, r = h.held(am.Mutex.new())
     local out = {}
     for i = 1, 5 do
       h.spawn(function() out[i] = { pcall(am.withTimeout(m, 2 + i).acquire, am.withTimeout(m, 2 + i)) } end)
@@ -473,8 +470,7 @@ describe("async-mutex", function()
     -- their weight at a release, ignoring the queue (async-mutex before
     -- 0.4.0): the waiter returns with isLocked() true, because the next
     -- queued task took the lock in the same release.
-    local m = am.Mutex.new()
-    local r = m:acquire()
+    local m, r = h.held(am.Mutex.new())
     local log = {}
     local acq = {}
     for i = 1, 3 do acq[i] = h.acquirer(log, "a" .. i, m) end
@@ -547,8 +543,7 @@ describe("async-mutex", function()
     -- not "fix" it by letting the waiter through while the lock is held.
     -- With withTimeout the wait ends with E_TIMEOUT and leaves the lock
     -- consistent; with a higher priority the waiter passes first.
-    local m = am.Mutex.new()
-    local r = m:acquire()
+    local m, r = h.held(am.Mutex.new())
     local task_done
     h.spawn(function()
       local wt = am.withTimeout(m, 20)

@@ -166,10 +166,8 @@ describe("an error escaping a coroutine resumed by the module", function()
     -- release(); nothing releases on the holder's death unless the
     -- releaser is a <close> variable.  Catches an implementation that
     -- silently releases (or double-releases) on its own.
-    local m = am.Mutex.new()
-    local r = m:acquire()
-    local reports = {}
-    with_handler(function(err) reports[#reports + 1] = err end, function()
+    local m, r = h.held(am.Mutex.new())
+    h.with_errors(function(reports)
       coroutine.wrap(function()
         local mine = m:acquire()               -- not <close>
         local _ = mine

@@ -165,21 +165,18 @@ describe("a finalizer run by lua_close", function()
     ]]
   end
 
-  it("after the module's own: a request to wait raises, releases and closes are safe", function()
-    local res = h.subprocess(script(true))
-    assert.equal("", res.stderr)
-    assert.equal(0, res.rc)
-    assert.equal("bye\t3\nfalse attempt to wait for a lock while the Lua state is closing\n",
-      res.stdout)
-  end)
-
-  it("before the module's own, after the lock's: the same", function()
-    local res = h.subprocess(script(false))
-    assert.equal("", res.stderr)
-    assert.equal(0, res.rc)
-    assert.equal("bye\t3\nfalse attempt to wait for a lock while the Lua state is closing\n",
-      res.stdout)
-  end)
+  for _, case in ipairs({
+    { "after the module's own: a request to wait raises, releases and closes are safe", true },
+    { "before the module's own, after the lock's: the same", false },
+  }) do
+    it(case[1], function()
+      local res = h.subprocess(script(case[2]))
+      assert.equal("", res.stderr)
+      assert.equal(0, res.rc)
+      assert.equal("bye\t3\nfalse attempt to wait for a lock while the Lua state is closing\n",
+        res.stdout)
+    end)
+  end
 end)
 
 describe("keyed locks and the collector", function()

@@ -2,18 +2,12 @@
 -- file (docs/redis.md).
 
 local uv = require "luv"
-local h = require "helpers"
 local redis_server = require "redis_server"
-local redis = require "async_mutex.redis"
 local am = require "async_mutex"
 
-local server = redis_server.for_file(setup, teardown)
+local h, redis, server = redis_server.spec_file(setup, teardown)
 
-local function client(opts)
-  opts = opts or {}
-  if not opts.path then opts.port = opts.port or server.port end
-  return redis.connect(opts)
-end
+local function client(opts) return server:client(opts) end
 
 describe("redis.connect", function()
   it("connects over TCP and over a unix socket", h.async(function()

@@ -1,18 +1,12 @@
 -- async_mutex.redis: subscriptions, on the client's second connection
 -- (docs/redis.md, Pub/sub), against a real redis-server.
 
-local h = require "helpers"
 local redis_server = require "redis_server"
-local redis = require "async_mutex.redis"
 local am = require "async_mutex"
 
-local server = redis_server.for_file(setup, teardown)
+local h, redis, server = redis_server.spec_file(setup, teardown)
 
-local function client(opts)
-  opts = opts or {}
-  opts.port = server.port
-  return redis.connect(opts)
-end
+local function client(opts) return server:client(opts) end
 
 describe("client:subscribe", function()
   it("delivers messages to fn(message, channel) once the server confirmed", h.async(function()

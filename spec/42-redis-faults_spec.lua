@@ -8,10 +8,7 @@ local h = require "helpers"
 local redis_server = require "redis_server"
 local redis = require "async_mutex.redis"
 
-local server
-
-before_each(function() server = redis_server.start() end)
-after_each(function() if server then server:stop() end end)
+local server = redis_server.for_each_test(before_each, after_each)
 
 -- Starts n coroutines that each call c:call(...) once; returns the record
 -- of their outcomes: r.done, r.ok, r.errs (E_UNAVAILABLE errors by their

@@ -144,28 +144,22 @@ go(function() print(c:call("PING")); c:close() end)
 uv.run()
 ]]), "PONG\n")
   end)
-  it("a RedisMutex released from main code, then the script ends", function()
-    clean_exit(child([[
+  -- { the test's name, the lock's name, what the script does last }
+  for _, case in ipairs({
+    { "a RedisMutex released from main code, then the script ends", "spec43:", "c:close()\n" },
+    { "a RedisMutex released from main code, the client left open", "spec43b:", "" },
+  }) do
+    it(case[1], function()
+      clean_exit(child([[
 local am = require "async_mutex"
-local m = am.RedisMutex.new(c, "spec43:" .. PORT)
+local m = am.RedisMutex.new(c, "]] .. case[2] .. [[" .. PORT)
 local release
 go(function() release = m:acquire() print("acquired") end)
 while not release do uv.run("once") end
 release()
-c:close()
-]]), "acquired\n")
-  end)
-
-  it("a RedisMutex released from main code, the client left open", function()
-    clean_exit(child([[
-local am = require "async_mutex"
-local m = am.RedisMutex.new(c, "spec43b:" .. PORT)
-local release
-go(function() release = m:acquire() print("acquired") end)
-while not release do uv.run("once") end
-release()
-]]), "acquired\n")
-  end)
+]] .. case[3]), "acquired\n")
+    end)
+  end
   it("close() then os.exit(0, true) inside a coroutine the loop resumed", function()
     local r = child([[
 go(function() print(c:call("PING")); c:close(); os.exit(0, true) end)

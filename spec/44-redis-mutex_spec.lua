@@ -3,18 +3,15 @@
 -- channel and its own place in the Redis queue.  Every test runs against
 -- the real redis-server this file starts.
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec44")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec44")
 
 local queued = R.queued
 
 describe("RedisMutex.new", function()
   it("makes a lock that is free in Redis", h.async(function()
-    local c = server:client()
-    local m = am.RedisMutex.new(c, fresh_name())
+    local m, c = R.one_lock(server, fresh_name, am.RedisMutex)
     assert.is_false(m:isLocked())
     assert.matches("^async_mutex.RedisMutex %(spec44:%d+%)$", tostring(m))
     c:close()
@@ -59,8 +56,7 @@ end)
 
 describe("RedisMutex:acquire", function()
   it("returns a releaser with a fencing token, and holds the lock in Redis", h.async(function()
-    local c = server:client()
-    local name = fresh_name()
+    local c, name = R.one_client(server, fresh_name)
     local m = am.RedisMutex.new(c, name)
     local release = m:acquire()
     assert.equal("integer", math.type(release.fence))
@@ -75,8 +71,7 @@ describe("RedisMutex:acquire", function()
   end))
 
   it("gives every grant a fresh 128-bit token, unknown to other grants", h.async(function()
-    local c = server:client()
-    local name = fresh_name()
+    local c, name = R.one_client(server, fresh_name)
     local m = am.RedisMutex.new(c, name)
     local seen = {}
     for _ = 1, 20 do
@@ -93,9 +88,7 @@ describe("RedisMutex:acquire", function()
   end))
 
   it("hands out fencing tokens that strictly increase", h.async(function()
-    local a, b = server:client(), server:client()
-    local name = fresh_name()
-    local ma, mb = am.RedisMutex.new(a, name), am.RedisMutex.new(b, name)
+    local ma, mb, a, b, name = R.two_locks(server, fresh_name, am.RedisMutex)
     local last = 0
     for i = 1, 50 do
       local release = (i % 2 == 0 and ma or mb):acquire()
@@ -107,8 +100,7 @@ describe("RedisMutex:acquire", function()
   end))
 
   it("refuses to wait outside a coroutine, and bad priorities", h.async(function()
-    local c = server:client()
-    local m = am.RedisMutex.new(c, fresh_name())
+    local m, c = R.one_lock(server, fresh_name, am.RedisMutex)
     local outside
     ("x"):gsub(".", function() outside = h.error_of(function() m:acquire() end) end)
     assert.equal("attempt to acquire a Redis lock where the coroutine cannot yield (inside a"
@@ -125,9 +117,7 @@ end)
 
 describe("RedisMutex hand-off between processes", function()
   it("passes the lock to a waiting process when the holder releases", h.async(function()
-    local a, b = server:client(), server:client()
-    local name = fresh_name()
-    local ma, mb = am.RedisMutex.new(a, name), am.RedisMutex.new(b, name)
+    local ma, mb, a, b, name = R.two_locks(server, fresh_name, am.RedisMutex)
     local ra = ma:acquire()
     local got
     h.spawn(function()
@@ -169,9 +159,7 @@ describe("RedisMutex hand-off between processes", function()
   end))
 
   it("serves this process's coroutines by priority, one place in Redis between them", h.async(function()
-    local a, b = server:client(), server:client()
-    local name = fresh_name()
-    local ma, mb = am.RedisMutex.new(a, name), am.RedisMutex.new(b, name)
+    local ma, mb, a, b, name = R.two_locks(server, fresh_name, am.RedisMutex)
     local rb = mb:acquire()
     local order = {}
     for _, p in ipairs({ 0, 5, 1 }) do
@@ -244,8 +232,7 @@ end)
 
 describe("RedisMutex:runExclusive", function()
   it("returns the function's results and releases", h.async(function()
-    local c = server:client()
-    local m = am.RedisMutex.new(c, fresh_name())
+    local m, c = R.one_lock(server, fresh_name, am.RedisMutex)
     local a, b, cc = m:runExclusive(function()
       assert.is_true(m:isLocked())
       return 1, nil, "x"
@@ -256,8 +243,7 @@ describe("RedisMutex:runExclusive", function()
   end))
 
   it("releases when the function raises, and raises the same value", h.async(function()
-    local c = server:client()
-    local m = am.RedisMutex.new(c, fresh_name())
+    local m, c = R.one_lock(server, fresh_name, am.RedisMutex)
     local e = {}
     local ok, err = pcall(m.runExclusive, m, function() error(e) end)
     assert.is_false(ok)
@@ -267,8 +253,7 @@ describe("RedisMutex:runExclusive", function()
   end))
 
   it("refuses a non-callable function before acquiring", h.async(function()
-    local c = server:client()
-    local m = am.RedisMutex.new(c, fresh_name())
+    local m, c = R.one_lock(server, fresh_name, am.RedisMutex)
     assert.equal("bad argument #1 to 'runExclusive' (function expected, got number)",
       h.error_of(function() m:runExclusive(1) end))
     assert.is_false(m:isLocked())
@@ -278,8 +263,7 @@ end)
 
 describe("RedisMutex releasers", function()
   it("release at the end of a <close> scope", h.async(function()
-    local c = server:client()
-    local m = am.RedisMutex.new(c, fresh_name())
+    local m, c = R.one_lock(server, fresh_name, am.RedisMutex)
     do
       local release <close> = m:acquire()
       assert.is_true(m:isLocked())
@@ -289,8 +273,7 @@ describe("RedisMutex releasers", function()
   end))
 
   it("m:release() ends this process's hold, once", h.async(function()
-    local c = server:client()
-    local m = am.RedisMutex.new(c, fresh_name())
+    local m, c = R.one_lock(server, fresh_name, am.RedisMutex)
     local release = m:acquire()
     assert.is_true(m:release())
     assert.is_false(m:release())

@@ -3,12 +3,10 @@
 -- (docs/redis-locks.md, "Leases" and "Failures"; the vocabulary is
 -- docs/semantics.md, "Leases and lost holds").
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 local uv = require "luv"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec45")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec45")
 
 -- The tokens holding 'name' in Redis.
 local holders = R.holder_tokens
@@ -21,8 +19,7 @@ end)
 
 describe("the watchdog", function()
   it("keeps a lock held for 5 times its TTL", h.async(function()
-    local a, b = server:client(), server:client()
-    local name = fresh_name()
+    local a, b, name = R.two_clients(server, fresh_name)
     local lost = false
     -- a renewal is due every ttl / 3: the lease is lost only if the process
     -- stalls for about 2/3 of the TTL, which a loaded machine does for
@@ -48,8 +45,7 @@ end)
 
 describe("a lease that runs out", function()
   it("is lost: onLost fires, check raises E_LOST, the releaser returns false", h.async(function()
-    local c = server:client()
-    local name = fresh_name()
+    local c, name = R.one_client(server, fresh_name)
     local info
     local m = am.RedisMutex.new(c, name, { ttl = 50, renewInterval = 0,
                                            onLost = function(i) info = i end })
@@ -66,8 +62,7 @@ describe("a lease that runs out", function()
   end))
 
   it("is reported by onLost within 10 ms of its local end", h.async(function()
-    local c = server:client()
-    local name = fresh_name()
+    local c, name = R.one_client(server, fresh_name)
     local lost_at, due_at
     local m = am.RedisMutex.new(c, name, { ttl = 200, renewInterval = 0,
                                            onLost = function() lost_at = uv.hrtime() end })
@@ -103,8 +98,7 @@ describe("a lease that runs out", function()
   end))
 
   it("makes runExclusive raise E_LOST when the function returns", h.async(function()
-    local c = server:client()
-    local m = am.RedisMutex.new(c, fresh_name(), { ttl = 30, renewInterval = 0 })
+    local m, c = R.one_lock(server, fresh_name, am.RedisMutex, { ttl = 30, renewInterval = 0 })
     local ran = false
     local ok, err = pcall(m.runExclusive, m, function()
       h.sleep(60)
@@ -117,8 +111,7 @@ describe("a lease that runs out", function()
   end))
 
   it("lets the next process in, and a late release deletes nothing of its hold", h.async(function()
-    local a, b = server:client(), server:client()
-    local name = fresh_name()
+    local a, b, name = R.two_clients(server, fresh_name)
     local ma = am.RedisMutex.new(a, name, { ttl = 40, renewInterval = 0 })
     local mb = am.RedisMutex.new(b, name)
     local ra = ma:acquire()

@@ -4,12 +4,10 @@
 -- the fencing tokens, and that no waiter waits more than one turn of the
 -- queue on a log kept in Redis; dead holders and dead waiters by SIGKILL.
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 local uv = require "luv"
 
-local server = R.file_server(setup, teardown)
+local am, h, server = R.spec_file(setup, teardown)
 
 local queued = R.queued
 
@@ -211,19 +209,13 @@ end)
     waiter:kill()
     waiter:wait()
     -- a second waiter of this process queues behind the dead one
-    local got
     local c2 = server:client()
-    local other = am.RedisMutex.new(c2, name, { waiterTimeout = 300 })
-    h.spawn(function()
-      local r = other:acquire()
-      got = uv.hrtime()
-      r()
-    end)
+    local got = R.grant_time(am.RedisMutex.new(c2, name, { waiterTimeout = 300 }))
     h.wait_until(function() return queued(c, name) == 2 end)
     local t0 = uv.hrtime()
     release()                              -- handed to the dead process
-    h.wait_until(function() return got ~= nil end, 5000)
-    local waited = (got - t0) / 1e6
+    h.wait_until(function() return got() ~= nil end, 5000)
+    local waited = (got() - t0) / 1e6
     assert.is_true(waited < (300 + 200) * h.TIME_SCALE, ("waited %.1f ms"):format(waited))
     c:close(); c2:close()
   end, { deadline = 20000 }))

@@ -2,19 +2,15 @@
 -- calls mean on Redis locks: withTimeout, tryAcquire, cancel,
 -- waitForUnlock, closed coroutines (docs/redis-locks.md, "The API").
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec47")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec47")
 
 local queued = R.queued
 
 describe("RedisSemaphore", function()
   it("admits `limit` holders across processes and queues the next", h.async(function()
-    local a, b = server:client(), server:client()
-    local name = fresh_name()
-    local sa, sb = am.RedisSemaphore.new(a, name, 3), am.RedisSemaphore.new(b, name, 3)
+    local sa, sb, a, b, name = R.two_locks(server, fresh_name, am.RedisSemaphore, 3)
     local v1, r1 = sa:acquire()
     local v2, r2 = sb:acquire()
     local v3, r3 = sa:acquire()
@@ -39,9 +35,7 @@ describe("RedisSemaphore", function()
   end))
 
   it("takes weights, in FIFO order: a heavy head blocks lighter requests behind it", h.async(function()
-    local a, b = server:client(), server:client()
-    local name = fresh_name()
-    local sa, sb = am.RedisSemaphore.new(a, name, 4), am.RedisSemaphore.new(b, name, 4)
+    local sa, sb, a, b, name = R.two_locks(server, fresh_name, am.RedisSemaphore, 4)
     local _, r1 = sa:acquire(3)
     local order = {}
     h.spawn(function()
@@ -65,8 +59,7 @@ describe("RedisSemaphore", function()
   end))
 
   it("runExclusive passes the value and releases", h.async(function()
-    local c = server:client()
-    local s = am.RedisSemaphore.new(c, fresh_name(), 2)
+    local s, c = R.one_lock(server, fresh_name, am.RedisSemaphore, 2)
     assert.equal("2", s:runExclusive(function(v) return tostring(v) end))
     assert.equal(2, s:getValue())
     c:close()
@@ -100,9 +93,7 @@ end)
 
 describe("KeyedRedisMutex", function()
   it("is one Redis lock per key", h.async(function()
-    local a, b = server:client(), server:client()
-    local prefix = fresh_name() .. ":"
-    local ka, kb = am.KeyedRedisMutex.new(a, prefix), am.KeyedRedisMutex.new(b, prefix)
+    local ka, kb, a, b, prefix = R.two_keyed_locks(server, fresh_name, am.KeyedRedisMutex)
     local r1 = ka:acquire("x")
     local r2 = kb:acquire("y")             -- another key: free
     local r3 = kb:acquire(7)
@@ -125,9 +116,7 @@ describe("KeyedRedisMutex", function()
   end))
 
   it("runExclusive takes the key; cancel(key) rejects only that key's waiters", h.async(function()
-    local a, b = server:client(), server:client()
-    local prefix = fresh_name() .. ":"
-    local ka, kb = am.KeyedRedisMutex.new(a, prefix), am.KeyedRedisMutex.new(b, prefix)
+    local ka, kb, a, b, prefix = R.two_keyed_locks(server, fresh_name, am.KeyedRedisMutex)
     assert.equal(42, ka:runExclusive("k", function() return 42 end))
     local rx, ry = ka:acquire("x"), ka:acquire("y")
     local outcome = {}
@@ -170,8 +159,7 @@ end)
 
 describe("withTimeout on a Redis lock", function()
   it("raises E_TIMEOUT when not granted in time, and leaves the Redis queue", h.async(function()
-    local a, b = server:client(), server:client()
-    local name = fresh_name()
+    local a, b, name = R.two_clients(server, fresh_name)
     local ra = am.RedisMutex.new(a, name):acquire()
     local tb = am.withTimeout(am.RedisMutex.new(b, name), 50)
     assert.same({ false, am.E_TIMEOUT }, { pcall(tb.acquire, tb) })
@@ -184,8 +172,7 @@ describe("withTimeout on a Redis lock", function()
   end))
 
   it("grants within the time, and raises a custom error when given one", h.async(function()
-    local a, b = server:client(), server:client()
-    local name = fresh_name()
+    local a, b, name = R.two_clients(server, fresh_name)
     local ra = am.RedisMutex.new(a, name):acquire()
     local e = {}
     local tb = am.withTimeout(am.RedisMutex.new(b, name), 2000, e)
@@ -203,8 +190,7 @@ describe("withTimeout on a Redis lock", function()
   end))
 
   it("refuses a bad timeout at the caller's line", h.async(function()
-    local c = server:client()
-    local m = am.RedisMutex.new(c, fresh_name())
+    local m, c = R.one_lock(server, fresh_name, am.RedisMutex)
     assert.equal("bad argument #2 to 'withTimeout' (timeout must be a non-negative number)",
       h.error_of(function() am.withTimeout(m, -1) end))
     local ok, err = pcall(function() am.withTimeout(m, "x") end)
@@ -214,8 +200,7 @@ describe("withTimeout on a Redis lock", function()
   end))
 
   it("bounds the wait in the local queue too", h.async(function()
-    local c = server:client()
-    local m = am.RedisMutex.new(c, fresh_name())
+    local m, c = R.one_lock(server, fresh_name, am.RedisMutex)
     local r = m:acquire()
     local t = am.withTimeout(m, 30)
     assert.same({ false, am.E_TIMEOUT }, { pcall(t.acquire, t) })   -- queued behind r locally
@@ -226,8 +211,7 @@ end)
 
 describe("tryAcquire on a Redis lock", function()
   it("fails at once when another process holds it, and queues nothing", h.async(function()
-    local a, b = server:client(), server:client()
-    local name = fresh_name()
+    local a, b, name = R.two_clients(server, fresh_name)
     local ra = am.RedisMutex.new(a, name):acquire()
     local tb = am.tryAcquire(am.RedisMutex.new(b, name))
     assert.same({ false, am.E_ALREADY_LOCKED }, { pcall(tb.acquire, tb) })
@@ -255,8 +239,7 @@ end)
 
 describe("cancel on a Redis lock", function()
   it("rejects this process's waiters, local and in Redis, and keeps the holder", h.async(function()
-    local a, b = server:client(), server:client()
-    local name = fresh_name()
+    local a, b, name = R.two_clients(server, fresh_name)
     local ra = am.RedisMutex.new(a, name):acquire()
     local mb = am.RedisMutex.new(b, name, { cancelError = "stop" })
     local outcomes = {}
@@ -279,8 +262,7 @@ end)
 
 describe("waitForUnlock on a Redis lock", function()
   it("returns once the other process releases, taking nothing", h.async(function()
-    local a, b = server:client(), server:client()
-    local name = fresh_name()
+    local a, b, name = R.two_clients(server, fresh_name)
     local ra = am.RedisMutex.new(a, name):acquire()
     local mb = am.RedisMutex.new(b, name)
     local done = false
@@ -297,8 +279,7 @@ describe("waitForUnlock on a Redis lock", function()
   end))
 
   it("returns at once on a free lock; through tryAcquire it fails on a held one", h.async(function()
-    local a, b = server:client(), server:client()
-    local name = fresh_name()
+    local a, b, name = R.two_clients(server, fresh_name)
     local mb = am.RedisMutex.new(b, name)
     mb:waitForUnlock()
     local ra = am.RedisMutex.new(a, name):acquire()
@@ -311,8 +292,7 @@ end)
 
 describe("a coroutine closed while it waits in Redis", function()
   it("leaves the Redis queue", h.async(function()
-    local a, b = server:client(), server:client()
-    local name = fresh_name()
+    local a, b, name = R.two_clients(server, fresh_name)
     local ra = am.RedisMutex.new(a, name):acquire()
     local mb = am.RedisMutex.new(b, name)
     local co = h.spawn(function() mb:acquire() end)

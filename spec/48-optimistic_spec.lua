@@ -8,11 +8,7 @@ local am = require "async_mutex"
 local uv = require "luv"
 local h = require "helpers"
 
--- The repository root: the parent of the directory holding this file.
-local ROOT do
-  local source = debug.getinfo(1, "S").source:gsub("^@", "")
-  ROOT = (source:match("^(.*)/[^/]*$") or ".") .. "/.."
-end
+local ROOT = h.ROOT
 
 --- fn for optimistic: conflicts `n` times, then returns true and `...`.
 -- Records the attempt numbers it was called with in the returned list.

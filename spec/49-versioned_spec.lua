@@ -4,18 +4,12 @@
 -- coroutines on one connection, a second client, and child lua5.4
 -- processes.
 
-local h = require "helpers"
 local redis_server = require "redis_server"
-local redis = require "async_mutex.redis"
 local am = require "async_mutex"
 
--- The repository root: the parent of the directory holding this file.
-local ROOT do
-  local source = debug.getinfo(1, "S").source:gsub("^@", "")
-  ROOT = (source:match("^(.*)/[^/]*$") or ".") .. "/.."
-end
+local h, redis, server = redis_server.spec_file(setup, teardown)
 
-local server = redis_server.for_file(setup, teardown)
+local ROOT = h.ROOT
 
 local function client()
   return redis.connect({ path = server.path })

@@ -7,14 +7,9 @@ local am = require "async_mutex"
 
 local E = h.error_of
 
--- Coroutines other specs leave queued for good: counted before each test.
-local pending0
-before_each(function() pending0 = am.pending() end)
+local no_more_pending = h.pending_baseline(before_each)
 
-local requester = h.requester
-
-local function reader(...) return requester("acquireRead", ...) end
-local function writer(...) return requester("acquireWrite", ...) end
+local reader, writer = h.reader, h.writer
 
 -- Holds the lock `hold` times from main code: a function releasing it.
 local function held_read(rw)
@@ -67,8 +62,7 @@ describe("RWLock:acquireRead", function()
   end))
 
   it("waits while a writer holds the lock, then all readers enter together", h.async(function()
-    local rw = am.RWLock.new()
-    local w = rw:acquireWrite()
+    local rw, w = h.held(am.RWLock.new(), "acquireWrite")
     local rs = {}
     for i = 1, 10 do rs[i] = reader(nil, i, rw) end
     h.tick(2)
@@ -101,8 +95,7 @@ describe("RWLock:acquireRead", function()
   end))
 
   it("is refused by tryAcquire when a writer waits, even while readers hold it", h.async(function()
-    local rw = am.RWLock.new()
-    local r = rw:acquireRead()
+    local rw, r = h.held(am.RWLock.new(), "acquireRead")
     local try = am.tryAcquire(rw)
     local r2 = try:acquireRead()                -- no writer waits: shared
     assert.equal(2, rw:readers())
@@ -118,8 +111,7 @@ end)
 
 describe("RWLock:acquireWrite", function()
   it("is exclusive: no reader and no other writer while it holds", h.async(function()
-    local rw = am.RWLock.new()
-    local w = rw:acquireWrite()
+    local rw, w = h.held(am.RWLock.new(), "acquireWrite")
     assert.is_true(rw:isWriteLocked())
     assert.equal(0, rw:readers())
     assert.matches("%(write%-locked, 0 waiting%)", tostring(rw))
@@ -154,8 +146,7 @@ describe("RWLock:acquireWrite", function()
   end))
 
   it("acquire is acquireWrite, so an RWLock stands where a Mutex is expected", h.async(function()
-    local rw = am.RWLock.new()
-    local w = rw:acquire()
+    local rw, w = h.held(am.RWLock.new())
     assert.is_true(rw:isWriteLocked())
     local a = h.acquirer(nil, "a", rw)          -- the Mutex helpers work as is
     h.check_one_owner(rw, { done = true, release = w }, a)
@@ -165,8 +156,7 @@ end)
 describe("RWLock queue discipline", function()
   it("grants in arrival order: consecutive readers together, a writer alone", h.async(function()
     local log = {}
-    local rw = am.RWLock.new()
-    local w0 = rw:acquireWrite()
+    local rw, w0 = h.held(am.RWLock.new(), "acquireWrite")
     local q = {
       reader(log, "r1", rw), reader(log, "r2", rw), writer(log, "w1", rw),
       reader(log, "r3", rw), writer(log, "w2", rw), reader(log, "r4", rw),
@@ -196,8 +186,7 @@ describe("RWLock queue discipline", function()
 
   it("orders by priority first: a higher reader passes queued writers, a higher writer passes readers", h.async(function()
     local log = {}
-    local rw = am.RWLock.new()
-    local w0 = rw:acquireWrite()
+    local rw, w0 = h.held(am.RWLock.new(), "acquireWrite")
     local lo_w = writer(log, "lo_w", rw, 0)
     local hi_r = reader(log, "hi_r", rw, 5)
     local mid_r = reader(log, "mid_r", rw, 1)
@@ -215,8 +204,7 @@ describe("RWLock queue discipline", function()
   end))
 
   it("lets a reader of higher priority than every waiting writer share at once", h.async(function()
-    local rw = am.RWLock.new()
-    local r = rw:acquireRead()
+    local rw, r = h.held(am.RWLock.new(), "acquireRead")
     local w = writer(nil, "w", rw, 1)
     local completed, res = h.without_yield(function() return rw:acquireRead(2) end)
     assert.is_true(completed)
@@ -234,8 +222,7 @@ describe("RWLock queue discipline", function()
   end))
 
   it("defers every wake-up to the loop: a release resumes nobody synchronously", h.async(function()
-    local rw = am.RWLock.new()
-    local r = rw:acquireRead()
+    local rw, r = h.held(am.RWLock.new(), "acquireRead")
     local w = writer(nil, "w", rw)
     r()
     assert.is_true(rw:isWriteLocked())          -- granted, not yet resumed
@@ -296,8 +283,7 @@ end)
 
 describe("RWLock:waitForUnlock", function()
   it("returns once no reader and no writer holds the lock, without acquiring", h.async(function()
-    local rw = am.RWLock.new()
-    local r = rw:acquireRead()
+    local rw, r = h.held(am.RWLock.new(), "acquireRead")
     local u = h.waiter(nil, "u", rw)
     h.tick()
     assert.is_false(u.done)
@@ -327,8 +313,7 @@ end)
 
 describe("RWLock:cancel", function()
   it("rejects every queued reader and writer with am.E_CANCELED; holders keep the lock", h.async(function()
-    local rw = am.RWLock.new()
-    local r = rw:acquireRead()
+    local rw, r = h.held(am.RWLock.new(), "acquireRead")
     local w = writer(nil, "w", rw)
     local r2 = reader(nil, "r2", rw)
     rw:cancel()
@@ -343,8 +328,7 @@ end)
 
 describe("RWLock:release", function()
   it("ends the write hold, like Mutex:release(); the writer's releaser is then a no-op", h.async(function()
-    local rw = am.RWLock.new()
-    local w = rw:acquireWrite()
+    local rw, w = h.held(am.RWLock.new(), "acquireWrite")
     rw:release()
     assert.is_false(rw:isLocked())
     local w2 = rw:acquireWrite()
@@ -355,8 +339,7 @@ describe("RWLock:release", function()
   end))
 
   it("ends the write hold its releaser shows: tostring says released; readers stay held", h.async(function()
-    local rw = am.RWLock.new()
-    local w = rw:acquireWrite()
+    local rw, w = h.held(am.RWLock.new(), "acquireWrite")
     rw:release()
     assert.matches("^async_mutex%.Releaser %(released%)", tostring(w))
     w = rw:acquireWrite()
@@ -416,8 +399,7 @@ describe("RWLock releasers", function()
   end))
 
   it("a queued writer whose coroutine is closed leaves the queue, letting the readers behind it in", h.async(function()
-    local rw = am.RWLock.new()
-    local r = rw:acquireRead()
+    local rw, r = h.held(am.RWLock.new(), "acquireRead")
     local w = writer(nil, "w", rw)
     local r2 = reader(nil, "r2", rw)
     h.tick()
@@ -428,12 +410,11 @@ describe("RWLock releasers", function()
     assert.is_true(r2.ok)
     r(); r2.release()
     assert.is_false(rw:isLocked())
-    assert.equal(pending0, am.pending())
+    no_more_pending()
   end))
 
   it("refuse to upgrade a read hold, saying why", h.async(function()
-    local rw = am.RWLock.new()
-    local r = rw:acquireRead()
+    local rw, r = h.held(am.RWLock.new(), "acquireRead")
     assert.equal("attempt to upgrade a read hold: not offered (two upgraders would deadlock); "
       .. "release it, then acquireWrite", E(function() r:upgrade() end))
     assert.equal(1, rw:readers())
@@ -443,8 +424,7 @@ end)
 
 describe("write releaser:downgrade", function()
   it("turns the write hold into a read hold atomically and returns its releaser", h.async(function()
-    local rw = am.RWLock.new()
-    local w = rw:acquireWrite()
+    local rw, w = h.held(am.RWLock.new(), "acquireWrite")
     local r = w:downgrade()
     assert.is_false(rw:isWriteLocked())
     assert.equal(1, rw:readers())
@@ -456,8 +436,7 @@ describe("write releaser:downgrade", function()
 
   it("lets the readers at the head of the queue in, not the writers", h.async(function()
     local log = {}
-    local rw = am.RWLock.new()
-    local w = rw:acquireWrite()
+    local rw, w = h.held(am.RWLock.new(), "acquireWrite")
     local a = reader(log, "a", rw)
     local b = reader(log, "b", rw)
     local w2 = writer(log, "w2", rw)
@@ -543,8 +522,7 @@ describe("RWLock runShared and runExclusive", function()
 
   it("take a priority", h.async(function()
     local log = {}
-    local rw = am.RWLock.new()
-    local w = rw:acquireWrite()
+    local rw, w = h.held(am.RWLock.new(), "acquireWrite")
     h.spawn(function() rw:runShared(function() log[#log + 1] = "lo" end, 1) end)
     h.spawn(function() rw:runExclusive(function() log[#log + 1] = "hi" end, 2) end)
     w()
@@ -555,8 +533,7 @@ end)
 
 describe("RWLock with withTimeout and tryAcquire", function()
   it("withTimeout bounds reads and writes with the exact error", h.async(function()
-    local rw = am.RWLock.new()
-    local w = rw:acquireWrite()
+    local rw, w = h.held(am.RWLock.new(), "acquireWrite")
     local t = am.withTimeout(rw, 5)
     assert.same({ false, am.E_TIMEOUT }, { pcall(t.acquireRead, t) })
     assert.same({ false, am.E_TIMEOUT }, { pcall(t.acquireWrite, t) })
@@ -565,14 +542,13 @@ describe("RWLock with withTimeout and tryAcquire", function()
       am.withTimeout(rw, 5, "late")) })
     w()
     assert.is_false(rw:isLocked())
-    assert.equal(pending0, am.pending())
+    no_more_pending()
   end))
 
   it("a writer timing out lets the readers queued behind it share with the holders", h.async(function()
-    local rw = am.RWLock.new()
-    local r = rw:acquireRead()
+    local rw, r = h.held(am.RWLock.new(), "acquireRead")
     local t = am.withTimeout(rw, 10)
-    local w = requester("acquireWrite", nil, "w", t)
+    local w = h.writer(nil, "w", t)
     local r2 = reader(nil, "r2", rw)
     h.wait_until(function() return w.done end)
     assert.equal(am.E_TIMEOUT, w.err)
@@ -618,7 +594,7 @@ describe("RWLock bad input", function()
     assert.equal("bad argument #1 to 'acquireRead' (priority must be a number, got table)",
       E(function() t:acquireRead({}) end))
     assert.is_false(rw:isLocked())
-    assert.equal(pending0, am.pending())
+    no_more_pending()
   end))
 
   it("rejects a function argument that is not callable", h.async(function()
@@ -650,7 +626,7 @@ describe("RWLock bad input", function()
       E(function() rw:waitForUnlock() end))
     w()
     assert.is_false(rw:isLocked())
-    assert.equal(pending0, am.pending())
+    no_more_pending()
   end)
 
   it("reports bad-input errors at the caller's line", h.async(function()

@@ -6,8 +6,7 @@ local am = require "async_mutex"
 
 local E = h.error_of
 
-local pending0
-before_each(function() pending0 = am.pending() end)
+local no_more_pending = h.pending_baseline(before_each)
 
 describe("ReentrantMutex.new", function()
   it("creates an unlocked mutex of depth 0", function()
@@ -32,8 +31,7 @@ end)
 
 describe("ReentrantMutex:acquire by its holder", function()
   it("is granted at once, without yielding, as one more level with its own releaser", h.async(function()
-    local m = am.ReentrantMutex.new()
-    local r1 = m:acquire()
+    local m, r1 = h.held(am.ReentrantMutex.new())
     local completed = h.without_yield(function() m:acquire()() end)
     assert.is_false(completed)                  -- another coroutine: it waits
     local r2 = m:acquire()                      -- the holder itself
@@ -64,8 +62,7 @@ describe("ReentrantMutex:acquire by its holder", function()
   end))
 
   it("passes the queue: waiters of any priority do not block the holder", h.async(function()
-    local m = am.ReentrantMutex.new()
-    local r = m:acquire()
+    local m, r = h.held(am.ReentrantMutex.new())
     local hi = h.acquirer(nil, "hi", m, 100)
     local completed = h.without_yield(function() m:acquire(-5)() end)
     assert.is_false(completed)                  -- not the holder: queued
@@ -97,8 +94,7 @@ describe("ReentrantMutex:acquire by its holder", function()
   end))
 
   it("counts the coroutine that was granted from the queue as the holder once it runs", h.async(function()
-    local m = am.ReentrantMutex.new()
-    local r = m:acquire()
+    local m, r = h.held(am.ReentrantMutex.new())
     local depth_seen
     local a = h.acquirer(nil, "a", m)
     a.after = function(x)
@@ -114,8 +110,7 @@ describe("ReentrantMutex:acquire by its holder", function()
   end))
 
   it("does not let the previous holder barge in while the lock waits for the loop", h.async(function()
-    local m = am.ReentrantMutex.new()
-    local r = m:acquire()
+    local m, r = h.held(am.ReentrantMutex.new())
     local a = h.acquirer(nil, "a", m)
     r()
     assert.is_false(m:isHeldByMe())
@@ -134,8 +129,7 @@ end)
 describe("ReentrantMutex and other coroutines", function()
   it("makes another coroutine wait as for a Mutex, in priority then arrival order", h.async(function()
     local log = {}
-    local m = am.ReentrantMutex.new()
-    local r = m:acquire()
+    local m, r = h.held(am.ReentrantMutex.new())
     local a = h.chain(log, "a", m)
     local b = h.chain(log, "b", m, 1)
     local c = h.chain(log, "c", m)
@@ -148,8 +142,7 @@ describe("ReentrantMutex and other coroutines", function()
   end))
 
   it("counts a coroutine the holder spawns as another coroutine: it waits for the holder", h.async(function()
-    local m = am.ReentrantMutex.new()
-    local outer = m:acquire()
+    local m, outer = h.held(am.ReentrantMutex.new())
     local child_got = false
     local child = h.spawn(function()
       local r = m:acquire()
@@ -186,8 +179,7 @@ describe("ReentrantMutex and other coroutines", function()
   end))
 
   it("answers isHeldByMe for the running coroutine only", h.async(function()
-    local m = am.ReentrantMutex.new()
-    local r = m:acquire()
+    local m, r = h.held(am.ReentrantMutex.new())
     local other
     h.spawn(function() other = m:isHeldByMe() end)
     assert.is_false(other)
@@ -211,8 +203,7 @@ describe("ReentrantMutex:waitForUnlock", function()
   end))
 
   it("raises for the holder, which would wait for itself", h.async(function()
-    local m = am.ReentrantMutex.new()
-    local r = m:acquire()
+    local m, r = h.held(am.ReentrantMutex.new())
     assert.equal("attempt to wait for a reentrant mutex that this coroutine holds "
       .. "(it would wait for itself)", E(function() m:waitForUnlock() end))
     assert.equal(1, m:depth())
@@ -223,8 +214,7 @@ end)
 
 describe("ReentrantMutex with withTimeout and tryAcquire", function()
   it("re-enters for its holder at once through either decorator", h.async(function()
-    local m = am.ReentrantMutex.new()
-    local r = m:acquire()
+    local m, r = h.held(am.ReentrantMutex.new())
     local t = am.tryAcquire(m):acquire()
     local w = am.withTimeout(m, 0):acquire()
     assert.equal(3, m:depth())
@@ -243,7 +233,7 @@ describe("ReentrantMutex with withTimeout and tryAcquire", function()
     release()
     h.wait_until(function() return got end)
     assert.same({ 9 }, got)
-    assert.equal(pending0, am.pending())
+    no_more_pending()
   end))
 end)
 
@@ -261,7 +251,7 @@ describe("ReentrantMutex bad input", function()
     assert.equal("bad argument #1 to 'depth' (async_mutex.ReentrantMutex expected, got async_mutex.Mutex)",
       E(function() m.depth(am.Mutex.new()) end))
     assert.is_false(m:isLocked())
-    assert.equal(pending0, am.pending())
+    no_more_pending()
   end))
 
   it("refuses to wait outside a coroutine", function()

@@ -6,8 +6,7 @@ local am = require "async_mutex"
 
 local E = h.error_of
 
-local pending0
-before_each(function() pending0 = am.pending() end)
+local no_more_pending = h.pending_baseline(before_each)
 
 describe("releasers' results", function()
   it("are true for the call that releases and false afterwards, for every kind", h.async(function()
@@ -42,8 +41,7 @@ describe("releasers' results", function()
   end))
 
   it("are false after an unscoped release ended the hold", h.async(function()
-    local m = am.Mutex.new()
-    local r = m:acquire()
+    local m, r = h.held(am.Mutex.new())
     m:release()
     assert.is_false(r())                        -- its first call: a no-op on the lock
     assert.is_false(m:isLocked())
@@ -205,8 +203,7 @@ describe("am.withLease", function()
   end))
 
   it("composes with withTimeout, either way round, and with tryAcquire", h.async(function()
-    local m = am.Mutex.new()
-    local hold = m:acquire()
+    local m, hold = h.held(am.Mutex.new())
     local a = am.withTimeout(am.withLease(m, 10), 5)
     local b = am.withLease(am.withTimeout(m, 5, "slow"), 10)
     assert.same({ false, am.E_TIMEOUT }, { pcall(a.acquire, a) })
@@ -222,15 +219,14 @@ describe("am.withLease", function()
   end))
 
   it("a waiting coroutine closed leaves no lease behind; a released lease stops its timer", h.async(function()
-    local m = am.Mutex.new()
-    local hold = m:acquire()
+    local m, hold = h.held(am.Mutex.new())
     local w = h.acquirer(nil, "w", am.withLease(m, 5))
     assert.is_true(coroutine.close(w.co))
     hold()
     local r = am.withLease(m, 60000):acquire()
     assert.is_true(r())
     -- h.async fails if a timer were left active
-    assert.equal(pending0, am.pending())
+    no_more_pending()
   end))
 
   it("serves many leases on the one timer heap", h.async(function()

@@ -10,13 +10,9 @@ local am = require "async_mutex"
 
 local E = h.error_of
 
-local pending0
-before_each(function() pending0 = am.pending() end)
+local no_more_pending = h.pending_baseline(before_each)
 
-local requester = h.requester
-
-local function reader(log, name, kr, key, ...) return requester("acquireRead", log, name, kr, key, ...) end
-local function writer(log, name, kr, key, ...) return requester("acquireWrite", log, name, kr, key, ...) end
+local reader, writer = h.reader, h.writer
 
 describe("KeyedRWLock.new", function()
   it("creates an empty set: every key free, no reader, no writer", function()
@@ -63,8 +59,7 @@ describe("KeyedRWLock per key", function()
   end))
 
   it("writes one key alone: readers and writers of that key wait, other keys go on", h.async(function()
-    local kr = am.KeyedRWLock.new()
-    local w = kr:acquireWrite("k")
+    local kr, w = h.held(am.KeyedRWLock.new(), "acquireWrite", "k")
     assert.is_true(kr:isWriteLocked("k"))
     local r = reader(nil, "r", kr, "k")
     local w2 = writer(nil, "w2", kr, "k")
@@ -101,8 +96,7 @@ describe("KeyedRWLock per key", function()
 
   it("queues a reader behind a waiting writer while readers hold (no starving writers)", h.async(function()
     local log = {}
-    local kr = am.KeyedRWLock.new()
-    local r0 = kr:acquireRead("k")
+    local kr, r0 = h.held(am.KeyedRWLock.new(), "acquireRead", "k")
     local w = writer(log, "w", kr, "k")
     local r = reader(log, "r", kr, "k")
     h.tick(2)
@@ -119,8 +113,7 @@ describe("KeyedRWLock per key", function()
 
   it("grants every reader at the head of a key's queue in one step, woken from the loop", h.async(function()
     local log = {}
-    local kr = am.KeyedRWLock.new()
-    local w0 = kr:acquireWrite("k")
+    local kr, w0 = h.held(am.KeyedRWLock.new(), "acquireWrite", "k")
     local q = {}
     for i = 1, 5 do q[i] = reader(log, "r" .. i, kr, "k") end
     q[6] = writer(log, "w", kr, "k")
@@ -177,8 +170,7 @@ end)
 
 describe("KeyedRWLock: idle keys are freed", function()
   it("drops a key's lock as soon as nobody holds, waits for or waits to see it", h.async(function()
-    local kr = am.KeyedRWLock.new()
-    local r = kr:acquireRead("k")
+    local kr, r = h.held(am.KeyedRWLock.new(), "acquireRead", "k")
     local u = h.waiter(nil, "u", kr, "k")       -- waitForUnlock: waits as a write
     local w = writer(nil, "w", kr, "k")
     h.tick()
@@ -198,8 +190,7 @@ describe("KeyedRWLock: idle keys are freed", function()
   end))
 
   it("after a downgrade and the read released, and after a timed-out writer", h.async(function()
-    local kr = am.KeyedRWLock.new()
-    local w = kr:acquireWrite("k")
+    local kr, w = h.held(am.KeyedRWLock.new(), "acquireWrite", "k")
     local r = w:downgrade()
     assert.equal(1, kr:readers("k"))
     r()
@@ -209,12 +200,11 @@ describe("KeyedRWLock: idle keys are freed", function()
     assert.same({ false, am.E_TIMEOUT }, { pcall(t.acquireWrite, t, "k") })
     r2()
     assert.equal(0, kr:count())
-    assert.equal(pending0, am.pending())
+    no_more_pending()
   end))
 
   it("after a queued coroutine is closed, and after a holder is closed", h.async(function()
-    local kr = am.KeyedRWLock.new()
-    local w = kr:acquireWrite("k")
+    local kr, w = h.held(am.KeyedRWLock.new(), "acquireWrite", "k")
     local r = reader(nil, "r", kr, "k")
     h.tick()
     assert.is_true(coroutine.close(r.co))
@@ -228,7 +218,7 @@ describe("KeyedRWLock: idle keys are freed", function()
     assert.equal(1, kr:count())
     assert.is_true(coroutine.close(co))
     assert.equal(0, kr:count())
-    assert.equal(pending0, am.pending())
+    no_more_pending()
   end))
 
   it("keeps memory to the keys in use: 20,000 keys read and released leave none", h.async(function()
@@ -244,8 +234,7 @@ end)
 
 describe("KeyedRWLock:release, cancel, waitForUnlock", function()
   it("release(key) ends the key's write hold; the writer's releaser is then a no-op", h.async(function()
-    local kr = am.KeyedRWLock.new()
-    local w = kr:acquireWrite("k")
+    local kr, w = h.held(am.KeyedRWLock.new(), "acquireWrite", "k")
     local other = kr:acquireWrite("o")
     kr:release("k")
     assert.is_false(kr:isLocked("k"))
@@ -411,8 +400,7 @@ describe("KeyedRWLock multi-key requests", function()
   end))
 
   it("releases the keys taken when a later key cannot be had (timeout, tryAcquire, cancel)", h.async(function()
-    local kr = am.KeyedRWLock.new()
-    local w = kr:acquireWrite("b")
+    local kr, w = h.held(am.KeyedRWLock.new(), "acquireWrite", "b")
     local t = am.withTimeout(kr, 5)
     assert.same({ false, am.E_TIMEOUT }, { pcall(t.acquireAllRead, t, { "a", "b", "c" }) })
     assert.is_false(kr:isLocked("a"))
@@ -420,7 +408,7 @@ describe("KeyedRWLock multi-key requests", function()
     local try = am.tryAcquire(kr)
     assert.same({ false, am.E_ALREADY_LOCKED }, { pcall(try.acquireAllWrite, try, { "a", "b" }) })
     assert.is_false(kr:isLocked("a"))
-    local c = requester("acquireAllRead", nil, "c", kr, { "a", "b" })
+    local c = h.requester("acquireAllRead", nil, "c", kr, { "a", "b" })
     h.tick()
     assert.equal(1, kr:readers("a"))            -- a taken, b waited for
     kr:cancel("b")
@@ -429,12 +417,11 @@ describe("KeyedRWLock multi-key requests", function()
     assert.is_false(kr:isLocked("a"))
     w()
     assert.equal(0, kr:count())
-    assert.equal(pending0, am.pending())
+    no_more_pending()
   end))
 
   it("tryAcquire's acquireAllRead shares keys that only readers hold", h.async(function()
-    local kr = am.KeyedRWLock.new()
-    local r = kr:acquireRead("a")
+    local kr, r = h.held(am.KeyedRWLock.new(), "acquireRead", "a")
     local try = am.tryAcquire(kr)
     local all = try:acquireAllRead({ "a", "b" })
     assert.equal(2, kr:readers("a"))
@@ -456,8 +443,7 @@ describe("KeyedRWLock multi-key requests", function()
   end))
 
   it("on a withTimeout lock, the timeout bounds the whole acquisition", h.async(function()
-    local kr = am.KeyedRWLock.new()
-    local wa = kr:acquireWrite("a")
+    local kr, wa = h.held(am.KeyedRWLock.new(), "acquireWrite", "a")
     local t = am.withTimeout(kr, 30)
     h.spawn(function() h.sleep(10); wa() end)
     local rel = t:acquireAllRead({ "a", "b" })  -- a freed in time
@@ -469,8 +455,7 @@ end)
 
 describe("KeyedRWLock decorators", function()
   it("withTimeout bounds acquireRead, acquireWrite, acquire and waitForUnlock per key", h.async(function()
-    local kr = am.KeyedRWLock.new()
-    local w = kr:acquireWrite("k")
+    local kr, w = h.held(am.KeyedRWLock.new(), "acquireWrite", "k")
     local t = am.withTimeout(kr, 5, "late")
     for _, m in ipairs({ "acquireRead", "acquireWrite", "acquire", "waitForUnlock" }) do
       assert.same({ false, "late" }, { pcall(t[m], t, "k") })
@@ -479,7 +464,7 @@ describe("KeyedRWLock decorators", function()
     r()
     w()
     assert.equal(0, kr:count())
-    assert.equal(pending0, am.pending())
+    no_more_pending()
   end))
 
   it("tryAcquire decides at once, sharing reads and refusing behind a writer", h.async(function()
@@ -542,8 +527,7 @@ end)
 describe("KeyedRWLock releasers", function()
   it("downgrade a key's write hold: the readers at the head of that key join", h.async(function()
     local log = {}
-    local kr = am.KeyedRWLock.new()
-    local w = kr:acquireWrite("k")
+    local kr, w = h.held(am.KeyedRWLock.new(), "acquireWrite", "k")
     local a = reader(log, "a", kr, "k")
     local w2 = writer(log, "w2", kr, "k")
     h.tick()
@@ -641,7 +625,7 @@ describe("KeyedRWLock bad input", function()
     assert.equal("bad argument #2 to 'acquireAllRead' (priority must be a number, got table)",
       E(function() t:acquireAllRead({ "k" }, {}) end))
     assert.equal(0, kr:count())
-    assert.equal(pending0, am.pending())
+    no_more_pending()
   end))
 
   it("refuses bad key sets to the multi-key requests", h.async(function()
@@ -678,7 +662,7 @@ describe("KeyedRWLock bad input", function()
     assert.equal("attempt to wait for a readers-writer lock outside a coroutine",
       E(function() kr:waitForUnlock("k") end))
     assert.equal(0, kr:count())
-    assert.equal(pending0, am.pending())
+    no_more_pending()
   end)
 
   it("reports bad-input errors at the caller's line", h.async(function()

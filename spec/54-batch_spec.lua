@@ -8,8 +8,7 @@ local am = require "async_mutex"
 
 describe("one loop iteration", function()
   it("resumes every reader an RWLock grants together, beyond the 1,024 of a batch", h.async(function()
-    local rw = am.RWLock.new()
-    local w = rw:acquireWrite()
+    local rw, w = h.held(am.RWLock.new(), "acquireWrite")
     local n, entered = h.load(3000), 0
     for _ = 1, n do
       h.spawn(function()
@@ -44,8 +43,7 @@ describe("one loop iteration", function()
   end))
 
   it("lets a hand-off chain run on in the same iteration up to a budget, the rest in the next", h.async(function()
-    local m = am.Mutex.new()
-    local hold = m:acquire()
+    local m, hold = h.held(am.Mutex.new())
     local n, entered = h.load(3000), 0
     for _ = 1, n do
       h.spawn(function()

@@ -7,9 +7,7 @@ local h = require "helpers"
 
 describe("an error escaping a resumed coroutine", function()
   it("is named by its text when it is a number, as lua5.4 prints it", function()
-    local r = h.subprocess([[
-      local uv = require "luv"
-      local am = require "async_mutex"
+    local r = h.am_subprocess([[
       am.spawn(function() error(404, 0) end)
       am.spawn(function() am.sleep(1); error(2.5) end)
       uv.run()
@@ -56,9 +54,7 @@ describe("an error escaping a resumed coroutine", function()
     -- object (a failure met while reporting is reported at once: nested
     -- reports down to the C stack's limit, not one a turn for ever); a
     -- userdata error object with __tostring; a nil error
-    local r = h.subprocess([[
-      local uv = require "luv"
-      local am = require "async_mutex"
+    local r = h.am_subprocess([[
       local function object(ts) return setmetatable({}, { __tostring = ts }) end
       local again
       again = object(function() am.spawn(function() error(again, 0) end); return "again" end)

@@ -6,12 +6,10 @@
 -- lock-order inversions between a bell and a gate, and left each bell's
 -- grant as a hold of a dead coroutine (a leak: 174 holds and 638 KB of heap
 -- after 4 x 100 contended acquisitions, 1606 holds after 4 x 1000).
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 local dr = require "debug_reports"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec57")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec57")
 teardown(function() am.debug.disable() end)
 
 -- n rounds of each of 'workers' coroutines taking the locks in 'order'
@@ -45,8 +43,7 @@ describe("debug mode with Redis locks", function()
 
   it("reports nothing and keeps no hold after contended use of two RedisMutex", h.async(function()
     local reports = dr.enable()
-    local c = server:client()
-    local a = am.RedisMutex.new(c, fresh_name())
+    local a, c = R.one_lock(server, fresh_name, am.RedisMutex)
     local b = am.RedisMutex.new(c, fresh_name())
     contend(3, 3, { a, b }, { 2, 1 })
     collectgarbage(); collectgarbage()
@@ -62,8 +59,7 @@ describe("debug mode with Redis locks", function()
   it("keeps the holds count and the heap bounded over many contended acquisitions",
     h.async(function()
       dr.enable()
-      local c = server:client()
-      local m = am.RedisMutex.new(c, fresh_name())
+      local m, c = R.one_lock(server, fresh_name, am.RedisMutex)
       contend(4, 25, { m }, { 1 })
       assert.same({}, am.debug.holds())
       local base = heap_kb()
@@ -103,8 +99,7 @@ describe("debug mode with Redis locks", function()
 
   it("still watches the user's own local locks inside Redis-lock sections", h.async(function()
     local reports = dr.enable()
-    local c = server:client()
-    local rm = am.RedisMutex.new(c, fresh_name())
+    local rm, c = R.one_lock(server, fresh_name, am.RedisMutex)
     local x, y = am.Mutex.new(), am.Mutex.new()
     am.debug.name(x, "spec57 x")
     am.debug.name(y, "spec57 y")

@@ -5,21 +5,17 @@
 -- is refused empty as RedisMutex's name is (docs/redis-locks.md, "Usage
 -- errors"); redis.connect() with no options means the defaults (docs/api.md,
 -- redis.connect).
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 local redis = require "async_mutex.redis"
 local rcore = require "async_mutex.redis_core"
 
-local server = R.file_server(setup, teardown)
+local am, h, server = R.spec_file(setup, teardown)
 
 describe("an error object escaping a coroutine the Redis client resumed", function()
   -- (coroutines of the script's own: a task's error is its task's to
   -- report, spec 26; these the client's resume reports)
   local function child(body)
-    return h.subprocess(([[
-      local uv = require "luv"
-      local am = require "async_mutex"
+    return h.am_subprocess(([[
       local redis = require "async_mutex.redis"
       local c = redis.connect({ path = %q })
       %s

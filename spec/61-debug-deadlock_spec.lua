@@ -13,8 +13,7 @@ local dr = require "debug_reports"
 local rec = dr.recorder(before_each, after_each)
 
 -- The deadlock reports (lockdep's are spec 62's), and the first of them.
-local function deadlocks() return rec.count("deadlock") end
-local function first_deadlock() return rec.first("deadlock") end
+local deadlocks, first_deadlock = rec.deadlocks, rec.first_deadlock
 
 -- A coroutine that acquires `first`, signals, then requests `second` (the
 -- arguments after it passed on), and records the outcome.

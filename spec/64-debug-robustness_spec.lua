@@ -17,9 +17,7 @@ describe("debug mode and many holds of one lock", function()
   -- stack (heap corruption), which would take the whole run down
   it("a semaphore's 5,000 holds released oldest first (its records' chain walked to the end) keep the stack in bounds",
     function()
-      local res = h.subprocess([[
-        local uv = require "luv"
-        local am = require "async_mutex"
+      local res = h.am_subprocess([[
         am.debug.enable({ onReport = function() end })
         am.spawn(function()
           local s = am.Semaphore.new(5000)

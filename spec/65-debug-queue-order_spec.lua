@@ -12,8 +12,7 @@ local dr = require "debug_reports"
 
 local rec = dr.recorder(before_each, after_each)
 
-local function deadlocks() return rec.count("deadlock") end
-local function first_deadlock() return rec.first("deadlock") end
+local deadlocks, first_deadlock = rec.deadlocks, rec.first_deadlock
 local function pat(v) return (tostring(v):gsub("%p", "%%%0")) end
 
 describe("a read queued behind a writer", function()

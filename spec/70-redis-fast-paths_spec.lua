@@ -5,12 +5,10 @@
 -- the locks only meet under load (a lease that ended in Redis before anyone
 -- removed it) can be made at will.
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 local scripts = require "async_mutex.redis_scripts"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec70")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec70")
 
 local release = R.release_script
 
@@ -20,8 +18,7 @@ local acquire = R.acquire_script
 
 describe("the acquire script's short path (a lock with no holder and no queue)", function()
   it("grants with a fence, the lease end and the value a full grant gives", h.async(function()
-    local c = server:client()
-    local name = fresh_name()
+    local c, name = R.one_client(server, fresh_name)
     local r = acquire(c, name, "t1", 30000)
     assert.equal(1, r[1])
     assert.equal(1, r[3])                       -- the room left before the grant
@@ -38,8 +35,7 @@ describe("the acquire script's short path (a lock with no holder and no queue)",
   end))
 
   it("queues a newcomer behind a waiter whose holder's lease ended unnoticed", h.async(function()
-    local c = server:client()
-    local name = fresh_name()
+    local c, name = R.one_client(server, fresh_name)
     assert.equal(1, acquire(c, name, "holder", 500)[1])
     assert.equal(0, acquire(c, name, "waiter", 30000)[1])     -- queued
     h.sleep(600)                             -- the holder's lease ends; no script ran
@@ -51,8 +47,7 @@ describe("the acquire script's short path (a lock with no holder and no queue)",
   end))
 
   it("draws fences above the last one after the counter was lost", h.async(function()
-    local c = server:client()
-    local name = fresh_name()
+    local c, name = R.one_client(server, fresh_name)
     local last = 0
     for i = 1, 3 do
       local r = acquire(c, name, "t" .. i, 30000)
@@ -68,8 +63,7 @@ end)
 
 describe("the release script's short path (a holder, nobody queued)", function()
   it("ends a hold whose lease is still running, and says so", h.async(function()
-    local c = server:client()
-    local name = fresh_name()
+    local c, name = R.one_client(server, fresh_name)
     acquire(c, name, "t1", 30000)
     assert.equal(1, release(c, name, "t1"))
     assert.equal(0, c:call("EXISTS", name .. ":h"))
@@ -78,8 +72,7 @@ describe("the release script's short path (a holder, nobody queued)", function()
   end))
 
   it("answers 0 for a lease that ended in Redis, even before anyone removed it", h.async(function()
-    local c = server:client()
-    local name = fresh_name()
+    local c, name = R.one_client(server, fresh_name)
     acquire(c, name, "t1", 10)
     -- kept past its lease, as another holder's longer lease keeps a
     -- semaphore's N:h (docs/redis-locks.md, "Keys that expire")
@@ -92,8 +85,7 @@ describe("the release script's short path (a holder, nobody queued)", function()
   end))
 
   it("publishes on the lock's free channel when a waitForUnlock marked it", h.async(function()
-    local c = server:client()
-    local name = fresh_name()
+    local c, name = R.one_client(server, fresh_name)
     local heard = 0
     local sub = c:subscribe(name .. ":free", function() heard = heard + 1 end)
     acquire(c, name, "t1", 30000)
@@ -135,8 +127,7 @@ describe("the release script's mutex hand-off (a holder, a live head queued)", f
   end
 
   it("grants the head as dispatch would: fence, first lease, one message", h.async(function()
-    local c = server:client()
-    local name = fresh_name()
+    local c, name = R.one_client(server, fresh_name)
     local got, sub = heard_on(c, name .. ":chan")
     local r = acquire(c, name, "holder", 30000)
     local fence = math.tointeger(tonumber(r[2]))
@@ -171,8 +162,7 @@ describe("the release script's mutex hand-off (a holder, a live head queued)", f
   end))
 
   it("skips a dead head (the full path), and a dead waiter behind a live one later", h.async(function()
-    local c = server:client()
-    local name = fresh_name()
+    local c, name = R.one_client(server, fresh_name)
     acquire(c, name, "holder", 30000)
     queue(c, name, "dead", 10, "spec70:nobody")
     queue(c, name, "live", 30000, "spec70:nobody")
@@ -191,8 +181,7 @@ describe("the release script's mutex hand-off (a holder, a live head queued)", f
   end))
 
   it("is for mutexes only: a semaphore's release dispatches every head that fits", h.async(function()
-    local c = server:client()
-    local name = fresh_name()
+    local c, name = R.one_client(server, fresh_name)
     local function sem(token, weight)
       return acquire(c, name, token, 30000, "wait", { limit = 2, weight = weight })
     end
@@ -208,8 +197,7 @@ end)
 
 describe("RedisMutex on the short paths", function()
   it("keeps fences increasing and one holder over 200 cycles of 20 coroutines", h.async(function()
-    local c = server:client()
-    local m = am.RedisMutex.new(c, fresh_name())
+    local m, c = R.one_lock(server, fresh_name, am.RedisMutex)
     local inside, last, done = 0, 0, 0
     local me = coroutine.running()
     for _ = 1, 20 do
@@ -235,8 +223,7 @@ end)
 
 describe("cancel() while the first request of an acquire is in flight", function()
   it("rejects the request once Redis queued it, and takes it out of the queue", h.async(function()
-    local a, b = server:client(), server:client()
-    local name = fresh_name()
+    local a, b, name = R.two_clients(server, fresh_name)
     local ra = am.RedisMutex.new(a, name):acquire()
     local mb = am.RedisMutex.new(b, name, { cancelError = "stop" })
     local outcome
@@ -254,8 +241,7 @@ end)
 
 describe("a client whose Redis locks were used, then dropped", function()
   it("is collected: the timers kept for reuse hold no lock and no client", h.async(function()
-    local a = server:client()
-    local name = fresh_name()
+    local a, name = R.one_client(server, fresh_name)
     local weak = setmetatable({}, { __mode = "v" })
     do
       local b = server:client()

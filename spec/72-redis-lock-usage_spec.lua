@@ -3,12 +3,10 @@
 -- an unknown option is refused, a priority error is worded as the core
 -- locks word it, and a call on a closed client raises at the caller's line.
 
-local am = require "async_mutex"
 local redis = require "async_mutex.redis"
-local h = require "helpers"
 local R = require "lock_redis"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec72")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec72")
 
 local check = h.raises_at_caller
 
@@ -53,8 +51,7 @@ end)
 
 describe("Redis lock priorities", function()
   it("are refused in the core locks' words", h.async(function()
-    local c = server:client()
-    local m = am.RedisMutex.new(c, fresh_name())
+    local m, c = R.one_lock(server, fresh_name, am.RedisMutex)
     local core = am.Mutex.new()
     local function both(fn)
       return h.error_of(function() fn(m) end), h.error_of(function() fn(core) end)
@@ -80,8 +77,7 @@ end)
 
 describe("Redis locks on a closed client", function()
   it("raise at the caller's line, for every method that asks Redis", h.async(function()
-    local c = server:client()
-    local m = am.RedisMutex.new(c, fresh_name())
+    local m, c = R.one_lock(server, fresh_name, am.RedisMutex)
     local k = am.KeyedRedisMutex.new(c, fresh_name() .. ":")
     local s = am.RedisSemaphore.new(c, fresh_name(), 2)
     local timed = am.withTimeout(m, 1000)

@@ -6,12 +6,9 @@
 -- written, whatever the lengths and counts; the locks' tokens are
 -- hex-encoded by `core.hex`.
 
-local h = require "helpers"
-local redis_server = require "redis_server"
-local redis = require "async_mutex.redis"
 local core = require "async_mutex.redis_core"
 
-local server = redis_server.for_file(setup, teardown)
+local h, redis, server = require("redis_server").spec_file(setup, teardown)
 
 -- No timeouts: under valgrind, making a thousand arguments in Lua takes
 -- longer than a connect timeout, and a megabyte longer than a command one.

@@ -25,8 +25,7 @@ end
 describe("a new waiter behind a mutex's live holder", function()
   it("is queued with an arrival number, a deadline and its record, and told when the lease ends",
     h.async(function()
-      local c = server:client()
-      local name = fresh_name()
+      local c, name = R.one_client(server, fresh_name)
       assert.equal(1, acquire(c, name, "holder", 30000, 3000)[1])
       local before = math.tointeger(tonumber(c:call("GET", name .. ":n")))
       local t0 = server_ms(c)
@@ -71,8 +70,7 @@ describe("a new waiter behind a mutex's live holder", function()
   end))
 
   it("is granted in arrival order, each by one message", h.async(function()
-    local c = server:client()
-    local name = fresh_name()
+    local c, name = R.one_client(server, fresh_name)
     local got = {}
     local sub = c:subscribe(name .. ":chan", function(m) got[#got + 1] = m:match("^(%S+)") end)
     acquire(c, name, "holder", 30000, 3000)
@@ -97,8 +95,7 @@ describe("a new waiter behind a mutex's live holder", function()
   end))
 
   it("is granted at once when the holder's lease has ended (the full path)", h.async(function()
-    local c = server:client()
-    local name = fresh_name()
+    local c, name = R.one_client(server, fresh_name)
     acquire(c, name, "holder", 20, 3000)
     -- kept past its lease, as another holder's longer lease keeps a
     -- semaphore's N:h (docs/redis-locks.md, "Keys that expire")
@@ -114,8 +111,7 @@ describe("a new waiter behind a mutex's live holder", function()
   end))
 
   it("never lets a dead waiter it left queued be granted", h.async(function()
-    local c = server:client()
-    local name = fresh_name()
+    local c, name = R.one_client(server, fresh_name)
     acquire(c, name, "holder", 30000, 3000)
     acquire(c, name, "dead", 30000, 10)      -- renews nothing: dead after 10 ms
     -- the queue's keys kept past its deadline, as a waiter with a longer

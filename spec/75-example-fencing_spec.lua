@@ -9,14 +9,12 @@
 -- scenario is played with real RedisMutex grants on a real redis-server,
 -- without timing races: the first holder's lease (100 ms, no watchdog) has
 -- ended in Redis before the second holder asks.
-local am = require "async_mutex"
-local h = require "helpers"
+
 local R = require "lock_redis"
 
-local ROOT do
-  local source = debug.getinfo(1, "S").source:gsub("^@", "")
-  ROOT = (source:match("^(.*)/[^/]*$") or ".") .. "/.."
-end
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec75")
+
+local ROOT = h.ROOT
 
 local example = h.read_file(ROOT .. "/examples/redis_orders.lua")
 
@@ -25,8 +23,6 @@ local function script(name)
   return assert(example:match("\nlocal " .. name .. " = %[%[\n(.-)%]%]\n"),
     "examples/redis_orders.lua has no script " .. name)
 end
-
-local server, fresh_name = R.file_server(setup, teardown, "spec75")
 
 describe("examples/redis_orders.lua's fenced store", function()
   it("refuses the sale of a holder paused past its lease once the next holder has read,"
@@ -63,8 +59,7 @@ describe("examples/redis_orders.lua's fenced store", function()
   it("lets one holder read, then write, with its own fence", h.async(function()
     local read, write = script("FENCED_READ"), script("FENCED_WRITE")
     local stock = fresh_name()
-    local c = server:client()
-    local m = am.RedisMutex.new(c, fresh_name())
+    local m, c = R.one_lock(server, fresh_name, am.RedisMutex)
     c:call("HSET", stock, "units", 3, "fence", 0)
     for left = 3, 1, -1 do
       local release <close> = m:acquire()

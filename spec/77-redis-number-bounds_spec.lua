@@ -6,12 +6,10 @@
 -- A semaphore's weights and room up to 2^53 are written digit for digit in
 -- the records the scripts read back (Lua 5.1's tostring would give 1e+15).
 
-local h = require "helpers"
 local R = require "lock_redis"
-local am = require "async_mutex"
 local scripts = require "async_mutex.redis_scripts"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec77")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec77")
 
 local MAX_MS = 1 << 40         -- the largest ttl / waiterTimeout
 local MAX_LIMIT = 1 << 53      -- the largest semaphore limit
@@ -38,8 +36,7 @@ describe("Redis lock options at their bounds", function()
 
   it("holds and hands off with ttl = waiterTimeout = the bound, never two holders",
     h.async(function()
-      local c = server:client()
-      local name = fresh_name()
+      local c, name = R.one_client(server, fresh_name)
       local opts = { ttl = MAX_MS, waiterTimeout = MAX_MS }
       local a, b, t = am.RedisMutex.new(c, name, opts), am.RedisMutex.new(c, name, opts),
         am.RedisMutex.new(c, name, opts)
@@ -69,8 +66,7 @@ describe("a semaphore's large weights in the scripts' records", function()
   end
 
   it("are written digit for digit, read back and dispatched", h.async(function()
-    local c = server:client()
-    local name = fresh_name()
+    local c, name = R.one_client(server, fresh_name)
     local limit, big = MAX_LIMIT, 1 << 50
     local r = acquire(c, name, "holder", limit, limit)
     assert.equal(1, r[1])

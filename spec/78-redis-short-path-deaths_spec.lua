@@ -7,12 +7,10 @@
 -- the lease ends, runs the full path, which expires them.  Waiters are
 -- killed with SIGKILL, as in spec 46.
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 local uv = require "luv"
 
-local server = R.file_server(setup, teardown)
+local am, h, server = R.spec_file(setup, teardown)
 
 local queued = R.queued
 
@@ -47,22 +45,16 @@ describe("waiters queued by the short path that die", function()
     local name = "spec78:release"
     local release = am.RedisMutex.new(c, name, { waiterTimeout = 300 }):acquire()
     queue_and_kill(c, name, 3, 300, 0)
-    local got
     local c2 = server:client()
     -- a live waiter that renews its place only every 10 s: no full run
     -- (which would expire the dead ones) comes before the release
-    local other = am.RedisMutex.new(c2, name, { waiterTimeout = 30000 })
-    h.spawn(function()
-      local r = other:acquire()
-      got = uv.hrtime()
-      r()
-    end)
+    local got = R.grant_time(am.RedisMutex.new(c2, name, { waiterTimeout = 30000 }))
     h.wait_until(function() return queued(c, name) == 4 end)
     h.sleep(700)                           -- every dead waiter's deadline passes
     local t0 = uv.hrtime()
     assert.is_true(release())
-    h.wait_until(function() return got ~= nil end, 5000, "the live waiter's grant")
-    local waited = (got - t0) / 1e6
+    h.wait_until(function() return got() ~= nil end, 5000, "the live waiter's grant")
+    local waited = (got() - t0) / 1e6
     assert.is_true(waited < 200 * h.TIME_SCALE, ("waited %.1f ms"):format(waited))
     assert.equal(0, queued(c, name))
     c:close(); c2:close()

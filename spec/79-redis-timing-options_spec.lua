@@ -4,11 +4,8 @@
 -- connect and the option, and a fractional pingInterval is a valid one,
 -- rounded up to whole ms, as the other timeouts are: the subscriber's
 -- health check must neither raise inside subscribe nor stop working.
-local h = require "helpers"
-local redis = require "async_mutex.redis"
-local redis_server = require "redis_server"
 
-local server = redis_server.for_file(setup, teardown)
+local h, redis, server = require("redis_server").spec_file(setup, teardown)
 
 local check = h.raises_at_caller
 local OPT = "bad argument #1 to 'connect' "

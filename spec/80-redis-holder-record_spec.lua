@@ -6,12 +6,10 @@
 -- layout (N:h a zset beside N:g) fails loudly instead of granting.  The
 -- scripts are run directly, with tokens of our own, as in spec 70.
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 local scripts = require "async_mutex.redis_scripts"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec80")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec80")
 
 local release, server_ms = R.release_script, R.server_ms
 
@@ -25,8 +23,7 @@ local holders = R.holder_tokens
 
 describe("a holder's record whose lease ended", function()
   it("is no hold: the next acquire removes it and is granted", h.async(function()
-    local c = server:client()
-    local name = fresh_name()
+    local c, name = R.one_client(server, fresh_name)
     local r = acquire(c, name, "old", 20)
     assert.equal(1, r[1])
     -- kept past its lease, as another holder's longer lease keeps a
@@ -43,8 +40,7 @@ describe("a holder's record whose lease ended", function()
 
   it("gives a release that comes after it 0, and the next holder's record stays as it was",
     h.async(function()
-      local c = server:client()
-      local name = fresh_name()
+      local c, name = R.one_client(server, fresh_name)
       acquire(c, name, "old", 20)
       h.sleep(40)
       -- before any other script ran: the record is there, its lease is over
@@ -63,8 +59,7 @@ describe("a holder's record whose lease ended", function()
     end))
 
   it("is no hold for a renewal either: 0, and nothing written", h.async(function()
-    local c = server:client()
-    local name = fresh_name()
+    local c, name = R.one_client(server, fresh_name)
     acquire(c, name, "old", 20)
     h.sleep(40)
     assert.equal(0, renew(c, name, "old", 30000))
@@ -75,8 +70,7 @@ describe("a holder's record whose lease ended", function()
 
   it("is a lost hold for RedisMutex: onLost, a false release, the next holder kept",
     h.async(function()
-      local c, c2 = server:client(), server:client()
-      local name = fresh_name()
+      local c, c2, name = R.two_clients(server, fresh_name)
       local lost
       local m = am.RedisMutex.new(c, name,
         { ttl = 60, renewInterval = 0, onLost = function(info) lost = info.reason end })
@@ -97,8 +91,7 @@ end)
 
 describe("the record", function()
   it("is 'end weight fence value', its end the lease's end in server ms", h.async(function()
-    local c = server:client()
-    local name = fresh_name()
+    local c, name = R.one_client(server, fresh_name)
     local r = acquire(c, name, "t", 30000)
     local e, w, f, v = c:call("HGET", name .. ":h", "t"):match("^(%d+) (%d+) (%d+) (%d+)$")
     assert.equal("1", w)
@@ -120,8 +113,7 @@ describe("a lock name shared with a process of the older layout", function()
   end
 
   it("makes every script of this layout fail with WRONGTYPE, granting nothing", h.async(function()
-    local c = server:client()
-    local name = fresh_name()
+    local c, name = R.one_client(server, fresh_name)
     c:call("ZADD", name .. ":h", tostring(server_ms(c) + 30000), "older")
     c:call("HSET", name .. ":g", "older", "1 5 1")
     wrongtype(acquire, c, name, "t", 30000)
@@ -136,8 +128,7 @@ describe("a lock name shared with a process of the older layout", function()
   end))
 
   it("makes the older layout's first read of a holder (ZSCORE, ZRANGE) fail", h.async(function()
-    local c = server:client()
-    local name = fresh_name()
+    local c, name = R.one_client(server, fresh_name)
     acquire(c, name, "t", 30000)
     wrongtype(c.call, c, "ZSCORE", name .. ":h", "t")
     wrongtype(c.call, c, "ZRANGE", name .. ":h", 0, -1, "WITHSCORES")

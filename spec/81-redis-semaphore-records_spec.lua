@@ -5,12 +5,10 @@
 -- directly, with tokens of our own, as in spec 70; the lease the client
 -- counts is checked through RedisMutex.
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 local scripts = require "async_mutex.redis_scripts"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec81")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec81")
 
 local release, server_ms = R.release_script, R.server_ms
 
@@ -49,8 +47,7 @@ end
 
 describe("a semaphore's holders of mixed weights", function()
   it("each have a record; the weight held is their sum", h.async(function()
-    local c = server:client()
-    local name = fresh_name()
+    local c, name = R.one_client(server, fresh_name)
     local ra = acquire(c, name, "a", 5, 2, 30000)
     local rb = acquire(c, name, "b", 5, 1, 30000)
     local rc = acquire(c, name, "c", 5, 2, 30000)
@@ -72,8 +69,7 @@ describe("a semaphore's holders of mixed weights", function()
 
   it("lose an ended lease's weight, and the queue's heads that then fit are granted in order",
     h.async(function()
-      local c = server:client()
-      local name = fresh_name()
+      local c, name = R.one_client(server, fresh_name)
       local got = {}
       local sub = c:subscribe(name .. ":chan", function(m) got[#got + 1] = m end)
       acquire(c, name, "a", 5, 2, 30000)
@@ -109,8 +105,7 @@ end)
 
 describe("renew", function()
   it("moves a live holder's lease end and keeps its weight, fence and value", h.async(function()
-    local c = server:client()
-    local name = fresh_name()
+    local c, name = R.one_client(server, fresh_name)
     acquire(c, name, "t", 3, 2, 1000)
     acquire(c, name, "u", 3, 1, 20)
     local before = record(c, name, "t")
@@ -130,8 +125,7 @@ end)
 
 describe("the 'again' request of a queued waiter", function()
   it("renews to ttl the lease of a grant whose message it did not get", h.async(function()
-    local c = server:client()
-    local name = fresh_name()
+    local c, name = R.one_client(server, fresh_name)
     acquire(c, name, "holder", 1, 1, 30000)
     assert.equal(0, acquire(c, name, "w", 1, 1, 30000, "wait", 3000)[1])
     assert.equal(1, release(c, name, "holder", 1))          -- hand-off: first lease 3 s
@@ -147,8 +141,7 @@ describe("the 'again' request of a queued waiter", function()
   end))
 
   it("granted by its own request (the holder's lease ended), gets its ttl too", h.async(function()
-    local c = server:client()
-    local name = fresh_name()
+    local c, name = R.one_client(server, fresh_name)
     acquire(c, name, "dead", 2, 2, 30000)
     assert.equal(0, acquire(c, name, "w", 2, 1, 30000, "wait", 3000)[1])
     end_lease(c, name, "dead")          -- (a lease of 30 ms could end before w asked)
@@ -164,8 +157,7 @@ describe("the 'again' request of a queued waiter", function()
 
   it("through RedisMutex: a waiter granted at its holder's lease end holds for its ttl",
     h.async(function()
-      local c, c2 = server:client(), server:client()
-      local name = fresh_name()
+      local c, c2, name = R.two_clients(server, fresh_name)
       -- a holder that dies: a token of our own with a 100 ms lease
       acquire(c, name, "dead", 1, 1, 100)
       local m = am.RedisMutex.new(c, name, { ttl = 5000, waiterTimeout = 300 })

@@ -7,12 +7,10 @@
 -- (h.wait_until scales its bound under the memory checkers: the poll, at
 -- 100 s here, stays far beyond it.)
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 local scripts = require "async_mutex.redis_scripts"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec82")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec82")
 
 -- Long enough that a watcher woken within WOKEN ms was woken by the
 -- release's message, not by its poll (every waiterTimeout / 3).
@@ -21,11 +19,7 @@ local WOKEN = 3000
 
 -- The keys Redis has for the lock 'name', sorted.
 local function keys_of(c, name)
-  local t = c:call("KEYS", name .. ":*")
-  local out = {}
-  for i = 1, #t do out[i] = t[i] end
-  table.sort(out)
-  return out
+  return R.sorted(c:call("KEYS", name .. ":*"))
 end
 
 -- Spawns m:waitForUnlock(...); returns its record (done, ok, err).
@@ -35,8 +29,7 @@ end
 
 describe("RedisMutex:waitForUnlock and the release's mark", function()
   it("is woken by a release that comes after it started waiting", h.async(function()
-    local c, c2 = server:client(), server:client()
-    local name = fresh_name()
+    local c, c2, name = R.two_clients(server, fresh_name)
     local m, other = am.RedisMutex.new(c, name, OPTS), am.RedisMutex.new(c2, name, OPTS)
     local release = other:acquire()
     local w = watcher(m)
@@ -53,8 +46,7 @@ describe("RedisMutex:waitForUnlock and the release's mark", function()
 
   it("is woken whatever the moment of the release between its start and its wait",
     h.async(function()
-      local c, c2 = server:client(), server:client()
-      local name = fresh_name()
+      local c, c2, name = R.two_clients(server, fresh_name)
       local m, other = am.RedisMutex.new(c, name, OPTS), am.RedisMutex.new(c2, name, OPTS)
       -- the release comes 0, 1, 2, ... loop turns after the watcher started:
       -- before its first check, between its subscription and its mark, or
@@ -73,8 +65,7 @@ describe("RedisMutex:waitForUnlock and the release's mark", function()
     end))
 
   it("returns at once on a free lock and leaves no mark", h.async(function()
-    local c = server:client()
-    local name = fresh_name()
+    local c, name = R.one_client(server, fresh_name)
     local m = am.RedisMutex.new(c, name, OPTS)
     m:waitForUnlock()
     assert.same({}, keys_of(c, name))
@@ -86,8 +77,7 @@ describe("RedisMutex:waitForUnlock and the release's mark", function()
 
   it("marks for at most waiterTimeout when it gives up; a later release publishes nothing",
     h.async(function()
-      local c, c2 = server:client(), server:client()
-      local name = fresh_name()
+      local c, c2, name = R.two_clients(server, fresh_name)
       local m = am.RedisMutex.new(c, name, { waiterTimeout = 2000 })
       local release = am.RedisMutex.new(c2, name, OPTS):acquire()
       local err = h.error_of(function() am.withTimeout(m, 50):waitForUnlock() end)
@@ -110,8 +100,7 @@ end)
 
 describe("RedisSemaphore:waitForUnlock and the release's mark", function()
   it("waits for room for its weight, woken by the release that makes it", h.async(function()
-    local c, c2 = server:client(), server:client()
-    local name = fresh_name()
+    local c, c2, name = R.two_clients(server, fresh_name)
     local s = am.RedisSemaphore.new(c, name, 3, OPTS)
     local other = am.RedisSemaphore.new(c2, name, 3, OPTS)
     local _, r1 = other:acquire(1)
@@ -132,8 +121,7 @@ end)
 
 describe("an idle lock", function()
   it("leaves only its counter key, which expires, after every kind of use", h.async(function()
-    local c, c2 = server:client(), server:client()
-    local name = fresh_name()
+    local c, c2, name = R.two_clients(server, fresh_name)
     -- a mutex: a free acquire, a queued one, a hand-off, a watcher, a withdrawal
     local m, other = am.RedisMutex.new(c, name, OPTS), am.RedisMutex.new(c2, name, OPTS)
     local r = m:acquire()

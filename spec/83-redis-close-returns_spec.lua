@@ -13,11 +13,9 @@
 -- far below the old delays (the defaults: ttl 30 s, waiterTimeout 3 s;
 -- the waiters here use waiterTimeout 30 s, a renewal every 10 s).
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 
-local server = R.file_server(setup, teardown)
+local am, h, server = R.spec_file(setup, teardown)
 
 local CHILD = [[
 local am = require "async_mutex"
@@ -292,35 +290,24 @@ describe("client:close() with Redis locks held or waited for", function()
       assert.equal("stopped\n", out)
     end, { deadline = 90000 }))
 
-  it("lets uv.run() return at once when the client held a mutex (was: after ttl)",
-    h.async(function()
-      check("holder", "holder=ok")
-    end, { deadline = 60000 }))
-
-  it("ends the client's waiters, in the Redis queue and at the gate, with E_UNAVAILABLE",
-    h.async(function()
-      check("same_client", table.concat({ "holder=ok", "waiter1=" .. UNAV,
-        "waiter2=" .. UNAV, "waiter3=" .. UNAV }, ","))
-    end, { deadline = 60000 }))
-
-  it("wakes a waiter of another client at once (was: at its next renewal)",
-    h.async(function()
-      check("waiter_client", "holder=ok,waiter=" .. UNAV)
-    end, { deadline = 60000 }))
-
-  it("ends semaphore waiters and waitForUnlock calls of both clients",
-    h.async(function()
-      check("semaphore", table.concat({ "holder=ok", "unlock1=" .. UNAV,
-        "unlock2=" .. UNAV, "waiter=" .. UNAV }, ","))
-    end, { deadline = 60000 }))
-
-  it("ends waiters that were subscribing, or waiting for the subscription, with E_UNAVAILABLE",
-    h.async(function()
-      check("subscribing", "holder=ok,waiter_a=" .. UNAV .. ",waiter_b=" .. UNAV)
-    end, { deadline = 60000 }))
-
-  it("ends every held key of a keyed set, and its waiters, decorated or not",
-    h.async(function()
-      check("keyed", "holder=ok,waiter_7=" .. UNAV .. ",waiter_a=" .. UNAV)
-    end, { deadline = 60000 }))
+  -- { what the test says, the child's case, what its coroutines end with }
+  for _, case in ipairs({
+    { "lets uv.run() return at once when the client held a mutex (was: after ttl)",
+      "holder", "holder=ok" },
+    { "ends the client's waiters, in the Redis queue and at the gate, with E_UNAVAILABLE",
+      "same_client", table.concat({ "holder=ok", "waiter1=" .. UNAV,
+        "waiter2=" .. UNAV, "waiter3=" .. UNAV }, ",") },
+    { "wakes a waiter of another client at once (was: at its next renewal)",
+      "waiter_client", "holder=ok,waiter=" .. UNAV },
+    { "ends semaphore waiters and waitForUnlock calls of both clients",
+      "semaphore", table.concat({ "holder=ok", "unlock1=" .. UNAV,
+        "unlock2=" .. UNAV, "waiter=" .. UNAV }, ",") },
+    { "ends waiters that were subscribing, or waiting for the subscription, with E_UNAVAILABLE",
+      "subscribing", "holder=ok,waiter_a=" .. UNAV .. ",waiter_b=" .. UNAV },
+    { "ends every held key of a keyed set, and its waiters, decorated or not",
+      "keyed", "holder=ok,waiter_7=" .. UNAV .. ",waiter_a=" .. UNAV },
+  }) do
+    local name, child_case, expected = table.unpack(case)
+    it(name, h.async(function() check(child_case, expected) end, { deadline = 60000 }))
+  end
 end)

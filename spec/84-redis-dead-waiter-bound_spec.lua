@@ -16,12 +16,10 @@
 --   grant: it is granted max(min(ttl, T_D), up to T_L / 3) after the
 --   release, and never before the first lease ends.
 
-local h = require "helpers"
 local R = require "lock_redis"
 local uv = require "luv"
-local am = require "async_mutex"
 
-local server = R.file_server(setup, teardown)
+local am, h, server = R.spec_file(setup, teardown)
 
 local queued = R.queued
 local SLACK = 250 * h.TIME_SCALE     -- round trips and scheduling, generous

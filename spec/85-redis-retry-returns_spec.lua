@@ -14,10 +14,9 @@
 -- started again afterwards.  reconnectDelay is 3000 ms, so the old delay
 -- was 1.5-3 s; the bound is 500 ms.
 
-local h = require "helpers"
 local R = require "lock_redis"
 
-local server = R.file_server(setup, teardown)
+local _, h, server = R.spec_file(setup, teardown)
 
 local CHILD = [[
 local am = require "async_mutex"

@@ -12,10 +12,9 @@
 -- reference is gone.  The child must end cleanly: exit 0, nothing on
 -- stderr, uv.run() returned.
 
-local h = require "helpers"
 local R = require "lock_redis"
 
-local server = R.file_server(setup, teardown)
+local _, h, server = R.spec_file(setup, teardown)
 
 local CHILD = [[
 local am = require "async_mutex"

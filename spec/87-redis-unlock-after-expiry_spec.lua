@@ -6,12 +6,10 @@
 -- waiterTimeout / 3 (100 s here, with a lease of 300 ms).  Now the state
 -- script tells it when the first lease ends, and it looks again then.
 
-local am = require "async_mutex"
-local h = require "helpers"
 local R = require "lock_redis"
 local uv = require "luv"
 
-local server, fresh_name = R.file_server(setup, teardown, "spec87")
+local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec87")
 
 local TTL = 300
 local OPTS = { waiterTimeout = 300000 }          -- poll every 100 s
@@ -57,8 +55,7 @@ end
 
 describe("waitForUnlock when the holder dies", function()
   it("RedisMutex: returns at the end of the dead holder's lease", h.async(function()
-    local c = server:client()
-    local name = fresh_name()
+    local c, name = R.one_client(server, fresh_name)
     local m = am.RedisMutex.new(c, name, OPTS)
     local ms = lag_after_kill(name, nil, function()
       return h.requester("waitForUnlock", nil, "watcher", m)
@@ -69,8 +66,7 @@ describe("waitForUnlock when the holder dies", function()
   end, { deadline = 20000 }))
 
   it("RedisSemaphore: returns when the dead holder's lease leaves room", h.async(function()
-    local c = server:client()
-    local name = fresh_name()
+    local c, name = R.one_client(server, fresh_name)
     local s = am.RedisSemaphore.new(c, name, 3, OPTS)
     local ms = lag_after_kill(name, 3, function()
       return h.requester("waitForUnlock", nil, "watcher", s, 2)
@@ -80,8 +76,7 @@ describe("waitForUnlock when the holder dies", function()
   end, { deadline = 20000 }))
 
   it("KeyedRedisMutex: returns at the end of the dead holder's lease", h.async(function()
-    local c = server:client()
-    local name = fresh_name()
+    local c, name = R.one_client(server, fresh_name)
     -- the key "a" of the set with prefix P is the lock named P .. "a"
     -- (docs/redis-locks.md), the one a RedisMutex of that name takes
     local k = am.KeyedRedisMutex.new(c, name .. ":", OPTS)

@@ -47,7 +47,9 @@ end
 -- before_each and after_each (the spec file's own), it registers
 -- rec.enable and rec.disable with them.  rec.enable([options]): debug mode
 -- on, reports recorded afresh; rec.disable(): off; rec.of_kind(kind),
--- rec.count(kind), rec.first(kind): the reports since the last enable.
+-- rec.count(kind), rec.first(kind): the reports since the last enable;
+-- rec.deadlocks(), rec.first_deadlock(), rec.inversions(): the same for
+-- the deadlock and lock-order reports.
 function M.recorder(before_each, after_each)
   local reports = {}
   local rec = {}
@@ -58,6 +60,10 @@ function M.recorder(before_each, after_each)
   function rec.of_kind(kind) return M.of_kind(reports, kind) end
   function rec.count(kind) return #M.of_kind(reports, kind) end
   function rec.first(kind) return M.of_kind(reports, kind)[1] end
+  -- the deadlock search's reports and lockdep's, as the specs count them
+  function rec.deadlocks() return rec.count("deadlock") end
+  function rec.first_deadlock() return rec.first("deadlock") end
+  function rec.inversions() return rec.count("inversion") end
   return rec
 end
 

@@ -16,16 +16,19 @@
 --
 -- Also: h.tick(n) (one loop turn: deferred wake-ups delivered), h.sleep(ms),
 -- h.wait_until(pred), h.spawn(fn, ...), h.acquirer / h.waiter (a coroutine
--- blocked in acquire / waitForUnlock, with its outcome recorded), h.chain (an
+-- blocked in acquire / waitForUnlock, with its outcome recorded), h.held(lock)
+-- (a new lock held by the test), h.chain (an
 -- acquirer that releases at once), h.holder(lock) (a lock held for main
 -- code), h.check_one_owner(lock, a, b), h.occupancy() (how many are inside
 -- a section at once), h.without_yield(fn), h.try_now(fn), h.error_of(fn)
 -- (message without "file:line: "), h.keys_of(keyed), h.count_handles(kind),
 -- h.run_loop(ms) (uv.run() from main code), h.subprocess(code) (a separate
--- lua5.4), h.instructions(code) (callgrind's count of one), h.load(n) (load-test sizes), h.gc(), h.closing(...) (closes
+-- lua5.4; h.am_subprocess(code): one with uv and am), h.instructions(code) (callgrind's count of one), h.load(n) (load-test sizes), h.gc(), h.closing(...) (closes
 -- clients and servers when a case ends, also when it fails), h.ms_since(t0),
 -- h.with_loop_clock(fn) (deadlines counted from uv.now(), as a model does),
--- h.reports_during(fn) (the module's reports of failures made meanwhile).
+-- h.reports_during(fn) (the module's reports of failures made meanwhile),
+-- h.reentrancy_fuzzer(script, seed, n) (a fuzzer of spec/fuzz run and
+-- checked), h.ROOT (the repository root).
 --
 -- The numbering of the spec files is explained in spec/README.md.
 
@@ -55,6 +58,11 @@ function helpers.load(n)
   if helpers.GC_STRESS then n = n // 50 end
   return math.max(1, n)
 end
+
+--- The repository root, as a path from where the suite runs: the parent
+-- of spec/, the folder of this file (and of every spec).
+helpers.ROOT = (debug.getinfo(1, "S").source:gsub("^@", ""):match("^(.*)/[^/]*$") or ".")
+  .. "/.."
 
 helpers.DEFAULT_DEADLINE = 5000
 
@@ -173,6 +181,16 @@ function helpers.with_handler(handler, body)
   local ok, err = pcall(body)
   am.setErrorHandler(prev)
   if not ok then error(err, 0) end
+end
+
+--- Runs body(errors) with a handler (setErrorHandler) that appends each
+-- error value the module reports to the list `errors`, which body may
+-- watch as it runs; returns that list.
+function helpers.with_errors(body)
+  local errors = {}
+  helpers.with_handler(function(err) errors[#errors + 1] = err end,
+    function() body(errors) end)
+  return errors
 end
 
 --- Runs body with a handler collecting the module's reports (its
@@ -412,6 +430,14 @@ function helpers.chain(log, name, lock, ...)
   return w
 end
 
+--- The set-up of most cases: `lock`, new and free, held by the running
+-- test (lock:acquire(), or lock[method](...) such as an RWLock's
+-- "acquireRead", a keyed lock's "acquire" with its key).  Returns lock
+-- and the releaser.
+function helpers.held(lock, method, ...)
+  return lock, lock[method or "acquire"](lock, ...)
+end
+
 --- Holds `lock` from a coroutine of its own, so that main code (which cannot
 -- wait) can hold a lock and release it later: acquires now, with `...` as
 -- the acquire's arguments (the lock must be free), and returns a function
@@ -431,6 +457,21 @@ function helpers.holder(lock, ...)
     local done, err = coroutine.resume(co)
     if not done then error(err, 2) end
   end
+end
+
+--- Requesters (helpers.requester) of a readers-writer lock's read and
+-- write holds: reader(log, name, lock, ...) calls lock:acquireRead(...).
+function helpers.reader(...) return helpers.requester("acquireRead", ...) end
+function helpers.writer(...) return helpers.requester("acquireWrite", ...) end
+
+--- Counts before each test the coroutines queued for good (am.pending():
+-- what earlier files left waiting); returns a function that asserts the
+-- test has left no more.
+function helpers.pending_baseline(before_each)
+  local am = require "async_mutex"
+  local base
+  before_each(function() base = am.pending() end)
+  return function() require("luassert").equal(base, am.pending()) end
 end
 
 --- Checks that a lock has one owner at a time: `holder` and `waiter` are
@@ -593,6 +634,24 @@ end
 local function shquote(s)
   return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
 end
+helpers.shquote = shquote
+
+--- Runs a shell command; returns its exit code and its output (stdout and
+-- stderr together).  Not under the sanitizer runtime `make asan` preloads:
+-- its leak checker would fail the tools.
+function helpers.sh(command)
+  local p = assert(io.popen("(unset LD_PRELOAD; " .. command .. ") 2>&1", "r"))
+  local out = p:read("a")
+  local _, _, code = p:close()
+  return code, out
+end
+
+--- The same, failing on a non-zero exit code; returns the output.
+function helpers.must(command)
+  local code, out = helpers.sh(command)
+  assert(code == 0, ("`%s` failed (%s):\n%s"):format(command, tostring(code), out))
+  return out
+end
 
 --- Runs Lua code in a separate `lua5.4` process that finds the module the way
 -- this one does (LUA_PATH / LUA_CPATH from package.path / package.cpath).
@@ -617,6 +676,31 @@ function helpers.subprocess(code, timeout_s, prefix)
   os.remove(script)
   os.remove(errfile)
   return { rc = rc, how = how, stdout = out, stderr = err }
+end
+
+--- Runs the re-entrancy fuzzer `script` (spec/fuzz/..., its "run SEED N"
+-- mode) in a child lua5.4 (helpers.subprocess) and checks its report:
+-- nothing on stderr, exit 0, "OK <N> sequences <ops> ops <calls>
+-- re-entrant calls" with N sequences.  Returns ops and calls.
+function helpers.reentrancy_fuzzer(script, seed, n, timeout_s)
+  local assert = require "luassert"
+  local res = helpers.subprocess(([[
+    arg = { [0] = %q, "run", "%d", "%d" }
+    dofile(arg[0])
+  ]]):format(script, seed, n), timeout_s)
+  assert.equal("", res.stderr)
+  local seqs, ops, calls = res.stdout:match("^OK (%d+) sequences (%d+) ops (%d+) re%-entrant calls\n$")
+  assert.is_not_nil(seqs, res.stdout)
+  assert.equal(0, res.rc)
+  assert.equal(n, tonumber(seqs))
+  return tonumber(ops), tonumber(calls)
+end
+
+--- helpers.subprocess for a child that uses the module: `code` runs
+-- with `uv` (luv) and `am` (async_mutex) required on its first line.
+function helpers.am_subprocess(code, timeout_s, prefix)
+  return helpers.subprocess('local uv, am = require "luv", require "async_mutex"; ' .. code,
+    timeout_s, prefix)
 end
 
 --- The instructions a child (helpers.subprocess) running `code` executes,

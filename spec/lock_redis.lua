@@ -137,6 +137,49 @@ function R.file_server(setup, teardown, prefix)
   return require("redis_server").for_file(setup, teardown, R.server), R.namer(prefix)
 end
 
+--- The head of a Redis lock spec file in one line: the module, the spec
+-- helpers, the file's server and the namer of its locks (R.file_server):
+--   local R = require "lock_redis"
+--   local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec44")
+function R.spec_file(setup, teardown, prefix)
+  local server, fresh_name = R.file_server(setup, teardown, prefix)
+  return require "async_mutex", require "helpers", server, fresh_name
+end
+
+--- The set-up of a case with one process: a client of `server` and a
+-- fresh lock name.  Returns client, name.
+function R.one_client(server, fresh_name)
+  return server:client(), fresh_name()
+end
+
+--- The same with one lock of `class` on that name (class.new(client, name,
+-- ...)).  Returns lock, client.
+function R.one_lock(server, fresh_name, class, ...)
+  local c, name = R.one_client(server, fresh_name)
+  return class.new(c, name, ...), c
+end
+
+--- The set-up of a case with two processes: two clients of `server`
+-- (a, b) and a fresh lock name.  Returns a, b, name.
+function R.two_clients(server, fresh_name)
+  return server:client(), server:client(), fresh_name()
+end
+
+--- The same with one lock of `class` on that name for each client
+-- (class.new(client, name, ...)).  Returns lock_a, lock_b, a, b, name.
+function R.two_locks(server, fresh_name, class, ...)
+  local a, b, name = R.two_clients(server, fresh_name)
+  return class.new(a, name, ...), class.new(b, name, ...), a, b, name
+end
+
+--- The same for a keyed lock: its prefix is a fresh name and ":".
+-- Returns keyed_a, keyed_b, a, b, prefix.
+function R.two_keyed_locks(server, fresh_name, class, ...)
+  local a, b, name = R.two_clients(server, fresh_name)
+  local prefix = name .. ":"
+  return class.new(a, prefix, ...), class.new(b, prefix, ...), a, b, prefix
+end
+
 --- The n redis-servers of a RedlockMutex spec file (a list, filled by its
 -- setup, stopped by its teardown, resumed first if a test paused one).  A
 -- server counts for a Redlock once it has been up for the lock's ttl (read
@@ -152,6 +195,21 @@ function R.redlock_servers(setup, teardown, n, max_ttl)
     for _, s in ipairs(servers) do s:resume(); s:stop() end
   end)
   return servers
+end
+
+--- The head of a RedlockMutex spec file in one line (as R.spec_file): the
+-- module, the spec helpers, its n servers (R.redlock_servers), a namer of
+-- its locks, and clients(opts), a new list of one client per server.
+--   local am, h, servers, fresh, clients =
+--     R.redlock_spec_file(setup, teardown, 3, 1000, "spec194")
+function R.redlock_spec_file(setup, teardown, n, max_ttl, prefix)
+  local servers = R.redlock_servers(setup, teardown, n, max_ttl)
+  local function clients(opts)
+    local t = {}
+    for i, s in ipairs(servers) do t[i] = s:client(opts) end
+    return t
+  end
+  return require "async_mutex", require "helpers", servers, R.namer(prefix), clients
 end
 
 --- A fresh redis-server.
@@ -415,6 +473,18 @@ for why, n in pairs(reasons) do io.stdout:write(("unavailable %d: %s\n"):format(
 os.exit(0)
 ]]
 
+--- The start of a worker of timed sections (specs 120 and 126): R.PROLOGUE,
+-- then its arguments NAME, TTL and WAIT (the lock's ttl and waiterTimeout,
+-- ms), N (how many sections), SEED, LOG, ID; math.random seeded; `f`, LOG
+-- opened to append unbuffered (each marker one write(2)).
+R.TIMED_WORKER_PROLOGUE = R.PROLOGUE .. [[
+local NAME, TTL, WAIT, N, SEED, LOG, ID = table.unpack(ARGS)
+TTL, WAIT, N = tonumber(TTL), tonumber(WAIT), tonumber(N)
+math.randomseed(tonumber(SEED))
+local f = assert(io.open(LOG, "a"))
+f:setvbuf("no")
+]]
+
 --- The start of a worker for R.run_workers: R.PROLOGUE, then its arguments
 -- NAME (a lock's name, or a keyed lock's prefix), N (how many sections),
 -- LOG, ID; math.random seeded with the worker's own seed; `f`, LOG opened
@@ -478,6 +548,20 @@ function R.sum_counts(children, n)
   return table.unpack(sums, 1, n)
 end
 
+--- Spawns a coroutine that acquires `lock` (h.spawn: its error fails the
+-- test), notes when it was granted (`clock()`: uv.hrtime unless given)
+-- and releases at once.  Returns a function that gives that time, nil
+-- before.
+function R.grant_time(lock, clock)
+  local got
+  require("helpers").spawn(function()
+    local r = lock:acquire()
+    got = (clock or uv.hrtime)()
+    r()
+  end)
+  return function() return got end
+end
+
 -- The number of processes queued in Redis for the lock 'name'.
 function R.queued(client, name)
   return client:call("ZCARD", name .. ":q")
@@ -534,6 +618,29 @@ function R.with_close_at(k, client, files, fn, ...)
   end
 end
 
+--- Waits (3 s at most) for the end of a run of R.with_close_at whose fn
+-- returned a hold, and judges it: nil when fn ended before the close came
+-- (it must have succeeded; `client` is closed here), else false, or the
+-- problem (a string): fn returned a hold that still checks after the
+-- close, or raised an error that is not `closed_error(err)`.
+function R.close_outcome(outcome, client, closed_error)
+  local h = require "helpers"
+  local assert = require "luassert"
+  h.wait_until(function() return outcome() ~= nil end, 3000)
+  local closed, ok, r = outcome()
+  if not closed then
+    client:close()
+    assert.is_true(ok, r)
+    return nil
+  end
+  if ok then
+    if r:check() then return "held after the close" end
+  elseif not closed_error(r) then
+    return "raised " .. tostring(r)
+  end
+  return false
+end
+
 --- A lock script of async_mutex.redis_scripts run directly on the lock
 -- `name`'s keys, with the arguments `...` (strings, as the locks pass them).
 function R.eval_script(client, name, script, ...)
@@ -561,13 +668,17 @@ function R.renew_script(client, name, token, ttl, limit)
   return client:eval(scripts.renew, scripts.keys(name), { token, tostring(limit or 1), tostring(ttl) })
 end
 
---- The tokens recorded as holders of `name` in Redis (its N:h hash), sorted.
-function R.holder_tokens(client, name)
-  local t = client:call("HKEYS", name .. ":h")
+--- A sorted copy of a reply's list of strings (KEYS, HKEYS).
+function R.sorted(t)
   local out = {}
   for i = 1, #t do out[i] = t[i] end
   table.sort(out)
   return out
+end
+
+--- The tokens recorded as holders of `name` in Redis (its N:h hash), sorted.
+function R.holder_tokens(client, name)
+  return R.sorted(client:call("HKEYS", name .. ":h"))
 end
 
 -- The scripts the server has run so far (EVAL and EVALSHA requests, from
@@ -620,6 +731,37 @@ function R.overlaps_in(path)
     end
   end
   return overlaps, sections
+end
+
+--- Reads a marker file of readers-writer workers ("B mode id [fence]"
+-- and "E mode id [fence]" lines, mode R or W): the number of sections that
+-- began beside a write or as a write beside anyone (bad), of reads that
+-- began while another section ran (shared), of sections, of writes; and
+-- the lines in order, as { kind =, mode =, id =, fence = } (fence: nil
+-- where the line has none).
+function R.rw_overlaps_in(path)
+  local inside, n_in, bad, shared, sections, writes = {}, 0, 0, 0, 0, 0
+  local events = {}
+  for line in io.lines(path) do
+    local kind, mode, id, fence = line:match("^(%u) (%u) (%S+) ?(%d*)$")
+    events[#events + 1] = { kind = kind, mode = mode, id = id, fence = tonumber(fence) }
+    if kind == "B" then
+      sections = sections + 1
+      if mode == "W" then
+        writes = writes + 1
+        if n_in > 0 then bad = bad + 1 end
+      else
+        for _, m in pairs(inside) do if m == "W" then bad = bad + 1 end end
+        if n_in > 0 then shared = shared + 1 end
+      end
+      inside[id] = mode
+      n_in = n_in + 1
+    else
+      inside[id] = nil
+      n_in = n_in - 1
+    end
+  end
+  return bad, shared, sections, writes, events
 end
 
 --- The same for the sections of keyed locks ("B key id" and "E key id"

@@ -167,4 +167,25 @@ function Cluster:stop()
   self.nodes = {}
 end
 
+--- A cluster client of this cluster (redis.connect with its seeds and
+-- `opts`).
+function Cluster:connect(opts)
+  local o = { cluster = self.seeds }
+  for k, v in pairs(opts or {}) do o[k] = v end
+  return require("async_mutex.redis").connect(o)
+end
+
+--- The cluster of a whole spec file (as redis_server.for_file): started
+-- by its setup (M.start(n, opts)), stopped by its teardown, which first
+-- kills the child processes (spec/lock_redis.lua's R.child) a failed test
+-- left in `children`, the list returned second, which the tests fill.
+--   local cluster, children = redis_cluster_server.for_file(setup, teardown, 3)
+function M.for_file(setup, teardown, n, opts)
+  local children = {}
+  teardown(function()
+    for _, child in ipairs(children) do child:kill() end   -- (a failed test's)
+  end)
+  return redis_server.for_file(setup, teardown, function() return M.start(n, opts) end), children
+end
+
 return M

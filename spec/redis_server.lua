@@ -116,6 +116,15 @@ function Server:restart()
   return self:launch()
 end
 
+--- A client of this server (redis.connect with `opts`): over TCP to its
+-- port unless opts.path, or opts.port, names another place.
+function Server:client(opts)
+  local o = {}
+  for k, v in pairs(opts or {}) do o[k] = v end
+  if not o.path then o.port = o.port or self.port end
+  return require("async_mutex.redis").connect(o)
+end
+
 --- Kills it and removes its directory.
 function Server:stop()
   self:kill()
@@ -136,6 +145,19 @@ function M.for_file(setup, teardown, start)
     if type(v) ~= "function" then return v end
     return function(_, ...) return v(running, ...) end   -- server:method(...)
   end })
+end
+
+--- The head of a Redis client spec file in one line: the spec helpers,
+-- the client module and the file's server (M.for_file):
+--   local h, redis, server = require("redis_server").spec_file(setup, teardown)
+function M.spec_file(setup, teardown)
+  return require "helpers", require "async_mutex.redis", M.for_file(setup, teardown)
+end
+
+--- The same for each test: a new server started before each test and
+-- stopped after it (before_each, after_each).
+function M.for_each_test(before_each, after_each, start)
+  return M.for_file(before_each, after_each, start)
 end
 
 return M
