@@ -145,7 +145,8 @@ static int request (lua_State *L, int kind, const char *fname,
                     lua_Integer mode) {
   Request rq = {.kind = kind, .first = 2, .base = 1, .fname = fname,
                 .mode = mode};
-  return am_lock_request(L, checkrw(L), &rq);
+  am_parse_lock_request(L, &rq, AM_T_RWLOCK);
+  return am_request(L, &rq);
 }
 
 
