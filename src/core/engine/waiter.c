@@ -1,5 +1,6 @@
 /*
-** waiter.c: the life of a request, and the releaser it hands out
+** waiter.c: the life of a request, the rules it and a release apply,
+** and the releaser it hands out
 ** A request is granted at once when the queue rules allow it (without
 ** yielding), refused at once for tryAcquire, and otherwise suspends the
 ** calling coroutine in a Waiter until the scheduler resumes it with an
@@ -12,9 +13,14 @@
 **   NEW --abandon--> NEW, unanchored         (raised before it was queued)
 **   QUEUED --detach--> DONE                  (its lock freed by lua_close)
 **
-** The other files only call these: rules.c decides outcomes (ready,
-** detach), scheduler.c resumes (resuming, or abandon when a coroutine
-** cannot be resumed); the request, the continuation and __close are here.
+** The other files only call these: rules.c decides the outcomes off the
+** hot path (ready, detach), scheduler.c resumes (resuming, or abandon when
+** a coroutine cannot be resumed); the request, the continuation and
+** __close are here.  So are the grant rule, dispatch and giving a grant
+** back, which a request and a release apply: one unit, which each event
+** (a request, a release, a resume) enters once, and which asks a counted
+** kind (a Mutex, a Semaphore) only what its release gives back
+** (docs/internals.md, "One contended acquire, release and resume").
 */
 
 #define LUA_LIB
