@@ -19,10 +19,11 @@
 **                                  tasks, deferred cancels)
 **   engine/     waiter.c           the life of a Waiter, every state
 **                                  change, and the Releaser a grant hands
-**                                  out; making a request
-**               rules.c            the queue rules every lock kind shares:
-**                                  grant, dispatch, cancel, expiry, giving
-**                                  a grant back
+**                                  out; making a request; the grant rule,
+**                                  dispatch, giving a grant back
+**               rules.c            the queue rules off the hot path:
+**                                  waitForUnlock's buckets, cancel,
+**                                  expiry, abort; a lock's init and free
 **               lease.c            leased holds: their releasers, their
 **                                  expiry
 **               steal.c            lock:steal(): every hold of a lock ends
@@ -386,8 +387,8 @@ typedef struct WeightWaiters {
 } WeightWaiters;
 
 /*
-** What makes a lock kind: the rules of rules.c ask it what a grant takes
-** and what a release gives back; everything else (queues, priorities,
+** What makes a lock kind: the engine's rules (waiter.c) ask it what a
+** grant takes and what a release gives back; everything else (queues, priorities,
 ** waitForUnlock, timeouts, the scheduler, keyed sets) is shared.
 ** docs/internals.md, "How to add a lock kind".
 */
@@ -399,9 +400,12 @@ struct LockKind {
   int weighted;               /* requests take a weight argument */
   int returns_value;          /* acquire returns the token before the
                                  releaser */
-  /* can a request of 'weight' be granted, queue aside? */
+  /* can a request of 'weight' be granted, queue aside?  NULL: a counted
+     kind's rule, the value covers the weight (waiter.c: am_fits) */
   int (*fits) (const Lock *lk, lua_Integer weight);
-  /* takes a grant of 'weight'; returns its token */
+  /* takes a grant of 'weight'; returns its token.  NULL: a counted
+     kind's, the weight taken from the value; the token is the value
+     before (returns_value) or a new generation (waiter.c: am_take) */
   lua_Integer (*take) (Lock *lk, lua_Integer weight);
   /* gives back the grant 'token' (or AM_UNSCOPED) of 'weight': 1 when
      given, 0 when there was nothing to give back, -1 when it would
@@ -591,6 +595,7 @@ void am_checkoptions (lua_State *L, int idx, int base, const char *fname,
                       const char *const known[]);
 int am_unknown_option (lua_State *L);
 void am_parse_request (lua_State *L, Request *rq, const LockKind *kind);
+Lock *am_parse_lock_request (lua_State *L, Request *rq, AmType t);
 
 /* waiter.c */
 int am_request (lua_State *L, Request *rq);
@@ -606,15 +611,17 @@ extern const luaL_Reg am_waiter_metamethods[];
 extern const luaL_Reg am_releaser_methods[];
 void am_push_releaser (lua_State *L, int lockidx, Lock *lk,
                        lua_Integer weight, lua_Integer token);
-
-/* rules.c */
+int am_fits (const Lock *lk, lua_Integer weight);
 int am_can_lock_now (Lock *lk, lua_Integer weight, const Key *priority);
-void am_enqueue (lua_State *L, Lock *lk, Waiter *w, const Key *priority);
-void am_dequeue (Lock *lk, Waiter *w);
 lua_Integer am_take (Lock *lk, lua_Integer weight);
 void am_dispatch (lua_State *L, Lock *lk);
 int am_give_back (lua_State *L, Lock *lk, lua_Integer weight,
                   lua_Integer token, int saturate);
+
+/* rules.c */
+void am_drain_unlock (lua_State *L, Lock *lk);
+int am_unlock_push (Lock *lk, Waiter *w, const Key *priority);
+void am_dequeue (Lock *lk, Waiter *w);
 int am_releaser_live (const Releaser *r);
 void am_cancel (lua_State *L, Lock *lk);
 void am_expire (lua_State *L, Waiter *w);

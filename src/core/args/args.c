@@ -596,3 +596,17 @@ void am_parse_request (lua_State *L, Request *rq, const LockKind *kind) {
                        rq->kind == W_ACQUIRE ? "acquire" : "wait for",
                        kind->noun));
 }
+
+
+/*
+** A request of the lock of type 't' at argument 1 (a decorated one's
+** lock: am_checkself), read where the kind builds it: self, then its
+** arguments (am_parse_request).  Returns the lock, also in 'rq'.
+*/
+Lock *am_parse_lock_request (lua_State *L, Request *rq, AmType t) {
+  Lock *lk = (Lock *)am_checkself(L, t);
+  rq->lock = lk;
+  rq->lockidx = 1;
+  am_parse_request(L, rq, lk->kind);
+  return lk;
+}

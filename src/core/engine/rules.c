@@ -1,12 +1,13 @@
 /*
-** rules.c: the queue rules every lock kind shares (docs/semantics.md,
-** Grant rule, Dispatch, waitForUnlock, Cancel, Timeouts)
-** Every decision about a lock's queues happens here, synchronously:
-** grants, rejections and removals; waiter.c records each outcome and the
-** scheduler resumes the coroutines later.  What a grant takes and what a
-** release gives back is the lock kind's (LockKind, mutex_semaphore.c).
-** Nothing here calls Lua code (see am_sync in scheduler.c): the entry
-** points call am_sync once the change is complete.
+** rules.c: the queue rules off the hot path (docs/semantics.md,
+** waitForUnlock, Cancel, Timeouts): waitForUnlock's buckets of waiters by
+** weight, cancel, expiry, abort, whether a hold is still in place, and a
+** lock's birth and end.  The grant rule, dispatch and giving a grant back
+** are waiter.c's, with the request and the release that use them (one
+** unit, one call per event: docs/internals.md).  Every decision here is
+** synchronous; waiter.c records each outcome and the scheduler resumes
+** the coroutines later.  Nothing here calls Lua code (see am_sync in
+** scheduler.c): the entry points call am_sync once the change is complete.
 */
 
 #define LUA_LIB
@@ -18,18 +19,6 @@
 #include "lauxlib.h"
 
 #include "../async_mutex.h"
-
-
-/*
-** Immediate-grant rule: no queued acquirer has a priority >= ours, and
-** the lock's kind can grant the weight.  Also "could lock now" for
-** waitForUnlock.
-*/
-int am_can_lock_now (Lock *lk, lua_Integer weight, const Key *priority) {
-  return (lk->queue.n == 0
-          || am_key_above(priority, am_queue_firstkey(&lk->queue)))
-         && lk->kind->fits(lk, weight);
-}
 
 
 /* {====================================================== unlock waiters */
@@ -91,13 +80,13 @@ static void compact_weights (Lock *lk) {
 ** whose priority is strictly above the head's.  Heaviest first, then in
 ** queue order.  Cost depends on the registered weights, not the value.
 */
-static void drain_unlock (lua_State *L, Lock *lk) {
+void am_drain_unlock (lua_State *L, Lock *lk) {
   size_t i = lk->nweights;
   int emptied = 0;
   while (lk->nunlock > 0 && i-- > 0) {
     Queue *q = &lk->unlock[i].queue;
     Waiter *w;
-    if (!lk->kind->fits(lk, lk->unlock[i].weight)) continue;
+    if (!am_fits(lk, lk->unlock[i].weight)) continue;
     while ((w = am_queue_first(q)) != NULL
            && (lk->queue.n == 0
                || am_key_above(am_queue_firstkey(q),
@@ -111,28 +100,24 @@ static void drain_unlock (lua_State *L, Lock *lk) {
   if (emptied) compact_weights(lk);
 }
 
-/* }====================================================== */
-
 
 /*
-** Puts a new, anchored waiter in its queue (waiter.c then makes it
-** QUEUED).
-** Out of memory, it raises with nothing linked, after giving back its
-** anchor (a dead coroutine must not stay anchored) and letting a keyed
-** lock made for it leave its set.
+** Links the NEW waitForUnlock waiter 'w' in the bucket of its weight
+** (waiter.c then makes it QUEUED); 0 when out of memory, with nothing
+** linked and no bucket left empty.
 */
-void am_enqueue (lua_State *L, Lock *lk, Waiter *w, const Key *priority) {
-  Queue *q = (w->r.kind == W_ACQUIRE) ? &lk->queue
-                                    : weight_queue(lk, w->r.weight);
-  if (q == NULL || !am_queue_push(q, w, priority)) {
-    if (q != NULL && q->count == 0 && w->r.kind == W_UNLOCK)
-      compact_weights(lk);
-    am_unanchor(L, w);
-    am_settle(L, lk);
-    luaL_error(L, "not enough memory");
+int am_unlock_push (Lock *lk, Waiter *w, const Key *priority) {
+  Queue *q = weight_queue(lk, w->r.weight);
+  if (q == NULL) return 0;
+  if (!am_queue_push(q, w, priority)) {
+    if (q->count == 0) compact_weights(lk);
+    return 0;
   }
-  if (w->r.kind == W_UNLOCK) lk->nunlock++;
+  lk->nunlock++;
+  return 1;
 }
+
+/* }====================================================== */
 
 
 /* Takes a QUEUED waiter out of its lock's queue (not the timer queue). */
@@ -145,46 +130,6 @@ void am_dequeue (Lock *lk, Waiter *w) {
     lk->nunlock--;
     if (lk->unlock[i].queue.count == 0) compact_weights(lk);
   }
-}
-
-
-/*
-** Takes a grant of 'weight'; returns its token (LockKind.take).  'held'
-** counts grants out, for keyed locks to know when a key is idle.
-*/
-lua_Integer am_take (Lock *lk, lua_Integer weight) {
-  /* 'held' saturates: with setValue the grants out may sum beyond
-     maxinteger (it only has to stay above 0 while any is out) */
-  lk->held = weight > LUA_MAXINTEGER - lk->held ? LUA_MAXINTEGER
-                                                : lk->held + weight;
-  return lk->kind->take(lk, weight);
-}
-
-
-/*
-** Grants the lock to a waiter taken from the queue (docs/semantics.md,
-** Dispatch).
-*/
-static void grant (lua_State *L, Lock *lk, Waiter *w) {
-  am_waiter_ready(L, w, O_GRANTED, am_take(lk, w->r.weight));
-}
-
-
-/*
-** After the value grew or the queue shrank (docs/semantics.md, Dispatch):
-** grant strictly from the head while the kind can grant it, resolving
-** unlock waiters before each.
-*/
-void am_dispatch (lua_State *L, Lock *lk) {
-  Waiter *head;
-  drain_unlock(L, lk);
-  while ((head = am_queue_first(&lk->queue)) != NULL
-         && lk->kind->fits(lk, head->r.weight)) {
-    am_queue_remove(&lk->queue, head);
-    grant(L, lk, head);
-    drain_unlock(L, lk);
-  }
-  am_settle(L, lk);
 }
 
 
@@ -204,27 +149,6 @@ int am_releaser_live (const Releaser *r) {
 
 
 /*
-** The one way a grant goes back: by its releaser (token), by an unscoped
-** release (AM_UNSCOPED), or abandoned undelivered ('saturate': must not
-** raise).  The kind decides what that gives back (docs/semantics.md,
-** Release and P3); if anything, the lock dispatches.  An unscoped release
-** counts as giving back a grant.  Returns whether it gave anything back:
-** for a releaser's grant, whether that grant was still held (a releaser's
-** call returns it).
-*/
-int am_give_back (lua_State *L, Lock *lk, lua_Integer weight,
-                  lua_Integer token, int saturate) {
-  int gave = lk->kind->give_back(lk, weight, token, saturate);
-  if (gave < 0) luaL_error(L, "semaphore value overflow");
-  if (gave > 0) {
-    lk->held = lk->held > weight ? lk->held - weight : 0;
-    am_dispatch(L, lk);
-  }
-  return gave > 0;
-}
-
-
-/*
 ** Rejects every queued acquirer, in queue order; holders keep the lock.
 ** Unlock waiters are then re-evaluated against the empty queue
 ** (docs/semantics.md, Cancel; P4).
@@ -235,7 +159,7 @@ void am_cancel (lua_State *L, Lock *lk) {
     am_queue_remove(&lk->queue, w);
     am_waiter_ready(L, w, O_CANCELED, 0);
   }
-  drain_unlock(L, lk);
+  am_drain_unlock(L, lk);
   am_settle(L, lk);
 }
 

@@ -1,5 +1,6 @@
 /*
-** waiter.c: the life of a request, and the releaser it hands out
+** waiter.c: the life of a request, the rules it and a release apply,
+** and the releaser it hands out
 ** A request is granted at once when the queue rules allow it (without
 ** yielding), refused at once for tryAcquire, and otherwise suspends the
 ** calling coroutine in a Waiter until the scheduler resumes it with an
@@ -12,9 +13,14 @@
 **   NEW --abandon--> NEW, unanchored         (raised before it was queued)
 **   QUEUED --detach--> DONE                  (its lock freed by lua_close)
 **
-** The other files only call these: rules.c decides outcomes (ready,
-** detach), scheduler.c resumes (resuming, or abandon when a coroutine
-** cannot be resumed); the request, the continuation and __close are here.
+** The other files only call these: rules.c decides the outcomes off the
+** hot path (ready, detach), scheduler.c resumes (resuming, or abandon when
+** a coroutine cannot be resumed); the request, the continuation and
+** __close are here.  So are the grant rule, dispatch and giving a grant
+** back, which a request and a release apply: one unit, which each event
+** (a request, a release, a resume) enters once, and which asks a counted
+** kind (a Mutex, a Semaphore) only what its release gives back
+** (docs/internals.md, "One contended acquire, release and resume").
 */
 
 #define LUA_LIB
@@ -29,7 +35,7 @@
 
 /* {====================================================== transitions */
 
-/* NEW -> QUEUED: once linked in its lock's queue (rules.c: am_enqueue). */
+/* NEW -> QUEUED: once linked in its lock's queue (enqueue). */
 static void queued (Waiter *w) {
   assert(w->r.state == S_NEW);
   w->r.state = S_QUEUED;
@@ -156,6 +162,111 @@ void am_waiter_detach (Waiter *w) {
   if (w->r.signalled) am_signal_unlink(w);
   w->r.state = S_DONE;
   am_unanchor(NULL, w);
+}
+
+/* }====================================================== */
+
+
+/* {====================================================== the grant rules */
+
+/*
+** Can the lock's kind grant 'weight' now, queue aside?  A kind with its
+** own rule says (LockKind.fits); for a counted kind (a Mutex, a
+** Semaphore: no 'fits') the engine's rule: the value covers the weight.
+*/
+int am_fits (const Lock *lk, lua_Integer weight) {
+  return lk->kind->fits != NULL ? lk->kind->fits(lk, weight)
+                                : weight <= lk->value;
+}
+
+
+/*
+** Immediate-grant rule: no queued acquirer has a priority >= ours, and
+** the lock's kind can grant the weight.  Also "could lock now" for
+** waitForUnlock.
+*/
+int am_can_lock_now (Lock *lk, lua_Integer weight, const Key *priority) {
+  return (lk->queue.n == 0
+          || am_key_above(priority, am_queue_firstkey(&lk->queue)))
+         && am_fits(lk, weight);
+}
+
+
+/*
+** Takes a grant of 'weight'; returns its token.  'held' counts grants
+** out, for keyed locks to know when a key is idle.  A kind with its own
+** rule takes it (LockKind.take); a counted kind's grant takes its weight
+** from the value, and its token is the value before it for a kind whose
+** acquire returns it (a Semaphore), else a new generation, the grant's
+** own (a Mutex's releaser ends only its own grant).
+*/
+lua_Integer am_take (Lock *lk, lua_Integer weight) {
+  /* 'held' saturates: with setValue the grants out may sum beyond
+     maxinteger (it only has to stay above 0 while any is out) */
+  lk->held = weight > LUA_MAXINTEGER - lk->held ? LUA_MAXINTEGER
+                                                : lk->held + weight;
+  if (lk->kind->take != NULL) return lk->kind->take(lk, weight);
+  lk->value -= weight;
+  return lk->kind->returns_value ? lk->value + weight : ++lk->gen;
+}
+
+
+/*
+** After the value grew or the queue shrank (docs/semantics.md, Dispatch):
+** grant strictly from the head while the kind can grant it, resolving
+** unlock waiters (rules.c) before each.
+*/
+void am_dispatch (lua_State *L, Lock *lk) {
+  Waiter *head;
+  if (lk->nunlock > 0) am_drain_unlock(L, lk);
+  while ((head = am_queue_first(&lk->queue)) != NULL
+         && am_fits(lk, head->r.weight)) {
+    am_queue_remove(&lk->queue, head);
+    am_waiter_ready(L, head, O_GRANTED, am_take(lk, head->r.weight));
+    if (lk->nunlock > 0) am_drain_unlock(L, lk);
+  }
+  am_settle(L, lk);
+}
+
+
+/*
+** The one way a grant goes back: by its releaser (token), by an unscoped
+** release (AM_UNSCOPED), or abandoned undelivered ('saturate': must not
+** raise).  The kind decides what that gives back (docs/semantics.md,
+** Release and P3); if anything, the lock dispatches.  An unscoped release
+** counts as giving back a grant.  Returns whether it gave anything back:
+** for a releaser's grant, whether that grant was still held (a releaser's
+** call returns it).
+*/
+int am_give_back (lua_State *L, Lock *lk, lua_Integer weight,
+                  lua_Integer token, int saturate) {
+  int gave = lk->kind->give_back(lk, weight, token, saturate);
+  if (gave < 0) luaL_error(L, "semaphore value overflow");
+  if (gave > 0) {
+    lk->held = lk->held > weight ? lk->held - weight : 0;
+    am_dispatch(L, lk);
+  }
+  return gave > 0;
+}
+
+
+/*
+** Puts a new, anchored waiter in its queue (then QUEUED): an acquirer in
+** the lock's queue, a waitForUnlock waiter in its weight's (rules.c).
+** Out of memory, it raises with nothing linked, after giving back its
+** anchor (a dead coroutine must not stay anchored) and letting a keyed
+** lock made for it leave its set.
+*/
+static void enqueue (lua_State *L, Lock *lk, Waiter *w,
+                     const Key *priority) {
+  int linked = w->r.kind == W_ACQUIRE
+               ? am_queue_push(&lk->queue, w, priority)
+               : am_unlock_push(lk, w, priority);
+  if (!linked) {
+    am_unanchor(L, w);
+    am_settle(L, lk);
+    luaL_error(L, "not enough memory");
+  }
 }
 
 /* }====================================================== */
@@ -518,7 +629,7 @@ static int wait_queued (lua_State *L, Request *rq, Lock *lk, Waiter *w,
     am_usage_error(L,
                    "attempt to wait for a lock while the Lua state is closing");
   }
-  am_enqueue(L, lk, w, &rq->priority);
+  enqueue(L, lk, w, &rq->priority);
   queued(w);
   if (rq->wait == AM_TIMEOUT) am_timer_add(L, lk->st, w, now, rq->ms);
   if (rq->sigidx != 0) link_signal(L, rq, w);

@@ -142,7 +142,7 @@ int am_keyed_request (lua_State *L, Request *rq) {
   lua_settop(L, first + 2);      /* extra arguments: the lock's index fits */
   lk = getlock(L, kd, first, 0);
   if (lk == NULL) {
-    int free_now = kd->kind->fits(&kd->fresh, rq->weight);
+    int free_now = am_fits(&kd->fresh, rq->weight);
     if (rq->kind == W_UNLOCK && free_now) return 0;
     if (rq->wait == AM_TRY && !free_now) {
       lua_pushvalue(L, rq->erridx);

@@ -48,14 +48,16 @@ static int lock_new (lua_State *L) {
 static int lock_acquire (lua_State *L) {
   Request rq = {.kind = W_ACQUIRE, .first = 2, .base = 1,
                 .fname = "acquire"};
-  return am_lock_request(L, checklock(L), &rq);
+  am_parse_lock_request(L, &rq, locktype(L));
+  return am_request(L, &rq);
 }
 
 
 static int lock_waitForUnlock (lua_State *L) {
   Request rq = {.kind = W_UNLOCK, .first = 2, .base = 1,
                 .fname = "waitForUnlock"};
-  return am_lock_request(L, checklock(L), &rq);
+  am_parse_lock_request(L, &rq, locktype(L));
+  return am_request(L, &rq);
 }
 
 

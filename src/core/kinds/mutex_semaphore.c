@@ -3,9 +3,11 @@
 ** A Semaphore counts: a grant takes its weight from the value, a release
 ** gives it back.  A Mutex is a semaphore of value 1 with its own argument
 ** shapes, whose release only ends the grant it was given for and is a
-** no-op while unlocked (docs/semantics.md, Release and P3).  The queue
-** rules they share are in rules.c.  runExclusive is added to the method
-** tables by the Lua layer (src/async_mutex/init.lua).
+** no-op while unlocked (docs/semantics.md, Release and P3).  Both are
+** counted kinds: they leave 'fits' and 'take' to the engine's counting
+** rule (waiter.c: am_fits, am_take; a Mutex's token is a new generation,
+** a Semaphore's the value before), so a hand-off calls one hook of theirs,
+** 'give_back'.  runExclusive: run.c.
 */
 
 #define LUA_LIB
@@ -18,20 +20,8 @@
 
 /* {====================================================== the kinds */
 
-static int value_fits (const Lock *lk, lua_Integer weight) {
-  return weight <= lk->value;
-}
-
-
 static int value_is_locked (const Lock *lk) {
   return lk->value <= 0;
-}
-
-
-/* A mutex grant's token is its generation: its releaser ends it only. */
-static lua_Integer mutex_take (Lock *lk, lua_Integer weight) {
-  lk->value -= weight;
-  return ++lk->gen;
 }
 
 
@@ -42,14 +32,6 @@ static int mutex_give_back (Lock *lk, lua_Integer weight, lua_Integer token,
     return 0;                           /* unlocked, or a later grant's */
   lk->value++;
   return 1;
-}
-
-
-/* A semaphore grant's token is the value before it. */
-static lua_Integer sem_take (Lock *lk, lua_Integer weight) {
-  lua_Integer value = lk->value;
-  lk->value -= weight;
-  return value;
 }
 
 
@@ -114,8 +96,6 @@ const LockKind am_mutex_kind = {
   .keyed_type = AM_T_KEYED_MUTEX,
   .weighted = 0,
   .returns_value = 0,
-  .fits = value_fits,
-  .take = mutex_take,
   .give_back = mutex_give_back,
   .is_locked = value_is_locked,
   .end_holds = mutex_end_holds,
@@ -128,8 +108,6 @@ const LockKind am_semaphore_kind = {
   .keyed_type = AM_T_KEYED_SEMAPHORE,
   .weighted = 1,
   .returns_value = 1,
-  .fits = value_fits,
-  .take = sem_take,
   .give_back = sem_give_back,
   .is_locked = value_is_locked,
   .end_holds = sem_end_holds,
@@ -141,7 +119,6 @@ const LockKind am_semaphore_kind = {
 /* }====================================================== */
 
 
-#define checkmutex(L)  ((Lock *)am_checkself(L, AM_T_MUTEX))
 #define checksem(L)    ((Lock *)am_checkself(L, AM_T_SEMAPHORE))
 
 
@@ -163,14 +140,16 @@ static int sem_runExclusive (lua_State *L) {
 static int mutex_acquire (lua_State *L) {
   Request rq = {.kind = W_ACQUIRE, .first = 2, .base = 1,
                 .fname = "acquire"};
-  return am_lock_request(L, checkmutex(L), &rq);
+  am_parse_lock_request(L, &rq, AM_T_MUTEX);
+  return am_request(L, &rq);
 }
 
 
 static int sem_acquire (lua_State *L) {
   Request rq = {.kind = W_ACQUIRE, .first = 2, .base = 1,
                 .fname = "acquire"};
-  return am_lock_request(L, checksem(L), &rq);
+  am_parse_lock_request(L, &rq, AM_T_SEMAPHORE);
+  return am_request(L, &rq);
 }
 
 

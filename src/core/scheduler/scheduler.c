@@ -1,9 +1,9 @@
 /*
 ** scheduler.c: the scheduler, per lua_State
-** Outcomes (grant, timeout, cancel) are decided synchronously by rules.c
-** and queued here in a ready list (waiter.c: am_waiter_ready); the
-** coroutines are resumed later, from a luv idle handle, in the order the
-** outcomes were decided.  Deadlines of timed
+** Outcomes (grant, timeout, cancel) are decided synchronously by the
+** engine (waiter.c, rules.c) and queued here in a ready list (waiter.c:
+** am_waiter_ready); the coroutines are resumed later, from a luv idle
+** handle, in the order the outcomes were decided.  Deadlines of timed
 ** waiters live in one queue served by a single luv timer.  Both handles are
 ** created through luv's own Lua API, so uv.walk() and luv's exit-time
 ** cleanup know them, and both are stopped whenever they have nothing to do,
@@ -231,7 +231,7 @@ static int sync_loop (lua_State *L) {
 
 /*
 ** RE-ENTRY (docs/semantics.md, "Re-entry"; docs/internals.md, "Rules the
-** code keeps"): the queue rules (rules.c) and the ready and timer queues
+** code keeps"): the queue rules (waiter.c, rules.c) and the ready and timer queues
 ** never call luv, since a luv function called through Lua may run a debug
 ** hook or a finalizer, and it may call the module while a queue is half
 ** updated.  Every entry point instead calls am_sync once its update is

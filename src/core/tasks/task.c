@@ -160,7 +160,7 @@ static void push_gate (lua_State *L, State *st, int idx, int make) {
 
 /*
 ** Opens the gate of the object at 'idx': its joiners are made ready (a
-** waitForUnlock of weight 1 now fits: rules.c), and it leaves the gates
+** waitForUnlock of weight 1 now fits: rules.c, am_drain_unlock), and it leaves the gates
 ** table (each joiner keeps it on its own stack).
 */
 static void open_gate (lua_State *L, State *st, int idx) {
