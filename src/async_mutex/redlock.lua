@@ -203,6 +203,33 @@ local function quietly_release_token(lk, keys, token)
 end
 local function background(fn, a, b) go(dropping_errors, fn, a, b) end
 
+-- Bells: the core Semaphores (of 0) that an acquisition's caller sleeps on
+-- until a quorum answers, and a release's until its answers decide it.
+-- One of each per cycle, made anew, was a core lock and its userdata per
+-- cycle for the collector; so a bell whose wait is over goes back to a
+-- spare list and is taken again, but only when nothing can ring it any
+-- more (its ringer looks at a flag that is down by then) and it holds no
+-- count (a ring after a timed-out wait): a bell is never handed out with
+-- a wake-up in it.  A waiter closed while asleep never gives its bell back.
+local bells, nbells = {}, 0
+
+local function take_bell()
+  if nbells > 0 then
+    local b = bells[nbells]
+    bells[nbells] = nil
+    nbells = nbells - 1
+    return b
+  end
+  return internal(core.Semaphore.new(0))
+end
+
+local function give_bell(b)
+  if nbells < SPARE_MAX and b:getValue() == 0 then
+    nbells = nbells + 1
+    bells[nbells] = b
+  end
+end
+
 -- }==========================================================
 
 local Redlock = { __name = "async_mutex.RedlockMutex" }
@@ -406,9 +433,12 @@ local function release_hold(hold)
   local tally = { n = n, quorum = quorum, had = 0, refused = 0, waiting = false, bell = nil }
   for i = 1, n do go(release_one, tally, list[i]) end
   if tally.had < quorum and n - tally.refused >= quorum then
-    tally.bell = internal(core.Semaphore.new(0))
+    local bell = take_bell()
+    tally.bell = bell
     tally.waiting = true
-    local _ = tally.bell:acquire()
+    -- (woken once, by the answer that decides it: tally.waiting is down)
+    repeat local _ = bell:acquire() until not tally.waiting
+    give_bell(bell)
   end
   unuse_hubs(hold)
   if tally.had < quorum then
@@ -602,7 +632,10 @@ end
 function start(att, i)
   local rl = att.rl
   local lk = rl.servers[i]
-  local s = { state = "pending", token = lk.hub.id .. ":" .. base.random_hex() }
+  -- (the fields an answer adds, named here so that the table is made with
+  -- room for them: one allocation, not two resizes per server and attempt)
+  local s = { state = "pending", token = lk.hub.id .. ":" .. base.random_hex(),
+              answered = nil, lease = nil, draw = nil }
   att.srv[i] = s
   if young(rl, lk) then                           -- known to be young: not asked
     s.state = "failed"
@@ -713,7 +746,7 @@ end
 local function acquire_quorum(rl, deadline, err)
   local try = deadline == false
   local att = { rl = rl, srv = {}, failed = 0, done = false, asleep = false, try = try,
-                bell = internal(core.Semaphore.new(0)), progress = hrtime(),
+                bell = take_bell(), progress = hrtime(),
                 settle = settle_ms(rl) * NS }
   rl.waiting[att] = true
   use_hubs(rl)
@@ -757,6 +790,9 @@ local function acquire_quorum(rl, deadline, err)
     if not settled then error(FENCE_UNSETTLED, 0) end
     return fence
   end)
+  -- (asleep down: no ring reaches the bell from here on; it goes back)
+  att.asleep = false
+  give_bell(att.bell)
   if not ok then
     finish(att, false)
     error(res, 0)

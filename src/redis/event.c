@@ -235,7 +235,9 @@ int amr_conn_event (lua_State *L) {
     else amr_push_errno_failure(L, 3, e);
     errpos = lua_gettop(L);
   }
-  lua_newtable(L);                     /* ready {co|false, ok, reply}... */
+  /* ready {co|false, ok, reply}...: room for one reply made at once (most
+     batches are one reply: three resizes of an empty table otherwise) */
+  lua_createtable(L, 3, 0);
   ready = lua_gettop(L);
   lua_getiuservalue(L, 3, UV_WAITERS);                  /* ready fifo */
   nready = take_replies(L, cl, epoch, ready, &errpos);
