@@ -716,6 +716,17 @@ function helpers.instructions(code, timeout_s)
   return tonumber(count)
 end
 
+--- Lua source for a child process (needs `uv` in scope): active(), how
+-- many handles are active (uv.run() would not return).  Shared by the
+-- re-entry prelude below and spec 101's.
+helpers.CHILD_ACTIVE = [[
+local function active()
+  local n = 0
+  uv.walk(function(hd) if hd:is_active() and not hd:is_closing() then n = n + 1 end end)
+  return n
+end
+]]
+
 -- The prelude of a re-entry case (reentry_child): the module, luv, and
 -- the tools the cases of specs 35, 38 and 39 call back with.
 local REENTRY_PRELUDE = [[
@@ -746,13 +757,7 @@ end
 local function close_all()
   uv.walk(function(hd) if not hd:is_closing() then hd:close() end end)
 end
--- how many handles are active (uv.run() would not return)
-local function active()
-  local n = 0
-  uv.walk(function(hd) if hd:is_active() and not hd:is_closing() then n = n + 1 end end)
-  return n
-end
-]]
+]] .. helpers.CHILD_ACTIVE
 
 --- Runs a re-entry case (docs/semantics.md, Re-entry): 'body' (Lua
 -- source) in a child lua5.4 after a prelude that defines am, uv,

@@ -562,6 +562,27 @@ function R.grant_time(lock, clock)
   return function() return got end
 end
 
+--- A renewed lock handed off (specs 202 and 243, locks with replicas):
+-- `ma` granted, renewed twice (renewInterval 50), still held; `mb` asked
+-- in a coroutine, then, `settle_ms` later, `ma` released: the release
+-- succeeds, `mb` is granted with a higher fence and releases.  In a
+-- coroutine (h.async).
+function R.renewed_hand_off(ma, mb, settle_ms)
+  local h, assert = require "helpers", require "luassert"
+  local release = ma:acquire()
+  h.sleep(130)                                   -- two renewals
+  assert.is_true(release:check())
+  local got = require("async_mutex").spawn(function()
+    local r = mb:acquire()
+    local fence = r.fence
+    assert.is_true(r())
+    return fence
+  end)
+  h.sleep(settle_ms)
+  assert.is_true(release())
+  assert.is_true(got:join() > release.fence)
+end
+
 -- The number of processes queued in Redis for the lock 'name'.
 function R.queued(client, name)
   return client:call("ZCARD", name .. ":q")
