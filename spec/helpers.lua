@@ -422,6 +422,19 @@ function helpers.waiter(log, name, lock, ...)
   return w
 end
 
+--- A runExclusive waiter on `lock` (held by the caller), canceled
+-- (lock:cancel(), then a loop turn): returns its pcall's results, packed
+-- in a table (nil if it has not ended), and whether its function ran.
+function helpers.cancel_exclusive_waiter(lock)
+  local called, got = false, nil
+  helpers.spawn(function()
+    got = { pcall(lock.runExclusive, lock, function() called = true end) }
+  end)
+  lock:cancel()
+  helpers.tick()
+  return got, called
+end
+
 --- An acquirer (see helpers.acquirer) that releases as soon as it is
 -- granted: a link in a chain of hand-offs, logging its name.
 function helpers.chain(log, name, lock, ...)
