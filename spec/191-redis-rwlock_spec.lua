@@ -247,25 +247,11 @@ describe("RedisRWLock's downgrade", function()
 end)
 
 describe("RedisRWLock across 4 processes", function()
-  -- 95 % reads: each section writes a begin and an end marker with its
-  -- mode to one O_APPEND file.  A write overlaps nothing; reads overlap
+  -- 95 % reads from 4 processes of 3 coroutines (R.rw_worker): each
+  -- section writes a begin and an end marker with its mode to one O_APPEND
+  -- file.  A write overlaps nothing; reads overlap
   -- each other (the lock is shared, not serialized).
-  local WORKER = R.WORKER_PROLOGUE .. [[
-local rw = am.RedisRWLock.new(client, NAME, { ttl = 2000 })
-main(function()
-  in_parallel(3, function(c)
-    for i = 1, tonumber(N) do
-      local write = math.random() < 0.05
-      local release <close> = write and rw:acquireWrite() or rw:acquireRead()
-      local mode = write and "W" or "R"
-      f:write(("B %s %s%d.%d\n"):format(mode, ID, c, i))
-      am.sleep(math.random(0, 2))
-      f:write(("E %s %s%d.%d\n"):format(mode, ID, c, i))
-    end
-  end)
-  f:close()
-end)
-]]
+  local WORKER = R.rw_worker { ttl = 2000, coroutines = 3, writes = 0.05, pause = 2 }
 
   it("never lets a writer overlap anyone, and lets readers overlap (markers in one O_APPEND file)",
     h.async(function()

@@ -515,6 +515,30 @@ local function some_of(keys)
 end
 ]]
 
+--- The code of a RedisRWLock worker for R.run_workers (specs 191, 276):
+-- `o.coroutines` coroutines each run N sections on the lock NAME (ttl
+-- `o.ttl`), a write with odds `o.writes`, else a read, each pausing 0 to
+-- `o.pause` ms; each section writes "B mode id fence" at its start and
+-- "E mode id fence" at its end (R.rw_overlaps_in reads them).
+function R.rw_worker(o)
+  return R.WORKER_PROLOGUE .. ([[
+local rw = am.RedisRWLock.new(client, NAME, { ttl = %d })
+main(function()
+  in_parallel(%d, function(c)
+    for i = 1, tonumber(N) do
+      local write = math.random() < %s
+      local release <close> = write and rw:acquireWrite() or rw:acquireRead()
+      local mode = write and "W" or "R"
+      f:write(("B %%s %%s%%d.%%d %%d\n"):format(mode, ID, c, i, release.fence))
+      am.sleep(math.random(0, %d))
+      f:write(("E %%s %%s%%d.%%d %%d\n"):format(mode, ID, c, i, release.fence))
+    end
+  end)
+  f:close()
+end)
+]]):format(o.ttl, o.coroutines, tostring(o.writes), o.pause)
+end
+
 --- Runs `n` worker processes of `code` (R.child), worker p with the
 -- arguments (socket, name, sections, log, "p<p>", a seed), and waits for
 -- all; each must exit 0.  Returns `log`, the one file of their markers.
