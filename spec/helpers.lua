@@ -542,6 +542,19 @@ function helpers.without_yield(fn, ...)
   return false
 end
 
+--- Calls take(i) for i = 1..n, each in a fresh coroutine that must end
+-- without yielding (a grant at once: failing otherwise, naming i);
+-- returns the list of each call's first result (its releaser).
+function helpers.granted_at_once(n, take)
+  local rs = {}
+  for i = 1, n do
+    local completed, res = helpers.without_yield(take, i)
+    require("luassert").is_true(completed, "request " .. i .. " yielded")
+    rs[i] = res[1]
+  end
+  return rs
+end
+
 --- Like without_yield, with fn called under pcall: returns true and
 -- pcall's results (packed: res[1] is pcall's status) if it completed
 -- without yielding, false if it yielded.
