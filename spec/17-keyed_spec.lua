@@ -110,12 +110,7 @@ describe("KeyedMutex:acquire", function()
     local co = coroutine.create(f)
     local ud = am.Mutex.new()
     local keys = { true, false, t1, t2, f, co, ud, io.stdout, 0.5, -7, "" }
-    local rs = {}
-    for i, k in ipairs(keys) do
-      local completed, res = h.without_yield(function() return km:acquire(k) end)
-      assert.is_true(completed, "key #" .. i)
-      rs[i] = res[1]
-    end
+    local rs = h.granted_at_once(#keys, function(i) return km:acquire(keys[i]) end)
     assert.equal(#keys, km:count())
     for _, k in ipairs(keys) do
       local ok, err = h.try_now(function() am.tryAcquire(km):acquire(k) end)
