@@ -20,7 +20,8 @@
 -- (a new lock held by the test), h.chain (an
 -- acquirer that releases at once), h.holder(lock) (a lock held for main
 -- code), h.check_one_owner(lock, a, b), h.occupancy() (how many are inside
--- a section at once), h.without_yield(fn), h.try_now(fn), h.error_of(fn)
+-- a section at once), h.without_yield(fn), h.granted_at_once(n, take) (n
+-- grants without a yield), h.cancel_exclusive_waiter(lock), h.try_now(fn), h.error_of(fn)
 -- (message without "file:line: "), h.keys_of(keyed), h.count_handles(kind),
 -- h.run_loop(ms) (uv.run() from main code), h.subprocess(code) (a separate
 -- lua5.4; h.am_subprocess(code): one with uv and am), h.instructions(code) (callgrind's count of one), h.load(n) (load-test sizes), h.gc(), h.closing(...) (closes
@@ -28,7 +29,8 @@
 -- h.with_loop_clock(fn) (deadlines counted from uv.now(), as a model does),
 -- h.reports_during(fn) (the module's reports of failures made meanwhile),
 -- h.reentrancy_fuzzer(script, seed, n) (a fuzzer of spec/fuzz run and
--- checked), h.ROOT (the repository root).
+-- checked), h.CHILD_ACTIVE (a child's active(): Lua source), h.ROOT (the
+-- repository root).
 --
 -- The numbering of the spec files is explained in spec/README.md.
 
