@@ -539,6 +539,16 @@ end)
 ]]):format(o.ttl, o.coroutines, tostring(o.writes), o.pause)
 end
 
+--- Runs 4 processes of R.rw_worker(o) (R.run_workers) on the lock `name`
+-- of `server`, `sections` sections per coroutine; returns what
+-- R.rw_overlaps_in reads in their markers (the file removed).
+function R.rw_workers_on(server, name, sections, o)
+  local log = R.run_workers(R.rw_worker(o), 4, server.path, name, sections)
+  local results = table.pack(R.rw_overlaps_in(log))
+  os.remove(log)
+  return table.unpack(results, 1, results.n)
+end
+
 --- Runs `n` worker processes of `code` (R.child), worker p with the
 -- arguments (socket, name, sections, log, "p<p>", a seed), and waits for
 -- all; each must exit 0.  Returns `log`, the one file of their markers.
