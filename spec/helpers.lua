@@ -21,7 +21,8 @@
 -- acquirer that releases at once), h.holder(lock) (a lock held for main
 -- code), h.check_one_owner(lock, a, b), h.occupancy() (how many are inside
 -- a section at once), h.without_yield(fn), h.granted_at_once(n, take) (n
--- grants without a yield), h.cancel_exclusive_waiter(lock), h.try_now(fn), h.error_of(fn)
+-- grants without a yield), h.cancel_exclusive_waiter(lock),
+-- h.handed_on_refuses_try(), h.try_now(fn), h.error_of(fn)
 -- (message without "file:line: "), h.keys_of(keyed), h.count_handles(kind),
 -- h.run_loop(ms) (uv.run() from main code), h.subprocess(code) (a separate
 -- lua5.4; h.am_subprocess(code): one with uv and am), h.instructions(code) (callgrind's count of one), h.load(n) (load-test sizes), h.gc(), h.closing(...) (closes
@@ -422,6 +423,21 @@ function helpers.waiter(log, name, lock, ...)
     if w.after then w.after(w) end
   end)
   return w
+end
+
+--- A new Mutex, held, released while `a` waits (h.acquirer): the release
+-- hands it to `a` at once (docs/semantics.md, Dispatch), so a tryAcquire
+-- right after is refused with E_ALREADY_LOCKED.  Returns the mutex, its
+-- tryAcquire form and `a`, once a's wake-up was delivered.
+function helpers.handed_on_refuses_try()
+  local am = require "async_mutex"
+  local m, r = helpers.held(am.Mutex.new())
+  local a = helpers.acquirer(nil, "a", m)
+  r()
+  local ta = am.tryAcquire(m)
+  require("luassert").same({ false, am.E_ALREADY_LOCKED }, { pcall(ta.acquire, ta) })
+  helpers.tick()
+  return m, ta, a
 end
 
 --- A runExclusive waiter on `lock` (held by the caller), canceled
