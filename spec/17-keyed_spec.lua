@@ -123,19 +123,9 @@ describe("KeyedMutex:acquire", function()
 
   it("passes ownership at release: a newcomer of any priority queues behind the waiter", h.async(function()
     local km = am.KeyedMutex.new()
-    local log = {}
-    local r = km:acquire("k")
-    local a = h.acquirer(log, "a", km, "k")
-    r()
-    assert.is_true(km:isLocked("k"))          -- already a's
-    local b = h.acquirer(log, "b", km, "k", 100)
-    assert.is_false(b.done)
-    h.tick()
-    assert.same({ "a" }, log)
-    a.release()
-    h.tick()
-    assert.same({ "a", "b" }, log)
-    b.release()
+    h.newcomer_behind_waiter(km, function()
+      assert.is_true(km:isLocked("k"))        -- already a's
+    end, "k")
     assert.equal(0, km:count())
   end))
 

@@ -22,7 +22,8 @@
 -- code), h.check_one_owner(lock, a, b), h.occupancy() (how many are inside
 -- a section at once), h.without_yield(fn), h.granted_at_once(n, take) (n
 -- grants without a yield), h.cancel_exclusive_waiter(lock),
--- h.handed_on_refuses_try(), h.try_now(fn), h.error_of(fn)
+-- h.handed_on_refuses_try(), h.newcomer_behind_waiter(lock), h.try_now(fn),
+-- h.error_of(fn)
 -- (message without "file:line: "), h.keys_of(keyed), h.count_handles(kind),
 -- h.run_loop(ms) (uv.run() from main code), h.subprocess(code) (a separate
 -- lua5.4; h.am_subprocess(code): one with uv and am), h.instructions(code) (callgrind's count of one), h.load(n) (load-test sizes), h.gc(), h.closing(...) (closes
@@ -438,6 +439,27 @@ function helpers.handed_on_refuses_try()
   require("luassert").same({ false, am.E_ALREADY_LOCKED }, { pcall(ta.acquire, ta) })
   helpers.tick()
   return m, ta, a
+end
+
+--- No barging (docs/semantics.md, Dispatch): `lock` (a Mutex, or a keyed
+-- lock with `...` its key) held, released while `a` waits: a newcomer `b`
+-- of priority 100 queues behind a, granted only after a's release.
+-- `after_release` (if given) runs right after the release.
+function helpers.newcomer_behind_waiter(lock, after_release, ...)
+  local assert = require "luassert"
+  local log, key = {}, table.pack(...)
+  local r = lock:acquire(...)
+  local a = helpers.acquirer(log, "a", lock, ...)
+  r()
+  if after_release then after_release() end
+  local b = helpers.acquirer(log, "b", lock, table.unpack(key, 1, key.n), 100)
+  assert.is_false(b.done)
+  helpers.tick()
+  assert.same({ "a" }, log)
+  a.release()
+  helpers.tick()
+  assert.same({ "a", "b" }, log)
+  b.release()
 end
 
 --- A runExclusive waiter on `lock` (held by the caller), canceled
