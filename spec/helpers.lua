@@ -23,8 +23,8 @@
 -- a section at once), h.without_yield(fn), h.granted_at_once(n, take) (n
 -- grants without a yield), h.cancel_exclusive_waiter(lock),
 -- h.handed_on_refuses_try(), h.newcomer_behind_waiter(lock), h.try_now(fn),
--- h.error_of(fn)
--- (message without "file:line: "), h.keys_of(keyed), h.count_handles(kind),
+-- h.error_of(fn) (message without "file:line: "), h.keys_of(keyed),
+-- h.count_handles(kind),
 -- h.run_loop(ms) (uv.run() from main code), h.subprocess(code) (a separate
 -- lua5.4; h.am_subprocess(code): one with uv and am), h.instructions(code) (callgrind's count of one), h.load(n) (load-test sizes), h.gc(), h.closing(...) (closes
 -- clients and servers when a case ends, also when it fails), h.ms_since(t0),
