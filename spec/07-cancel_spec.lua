@@ -124,12 +124,7 @@ describe("Mutex:cancel", function()
 
   it("rejects a runExclusive waiter without calling its function", h.async(function()
     local m, r = h.held(am.Mutex.new())
-    local called, got = false, nil
-    h.spawn(function()
-      got = { pcall(m.runExclusive, m, function() called = true end) }
-    end)
-    m:cancel()
-    h.tick()
+    local got, called = h.cancel_exclusive_waiter(m)
     assert.same({ false, am.E_CANCELED }, got)
     assert.is_false(called)
     r()

@@ -147,12 +147,7 @@ describe("Mutex:runExclusive", function()
     local e = { "c" }
     local m = am.Mutex.new(e)
     local r = m:acquire()
-    local called, got = false, nil
-    h.spawn(function()
-      got = { pcall(m.runExclusive, m, function() called = true end) }
-    end)
-    m:cancel()
-    h.tick()
+    local got, called = h.cancel_exclusive_waiter(m)
     assert.is_false(got[1])
     assert.is_true(rawequal(e, got[2]))
     assert.is_false(called)

@@ -17,7 +17,8 @@ local server = redis_server.for_file(setup, teardown)
 -- The child's prelude: the client's modules, and at_hook(co, name,
 -- action), which runs action() once, at the first call of hooks[name] (a
 -- function of the Lua layer that the C part calls) in coroutine co (nil:
--- the main thread, where luv's callbacks run).
+-- the main thread, where luv's callbacks run); others() and
+-- call_in_coroutine() below, active() from h.CHILD_ACTIVE.
 local PRELUDE = [[
 local uv = require "luv"
 local am = require "async_mutex"
@@ -46,11 +47,7 @@ local function others()
   uv.run()
   return n
 end
-local function active()
-  local n = 0
-  uv.walk(function(hd) if hd:is_active() and not hd:is_closing() then n = n + 1 end end)
-  return n
-end
+]] .. h.CHILD_ACTIVE .. [[
 -- c:call(...) in a coroutine of its own, prepare(co) run first in it.
 -- Returns r: r.co the coroutine, r.outcome "ok err" once the call ended.
 local function call_in_coroutine(c, prepare, ...)

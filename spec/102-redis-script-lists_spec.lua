@@ -22,31 +22,36 @@ local function lying(then_len)
 end
 ]]
 
-describe("a list whose __len answers differently each time", function()
-  it("is read once by client:eval: what it checked is what it sends", function()
-    local res = h.am_subprocess(([[
+-- Runs 'body' in a child (h.am_subprocess: am and uv loaded) after the
+-- client's modules (redis, core), LYING, and `c`, a client of the server;
+-- the child must end cleanly (no stderr, exit code 0).  Returns its stdout.
+local function child(body)
+  local res = h.am_subprocess(([[
 local redis = require "async_mutex.redis"
+local core = require "async_mutex.redis_core"
 %s
 local c = redis.connect({ port = %d })
+]]):format(LYING, server.port) .. body, 30)
+  assert.equal("", res.stderr)
+  assert.equal(0, res.rc)
+  return res.stdout
+end
+
+describe("a list whose __len answers differently each time", function()
+  it("is read once by client:eval: what it checked is what it sends", function()
+    assert.equal("1 1\nk1\n", child([[
 am.spawn(function()
   print(c:eval("return #KEYS .. ' ' .. #ARGV", lying(2 ^ 31), lying(2 ^ 31)))
   print(c:eval("return KEYS[1]", lying(2), {}))
   c:close()
 end)
 uv.run()
-]]):format(LYING, server.port), 30)
-    assert.equal("", res.stderr)
-    assert.equal(0, res.rc)
-    assert.equal("1 1\nk1\n", res.stdout)
+]]))
   end)
 
   it("is read once by core.script (the Redis locks' path), and refused out of range, "
     .. "with nothing sent", function()
-      local res = h.am_subprocess(([[
-local redis = require "async_mutex.redis"
-local core = require "async_mutex.redis_core"
-%s
-local c = redis.connect({ port = %d })
+      local out = child([[
 local function of_len(n) return setmetatable({}, { __len = function() return n end }) end
 am.spawn(function()
   print(pcall(core.script, c, "EVAL", "return 1", lying(2 ^ 31)))   -- read once: 1
@@ -57,31 +62,23 @@ am.spawn(function()
   c:close()
 end)
 uv.run()
-]]):format(LYING, server.port), 30)
-      assert.equal("", res.stderr)
-      assert.equal(0, res.rc)
+]])
       local fn = "'async_mutex.redis_core.script'"
       assert.equal("true\t1\n"
         .. "false\tbad argument #4 to " .. fn .. " (too many keys)\n"
         .. "false\tbad argument #5 to " .. fn .. " (too many args)\n"
         .. "false\tbad argument #4 to " .. fn .. " (too many keys)\n"
-        .. "0\tPONG\n", res.stdout)
+        .. "0\tPONG\n", out)
     end)
 
   it("as many keys as the stack takes: a clear error, not a crash", function()
-    local res = h.am_subprocess(([[
-local redis = require "async_mutex.redis"
-local core = require "async_mutex.redis_core"
-local c = redis.connect({ port = %d })
+    assert.equal("false\tstack overflow (too many arguments)\n", child([[
 local big = setmetatable({}, { __len = function() return 10000000 end })
 am.spawn(function()
   print(pcall(core.script, c, "EVAL", "return 1", big))
   c:close()
 end)
 uv.run()
-]]):format(server.port), 30)
-    assert.equal("", res.stderr)
-    assert.equal(0, res.rc)
-    assert.equal("false\tstack overflow (too many arguments)\n", res.stdout)
+]]))
   end)
 end)

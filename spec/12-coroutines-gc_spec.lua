@@ -150,48 +150,37 @@ describe("garbage collection in the middle of waits", function()
     assert.same({ 1, 2, 3, 4, 5 }, log)
   end))
 
-  it("keeps a lock alive that only its releaser and its waiters reference", h.async(function()
-    local log = {}
-    local release
-    do
-      local m = am.Mutex.new()
-      release = m:acquire()
-      for i = 1, 3 do
-        coroutine.wrap(function()
-          local rel = m:acquire()
-          log[#log + 1] = i
-          rel()
-        end)()
+  -- (each kind's waiters log what their grant gives: a Mutex waiter its
+  -- number, a Semaphore waiter the value before its decrement)
+  for _, case in ipairs {
+    { "keeps a lock alive that only its releaser and its waiters reference",
+      new = function() return am.Mutex.new() end,
+      take = function(m, i) return i, m:acquire() end, logged = { 1, 2, 3 } },
+    { "keeps a Semaphore alive that only its releaser and its waiters reference",
+      new = function() return am.Semaphore.new(1) end,
+      take = function(s) return s:acquire() end, logged = { 1, 1, 1 } },
+  } do
+    it(case[1], h.async(function()
+      local log = {}
+      local release
+      do
+        local lock = case.new()
+        release = select(2, case.take(lock, 0))
+        for i = 1, 3 do
+          coroutine.wrap(function()
+            local v, rel = case.take(lock, i)
+            log[#log + 1] = v
+            rel()
+          end)()
+        end
       end
-    end
-    h.gc()
-    release()
-    h.gc()
-    h.wait_until(function() return #log == 3 end)
-    assert.same({ 1, 2, 3 }, log)
-  end))
-
-  it("keeps a Semaphore alive that only its releaser and its waiters reference", h.async(function()
-    local log = {}
-    local release
-    do
-      local s = am.Semaphore.new(1)
-      local _
-      _, release = s:acquire()
-      for _ = 1, 3 do
-        coroutine.wrap(function()
-          local v, rel = s:acquire()
-          log[#log + 1] = v
-          rel()
-        end)()
-      end
-    end
-    h.gc()
-    release()
-    h.gc()
-    h.wait_until(function() return #log == 3 end)
-    assert.same({ 1, 1, 1 }, log)
-  end))
+      h.gc()
+      release()
+      h.gc()
+      h.wait_until(function() return #log == 3 end)
+      assert.same(case.logged, log)
+    end))
+  end
 
   for _, kind in ipairs { "Mutex", "Semaphore" } do
     it("keeps a " .. kind .. " alive that only the releaser of a waited grant references", h.async(function()

@@ -61,12 +61,7 @@ describe("KeyedMutex:acquire", function()
 
   it("never blocks callers with different keys (1,000 keys held at once)", h.async(function()
     local km = am.KeyedMutex.new()
-    local rs = {}
-    for i = 1, 1000 do
-      local completed, res = h.without_yield(function() return km:acquire("k" .. i) end)
-      assert.is_true(completed, "key k" .. i .. " blocked")
-      rs[i] = res[1]
-    end
+    local rs = h.granted_at_once(1000, function(i) return km:acquire("k" .. i) end)
     assert.equal(1000, km:count())
     assert.equal(1000, #km:keys())
     for i = 1, 1000 do rs[i]() end
@@ -115,12 +110,7 @@ describe("KeyedMutex:acquire", function()
     local co = coroutine.create(f)
     local ud = am.Mutex.new()
     local keys = { true, false, t1, t2, f, co, ud, io.stdout, 0.5, -7, "" }
-    local rs = {}
-    for i, k in ipairs(keys) do
-      local completed, res = h.without_yield(function() return km:acquire(k) end)
-      assert.is_true(completed, "key #" .. i)
-      rs[i] = res[1]
-    end
+    local rs = h.granted_at_once(#keys, function(i) return km:acquire(keys[i]) end)
     assert.equal(#keys, km:count())
     for _, k in ipairs(keys) do
       local ok, err = h.try_now(function() am.tryAcquire(km):acquire(k) end)
@@ -133,19 +123,9 @@ describe("KeyedMutex:acquire", function()
 
   it("passes ownership at release: a newcomer of any priority queues behind the waiter", h.async(function()
     local km = am.KeyedMutex.new()
-    local log = {}
-    local r = km:acquire("k")
-    local a = h.acquirer(log, "a", km, "k")
-    r()
-    assert.is_true(km:isLocked("k"))          -- already a's
-    local b = h.acquirer(log, "b", km, "k", 100)
-    assert.is_false(b.done)
-    h.tick()
-    assert.same({ "a" }, log)
-    a.release()
-    h.tick()
-    assert.same({ "a", "b" }, log)
-    b.release()
+    h.newcomer_behind_waiter(km, function()
+      assert.is_true(km:isLocked("k"))        -- already a's
+    end, "k")
     assert.equal(0, km:count())
   end))
 

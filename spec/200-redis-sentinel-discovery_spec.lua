@@ -36,6 +36,17 @@ local function fake_sentinel(name)
   return sen
 end
 
+-- A fake sentinel of "mymaster" that names `port` on 127.0.0.1, and a
+-- client that finds its master through it (`options`: more connect
+-- options).  Returns the client and the sentinel.
+local function through_sentinel(port, options)
+  local sen = fake_sentinel("mymaster")
+  sen.named = { "127.0.0.1", port }
+  local o = { master = "mymaster", sentinels = { { host = "127.0.0.1", port = sen.port } } }
+  for k, v in pairs(options or {}) do o[k] = v end
+  return redis.connect(o), sen
+end
+
 -- The port of the server a client's calls reach.
 local function port_of(c)
   return tonumber(c:call("CONFIG", "GET", "port")[2])
@@ -98,10 +109,7 @@ describe("redis.connect with sentinels", function()
   end))
 
   it("never uses a server that says it is a replica, nor one that is down", h.async(function()
-    local sen = fake_sentinel("mymaster")
-    sen.named = { "127.0.0.1", replica.port }
-    local c = redis.connect { master = "mymaster", reconnectDelay = 1,
-      sentinels = { { host = "127.0.0.1", port = sen.port } } }
+    local c, sen = through_sentinel(replica.port, { reconnectDelay = 1 })
     local _ <close> = h.closing(c, sen.srv)
     assert.equal(("master mymaster at 127.0.0.1:%d says it is a slave"):format(replica.port),
       failure(c, "SET", "k", "v"))
@@ -117,10 +125,7 @@ describe("redis.connect with sentinels", function()
   end))
 
   it("many callers waiting for the search share it, and each gets its reply", h.async(function()
-    local sen = fake_sentinel("mymaster")
-    sen.named = { "127.0.0.1", a.port }
-    local c = redis.connect { master = "mymaster",
-      sentinels = { { host = "127.0.0.1", port = sen.port } } }
+    local c, sen = through_sentinel(a.port)
     local _ <close> = h.closing(c, sen.srv)
     local tasks = {}
     for i = 1, 20 do
@@ -136,10 +141,7 @@ describe("redis.connect with sentinels", function()
 
   it("follows +switch-master: calls in flight raise E_UNAVAILABLE, the next ones reach the new master",
     h.async(function()
-      local sen = fake_sentinel("mymaster")
-      sen.named = { "127.0.0.1", a.port }
-      local c = redis.connect { master = "mymaster",
-        sentinels = { { host = "127.0.0.1", port = sen.port } } }
+      local c, sen = through_sentinel(a.port)
       local _ <close> = h.closing(c, sen.srv)
       assert.equal(a.port, port_of(c))
       h.wait_until(function()
@@ -163,10 +165,7 @@ describe("redis.connect with sentinels", function()
 
   it("takes READONLY as a demotion: E_UNAVAILABLE with the reason, then the master is found again",
     h.async(function()
-      local sen = fake_sentinel("mymaster")
-      sen.named = { "127.0.0.1", replica.port }
-      local c = redis.connect { master = "mymaster", reconnectDelay = 1,
-        sentinels = { { host = "127.0.0.1", port = sen.port } } }
+      local c, sen = through_sentinel(replica.port, { reconnectDelay = 1 })
       -- a master that becomes a replica after the client confirmed it
       local d = redis_server.start()
       local ok, err = pcall(function()
@@ -239,10 +238,7 @@ describe("redis.connect with sentinels", function()
     end))
 
   it("a client closed while callers wait for the search: they raise E_UNAVAILABLE", h.async(function()
-    local sen = fake_sentinel("mymaster")
-    sen.named = { "127.0.0.1", a.port }
-    local c = redis.connect { master = "mymaster",
-      sentinels = { { host = "127.0.0.1", port = sen.port } } }
+    local c, sen = through_sentinel(a.port)
     local _ <close> = h.closing(c, sen.srv)
     local t = am.spawn(function() return pcall(c.call, c, "PING") end)
     c:close()
@@ -267,10 +263,7 @@ describe("redis.connect with sentinels", function()
         end
         return fake.DEFAULT
       end)
-      local sen = fake_sentinel("mymaster")
-      sen.named = { "127.0.0.1", master.port }
-      local c = redis.connect { master = "mymaster",
-        sentinels = { { host = "127.0.0.1", port = sen.port } } }
+      local c, sen = through_sentinel(master.port)
       local ok, err = pcall(c.call, c, "PING")
       c:close()
       sen.srv:stop()
@@ -281,10 +274,7 @@ describe("redis.connect with sentinels", function()
     end, { deadline = 3000 }))
 
   it("pub/sub and the Redis locks follow the master too", h.async(function()
-    local sen = fake_sentinel("mymaster")
-    sen.named = { "127.0.0.1", a.port }
-    local c = redis.connect { master = "mymaster",
-      sentinels = { { host = "127.0.0.1", port = sen.port } } }
+    local c, sen = through_sentinel(a.port)
     local admin = redis.connect { port = a.port }
     local other = redis.connect { port = b.port }
     local _ <close> = h.closing(c, admin, other, sen.srv)

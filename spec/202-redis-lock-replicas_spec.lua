@@ -6,6 +6,7 @@
 
 local am = require "async_mutex"
 local h = require "helpers"
+local R = require "lock_redis"
 local redis_server = require "redis_server"
 local redis = require "async_mutex.redis"
 
@@ -51,18 +52,7 @@ describe("a Redis lock with replicas = N", function()
       local ma = am.RedisMutex.new(a, "spec202", { replicas = 1, ttl = 8000 * S,
                                                    renewInterval = 50 })
       local mb = am.RedisMutex.new(b, "spec202", { replicas = 1 })
-      local release = ma:acquire()
-      h.sleep(130)                                   -- two renewals
-      assert.is_true(release:check())
-      local got = am.spawn(function()
-        local r = mb:acquire()
-        local fence = r.fence
-        r()
-        return fence
-      end)
-      h.sleep(20)
-      assert.is_true(release())
-      assert.is_true(got:join() > release.fence)
+      R.renewed_hand_off(ma, mb, 20)
       -- a grant, 2 renewals, a release; a hand-off grant (asked again,
       -- then WAIT), its release
       assert.is_true(waits(admin) - before >= 6)
@@ -143,22 +133,22 @@ describe("a Redis lock with replicas = N", function()
       local admin = redis.connect { port = master.port }
       local lonely_c = redis.connect { port = lonely.port, commandTimeout = 1000 }
       local _ <close> = h.closing(c, admin, lonely_c)
-      local R = { replicas = 1 }
+      local REPLICAS = { replicas = 1 }
       local NOT = "grant not confirmed: 0 of 1 replicas within 500 ms"
       -- each: a grant on the master with a replica (confirmed: WAITs
       -- counted), then the same kind on the server with none (refused,
       -- given back: the keys gone, the lock free)
       local kinds = {
         { "RedisRWLock write", function(cl, n)
-            return am.RedisRWLock.new(cl, n, R):acquireWrite() end },
+            return am.RedisRWLock.new(cl, n, REPLICAS):acquireWrite() end },
         { "RedisRWLock read", function(cl, n)
-            return am.RedisRWLock.new(cl, n, R):acquireRead() end },
+            return am.RedisRWLock.new(cl, n, REPLICAS):acquireRead() end },
         { "RedisReentrantMutex", function(cl, n)
-            return am.RedisReentrantMutex.new(cl, n, R):acquire() end },
+            return am.RedisReentrantMutex.new(cl, n, REPLICAS):acquire() end },
         { "KeyedRedisMutex:acquireAll", function(cl, n)
-            return am.KeyedRedisMutex.new(cl, n .. ":", R):acquireAll({ "a", "b", "c" }) end },
+            return am.KeyedRedisMutex.new(cl, n .. ":", REPLICAS):acquireAll({ "a", "b", "c" }) end },
         { "KeyedRedisRWLock:acquireAllWrite", function(cl, n)
-            return am.KeyedRedisRWLock.new(cl, n .. ":", R):acquireAllWrite({ "a", "b" }) end },
+            return am.KeyedRedisRWLock.new(cl, n .. ":", REPLICAS):acquireAllWrite({ "a", "b" }) end },
       }
       for i, kind in ipairs(kinds) do
         local name = "spec202:kind" .. i

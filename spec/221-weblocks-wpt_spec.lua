@@ -192,6 +192,14 @@ describe("Web Locks WPT: signal.https.any.js", function()
     return r
   end
 
+  -- A KeyedRWLock whose "res" is held (hold), a signal, and a request with
+  -- that signal queued behind the holder: locks, s, holder, r.
+  local function request_behind_holder()
+    local locks, s = am.KeyedRWLock.new(), am.signal()
+    local holder = hold(locks, "res")
+    return locks, s, holder, request(locks, s, "res")
+  end
+
   it("The signal option must be an AbortSignal", h.async(function()
     local locks = am.KeyedRWLock.new()
     for _, signal in ipairs({ "string", 12.34, false, {}, function() end, coroutine.create(print) }) do
@@ -223,9 +231,7 @@ describe("Web Locks WPT: signal.https.any.js", function()
   end))
 
   it("An aborted request results in AbortError", h.async(function()
-    local locks, s = am.KeyedRWLock.new(), am.signal()
-    local holder = hold(locks, "res")
-    local r = request(locks, s, "res")
+    local locks, s, holder, r = request_behind_holder()
     local state = locks:query()
     assert.equal(1, #state.res.held)
     assert.equal(1, #state.res.pending)
@@ -237,9 +243,7 @@ describe("Web Locks WPT: signal.https.any.js", function()
   end))
 
   it("Abort after a timeout", h.async(function()
-    local locks, s = am.KeyedRWLock.new(), am.signal()
-    local holder = hold(locks, "res")
-    local r = request(locks, s, "res")
+    local locks, s, holder, r = request_behind_holder()
     local state = locks:query()
     assert.equal(1, #state.res.held)
     assert.equal(1, #state.res.pending)
@@ -296,9 +300,7 @@ describe("Web Locks WPT: signal.https.any.js", function()
   end))
 
   it("Aborted promise should reject with the custom abort reason", h.async(function()
-    local locks, s = am.KeyedRWLock.new(), am.signal()
-    local holder = hold(locks, "res")
-    local r = request(locks, s, "res")
+    local _, s, holder, r = request_behind_holder()
     s:abort("My cat handled it")
     h.tick()
     assert.equal("My cat handled it", r.err)
@@ -306,9 +308,7 @@ describe("Web Locks WPT: signal.https.any.js", function()
   end))
 
   it("Aborted promise should reject with the default abort reason", h.async(function()
-    local locks, s = am.KeyedRWLock.new(), am.signal()
-    local holder = hold(locks, "res")
-    local r = request(locks, s, "res")
+    local _, s, holder, r = request_behind_holder()
     s:abort()
     h.tick()
     assert.equal(s.reason, r.err)

@@ -66,18 +66,7 @@ describe("Redis locks with replicas on a cluster", function()
       for _, i in ipairs(ms) do before[i] = waits(i) end
       local ma = am.RedisMutex.new(a, name, { replicas = 1, ttl = 8000 * S, renewInterval = 50 })
       local mb = am.RedisMutex.new(b, name, { replicas = 1 })
-      local release = ma:acquire()
-      h.sleep(130)                                   -- two renewals
-      assert.is_true(release:check())
-      local got = am.spawn(function()
-        local r = mb:acquire()
-        local fence = r.fence
-        assert.is_true(r())
-        return fence
-      end)
-      h.sleep(50)
-      assert.is_true(release())
-      assert.is_true(got:join() > release.fence)
+      R.renewed_hand_off(ma, mb, 50)
       -- a grant, 2 renewals, a release; the hand-off's grant (asked again,
       -- then WAIT) and its release: all on the lock's master
       assert.is_true(waits(on) - before[on] >= 6, "WAITs on the lock's master")

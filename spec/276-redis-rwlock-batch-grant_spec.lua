@@ -184,37 +184,18 @@ describe("RedisRWLock's batch grants", function()
 end)
 
 describe("RedisRWLock's grants across 4 processes", function()
-  -- 20 % writes from 4 processes of 6 coroutines (so that many readers
-  -- queue behind each writer and are granted together): each section
-  -- writes its begin and end, with its mode and fence, to one O_APPEND
-  -- file.  Besides the overlaps, the fences: every section that began
+  -- 20 % writes from 4 processes of 6 coroutines (R.rw_workers_on; so
+  -- that many readers queue behind each writer and are granted together):
+  -- each section writes its begin and end, with its mode and fence, to one
+  -- O_APPEND file.  Besides the overlaps, the fences: every section that began
   -- before a write began was granted before it (a smaller fence), every
   -- one that began after it ended was granted after it (a larger one); a
   -- reader granted beside a writer, even one that ended before the
   -- writer wrote its begin, breaks that.
-  local WORKER = R.WORKER_PROLOGUE .. [[
-local rw = am.RedisRWLock.new(client, NAME, { ttl = 5000 })
-main(function()
-  in_parallel(6, function(c)
-    for i = 1, tonumber(N) do
-      local write = math.random() < 0.2
-      local release <close> = write and rw:acquireWrite() or rw:acquireRead()
-      local mode = write and "W" or "R"
-      f:write(("B %s %s%d.%d %d\n"):format(mode, ID, c, i, release.fence))
-      am.sleep(math.random(0, 1))
-      f:write(("E %s %s%d.%d %d\n"):format(mode, ID, c, i, release.fence))
-    end
-  end)
-  f:close()
-end)
-]]
-
   it("never let a writer overlap anyone or be passed (markers and fences in one file)",
     h.async(function()
-      local name = fresh_name()
-      local log = R.run_workers(WORKER, 4, server.path, name, 40)
-      local bad, shared, sections, writes, events = R.rw_overlaps_in(log)
-      os.remove(log)
+      local bad, shared, sections, writes, events = R.rw_workers_on(server, fresh_name(), 40,
+        { ttl = 5000, coroutines = 6, writes = 0.2, pause = 1 })
       local misordered = 0
       local max_begun = 0             -- the largest fence of the sections begun so far
       local open_w                    -- the fence of a write between its begin and end

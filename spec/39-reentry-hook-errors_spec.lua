@@ -15,6 +15,30 @@ local h = require "helpers"
 -- (h.reentry_child: on_call, raise_at, close_all, active); its stdout.
 local run = h.reentry_child
 
+-- The keyed cases' child code, after that prelude: drop_and_take(km), the
+-- hook's action (km's idle lock made for "a" leaves the set, and "a" is
+-- taken in a coroutine of its own; returns that holder's release), and
+-- the outcome, written by outcome(ok, co, km, other, after_run): whether
+-- co's resume succeeded, "a" is held by the other, co waits, what is
+-- pending and in the set; then, once other released and the loop ran
+-- (after_run() after it), "ok" if co ended and nothing is left.
+local KEYED = [[
+local function drop_and_take(km)
+  km:cancel()
+  local other
+  coroutine.wrap(function() other = km:acquire("a") end)()
+  return other
+end
+local function outcome(ok, co, km, other, after_run)
+  io.write(tostring(ok), " ", tostring(other ~= nil), " ", coroutine.status(co) == "suspended" and 1 or 0,
+    " ", am.pending(), " ", km:count(), " ")
+  other()
+  uv.run()
+  if after_run then after_run() end
+  io.write(coroutine.status(co) == "dead" and km:count() == 0 and am.pending() == 0 and "ok" or "stuck", "\n")
+end
+]]
+
 describe("a debug hook that raises inside a module call", function()
   it("at the clock read (uv.hrtime) of a withTimeout acquire: the error reaches the caller, nothing stays pending", function()
     assert.equal("hook failed 0 0 false 0\n", run([[
@@ -67,15 +91,14 @@ end)
 
 describe("a debug hook run inside a keyed request before it decides", function()
   it("at the clock read of a leased request, dropping the key's new lock (cancel) and taking the key: the request waits, one holder", function()
-    assert.equal("true true 1 1 1 ok\n", run([[
+    assert.equal("true true 1 1 1 ok\n", run(KEYED .. [[
       local km = am.KeyedMutex.new()
       local other
       local co = coroutine.create(function()
         debug.sethook(function()
           if debug.getinfo(2, "f").func == uv.hrtime then
             debug.sethook()
-            km:cancel()                      -- the idle lock made for "a" leaves the set
-            coroutine.wrap(function() other = km:acquire("a") end)()
+            other = drop_and_take(km)
           end
         end, "c")
         local r = am.withLease(km, 1000):acquire("a")
@@ -83,16 +106,12 @@ describe("a debug hook run inside a keyed request before it decides", function()
       end)
       local ok = coroutine.resume(co)
       -- 'other' holds "a"; the leased request must wait behind it
-      io.write(tostring(ok), " ", tostring(other ~= nil), " ", coroutine.status(co) == "suspended" and 1 or 0,
-        " ", am.pending(), " ", km:count(), " ")
-      other()
-      uv.run()
-      io.write(coroutine.status(co) == "dead" and km:count() == 0 and am.pending() == 0 and "ok" or "stuck", "\n")
+      outcome(ok, co, km, other)
     ]]))
   end)
 
   it("in debug mode's request hook, dropping the key's new lock and taking the key: the request waits, one holder", function()
-    assert.equal("true true 1 1 1 ok\n", run([[
+    assert.equal("true true 1 1 1 ok\n", run(KEYED .. [[
       am.debug.enable({ onReport = function() end })
       local km, m = am.KeyedMutex.new(), am.Mutex.new()
       local other
@@ -103,8 +122,7 @@ describe("a debug hook run inside a keyed request before it decides", function()
           if armed and debug.getinfo(2, "S").what == "Lua" then
             armed = false
             debug.sethook()
-            km:cancel()
-            coroutine.wrap(function() other = km:acquire("a") end)()
+            other = drop_and_take(km)
           end
         end, "c")
         local r = km:acquire("a")
@@ -112,12 +130,7 @@ describe("a debug hook run inside a keyed request before it decides", function()
         held()
       end)
       local ok = coroutine.resume(co)
-      io.write(tostring(ok), " ", tostring(other ~= nil), " ", coroutine.status(co) == "suspended" and 1 or 0,
-        " ", am.pending(), " ", km:count(), " ")
-      other()
-      uv.run()
-      am.debug.disable()
-      io.write(coroutine.status(co) == "dead" and km:count() == 0 and am.pending() == 0 and "ok" or "stuck", "\n")
+      outcome(ok, co, km, other, am.debug.disable)
     ]]))
   end)
 end)

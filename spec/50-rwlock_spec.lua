@@ -46,12 +46,7 @@ end)
 describe("RWLock:acquireRead", function()
   it("is granted at once, without yielding, while no writer holds or waits", h.async(function()
     local rw = am.RWLock.new()
-    local rs = {}
-    for i = 1, 5 do
-      local completed, res = h.without_yield(function() return rw:acquireRead() end)
-      assert.is_true(completed)
-      rs[i] = res[1]
-    end
+    local rs = h.granted_at_once(5, function() return rw:acquireRead() end)
     assert.equal(5, rw:readers())
     assert.is_true(rw:isLocked())
     assert.is_false(rw:isWriteLocked())

@@ -44,12 +44,7 @@ end)
 describe("KeyedRWLock per key", function()
   it("shares reads of one key: granted at once, without yielding", h.async(function()
     local kr = am.KeyedRWLock.new()
-    local rs = {}
-    for i = 1, 4 do
-      local completed, res = h.without_yield(function() return kr:acquireRead("k") end)
-      assert.is_true(completed)
-      rs[i] = res[1]
-    end
+    local rs = h.granted_at_once(4, function() return kr:acquireRead("k") end)
     assert.equal(4, kr:readers("k"))
     assert.is_true(kr:isLocked("k"))
     assert.is_false(kr:isWriteLocked("k"))

@@ -20,15 +20,19 @@
 -- (a new lock held by the test), h.chain (an
 -- acquirer that releases at once), h.holder(lock) (a lock held for main
 -- code), h.check_one_owner(lock, a, b), h.occupancy() (how many are inside
--- a section at once), h.without_yield(fn), h.try_now(fn), h.error_of(fn)
--- (message without "file:line: "), h.keys_of(keyed), h.count_handles(kind),
+-- a section at once), h.without_yield(fn), h.granted_at_once(n, take) (n
+-- grants without a yield), h.cancel_exclusive_waiter(lock),
+-- h.handed_on_refuses_try(), h.newcomer_behind_waiter(lock), h.try_now(fn),
+-- h.error_of(fn) (message without "file:line: "), h.keys_of(keyed),
+-- h.count_handles(kind),
 -- h.run_loop(ms) (uv.run() from main code), h.subprocess(code) (a separate
 -- lua5.4; h.am_subprocess(code): one with uv and am), h.instructions(code) (callgrind's count of one), h.load(n) (load-test sizes), h.gc(), h.closing(...) (closes
 -- clients and servers when a case ends, also when it fails), h.ms_since(t0),
 -- h.with_loop_clock(fn) (deadlines counted from uv.now(), as a model does),
 -- h.reports_during(fn) (the module's reports of failures made meanwhile),
 -- h.reentrancy_fuzzer(script, seed, n) (a fuzzer of spec/fuzz run and
--- checked), h.ROOT (the repository root).
+-- checked), h.CHILD_ACTIVE (a child's active(): Lua source), h.ROOT (the
+-- repository root).
 --
 -- The numbering of the spec files is explained in spec/README.md.
 
@@ -422,6 +426,55 @@ function helpers.waiter(log, name, lock, ...)
   return w
 end
 
+--- A new Mutex, held, released while `a` waits (h.acquirer): the release
+-- hands it to `a` at once (docs/semantics.md, Dispatch), so a tryAcquire
+-- right after is refused with E_ALREADY_LOCKED.  Returns the mutex, its
+-- tryAcquire form and `a`, once a's wake-up was delivered.
+function helpers.handed_on_refuses_try()
+  local am = require "async_mutex"
+  local m, r = helpers.held(am.Mutex.new())
+  local a = helpers.acquirer(nil, "a", m)
+  r()
+  local ta = am.tryAcquire(m)
+  require("luassert").same({ false, am.E_ALREADY_LOCKED }, { pcall(ta.acquire, ta) })
+  helpers.tick()
+  return m, ta, a
+end
+
+--- No barging (docs/semantics.md, Dispatch): `lock` (a Mutex, or a keyed
+-- lock with `...` its key) held, released while `a` waits: a newcomer `b`
+-- of priority 100 queues behind a, granted only after a's release.
+-- `after_release` (if given) runs right after the release.
+function helpers.newcomer_behind_waiter(lock, after_release, ...)
+  local assert = require "luassert"
+  local log, key = {}, table.pack(...)
+  local r = lock:acquire(...)
+  local a = helpers.acquirer(log, "a", lock, ...)
+  r()
+  if after_release then after_release() end
+  local b = helpers.acquirer(log, "b", lock, table.unpack(key, 1, key.n), 100)
+  assert.is_false(b.done)
+  helpers.tick()
+  assert.same({ "a" }, log)
+  a.release()
+  helpers.tick()
+  assert.same({ "a", "b" }, log)
+  b.release()
+end
+
+--- A runExclusive waiter on `lock` (held by the caller), canceled
+-- (lock:cancel(), then a loop turn): returns its pcall's results, packed
+-- in a table (nil if it has not ended), and whether its function ran.
+function helpers.cancel_exclusive_waiter(lock)
+  local called, got = false, nil
+  helpers.spawn(function()
+    got = { pcall(lock.runExclusive, lock, function() called = true end) }
+  end)
+  lock:cancel()
+  helpers.tick()
+  return got, called
+end
+
 --- An acquirer (see helpers.acquirer) that releases as soon as it is
 -- granted: a link in a chain of hand-offs, logging its name.
 function helpers.chain(log, name, lock, ...)
@@ -527,6 +580,19 @@ function helpers.without_yield(fn, ...)
   if not ok then error(res, 0) end
   if coroutine.status(co) == "dead" then return true, res end
   return false
+end
+
+--- Calls take(i) for i = 1..n, each in a fresh coroutine that must end
+-- without yielding (a grant at once: failing otherwise, naming i);
+-- returns the list of each call's first result (its releaser).
+function helpers.granted_at_once(n, take)
+  local rs = {}
+  for i = 1, n do
+    local completed, res = helpers.without_yield(take, i)
+    require("luassert").is_true(completed, "request " .. i .. " yielded")
+    rs[i] = res[1]
+  end
+  return rs
 end
 
 --- Like without_yield, with fn called under pcall: returns true and
@@ -716,6 +782,17 @@ function helpers.instructions(code, timeout_s)
   return tonumber(count)
 end
 
+--- Lua source for a child process (needs `uv` in scope): active(), how
+-- many handles are active (uv.run() would not return).  Shared by the
+-- re-entry prelude below and spec 101's.
+helpers.CHILD_ACTIVE = [[
+local function active()
+  local n = 0
+  uv.walk(function(hd) if hd:is_active() and not hd:is_closing() then n = n + 1 end end)
+  return n
+end
+]]
+
 -- The prelude of a re-entry case (reentry_child): the module, luv, and
 -- the tools the cases of specs 35, 38 and 39 call back with.
 local REENTRY_PRELUDE = [[
@@ -746,13 +823,7 @@ end
 local function close_all()
   uv.walk(function(hd) if not hd:is_closing() then hd:close() end end)
 end
--- how many handles are active (uv.run() would not return)
-local function active()
-  local n = 0
-  uv.walk(function(hd) if hd:is_active() and not hd:is_closing() then n = n + 1 end end)
-  return n
-end
-]]
+]] .. helpers.CHILD_ACTIVE
 
 --- Runs a re-entry case (docs/semantics.md, Re-entry): 'body' (Lua
 -- source) in a child lua5.4 after a prelude that defines am, uv,

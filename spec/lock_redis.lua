@@ -515,6 +515,40 @@ local function some_of(keys)
 end
 ]]
 
+--- The code of a RedisRWLock worker for R.run_workers (specs 191, 276):
+-- `o.coroutines` coroutines each run N sections on the lock NAME (ttl
+-- `o.ttl`), a write with odds `o.writes`, else a read, each pausing 0 to
+-- `o.pause` ms; each section writes "B mode id fence" at its start and
+-- "E mode id fence" at its end (R.rw_overlaps_in reads them).
+function R.rw_worker(o)
+  return R.WORKER_PROLOGUE .. ([[
+local rw = am.RedisRWLock.new(client, NAME, { ttl = %d })
+main(function()
+  in_parallel(%d, function(c)
+    for i = 1, tonumber(N) do
+      local write = math.random() < %s
+      local release <close> = write and rw:acquireWrite() or rw:acquireRead()
+      local mode = write and "W" or "R"
+      f:write(("B %%s %%s%%d.%%d %%d\n"):format(mode, ID, c, i, release.fence))
+      am.sleep(math.random(0, %d))
+      f:write(("E %%s %%s%%d.%%d %%d\n"):format(mode, ID, c, i, release.fence))
+    end
+  end)
+  f:close()
+end)
+]]):format(o.ttl, o.coroutines, tostring(o.writes), o.pause)
+end
+
+--- Runs 4 processes of R.rw_worker(o) (R.run_workers) on the lock `name`
+-- of `server`, `sections` sections per coroutine; returns what
+-- R.rw_overlaps_in reads in their markers (the file removed).
+function R.rw_workers_on(server, name, sections, o)
+  local log = R.run_workers(R.rw_worker(o), 4, server.path, name, sections)
+  local results = table.pack(R.rw_overlaps_in(log))
+  os.remove(log)
+  return table.unpack(results, 1, results.n)
+end
+
 --- Runs `n` worker processes of `code` (R.child), worker p with the
 -- arguments (socket, name, sections, log, "p<p>", a seed), and waits for
 -- all; each must exit 0.  Returns `log`, the one file of their markers.
@@ -560,6 +594,27 @@ function R.grant_time(lock, clock)
     r()
   end)
   return function() return got end
+end
+
+--- A renewed lock handed off (specs 202 and 243, locks with replicas):
+-- `ma` granted, renewed twice (renewInterval 50), still held; `mb` asked
+-- in a coroutine, then, `settle_ms` later, `ma` released: the release
+-- succeeds, `mb` is granted with a higher fence and releases.  In a
+-- coroutine (h.async).
+function R.renewed_hand_off(ma, mb, settle_ms)
+  local h, assert = require "helpers", require "luassert"
+  local release = ma:acquire()
+  h.sleep(130)                                   -- two renewals
+  assert.is_true(release:check())
+  local got = require("async_mutex").spawn(function()
+    local r = mb:acquire()
+    local fence = r.fence
+    assert.is_true(r())
+    return fence
+  end)
+  h.sleep(settle_ms)
+  assert.is_true(release())
+  assert.is_true(got:join() > release.fence)
 end
 
 -- The number of processes queued in Redis for the lock 'name'.
