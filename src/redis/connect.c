@@ -341,22 +341,15 @@ static int connect_now (lua_State *L, int i, Client *cl) {
 ** docs/redis.md, "Sentinel"), and the caller waits for record.done, then
 ** tries again.
 */
-#define JUST_ANSWERED_MS  1     /* amr_now_ms() ticks: up to 2 ms */
-
 int amr_ensure_connection (lua_State *L, int i, Client *cl,
                               int canwait) {
   if (cl->fd >= 0 && !cl->connecting && cl->head == cl->tail
       && cl->nsetup == 0 && cl->outlen == 0 && !cl->in_event
-      && !cl->subscriber && amr_now_ms() - cl->progress > JUST_ANSWERED_MS) {
+      && !cl->subscriber) {
     /* idle: a connection the server ended meanwhile (a restart, an
        idle timeout) is readable now, and its handle, which watches it
        unref'd, has not seen it yet if the loop has not run since;
-       replace it rather than fail this call.  Not when it answered (or
-       was called) within the last JUST_ANSWERED_MS: a server that ends
-       a connection that soon after answering is as likely to end it just
-       after this look, and the look is a system call per request on
-       connections that go idle between calls (a Redlock's: one per
-       server and request, a fifth of its client's system calls) */
+       replace it rather than fail this call */
     struct pollfd p;
     p.fd = cl->fd;
     p.events = POLLIN;
