@@ -248,6 +248,10 @@ endif
 # module and the model of docs/semantics.md (spec/fuzz/), in J child processes
 # so that a crash or a hang is caught and shrunk too.  SEED picks the first
 # seed (default: from the clock, printed).  `make test` runs 2,000 of them.
+# Then the re-entrancy fuzzers (no model: invariants), in chunks of 1,000
+# seeds per child; spec/fuzz/reentrancy.lua costs about 10-15 ms of CPU a
+# sequence (collector pressure: a whole cycle at each of the module's
+# allocations).  Every fuzzer prints a progress line at least once a minute.
 N    ?= 100000
 J    ?= 2
 SEED ?=

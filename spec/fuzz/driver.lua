@@ -6,7 +6,9 @@
 --
 --   lua5.4 spec/fuzz/runner.lua fuzz N [J [SEED]]
 --
--- Prints one progress line per finished chunk and a closing line
+-- Prints one progress line per finished chunk (and, while chunks run, one
+-- every PROGRESS_S seconds, counting the sequences the children have
+-- finished so far) and a closing line
 --   fuzz: N sequences, N ops[, N re-entrant calls], S s (N seq/s), seeds A..B: OK
 -- or the failure report (seed, message, shortest reproducing sequence).
 --
@@ -21,6 +23,9 @@
 --                         ops ..." and exit 1 (runner.lua's `run` command)
 --   suite.crash_report    function(seed): the lines that report a crash or a
 --                         hang of the child that was running `seed`
+--   suite.chunk           (optional) the most seeds one child runs: 20,000
+--                         by default; a slow fuzzer takes fewer, so that a
+--                         kill loses little and progress shows often
 
 local uv = require "luv"
 
@@ -28,13 +33,15 @@ local driver = {}
 
 -- A child that reports no new seed for this long is hung: killed, reported.
 local HANG_S = tonumber(os.getenv("AM_FUZZ_HANG_S") or "") or 60
+-- A progress line at least this often (sequences finished, all children).
+local PROGRESS_S = tonumber(os.getenv("AM_FUZZ_PROGRESS_S") or "") or 60
 
 function driver.main(argv, suite)
   local n = tonumber(argv[2]) or 100000
   local jobs = tonumber(argv[3]) or tonumber(os.getenv("J") or "") or 2
   local start = tonumber(argv[4]) or tonumber(os.getenv("SEED") or "")
     or (os.time() % 100000) * 100000
-  local chunk = math.max(1, math.min(20000, math.ceil(n / jobs)))
+  local chunk = math.max(1, math.min(suite.chunk or 20000, math.ceil(n / jobs)))
   local lua = os.getenv("LUA") or "lua5.4"
   local script = suite.script
   io.stdout:setvbuf("line")
@@ -46,6 +53,7 @@ function driver.main(argv, suite)
   local total_re                            -- re-entrant calls, if counted
   local running = 0
   local children = {}                       -- handle -> watchdog check
+  local started = {}                        -- handle -> seeds started in its chunk
   local failure                             -- text of the first failure
   local crashed                             -- { seed = n, how = ... }
 
@@ -60,6 +68,7 @@ function driver.main(argv, suite)
     local seen = uv.now()                    -- last progress line (loop time)
     local handle, hung, shrinking
     local function finish()
+      started[handle] = nil                 -- (counted in total_seq below)
       local text = table.concat(lines, "\n")
       local seqs, ops = text:match("OK (%d+) sequences (%d+) ops")
       if code == 0 and seqs then
@@ -109,7 +118,9 @@ function driver.main(argv, suite)
       buf = buf .. data
       for line in buf:gmatch("([^\n]*)\n") do
         local s = line:match("^S (%d+)$")
-        if s then last, seen = tonumber(s), uv.now()
+        if s then
+          last, seen = tonumber(s), uv.now()
+          started[handle] = last - first    -- (those before 'last' are done)
         elseif line:match("^F %d+$") then shrinking = true  -- a failure: shrinking takes a while
         else lines[#lines + 1] = line end
       end
@@ -120,9 +131,16 @@ function driver.main(argv, suite)
 
   for _ = 1, jobs do launch() end
   local watchdog = uv.new_timer()
+  local reported = uv.now()
   watchdog:start(1000, 1000, function()
     for h, check in pairs(children) do
-      if h:is_closing() then children[h] = nil else check() end
+      if h:is_closing() then children[h] = nil started[h] = nil else check() end
+    end
+    if uv.now() - reported >= PROGRESS_S * 1000 and running > 0 then
+      reported = uv.now()
+      local done = total_seq
+      for _, k in pairs(started) do done = done + k end
+      print(("  ... %d sequences done, %.0f s"):format(done, (uv.hrtime() - t0) / 1e9))
     end
     if running == 0 then watchdog:close() end
   end)
@@ -189,6 +207,7 @@ function driver.reentry_main(argv, script, run_sequence)
   if argv[1] == "fuzz" then
     return driver.main(argv, {
       script = script,
+      chunk = 1000,                         -- (tens of seconds each)
       crash_report = function(seed)
         return { ("replay: lua5.4 %s run %d 1"):format(script, seed) }
       end,

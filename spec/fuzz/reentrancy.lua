@@ -110,11 +110,51 @@ function R.run_sequence(seed, nops)
   -- draws from 'rnd'), and a traced replay fails alike.
   local trace = {}
   local depth = 0                         -- nesting of re-entrant calls
-  local function log(...)
-    local line = table.concat({ ... }, " ")
-    depth = depth + 10                    -- see 'held'
-    trace[#trace + 1] = line
+  -- Collector pressure (garbage(), below) is a pause under 100: then
+  -- every allocation runs a whole collection cycle (about 0.1 ms here), and
+  -- a finalizer of the garbage runs at the first allocation after it is
+  -- made.  The harness's own allocations (the trace, the bookkeeping, the
+  -- actors' set-up) were most of those cycles, and the finalizers they ran
+  -- called back from the harness, not from inside the module.  So the
+  -- harness holds the collector off (stopped) around its own allocations
+  -- while under pressure; a call back (a hook's, inside such a stretch)
+  -- runs with it on again.  The module's allocations, in steps and in call
+  -- backs alike, all still run a cycle each.  (Inside a finalizer the
+  -- collector can neither run nor be stopped: collectgarbage answers fail.)
+  local pressure = false                  -- a pause under 100 in force
+  local holds, stopped = 0, false
+  local function hold()
+    holds = holds + 1
+    if holds == 1 and pressure and collectgarbage("isrunning") then
+      collectgarbage("stop")
+      stopped = true
+    end
+  end
+  local function unhold()
+    holds = holds - 1
+    if holds == 0 and stopped then
+      stopped = false
+      collectgarbage("restart")           -- (a cycle at the next allocation,
+    end                                   -- as it was when stopped)
+  end
+  -- The harness's bookkeeping: no call back (a hook or finalizer run
+  -- inside returns at once, see 'reentrant'), no collection.
+  local function hush()
+    depth = depth + 10
+    hold()
+  end
+  local function unhush()
+    unhold()
     depth = depth - 10
+  end
+  -- (the trace's tostring of a lock, the module's, runs hushed too:
+  -- check_query, below, reads it where a call back may run)
+  local function log(...)
+    hush()
+    local parts = table.pack(...)
+    for i = 1, parts.n do parts[i] = tostring(parts[i]) end
+    trace[#trace + 1] = table.concat(parts, " ", 1, parts.n)
+    unhush()
   end
 
   local function violation(msg)
@@ -151,12 +191,12 @@ function R.run_sequence(seed, nops)
   -- left locked" reported falsely).  So the harness's own bookkeeping runs
   -- with 'depth' raised, where a hook does not call back.
   local function held(lk, key, rel, since, how, mode)
-    depth = depth + 10                    -- our bookkeeping: no call back
+    hush()                                -- our bookkeeping: no call back
     if not is_keyed(lk) then key = nil end
     local co = coroutine.running()
     local hd = { lock = lk, key = key, rel = rel, how = how, mode = mode, co = co,
                  maybe = since ~= nil and since ~= lk.epoch or lk.releasing > 0 }
-    log("held", tostring(lk.obj), tostring(key), "#" .. (#holders + 1), tostring(hd.maybe),
+    log("held", lk.obj, key, "#" .. (#holders + 1), hd.maybe,
       tostring(mode))
     if not hd.maybe then
       for _, o in ipairs(holders) do
@@ -168,7 +208,7 @@ function R.run_sequence(seed, nops)
       end
     end
     holders[#holders + 1] = hd
-    depth = depth - 10
+    unhush()
     return hd
   end
 
@@ -180,10 +220,10 @@ function R.run_sequence(seed, nops)
   local function unscoped(lk, key)
     local obj = lk.obj
     if EXCLUDE.unscoped and ends_holder(lk) then return end
-    log("unscoped", tostring(obj), tostring(key))
+    log("unscoped", obj, key)
     if ends_holder(lk) then               -- (an RWLock's: the writer's)
       local keyed = is_keyed(lk)
-      depth = depth + 10
+      hush()
       lk.epoch = lk.epoch + 1
       for _, o in ipairs(holders) do
         if o.lock == lk and (not keyed or o.key == key) and o.mode ~= "read" then
@@ -191,7 +231,7 @@ function R.run_sequence(seed, nops)
         end
       end
       lk.releasing = lk.releasing + 1
-      depth = depth - 10
+      unhush()
       if keyed then obj:release(key) else obj:release() end
       lk.releasing = lk.releasing - 1
     elseif lk.kind == "Semaphore" then obj:release(rnd(2))
@@ -202,7 +242,7 @@ function R.run_sequence(seed, nops)
   -- (a runExclusive hold has no releaser here: it ends when its body
   -- returns, and counts as held until then)
   local function end_holder(hd)
-    log("end_holder", tostring(hd.lock.obj), tostring(hd.ended), tostring(hd.maybe))
+    log("end_holder", hd.lock.obj, hd.ended, hd.maybe)
     if hd.rel == nil then return end
     if hd.stolen then                     -- lost: its call gives nothing back
       hd.stolen = nil
@@ -220,7 +260,7 @@ function R.run_sequence(seed, nops)
   -- ended the write hold first (an unscoped release): then it refuses.
   local function downgrade(hd)
     local lk = hd.lock
-    log("downgrade", tostring(lk.obj))
+    log("downgrade", lk.obj)
     -- a read hold from here on: the call commits the downgrade before the
     -- luv calls (or debug mode's hooks) where a call back runs, and a
     -- reader granted then shares the key with it
@@ -234,11 +274,13 @@ function R.run_sequence(seed, nops)
       -- (a steal by a hook after the commit ends the read hold: a steal
       -- moves 'epoch' on, so the read hold is then one that may be over)
       held(lk, hd.key, r2, e0, hd.how .. " downgraded", "read")
-    elseif not hd.ended and lk.epoch == e0 then
+    elseif not hd.ended and lk.epoch == e0 and lk.releasing == 0 then
       violation("downgrade: " .. tostring(r2))
     else
       -- an unscoped release ended the write hold first, and the module
-      -- refused the downgrade: the hold is over (seed 8005599)
+      -- refused the downgrade: the hold is over (seed 8005599); or a
+      -- steal of the lock under way, which the hook calling back here
+      -- runs inside, ended it before 'steal' marks it (seed 1042484)
       hd.ended = true
     end
   end
@@ -261,11 +303,14 @@ function R.run_sequence(seed, nops)
       obj = am.withSignal(obj, signals[rnd(#signals)])
       if rnd(3) == 1 then obj = am.withTimeout(obj, rnd(4) - 1) end
     end
+    hold()                                -- (the wrappers above: the module's)
     local args = {}
     if is_keyed(lk) then args[#args + 1] = key end
     if is_weighted(lk) then args[#args + 1] = rnd(2) end
     args[#args + 1] = PRIORITIES[rnd(#PRIORITIES)]
-    return function() return obj[what](obj, table.unpack(args)) end
+    local call = function() return obj[what](obj, table.unpack(args)) end
+    unhold()
+    return call
   end
 
   -- A steal ends every hold of the lock (or key) in place when it runs
@@ -278,16 +323,16 @@ function R.run_sequence(seed, nops)
   local function steal(lk, key, from)
     if EXCLUDE.steal then return end
     local keyed = is_keyed(lk)
-    depth = depth + 10
+    hush()
     lk.epoch = lk.epoch + 1
     lk.releasing = lk.releasing + 1
     local before = #holders
-    depth = depth - 10
+    unhush()
     local since = lk.epoch
     local rw = is_rw(lk) and (rnd(2) == 1 and "read" or "write") or nil
-    log("steal", tostring(lk.obj), tostring(key), tostring(rw))
+    log("steal", lk.obj, key, rw)
     local ok, a, b = pcall(request(lk, key, rw == "read" and "stealRead" or "steal", 1))
-    depth = depth + 10
+    hush()
     lk.releasing = lk.releasing - 1
     if ok then
       for i = 1, before do
@@ -297,7 +342,7 @@ function R.run_sequence(seed, nops)
         end
       end
     end
-    depth = depth - 10
+    unhush()
     if ok then held(lk, key, b or a, since, from .. " steal", rw)
     elseif not (tostring(a):find("that this coroutine holds", 1, true)
                 or tostring(a):find("is more than the semaphore's value", 1, true)) then
@@ -322,6 +367,7 @@ function R.run_sequence(seed, nops)
 
   -- A new actor: a coroutine making one request, started now.
   local function spawn()
+    hold()                                -- the actor's set-up: the harness's
     local lk = locks[rnd(#locks)]
     local key = KEYS[rnd(#KEYS)]
     local plan = rnd(6)
@@ -334,10 +380,12 @@ function R.run_sequence(seed, nops)
       rw = rnd(2) == 1 and "read" or "write"
       what = rw == "read" and "acquireRead" or "acquireWrite"
     end
-    log("spawn", "#" .. #actors, tostring(lk.obj), tostring(key), plan, mode, what)
+    log("spawn", "#" .. #actors, lk.obj, key, plan, mode, what)
+    unhold()
     local call = request(lk, key, what, mode)
+    hold()
     local function outcome(ok, err)
-      log("outcome", a.what, tostring(ok), tostring(err), tostring(lk.obj))
+      log("outcome", a.what, ok, err, lk.obj)
       a.outcomes = a.outcomes + 1
       if a.outcomes > 1 then violation("a request ended twice") end
       -- (a hook in this coroutine may have made it the ReentrantMutex's
@@ -377,19 +425,20 @@ function R.run_sequence(seed, nops)
     -- or finalizer run between create and resume would otherwise close
     -- the fresh coroutine, and the resume find it dead (a fault of this
     -- harness, not of the module)
+    unhold()
     local ok, err = coroutine.resume(a.co)
-    depth = depth + 10
+    hush()
     actors[#actors + 1] = a
-    depth = depth - 10
+    unhush()
     if not ok then violation("actor at spawn: " .. tostring(err) .. " " .. "outcomes " .. a.outcomes) end
   end
 
   -- (no call back inside uv.walk: an error there ends the process)
   local function close_handles()
     if EXCLUDE.walk then return end
-    depth = depth + 10
+    hush()
     uv.walk(function(hd) if not hd:is_closing() then pcall(hd.close, hd) end end)
-    depth = depth - 10
+    unhush()
   end
 
   -- am.query agrees with the lock's own introspection read just after it,
@@ -419,51 +468,66 @@ function R.run_sequence(seed, nops)
     end
   end
 
-  -- One call back into the module, from a finalizer or a hook.
+  -- One call back into the module, from a finalizer or a hook (made once:
+  -- no allocation of the harness's own in a call back).
+  local function call_back(from)
+    local lk, key = locks[rnd(#locks)], KEYS[rnd(#KEYS)]
+    local n = rnd(11)
+    log("reentrant", from, n, lk.obj, key)
+    if n == 1 then unscoped(lk, key)
+    elseif n == 11 then steal(lk, key, from)
+    elseif n == 2 then
+      local hd = holders[rnd(#holders + 1)]
+      if hd then end_or_downgrade(hd) end
+    elseif n == 3 then                   -- tryAcquire: a grant or a refusal now
+      -- ('since': a hook may release the grant before it is recorded)
+      local since = lk.epoch
+      local rw = is_rw(lk) and (rnd(2) == 1 and "read" or "write") or nil
+      local ok2, a, b = pcall(request(lk, key, rw == "read" and "acquireRead" or "acquire", 3))
+      if ok2 then held(lk, key, b or a, since, from .. " tryAcquire", rw)
+      elseif not EXPECTED[a] then violation(from .. ": tryAcquire: " .. tostring(a)) end
+    elseif n == 4 then spawn()
+    elseif n == 5 then
+      if is_keyed(lk) and rnd(2) == 1 then lk.obj:cancel(key) else lk.obj:cancel() end
+    elseif n == 6 then
+      if lk.kind == "Semaphore" then lk.obj:setValue(rnd(4) - 1) else spawn() end
+    elseif n == 7 then close_handles()
+    elseif n == 8 then check_query(lk, key, rnd(2) == 1, from)
+    elseif n == 9 then                   -- abort a signal, use a new one
+      local i = rnd(#signals)
+      if not EXCLUDE.signal then
+        local s = signals[i]
+        signals[i] = am.signal()
+        s:abort("fuzz abort")
+      end
+    else
+      local a = actors[rnd(#actors + 1)]
+      if a and not EXCLUDE.close and coroutine.status(a.co) == "suspended"
+          and not a.parked then
+        log("close", a.what, a.lock.obj)
+        coroutine.close(a.co)
+        a.closed = true
+      end
+    end
+  end
   function reentrant(from)
     if depth > 1 or bad then return end
     depth = depth + 1
     reentries = reentries + 1
-    local ok, err = pcall(function()
-      local lk, key = locks[rnd(#locks)], KEYS[rnd(#KEYS)]
-      local n = rnd(11)
-      log("reentrant", from, n, tostring(lk.obj), tostring(key))
-      if n == 1 then unscoped(lk, key)
-      elseif n == 11 then steal(lk, key, from)
-      elseif n == 2 then
-        local hd = holders[rnd(#holders + 1)]
-        if hd then end_or_downgrade(hd) end
-      elseif n == 3 then                   -- tryAcquire: a grant or a refusal now
-        -- ('since': a hook may release the grant before it is recorded)
-        local since = lk.epoch
-        local rw = is_rw(lk) and (rnd(2) == 1 and "read" or "write") or nil
-        local ok2, a, b = pcall(request(lk, key, rw == "read" and "acquireRead" or "acquire", 3))
-        if ok2 then held(lk, key, b or a, since, from .. " tryAcquire", rw)
-        elseif not EXPECTED[a] then violation(from .. ": tryAcquire: " .. tostring(a)) end
-      elseif n == 4 then spawn()
-      elseif n == 5 then
-        if is_keyed(lk) and rnd(2) == 1 then lk.obj:cancel(key) else lk.obj:cancel() end
-      elseif n == 6 then
-        if lk.kind == "Semaphore" then lk.obj:setValue(rnd(4) - 1) else spawn() end
-      elseif n == 7 then close_handles()
-      elseif n == 8 then check_query(lk, key, rnd(2) == 1, from)
-      elseif n == 9 then                   -- abort a signal, use a new one
-        local i = rnd(#signals)
-        if not EXCLUDE.signal then
-          local s = signals[i]
-          signals[i] = am.signal()
-          s:abort("fuzz abort")
-        end
-      else
-        local a = actors[rnd(#actors + 1)]
-        if a and not EXCLUDE.close and coroutine.status(a.co) == "suspended"
-            and not a.parked then
-          log("close", a.what, tostring(a.lock.obj))
-          coroutine.close(a.co)
-          a.closed = true
-        end
-      end
-    end)
+    -- (the collector on: a hook may call back inside a stretch the harness
+    -- holds it off)
+    local holding = holds
+    holds = 0
+    if stopped then
+      stopped = false
+      collectgarbage("restart")
+    end
+    local ok, err = pcall(call_back, from)
+    holds = holding
+    if holds > 0 and pressure and collectgarbage("isrunning") then
+      collectgarbage("stop")
+      stopped = true
+    end
     depth = depth - 1
     if not ok then violation(from .. ": " .. tostring(err)) end
   end
@@ -471,17 +535,24 @@ function R.run_sequence(seed, nops)
   -- Garbage whose finalizers call back, and a collector step or a setting.
   local function garbage()
     if EXCLUDE.gc then return end
-    for _ = 1, rnd(4) do
+    hold()                                -- (its finalizers run at the next
+    for _ = 1, rnd(4) do                  -- allocation after)
       setmetatable({}, { __gc = function() reentrant("finalizer") end })
     end
+    unhold()
     local n = rnd(4)
     if n == 1 then collectgarbage("step", rnd(4) - 1)
-    elseif n == 2 then collectgarbage("incremental", rnd(3) * 5, 100 + rnd(4) * 100)
-    elseif n == 3 then collectgarbage("generational") end
+    elseif n == 2 then
+      collectgarbage("incremental", rnd(3) * 5, 100 + rnd(4) * 100)
+      pressure = true
+    elseif n == 3 then
+      collectgarbage("generational")
+      pressure = false
+    end
   end
 
   local function check()
-    depth = depth + 10                    -- no call back while we look
+    hush()                                -- no call back while we look
     for _, lk in ipairs(locks) do
       local obj = lk.obj
       check_query(lk, KEYS[1], false, "check")
@@ -515,7 +586,36 @@ function R.run_sequence(seed, nops)
         end
       end
     end
-    depth = depth - 10
+    unhush()
+  end
+
+  -- One step of the sequence (made once: no allocation of the harness's
+  -- own per step).
+  local function step(n, lk, key)
+    if n <= 3 then spawn()
+    elseif n == 4 then
+      local hd = holders[rnd(#holders + 1)]
+      if hd then end_or_downgrade(hd) end
+    elseif n == 5 then unscoped(lk, key)
+    elseif n == 6 then
+      if rnd(3) == 1 then lk.obj:cancel() elseif is_keyed(lk) then lk.obj:cancel(key) end
+      if lk.kind == "Semaphore" and rnd(2) == 1 then lk.obj:setValue(rnd(4) - 1) end
+    elseif n == 7 or n == 8 then
+      if rnd(3) == 1 then uv.sleep(rnd(3)) end
+      uv.run("nowait")
+    elseif n == 9 then
+      for _, a in ipairs(actors) do
+        if a.parked and coroutine.status(a.co) == "suspended" then
+          local ok2, err2 = coroutine.resume(a.co)
+          if not ok2 then violation(("parked actor %s: %s"):format(a.what, tostring(err2))) end
+          break
+        end
+      end
+    elseif n == 10 then garbage()
+    elseif n == 11 then hook()
+    else
+      if rnd(4) == 1 then close_handles() else reentrant("step") end
+    end
   end
 
   local steps = 0
@@ -525,32 +625,11 @@ function R.run_sequence(seed, nops)
     local n = rnd(12)
     local lk, key = locks[rnd(#locks)], KEYS[rnd(#KEYS)]
     log("step", steps, n)
-    local ok, err = pcall(function()
-      if n <= 3 then spawn()
-      elseif n == 4 then
-        local hd = holders[rnd(#holders + 1)]
-        if hd then end_or_downgrade(hd) end
-      elseif n == 5 then unscoped(lk, key)
-      elseif n == 6 then
-        if rnd(3) == 1 then lk.obj:cancel() elseif is_keyed(lk) then lk.obj:cancel(key) end
-        if lk.kind == "Semaphore" and rnd(2) == 1 then lk.obj:setValue(rnd(4) - 1) end
-      elseif n == 7 or n == 8 then
-        if rnd(3) == 1 then uv.sleep(rnd(3)) end
-        uv.run("nowait")
-      elseif n == 9 then
-        for _, a in ipairs(actors) do
-          if a.parked and coroutine.status(a.co) == "suspended" then
-            local ok2, err2 = coroutine.resume(a.co)
-            if not ok2 then violation(("parked actor %s: %s"):format(a.what, tostring(err2))) end
-            break
-          end
-        end
-      elseif n == 10 then garbage()
-      elseif n == 11 then hook()
-      else
-        if rnd(4) == 1 then close_handles() else reentrant("step") end
-      end
-    end)
+    local ok, err = pcall(step, n, lk, key)
+    if holds ~= 0 then                    -- (an error left a stretch held)
+      holds = 0
+      if stopped then stopped = false collectgarbage("restart") end
+    end
     if not ok then violation("step: " .. tostring(err)) end
     check()
   end
@@ -560,6 +639,7 @@ function R.run_sequence(seed, nops)
   depth = 99
   if debugging then am.debug.disable() end
   collectgarbage("generational")
+  pressure = false
   local ok, err = pcall(function()
     for _ = 1, 50 do
       for _, a in ipairs(actors) do
