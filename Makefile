@@ -135,14 +135,18 @@ clean:
 # src/async_mutex/ under its name, and the LuaLS annotations of types/ as
 # async_mutex/types/ in the tree's Lua directory, a path that stays the
 # same across versions (README, "Editor support").
+# The build goes to ROCK_BUILD (build/luarocks unless given): the specs give
+# their own, so that two suites run side by side from one checkout (make
+# gcstress and make valgrind in .ci/run) never install each other's build.
 LIBFLAG    ?= -shared
 LUA_INCDIR ?= $(LUA_INC)
+ROCK_BUILD ?= build/luarocks
 .PHONY: rock-build rock-install
 rock-build:
-	@$(MAKE) --no-print-directory BUILD=build/luarocks CFLAGS="$(CFLAGS)" LDFLAGS= \
+	@$(MAKE) --no-print-directory BUILD=$(ROCK_BUILD) CFLAGS="$(CFLAGS)" LDFLAGS= \
 	  SOFLAGS="$(LIBFLAG)" LUA_INC="$(LUA_INCDIR)" WERROR= all
 ifeq ($(HIREDIS_H),)
-	@rm -f build/luarocks/async_mutex/redis_core.so
+	@rm -f $(ROCK_BUILD)/async_mutex/redis_core.so
 	@echo "hiredis not found: async_mutex.redis is not built (Debian: libhiredis-dev;" \
 	  "elsewhere set HIREDIS_INCDIR and HIREDIS_LIBDIR)"
 endif
@@ -151,7 +155,7 @@ rock-install:
 	@test -n "$(INST_LIBDIR)" && test -n "$(INST_LUADIR)" \
 	  || { echo "rock-install needs INST_LIBDIR and INST_LUADIR (luarocks passes them)"; exit 1; }
 	mkdir -p $(INST_LIBDIR)/async_mutex $(INST_LUADIR)/async_mutex/types
-	cp build/luarocks/async_mutex/*.so $(INST_LIBDIR)/async_mutex/
+	cp $(ROCK_BUILD)/async_mutex/*.so $(INST_LIBDIR)/async_mutex/
 	cp src/async_mutex/*.lua $(INST_LUADIR)/async_mutex/
 	cp types/*.lua $(INST_LUADIR)/async_mutex/types/
 
