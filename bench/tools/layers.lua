@@ -12,6 +12,9 @@
 --
 --   lua5.4 bench/tools/layers.lua [-a]     (from the repository root)
 --
+-- Last, the import circles: each set of more than one file that reach one
+-- another through these uses (their strongly connected sets).
+--
 -- -a also lists the downward uses, folder by folder (the drawing of
 -- docs/internals.md).  Exit status 0: a listing, not a gate.
 
@@ -133,3 +136,50 @@ if all then
     print(("  %-10s -> %s"):format(FLOORS[i], table.concat(row, ", ")))
   end
 end
+
+-- Import circles: the strongly connected sets of files (Tarjan), each a
+-- set of files that reach one another through their uses.  The issue's
+-- target is none of more than two files.
+local succ = {}
+for _, key in ipairs(keys) do
+  local from, to = key:match("^(.*)>(.*)$")
+  succ[from] = succ[from] or {}
+  table.insert(succ[from], to)
+end
+local index, low, onstack, stack, nextindex, circles = {}, {}, {}, {}, 0, {}
+local function connect(v)
+  index[v], low[v] = nextindex, nextindex
+  nextindex = nextindex + 1
+  stack[#stack + 1] = v
+  onstack[v] = true
+  for _, w in ipairs(succ[v] or {}) do
+    if not index[w] then
+      connect(w)
+      low[v] = math.min(low[v], low[w])
+    elseif onstack[w] then
+      low[v] = math.min(low[v], index[w])
+    end
+  end
+  if low[v] == index[v] then
+    local set = {}
+    repeat
+      local w = table.remove(stack)
+      onstack[w] = nil
+      set[#set + 1] = short(w)
+    until w == v
+    if #set > 1 then
+      table.sort(set)
+      circles[#circles + 1] = set
+    end
+  end
+end
+for _, path in ipairs(files) do
+  if not index[path] then connect(path) end
+end
+local big = 0
+print("Import circles (files that reach one another):")
+for _, set in ipairs(circles) do
+  print(("  %d files: %s"):format(#set, table.concat(set, " ")))
+  if #set > 2 then big = big + 1 end
+end
+print(("%d circles, %d of more than two files"):format(#circles, big))
