@@ -485,11 +485,40 @@ struct Lock {
 struct Keyed {
   const LockKind *kind;       /* of its locks */
   State *st;
+  /* what the engine asks the set of a key's lock (keyed.c), through
+     am_settle and am_keyed_current below, without naming keyed.c:
+     let the lock leave the set if it is idle; the lock serving its key
+     now (at 'lockidx' on return) */
+  void (*settle) (lua_State *L, Lock *lk);
+  Lock *(*recheck) (lua_State *L, Lock *lk, int lockidx);
   Lock fresh;                 /* what a key without a lock behaves as: a
                                  new lock, never queued on nor granted */
   lua_Integer max_pending;    /* queued acquirers allowed per key; 0: any */
   lua_Integer nkeys;          /* keys with a lock in the map */
 };
+
+/*
+** The calls a layer makes into a layer above it, which it does not name
+** (docs/internals.md, "The layers"): the scheduler resumes, abandons and
+** expires waiters through the engine's functions and does its chores
+** through the tasks', and the engine tells the tasks a coroutine is about
+** to wait.  One table, given once when the state opens (core.c).
+*/
+typedef struct StateHooks {
+  /* READY -> RESUMING: the scheduler resumes it (waiter.c) */
+  void (*resuming) (Waiter *w);
+  /* a QUEUED or READY waiter whose coroutine cannot be resumed; returns
+     whether the queues changed (waiter.c) */
+  int (*abandon) (lua_State *L, Waiter *w);
+  /* a timer entry whose deadline passed, out of the timer queue
+     (rules.c) */
+  void (*expire) (lua_State *L, Waiter *w);
+  /* one chore, the object at 'idx' (task.c) */
+  void (*chore) (lua_State *L, State *st, int idx);
+  /* the running coroutine is about to wait while some task cancelled as
+     it ran is still to be closed (task.c) */
+  void (*task_waits) (lua_State *L, State *st);
+} StateHooks;
 
 /*
 ** Per lua_State scheduler, a userdata anchored in the registry and shared
@@ -499,6 +528,7 @@ struct State {
   Bucket ready;                      /* outcomes decided, not yet resumed */
   Queue timers;                      /* timed waiters, earliest first */
   size_t pending;                    /* waiters queued or ready */
+  const StateHooks *hooks;           /* the layers above (am_state_open) */
   lua_Number timer_due;              /* when the luv timer fires, if on */
   int idle_on, timer_on, draining;
   int syncing;                       /* am_sync is running (scheduler.c) */
@@ -659,15 +689,13 @@ extern const luaL_Reg am_lock_metamethods[];
 extern const luaL_Reg am_lock_class[];
 
 /* keyed.c */
-Lock *am_keyed_recheck (lua_State *L, Lock *lk, int lockidx);
-/* The lock serving the key of 'lk' (at 'lockidx') now (keyed.c). */
+/* The lock serving the key of 'lk' (at 'lockidx') now (Keyed.recheck). */
 #define am_keyed_current(L,lk,lockidx)  \
-  ((lk)->keyed != NULL ? am_keyed_recheck(L, lk, lockidx) : (lk))
+  ((lk)->keyed != NULL ? (lk)->keyed->recheck(L, lk, lockidx) : (lk))
 int am_keyed_request (lua_State *L, Request *rq);
-void am_keyed_settle (lua_State *L, Lock *lk);
-/* After anything that may leave a keyed set's lock idle. */
+/* After anything that may leave a keyed set's lock idle (Keyed.settle). */
 #define am_settle(L,lk)  \
-  ((lk)->keyed != NULL ? am_keyed_settle(L, lk) : (void)0)
+  ((lk)->keyed != NULL ? (lk)->keyed->settle(L, lk) : (void)0)
 
 /* decorated.c */
 int am_run_request (lua_State *L, AmType t);
@@ -687,7 +715,7 @@ void am_steal_decorated (lua_State *L, AmType t);
 int am_run_body (lua_State *L, int fnidx, int n);
 
 /* scheduler.c */
-State *am_state_open (lua_State *L);
+State *am_state_open (lua_State *L, const StateHooks *hooks);
 void am_schedule (State *st, Waiter *w);
 void am_sync (lua_State *L, State *st);
 lua_Number am_timer_now (lua_State *L, State *st, lua_Number ms);

@@ -218,6 +218,14 @@ static void settypefuncs (lua_State *L, int idx, AmType t,
 }
 
 
+/* What every keyed set has beyond its kind's own methods: km:query(), a
+   binding (query.c) that a kind, lower, does not name. */
+static const luaL_Reg keyed_methods[] = {
+  {"query", am_keyed_query},
+  {NULL, NULL}
+};
+
+
 /*
 ** Fills type 't''s metatable (at its upvalue's stack index): metamethods,
 ** an __index table of methods; module[class] = {new = ..., methods =
@@ -244,6 +252,8 @@ static void open_type (lua_State *L, AmType t, int module) {
     lua_setfield(L, mt, "__index");
   }
   settypefuncs(L, -1, t, am_lock_methods, r->methods);
+  if (t >= AM_FIRST_KEYED && t < AM_NLOCKTYPES)
+    settypefuncs(L, -1, t, NULL, keyed_methods);
   lua_createtable(L, 0, 4);                 /* module[class] */
   lua_insert(L, -2);
   lua_setfield(L, -2, "methods");
@@ -310,6 +320,16 @@ static void open_tasks (lua_State *L) {
 }
 
 
+/* What the scheduler and the engine call above them (async_mutex.h). */
+static const StateHooks hooks = {
+  am_waiter_resuming,
+  am_waiter_abandon,
+  am_expire,
+  am_do_chore,
+  am_task_waits
+};
+
+
 __attribute__((visibility("default")))
 LUAMOD_API int luaopen_async_mutex_core (lua_State *L) {
   int t, module;
@@ -319,7 +339,7 @@ LUAMOD_API int luaopen_async_mutex_core (lua_State *L) {
      past LUA_MINSTACK, which a build without -flto overran (its writes
      past the stack's end hung the first require after luv's) */
   luaL_checkstack(L, 2 * AM_NUPVALUES + 16, "async_mutex.core");
-  am_state_open(L);                         /* 1: the state */
+  am_state_open(L, &hooks);                 /* 1: the state */
   for (t = 0; t < AM_NTYPES; t++) {         /* 2 + t: type t's metatable */
     if (!types[t].decorated)
       luaL_newmetatable(L, am_tnames[t]);

@@ -634,7 +634,7 @@ static int wait_queued (lua_State *L, Request *rq, Lock *lk, Waiter *w,
   if (rq->wait == AM_TIMEOUT) am_timer_add(L, lk->st, w, now, rq->ms);
   if (rq->sigidx != 0) link_signal(L, rq, w);
   /* a task cancelled while it ran is closed once it waits (task.c) */
-  if (lk->st->ncanceling > 0) am_task_waits(L, lk->st);
+  if (lk->st->ncanceling > 0) lk->st->hooks->task_waits(L, lk->st);
   am_sync(L, lk->st);                      /* arms the timer */
   return lua_yieldk(L, 0, (lua_KContext)w,
                     rq->fnidx != 0 ? finish_run : finish_request);

@@ -1,7 +1,7 @@
 /*
 ** keyed.c: KeyedMutex, KeyedSemaphore and KeyedRWLock, one lock per key
 ** A key's lock is created by the first request that needs it and leaves
-** the set as soon as it is idle (am_keyed_settle), so memory follows the
+** the set as soon as it is idle (keyed_settle), so memory follows the
 ** keys in use, not the keys ever seen.  Every rule of the single locks
 ** applies per key: the per-key locks are ordinary locks of the set's kind
 ** (any LockKind), and all of the keyed bookkeeping is in this file.
@@ -101,8 +101,9 @@ static Lock *getlock (lua_State *L, Keyed *kd, int keyidx, int create) {
 ** in the set replaces 'lk' at 'lockidx', or if the key has none, 'lk'
 ** goes back into the set.  Runs no Lua code and no collector step (raw
 ** accesses and luaL_ref only), so a decision taken after it holds.
+** The engine calls it as Keyed.recheck (am_keyed_current).
 */
-Lock *am_keyed_recheck (lua_State *L, Lock *lk, int lockidx) {
+static Lock *keyed_recheck (lua_State *L, Lock *lk, int lockidx) {
   if (lk->selfref != LUA_NOREF) return lk;
   lua_getiuservalue(L, lockidx, 3);               /* set */
   lua_getiuservalue(L, -1, 1);                    /* set map */
@@ -165,13 +166,13 @@ int am_keyed_request (lua_State *L, Request *rq) {
 
 
 /*
-** Called (through am_settle) after anything that may leave a keyed lock
+** Called (as Keyed.settle, through am_settle) after anything that may leave a keyed lock
 ** idle (no grant out, no waiter, the value back to the initial one): an
 ** idle lock leaves its keyed set at once, so the set holds only the keys
 ** in use.  A later request for its key gets a new lock; the old one can
 ** only be reached by its spent releasers.
 */
-void am_keyed_settle (lua_State *L, Lock *lk) {
+static void keyed_settle (lua_State *L, Lock *lk) {
   if (lk->selfref == LUA_NOREF || lk->held > 0
       || lk->value != lk->keyed->fresh.value || lk->queue.count > 0
       || lk->nunlock > 0)
@@ -235,6 +236,8 @@ static void newkeyed (lua_State *L, const LockKind *kind, lua_Integer value,
   kd = (Keyed *)lua_newuserdatauv(L, sizeof(Keyed), 3);
   kd->kind = kind;
   kd->st = am_getstate(L);
+  kd->settle = keyed_settle;
+  kd->recheck = keyed_recheck;
   am_lock_init(&kd->fresh, kind, kd->st, value);
   kd->max_pending = max_pending;
   kd->nkeys = 0;
@@ -248,9 +251,13 @@ static void newkeyed (lua_State *L, const LockKind *kind, lua_Integer value,
 }
 
 
+/* Each set's LockKind, of its locks, is its class functions' upvalue
+   (core.c), so that no kind's file is named here. */
+#define setkind(L)  ((const LockKind *)lua_touserdata(L, AM_KIND_UPVALUE))
+
 static int kmutex_new (lua_State *L) {
   lua_settop(L, 1);
-  newkeyed(L, &am_mutex_kind, 1, 1);
+  newkeyed(L, setkind(L), 1, 1);
   return 1;
 }
 
@@ -258,14 +265,14 @@ static int kmutex_new (lua_State *L) {
 static int ksem_new (lua_State *L) {
   lua_Integer value = am_checkcount(L, 1);
   lua_settop(L, 2);
-  newkeyed(L, &am_semaphore_kind, value, 2);
+  newkeyed(L, setkind(L), value, 2);
   return 1;
 }
 
 
 static int krw_new (lua_State *L) {
   lua_settop(L, 1);
-  newkeyed(L, &am_rwlock_kind, 0, 1);       /* a key without a lock: free */
+  newkeyed(L, setkind(L), 0, 1);       /* a key without a lock: free */
   return 1;
 }
 
@@ -582,7 +589,6 @@ const luaL_Reg am_keyed_mutex_methods[] = {
   {"count", keyed_count},
   {"waiting", keyed_waiting},
   {"keys", keyed_keys},
-  {"query", am_keyed_query},
   {NULL, NULL}
 };
 
@@ -597,7 +603,6 @@ const luaL_Reg am_keyed_semaphore_methods[] = {
   {"count", keyed_count},
   {"waiting", keyed_waiting},
   {"keys", keyed_keys},
-  {"query", am_keyed_query},
   {NULL, NULL}
 };
 
@@ -616,7 +621,6 @@ const luaL_Reg am_keyed_rwlock_methods[] = {
   {"count", keyed_count},
   {"waiting", keyed_waiting},
   {"keys", keyed_keys},
-  {"query", am_keyed_query},
   {NULL, NULL}
 };
 

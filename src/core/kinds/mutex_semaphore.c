@@ -42,7 +42,7 @@ static int sem_give_back (Lock *lk, lua_Integer weight, lua_Integer token,
      of a grant in place (a lease that ran out, a grant not delivered,
      whose token is the value it returns) */
   if (!saturate && token != AM_UNSCOPED && token != lk->gen) return 0;
-  /* a key's lock that left its set (keyed.c: am_keyed_settle) is reached
+  /* a key's lock that left its set (keyed.c: keyed_settle) is reached
      only by spent releasers: it serves the key no longer, so the call
      gives nothing back (docs/semantics.md, Keyed locks) and says so */
   if (lk->keyed != NULL && lk->selfref == LUA_NOREF) return 0;

@@ -284,7 +284,7 @@ void am_schedule (State *st, Waiter *w) {
 
 
 /*
-** Chores (task.c: am_do_chore): the objects at the indices chore_head ..
+** Chores (StateHooks.chore: task.c): the objects at the indices chore_head ..
 ** chore_tail - 1 of a registry table, each done at the end of the first
 ** idle callback that starts after it was added (so a failure met in one
 ** loop turn is reported at the end of the next, once the joiners it woke
@@ -311,7 +311,7 @@ static void do_chores (lua_State *L, State *st, int mark) {
     lua_rawgeti(L, -1, i);
     lua_pushnil(L);
     lua_rawseti(L, -3, i);
-    am_do_chore(L, st, -1);
+    st->hooks->chore(L, st, -1);
     lua_pop(L, 2);
   }
 }
@@ -624,10 +624,10 @@ static int on_idle (lua_State *L) {
     ref = w->r.ref;
     co = anchored(st, ref);
     if (lua_status(co) != LUA_YIELD) {        /* cannot run: give back */
-      am_waiter_abandon(L, w);
+      st->hooks->abandon(L, w);
       continue;
     }
-    am_waiter_resuming(w);
+    st->hooks->resuming(w);
     w->r.ref = LUA_NOREF;                       /* no longer pending */
     st->pending--;
     status = lua_resume(co, L, 0, &nres);     /* its slot keeps it alive */
@@ -663,7 +663,7 @@ static int on_timer (lua_State *L) {
   now = loop_now(L, st);
   while ((w = am_queue_first(&st->timers)) != NULL && w->deadline <= now) {
     am_queue_remove(&st->timers, w);
-    am_expire(L, w);
+    st->hooks->expire(L, w);
   }
   am_sync(L, st);                             /* re-arms, starts the idle */
   return 0;
@@ -896,9 +896,10 @@ static int weak_table (lua_State *L, const char *mode) {
 
 /*
 ** Returns the state of this lua_State, creating it (and the luv handles)
-** on first use, and pushes the state userdata.
+** on first use, and pushes the state userdata.  'hooks': the layers
+** above, which every copy of the module gives alike.
 */
-State *am_state_open (lua_State *L) {
+State *am_state_open (lua_State *L, const StateHooks *hooks) {
   State *st;
   int sti, luv;
   if (lua_getfield(L, LUA_REGISTRYINDEX, AM_STATE_KEY) == LUA_TUSERDATA)
@@ -906,6 +907,7 @@ State *am_state_open (lua_State *L) {
   lua_pop(L, 1);
   st = (State *)lua_newuserdatauv(L, sizeof(State), 0);
   init_state(st);
+  st->hooks = hooks;
   sti = lua_gettop(L);
   lua_newtable(L);
   st->anchors = luaL_ref(L, LUA_REGISTRYINDEX);
