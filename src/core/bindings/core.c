@@ -322,7 +322,6 @@ static void open_tasks (lua_State *L) {
 
 /* What the scheduler and the engine call above them (async_mutex.h). */
 static const StateHooks hooks = {
-  am_waiter_resuming,
   am_waiter_abandon,
   am_expire,
   am_do_chore,

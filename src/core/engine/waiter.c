@@ -60,12 +60,7 @@ void am_waiter_ready (lua_State *L, Waiter *w, int outcome,
 }
 
 
-/* READY -> RESUMING: out of the ready list; the scheduler resumes it. */
-void am_waiter_resuming (Waiter *w) {
-  assert(w->r.state == S_READY);
-  am_list_unlink(w, 0);
-  w->r.state = S_RESUMING;
-}
+/* READY -> RESUMING: am_waiter_resuming, inline in async_mutex.h. */
 
 
 /* RESUMING -> DONE: the continuation has read the outcome. */

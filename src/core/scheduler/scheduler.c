@@ -627,7 +627,7 @@ static int on_idle (lua_State *L) {
       st->hooks->abandon(L, w);
       continue;
     }
-    st->hooks->resuming(w);
+    am_waiter_resuming(w);
     w->r.ref = LUA_NOREF;                       /* no longer pending */
     st->pending--;
     status = lua_resume(co, L, 0, &nres);     /* its slot keeps it alive */
