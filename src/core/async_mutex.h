@@ -510,7 +510,7 @@ typedef struct StateHooks {
      whether the queues changed (waiter.c) */
   int (*abandon) (lua_State *L, Waiter *w);
   /* a timer entry whose deadline passed, out of the timer queue
-     (rules.c) */
+     (lease.c: am_timer_expired) */
   void (*expire) (lua_State *L, Waiter *w);
   /* one chore, the object at 'idx' (task.c) */
   void (*chore) (lua_State *L, State *st, int idx);
@@ -629,18 +629,19 @@ Lock *am_parse_lock_request (lua_State *L, Request *rq, AmType t);
 /* waiter.c */
 int am_request (lua_State *L, Request *rq);
 int am_lock_request (lua_State *L, Lock *lk, Request *rq);
-void am_waiter_ready (lua_State *L, Waiter *w, int outcome,
-                      lua_Integer token);
 int am_waiter_abandon (lua_State *L, Waiter *w);
-void am_waiter_detach (Waiter *w);
-void am_hold_ended (Releaser *r, int lost);
 extern const luaL_Reg am_releaser_metamethods[];
 extern const luaL_Reg am_waiter_metamethods[];
 extern const luaL_Reg am_releaser_methods[];
+
+/* grant.c */
+void am_waiter_ready (lua_State *L, Waiter *w, int outcome,
+                      lua_Integer token);
+void am_waiter_detach (Waiter *w);
+void am_hold_ended (Releaser *r, int lost);
 void am_push_releaser (lua_State *L, int lockidx, Lock *lk,
                        lua_Integer weight, lua_Integer token);
-int am_fits (const Lock *lk, lua_Integer weight);
-int am_can_lock_now (Lock *lk, lua_Integer weight, const Key *priority);
+/* am_fits, am_can_lock_now: inline, at the end of this header */
 lua_Integer am_take (Lock *lk, lua_Integer weight);
 void am_dispatch (lua_State *L, Lock *lk);
 int am_give_back (lua_State *L, Lock *lk, lua_Integer weight,
@@ -672,6 +673,7 @@ int am_push_lease (lua_State *L, int lockidx, int lostidx, Lock *lk,
                    lua_Number end);
 void am_lease_end (lua_State *L, Releaser *r);
 void am_lease_lost (lua_State *L, Waiter *w);
+void am_timer_expired (lua_State *L, Waiter *w);
 int am_releaser_check (lua_State *L);
 int am_hold_check (lua_State *L, int idx);
 int am_release_hold (lua_State *L, int idx);
@@ -786,8 +788,6 @@ int am_dbg_lock_holds (lua_State *L, State *st, const Lock *lk,
 extern const luaL_Reg am_signal_metamethods[];
 int am_signal (lua_State *L);
 Signal *am_tosignal (lua_State *L, int idx);
-void am_signal_link (Signal *s, Waiter *w);
-void am_signal_unlink (Waiter *w);
 int am_check_signal (lua_State *L, const Request *rq);
 
 /* query.c */
@@ -798,6 +798,8 @@ int am_keyed_query (lua_State *L);
 void am_list_init (Bucket *list);
 void am_list_append (Bucket *list, Waiter *w, int timer);
 void am_list_unlink (Waiter *w, int timer);
+void am_signal_link (Signal *s, Waiter *w);
+void am_signal_unlink (Waiter *w);
 #define am_list_first(list)  \
   (((uintptr_t)(list)->ends.next & 1) ? NULL : (Waiter *)(list)->ends.next)
 void am_queue_init (Queue *q, int timer);
@@ -821,6 +823,33 @@ static inline void am_waiter_resuming (Waiter *w) {
   assert(w->r.state == S_READY);
   am_list_unlink(w, 0);
   w->r.state = S_RESUMING;
+}
+
+
+/*
+** The grant rule (grant.c's), inline: a request (waiter.c) applies it
+** twice, where a call into grant.c cost each hand-off a hop
+** (bench/tools/hops.lua).
+** Can the lock's kind grant 'weight' now, queue aside?  A kind with its
+** own rule says (LockKind.fits); for a counted kind (a Mutex, a
+** Semaphore: no 'fits') the engine's rule: the value covers the weight.
+*/
+static inline int am_fits (const Lock *lk, lua_Integer weight) {
+  return lk->kind->fits != NULL ? lk->kind->fits(lk, weight)
+                                : weight <= lk->value;
+}
+
+
+/*
+** Immediate-grant rule: no queued acquirer has a priority >= ours, and
+** the lock's kind can grant the weight.  Also "could lock now" for
+** waitForUnlock.
+*/
+static inline int am_can_lock_now (Lock *lk, lua_Integer weight,
+                                   const Key *priority) {
+  return (lk->queue.n == 0
+          || am_key_above(priority, am_queue_firstkey(&lk->queue)))
+         && am_fits(lk, weight);
 }
 
 #endif

@@ -323,7 +323,7 @@ static void open_tasks (lua_State *L) {
 /* What the scheduler and the engine call above them (async_mutex.h). */
 static const StateHooks hooks = {
   am_waiter_abandon,
-  am_expire,
+  am_timer_expired,
   am_do_chore,
   am_task_waits
 };

@@ -84,6 +84,18 @@ void am_lease_lost (lua_State *L, Waiter *w) {
 
 
 /*
+** A timer entry whose deadline passed, out of the timer queue
+** (StateHooks.expire: the scheduler names no layer above it): a lease
+** ran out, or a timed request's wait did (rules.c: am_expire).  Here,
+** above rules.c, so that the rules need not know leases.
+*/
+void am_timer_expired (lua_State *L, Waiter *w) {
+  if (w->r.kind == W_LEASE) am_lease_lost(L, w);
+  else am_expire(L, w);
+}
+
+
+/*
 ** The check of the releaser at 'idx' (docs/semantics.md, Leases and lost
 ** holds): raises the lost error (level 0) once the hold was lost (its
 ** lease ran out, or a steal ended it: steal.c); otherwise returns whether

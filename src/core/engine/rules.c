@@ -165,16 +165,13 @@ void am_cancel (lua_State *L, Lock *lk) {
 
 
 /*
-** A waiter whose deadline passed leaves the queue at once, and the queue
+** A waiter whose deadline passed (not a lease's: lease.c,
+** am_timer_expired) leaves the queue at once, and the queue
 ** is re-dispatched, since its removal may unblock others
 ** (docs/semantics.md, Timeouts; P1).
 */
 void am_expire (lua_State *L, Waiter *w) {
   Lock *lk = w->r.lock;
-  if (w->r.kind == W_LEASE) {               /* a lease ran out (lease.c) */
-    am_lease_lost(L, w);
-    return;
-  }
   am_dequeue(lk, w);
   am_waiter_ready(L, w, O_TIMEOUT, 0);
   if (w->r.kind == W_ACQUIRE) am_dispatch(L, lk);

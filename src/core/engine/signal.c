@@ -3,8 +3,9 @@
 ** A signal is passed to requests through a decorated lock
 ** (am.withSignal, decorated.c).  It keeps the waiters of those requests
 ** that are queued, in a list through the waiters themselves (their
-** signalled tail, async_mutex.h: Waiter), so aborting wakes each of them
-** at once without allocating.  A request made with a signal that is
+** signalled tail, async_mutex.h: Waiter; linked and unlinked by queue.c,
+** beneath the engine), so aborting wakes each of them at once without
+** allocating.  A request made with a signal that is
 ** aborted already fails at once and never queues (waiter.c); an abort
 ** wakes every queued one with the signal's reason (rules.c: am_abort).
 ** docs/semantics.md, Abort signals.
@@ -28,30 +29,6 @@ Signal *am_tosignal (lua_State *L, int idx) {
 
 static Signal *checksignal (lua_State *L) {
   return (Signal *)am_checkself(L, AM_T_SIGNAL);
-}
-
-
-/* Links QUEUED waiter 'w' at the end of the list of 's' (no allocation). */
-void am_signal_link (Signal *s, Waiter *w) {
-  w->sig = s;
-  w->snext = NULL;
-  w->sprev = s->last;
-  if (s->last != NULL) s->last->snext = w;
-  else s->first = w;
-  s->last = w;
-}
-
-
-/* Takes a signalled waiter out of its signal's list, if it is in one. */
-void am_signal_unlink (Waiter *w) {
-  Signal *s = w->sig;
-  if (s == NULL) return;
-  if (w->sprev != NULL) w->sprev->snext = w->snext;
-  else s->first = w->snext;
-  if (w->snext != NULL) w->snext->sprev = w->sprev;
-  else s->last = w->sprev;
-  w->sig = NULL;
-  w->sprev = w->snext = NULL;
 }
 
 

@@ -1,10 +1,9 @@
 /*
-** waiter.c: the life of a request, the rules it and a release apply,
-** and the releaser it hands out
+** waiter.c: the life of a request, and the releaser it hands out
 ** A request is granted at once when the queue rules allow it (without
 ** yielding), refused at once for tryAcquire, and otherwise suspends the
 ** calling coroutine in a Waiter until the scheduler resumes it with an
-** outcome.  Every change of a Waiter's state is made here, by one small
+** outcome.  Every change of a Waiter's state is made by one small
 ** function per transition that asserts the state it leaves:
 **
 **   NEW --queued--> QUEUED --ready--> READY --resuming--> RESUMING
@@ -13,14 +12,17 @@
 **   NEW --abandon--> NEW, unanchored         (raised before it was queued)
 **   QUEUED --detach--> DONE                  (its lock freed by lua_close)
 **
-** The other files only call these: rules.c decides the outcomes off the
-** hot path (ready, detach), scheduler.c resumes (resuming, or abandon when
-** a coroutine cannot be resumed); the request, the continuation and
-** __close are here.  So are the grant rule, dispatch and giving a grant
-** back, which a request and a release apply: one unit, which each event
-** (a request, a release, a resume) enters once, and which asks a counted
-** kind (a Mutex, a Semaphore) only what its release gives back
-** (docs/internals.md, "One contended acquire, release and resume").
+** Those a request makes are here (queued, done, held, released, abandon
+** from __close); those the engine's rules make from outside a request are
+** in grant.c, beneath (ready, detach, a hold ended), and resuming is
+** inline in async_mutex.h for the scheduler's loop.  The other files
+** only call these: grant.c and rules.c decide the outcomes (ready,
+** detach), the scheduler resumes (resuming, or abandon when a coroutine
+** cannot be resumed: StateHooks).  The grant rule, dispatch and giving a
+** grant back, which a request and a release apply, are grant.c's: one
+** unit with this file, which each event (a request, a release, a
+** resume) enters once (docs/internals.md, "One contended acquire,
+** release and resume").
 */
 
 #define LUA_LIB
@@ -42,24 +44,6 @@ static void queued (Waiter *w) {
 }
 
 
-/*
-** QUEUED -> READY: its outcome is decided and it has left its lock's
-** queue; it leaves the timer queue and joins the scheduler's ready list.
-** A grant records its token (what the releaser will give back).
-*/
-void am_waiter_ready (lua_State *L, Waiter *w, int outcome,
-                      lua_Integer token) {
-  State *st = w->r.lock->st;
-  assert(w->r.state == S_QUEUED);
-  if (w->r.timed) am_timer_remove(L, st, w);
-  if (w->r.signalled) am_signal_unlink(w);
-  w->r.token = token;
-  w->r.outcome = (unsigned)outcome;
-  w->r.state = S_READY;
-  am_schedule(st, w);
-}
-
-
 /* READY -> RESUMING: am_waiter_resuming, inline in async_mutex.h. */
 
 
@@ -74,18 +58,6 @@ static void done (Waiter *w) {
 static void held (Waiter *w) {
   assert(w->r.state == S_DONE && w->r.kind == W_ACQUIRE && !w->r.timed);
   w->r.state = S_HELD;
-}
-
-
-/*
-** HELD -> LOST or RELEASED: a hold ended other than by its releaser's own
-** release: its lease ran out or a steal ended it (lost), or it ends as it
-** becomes another hold (an RWLock write downgraded: spent, released).
-** lease.c and rwlock.c end holds through this, and write no state.
-*/
-void am_hold_ended (Releaser *r, int lost) {
-  assert(r->state == S_HELD);
-  r->state = lost ? S_LOST : S_RELEASED;
 }
 
 
@@ -147,105 +119,6 @@ int am_waiter_abandon (lua_State *L, Waiter *w) {
 
 
 /*
-** QUEUED -> DONE at lua_close, when its lock is freed (rules.c:
-** am_lock_free) with the waiter still in its queue (taken out already):
-** it leaves the timer queue and its anchor, and nothing else happens.
-*/
-void am_waiter_detach (Waiter *w) {
-  assert(w->r.state == S_QUEUED);
-  am_timer_remove(NULL, w->r.lock->st, w);
-  if (w->r.signalled) am_signal_unlink(w);
-  w->r.state = S_DONE;
-  am_unanchor(NULL, w);
-}
-
-/* }====================================================== */
-
-
-/* {====================================================== the grant rules */
-
-/*
-** Can the lock's kind grant 'weight' now, queue aside?  A kind with its
-** own rule says (LockKind.fits); for a counted kind (a Mutex, a
-** Semaphore: no 'fits') the engine's rule: the value covers the weight.
-*/
-int am_fits (const Lock *lk, lua_Integer weight) {
-  return lk->kind->fits != NULL ? lk->kind->fits(lk, weight)
-                                : weight <= lk->value;
-}
-
-
-/*
-** Immediate-grant rule: no queued acquirer has a priority >= ours, and
-** the lock's kind can grant the weight.  Also "could lock now" for
-** waitForUnlock.
-*/
-int am_can_lock_now (Lock *lk, lua_Integer weight, const Key *priority) {
-  return (lk->queue.n == 0
-          || am_key_above(priority, am_queue_firstkey(&lk->queue)))
-         && am_fits(lk, weight);
-}
-
-
-/*
-** Takes a grant of 'weight'; returns its token.  'held' counts grants
-** out, for keyed locks to know when a key is idle.  A kind with its own
-** rule takes it (LockKind.take); a counted kind's grant takes its weight
-** from the value, and its token is the value before it for a kind whose
-** acquire returns it (a Semaphore), else a new generation, the grant's
-** own (a Mutex's releaser ends only its own grant).
-*/
-lua_Integer am_take (Lock *lk, lua_Integer weight) {
-  /* 'held' saturates: with setValue the grants out may sum beyond
-     maxinteger (it only has to stay above 0 while any is out) */
-  lk->held = weight > LUA_MAXINTEGER - lk->held ? LUA_MAXINTEGER
-                                                : lk->held + weight;
-  if (lk->kind->take != NULL) return lk->kind->take(lk, weight);
-  lk->value -= weight;
-  return lk->kind->returns_value ? lk->value + weight : ++lk->gen;
-}
-
-
-/*
-** After the value grew or the queue shrank (docs/semantics.md, Dispatch):
-** grant strictly from the head while the kind can grant it, resolving
-** unlock waiters (rules.c) before each.
-*/
-void am_dispatch (lua_State *L, Lock *lk) {
-  Waiter *head;
-  if (lk->nunlock > 0) am_drain_unlock(L, lk);
-  while ((head = am_queue_first(&lk->queue)) != NULL
-         && am_fits(lk, head->r.weight)) {
-    am_queue_remove(&lk->queue, head);
-    am_waiter_ready(L, head, O_GRANTED, am_take(lk, head->r.weight));
-    if (lk->nunlock > 0) am_drain_unlock(L, lk);
-  }
-  am_settle(L, lk);
-}
-
-
-/*
-** The one way a grant goes back: by its releaser (token), by an unscoped
-** release (AM_UNSCOPED), or abandoned undelivered ('saturate': must not
-** raise).  The kind decides what that gives back (docs/semantics.md,
-** Release and P3); if anything, the lock dispatches.  An unscoped release
-** counts as giving back a grant.  Returns whether it gave anything back:
-** for a releaser's grant, whether that grant was still held (a releaser's
-** call returns it).
-*/
-int am_give_back (lua_State *L, Lock *lk, lua_Integer weight,
-                  lua_Integer token, int saturate) {
-  int gave = lk->kind->give_back(lk, weight, token, saturate);
-  if (gave < 0) luaL_error(L, "semaphore value overflow");
-  if (gave > 0) {
-    lk->held = lk->held > weight ? lk->held - weight : 0;
-    am_dispatch(L, lk);
-  }
-  return gave > 0;
-}
-
-
-/*
 ** Puts a new, anchored waiter in its queue (then QUEUED): an acquirer in
 ** the lock's queue, a waitForUnlock waiter in its weight's (rules.c).
 ** Out of memory, it raises with nothing linked, after giving back its
@@ -268,19 +141,6 @@ static void enqueue (lua_State *L, Lock *lk, Waiter *w,
 
 
 /* {====================================================== releaser */
-
-/* Pushes a new releaser of 'weight' of the lock at 'lockidx'. */
-void am_push_releaser (lua_State *L, int lockidx, Lock *lk,
-                           lua_Integer weight, lua_Integer token) {
-  Releaser *r = (Releaser *)lua_newuserdatauv(L, sizeof(Releaser), 1);
-  *r = (Releaser){.lock = lk, .weight = weight, .token = token,
-                  .state = S_HELD, .ref = LUA_NOREF};
-  am_pushmt(L, AM_T_RELEASER);
-  lua_setmetatable(L, -2);
-  lua_pushvalue(L, lockidx);
-  lua_setiuservalue(L, -2, 1);
-}
-
 
 /* The release of the releaser 'r', at 'idx'. */
 static int release_hold (lua_State *L, Releaser *r, int idx) {

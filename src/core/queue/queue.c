@@ -54,6 +54,37 @@ void am_list_unlink (Waiter *w, int timer) {
 /* }====================================================== */
 
 
+/* {====================================================== a signal's list
+** The waiters of an abort signal's requests that are queued, linked
+** through their signalled tail (signal.c reads the list; the engine links
+** and unlinks), beneath every layer that changes a waiter. */
+
+/* Links QUEUED waiter 'w' at the end of the list of 's' (no allocation). */
+void am_signal_link (Signal *s, Waiter *w) {
+  w->sig = s;
+  w->snext = NULL;
+  w->sprev = s->last;
+  if (s->last != NULL) s->last->snext = w;
+  else s->first = w;
+  s->last = w;
+}
+
+
+/* Takes a signalled waiter out of its signal's list, if it is in one. */
+void am_signal_unlink (Waiter *w) {
+  Signal *s = w->sig;
+  if (s == NULL) return;
+  if (w->sprev != NULL) w->sprev->snext = w->snext;
+  else s->first = w->snext;
+  if (w->snext != NULL) w->snext->sprev = w->sprev;
+  else s->last = w->sprev;
+  w->sig = NULL;
+  w->sprev = w->snext = NULL;
+}
+
+/* }====================================================== */
+
+
 /* {====================================================== bucket heap */
 
 #define HEAD(b)  ((Waiter *)(b)->ends.next)
