@@ -7,7 +7,7 @@
 ** bench/tools/layers.lua lists the uses that still go up).  The
 ** prototypes below are grouped by the file that defines them.
 **   queue/      queue.c            FIFO lists and priority queues of
-**                                  waiters (no Lua call)
+**                                  waiters, a signal's list (no Lua call)
 **   args/       args.c             the user's arguments: self, weights,
 **                                  priorities, keys; argument errors
 **                                  numbered as the user wrote them; the
@@ -17,10 +17,12 @@
 **                                  handles that resume them; the chores of
 **                                  the next loop turn (reports of failed
 **                                  tasks, deferred cancels)
-**   engine/     waiter.c           the life of a Waiter, every state
-**                                  change, and the Releaser a grant hands
-**                                  out; making a request; the grant rule,
-**                                  dispatch, giving a grant back
+**   engine/     grant.c            the grant rule, dispatch, giving a
+**                                  grant back, and the Waiter's state
+**                                  changes the rules make
+**               waiter.c           the life of a request: its Waiter's
+**                                  other state changes, the continuation,
+**                                  and the Releaser a grant hands out
 **               rules.c            the queue rules off the hot path:
 **                                  waitForUnlock's buckets, cancel,
 **                                  expiry, abort; a lock's init and free
@@ -42,6 +44,10 @@
 **                                  re-enters
 **               keyed.c            KeyedMutex, KeyedSemaphore and
 **                                  KeyedRWLock: a lock per key
+**               decorated.c        withTimeout, tryAcquire, withLease,
+**                                  withSignal: decorated locks, whose
+**                                  requests have a limit; every other
+**                                  method is the lock's own
 **   tasks/      task.c             tasks (am.spawn) and groups (am.group):
 **                                  the body that records how a task ends,
 **                                  join, cancel; the waiting coroutines
@@ -54,11 +60,8 @@
 **                                  module may read (debug_read.c)
 **   bindings/   core.c             luaopen_async_mutex_core: the
 **                                  metatables, by name, from the kind
-**                                  table;
+**                                  table; the StateHooks;
 **                                  setErrorHandler, pending, kind
-**               decorated.c        withTimeout and tryAcquire: decorated
-**                                  locks, whose requests have a limit;
-**                                  every other method is the lock's own
 **               query.c            am.query and km:query: a snapshot of
 **                                  the holds and requests of a lock
 ** Beneath them all: this header, and src/error_text.c (an error object's
@@ -241,8 +244,8 @@ typedef struct Queue {
 enum { W_ACQUIRE, W_UNLOCK, W_LEASE };
 
 /*
-** Life of a waiter (waiter.c makes every change, and asserts the state it
-** leaves): NEW until linked in its lock's queue (and maybe the timer
+** Life of a waiter (waiter.c and grant.c make every change, and assert
+** the state they leave): NEW until linked in its lock's queue (and maybe the timer
 ** queue): QUEUED; READY in the scheduler's ready list once its outcome is
 ** decided; RESUMING while the scheduler resumes it; DONE once its
 ** coroutine has read the outcome (or was closed).  A granted acquire
@@ -277,7 +280,7 @@ enum { AM_WAIT, AM_TIMEOUT, AM_TRY, AM_STEAL };
 ** memory): so the Waiter's own small fields live here, in one word
 ** of bits beside 'ref', where the Releaser would otherwise have padding
 ** (32 bytes in all; a plain Releaser leaves them 0).  Only waiter.c,
-** lease.c, rules.c, scheduler.c and debug.c read them.
+** grant.c, lease.c, rules.c, scheduler.c and debug.c read them.
 */
 typedef struct Releaser {
   Lock *lock;
@@ -388,7 +391,7 @@ typedef struct WeightWaiters {
 } WeightWaiters;
 
 /*
-** What makes a lock kind: the engine's rules (waiter.c) ask it what a
+** What makes a lock kind: the engine's rules (grant.c) ask it what a
 ** grant takes and what a release gives back; everything else (queues, priorities,
 ** waitForUnlock, timeouts, the scheduler, keyed sets) is shared.
 ** docs/internals.md, "How to add a lock kind".
@@ -402,11 +405,11 @@ struct LockKind {
   int returns_value;          /* acquire returns the token before the
                                  releaser */
   /* can a request of 'weight' be granted, queue aside?  NULL: a counted
-     kind's rule, the value covers the weight (waiter.c: am_fits) */
+     kind's rule, the value covers the weight (am_fits, below) */
   int (*fits) (const Lock *lk, lua_Integer weight);
   /* takes a grant of 'weight'; returns its token.  NULL: a counted
      kind's, the weight taken from the value; the token is the value
-     before (returns_value) or a new generation (waiter.c: am_take) */
+     before (returns_value) or a new generation (grant.c: am_take) */
   lua_Integer (*take) (Lock *lk, lua_Integer weight);
   /* gives back the grant 'token' (or AM_UNSCOPED) of 'weight': 1 when
      given, 0 when there was nothing to give back, -1 when it would

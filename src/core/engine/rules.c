@@ -3,9 +3,9 @@
 ** waitForUnlock, Cancel, Timeouts): waitForUnlock's buckets of waiters by
 ** weight, cancel, expiry, abort, whether a hold is still in place, and a
 ** lock's birth and end.  The grant rule, dispatch and giving a grant back
-** are waiter.c's, with the request and the release that use them (one
+** are grant.c's, with the request and the release that use them (one
 ** unit, one call per event: docs/internals.md).  Every decision here is
-** synchronous; waiter.c records each outcome and the scheduler resumes
+** synchronous; grant.c records each outcome and the scheduler resumes
 ** the coroutines later.  Nothing here calls Lua code (see am_sync in
 ** scheduler.c): the entry points call am_sync once the change is complete.
 */
@@ -222,7 +222,7 @@ void am_lock_init (Lock *lk, const LockKind *kind, State *st,
 ** Frees the lock's memory.  NOTE: a lock with queued waiters is collected
 ** only by lua_close (each waiter's coroutine holds the lock on its stack
 ** and is anchored).  Its waiters then leave every queue first, as if
-** abandoned (waiter.c: am_waiter_detach), so that a finalizer run after
+** abandoned (grant.c: am_waiter_detach), so that a finalizer run after
 ** this one (closing their coroutine, releasing the lock) finds an empty
 ** lock, not freed memory.
 */

@@ -5,7 +5,7 @@
 ** shapes, whose release only ends the grant it was given for and is a
 ** no-op while unlocked (docs/semantics.md, Release and P3).  Both are
 ** counted kinds: they leave 'fits' and 'take' to the engine's counting
-** rule (waiter.c: am_fits, am_take; a Mutex's token is a new generation,
+** rule (grant.c: am_fits, am_take; a Mutex's token is a new generation,
 ** a Semaphore's the value before), so a hand-off calls one hook of theirs,
 ** 'give_back'.  runExclusive: run.c.
 */

@@ -48,7 +48,7 @@ static lua_Integer re_take (Lock *lk, lua_Integer weight) {
 
 /*
 ** Gives back one level of the hold 'token'; the last level frees the lock
-** and forgets its holder.  ('held' still counts this level: waiter.c
+** and forgets its holder.  ('held' still counts this level: grant.c
 ** am_give_back takes it off after.)
 */
 static int re_give_back (Lock *lk, lua_Integer weight, lua_Integer token,

@@ -2,7 +2,7 @@
 ** rwlock.c: the RWLock kind: readers share, a writer is alone
 ** The value counts the readers holding the lock, or is -1 while a writer
 ** holds it.  A request's weight is its mode (AM_RW_READ, AM_RW_WRITE).
-** Everything about the queue is the engine's (waiter.c, rules.c): one queue in priority, then
+** Everything about the queue is the engine's (grant.c, rules.c): one queue in priority, then
 ** arrival order, granted strictly from its head while the head fits, so
 ** the readers at the head are granted together in one dispatch, a reader
 ** that arrives while a writer waits (at its priority or above) queues

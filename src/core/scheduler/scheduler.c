@@ -1,7 +1,7 @@
 /*
 ** scheduler.c: the scheduler, per lua_State
 ** Outcomes (grant, timeout, cancel) are decided synchronously by the
-** engine (waiter.c, rules.c) and queued here in a ready list (waiter.c:
+** engine (grant.c, rules.c) and queued here in a ready list (grant.c:
 ** am_waiter_ready); the coroutines are resumed later, from a luv idle
 ** handle, in the order the outcomes were decided.  Deadlines of timed
 ** waiters live in one queue served by a single luv timer.  Both handles are
@@ -231,7 +231,7 @@ static int sync_loop (lua_State *L) {
 
 /*
 ** RE-ENTRY (docs/semantics.md, "Re-entry"; docs/internals.md, "Rules the
-** code keeps"): the queue rules (waiter.c, rules.c) and the ready and timer queues
+** code keeps"): the queue rules (grant.c, rules.c) and the ready and timer queues
 ** never call luv, since a luv function called through Lua may run a debug
 ** hook or a finalizer, and it may call the module while a queue is half
 ** updated.  Every entry point instead calls am_sync once its update is
@@ -274,7 +274,7 @@ void am_sync (lua_State *L, State *st) {
 */
 
 /*
-** Schedules the resumption of a waiter made READY (waiter.c); the idle
+** Schedules the resumption of a waiter made READY (grant.c); the idle
 ** handle is started by am_sync.
 */
 void am_schedule (State *st, Waiter *w) {
