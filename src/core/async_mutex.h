@@ -753,8 +753,26 @@ int am_collect (lua_State *L);
 void am_do_chore (lua_State *L, State *st, int idx);
 void am_task_waits (lua_State *L, State *st);
 
-/* debug.c: debug mode (docs/debug.md).  Each hook site tests the global
-   'am_debug_on' (states with debug mode on) and nothing else when off. */
+/*
+** Debug mode (docs/debug.md) is an observer: the engine and the kinds
+** report what happens to it through this table of the debug/ layer's
+** functions, which core.debug installs (debug_read.c) at its first call,
+** before debug mode is first on; so no lower layer names a debug/ function.
+** Each report site tests the global 'am_debug_on' (states with debug mode
+** on) and nothing else when off.  scheduler.c defines both (the lowest
+** layer that reads them; its state's __gc ends debug mode).
+*/
+typedef struct DebugObserver {
+  void (*request) (lua_State *L, const Request *rq);  /* may raise */
+  void (*granted) (lua_State *L, State *st);
+  void (*released) (lua_State *L, State *st, int idx);
+  void (*unscoped) (lua_State *L, State *st, Lock *lk);
+  void (*returned) (lua_State *L, State *st, Lock *lk, lua_Integer weight);
+  void (*stolen) (lua_State *L, State *st, Lock *lk);
+  void (*created) (lua_State *L, State *st);
+  void (*close) (lua_State *L, State *st);            /* its records go */
+} DebugObserver;
+extern const DebugObserver *am_debug_observer;  /* NULL until core.debug */
 extern int am_debug_on;
 #if defined(__GNUC__)
 #define am_debugging()  __builtin_expect(am_debug_on != 0, 0)
@@ -770,15 +788,6 @@ extern const luaL_Reg am_debug_funcs[];
 #define AM_COLD
 #endif
 int am_core_debug (lua_State *L);
-void am_dbg_request (lua_State *L, const Request *rq);
-void am_dbg_granted (lua_State *L, State *st);
-void am_dbg_released (lua_State *L, State *st, int idx);
-void am_dbg_unscoped (lua_State *L, State *st, Lock *lk);
-void am_dbg_returned (lua_State *L, State *st, Lock *lk,
-                      lua_Integer weight);
-void am_dbg_close (lua_State *L, State *st);
-void am_dbg_stolen (lua_State *L, State *st, Lock *lk);
-void am_dbg_created (lua_State *L, State *st);
 /* A live owner record as query.c reads it (its holder aside). */
 typedef struct HoldView {
   lua_Integer weight;

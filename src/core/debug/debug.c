@@ -37,7 +37,6 @@
 
 #include "../async_mutex.h"
 #include "debug.h"
-int am_debug_on = 0;
 
 
 /*

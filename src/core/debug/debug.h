@@ -117,6 +117,7 @@ void am_dbg_prune_lock (lua_State *L, DebugRecords *d, Lock *lk, int a);
 int am_dbg_grow_records (lua_State *L);
 DebugRecords *am_dbg_new_records (lua_State *L);
 void am_dbg_link_record (DebugRecords *d, int slot);
+void am_dbg_close (lua_State *L, State *st);
 
 /* debug.c */
 lua_Number am_dbg_clock_ms (void);
@@ -124,9 +125,18 @@ int am_dbg_push_hook (lua_State *L, State *st, int h);
 int am_dbg_holds_any (lua_State *L, State *st);
 void am_dbg_push_key (lua_State *L, const Key *k);
 void am_dbg_ended (lua_State *L, State *st);
+/* what the core reports (DebugObserver, installed by debug_read.c) */
+void am_dbg_granted (lua_State *L, State *st);
+void am_dbg_released (lua_State *L, State *st, int idx);
+void am_dbg_unscoped (lua_State *L, State *st, Lock *lk);
+void am_dbg_returned (lua_State *L, State *st, Lock *lk,
+                      lua_Integer weight);
+void am_dbg_stolen (lua_State *L, State *st, Lock *lk);
+void am_dbg_created (lua_State *L, State *st);
 
 /* debug_deadlock.c */
 int am_dbg_fits_outside (DebugRecords *d, const Lock *lk, lua_Integer weight,
                          lua_Integer n, lua_Integer w, lua_Integer writes);
+void am_dbg_request (lua_State *L, const Request *rq);
 
 #endif

@@ -25,13 +25,33 @@
 /* {====================================================== core.dbg_* */
 
 /*
+** What the engine and the kinds report to debug mode (async_mutex.h:
+** DebugObserver): debug.c's hooks, the request hook (debug_deadlock.c)
+** and the end of the records (debug_records.c).
+*/
+static const DebugObserver observer = {
+  .request = am_dbg_request,
+  .granted = am_dbg_granted,
+  .released = am_dbg_released,
+  .unscoped = am_dbg_unscoped,
+  .returned = am_dbg_returned,
+  .stolen = am_dbg_stolen,
+  .created = am_dbg_created,
+  .close = am_dbg_close,
+};
+
+
+/*
 ** core.debug(hooks | nil): debug mode on (the hook table) or off, for
 ** this state.  Returns whether it was on.  On again (new options), the
-** records stay; off, they go.
+** records stay; off, they go.  The observer is installed first, whatever
+** follows: no state has records or counts in 'am_debug_on' without it
+** (it is the same for every state, and stays).
 */
 int am_core_debug (lua_State *L) {
   State *st = am_getstate(L);
   int was, ref = LUA_NOREF, flags = 0;
+  am_debug_observer = &observer;
   luaL_argexpected(L, lua_isnoneornil(L, 1) || lua_istable(L, 1), 1,
                    "table or nil");
   if (st->closed) {           /* a finalizer at lua_close: nothing to watch */
@@ -434,14 +454,22 @@ static int dbg_now (lua_State *L) {
 }
 
 
+/* Is the value at 'idx' a decorated lock (of any lock type)? */
+static int is_decorated (lua_State *L, int idx) {
+  int t;
+  for (t = 0; t < AM_NLOCKTYPES; t++)
+    if (am_testself(L, idx, am_decorated_type(t)) != NULL) return 1;
+  return 0;
+}
+
+
 /* core.dbg_kind(v): "lock", "keyed", "decorated" (with its lock) or nil. */
 static int dbg_kind (lua_State *L) {
   if (am_tolock(L, 1) != NULL) lua_pushliteral(L, "lock");
   else if (am_tokeyed(L, 1) != NULL) lua_pushliteral(L, "keyed");
-  else if (lua_type(L, 1) == LUA_TUSERDATA && am_core_limit(L) > 0) {
-    lua_settop(L, 2);                       /* v, its lock */
+  else if (is_decorated(L, 1)) {
     lua_pushliteral(L, "decorated");
-    lua_insert(L, 2);
+    lua_getiuservalue(L, 1, 1);             /* its lock (decorated.c) */
     return 2;
   }
   else lua_pushnil(L);

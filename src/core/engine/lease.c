@@ -77,7 +77,7 @@ void am_lease_lost (lua_State *L, Waiter *w) {
   w->r.ref = LUA_NOREF;
   if (live) am_give_back(L, w->r.lock, w->r.weight, w->r.token, 1);
   if (am_debugging() && !stolen)          /* its owner record ends */
-    am_dbg_released(L, w->r.lock->st, -1);
+    am_debug_observer->released(L, w->r.lock->st, -1);
   lua_pop(L, 1);
   luaL_unref(L, LUA_REGISTRYINDEX, ref);  /* last: it may be collected */
 }

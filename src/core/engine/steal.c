@@ -232,8 +232,8 @@ AM_COLD int am_steal (lua_State *L, Request *rq) {
   am_push_releaser(L, rq->lockidx, lk, rq->weight, hold);
   am_sync(L, st);
   if (am_debugging()) {       /* the ended holds' records go; its own */
-    am_dbg_stolen(L, st, lk);
-    am_dbg_granted(L, st);
+    am_debug_observer->stolen(L, st, lk);
+    am_debug_observer->granted(L, st);
   }
   return n;
 }

@@ -152,7 +152,7 @@ static int release_hold (lua_State *L, Releaser *r, int idx) {
   am_sync(L, r->lock->st);
   if (!ended && am_hold_stolen(L, r, idx, 1))
     lost_after_release(r);    /* as a lease's end; its record ended then */
-  else if (am_debugging()) am_dbg_released(L, r->lock->st, idx);
+  else if (am_debugging()) am_debug_observer->released(L, r->lock->st, idx);
   return ended;
 }
 
@@ -321,7 +321,7 @@ static int deliver (lua_State *L, Waiter *w, int widx) {
 #endif
       else
         n = push_grant(L, w->r.lockidx, w->r.lock, w->r.weight, w->r.token);
-      if (am_debugging()) am_dbg_granted(L, w->r.lock->st);
+      if (am_debugging()) am_debug_observer->granted(L, w->r.lock->st);
       return n;
     }
     case O_TIMEOUT:
@@ -443,7 +443,7 @@ static int grant_now (lua_State *L, const Request *rq, Lock *lk,
                           token, now, now + rq->lease);
   else
     n = push_grant(L, rq->lockidx, lk, rq->weight, token);
-  if (am_debugging()) am_dbg_granted(L, lk->st);
+  if (am_debugging()) am_debug_observer->granted(L, lk->st);
   return n;
 }
 
@@ -569,7 +569,8 @@ int am_request (lua_State *L, Request *rq) {
   /* aborted: fails at once (and if aborted by what runs below, before it
      queues: suspend) */
   if (rq->sigidx != 0) am_check_signal(L, rq);
-  if (am_debugging()) am_dbg_request(L, rq);   /* may raise E_DEADLOCK */
+  if (am_debugging())                     /* may raise E_DEADLOCK */
+    am_debug_observer->request(L, rq);
   if (rq->lease > 0 && rq->kind == W_ACQUIRE
       && am_can_lock_now(rq->lock, rq->weight, &rq->priority)) {
     /* a grant now starts its lease: the clock first (it calls luv, so a

@@ -247,7 +247,7 @@ static void newkeyed (lua_State *L, const LockKind *kind, lua_Integer value,
   lua_setiuservalue(L, -2, 1);                    /* map */
   setoption(L, optidx, "cancelError", AM_E_CANCELED, 2);
   setoption(L, optidx, "maxPendingError", AM_E_MAX_PENDING, 3);
-  if (am_debugging()) am_dbg_created(L, kd->st);
+  if (am_debugging()) am_debug_observer->created(L, kd->st);
 }
 
 
@@ -363,7 +363,7 @@ static int kmutex_release (lua_State *L) {
   lk = getlock(L, kd, 2, 0);
   if (lk != NULL) am_give_back(L, lk, 1, AM_UNSCOPED, 0);
   am_sync(L, kd->st);
-  if (am_debugging() && lk != NULL) am_dbg_unscoped(L, kd->st, lk);
+  if (am_debugging() && lk != NULL) am_debug_observer->unscoped(L, kd->st, lk);
   return 0;
 }
 
@@ -387,7 +387,7 @@ static int ksem_release (lua_State *L) {
   lk = getlock(L, kd, 2, 1);                /* (on the stack: anchored) */
   am_give_back(L, lk, weight, AM_UNSCOPED, 0);
   am_sync(L, kd->st);
-  if (am_debugging()) am_dbg_returned(L, kd->st, lk, weight);
+  if (am_debugging()) am_debug_observer->returned(L, kd->st, lk, weight);
   return 0;
 }
 
@@ -539,7 +539,7 @@ static int krw_release (lua_State *L) {
   lk = getlock(L, kd, 2, 0);
   if (lk != NULL) am_give_back(L, lk, AM_RW_WRITE, AM_UNSCOPED, 0);
   am_sync(L, kd->st);
-  if (am_debugging() && lk != NULL) am_dbg_unscoped(L, kd->st, lk);
+  if (am_debugging() && lk != NULL) am_debug_observer->unscoped(L, kd->st, lk);
   return 0;
 }
 

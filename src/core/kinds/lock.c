@@ -40,7 +40,7 @@ static int lock_new (lua_State *L) {
   if (lua_isnil(L, erridx)) lua_pushliteral(L, AM_E_CANCELED);
   else lua_pushvalue(L, erridx);
   lua_setiuservalue(L, -2, 1);
-  if (am_debugging()) am_dbg_created(L, lk->st);
+  if (am_debugging()) am_debug_observer->created(L, lk->st);
   return 1;
 }
 
@@ -88,8 +88,8 @@ static int lock_release (lua_State *L) {
   am_give_back(L, lk, weight, AM_UNSCOPED, 0);
   am_sync(L, lk->st);
   if (am_debugging()) {
-    if (lk->kind->weighted) am_dbg_returned(L, lk->st, lk, weight);
-    else am_dbg_unscoped(L, lk->st, lk);
+    if (lk->kind->weighted) am_debug_observer->returned(L, lk->st, lk, weight);
+    else am_debug_observer->unscoped(L, lk->st, lk);
   }
   return 0;
 }

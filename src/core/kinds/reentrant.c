@@ -134,7 +134,7 @@ static int re_new (lua_State *L) {
   if (lua_isnil(L, 1)) lua_pushliteral(L, AM_E_CANCELED);
   else lua_pushvalue(L, 1);
   lua_setiuservalue(L, -2, 1);
-  if (am_debugging()) am_dbg_created(L, lk->st);
+  if (am_debugging()) am_debug_observer->created(L, lk->st);
   return 1;
 }
 

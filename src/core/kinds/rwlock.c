@@ -134,7 +134,7 @@ static int rw_new (lua_State *L) {
   if (lua_isnil(L, 1)) lua_pushliteral(L, AM_E_CANCELED);
   else lua_pushvalue(L, 1);
   lua_setiuservalue(L, -2, 1);
-  if (am_debugging()) am_dbg_created(L, lk->st);
+  if (am_debugging()) am_debug_observer->created(L, lk->st);
   return 1;
 }
 
@@ -213,7 +213,7 @@ static int rw_release (lua_State *L) {
   Lock *lk = checkrw(L);
   am_give_back(L, lk, AM_RW_WRITE, AM_UNSCOPED, 0);
   am_sync(L, lk->st);
-  if (am_debugging()) am_dbg_unscoped(L, lk->st, lk);
+  if (am_debugging()) am_debug_observer->unscoped(L, lk->st, lk);
   return 0;
 }
 
@@ -247,8 +247,8 @@ static int rw_downgrade (lua_State *L) {
   am_dispatch(L, lk);
   am_sync(L, lk->st);
   if (am_debugging()) {             /* one record ends, a read one starts */
-    am_dbg_released(L, lk->st, 1);
-    am_dbg_granted(L, lk->st);
+    am_debug_observer->released(L, lk->st, 1);
+    am_debug_observer->granted(L, lk->st);
   }
   return 1;
 }

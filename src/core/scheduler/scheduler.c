@@ -745,6 +745,17 @@ void am_timer_remove (lua_State *L, State *st, Waiter *w) {
 /* {====================================================== state */
 
 /*
+** Debug mode's observer and how many states have it on (async_mutex.h:
+** DebugObserver), global so that a report site tests one word without
+** reaching its State; defined here, in the lowest layer that reads them
+** (a state's __gc ends its debug mode).  core.debug installs the observer
+** and counts the states (debug_read.c).
+*/
+const DebugObserver *am_debug_observer = NULL;
+int am_debug_on = 0;
+
+
+/*
 ** NOTE: the state is collected only by lua_close (the registry holds it),
 ** before luv's loop (its __gc is set after luv is loaded, and finalizers
 ** run newest first).  Finalizers that run after it may still call the
@@ -765,7 +776,8 @@ static int state__gc (lua_State *L) {
     st->dbg = LUA_NOREF;
     am_debug_on--;
   }
-  am_dbg_close(L, st);                /* its owner records */
+  if (st->dbg_recs != NULL)           /* its owner records */
+    am_debug_observer->close(L, st);
   while ((w = am_queue_first(&st->timers)) != NULL)
     am_queue_remove(&st->timers, w);
   am_queue_free(&st->timers);
