@@ -15,9 +15,10 @@
 -- the coroutines before the clock starts instead, to time the lock alone:
 -- that figure is compared with the other Lua peers only, never with Node.
 -- `shape=S` (IMPL floor, pairs and handoff; build/bench/api_floor.so built
--- first, as bench/tools/api_floor.c says) makes the calls of
--- what a lock's API shape requires, with no lock (docs/bench.md, "What the
--- API shape costs"): S = fresh_bare, fresh, checked, waited (pairs), acquire (handoff).
+-- first, as bench/tools/api_floor.c says) runs ours's loop on a lock that
+-- makes only the calls the API's shape requires (docs/bench.md, "What the
+-- API shape costs"): S = fresh_bare, fresh, checked or waited (pairs),
+-- acquire (handoff).
 
 local here = arg[0]:match("^(.*)/[^/]*$") or "."
 package.path = here .. "/?.lua;" .. package.path
@@ -41,9 +42,22 @@ for i = 3, #arg do
   elseif arg[i]:match("^shape=[%w_]+$") and floor then flags.shape = arg[i]:sub(7)
   else error(USAGE) end
 end
--- the API shape's floor (bench/tools/api_floor.c)
+-- shape=S: the API shape's floor (bench/tools/api_floor.c), a lock whose
+-- acquire is S, run by ours's loop (the same bytecode)
 local api_floor = flags.shape
   and assert(package.loadlib("build/bench/api_floor.so", "luaopen_api_floor"))()
+if api_floor then floor = nil end     -- ours's loops, on the floor's lock
+local SHAPES = { pairs = { fresh_bare = true, fresh = true, checked = true,
+                           waited = true },
+                 handoff = { acquire = true } }
+local function shape_lock(scenario_name)
+  assert(SHAPES[scenario_name][flags.shape], USAGE)
+  local lock = api_floor.new()
+  local methods = getmetatable(lock).__index
+  methods.acquire = methods[flags.shape]
+  if flags.shape == "acquire" then api_floor.start(uv.new_idle()) end
+  return lock
+end
 
 -- The clock, in nanoseconds: BENCH_CLOCK=cpu (the default) is the process's
 -- CPU time (os.clock: the loop never sleeps in a timed interval, except the
@@ -217,14 +231,12 @@ local function handoff_run(ncoro, ncycles, fresh)
   -- floor) the same two upvalue reads, unlike asking the lock.
   local releases = 0
   local m, release_holder
-  if not floor then
+  if api_floor then m = shape_lock("handoff")
+  elseif not floor then
     m = am.Mutex.new()
     release_holder = hold(m)
   end
   local maker = { new = setmetatable }
-  assert(not flags.shape or flags.shape == "acquire", USAGE)
-  local shaped = flags.shape and api_floor.new()
-  if shaped then api_floor.start(uv.new_idle()) end
   local releaser_mt = { __call = rawlen, __close = rawlen }
   local function worker()
     for _ = 1, ncycles do
@@ -247,21 +259,7 @@ local function handoff_run(ncoro, ncycles, fresh)
     done = done + 1
     if done == ncoro then t_end = now() end
   end
-  -- the floor of the API shape: ours's loop on bench/tools/api_floor.c's
-  -- acquire, which waits as ours does with no lock (its own loop, so
-  -- that the others stay as they were)
-  local function shaped_worker()
-    for _ = 1, ncycles do
-      local before = releases
-      local release = shaped:acquire()
-      if releases ~= before then waited = waited + 1 end
-      release()
-      releases = releases + 1
-    end
-    done = done + 1
-    if done == ncoro then t_end = now() end
-  end
-  for _ = 1, ncoro do spawn(shaped and shaped_worker or worker) end
+  for _ = 1, ncoro do spawn(worker) end
   local t0 = now()
   if release_holder then release_holder() end
   releases = releases + 1
@@ -470,28 +468,11 @@ end
 -- For callgrind: n uncontended acquire/release pairs, nothing else (the floor:
 -- the same two C calls with no lock).  bench/run.lua subtracts a run of n
 -- from a run of 2n, so that start-up and set-up cancel.
-local shape_pairs = {   -- as ours's loop, each with one of the floor's calls
-  fresh_bare = function(m, n)
-    for _ = 1, n do local release = m:fresh_bare(); release() end
-  end,
-  fresh = function(m, n)
-    for _ = 1, n do local release = m:fresh(); release() end
-  end,
-  checked = function(m, n)
-    for _ = 1, n do local release = m:checked(); release() end
-  end,
-  waited = function(m, n)
-    for _ = 1, n do local release = m:waited(); release() end
-  end,
-}
-
 function S.pairs(n)
   n = n or 100000
-  local m = floor and "x" or am.Mutex.new()
+  local m = api_floor and shape_lock("pairs") or floor and "x" or am.Mutex.new()
   local nop = coroutine.isyieldable
-  local shape = flags.shape and assert(shape_pairs[flags.shape], USAGE)
   spawn(function()
-    if shape then return shape(api_floor.new(), n) end
     for _ = 1, n do
       if floor then
         local _ = m:len()
