@@ -18,7 +18,7 @@
 -- first, as bench/tools/api_floor.c says) runs ours's loop on a lock that
 -- makes only the calls the API's shape requires (docs/bench.md, "What the
 -- API shape costs"): S = fresh_bare, fresh, checked or waited (pairs),
--- acquire (handoff).
+-- acquire or acquire_bare (handoff).
 
 local here = arg[0]:match("^(.*)/[^/]*$") or "."
 package.path = here .. "/?.lua;" .. package.path
@@ -49,13 +49,13 @@ local api_floor = flags.shape
 if api_floor then floor = nil end     -- ours's loops, on the floor's lock
 local SHAPES = { pairs = { fresh_bare = true, fresh = true, checked = true,
                            waited = true },
-                 handoff = { acquire = true } }
+                 handoff = { acquire = true, acquire_bare = true } }
 local function shape_lock(scenario_name)
   assert(SHAPES[scenario_name][flags.shape], USAGE)
   local lock = api_floor.new()
   local methods = getmetatable(lock).__index
   methods.acquire = methods[flags.shape]
-  if flags.shape == "acquire" then api_floor.start(uv.new_idle()) end
+  if scenario_name == "handoff" then api_floor.start(uv.new_idle()) end
   return lock
 end
 

@@ -5,8 +5,8 @@
 ** releaser and to check their 'self', and nothing else.  Its objects have
 ** the sizes of ours (async_mutex.h: a Releaser, an untimed Waiter), so
 ** the allocator and the collector do the same work.
-**   cc -shared -fPIC -O2 -I/usr/include/lua5.4 -o build/bench/api_floor.so \
-**      bench/tools/api_floor.c
+**   cc -shared -fPIC -O3 -fno-plt -I/usr/include/lua5.4 \
+**      -o build/bench/api_floor.so bench/tools/api_floor.c   (the Makefile's flags)
 **   local f = package.loadlib("build/bench/api_floor.so", "luaopen_api_floor")()
 **   local x = f.new()        -- a "lock": a userdata with its own metatable
 **   x:fresh()()              -- a releaser: userdata, metatable, user value
@@ -14,7 +14,8 @@
 **   x:waited()()             -- a waited acquire's object, made and handed
 **                               out at once (no yield)
 **   f.start(uv.new_idle())   -- then, in a coroutine: x:acquire()() waits
-**                               as ours does (below), resumed from C
+**                               as ours does (below), resumed from C;
+**                               x:acquire_bare()() without the checks
 ** bench/scenarios.lua runs these as IMPL `floor` with the flag `shape`.
 */
 
@@ -140,18 +141,20 @@ static int finish_wait (lua_State *L, int status, lua_KContext ctx) {
   lua_pushvalue(L, 2);                  /* the waiter, handed out */
   lua_closeslot(L, 2);
   w->state = S_HELD;
-  lua_pushvalue(L, CHECKED_MT);
+  lua_pushvalue(L, w->weight ? CHECKED_MT : PLAIN_MT);
   lua_setmetatable(L, -2);
   return 1;
 }
 
-static int acquire_wait (lua_State *L) {
+/* 'checked': both self checks (its own, its releaser's) */
+static int wait (lua_State *L, int checked) {
   Sched *s = (Sched *)lua_touserdata(L, SCHED);
   Releaser *w;
-  checkself(L, LOCK_MT, "api_floor.Lock");
+  if (checked) checkself(L, LOCK_MT, "api_floor.Lock");
   lua_settop(L, 1);
   w = (Releaser *)lua_newuserdatauv(L, AM_UNTIMED_SIZE, 1);
-  *w = (Releaser){.lock = NULL, .state = S_NEW, .ref = LUA_NOREF};
+  *w = (Releaser){.lock = NULL, .weight = checked, .state = S_NEW,
+                  .ref = LUA_NOREF};
   lua_pushvalue(L, WAITER_MT);
   lua_setmetatable(L, -2);
   lua_toclose(L, -1);
@@ -164,6 +167,14 @@ static int acquire_wait (lua_State *L) {
     call_idle(L, 1);
   }
   return lua_yieldk(L, 0, (lua_KContext)w, finish_wait);
+}
+
+static int acquire_wait (lua_State *L) {
+  return wait(L, 1);
+}
+
+static int acquire_wait_bare (lua_State *L) {
+  return wait(L, 0);
 }
 
 /* The idle callback: resumes the ready coroutines in order, those readied
@@ -243,6 +254,7 @@ LUAMOD_API int luaopen_api_floor (lua_State *L) {
   SET("checked", checked, 8);
   SET("waited", waited, 8);
   SET("acquire", acquire_wait, 8);
+  SET("acquire_bare", acquire_wait_bare, 8);
   lua_setfield(L, 1, "__index");
   SET("__call", release_plain, 2);
   SET("__close", release_plain, 2);
