@@ -1,6 +1,6 @@
 -- The benchmark scenarios, one per process, printing one JSON line.
 --
---   lua5.4 bench/scenarios.lua IMPL SCENARIO [N [M]] [before | fresh]
+--   lua5.4 bench/scenarios.lua IMPL SCENARIO [N [M]] [before | fresh | shape=S]
 --
 -- IMPL is `ours` (require "async_mutex": run from the repository root with
 -- LUA_PATH="src/?.lua;src/?/init.lua;;" LUA_CPATH="build/?.so;;"), `lua` (the
@@ -14,13 +14,18 @@
 -- apart from being started).  `before` (timeout, cancel, priority) creates
 -- the coroutines before the clock starts instead, to time the lock alone:
 -- that figure is compared with the other Lua peers only, never with Node.
+-- `shape=S` (IMPL floor, pairs and handoff; build/bench/api_floor.so built
+-- first, as bench/tools/api_floor.c says) runs ours's loop on a lock that
+-- makes only the calls the API's shape requires (docs/bench.md, "What the
+-- API shape costs"): S = fresh_bare, fresh, checked or waited (pairs),
+-- acquire or acquire_bare (handoff).
 
 local here = arg[0]:match("^(.*)/[^/]*$") or "."
 package.path = here .. "/?.lua;" .. package.path
 
 local uv = require "luv"           -- on the main thread, before any coroutine
 
-local USAGE = "usage: scenarios.lua ours|lua|floor SCENARIO [N [M]] [before | fresh | wait]"
+local USAGE = "usage: scenarios.lua ours|lua|floor SCENARIO [N [M]] [before | fresh | wait | shape=S]"
 local impl_name, scenario = arg[1], arg[2]
 local am, floor
 if impl_name == "ours" then am = require "async_mutex"
@@ -34,7 +39,24 @@ for i = 3, #arg do
   local v = tonumber(arg[i])
   if v then nums[#nums + 1] = v
   elseif arg[i] == "before" or arg[i] == "fresh" or arg[i] == "wait" then flags[arg[i]] = true
+  elseif arg[i]:match("^shape=[%w_]+$") and floor then flags.shape = arg[i]:sub(7)
   else error(USAGE) end
+end
+-- shape=S: the API shape's floor (bench/tools/api_floor.c), a lock whose
+-- acquire is S, run by ours's loop (the same bytecode)
+local api_floor = flags.shape
+  and assert(package.loadlib("build/bench/api_floor.so", "luaopen_api_floor"))()
+if api_floor then floor = nil end     -- ours's loops, on the floor's lock
+local SHAPES = { pairs = { fresh_bare = true, fresh = true, checked = true,
+                           waited = true },
+                 handoff = { acquire = true, acquire_bare = true } }
+local function shape_lock(scenario_name)
+  assert(SHAPES[scenario_name][flags.shape], USAGE)
+  local lock = api_floor.new()
+  local methods = getmetatable(lock).__index
+  methods.acquire = methods[flags.shape]
+  if scenario_name == "handoff" then api_floor.start(uv.new_idle()) end
+  return lock
 end
 
 -- The clock, in nanoseconds: BENCH_CLOCK=cpu (the default) is the process's
@@ -209,7 +231,8 @@ local function handoff_run(ncoro, ncycles, fresh)
   -- floor) the same two upvalue reads, unlike asking the lock.
   local releases = 0
   local m, release_holder
-  if not floor then
+  if api_floor then m = shape_lock("handoff")
+  elseif not floor then
     m = am.Mutex.new()
     release_holder = hold(m)
   end
@@ -447,7 +470,7 @@ end
 -- from a run of 2n, so that start-up and set-up cancel.
 function S.pairs(n)
   n = n or 100000
-  local m = floor and "x" or am.Mutex.new()
+  local m = api_floor and shape_lock("pairs") or floor and "x" or am.Mutex.new()
   local nop = coroutine.isyieldable
   spawn(function()
     for _ = 1, n do

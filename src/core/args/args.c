@@ -542,16 +542,21 @@ lua_Integer am_checkcount (lua_State *L, int idx) {
 ** A priority: any number but NaN, default 0; compared exactly as Lua
 ** compares numbers (async_mutex.h: Key).
 */
+/* The default priority: the integer 0. */
+static Key priority_zero (void) {
+  Key k;
+  k.n = 0;
+  k.i = 0;
+  k.flt = 0;
+  return k;
+}
+
+
 static Key optpriority (lua_State *L, int idx, int base,
                         const char *fname) {
   lua_Number p;
   Key k;
-  if (lua_isnoneornil(L, idx)) {           /* the integer 0 */
-    k.n = 0;
-    k.i = 0;
-    k.flt = 0;
-    return k;
-  }
+  if (lua_isnoneornil(L, idx)) return priority_zero();
   if (lua_isinteger(L, idx)) {
     k.i = lua_tointeger(L, idx);
     k.n = (lua_Number)k.i;
@@ -588,9 +593,17 @@ void am_checkkey (lua_State *L, int idx, int base, const char *fname) {
 */
 void am_parse_request (lua_State *L, Request *rq, const LockKind *kind) {
   int idx = rq->first;
-  rq->weight = kind->weighted ? am_optweight(L, idx++, rq->base, rq->fname)
-                              : rq->mode ? rq->mode : 1;
-  rq->priority = optpriority(L, idx, rq->base, rq->fname);
+  if (idx > lua_gettop(L)) {
+    /* no argument (most often: m:acquire()): the defaults, without
+       asking each argument's type (a call each) */
+    rq->weight = kind->weighted || rq->mode == 0 ? 1 : rq->mode;
+    rq->priority = priority_zero();
+  }
+  else {
+    rq->weight = kind->weighted ? am_optweight(L, idx++, rq->base, rq->fname)
+                                : rq->mode ? rq->mode : 1;
+    rq->priority = optpriority(L, idx, rq->base, rq->fname);
+  }
   if (rq->wait < AM_TRY && !lua_isyieldable(L))       /* tries, steals */
     am_check_yieldable(L, lua_pushfstring(L, "%s %s",
                        rq->kind == W_ACQUIRE ? "acquire" : "wait for",
