@@ -63,8 +63,10 @@ local armed = setmetatable({}, { __mode = "k" })
 local lease_timer = uv.new_timer()
 local timer_due
 
+-- (RE-ENTRY: a hook or a finalizer that ends the lease between arm's two
+-- stores finds one of them made: either ends its place on the timer)
 local function stop_timer(lease)
-  if lease.timer then
+  if lease.timer or armed[lease] then
     lease.timer = nil
     armed[lease] = nil
     if timer_due and next(armed) == nil then
@@ -196,8 +198,8 @@ function arm(lease)
   if lease.state ~= "held" then return end
   local due = lease.valid_until
   if lease.next_renew and lease.next_renew < due then due = lease.next_renew end
-  lease.timer = due
   armed[lease] = true
+  lease.timer = due
   if not timer_due or due < timer_due then set_timer(due) end
   -- ended by a close() in a hook of the calls above: it must not stay on
   -- the timer (which would keep uv.run() from returning)
@@ -214,7 +216,7 @@ function on_fire()
   local due, n, first = {}, 0, nil
   for lease in pairs(armed) do
     local d = lease.timer
-    if d <= t then
+    if not d or d <= t then
       n = n + 1
       due[n] = lease
     elseif not first or d < first then
