@@ -238,6 +238,13 @@ local on_shared
 -- later.
 local function shared_at(due, t)
   if shared_due and shared_due <= due then return end
+  -- closed by someone else (a uv.walk that closes every handle,
+  -- docs/semantics.md "Re-entry"): a new one, or no timeout would ever
+  -- fire again
+  if not alive(shared_timer) or shared_timer:is_closing() then
+    shared_timer = uv.new_timer()
+    fresh_guard()
+  end
   shared_due = due
   uv.update_time()    -- luv's timers count from the loop's clock: as of now
   start_timer(shared_timer, max(0, ceil(due - t)), on_shared)

@@ -190,8 +190,12 @@ local on_fire
 
 local function set_timer(due)
   timer_due = due
+  -- closed by someone else (a uv.walk that closes every handle,
+  -- docs/semantics.md "Re-entry"): a new one, or no lease would be
+  -- renewed again
+  if not alive(lease_timer) or lease_timer:is_closing() then lease_timer = uv.new_timer() end
   local ms = max(0, (due - hrtime()) / NS)
-  if alive(lease_timer) then lease_timer:start(ceil(ms), 0, on_fire) end
+  lease_timer:start(ceil(ms), 0, on_fire)
 end
 
 function arm(lease)
