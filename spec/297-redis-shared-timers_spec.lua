@@ -1,10 +1,9 @@
--- The timers a process shares across its Redis clients and leases
--- (docs/redis.md, "Timeouts and back-off"; docs/redis-locks.md,
--- "Performance"): the command timeouts of every client run on one timer,
--- set for the earliest of them, and every lease is on one timer, set for
--- the earliest renewal or end.  A client or a lease that joins with an
--- earlier time than the timer's must still be served at that time, and
--- each leaves nothing running once done.
+-- The command timer a process shares across its Redis clients
+-- (docs/redis.md, "Timeouts and back-off"): the command timeouts of every
+-- client run on one timer, set for the earliest of them.  A client that
+-- joins with an earlier time than the timer's must still be served at
+-- that time, and nothing is left running once done.  And the leases of
+-- several locks of one client, each renewed and lost at its own time.
 
 local h = require "helpers"
 local redis = require "async_mutex.redis"
@@ -85,13 +84,13 @@ describe("the command timer shared by the clients", function()
     end))
 end)
 
-describe("the timer shared by the leases", function()
+describe("the leases of one process, each on its own timer", function()
   it("renews a short lease taken while a long one holds, and stops with the last",
     h.async(function()
       local c = redis.connect({ port = live.port })
       local lost = {}
       local function on_lost(info) lost[#lost + 1] = info.name end
-      -- the long lease first: the timer is set for its renewal (10 s)
+      -- the long lease first (its renewal due in 10 s)
       local long = am.RedisMutex.new(c, "spec290:long", { ttl = 30000, onLost = on_lost })
       local short = am.RedisMutex.new(c, "spec290:short",
                                       { ttl = 300, renewInterval = 100, onLost = on_lost })
@@ -103,7 +102,7 @@ describe("the timer shared by the leases", function()
       -- Redis has it still: its lease was renewed
       assert.is_true(c:call("PTTL", "spec290:short:h") > 0)
       assert.is_true(r_short())
-      -- the long one alone on the timer, then none
+      -- the long one alone, then none
       h.sleep(150)
       assert.is_true(r_long:check())
       assert.is_true(r_long())

@@ -19,7 +19,7 @@ local alive = rcore.alive
 local getmetatable, ipairs, pairs, pcall, setmetatable, tostring =
   getmetatable, ipairs, pairs, pcall, setmetatable, tostring
 local isyieldable = coroutine.isyieldable
-local huge, max, ceil = math.huge, math.max, math.ceil
+local huge, max, floor, ceil = math.huge, math.max, math.floor, math.ceil
 local format = string.format
 local hrtime, update_time = uv.hrtime, uv.update_time
 
@@ -35,15 +35,10 @@ local usage_error, typeerror, typename = checks.usage_error, checks.typeerror, c
 -- A lease is the releaser of one grant: callable and to-be-closed, with
 -- check() and the fencing token.  Its validity is kept on the local
 -- monotonic clock: it ends 'ttl' minus a drift allowance after the request
--- that last set it was sent.  Every held lease is on one timer of the
--- process, set for the earliest of their next renewals and ends (a
--- lease's field 'timer': the hrtime its own is due; nil: not on it).  A
--- timer per lease was a luv timer's start at each grant and a stop at
--- each release, a RedlockMutex's once per server (6 % of a 5-server
--- cycle's instructions); now a grant due after the timer's time and a
--- release that leaves other leases on it make no luv call.  The timer
--- stops when the last lease leaves it (a stopped timer keeps no loop
--- running).
+-- that last set it was sent.  One timer per lease fires at the next
+-- renewal or at the end of validity, whichever comes first.  Timers are
+-- kept for the next lease once stopped (a stopped timer keeps no loop
+-- running), so that a cycle of acquire and release makes no handle.
 
 local Lease = { __name = "async_mutex.RedisReleaser" }
 local lease_methods = {}
@@ -53,25 +48,24 @@ local function drift(ttl) return ttl // 100 + 2 end
 
 local report                        -- reports an error of onLost
 
--- The leases on the timer, weakly (a lease is held by its lock's holds
--- while it is held: a lease dropped with its lock is not kept by the
--- timer); the timer, made with the module by the program's own code and
--- kept; the hrtime it is set for (nil: stopped).  At lua_close luv may
--- have finalized the timer before a finalizer ends the last holds (a
--- client's close): it is then left alone (alive).
-local armed = setmetatable({}, { __mode = "k" })
-local lease_timer = uv.new_timer()
-local timer_due
+-- A timer's callback is made with the timer and finds its lease in
+-- 'owner' (weak values): a spare timer holds no lease, so no lock or client
+-- is kept alive by it.
+local spare_timers, SPARE_MAX = {}, 64
+local owner, fire_of = setmetatable({}, { __mode = "v" }), {}
 
--- (RE-ENTRY: a hook or a finalizer that ends the lease between arm's two
--- stores finds one of them made: either ends its place on the timer)
 local function stop_timer(lease)
-  if lease.timer or armed[lease] then
+  local t = lease.timer
+  if t then
     lease.timer = nil
-    armed[lease] = nil
-    if timer_due and next(armed) == nil then
-      timer_due = nil
-      if alive(lease_timer) then lease_timer:stop() end
+    owner[t] = nil
+    t:stop()
+    local n = #spare_timers
+    if n < SPARE_MAX then
+      spare_timers[n + 1] = t
+    else
+      fire_of[t] = nil
+      close_handle(t)
     end
   end
 end
@@ -186,59 +180,33 @@ local function on_timer(lease)
   arm(lease)
 end
 
-local on_fire
-
-local function set_timer(due)
-  timer_due = due
-  -- closed by someone else (a uv.walk that closes every handle,
-  -- docs/semantics.md "Re-entry"): a new one, or no lease would be
-  -- renewed again
-  if not alive(lease_timer) or lease_timer:is_closing() then lease_timer = uv.new_timer() end
-  local ms = max(0, (due - hrtime()) / NS)
-  lease_timer:start(ceil(ms), 0, on_fire)
-end
-
 function arm(lease)
   if lease.state ~= "held" then return end
   local due = lease.valid_until
   if lease.next_renew and lease.next_renew < due then due = lease.next_renew end
-  armed[lease] = true
-  lease.timer = due
-  if not timer_due or due < timer_due then set_timer(due) end
-  -- ended by a close() in a hook of the calls above: it must not stay on
-  -- the timer (which would keep uv.run() from returning)
-  if lease.state ~= "held" then stop_timer(lease) end
-end
-
--- The leases whose time has come are taken off the timer and looked at
--- (on_timer: lost, renewed, put back on it); the timer is set for the
--- earliest of the others first.  (Collected first: on_timer changes
--- 'armed'.)
-function on_fire()
-  timer_due = nil
-  local t = hrtime()
-  local due, n, first = {}, 0, nil
-  for lease in pairs(armed) do
-    local d = lease.timer
-    if not d or d <= t then
-      n = n + 1
-      due[n] = lease
-    elseif not first or d < first then
-      first = d
+  local ms = max(0, (due - hrtime()) / NS)
+  local t = lease.timer
+  if not t then
+    local n = #spare_timers
+    if n > 0 then
+      t = spare_timers[n]
+      spare_timers[n] = nil
+    else
+      local new = uv.new_timer()
+      fire_of[new] = function()
+        local l = owner[new]
+        if l then on_timer(l) end
+      end
+      t = new
     end
+    lease.timer = t
+    owner[t] = lease
   end
-  if first then set_timer(first) end
-  for i = 1, n do
-    local lease = due[i]
-    if armed[lease] then
-      lease.timer = nil
-      armed[lease] = nil
-      on_timer(lease)
-    end
-  end
-  if timer_due and next(armed) == nil then
-    timer_due = nil
-    if alive(lease_timer) then lease_timer:stop() end
+  t:start(floor(ms) + (ms % 1 > 0 and 1 or 0), 0, fire_of[t])
+  -- ended by a close() in a hook of the luv calls above: its timer must not
+  -- run (it would keep uv.run() from returning)
+  if lease.state ~= "held" then
+    if lease.timer == t then stop_timer(lease) else t:stop() end
   end
 end
 
@@ -446,6 +414,10 @@ local function client_closed(hub)
       if lease.state == "held" then
         lease.state = "released"
         open_gate(lease)
+        local t = lease.timer
+        if t and not alive(t) then
+          lease.timer, owner[t], fire_of[t] = nil, nil, nil
+        end
         stop_timer(lease)
         forget(lease)
         hub.users = hub.users - 1
