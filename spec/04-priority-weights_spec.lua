@@ -116,13 +116,7 @@ describe("weights", function()
     assert.is_false(b.done)                    -- head-of-line blocking
     assert.equal(2, s:getValue())
     s:setValue(3)                              -- a takes all 3, b still waits
-    h.tick()
-    assert.is_true(a.done)
-    assert.is_false(b.done)
-    a.release()
-    h.tick()
-    assert.is_true(b.done)
-    b.release()
+    h.served_in_turn(a, b)
   end))
 
   it("lets a request skip the queue only with a strictly higher priority than its head", h.async(function()

@@ -22,11 +22,14 @@
 -- code), h.check_one_owner(lock, a, b), h.occupancy() (how many are inside
 -- a section at once), h.without_yield(fn), h.granted_at_once(n, take) (n
 -- grants without a yield), h.cancel_exclusive_waiter(lock),
--- h.handed_on_refuses_try(), h.newcomer_behind_waiter(lock), h.try_now(fn),
+-- h.handed_on_refuses_try(), h.newcomer_behind_waiter(lock),
+-- h.served_in_turn(first, second) and h.granted_in_turn(log, first, second)
+-- (two waiters served in that order), h.try_now(fn),
 -- h.error_of(fn) (message without "file:line: "), h.keys_of(keyed),
 -- h.count_handles(kind),
 -- h.run_loop(ms) (uv.run() from main code), h.subprocess(code) (a separate
--- lua5.4; h.am_subprocess(code): one with uv and am), h.instructions(code) (callgrind's count of one), h.load(n) (load-test sizes), h.gc(), h.closing(...) (closes
+-- lua5.4; h.am_subprocess(code): one with uv and am; h.clean_exit(res, out): its
+-- stderr empty, exit 0, stdout out), h.instructions(code) (callgrind's count of one), h.load(n) (load-test sizes), h.gc(), h.closing(...) (closes
 -- clients and servers when a case ends, also when it fails), h.ms_since(t0),
 -- h.with_loop_clock(fn) (deadlines counted from uv.now(), as a model does),
 -- h.reports_during(fn) (the module's reports of failures made meanwhile),
@@ -454,12 +457,36 @@ function helpers.newcomer_behind_waiter(lock, after_release, ...)
   if after_release then after_release() end
   local b = helpers.acquirer(log, "b", lock, table.unpack(key, 1, key.n), 100)
   assert.is_false(b.done)
+  helpers.granted_in_turn(log, a, b)
+end
+
+--- Checks that `first` then `second` (records of h.acquirer, h.reader,
+-- ...) are served one at a time, in that order: after a loop turn first
+-- is granted and second still waits; once first releases, second is
+-- granted, and releases.
+function helpers.served_in_turn(first, second)
+  local assert = require "luassert"
   helpers.tick()
-  assert.same({ "a" }, log)
-  a.release()
+  assert.is_true(first.ok)
+  assert.is_false(second.done)
+  first.release()
   helpers.tick()
-  assert.same({ "a", "b" }, log)
-  b.release()
+  assert.is_true(second.ok)
+  second.release()
+end
+
+--- The same, seen in `log`: `first` then `second` (records of h.acquirer, h.reader,
+-- ...: their names go to `log`, empty until then) are granted one at a
+-- time, in that order: after a loop turn only first is; once first
+-- releases, second is, and releases.
+function helpers.granted_in_turn(log, first, second)
+  local assert = require "luassert"
+  helpers.tick()
+  assert.same({ first.name }, log)
+  first.release()
+  helpers.tick()
+  assert.same({ first.name, second.name }, log)
+  second.release()
 end
 
 --- A runExclusive waiter on `lock` (held by the caller), canceled
@@ -742,6 +769,17 @@ function helpers.subprocess(code, timeout_s, prefix)
   os.remove(script)
   os.remove(errfile)
   return { rc = rc, how = how, stdout = out, stderr = err }
+end
+
+--- The check of a child (helpers.subprocess) that must end cleanly:
+-- nothing on stderr, exit code 0, and its stdout `stdout` when given.
+-- Returns its stdout.
+function helpers.clean_exit(res, stdout)
+  local assert = require "luassert"
+  assert.equal("", res.stderr)
+  assert.equal(0, res.rc, "exit status " .. tostring(res.rc) .. " (" .. tostring(res.how) .. ")")
+  if stdout ~= nil then assert.equal(stdout, res.stdout) end
+  return res.stdout
 end
 
 --- Runs the re-entrancy fuzzer `script` (spec/fuzz/..., its "run SEED N"
