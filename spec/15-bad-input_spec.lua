@@ -382,8 +382,7 @@ end)
 
 describe("blocking calls in a non-yieldable context inside a coroutine", function()
   -- inside a coroutine that cannot yield here: said so, not "outside a coroutine"
-  local CANNOT_YIELD = " where the coroutine cannot yield (inside a metamethod or a function"
-    .. " called from C, such as a table.sort comparator)"
+  local CANNOT_YIELD = h.CANNOT_YIELD
 
   it("raise from a string.gsub callback even when the lock is free, and change nothing", h.async(function()
     local m, s = am.Mutex.new(), am.Semaphore.new(2)

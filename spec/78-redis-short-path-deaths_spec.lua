@@ -16,14 +16,10 @@ local queued = R.queued
 
 -- A child that queues for the lock ARGS[1] (waiterTimeout ARGS[2]) and
 -- would hold it for a minute.
-local WAITER = R.PROLOGUE .. [[
+local WAITER = R.PROLOGUE .. R.HOLD_UNTIL_KILLED .. [[
 main(function()
   local m = am.RedisMutex.new(client, ARGS[1], { waiterTimeout = tonumber(ARGS[2]) })
-  local r = m:acquire()
-  io.stdout:write("held\n")
-  io.stdout:flush()
-  am.sleep(60000)            -- killed before: the client is never closed
-  r()
+  hold_until_killed(m:acquire())
 end)
 ]]
 

@@ -369,6 +369,19 @@ function helpers.spawn(fn, ...)
   return co
 end
 
+--- The end of the message of a call that would wait where the coroutine
+-- cannot yield (docs/semantics.md): "attempt to <act>" .. this.
+helpers.CANNOT_YIELD = " where the coroutine cannot yield (inside a metamethod or a function"
+  .. " called from C, such as a table.sort comparator)"
+
+--- The error of fn() called from a string.gsub callback (a C function: the
+-- running coroutine cannot yield there), without "file:line: ".
+function helpers.cannot_yield_error(fn)
+  local err
+  ("x"):gsub(".", function() err = helpers.error_of(fn) end)
+  return err
+end
+
 --- Spawns a coroutine that calls lock:acquire(...) under pcall and returns a
 -- record of it: w.co, w.done (acquire returned or raised), w.ok, w.err,
 -- w.value (semaphores), w.release (the releaser), w.n (number of results).

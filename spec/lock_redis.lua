@@ -473,6 +473,19 @@ for why, n in pairs(reasons) do io.stdout:write(("unavailable %d: %s\n"):format(
 os.exit(0)
 ]]
 
+--- Child code after R.PROLOGUE (specs 78 and 196): hold_until_killed(r)
+-- says "held" (the line the parent waits for), then keeps the hold `r` a
+-- minute: the parent kills the child before, so its client is never
+-- closed.
+R.HOLD_UNTIL_KILLED = [[
+local function hold_until_killed(r)
+  io.stdout:write("held\n")
+  io.stdout:flush()
+  am.sleep(60000)
+  r()
+end
+]]
+
 --- The start of a worker of timed sections (specs 120 and 126): R.PROLOGUE,
 -- then its arguments NAME, TTL and WAIT (the lock's ttl and waiterTimeout,
 -- ms), N (how many sections), SEED, LOG, ID; math.random seeded; `f`, LOG
@@ -594,6 +607,18 @@ function R.grant_time(lock, clock)
     r()
   end)
   return function() return got end
+end
+
+--- Fences strictly increasing, hold after hold: `n` holds taken in turn
+-- (take(i) returns the i-th one's releaser, with its `fence`), each fence
+-- above the one before (the first above `last`), each released.
+function R.fences_increase(n, last, take)
+  for i = 1, n do
+    local r = take(i)
+    assert(r.fence > last, ("hold %d: fence %s not above %s"):format(i, tostring(r.fence), tostring(last)))
+    last = r.fence
+    r()
+  end
 end
 
 --- A renewed lock handed off (specs 202 and 243, locks with replicas):

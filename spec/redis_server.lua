@@ -60,6 +60,16 @@ local function wait_for(pred, what)
   error("redis_server: " .. what .. " after 20 s", 3)
 end
 
+--- The PID a daemonized redis-server wrote to `pidfile`, or nil while
+-- there is none (also for redis_sentinel.lua's sentinels).
+function M.read_pid(pidfile)
+  local f = io.open(pidfile)
+  if not f then return nil end
+  local pid = tonumber(f:read("a"))
+  f:close()
+  return pid
+end
+
 function Server:launch()
   os.remove(self.path)
   os.remove(self.pidfile)
@@ -72,10 +82,7 @@ function Server:launch()
   wait_for(function() return sh("test -S " .. shquote(self.path)) end,
     "no socket " .. self.path)
   wait_for(function()
-    local f = io.open(self.pidfile)
-    if not f then return false end
-    self.pid = tonumber(f:read("a"))
-    f:close()
+    self.pid = M.read_pid(self.pidfile)
     return self.pid ~= nil
   end, "no pid file")
   return self
