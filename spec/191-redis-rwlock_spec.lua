@@ -10,6 +10,15 @@ local R = require "lock_redis"
 
 local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec191")
 
+-- Four processes' RedisRWLocks on one fresh name (a client each): the
+-- locks, their clients, the name.
+local function four_rwlocks()
+  local a, b, c, d = server:client(), server:client(), server:client(), server:client()
+  local name = fresh_name()
+  local new = am.RedisRWLock.new
+  return new(a, name), new(b, name), new(c, name), new(d, name), a, b, c, d, name
+end
+
 describe("RedisRWLock", function()
   it("lets readers of several processes share it, and a writer hold it alone", h.async(function()
     local ra, rb, a, b, name = R.two_locks(server, fresh_name, am.RedisRWLock)
@@ -40,10 +49,7 @@ describe("RedisRWLock", function()
 
   it("queues a reader behind a waiting writer, and grants the readers at the head together",
     h.async(function()
-      local a, b, c, d = server:client(), server:client(), server:client(), server:client()
-      local name = fresh_name()
-      local la, lb = am.RedisRWLock.new(a, name), am.RedisRWLock.new(b, name)
-      local lc, ld = am.RedisRWLock.new(c, name), am.RedisRWLock.new(d, name)
+      local la, lb, lc, ld, a, b, c, d, name = four_rwlocks()
       local log = {}
       local r0 = la:acquireRead()
       local w = h.requester("acquireWrite", log, "w", lb)      -- waits for r0
@@ -146,10 +152,7 @@ end)
 describe("RedisRWLock's downgrade", function()
   it("turns the write into a read with no writer in between; the readers at the head join",
     h.async(function()
-      local a, b, c, d = server:client(), server:client(), server:client(), server:client()
-      local name = fresh_name()
-      local la, lb = am.RedisRWLock.new(a, name), am.RedisRWLock.new(b, name)
-      local lc, ld = am.RedisRWLock.new(c, name), am.RedisRWLock.new(d, name)
+      local la, lb, lc, ld, a, b, c, d, name = four_rwlocks()
       local w = la:acquireWrite()
       local r1 = h.requester("acquireRead", nil, "r1", lb)
       h.wait_until(function() return R.queued(a, name) == 1 end)
