@@ -5,9 +5,7 @@ local uv = require "luv"
 local redis_server = require "redis_server"
 local am = require "async_mutex"
 
-local h, redis, server = redis_server.spec_file(setup, teardown)
-
-local function client(opts) return server:client(opts) end
+local h, redis, server, client = redis_server.spec_file(setup, teardown)
 
 describe("redis.connect", function()
   it("connects over TCP and over a unix socket", h.async(function()

@@ -4,9 +4,7 @@
 local redis_server = require "redis_server"
 local am = require "async_mutex"
 
-local h, redis, server = redis_server.spec_file(setup, teardown)
-
-local function client(opts) return server:client(opts) end
+local h, redis, server, client = redis_server.spec_file(setup, teardown)
 
 describe("client:subscribe", function()
   it("delivers messages to fn(message, channel) once the server confirmed", h.async(function()

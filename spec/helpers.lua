@@ -27,7 +27,8 @@
 -- (two waiters served in that order), h.try_now(fn),
 -- h.error_of(fn) (message without "file:line: "), h.keys_of(keyed),
 -- h.count_handles(kind),
--- h.run_loop(ms) (uv.run() from main code), h.subprocess(code) (a separate
+-- h.run_loop(ms) (uv.run() from main code), h.tcp_server(on_data) (a loopback
+-- server that reads and, by default, never answers), h.subprocess(code) (a separate
 -- lua5.4; h.am_subprocess(code): one with uv and am; h.clean_exit(res, out): its
 -- stderr empty, exit 0, stdout out), h.instructions(code) (callgrind's count of one), h.load(n) (load-test sizes), h.gc(), h.closing(...) (closes
 -- clients and servers when a case ends, also when it fails), h.ms_since(t0),
@@ -706,6 +707,27 @@ function helpers.closing(...)
       end
     end
   end })
+end
+
+--- A TCP server on a free loopback port that accepts every connection and
+-- reads from it: on_data(conn, data) gets what it reads (data nil at the
+-- end of the stream); by default it reads and never answers.  Returns the
+-- port and a function that closes the server and its connections.
+function helpers.tcp_server(on_data)
+  on_data = on_data or function() end
+  local listener = uv.new_tcp()
+  assert(listener:bind("127.0.0.1", 0))
+  local conns = {}
+  assert(listener:listen(16, function()
+    local conn = uv.new_tcp()
+    listener:accept(conn)
+    conns[#conns + 1] = conn
+    conn:read_start(function(_, data) on_data(conn, data) end)
+  end))
+  return listener:getsockname().port, function()
+    for _, conn in ipairs(conns) do if not conn:is_closing() then conn:close() end end
+    listener:close()
+  end
 end
 
 --- Full collection, twice (finalizers run in the first, memory freed in the second).

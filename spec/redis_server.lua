@@ -157,10 +157,13 @@ function M.for_file(setup, teardown, start)
 end
 
 --- The head of a Redis client spec file in one line: the spec helpers,
--- the client module and the file's server (M.for_file):
---   local h, redis, server = require("redis_server").spec_file(setup, teardown)
+-- the client module, the file's server (M.for_file) and client(opts), a
+-- new client of that server (server:client(opts)):
+--   local h, redis, server, client = require("redis_server").spec_file(setup, teardown)
 function M.spec_file(setup, teardown)
-  return require "helpers", require "async_mutex.redis", M.for_file(setup, teardown)
+  local server = M.for_file(setup, teardown)
+  return require "helpers", require "async_mutex.redis", server,
+    function(opts) return server:client(opts) end
 end
 
 --- The same for each test: a new server started before each test and
