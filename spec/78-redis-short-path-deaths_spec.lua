@@ -10,7 +10,7 @@
 local R = require "lock_redis"
 local uv = require "luv"
 
-local am, h, server = R.spec_file(setup, teardown)
+local am, h, server, _, with = R.spec_file(setup, teardown)
 
 local queued = R.queued
 
@@ -57,8 +57,7 @@ describe("waiters queued by the short path that die", function()
   end, { deadline = 30000 }))
 
   it("behind a holder that dies hold the live waiter up no longer than ttl + waiterTimeout",
-    h.async(function()
-      local c = server:client()
+    with.client(function(c)
       local name = "spec78:lease"
       -- long enough for the three waiters to start and queue before it
       -- ends (slowed down, under make asan, each start takes longer)
@@ -83,6 +82,5 @@ end)
       assert.is_true(release.fence > fence0)
       assert.equal(0, queued(c, name))
       assert.is_true(release())
-      c:close()
     end, { deadline = 30000 }))
 end)

@@ -156,14 +156,33 @@ function M.for_file(setup, teardown, start)
   end })
 end
 
+--- The cases of a spec file whose set-up is one client, client(), and
+-- whose tear-down closes it once the body has returned (a failed case's
+-- clients are closed by h.run): with.client(fn, opts) makes the body of an
+-- `it` (h.async(..., opts)) that runs fn(c).
+--   it("...", with.client(function(c) ... end))
+function M.cases(client)
+  local h = require "helpers"
+  return {
+    client = function(fn, opts)
+      return h.async(function()
+        local c = client()
+        fn(c)
+        c:close()
+      end, opts)
+    end,
+  }
+end
+
 --- The head of a Redis client spec file in one line: the spec helpers,
--- the client module, the file's server (M.for_file) and client(opts), a
--- new client of that server (server:client(opts)):
---   local h, redis, server, client = require("redis_server").spec_file(setup, teardown)
+-- the client module, the file's server (M.for_file), client(opts), a new
+-- client of that server (server:client(opts)), and the cases of one such
+-- client (M.cases):
+--   local h, redis, server, client, with = require("redis_server").spec_file(setup, teardown)
 function M.spec_file(setup, teardown)
   local server = M.for_file(setup, teardown)
-  return require "helpers", require "async_mutex.redis", server,
-    function(opts) return server:client(opts) end
+  local function client(opts) return server:client(opts) end
+  return require "helpers", require "async_mutex.redis", server, client, M.cases(client)
 end
 
 --- The same for each test: a new server started before each test and
