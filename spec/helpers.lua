@@ -14,6 +14,9 @@
 -- a coroutine the module resumed and that died, in a helper timer) are
 -- collected and make the test fail when the body is done.
 --
+-- h.left_free(new, ..., fn): a case on a new lock, new(...), that fn(lock)
+-- must leave free (no hold; on a keyed lock, no key in use).
+--
 -- Also: h.tick(n) (one loop turn: deferred wake-ups delivered), h.sleep(ms),
 -- h.wait_until(pred), h.spawn(fn, ...), h.acquirer / h.waiter (a coroutine
 -- blocked in acquire / waitForUnlock, with its outcome recorded), h.held(lock)
@@ -274,6 +277,23 @@ function helpers.async(body, opts)
 end
 
 local SLEEP_TOKEN = setmetatable({}, { __name = "helpers.sleep token" })
+
+--- The body of an `it` on a new lock that the case must leave free:
+-- h.left_free(new, ..., fn) makes lock = new(...) and runs fn(lock) as
+-- h.async runs a body, then checks that fn left no hold on the lock
+-- (not lock:isLocked()), or, for a keyed lock, no key in use
+-- (lock:count() == 0).
+--   it("...", h.left_free(am.KeyedSemaphore.new, 2, function(ks) ... end))
+function helpers.left_free(new, ...)
+  local args = table.pack(...)
+  local fn = args[args.n]
+  return helpers.async(function()
+    local lock = new(table.unpack(args, 1, args.n - 1))
+    fn(lock)
+    local assert = require "luassert"
+    if lock.keys then assert.equal(0, lock:count()) else assert.is_false(lock:isLocked()) end
+  end)
+end
 
 --- Suspends the running coroutine for `ms` milliseconds of loop time.
 -- Fails if anything other than its own timer resumes the coroutine (the
