@@ -278,14 +278,12 @@ describe("runExclusive after a wait", function()
     assert.equal(3, s:getValue())
   end))
 
-  it("times out through withTimeout without calling fn", h.async(function()
-    local m, r = h.held(am.Mutex.new())
+  it("times out through withTimeout without calling fn", h.holding(am.Mutex.new, function(m)
     local called = false
     local ok, err = pcall(am.withTimeout(m, 5).runExclusive, am.withTimeout(m, 5),
       function() called = true end)
     assert.is_false(ok)
     assert.equal(am.E_TIMEOUT, err)
     assert.is_false(called)
-    r()
   end))
 end)

@@ -170,13 +170,11 @@ describe("ReentrantMutex and other coroutines", function()
     assert.is_true(coroutine.close(co))
   end))
 
-  it("answers isHeldByMe for the running coroutine only", h.async(function()
-    local m, r = h.held(am.ReentrantMutex.new())
+  it("answers isHeldByMe for the running coroutine only", h.holding(am.ReentrantMutex.new, function(m)
     local other
     h.spawn(function() other = m:isHeldByMe() end)
     assert.is_false(other)
     assert.is_true(m:isHeldByMe())
-    r()
   end))
 end)
 

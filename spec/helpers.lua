@@ -15,7 +15,8 @@
 -- collected and make the test fail when the body is done.
 --
 -- h.left_free(new, ..., fn): a case on a new lock, new(...), that fn(lock)
--- must leave free (no hold; on a keyed lock, no key in use).
+-- must leave free (no hold; on a keyed lock, no key in use);
+-- h.holding(new, fn): a case on a new lock the test holds until it ends.
 --
 -- Also: h.tick(n) (one loop turn: deferred wake-ups delivered), h.sleep(ms),
 -- h.wait_until(pred), h.spawn(fn, ...), h.acquirer / h.waiter (a coroutine
@@ -292,6 +293,18 @@ function helpers.left_free(new, ...)
     fn(lock)
     local assert = require "luassert"
     if lock.keys then assert.equal(0, lock:count()) else assert.is_false(lock:isLocked()) end
+  end)
+end
+
+--- The body of an `it` on a new lock held by the test (h.held) until the
+-- case ends: h.holding(new, fn) makes lock = new(), acquires it, runs
+-- fn(lock, release) as h.async runs a body, then releases it.
+--   it("...", h.holding(am.Mutex.new, function(m, r) ... end))
+function helpers.holding(new, fn)
+  return helpers.async(function()
+    local lock, release = helpers.held(new())
+    fn(lock, release)
+    release()
   end)
 end
 
