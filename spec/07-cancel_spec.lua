@@ -6,8 +6,7 @@ local uv = require "luv"
 local am = require "async_mutex"
 
 describe("Mutex:cancel", function()
-  it("rejects every queued acquirer with exactly am.E_CANCELED", h.async(function()
-    local m, r = h.held(am.Mutex.new())
+  it("rejects every queued acquirer with exactly am.E_CANCELED", h.holding(am.Mutex.new, function(m)
     local a = h.acquirer(nil, "a", m)
     local b = h.acquirer(nil, "b", m, 3)
     m:cancel()
@@ -16,11 +15,9 @@ describe("Mutex:cancel", function()
     assert.is_false(b.ok)
     assert.equal(am.E_CANCELED, a.err)         -- no "file:line:" prefix
     assert.equal(am.E_CANCELED, b.err)
-    r()
   end))
 
-  it("raises the error at level 0, so err == am.E_CANCELED after pcall", h.async(function()
-    local m, r = h.held(am.Mutex.new())
+  it("raises the error at level 0, so err == am.E_CANCELED after pcall", h.holding(am.Mutex.new, function(m)
     local got
     h.spawn(function()
       local ok, err = pcall(function() m:acquire() end)
@@ -29,7 +26,6 @@ describe("Mutex:cancel", function()
     m:cancel()
     h.tick()
     assert.same({ false, am.E_CANCELED }, got)
-    r()
   end))
 
   it("does not revoke the current holder", h.async(function()
@@ -59,8 +55,7 @@ describe("Mutex:cancel", function()
     c.release()
   end))
 
-  it("resumes the rejected waiters in queue order", h.async(function()
-    local m, r = h.held(am.Mutex.new())
+  it("resumes the rejected waiters in queue order", h.holding(am.Mutex.new, function(m)
     local log = {}
     h.acquirer(log, "low", m, -1)
     h.acquirer(log, "first", m)
@@ -69,7 +64,6 @@ describe("Mutex:cancel", function()
     m:cancel()
     h.tick()
     assert.same({ "high", "first", "second", "low" }, log)
-    r()
   end))
 
   it("does nothing with an empty queue", h.async(function()
@@ -122,12 +116,10 @@ describe("Mutex:cancel", function()
     assert.is_false(m:isLocked())
   end)
 
-  it("rejects a runExclusive waiter without calling its function", h.async(function()
-    local m, r = h.held(am.Mutex.new())
+  it("rejects a runExclusive waiter without calling its function", h.holding(am.Mutex.new, function(m)
     local got, called = h.cancel_exclusive_waiter(m)
     assert.same({ false, am.E_CANCELED }, got)
     assert.is_false(called)
-    r()
   end))
 
   it("rejects a withTimeout waiter with the cancel error and stops its timer", function()

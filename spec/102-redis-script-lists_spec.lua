@@ -32,9 +32,7 @@ local core = require "async_mutex.redis_core"
 %s
 local c = redis.connect({ port = %d })
 ]]):format(LYING, server.port) .. body, 30)
-  assert.equal("", res.stderr)
-  assert.equal(0, res.rc)
-  return res.stdout
+  return h.clean_exit(res)
 end
 
 describe("a list whose __len answers differently each time", function()

@@ -17,7 +17,7 @@ local R = require "lock_redis"
 local scripts = require "async_mutex.redis_scripts"
 local uv = require "luv"
 
-local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec120")
+local am, h, server, fresh_name, with = R.spec_file(setup, teardown, "spec120")
 
 -- A worker: N sections of the mutex NAME, each holding for a time drawn
 -- around the ttl, markers in LOG.  Prints "onlost falses stale starved"
@@ -165,8 +165,7 @@ describe("a hand-off that comes long after the waiter's last request", function(
       a:close(); b:close(); c:close()
     end, { deadline = 20000 }))
 
-  it("that comes soon after it is taken as it is: no request more", h.async(function()
-    local ma, mb, a, b, name = R.two_locks(server, fresh_name, am.RedisMutex)
+  it("that comes soon after it is taken as it is: no request more", with.two_locks(am.RedisMutex, function(ma, mb, a, _, name)
     local ra = ma:acquire()
     local rb
     h.spawn(function() rb = mb:acquire() end)
@@ -177,7 +176,6 @@ describe("a hand-off that comes long after the waiter's last request", function(
     h.wait_until(function() return rb ~= nil end)
     assert.equal(before + 1, R.scripts_run(a))            -- the release alone
     assert.is_true(rb())
-    a:close(); b:close()
   end))
 end)
 

@@ -10,7 +10,7 @@
 local R = require "lock_redis"
 local scripts = require "async_mutex.redis_scripts"
 
-local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec121")
+local am, h, server, fresh_name, with = R.spec_file(setup, teardown, "spec121")
 local churn_server = R.file_server(setup, teardown)   -- (the churn's own: DBSIZE counts every key)
 
 local raw = R.eval_script
@@ -19,8 +19,7 @@ local function pttl(client, key) return client:call("PTTL", key) end
 
 describe("the keys of a lock", function()
   it("expire with what they hold: a lease, the queue's deadlines, a waitForUnlock's mark",
-    h.async(function()
-      local c, name = R.one_client(server, fresh_name)
+    with.one_client(function(c, name)
       raw(c, name, scripts.acquire, "A", "1", "1", "500", "300", "ch", "wait")
       local t = pttl(c, name .. ":h")
       assert.is_true(t > 400 and t <= 500, "N:h: " .. t)
@@ -45,12 +44,10 @@ describe("the keys of a lock", function()
       local left = c:call("KEYS", name .. ":*")
       assert.equal(1, #left)
       assert.equal(name .. ":n", left[1])
-      c:close()
     end))
 
   it("never expire before the longest lease or deadline they hold, whatever the options",
-    h.async(function()
-      local c, name = R.one_client(server, fresh_name)
+    with.one_client(function(c, name)
       -- a semaphore of 2: X with a long lease, then Y with a short one
       raw(c, name, scripts.acquire, "X", "2", "1", "100000", "300", "ch", "wait")
       raw(c, name, scripts.acquire, "Y", "2", "1", "100", "300", "ch", "wait")
@@ -74,11 +71,9 @@ describe("the keys of a lock", function()
         assert.is_true(pttl(c, name .. k) > 100000, k)
       end
       c:call("DEL", name .. ":h", name .. ":q", name .. ":w", name .. ":c", name .. ":n")
-      c:close()
     end))
 
-  it("keep fences increasing when the counter has expired", h.async(function()
-    local c, name = R.one_client(server, fresh_name)
+  it("keep fences increasing when the counter has expired", with.one_client(function(c, name)
     local m = am.RedisMutex.new(c, name)
     local r = m:acquire()
     local f1 = r.fence
@@ -89,7 +84,6 @@ describe("the keys of a lock", function()
     r = m:acquire()
     assert.is_true(r.fence > f1)
     r()
-    c:close()
   end))
 end)
 

@@ -15,24 +15,6 @@ local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec122")
 local TIMEOUT = 300
 local SLACK = 20 * h.TIME_SCALE
 
--- A TCP server on loopback that accepts connections, reads what it is
--- sent and never answers.  Returns its port and a function that closes it.
-local function silent_server()
-  local listener = uv.new_tcp()
-  assert(listener:bind("127.0.0.1", 0))
-  local conns = {}
-  assert(listener:listen(16, function()
-    local conn = uv.new_tcp()
-    listener:accept(conn)
-    conns[#conns + 1] = conn
-    conn:read_start(function() end)
-  end))
-  return listener:getsockname().port, function()
-    for _, conn in ipairs(conns) do conn:close() end
-    listener:close()
-  end
-end
-
 -- Runs fn() (which must raise E_UNAVAILABLE) and returns how long it took
 -- in ms.
 local function unavailable_after(fn)
@@ -55,7 +37,7 @@ end
 
 describe("against a server that accepts and never answers", function()
   it("acquire and tryAcquire raise E_UNAVAILABLE within one commandTimeout", h.async(function()
-    local port, stop = silent_server()
+    local port, stop = h.tcp_server()           -- reads, never answers
     local c = redis.connect { host = "127.0.0.1", port = port, commandTimeout = TIMEOUT }
     local m = am.RedisMutex.new(c, fresh_name())
     within_one(unavailable_after(function() m:acquire() end), "acquire")

@@ -10,7 +10,7 @@
 
 local R = require "lock_redis"
 
-local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec123")
+local am, h, server, fresh_name, with = R.spec_file(setup, teardown, "spec123")
 
 local function configure(c, maxmemory, policy)
   c:call("CONFIG", "SET", "maxmemory", maxmemory)
@@ -51,8 +51,7 @@ describe("a server whose maxmemory-policy may evict keys", function()
     end))
 
   it("is refused under every volatile-* policy too (the locks' keys have expiries), and"
-    .. " taken with noeviction or no maxmemory", h.async(function()
-      local admin = server:client()
+    .. " taken with noeviction or no maxmemory", with.client(function(admin)
       for _, case in ipairs({
         { "10000000", "volatile-lru", false }, { "10000000", "volatile-ttl", false },
         { "10000000", "allkeys-lru", false }, { "10000000", "noeviction", true },
@@ -71,7 +70,6 @@ describe("a server whose maxmemory-policy may evict keys", function()
         c:close()
       end
       configure(admin, "0", "noeviction")
-      admin:close()
     end))
 
   it("is read again on each new connection of the client", h.async(function()
@@ -93,8 +91,7 @@ describe("a server whose maxmemory-policy may evict keys", function()
     c:close(); admin:close()
   end))
 
-  it("is not refused when the client may not read it (an ACL without INFO)", h.async(function()
-    local admin = server:client()
+  it("is not refused when the client may not read it (an ACL without INFO)", with.client(function(admin)
     configure(admin, "10000000", "allkeys-random")
     admin:call("ACL", "SETUSER", "spec123", "on", ">pw", "~*", "&*", "+@all", "-info")
     local c = server:client({ username = "spec123", password = "pw" })
@@ -103,7 +100,6 @@ describe("a server whose maxmemory-policy may evict keys", function()
     c:close()
     admin:call("ACL", "DELUSER", "spec123")
     configure(admin, "0", "noeviction")
-    admin:close()
   end))
 end)
 
@@ -139,14 +135,12 @@ describe("the option unsafeEviction = \"warn\"", function()
     assert.equal(line .. line, err)
   end))
 
-  it("takes only \"error\" or \"warn\"", h.async(function()
-    local c = server:client()
+  it("takes only \"error\" or \"warn\"", with.client(function(c)
     assert.equal("bad argument #3 to 'new' (options.unsafeEviction must be \"error\" or"
       .. " \"warn\")", h.error_of(function() am.RedisMutex.new(c, "x", { unsafeEviction = 1 }) end))
     assert.equal("bad argument #4 to 'new' (options.unsafeEviction must be \"error\" or"
       .. " \"warn\")", h.error_of(function()
         am.RedisSemaphore.new(c, "x", 2, { unsafeEviction = "off" }) end))
     am.RedisMutex.new(c, "x", { unsafeEviction = "error" })
-    c:close()
   end))
 end)

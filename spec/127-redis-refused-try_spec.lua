@@ -7,7 +7,7 @@
 
 local R = require "lock_redis"
 
-local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec127")
+local am, h, server, fresh_name, with = R.spec_file(setup, teardown, "spec127")
 
 -- The scripts run by the server while fn() runs and the loop turns after
 -- it (anything sent in the background has been taken: a PING on the same
@@ -22,8 +22,7 @@ local function scripts_during(probe, client, fn)
 end
 
 describe("a refused tryAcquire on a Redis lock", function()
-  it("sends one request: mutex, semaphore, keyed set", h.async(function()
-    local ma, mb, a, b, name = R.two_locks(server, fresh_name, am.RedisMutex)
+  it("sends one request: mutex, semaphore, keyed set", with.two_locks(am.RedisMutex, function(ma, mb, a, b, name)
     local sa, sb = am.RedisSemaphore.new(a, name .. "s", 2), am.RedisSemaphore.new(b, name .. "s", 2)
     local ka, kb = am.KeyedRedisMutex.new(a, name .. ":"), am.KeyedRedisMutex.new(b, name .. ":")
     local ra = ma:acquire()
@@ -55,6 +54,5 @@ describe("a refused tryAcquire on a Redis lock", function()
       assert.is_true(r())
     end)
     assert.equal(2, n)
-    a:close(); b:close()
   end))
 end)

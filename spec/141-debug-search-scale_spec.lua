@@ -196,21 +196,12 @@ local dp = require "debug_programs"
 local KINDS = { "Mutex", "Semaphore", "RWLock", "ReentrantMutex", "KeyedMutex" }
 
 local function gen_program(rnd)
-  local locks = {}
-  for i = 1, rnd(3, 5) do locks[i] = KINDS[rnd(#KINDS)] end
-  local cos = {}
-  for c = 1, rnd(3, 5) do
-    local ops = {}
-    for o = 1, rnd(3, 7) do
-      if o > 1 and rnd(4) == 1 then ops[o] = { "release", rnd(1000) }
-      else
-        local l = rnd(#locks)
-        ops[o] = { rnd(6) == 1 and "unlock" or "acquire", l, rnd(2), rnd(0, 2), rnd(2) == 1 and "x" or "y" }
-      end
-    end
-    cos[c] = ops
-  end
-  return { locks = locks, cos = cos }
+  return dp.program(rnd, { 3, 5 }, { 3, 5 }, { 3, 7 }, function() return KINDS[rnd(#KINDS)] end,
+    function(o, nlocks)
+      if o > 1 and rnd(4) == 1 then return { "release", rnd(1000) } end
+      local l = rnd(nlocks)
+      return { rnd(6) == 1 and "unlock" or "acquire", l, rnd(2), rnd(0, 2), rnd(2) == 1 and "x" or "y" }
+    end)
 end
 
 local function make_lock(kind)
@@ -224,9 +215,7 @@ end
 -- (by index), and the coroutines' records (t.step: the step that last ran
 -- it).
 local function run_program(p, seed, debug_until)
-  local locks = {}
-  for i, kind in ipairs(p.locks) do locks[i] = make_lock(kind) end
-  return dp.run(p, seed, debug_until, function(op, held)
+  return dp.run(p, seed, debug_until, make_lock, function(op, held, locks)
     if op[1] == "release" then
       if #held > 0 then
         local r = table.remove(held, op[2] % #held + 1)

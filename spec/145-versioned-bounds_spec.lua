@@ -18,6 +18,8 @@ local function client()
   return redis.connect({ path = server.path })
 end
 
+local with = require("redis_server").cases(client)
+
 local fresh_key = require("lock_redis").namer("versioned-bounds")
 
 -- A key whose version field reads 'version' (as if that many writes had
@@ -32,8 +34,7 @@ local TWO_53 = 9007199254740992             -- 2^53, an integer
 local MAX = math.maxinteger                 -- 2^63 - 1
 
 describe("versions past 2^53", function()
-  it("each write adds exactly 1, and a stale version is refused at every step", h.async(function()
-    local c = client()
+  it("each write adds exactly 1, and a stale version is refused at every step", with.client(function(c)
     local v, key = at_version(c, TWO_53 - 2)
     local version = TWO_53 - 2
     for _ = 1, 5 do                           -- 2^53 - 1 ... 2^53 + 3
@@ -47,33 +48,27 @@ describe("versions past 2^53", function()
       version = new
     end
     assert.equal(("%d"):format(TWO_53 + 3), c:call("HGET", key, "version"))
-    c:close()
   end))
 
-  it("two writers that read 2^53: one wins, the other is refused", h.async(function()
-    local c = client()
+  it("two writers that read 2^53: one wins, the other is refused", with.client(function(c)
     local v = at_version(c, TWO_53)
     local _, read = v:get()
     assert.equal(TWO_53, read)
     assert.equal(TWO_53 + 1, v:set("first", read))
     assert.is_false(v:set("second", read))
     assert.same({ "first", TWO_53 + 1 }, { v:get() })
-    c:close()
   end))
 
-  it("delete past 2^53 leaves a tombstone one version on, refusing the version before", h.async(function()
-    local c = client()
+  it("delete past 2^53 leaves a tombstone one version on, refusing the version before", with.client(function(c)
     local v = at_version(c, TWO_53 + 1)
     assert.equal(TWO_53 + 2, v:delete(TWO_53 + 1))
     assert.is_false(v:set("late", TWO_53 + 1))
     assert.same({ nil, TWO_53 + 2 }, { v:get() })
     assert.equal(TWO_53 + 2, v:delete(TWO_53 + 2))   -- nothing to delete: as is
     assert.equal(TWO_53 + 3, v:set("again", TWO_53 + 2))
-    c:close()
   end))
 
-  it("update counts exactly past 2^53, coroutines racing on one connection", h.async(function()
-    local c = client()
+  it("update counts exactly past 2^53, coroutines racing on one connection", with.client(function(c)
     local v = at_version(c, TWO_53 - 10)
     c:call("HSET", v.key, "value", "0")
     local n, done = 20, 0
@@ -85,21 +80,17 @@ describe("versions past 2^53", function()
     end
     h.wait_until(function() return done == n end)
     assert.same({ tostring(n), TWO_53 - 10 + n }, { v:get() })
-    c:close()
   end))
 
-  it("carries across every digit (10^18 - 1 to 10^18)", h.async(function()
-    local c = client()
+  it("carries across every digit (10^18 - 1 to 10^18)", with.client(function(c)
     local v, key = at_version(c, 999999999999999999)
     assert.equal(1000000000000000000, v:set("w", 999999999999999999))
     assert.equal("1000000000000000000", c:call("HGET", key, "version"))
-    c:close()
   end))
 end)
 
 describe("the last version, 2^63 - 1", function()
-  it("is reached and read exactly; a write or deletion there is refused with an error, changing nothing", h.async(function()
-    local c = client()
+  it("is reached and read exactly; a write or deletion there is refused with an error, changing nothing", with.client(function(c)
     local v, key = at_version(c, MAX - 1)
     assert.equal(MAX, v:set("last", MAX - 1))
     assert.same({ "last", MAX }, { v:get() })
@@ -112,11 +103,9 @@ describe("the last version, 2^63 - 1", function()
     end
     assert.same({ "last", ("%d"):format(MAX) }, { c:call("HGET", key, "value"), c:call("HGET", key, "version") })
     assert.is_false(v:set("stale", MAX - 1))  -- a stale version is still a conflict
-    c:close()
   end))
 
-  it("a version field above it is not a versioned value (WRONGTYPE), for every method", h.async(function()
-    local c = client()
+  it("a version field above it is not a versioned value (WRONGTYPE), for every method", with.client(function(c)
     for _, field in ipairs({ "9223372036854775808", "99999999999999999999", "18446744073709551616" }) do
       local key = fresh_key()
       c:call("HSET", key, "value", "v", "version", field)
@@ -129,11 +118,9 @@ describe("the last version, 2^63 - 1", function()
       end
       assert.equal(field, c:call("HGET", key, "version"))
     end
-    c:close()
   end))
 
-  it("other forms of a version below 2^53 read as before ('007', '5.0', '1e3')", h.async(function()
-    local c = client()
+  it("other forms of a version below 2^53 read as before ('007', '5.0', '1e3')", with.client(function(c)
     for _, case in ipairs({ { "007", 7 }, { "5.0", 5 }, { "1e3", 1000 }, { "0", 0 } }) do
       local key = fresh_key()
       c:call("HSET", key, "value", "v", "version", case[1])
@@ -142,7 +129,6 @@ describe("the last version, 2^63 - 1", function()
       assert.equal(case[2] + 1, v:set("w", case[2]))
       assert.equal(tostring(case[2] + 1), c:call("HGET", key, "version"))
     end
-    c:close()
   end))
 end)
 

@@ -25,25 +25,17 @@ local PRIOS = { 0, 0, 0, 1, 2, -1, 0.5 }
 -- key, decorator, style } with what "acquire", "unlock" or "all",
 -- decorator "plain", "timed" or "try", style 1: given back by release().
 local function gen_program(rnd)
-  local locks = {}
-  for i = 1, rnd(2, 5) do locks[i] = { kind = KINDS[rnd(#KINDS)], value = rnd(1, 3) } end
-  local cos = {}
-  for c = 1, rnd(2, 6) do
-    local ops = {}
-    for o = 1, rnd(2, 8) do
+  return dp.program(rnd, { 2, 5 }, { 2, 6 }, { 2, 8 },
+    function() return { kind = KINDS[rnd(#KINDS)], value = rnd(1, 3) } end,
+    function(o, nlocks)
       local r = rnd(20)
-      if o > 1 and r <= 4 then ops[o] = { "release", rnd(1000) }
-      elseif o > 1 and r == 5 then ops[o] = { "downgrade", rnd(1000) }
-      else
-        local d, w = rnd(12), rnd(10)
-        ops[o] = { w == 1 and "unlock" or w == 2 and "all" or "acquire", rnd(#locks), rnd(3),
-                   PRIOS[rnd(#PRIOS)], rnd(2) == 1 and "x" or "y",
-                   d == 1 and "timed" or d == 2 and "try" or "plain", rnd(2) }
-      end
-    end
-    cos[c] = ops
-  end
-  return { locks = locks, cos = cos }
+      if o > 1 and r <= 4 then return { "release", rnd(1000) } end
+      if o > 1 and r == 5 then return { "downgrade", rnd(1000) } end
+      local d, w = rnd(12), rnd(10)
+      return { w == 1 and "unlock" or w == 2 and "all" or "acquire", rnd(nlocks), rnd(3),
+               PRIOS[rnd(#PRIOS)], rnd(2) == 1 and "x" or "y",
+               d == 1 and "timed" or d == 2 and "try" or "plain", rnd(2) }
+    end)
 end
 
 local function make_lock(spec)
@@ -97,9 +89,7 @@ end
 -- 'debug_until' (nil: throughout).  Returns the steps that raised
 -- E_DEADLOCK, the coroutines left waiting, and the coroutines' records.
 local function run_program(p, seed, debug_until)
-  local locks = {}
-  for i, spec in ipairs(p.locks) do locks[i] = make_lock(spec) end
-  return dp.run(p, seed, debug_until, function(op, held)
+  return dp.run(p, seed, debug_until, make_lock, function(op, held, locks)
     if op[1] == "release" then
       if #held > 0 then table.remove(held, op[2] % #held + 1).r() end
     elseif op[1] == "downgrade" then

@@ -8,12 +8,11 @@
 
 local R = require "lock_redis"
 
-local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec190")
+local am, h, server, fresh_name, with = R.spec_file(setup, teardown, "spec190")
 
 describe("RedisReentrantMutex's holder", function()
   it("re-enters at once, across yields, with no request to Redis: levels of one hold, one fence",
-    h.async(function()
-      local rm, c = R.one_lock(server, fresh_name, am.RedisReentrantMutex)
+    with.one_lock(am.RedisReentrantMutex, function(rm, c)
       assert.equal(0, rm:depth())
       assert.is_false(rm:isHeldByMe())
       local r1 = rm:acquire()
@@ -43,12 +42,10 @@ describe("RedisReentrantMutex's holder", function()
       assert.equal(0, rm:depth())
       assert.is_false(rm:isLocked())
       assert.is_false(r1:check())
-      c:close()
     end))
 
   it("re-enters through withTimeout and tryAcquire, which bound or refuse everyone else",
-    h.async(function()
-      local rm, other, a, b, name = R.two_locks(server, fresh_name, am.RedisReentrantMutex)
+    with.two_locks(am.RedisReentrantMutex, function(rm, other)
       local r1 = rm:acquire()
       local r2 = am.tryAcquire(rm):acquire()
       local r3 = am.withTimeout(rm, 0):acquire()
@@ -65,24 +62,20 @@ describe("RedisReentrantMutex's holder", function()
       r3(); r2(); r1()
       local r = am.tryAcquire(other):acquire()
       assert.is_true(r())
-      a:close(); b:close()
     end))
 
-  it("waits for itself in waitForUnlock: refused, at the caller's line", h.async(function()
-    local rm, c = R.one_lock(server, fresh_name, am.RedisReentrantMutex)
+  it("waits for itself in waitForUnlock: refused, at the caller's line", with.one_lock(am.RedisReentrantMutex, function(rm)
     local release = rm:acquire()
     h.raises_at_caller({ function() rm:waitForUnlock() end,
       "attempt to wait for a reentrant mutex that this coroutine holds (it would wait for itself)" })
     release()
     rm:waitForUnlock()                               -- free: returns
-    c:close()
   end))
 end)
 
 describe("RedisReentrantMutex's other coroutines and processes", function()
   it("wait as for a RedisMutex until every level is released; a coroutine the holder spawns too",
-    h.async(function()
-      local rm, other, a, b, name = R.two_locks(server, fresh_name, am.RedisReentrantMutex)
+    with.two_locks(am.RedisReentrantMutex, function(rm, other, a, _, name)
       local log = {}
       local r1 = rm:acquire()
       local r2 = rm:acquire()
@@ -107,12 +100,10 @@ describe("RedisReentrantMutex's other coroutines and processes", function()
       assert.is_true(remote.release())
       h.wait_until(function() return watcher.done end)
       assert.is_true(watcher.ok)
-      a:close(); b:close()
     end))
 
   it("cannot end the hold: another process's release and releases with other tokens change nothing",
-    h.async(function()
-      local a, b, name = R.two_clients(server, fresh_name)
+    with.two_clients(function(a, b, name)
       local rm = am.RedisReentrantMutex.new(a, name)
       local r1 = rm:acquire()
       local r2 = rm:acquire()
@@ -127,11 +118,9 @@ describe("RedisReentrantMutex's other coroutines and processes", function()
       assert.is_true(done)
       assert.equal(1, rm:depth())
       assert.is_true(r1())
-      a:close(); b:close()
     end))
 
-  it("cancel rejects this process's waiters, not the holder's levels", h.async(function()
-    local rm, a = R.one_lock(server, fresh_name, am.RedisReentrantMutex)
+  it("cancel rejects this process's waiters, not the holder's levels", with.one_lock(am.RedisReentrantMutex, function(rm)
     local release = rm:acquire()
     local w = h.acquirer(nil, "w", rm)
     h.sleep(20)
@@ -142,14 +131,12 @@ describe("RedisReentrantMutex's other coroutines and processes", function()
     local again = rm:acquire()
     assert.is_true(again())
     assert.is_true(release())
-    a:close()
   end))
 end)
 
 describe("RedisReentrantMutex's lost lease", function()
   it("ends every level: onLost once with the outermost releaser, levels false, check raises, depth 0",
-    h.async(function()
-      local c = server:client()
+    with.client(function(c)
       local lost = {}
       local rm = am.RedisReentrantMutex.new(c, fresh_name(), { ttl = 150, renewInterval = 0,
         onLost = function(info) lost[#lost + 1] = info end })
@@ -172,11 +159,9 @@ describe("RedisReentrantMutex's lost lease", function()
       assert.is_true(r3.fence > r1.fence)
       assert.equal(1, rm:depth())
       assert.is_true(r3())
-      c:close()
     end))
 
-  it("makes runExclusive raise the lost error when its function returns", h.async(function()
-    local c = server:client()
+  it("makes runExclusive raise the lost error when its function returns", with.client(function(c)
     local rm = am.RedisReentrantMutex.new(c, fresh_name(), { ttl = 100, renewInterval = 0,
       lostError = "gone" })
     local ok, err = pcall(rm.runExclusive, rm, function()
@@ -184,7 +169,6 @@ describe("RedisReentrantMutex's lost lease", function()
     end)
     assert.is_false(ok)
     assert.equal("gone", err)
-    c:close()
   end))
 end)
 

@@ -8,11 +8,19 @@
 
 local R = require "lock_redis"
 
-local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec191")
+local am, h, server, fresh_name, with = R.spec_file(setup, teardown, "spec191")
+
+-- Four processes' RedisRWLocks on one fresh name (a client each): the
+-- locks, their clients, the name.
+local function four_rwlocks()
+  local a, b, c, d = server:client(), server:client(), server:client(), server:client()
+  local name = fresh_name()
+  local new = am.RedisRWLock.new
+  return new(a, name), new(b, name), new(c, name), new(d, name), a, b, c, d, name
+end
 
 describe("RedisRWLock", function()
-  it("lets readers of several processes share it, and a writer hold it alone", h.async(function()
-    local ra, rb, a, b, name = R.two_locks(server, fresh_name, am.RedisRWLock)
+  it("lets readers of several processes share it, and a writer hold it alone", with.two_locks(am.RedisRWLock, function(ra, rb, a, _, name)
     assert.is_false(ra:isLocked())
     local r1 = ra:acquireRead()
     local r2 = rb:acquireRead()
@@ -35,15 +43,11 @@ describe("RedisRWLock", function()
       am.withTimeout(rb, 30))))
     assert.is_true(w.release())
     assert.is_false(ra:isLocked())
-    a:close(); b:close()
   end))
 
   it("queues a reader behind a waiting writer, and grants the readers at the head together",
     h.async(function()
-      local a, b, c, d = server:client(), server:client(), server:client(), server:client()
-      local name = fresh_name()
-      local la, lb = am.RedisRWLock.new(a, name), am.RedisRWLock.new(b, name)
-      local lc, ld = am.RedisRWLock.new(c, name), am.RedisRWLock.new(d, name)
+      local la, lb, lc, ld, a, b, c, d, name = four_rwlocks()
       local log = {}
       local r0 = la:acquireRead()
       local w = h.requester("acquireWrite", log, "w", lb)      -- waits for r0
@@ -74,21 +78,14 @@ describe("RedisRWLock", function()
       a:close(); b:close(); c:close(); d:close()
     end))
 
-  it("draws strictly increasing fences across reads and writes", h.async(function()
-    local la, lb, a, b, name = R.two_locks(server, fresh_name, am.RedisRWLock)
-    local last = 0
-    for i = 1, 40 do
+  it("draws strictly increasing fences across reads and writes", with.two_locks(am.RedisRWLock, function(la, lb)
+    R.fences_increase(40, 0, function(i)
       local lock = i % 2 == 0 and la or lb
-      local r = (i % 3 == 0) and lock:acquireWrite() or lock:acquireRead()
-      assert.is_true(r.fence > last)
-      last = r.fence
-      r()
-    end
-    a:close(); b:close()
+      return (i % 3 == 0) and lock:acquireWrite() or lock:acquireRead()
+    end)
   end))
 
-  it("renews and loses each reader's lease on its own", h.async(function()
-    local a, b, name = R.two_clients(server, fresh_name)
+  it("renews and loses each reader's lease on its own", with.two_clients(function(a, b, name)
     local lost = {}
     local short = am.RedisRWLock.new(a, name, { ttl = 150, renewInterval = 0,
       onLost = function(info) lost[#lost + 1] = info end })
@@ -103,11 +100,9 @@ describe("RedisRWLock", function()
     assert.equal(1, long:readers())
     assert.is_false(rs())
     assert.is_true(rl())
-    a:close(); b:close()
   end))
 
-  it("waitForUnlock waits until a write could be granted", h.async(function()
-    local la, lb, a, b, name = R.two_locks(server, fresh_name, am.RedisRWLock)
+  it("waitForUnlock waits until a write could be granted", with.two_locks(am.RedisRWLock, function(la, lb)
     local r = la:acquireRead()
     local watcher = h.requester("waitForUnlock", nil, "watch", lb)
     h.sleep(50)
@@ -115,12 +110,10 @@ describe("RedisRWLock", function()
     r()
     h.wait_until(function() return watcher.done end)
     assert.is_true(watcher.ok)
-    a:close(); b:close()
   end))
 
   it("release() ends this process's oldest write hold, nothing while it only reads",
-    h.async(function()
-      local rw, a = R.one_lock(server, fresh_name, am.RedisRWLock)
+    with.one_lock(am.RedisRWLock, function(rw)
       local r = rw:acquireRead()
       assert.is_false(rw:release())
       assert.is_true(r:check())
@@ -130,11 +123,9 @@ describe("RedisRWLock", function()
       assert.is_true(rw:release())
       assert.is_false(w())
       assert.is_false(rw:isLocked())
-      a:close()
     end))
 
-  it("runShared and runExclusive hold a read and a write", h.async(function()
-    local rw, a = R.one_lock(server, fresh_name, am.RedisRWLock)
+  it("runShared and runExclusive hold a read and a write", with.one_lock(am.RedisRWLock, function(rw)
     assert.equal(7, rw:runShared(function()
       assert.equal(1, rw:readers())
       return rw:runShared(function() return 7 end)    -- a second read: shares
@@ -143,17 +134,13 @@ describe("RedisRWLock", function()
       assert.is_true(rw:isWriteLocked())
       return "x"
     end))
-    a:close()
   end))
 end)
 
 describe("RedisRWLock's downgrade", function()
   it("turns the write into a read with no writer in between; the readers at the head join",
     h.async(function()
-      local a, b, c, d = server:client(), server:client(), server:client(), server:client()
-      local name = fresh_name()
-      local la, lb = am.RedisRWLock.new(a, name), am.RedisRWLock.new(b, name)
-      local lc, ld = am.RedisRWLock.new(c, name), am.RedisRWLock.new(d, name)
+      local la, lb, lc, ld, a, b, c, d, name = four_rwlocks()
       local w = la:acquireWrite()
       local r1 = h.requester("acquireRead", nil, "r1", lb)
       h.wait_until(function() return R.queued(a, name) == 1 end)
@@ -181,20 +168,17 @@ describe("RedisRWLock's downgrade", function()
       a:close(); b:close(); c:close(); d:close()
     end))
 
-  it("keeps the read hold's lease renewed by the watchdog", h.async(function()
-    local a, b, name = R.two_clients(server, fresh_name)
+  it("keeps the read hold's lease renewed by the watchdog", with.two_clients(function(a, b, name)
     local la, lb = am.RedisRWLock.new(a, name, { ttl = 150 }), am.RedisRWLock.new(b, name)
     local read = la:acquireWrite():downgrade()
     h.sleep(400)
     assert.is_true(read:check())
     assert.equal(1, lb:readers())
     assert.is_true(read())
-    a:close(); b:close()
   end))
 
   it("is refused for reads, other kinds, ended and lost writes; upgrade is never offered",
-    h.async(function()
-      local a, name = R.one_client(server, fresh_name)
+    with.one_client(function(a, name)
       local rw = am.RedisRWLock.new(a, name, { ttl = 100, renewInterval = 0 })
       local r = rw:acquireRead()
       h.raises_at_caller({ function() r:downgrade() end,
@@ -224,11 +208,9 @@ describe("RedisRWLock's downgrade", function()
       assert.matches("attempt to downgrade a Redis write hold where the coroutine cannot yield",
         err, 1, true)
       assert.is_true(w())
-      a:close()
     end))
 
-  it("from main code (a luv callback) is refused: outside a coroutine", h.async(function()
-    local rw, a = R.one_lock(server, fresh_name, am.RedisRWLock)
+  it("from main code (a luv callback) is refused: outside a coroutine", with.one_lock(am.RedisRWLock, function(rw)
     local rel = rw:acquireWrite()
     local done, ok, err = false, nil, nil
     local t = require("luv").new_timer()
@@ -242,7 +224,6 @@ describe("RedisRWLock's downgrade", function()
     assert(ok, err)
     assert.is_true(rel:check())
     assert.is_true(rel())
-    a:close()
   end))
 end)
 

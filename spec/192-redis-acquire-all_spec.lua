@@ -7,7 +7,7 @@
 
 local R = require "lock_redis"
 
-local am, h, server, fresh = R.spec_file(setup, teardown, "spec192")
+local am, h, server, fresh, with = R.spec_file(setup, teardown, "spec192")
 
 -- The keys of 'names' held in Redis right now (their N:h exists).
 local function held(client, prefix, names)
@@ -19,8 +19,7 @@ local function held(client, prefix, names)
 end
 
 describe("KeyedRedisMutex:acquireAll", function()
-  it("takes free keys in one atomic request, and gives them all back", h.async(function()
-    local ka, kb, a, b, prefix = R.two_keyed_locks(server, fresh, am.KeyedRedisMutex)
+  it("takes free keys in one atomic request, and gives them all back", with.two_keyed_locks(am.KeyedRedisMutex, function(ka, kb, a, _, prefix)
     assert.is_false(ka:isLocked("x"))          -- connected; the eviction policy read
     local before = R.scripts_run(a)
     local all = ka:acquireAll({ "y", 3, "x", "3", "y" })
@@ -39,12 +38,10 @@ describe("KeyedRedisMutex:acquireAll", function()
     local r = kb:acquire("y")
     assert.is_true(r.fence > all.fences.y)
     r()
-    a:close(); b:close()
   end))
 
   it("waits for held keys one at a time in the canonical order, holding those before them",
-    h.async(function()
-      local ka, kb, a, b, prefix = R.two_keyed_locks(server, fresh, am.KeyedRedisMutex)
+    with.two_keyed_locks(am.KeyedRedisMutex, function(ka, kb, _, b, prefix)
       local rm = kb:acquire("m")
       local w = h.requester("acquireAll", nil, "all", ka, { "z", "m", "a" })
       h.wait_until(function() return R.queued(b, prefix .. "m") == 1 end)
@@ -55,11 +52,9 @@ describe("KeyedRedisMutex:acquireAll", function()
       assert.is_true(w.ok)
       assert.same({ "a", "m", "z" }, held(b, prefix, { "a", "m", "z" }))
       assert.is_true(w.release())
-      a:close(); b:close()
     end))
 
-  it("gives back the keys it took when one cannot be had: timeout, cancel, try", h.async(function()
-    local ka, kb, a, b, prefix = R.two_keyed_locks(server, fresh, am.KeyedRedisMutex)
+  it("gives back the keys it took when one cannot be had: timeout, cancel, try", with.two_keyed_locks(am.KeyedRedisMutex, function(ka, kb, _, b, prefix)
     local rm = kb:acquire("m")
     -- a bound on the whole acquisition
     local t0 = require("luv").hrtime()
@@ -86,12 +81,10 @@ describe("KeyedRedisMutex:acquireAll", function()
     assert.equal(am.E_CANCELED, w.err)
     h.wait_until(function() return #held(b, prefix, { "a" }) == 0 end, 1000)
     rm()
-    a:close(); b:close()
   end))
 
   it("gives every key back even when one of them was lost; the lost one is reported",
-    h.async(function()
-      local a = server:client()
+    with.client(function(a)
       local prefix = fresh() .. ":"
       local lost = {}
       local ka = am.KeyedRedisMutex.new(a, prefix, { onLost = function(info)
@@ -102,11 +95,9 @@ describe("KeyedRedisMutex:acquireAll", function()
       assert.same({ prefix .. "b" }, lost)
       assert.same({}, held(a, prefix, { "a", "b", "c" }))
       assert.equal(am.E_LOST, select(2, pcall(all.check, all)))
-      a:close()
     end))
 
-  it("runExclusiveAll calls fn holding every key, and raises the lost error", h.async(function()
-    local a = server:client()
+  it("runExclusiveAll calls fn holding every key, and raises the lost error", with.client(function(a)
     local prefix = fresh() .. ":"
     -- (ttl stretched where the process is slow: valgrind, GC stress)
     local ttl = 100 * h.TIME_SCALE
@@ -119,7 +110,6 @@ describe("KeyedRedisMutex:acquireAll", function()
     local ok, err = pcall(ka.runExclusiveAll, ka, { "p", "q" }, function() h.sleep(2 * ttl) end)
     assert.is_false(ok)
     assert.equal(am.E_LOST, err)
-    a:close()
   end))
 
   it("is given back by client:close(), at once", h.async(function()

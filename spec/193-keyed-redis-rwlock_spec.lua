@@ -5,11 +5,10 @@
 
 local R = require "lock_redis"
 
-local am, h, server, fresh = R.spec_file(setup, teardown, "spec193")
+local am, h, server, fresh, with = R.spec_file(setup, teardown, "spec193")
 
 describe("KeyedRedisRWLock", function()
-  it("applies the RWLock's rules per key; other keys never block", h.async(function()
-    local ka, kb, a, b, prefix = R.two_keyed_locks(server, fresh, am.KeyedRedisRWLock)
+  it("applies the RWLock's rules per key; other keys never block", with.two_keyed_locks(am.KeyedRedisRWLock, function(ka, kb, a, _, prefix)
     local r1 = ka:acquireRead("x")
     local r2 = kb:acquireRead("x")
     assert.equal(2, ka:readers("x"))
@@ -32,11 +31,9 @@ describe("KeyedRedisRWLock", function()
     assert.is_true(kb:release("y"))                  -- ends the key's write hold
     assert.is_false(other())
     assert.is_false(ka:isLocked("y"))
-    a:close(); b:close()
   end))
 
-  it("reads several keys together with other readers, and writes them alone", h.async(function()
-    local ka, kb, a, b, prefix = R.two_keyed_locks(server, fresh, am.KeyedRedisRWLock)
+  it("reads several keys together with other readers, and writes them alone", with.two_keyed_locks(am.KeyedRedisRWLock, function(ka, kb)
     local reads = ka:acquireAllRead({ "p", "q" })
     local more = kb:acquireAllRead({ "q", "p", "r" })
     assert.equal(2, kb:readers("p"))
@@ -61,18 +58,15 @@ describe("KeyedRedisRWLock", function()
     local all = ka:acquireAll({ "p" })               -- acquireAll writes
     assert.is_true(kb:isWriteLocked("p"))
     all()
-    a:close(); b:close()
   end))
 
-  it("waitForUnlock(key) waits until a write of the key could be granted", h.async(function()
-    local ka, kb, a, b, prefix = R.two_keyed_locks(server, fresh, am.KeyedRedisRWLock)
+  it("waitForUnlock(key) waits until a write of the key could be granted", with.two_keyed_locks(am.KeyedRedisRWLock, function(ka, kb)
     local r = ka:acquireRead("k")
     local watcher = h.requester("waitForUnlock", nil, "watch", kb, "k")
     h.sleep(40)
     assert.is_false(watcher.done)
     r()
     h.wait_until(function() return watcher.done end)
-    a:close(); b:close()
   end))
 end)
 
@@ -124,8 +118,7 @@ end)
 end)
 
 describe("KeyedRedisRWLock's usage errors", function()
-  it("are the keyed Redis locks' and the KeyedRWLock's, at the caller's line", h.async(function()
-    local c = server:client()
+  it("are the keyed Redis locks' and the KeyedRWLock's, at the caller's line", with.client(function(c)
     h.raises_at_caller({ function() am.KeyedRedisRWLock.new(c, 5) end,
       "bad argument #2 to 'new' (key prefix must be a string, got number)" })
     local krw = am.KeyedRedisRWLock.new(c, "")
@@ -142,6 +135,5 @@ describe("KeyedRedisRWLock's usage errors", function()
       "bad argument #1 to 'acquireAllRead' (key set must not be empty)" })
     h.raises_at_caller({ function() krw:readers({}) end,
       "bad argument #1 to 'readers' (key must be a string or a finite number, got table)" })
-    c:close()
   end))
 end)

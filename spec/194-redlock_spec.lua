@@ -67,14 +67,8 @@ describe("RedlockMutex", function()
       assert.is_false(r())
       assert.is_false(r:check())
       -- fences go on increasing, turn after turn
-      local last = got.fence
       assert.is_true(got())
-      for i = 1, 20 do
-        local x = (i % 2 == 0 and qa or qb):acquire()
-        assert.is_true(x.fence > last)
-        last = x.fence
-        x()
-      end
+      R.fences_increase(20, got.fence, function(i) return (i % 2 == 0 and qa or qb):acquire() end)
       -- a release returns once a quorum answered, and a server's grant that
       -- came after the quorum joins the hold or is given back, in the
       -- background (docs/redis-locks.md, RedlockMutex): none left soon after

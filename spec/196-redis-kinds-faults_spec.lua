@@ -65,16 +65,10 @@ end
 
 -- A child holding or waiting through the adapter ARGS[1]: ARGS[2] the
 -- name, ARGS[3] "take" or "other", ARGS[4] ttl, ARGS[5] waiterTimeout.
-local CHILD = R.PROLOGUE .. [[
+local CHILD = R.PROLOGUE .. R.HOLD_UNTIL_KILLED .. [[
 local SRC, NAME, WHICH, TTL, WAIT = table.unpack(ARGS)
 local K = load(SRC)()(am, client, NAME, { ttl = tonumber(TTL), waiterTimeout = tonumber(WAIT) })
-main(function()
-  local r = K[WHICH]()
-  io.stdout:write("held\n")
-  io.stdout:flush()
-  am.sleep(60000)                 -- killed before: the client is never closed
-  r()
-end)
+main(function() hold_until_killed(K[WHICH]()) end)
 ]]
 
 local function child(src, name, which, ttl, wait)

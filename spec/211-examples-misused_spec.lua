@@ -84,36 +84,22 @@ describe("examples/inventory.lua", function()
   end
 
   --- A TCP server on loopback that answers each request line with
-  -- reply(line) (nil: no answer); returns it and its port.
+  -- reply(line) (nil: no answer); returns its port and its close().
   local function fake_server(reply)
-    local server = uv.new_tcp()
-    assert(server:bind("127.0.0.1", 0))
-    local conns = {}
-    assert(server:listen(16, function()
-      local conn = uv.new_tcp()
-      server:accept(conn)
-      conns[#conns + 1] = conn
-      conn:read_start(function(_, data)
-        if not data then conn:close() return end
-        for line in data:gmatch("[^\n]+") do
-          local answer = reply(line)
-          if answer then conn:write(answer .. "\n") end
-        end
-      end)
-    end))
-    return server, server:getsockname().port, conns
-  end
-
-  local function close_all(server, conns)
-    for _, c in ipairs(conns) do if not c:is_closing() then c:close() end end
-    server:close()
+    return h.tcp_server(function(conn, data)
+      if not data then conn:close() return end
+      for line in data:gmatch("[^\n]+") do
+        local answer = reply(line)
+        if answer then conn:write(answer .. "\n") end
+      end
+    end)
   end
 
   it("the client gives up, status 1, on a reply to a request it never sent",
     h.async(function()
-      local server, port, conns = fake_server(function() return "999 OK 1" end)
+      local port, close = fake_server(function() return "999 OK 1" end)
       local code, out, err = start("inventory", { "client", tostring(port) }).wait()
-      close_all(server, conns)
+      close()
       assert.equal(1, code)
       assert.equal("", out)
       assert.equal('the server answered a request never sent: "999 OK 1"\n', err)
@@ -121,11 +107,11 @@ describe("examples/inventory.lua", function()
 
   it("the client gives up, status 1, on a server that never answers (5 s)",
     h.async(function()
-      local server, port, conns = fake_server(function() return nil end)
+      local port, close = fake_server(function() return nil end)
       local t0 = uv.hrtime()
       local code, out, err = start("inventory", { "client", tostring(port) }).wait()
       local ms = (uv.hrtime() - t0) / 1e6
-      close_all(server, conns)
+      close()
       assert.equal(1, code)
       assert.equal("", out)
       assert.equal('no reply from the server in 5000 ms to "RESET nolock"\n', err)

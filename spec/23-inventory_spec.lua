@@ -351,30 +351,24 @@ misbehave["64 KiB line in 64 pieces"] = function(srv)
   over_long(srv, 64 * 1024, 64)
 end
 
+-- A client that posts n transfers, then, while they are being served,
+-- ends its connection with `how` ("close", or "reset").
+local function ends_mid_request(n, how)
+  return function(srv)
+    local c = connect(srv)
+    for _, text in ipairs(transfers(n)) do c:post(text) end
+    h.sleep(2)                          -- the transfers are being served
+    c[how](c)
+  end
+end
+
 -- Fewer requests than the server serves at once (MAX_BUSY, 16): it goes on
 -- reading, and reads the end of the stream, or the reset.
-misbehave["close mid-request"] = function(srv)
-  local c = connect(srv)
-  for _, text in ipairs(transfers(10)) do c:post(text) end
-  h.sleep(2)                            -- the transfers are being served
-  c:close()
-end
-
-misbehave["reset mid-request (ECONNRESET)"] = function(srv)
-  local c = connect(srv)
-  for _, text in ipairs(transfers(10)) do c:post(text) end
-  h.sleep(2)
-  c:reset()
-end
-
-misbehave["reset before the replies (write error)"] = function(srv)
-  -- More requests than the server serves at once (MAX_BUSY, 16): it stops
-  -- reading, so it learns of the reset only when it writes the replies.
-  local c = connect(srv)
-  for _, text in ipairs(transfers(40)) do c:post(text) end
-  h.sleep(2)
-  c:reset()
-end
+misbehave["close mid-request"] = ends_mid_request(10, "close")
+misbehave["reset mid-request (ECONNRESET)"] = ends_mid_request(10, "reset")
+-- More requests than the server serves at once: it stops reading, so it
+-- learns of the reset only when it writes the replies.
+misbehave["reset before the replies (write error)"] = ends_mid_request(40, "reset")
 
 misbehave["half a request, then close"] = function(srv)
   local c = connect(srv)

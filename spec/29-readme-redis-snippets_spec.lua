@@ -33,9 +33,7 @@ local server = redis_server.for_file(setup, teardown)
 
 local function run(code)
   local r = h.subprocess(code)
-  assert.equal("", r.stderr)
-  assert.equal(0, r.rc)
-  return r.stdout
+  return h.clean_exit(r)
 end
 
 describe("README's Redis snippets", function()

@@ -460,9 +460,7 @@ describe("async-mutex", function()
       local ms = (uv.hrtime() - t0) / 1e6
       io.write(n, " ", count_active(), " ", ms < 2500 and "prompt" or ("late " .. ms), "\n")
     ]], 30)
-    assert.equal("", res.stderr)
-    assert.equal(0, res.rc)
-    assert.equal("immediate 0\n13 0 prompt\n", res.stdout)
+    h.clean_exit(res, "immediate 0\n13 0 prompt\n")
   end)
 
   it("#52: waitForUnlock does not return while queued acquirers of its priority take the lock in turn", h.async(function()

@@ -27,8 +27,7 @@ local function run(body, gcmode)
   ]]):format(gcmode, gcmode) .. body .. [[
     io.write(hits, " ", #bad, " ", tostring(bad[1]), "\n")
   ]], 120)
-  assert.equal("", res.stderr)
-  assert.equal(0, res.rc)
+  h.clean_exit(res)
   local hits, nbad, first = res.stdout:match("^(%d+) (%d+) (.-)\n$")
   assert.is_not_nil(hits, res.stdout)
   return tonumber(hits), tonumber(nbad), first
@@ -171,10 +170,7 @@ describe("a finalizer run by lua_close", function()
   }) do
     it(case[1], function()
       local res = h.subprocess(script(case[2]))
-      assert.equal("", res.stderr)
-      assert.equal(0, res.rc)
-      assert.equal("bye\t3\nfalse attempt to wait for a lock while the Lua state is closing\n",
-        res.stdout)
+      h.clean_exit(res, "bye\t3\nfalse attempt to wait for a lock while the Lua state is closing\n")
     end)
   end
 end)

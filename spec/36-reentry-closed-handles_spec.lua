@@ -10,9 +10,7 @@ local function run(body)
     local uv = require "luv"
     local function close_all() uv.walk(function(hd) if not hd:is_closing() then hd:close() end end) end
   ]] .. body, 10)
-  assert.equal("", res.stderr)
-  assert.equal(0, res.rc)
-  return res.stdout
+  return h.clean_exit(res)
 end
 
 describe("a module handle closed by someone else", function()

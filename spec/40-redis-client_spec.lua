@@ -5,9 +5,7 @@ local uv = require "luv"
 local redis_server = require "redis_server"
 local am = require "async_mutex"
 
-local h, redis, server = redis_server.spec_file(setup, teardown)
-
-local function client(opts) return server:client(opts) end
+local h, redis, server, client, with = redis_server.spec_file(setup, teardown)
 
 describe("redis.connect", function()
   it("connects over TCP and over a unix socket", h.async(function()
@@ -116,8 +114,7 @@ describe("redis.connect", function()
 end)
 
 describe("client:call", function()
-  it("returns every reply type as a Lua value", h.async(function()
-    local c = client()
+  it("returns every reply type as a Lua value", with.client(function(c)
     assert.equal("OK", c:call("SET", "s", "value"))
     assert.equal("value", c:call("GET", "s"))
     assert.is_nil(c:call("GET", "missing"))
@@ -126,11 +123,9 @@ describe("client:call", function()
     local t = c:call("MGET", "s", "missing", "s")
     assert.same({ "value", nil, "value", n = 3 }, t)
     assert.same({ n = 0 }, c:call("LRANGE", "nothing", 0, -1))
-    c:close()
   end))
 
-  it("writes integers without .0 and floats exactly", h.async(function()
-    local c = client()
+  it("writes integers without .0 and floats exactly", with.client(function(c)
     assert.equal("OK", c:call("SET", "n", 42))
     assert.equal("42", c:call("GET", "n"))
     assert.equal("OK", c:call("SET", "n", 3.0))
@@ -145,12 +140,10 @@ describe("client:call", function()
     assert.equal("-inf", c:call("GET", "n"))
     assert.equal(1, c:call("ZADD", "z", math.huge, "top"))
     assert.equal("inf", c:call("ZSCORE", "z", "top"))
-    c:close()
   end))
 
   it("shares its one connection: another coroutine's command joins a MULTI (docs/api.md)",
-    h.async(function()
-      local c = client()
+    with.client(function(c)
       c:call("DEL", "tx:count", "tx:other")
       local in_multi, joined = am.Semaphore.new(0), am.Semaphore.new(0)
       local reply
@@ -166,22 +159,18 @@ describe("client:call", function()
       assert.equal("QUEUED", reply)
       assert.equal("OK", c:call("DISCARD"))
       assert.is_nil(c:call("GET", "tx:other"))    -- dropped with the transaction
-      c:close()
     end))
 
-  it("is binary safe (NUL bytes, 10 MB values)", h.async(function()
-    local c = client()
+  it("is binary safe (NUL bytes, 10 MB values)", with.client(function(c)
     local nul = "a\0b\0\r\n"
     assert.equal("OK", c:call("SET", "bin\0key", nul))
     assert.equal(nul, c:call("GET", "bin\0key"))
     local big = ("0123456789"):rep(1024 * 1024)
     assert.equal("OK", c:call("SET", "big", big))
     assert.equal(big, c:call("GET", "big"))
-    c:close()
   end))
 
-  it("raises an error reply as an async_mutex.redis.Error with its code", h.async(function()
-    local c = client()
+  it("raises an error reply as an async_mutex.redis.Error with its code", with.client(function(c)
     c:call("SET", "str", "x")
     local ok, err = pcall(c.call, c, "LPUSH", "str", "y")
     assert.is_false(ok)
@@ -195,12 +184,10 @@ describe("client:call", function()
     assert.equal("ERR", err.code)
     assert.matches("^ERR unknown command", err.message)
     assert.equal("PONG", c:call("PING"))     -- the connection goes on
-    c:close()
   end))
 
   it("answers 100,000 calls from 1,000 coroutines on one connection, each its own",
-    h.async(function()
-      local c = client()
+    with.client(function(c)
       local n = h.load(1000)                  -- 1,000 (fewer when slowed down)
       local per = h.load(100000) // n
       local done, wrong = 0, 0
@@ -216,7 +203,6 @@ describe("client:call", function()
       h.wait_until(function() return done == n end, 60000)
       assert.equal(0, wrong)
       assert.equal(0, c:pending())
-      c:close()
     end, { deadline = 120000 }))
 
   it("raises E_UNAVAILABLE at once when the connection is refused", h.async(function()
@@ -262,13 +248,11 @@ describe("client:call", function()
     c:close()
   end))
 
-  it("discards the reply of a coroutine closed while waiting", h.async(function()
-    local c = client()
+  it("discards the reply of a coroutine closed while waiting", with.client(function(c)
     local co = h.spawn(function() c:call("SET", "closed", "1") end)
     assert.equal("suspended", coroutine.status(co))
     assert.is_true(coroutine.close(co))
     assert.equal("next", c:call("ECHO", "next"))
-    c:close()
   end))
 
   it("refuses bad input with errors at the caller", h.async(function()
@@ -295,8 +279,7 @@ describe("client:call", function()
 end)
 
 describe("client:eval", function()
-  it("runs a script with keys and args, by EVALSHA once it is known", h.async(function()
-    local c = client()
+  it("runs a script with keys and args, by EVALSHA once it is known", with.client(function(c)
     local script = "return {KEYS[1], ARGV[1], ARGV[2]}"
     assert.same({ "k", "a", "42", n = 3 }, c:eval(script, { "k" }, { "a", 42 }))
     local before = c:call("INFO", "commandstats")
@@ -306,16 +289,13 @@ describe("client:eval", function()
       return tonumber(info:match("cmdstat_" .. cmd .. ":calls=(%d+)") or 0)
     end
     assert.equal(calls(before, "evalsha") + 1, calls(after, "evalsha"))
-    c:close()
   end))
 
-  it("falls back to EVAL when the server forgot the script (NOSCRIPT)", h.async(function()
-    local c = client()
+  it("falls back to EVAL when the server forgot the script (NOSCRIPT)", with.client(function(c)
     local script = "return 'flushed ' .. ARGV[1]"
     assert.equal("flushed 1", c:eval(script, {}, { 1 }))
     assert.equal("OK", c:call("SCRIPT", "FLUSH"))
     assert.equal("flushed 2", c:eval(script, nil, { 2 }))
-    c:close()
   end))
 
   -- docs/redis.md, Scripts: the SHA1s of the user's scripts are remembered
@@ -325,8 +305,7 @@ describe("client:eval", function()
     return tonumber(info:match("cmdstat_" .. cmd .. ":calls=(%d+)") or 0)
   end
 
-  it("keeps memory bounded however many distinct scripts it runs", h.async(function()
-    local c = client()
+  it("keeps memory bounded however many distinct scripts it runs", with.client(function(c)
     local pad = "-- " .. ("x"):rep(8 * 1024) .. "\n"
     local n = math.max(600, h.load(1200))
     local function script(i) return pad .. "return " .. i end
@@ -343,11 +322,9 @@ describe("client:eval", function()
     -- the first ones were forgotten, and still run (EVAL, SCRIPT LOAD)
     assert.equal(1, c:eval(script(1)))
     assert.equal("OK", c:call("SCRIPT", "FLUSH"))
-    c:close()
   end, { deadline = 20000 }))
 
-  it("runs a recent script by EVALSHA after many others, and recovers from SCRIPT FLUSH", h.async(function()
-    local c = client()
+  it("runs a recent script by EVALSHA after many others, and recovers from SCRIPT FLUSH", with.client(function(c)
     local mine = "return 'mine ' .. ARGV[1]"
     assert.equal("mine 0", c:eval(mine, nil, { 0 }))
     for i = 1, 300 do
@@ -362,11 +339,9 @@ describe("client:eval", function()
     assert.equal("OK", c:call("SCRIPT", "FLUSH"))
     assert.equal("mine y", c:eval(mine, nil, { "y" }))  -- NOSCRIPT, then EVAL
     assert.equal("mine z", c:eval(mine, nil, { "z" }))
-    c:close()
   end))
 
-  it("keeps the Redis locks' scripts by EVALSHA however many user scripts ran", h.async(function()
-    local c = client()
+  it("keeps the Redis locks' scripts by EVALSHA however many user scripts ran", with.client(function(c)
     local m = am.RedisMutex.new(c, "spec40-pinned")
     m:acquire()()                                   -- the lock's scripts loaded
     for i = 1, 300 do c:eval("return " .. i) end
@@ -378,11 +353,9 @@ describe("client:eval", function()
     assert.equal("OK", c:call("SCRIPT", "FLUSH"))  -- forgotten by the server
     m:acquire()()
     assert.is_false(m:isLocked())
-    c:close()
   end))
 
-  it("raises script errors as Errors", h.async(function()
-    local c = client()
+  it("raises script errors as Errors", with.client(function(c)
     local ok, err = pcall(c.eval, c, "return redis.call('NOPE')")
     assert.is_false(ok)
     assert.equal("async_mutex.redis.Error", getmetatable(err).__name)
@@ -390,11 +363,9 @@ describe("client:eval", function()
     ok, err = pcall(c.eval, c, "return redis.error_reply('MINE went wrong')")
     assert.is_false(ok)
     assert.equal("MINE", err.code)
-    c:close()
   end))
 
-  it("refuses bad input", h.async(function()
-    local c = client()
+  it("refuses bad input", with.client(function(c)
     assert.equal("bad argument #1 to 'eval' (string expected, got nil)",
       h.error_of(function() c:eval() end))
     assert.equal("bad argument #2 to 'eval' (table of keys expected, got string)",
@@ -403,7 +374,6 @@ describe("client:eval", function()
       h.error_of(function() c:eval("return 1", {}, { 1, {} }) end))
     assert.equal("bad argument #1 to 'eval' (async_mutex.redis.Client expected, got table)",
       h.error_of(function() c.eval({}, "return 1") end))
-    c:close()
   end))
 end)
 

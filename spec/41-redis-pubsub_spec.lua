@@ -4,13 +4,10 @@
 local redis_server = require "redis_server"
 local am = require "async_mutex"
 
-local h, redis, server = redis_server.spec_file(setup, teardown)
-
-local function client(opts) return server:client(opts) end
+local h, redis, server, client, with = redis_server.spec_file(setup, teardown)
 
 describe("client:subscribe", function()
-  it("delivers messages to fn(message, channel) once the server confirmed", h.async(function()
-    local c = client()
+  it("delivers messages to fn(message, channel) once the server confirmed", with.client(function(c)
     local got = {}
     local sub = c:subscribe("news", function(message, channel)
       got[#got + 1] = channel .. "=" .. message
@@ -20,12 +17,10 @@ describe("client:subscribe", function()
     h.wait_until(function() return #got == 2 end)
     assert.same({ "news=one", "news=two\0bin" }, got)
     sub:unsubscribe()
-    c:close()
   end))
 
   it("shares one connection between subscriptions, and a channel between callbacks",
-    h.async(function()
-      local c = client()
+    with.client(function(c)
       local a, b, d = 0, 0, 0
       local s1 = c:subscribe("x", function() a = a + 1 end)
       local s2 = c:subscribe("x", function() b = b + 1 end)
@@ -41,11 +36,9 @@ describe("client:subscribe", function()
       s2:unsubscribe(); s3:unsubscribe()
       s2:unsubscribe()                                 -- twice: nothing
       h.wait_until(function() return c:call("PUBLISH", "x", "m") == 0 end)
-      c:close()
     end))
 
-  it("runs each callback in a coroutine of its own, which may call Redis", h.async(function()
-    local c = client()
+  it("runs each callback in a coroutine of its own, which may call Redis", with.client(function(c)
     local seen
     local sub = c:subscribe("ask", function(message)
       seen = c:call("ECHO", "re:" .. message)
@@ -54,7 +47,6 @@ describe("client:subscribe", function()
     h.wait_until(function() return seen ~= nil end)
     assert.equal("re:q", seen)
     sub:unsubscribe()
-    c:close()
   end))
 
   it("keeps the loop alive while subscribed, and lets it end after", function()
@@ -99,8 +91,7 @@ describe("client:subscribe", function()
     c:close()
   end)
 
-  it("calls a callable table as fn", h.async(function()
-    local c = client()
+  it("calls a callable table as fn", with.client(function(c)
     local got
     local fn = setmetatable({}, { __call = function(_, message, channel)
       got = channel .. "=" .. message
@@ -110,7 +101,6 @@ describe("client:subscribe", function()
     h.wait_until(function() return got ~= nil end)
     assert.equal("callable=m", got)
     sub:unsubscribe()
-    c:close()
   end))
 
   it("closes a callback's coroutine, or subscribe's, that dies with an error: its <close> "
@@ -140,8 +130,7 @@ describe("client:subscribe", function()
     c:close()
   end))
 
-  it("reports an error in a callback to the error handler, and goes on", h.async(function()
-    local c = client()
+  it("reports an error in a callback to the error handler, and goes on", with.client(function(c)
     local errors, got = {}, 0
     local prev = am.setErrorHandler(function(err) errors[#errors + 1] = err end)
     local sub = c:subscribe("bad", function(m)
@@ -154,7 +143,6 @@ describe("client:subscribe", function()
     am.setErrorHandler(prev)
     assert.same({ "boom" }, errors)
     sub:unsubscribe()
-    c:close()
   end))
 
   it("ends with close(): subscriptions stop, the handles close", h.async(function()
@@ -225,8 +213,7 @@ describe("client:subscribe", function()
       assert.is_nil(weak.client)
     end))
 
-  it("refuses bad input", h.async(function()
-    local c = client()
+  it("refuses bad input", with.client(function(c)
     assert.equal("bad argument #1 to 'subscribe' (string expected, got number)",
       h.error_of(function() c:subscribe(1, function() end) end))
     assert.equal("bad argument #2 to 'subscribe' (function expected, got nil)",
@@ -237,7 +224,6 @@ describe("client:subscribe", function()
     assert.equal("bad argument #1 to 'unsubscribe' (async_mutex.redis.Subscription expected, got table)",
       h.error_of(function() sub.unsubscribe({}) end))
     sub:unsubscribe()
-    c:close()
   end))
 
   it("raises outside a coroutine", function()

@@ -25,9 +25,7 @@ print("done")
 end
 
 local function clean_exit(r, out)
-  assert.equal("", r.stderr)
-  assert.equal(0, r.rc, "exit status " .. tostring(r.rc) .. " (" .. tostring(r.how) .. ")")
-  assert.equal((out or "") .. "done\n", r.stdout)
+  h.clean_exit(r, (out or "") .. "done\n")
 end
 
 describe("redis client lifecycle at exit", function()
@@ -165,8 +163,6 @@ release()
 go(function() print(c:call("PING")); c:close(); os.exit(0, true) end)
 uv.run()
 ]])
-    assert.equal("", r.stderr)
-    assert.equal(0, r.rc, "exit status " .. tostring(r.rc) .. " (" .. tostring(r.how) .. ")")
-    assert.equal("PONG\n", r.stdout)
+    h.clean_exit(r, "PONG\n")
   end)
 end)

@@ -5,20 +5,17 @@
 
 local R = require "lock_redis"
 
-local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec44")
+local am, h, server, fresh_name, with = R.spec_file(setup, teardown, "spec44")
 
 local queued = R.queued
 
 describe("RedisMutex.new", function()
-  it("makes a lock that is free in Redis", h.async(function()
-    local m, c = R.one_lock(server, fresh_name, am.RedisMutex)
+  it("makes a lock that is free in Redis", with.one_lock(am.RedisMutex, function(m)
     assert.is_false(m:isLocked())
     assert.matches("^async_mutex.RedisMutex %(spec44:%d+%)$", tostring(m))
-    c:close()
   end))
 
-  it("refuses bad arguments with errors naming them", h.async(function()
-    local c = server:client()
+  it("refuses bad arguments with errors naming them", with.client(function(c)
     local new = am.RedisMutex.new
     assert.equal("bad argument #1 to 'new' (redis client expected, got nil)",
       h.error_of(function() new(nil, "x") end))
@@ -42,21 +39,17 @@ describe("RedisMutex.new", function()
       h.error_of(function() new(c, "x", { ttl = 100, renewInterval = 100 }) end))
     assert.equal("bad argument #3 to 'new' (options.onLost must be callable)",
       h.error_of(function() new(c, "x", { onLost = true }) end))
-    c:close()
   end))
 
-  it("reports argument errors at the caller's line", h.async(function()
-    local c = server:client()
+  it("reports argument errors at the caller's line", with.client(function(c)
     local ok, err = pcall(function() am.RedisMutex.new(c, 1) end)
     assert.is_false(ok)
     assert.matches("^[^:]*44%-redis%-mutex_spec%.lua:%d+: bad argument #2", err)
-    c:close()
   end))
 end)
 
 describe("RedisMutex:acquire", function()
-  it("returns a releaser with a fencing token, and holds the lock in Redis", h.async(function()
-    local c, name = R.one_client(server, fresh_name)
+  it("returns a releaser with a fencing token, and holds the lock in Redis", with.one_client(function(c, name)
     local m = am.RedisMutex.new(c, name)
     local release = m:acquire()
     assert.equal("integer", math.type(release.fence))
@@ -67,11 +60,9 @@ describe("RedisMutex:acquire", function()
     assert.is_false(release())
     assert.is_false(release:check())
     assert.is_false(m:isLocked())
-    c:close()
   end))
 
-  it("gives every grant a fresh 128-bit token, unknown to other grants", h.async(function()
-    local c, name = R.one_client(server, fresh_name)
+  it("gives every grant a fresh 128-bit token, unknown to other grants", with.one_client(function(c, name)
     local m = am.RedisMutex.new(c, name)
     local seen = {}
     for _ = 1, 20 do
@@ -84,40 +75,26 @@ describe("RedisMutex:acquire", function()
       seen[random] = true
       release()
     end
-    c:close()
   end))
 
-  it("hands out fencing tokens that strictly increase", h.async(function()
-    local ma, mb, a, b, name = R.two_locks(server, fresh_name, am.RedisMutex)
-    local last = 0
-    for i = 1, 50 do
-      local release = (i % 2 == 0 and ma or mb):acquire()
-      assert.is_true(release.fence > last)
-      last = release.fence
-      release()
-    end
-    a:close(); b:close()
+  it("hands out fencing tokens that strictly increase", with.two_locks(am.RedisMutex, function(ma, mb)
+    R.fences_increase(50, 0, function(i) return (i % 2 == 0 and ma or mb):acquire() end)
   end))
 
-  it("refuses to wait outside a coroutine, and bad priorities", h.async(function()
-    local m, c = R.one_lock(server, fresh_name, am.RedisMutex)
-    local outside
-    ("x"):gsub(".", function() outside = h.error_of(function() m:acquire() end) end)
-    assert.equal("attempt to acquire a Redis lock where the coroutine cannot yield (inside a"
-      .. " metamethod or a function called from C, such as a table.sort comparator)", outside)
+  it("refuses to wait outside a coroutine, and bad priorities", with.one_lock(am.RedisMutex, function(m)
+    assert.equal("attempt to acquire a Redis lock" .. h.CANNOT_YIELD,
+      h.cannot_yield_error(function() m:acquire() end))
     assert.equal("bad argument #1 to 'acquire' (priority must be a number, got string)",
       h.error_of(function() m:acquire("high") end))
     assert.equal("bad argument #1 to 'acquire' (priority must not be NaN)",
       h.error_of(function() m:acquire(0 / 0) end))
     assert.equal("bad argument #1 to 'acquire' (async_mutex.RedisMutex expected, got nil)",
       h.error_of(function() m.acquire() end))
-    c:close()
   end))
 end)
 
 describe("RedisMutex hand-off between processes", function()
-  it("passes the lock to a waiting process when the holder releases", h.async(function()
-    local ma, mb, a, b, name = R.two_locks(server, fresh_name, am.RedisMutex)
+  it("passes the lock to a waiting process when the holder releases", with.two_locks(am.RedisMutex, function(ma, mb, a, _, name)
     local ra = ma:acquire()
     local got
     h.spawn(function()
@@ -131,7 +108,6 @@ describe("RedisMutex hand-off between processes", function()
     h.wait_until(function() return got ~= nil end)
     assert.is_true(got > ra.fence)
     h.wait_until(function() return not ma:isLocked() end)
-    a:close(); b:close()
   end))
 
   it("grants waiting processes in the order they reached the Redis queue", h.async(function()
@@ -158,8 +134,7 @@ describe("RedisMutex hand-off between processes", function()
     for i = 1, 5 do clients[i]:close() end
   end))
 
-  it("serves this process's coroutines by priority, one place in Redis between them", h.async(function()
-    local ma, mb, a, b, name = R.two_locks(server, fresh_name, am.RedisMutex)
+  it("serves this process's coroutines by priority, one place in Redis between them", with.two_locks(am.RedisMutex, function(ma, mb, a, _, name)
     local rb = mb:acquire()
     local order = {}
     for _, p in ipairs({ 0, 5, 1 }) do
@@ -177,7 +152,6 @@ describe("RedisMutex hand-off between processes", function()
     -- the first coroutine queued in Redis before the others came; the
     -- local queue then orders the rest by priority
     assert.same({ 0, 5, 1 }, order)
-    a:close(); b:close()
   end))
 
   it("wakes every waiter by its message, even one read before the reply that queued it", h.async(function()
@@ -231,54 +205,44 @@ describe("RedisMutex hand-off between processes", function()
 end)
 
 describe("RedisMutex:runExclusive", function()
-  it("returns the function's results and releases", h.async(function()
-    local m, c = R.one_lock(server, fresh_name, am.RedisMutex)
+  it("returns the function's results and releases", with.one_lock(am.RedisMutex, function(m)
     local a, b, cc = m:runExclusive(function()
       assert.is_true(m:isLocked())
       return 1, nil, "x"
     end)
     assert.same({ 1, nil, "x" }, { a, b, cc })
     assert.is_false(m:isLocked())
-    c:close()
   end))
 
-  it("releases when the function raises, and raises the same value", h.async(function()
-    local m, c = R.one_lock(server, fresh_name, am.RedisMutex)
+  it("releases when the function raises, and raises the same value", with.one_lock(am.RedisMutex, function(m)
     local e = {}
     local ok, err = pcall(m.runExclusive, m, function() error(e) end)
     assert.is_false(ok)
     assert.equal(e, err)
     assert.is_false(m:isLocked())
-    c:close()
   end))
 
-  it("refuses a non-callable function before acquiring", h.async(function()
-    local m, c = R.one_lock(server, fresh_name, am.RedisMutex)
+  it("refuses a non-callable function before acquiring", with.one_lock(am.RedisMutex, function(m)
     assert.equal("bad argument #1 to 'runExclusive' (function expected, got number)",
       h.error_of(function() m:runExclusive(1) end))
     assert.is_false(m:isLocked())
-    c:close()
   end))
 end)
 
 describe("RedisMutex releasers", function()
-  it("release at the end of a <close> scope", h.async(function()
-    local m, c = R.one_lock(server, fresh_name, am.RedisMutex)
+  it("release at the end of a <close> scope", with.one_lock(am.RedisMutex, function(m)
     do
       local release <close> = m:acquire()
       assert.is_true(m:isLocked())
     end
     assert.is_false(m:isLocked())
-    c:close()
   end))
 
-  it("m:release() ends this process's hold, once", h.async(function()
-    local m, c = R.one_lock(server, fresh_name, am.RedisMutex)
+  it("m:release() ends this process's hold, once", with.one_lock(am.RedisMutex, function(m)
     local release = m:acquire()
     assert.is_true(m:release())
     assert.is_false(m:release())
     assert.is_false(release())
     assert.is_false(m:isLocked())
-    c:close()
   end))
 end)

@@ -6,7 +6,7 @@
 local R = require "lock_redis"
 local uv = require "luv"
 
-local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec45")
+local am, h, server, fresh_name, with = R.spec_file(setup, teardown, "spec45")
 
 -- The tokens holding 'name' in Redis.
 local holders = R.holder_tokens
@@ -18,8 +18,7 @@ describe("am.E_LOST", function()
 end)
 
 describe("the watchdog", function()
-  it("keeps a lock held for 5 times its TTL", h.async(function()
-    local a, b, name = R.two_clients(server, fresh_name)
+  it("keeps a lock held for 5 times its TTL", with.two_clients(function(a, b, name)
     local lost = false
     -- a renewal is due every ttl / 3: the lease is lost only if the process
     -- stalls for about 2/3 of the TTL, which a loaded machine does for
@@ -39,13 +38,11 @@ describe("the watchdog", function()
     a:call("PING")                         -- the release has reached the server
     local rb = tb:acquire()
     rb()
-    a:close(); b:close()
   end, { deadline = 20000 }))
 end)
 
 describe("a lease that runs out", function()
-  it("is lost: onLost fires, check raises E_LOST, the releaser returns false", h.async(function()
-    local c, name = R.one_client(server, fresh_name)
+  it("is lost: onLost fires, check raises E_LOST, the releaser returns false", with.one_client(function(c, name)
     local info
     local m = am.RedisMutex.new(c, name, { ttl = 50, renewInterval = 0,
                                            onLost = function(i) info = i end })
@@ -58,11 +55,9 @@ describe("a lease that runs out", function()
     assert.same({ false, am.E_LOST }, { pcall(release.check, release) })
     assert.is_false(release())
     assert.is_false(m:release())
-    c:close()
   end))
 
-  it("is reported by onLost within 10 ms of its local end", h.async(function()
-    local c, name = R.one_client(server, fresh_name)
+  it("is reported by onLost within 10 ms of its local end", with.one_client(function(c, name)
     local lost_at, due_at
     local m = am.RedisMutex.new(c, name, { ttl = 200, renewInterval = 0,
                                            onLost = function() lost_at = uv.hrtime() end })
@@ -82,11 +77,9 @@ describe("a lease that runs out", function()
       assert.is_true(behind < 10, ("reported %.1f ms after the loop's own timer"):format(behind))
     end
     assert.is_false(release())
-    c:close()
   end))
 
-  it("uses a custom lostError, raised unchanged", h.async(function()
-    local c = server:client()
+  it("uses a custom lostError, raised unchanged", with.client(function(c)
     local e = setmetatable({}, { __name = "my lost" })
     local m = am.RedisMutex.new(c, fresh_name(), { ttl = 30, renewInterval = 0, lostError = e })
     local release = m:acquire()
@@ -94,7 +87,6 @@ describe("a lease that runs out", function()
     local ok, err = pcall(release.check, release)
     assert.is_false(ok)
     assert.equal(e, err)
-    c:close()
   end))
 
   it("makes runExclusive raise E_LOST when the function returns", h.async(function()
@@ -110,8 +102,7 @@ describe("a lease that runs out", function()
     c:close()
   end))
 
-  it("lets the next process in, and a late release deletes nothing of its hold", h.async(function()
-    local a, b, name = R.two_clients(server, fresh_name)
+  it("lets the next process in, and a late release deletes nothing of its hold", with.two_clients(function(a, b, name)
     local ma = am.RedisMutex.new(a, name, { ttl = 40, renewInterval = 0 })
     local mb = am.RedisMutex.new(b, name)
     local ra = ma:acquire()
@@ -124,7 +115,6 @@ describe("a lease that runs out", function()
     assert.same(before, holders(b, name))
     assert.is_true(rb:check())
     assert.is_true(rb())
-    a:close(); b:close()
   end))
 end)
 

@@ -7,7 +7,7 @@
 local R = require "lock_redis"
 local uv = require "luv"
 
-local am, h, server = R.spec_file(setup, teardown)
+local am, h, server, _, with = R.spec_file(setup, teardown)
 
 local queued = R.queued
 
@@ -136,8 +136,7 @@ describe("mutual exclusion across processes", function()
 end)
 
 describe("the Redis queue across processes", function()
-  it("grants processes in the order they reached it", h.async(function()
-    local c = server:client()
+  it("grants processes in the order they reached it", with.client(function(c)
     local name = "fifo"
     local m = am.RedisMutex.new(c, name)
     local release = m:acquire()
@@ -165,13 +164,11 @@ end)
       assert.is_true(fence > last, "process " .. i .. " was not granted in its turn")
       last = fence
     end
-    c:close()
   end, { deadline = 30000 }))
 end)
 
 describe("a process killed with SIGKILL", function()
-  it("while holding frees the lock when its lease ends", h.async(function()
-    local c = server:client()
+  it("while holding frees the lock when its lease ends", with.client(function(c)
     local name = "dead-holder"
     local holder = R.child(R.PROLOGUE .. [[
 main(function()
@@ -190,7 +187,6 @@ end)
     local waited = h.ms_since(t0)
     assert.is_true(waited < (300 + 200) * h.TIME_SCALE, ("waited %.1f ms"):format(waited))
     assert.is_true(release())
-    c:close()
   end, { deadline = 20000 }))
 
   it("while waiting holds nobody up longer than the dead-waiter bound", h.async(function()

@@ -25,8 +25,7 @@ describe("one loop iteration", function()
     assert.is_false(rw:isLocked())
   end))
 
-  it("resumes every key's readers released together on a KeyedRWLock", h.async(function()
-    local kr = am.KeyedRWLock.new()
+  it("resumes every key's readers released together on a KeyedRWLock", h.left_free(am.KeyedRWLock.new, function(kr)
     local n, entered = h.load(2000), 0
     local ws = { kr:acquireWrite("a"), kr:acquireWrite("b") }
     for i = 1, n do
@@ -39,7 +38,6 @@ describe("one loop iteration", function()
     ws[1](); ws[2]()
     h.tick()
     assert.equal(n, entered)
-    assert.equal(0, kr:count())
   end))
 
   it("lets a hand-off chain run on in the same iteration up to a budget, the rest in the next", h.async(function()

@@ -9,7 +9,7 @@ local R = require "lock_redis"
 local redis = require "async_mutex.redis"
 local rcore = require "async_mutex.redis_core"
 
-local am, h, server = R.spec_file(setup, teardown)
+local am, h, server, _, with = R.spec_file(setup, teardown)
 
 describe("an error object escaping a coroutine the Redis client resumed", function()
   -- (coroutines of the script's own: a task's error is its task's to
@@ -90,8 +90,7 @@ describe("KeyedRedisMutex with an empty prefix", function()
     .. " (a lock name must be a non-empty string)"
 
   it("refuses an empty key, as RedisMutex refuses an empty name, at the caller's line",
-    h.async(function()
-      local c = server:client()
+    with.client(function(c)
       local k = am.KeyedRedisMutex.new(c, "")
       h.raises_at_caller({ function() k:acquire("") end,
         "bad argument #1 to 'acquire' (" .. EMPTY .. ")" })
@@ -111,12 +110,10 @@ describe("KeyedRedisMutex with an empty prefix", function()
         h.error_of(function() am.RedisMutex.new(c, "") end))
       -- nothing was asked of Redis under the name ""
       assert.equal(0, c:call("EXISTS", ":n", ":h", ":q"))
-      c:close()
     end))
 
   it("takes any non-empty key (the key is the whole name), and an empty key after a prefix",
-    h.async(function()
-      local c = server:client()
+    with.client(function(c)
       local k = am.KeyedRedisMutex.new(c, "")
       local r = k:acquire("spec58:whole")
       assert.is_true(k:isLocked("spec58:whole"))
@@ -127,7 +124,6 @@ describe("KeyedRedisMutex with an empty prefix", function()
       assert.is_true(rp())
       local r0 = k:acquire(0)                -- a number is never empty
       assert.is_true(r0())
-      c:close()
     end))
 end)
 

@@ -37,8 +37,7 @@ describe("a read queued behind a writer", function()
     w.release()
   end))
 
-  it("the same cycle through a KeyedRWLock key and a timed writer", h.async(function()
-    local k = am.KeyedRWLock.new()
+  it("the same cycle through a KeyedRWLock key and a timed writer", h.left_free(am.KeyedRWLock.new, function(k)
     local rd = k:acquireRead("doc")
     local timed = am.withTimeout(k, 60000)    -- a timeout does not break it
     local w = h.acquirer(nil, "writer", timed, "doc")
@@ -49,7 +48,6 @@ describe("a read queued behind a writer", function()
     h.wait_until(function() return w.done end)
     assert.is_true(w.ok)
     w.release()
-    assert.equal(0, k:count())
   end))
 
   it("is not reported when the writer waits only for a reader outside the cycle", h.async(function()

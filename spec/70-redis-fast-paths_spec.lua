@@ -8,7 +8,7 @@
 local R = require "lock_redis"
 local scripts = require "async_mutex.redis_scripts"
 
-local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec70")
+local am, h, server, fresh_name, with = R.spec_file(setup, teardown, "spec70")
 
 local release = R.release_script
 
@@ -17,8 +17,7 @@ local release = R.release_script
 local acquire = R.acquire_script
 
 describe("the acquire script's short path (a lock with no holder and no queue)", function()
-  it("grants with a fence, the lease end and the value a full grant gives", h.async(function()
-    local c, name = R.one_client(server, fresh_name)
+  it("grants with a fence, the lease end and the value a full grant gives", with.one_client(function(c, name)
     local r = acquire(c, name, "t1", 30000)
     assert.equal(1, r[1])
     assert.equal(1, r[3])                       -- the room left before the grant
@@ -31,11 +30,9 @@ describe("the acquire script's short path (a lock with no holder and no queue)",
     local server_ms = tonumber(t[1]) * 1000 + tonumber(t[2]) // 1000
     assert.is_true(ends > server_ms + 29000 and ends <= server_ms + 30000)
     assert.equal(1, release(c, name, "t1"))
-    c:close()
   end))
 
-  it("queues a newcomer behind a waiter whose holder's lease ended unnoticed", h.async(function()
-    local c, name = R.one_client(server, fresh_name)
+  it("queues a newcomer behind a waiter whose holder's lease ended unnoticed", with.one_client(function(c, name)
     assert.equal(1, acquire(c, name, "holder", 500)[1])
     assert.equal(0, acquire(c, name, "waiter", 30000)[1])     -- queued
     h.sleep(600)                             -- the holder's lease ends; no script ran
@@ -43,11 +40,9 @@ describe("the acquire script's short path (a lock with no holder and no queue)",
     assert.is_truthy(c:call("HGET", name .. ":h", "waiter"))
     assert.is_nil(c:call("HGET", name .. ":h", "holder"))
     assert.equal(1, c:call("ZCARD", name .. ":q"))
-    c:close()
   end))
 
-  it("draws fences above the last one after the counter was lost", h.async(function()
-    local c, name = R.one_client(server, fresh_name)
+  it("draws fences above the last one after the counter was lost", with.one_client(function(c, name)
     local last = 0
     for i = 1, 3 do
       local r = acquire(c, name, "t" .. i, 30000)
@@ -57,22 +52,18 @@ describe("the acquire script's short path (a lock with no holder and no queue)",
       assert.equal(1, release(c, name, "t" .. i))
       if i == 2 then c:call("DEL", name .. ":n") end  -- expired, or a restart lost it
     end
-    c:close()
   end))
 end)
 
 describe("the release script's short path (a holder, nobody queued)", function()
-  it("ends a hold whose lease is still running, and says so", h.async(function()
-    local c, name = R.one_client(server, fresh_name)
+  it("ends a hold whose lease is still running, and says so", with.one_client(function(c, name)
     acquire(c, name, "t1", 30000)
     assert.equal(1, release(c, name, "t1"))
     assert.equal(0, c:call("EXISTS", name .. ":h"))
     assert.equal(0, release(c, name, "t1"))              -- once
-    c:close()
   end))
 
-  it("answers 0 for a lease that ended in Redis, even before anyone removed it", h.async(function()
-    local c, name = R.one_client(server, fresh_name)
+  it("answers 0 for a lease that ended in Redis, even before anyone removed it", with.one_client(function(c, name)
     acquire(c, name, "t1", 10)
     -- kept past its lease, as another holder's longer lease keeps a
     -- semaphore's N:h (docs/redis-locks.md, "Keys that expire")
@@ -81,11 +72,9 @@ describe("the release script's short path (a holder, nobody queued)", function()
     assert.is_truthy(c:call("HGET", name .. ":h", "t1"))      -- still there
     assert.equal(0, release(c, name, "t1"))
     assert.equal(0, c:call("EXISTS", name .. ":h"))
-    c:close()
   end))
 
-  it("publishes on the lock's free channel when a waitForUnlock marked it", h.async(function()
-    local c, name = R.one_client(server, fresh_name)
+  it("publishes on the lock's free channel when a waitForUnlock marked it", with.one_client(function(c, name)
     local heard = 0
     local sub = c:subscribe(name .. ":free", function() heard = heard + 1 end)
     acquire(c, name, "t1", 30000)
@@ -103,7 +92,6 @@ describe("the release script's short path (a holder, nobody queued)", function()
     h.sleep(20)
     assert.equal(1, heard)
     sub:unsubscribe()
-    c:close()
   end))
 end)
 
@@ -126,8 +114,7 @@ describe("the release script's mutex hand-off (a holder, a live head queued)", f
     end
   end
 
-  it("grants the head as dispatch would: fence, first lease, one message", h.async(function()
-    local c, name = R.one_client(server, fresh_name)
+  it("grants the head as dispatch would: fence, first lease, one message", with.one_client(function(c, name)
     local got, sub = heard_on(c, name .. ":chan")
     local r = acquire(c, name, "holder", 30000)
     local fence = math.tointeger(tonumber(r[2]))
@@ -158,11 +145,9 @@ describe("the release script's mutex hand-off (a holder, a live head queued)", f
     settle(got, 2)
     assert.equal(2, #got)
     sub:unsubscribe()
-    c:close()
   end))
 
-  it("skips a dead head (the full path), and a dead waiter behind a live one later", h.async(function()
-    local c, name = R.one_client(server, fresh_name)
+  it("skips a dead head (the full path), and a dead waiter behind a live one later", with.one_client(function(c, name)
     acquire(c, name, "holder", 30000)
     queue(c, name, "dead", 10, "spec70:nobody")
     queue(c, name, "live", 30000, "spec70:nobody")
@@ -177,11 +162,9 @@ describe("the release script's mutex hand-off (a holder, a live head queued)", f
     assert.is_nil(c:call("HGET", name .. ":h", "dead2"))
     assert.is_truthy(c:call("HGET", name .. ":h", "last"))
     assert.equal(0, c:call("EXISTS", name .. ":q", name .. ":w", name .. ":c"))
-    c:close()
   end))
 
-  it("is for mutexes only: a semaphore's release dispatches every head that fits", h.async(function()
-    local c, name = R.one_client(server, fresh_name)
+  it("is for mutexes only: a semaphore's release dispatches every head that fits", with.one_client(function(c, name)
     local function sem(token, weight)
       return acquire(c, name, token, 30000, "wait", { limit = 2, weight = weight })
     end
@@ -191,13 +174,11 @@ describe("the release script's mutex hand-off (a holder, a live head queued)", f
     assert.equal(1, c:eval(scripts.release, scripts.keys(name), { "a", "2" }))
     assert.is_truthy(c:call("HGET", name .. ":h", "b"))
     assert.is_truthy(c:call("HGET", name .. ":h", "c"))
-    c:close()
   end))
 end)
 
 describe("RedisMutex on the short paths", function()
-  it("keeps fences increasing and one holder over 200 cycles of 20 coroutines", h.async(function()
-    local m, c = R.one_lock(server, fresh_name, am.RedisMutex)
+  it("keeps fences increasing and one holder over 200 cycles of 20 coroutines", with.one_lock(am.RedisMutex, function(m)
     local inside, last, done = 0, 0, 0
     local me = coroutine.running()
     for _ = 1, 20 do
@@ -217,13 +198,11 @@ describe("RedisMutex on the short paths", function()
     end
     coroutine.yield()
     assert.is_false(m:isLocked())
-    c:close()
   end))
 end)
 
 describe("cancel() while the first request of an acquire is in flight", function()
-  it("rejects the request once Redis queued it, and takes it out of the queue", h.async(function()
-    local a, b, name = R.two_clients(server, fresh_name)
+  it("rejects the request once Redis queued it, and takes it out of the queue", with.two_clients(function(a, b, name)
     local ra = am.RedisMutex.new(a, name):acquire()
     local mb = am.RedisMutex.new(b, name, { cancelError = "stop" })
     local outcome
@@ -235,13 +214,11 @@ describe("cancel() while the first request of an acquire is in flight", function
     b:call("PING")                        -- the withdrawal (in the background) is done
     assert.equal(0, a:call("ZCARD", name .. ":q"))
     assert.is_true(ra())
-    a:close(); b:close()
   end))
 end)
 
 describe("a client whose Redis locks were used, then dropped", function()
-  it("is collected: the timers kept for reuse hold no lock and no client", h.async(function()
-    local a, name = R.one_client(server, fresh_name)
+  it("is collected: the timers kept for reuse hold no lock and no client", with.one_client(function(a, name)
     local weak = setmetatable({}, { __mode = "v" })
     do
       local b = server:client()
@@ -259,13 +236,11 @@ describe("a client whose Redis locks were used, then dropped", function()
     for _ = 1, 4 do collectgarbage() end
     assert.is_nil(weak[2])
     assert.is_nil(weak[1])
-    a:close()
   end))
 end)
 
 describe("calls made while replies are delivered", function()
-  it("are written in chunks and answered in order", h.async(function()
-    local c = server:client()
+  it("are written in chunks and answered in order", with.client(function(c)
     local pad = string.rep("x", 200)
     local n, done, bad = 200, 0, 0
     local me = coroutine.running()
@@ -284,6 +259,5 @@ describe("calls made while replies are delivered", function()
     coroutine.yield()
     assert.equal(0, bad)
     assert.equal(0, c:pending())
-    c:close()
   end))
 end)

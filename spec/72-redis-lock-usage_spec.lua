@@ -6,13 +6,12 @@
 local redis = require "async_mutex.redis"
 local R = require "lock_redis"
 
-local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec72")
+local am, h, server, fresh_name, with = R.spec_file(setup, teardown, "spec72")
 
 local check = h.raises_at_caller
 
 describe("Redis lock options", function()
-  it("refuses an unknown option name, as redis.connect does", h.async(function()
-    local c = server:client()
+  it("refuses an unknown option name, as redis.connect does", with.client(function(c)
     local LOCK = "cancelError, lostError, onLost, renewInterval, replicas, ttl, unsafeEviction, waiterTimeout"
     check { function() am.RedisMutex.new(c, "x", { tll = 5 }) end,
       "bad argument #3 to 'new' (unknown option 'tll'; did you mean 'ttl'? options: " .. LOCK .. ")" }
@@ -30,11 +29,9 @@ describe("Redis lock options", function()
     local ok, err = pcall(am.optimistic, function() end, { tll = 5 })
     assert.is_false(ok)
     assert.matches("%(unknown option 'tll'; options: [^)]*%)$", err)
-    c:close()
   end))
 
-  it("takes every option it documents", h.async(function()
-    local c = server:client()
+  it("takes every option it documents", with.client(function(c)
     local opts = { ttl = 1000, renewInterval = 300, waiterTimeout = 500,
       onLost = function() end, cancelError = "gone", lostError = "lost" }
     local m = am.RedisMutex.new(c, fresh_name(), opts)
@@ -45,13 +42,11 @@ describe("Redis lock options", function()
     local s = am.RedisSemaphore.new(c, fresh_name(), 2, opts)
     local _, r = s:acquire()
     assert.is_true(r())
-    c:close()
   end))
 end)
 
 describe("Redis lock priorities", function()
-  it("are refused in the core locks' words", h.async(function()
-    local m, c = R.one_lock(server, fresh_name, am.RedisMutex)
+  it("are refused in the core locks' words", with.one_lock(am.RedisMutex, function(m, c)
     local core = am.Mutex.new()
     local function both(fn)
       return h.error_of(function() fn(m) end), h.error_of(function() fn(core) end)
@@ -71,7 +66,6 @@ describe("Redis lock priorities", function()
     local s = am.RedisSemaphore.new(c, fresh_name(), 2)
     assert.equal(h.error_of(function() am.Semaphore.new(2):acquire(1, "x") end),
       h.error_of(function() s:acquire(1, "x") end))
-    c:close()
   end))
 end)
 

@@ -17,6 +17,8 @@ local function client()
                          commandTimeout = math.huge }
 end
 
+local with = require("redis_server").cases(client)
+
 -- A string of n bytes that shows where it was cut: every byte value in
 -- turn, from a start that depends on n (made with few allocations, so that
 -- the spec stays quick under AM_GC_STRESS).
@@ -30,8 +32,7 @@ end
 
 describe("a request written by the client", function()
   it("carries every argument length from 0 to 1,100 bytes, and across 10^k, unchanged",
-    h.async(function()
-      local c = client()
+    with.client(function(c)
       local lengths = {}
       for n = 0, 1100 do lengths[#lengths + 1] = n end
       for _, n in ipairs({ 9999, 10000, 10001, 99999, 100000, 1000000 }) do
@@ -51,11 +52,9 @@ describe("a request written by the client", function()
       end
       if left > 0 then coroutine.yield() end
       assert.same({}, bad)
-      c:close()
     end, { deadline = 20000 }))
 
-  it("carries 1,000 arguments (beyond those kept on the C stack) in order", h.async(function()
-    local c = client()
+  it("carries 1,000 arguments (beyond those kept on the C stack) in order", with.client(function(c)
     local values = {}
     for i = 1, 1000 do values[i] = bytes(i % 40) .. i end
     c:call("DEL", "wire:list")
@@ -63,14 +62,11 @@ describe("a request written by the client", function()
     local got = c:call("LRANGE", "wire:list", 0, -1)
     assert.equal(1000, got.n)
     for i = 1, 1000 do assert.equal(values[i], got[i]) end
-    c:close()
   end))
 
-  it("carries empty strings, NUL bytes, CR LF and numbers as arguments", h.async(function()
-    local c = client()
+  it("carries empty strings, NUL bytes, CR LF and numbers as arguments", with.client(function(c)
     assert.same({ "", "\0", "\r\n", "$3\r\nabc", "42", "0.5", n = 6 },
       c:call("EVAL", "return ARGV", 0, "", "\0", "\r\n", "$3\r\nabc", 42, 0.5))
-    c:close()
   end))
 end)
 
@@ -83,8 +79,7 @@ describe("core.script", function()
     return t
   end
 
-  it("sends the same request for its arguments as a list and as values", h.async(function()
-    local c = client()
+  it("sends the same request for its arguments as a list and as values", with.client(function(c)
     for _, counts in ipairs({ { 0, 0 }, { 1, 0 }, { 0, 1 }, { 6, 7 }, { 20, 20 }, { 3, 200 } }) do
       local keys, args = list("k", counts[1]), list("a", counts[2])
       local as_list = core.script(c, "EVAL", SCRIPT, keys, args)
@@ -95,24 +90,19 @@ describe("core.script", function()
       for i = 1, counts[1] do assert.equal("k" .. i, as_list[1][i]) end
       for i = 1, counts[2] do assert.equal("a" .. i, as_list[2][i]) end
     end
-    c:close()
   end))
 
-  it("writes numbers given as values as call does", h.async(function()
-    local c = client()
+  it("writes numbers given as values as call does", with.client(function(c)
     local r = core.script(c, "EVAL", SCRIPT, {}, 42, 3.0, 0.1, 1 / 3, -7)
     assert.same({ "42", "3", "0.1", "0.33333333333333331", "-7", n = 5 }, r[2])
-    c:close()
   end))
 
-  it("refuses an argument that is not a string or a number, sending nothing", h.async(function()
-    local c = client()
+  it("refuses an argument that is not a string or a number, sending nothing", with.client(function(c)
     local ok, err = pcall(core.script, c, "EVAL", SCRIPT, {}, "a", true)
     assert.is_false(ok)
     assert.matches("string or number expected, got boolean", err, 1, true)
     assert.equal(0, c:pending())
     assert.equal("PONG", c:call("PING"))      -- the connection is intact
-    c:close()
   end))
 end)
 

@@ -9,14 +9,13 @@
 local R = require "lock_redis"
 local scripts = require "async_mutex.redis_scripts"
 
-local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec77")
+local am, h, server, fresh_name, with = R.spec_file(setup, teardown, "spec77")
 
 local MAX_MS = 1 << 40         -- the largest ttl / waiterTimeout
 local MAX_LIMIT = 1 << 53      -- the largest semaphore limit
 
 describe("Redis lock options at their bounds", function()
-  it("refuses a ttl, waiterTimeout or limit beyond them, naming the argument", h.async(function()
-    local c = server:client()
+  it("refuses a ttl, waiterTimeout or limit beyond them, naming the argument", with.client(function(c)
     for _, field in ipairs { "ttl", "waiterTimeout" } do
       for _, v in ipairs { MAX_MS + 1, math.maxinteger } do
         local ok, err = pcall(am.RedisMutex.new, c, fresh_name(), { [field] = v })
@@ -31,12 +30,10 @@ describe("Redis lock options at their bounds", function()
     ok, err = pcall(am.KeyedRedisMutex.new, c, fresh_name(), { ttl = math.maxinteger })
     assert.is_false(ok)
     assert.matches("options.ttl must be an integer <= " .. MAX_MS, err, 1, true)
-    c:close()
   end))
 
   it("holds and hands off with ttl = waiterTimeout = the bound, never two holders",
-    h.async(function()
-      local c, name = R.one_client(server, fresh_name)
+    with.one_client(function(c, name)
       local opts = { ttl = MAX_MS, waiterTimeout = MAX_MS }
       local a, b, t = am.RedisMutex.new(c, name, opts), am.RedisMutex.new(c, name, opts),
         am.RedisMutex.new(c, name, opts)
@@ -54,7 +51,6 @@ describe("Redis lock options at their bounds", function()
       assert.is_true(w.ok)
       assert.has_error(function() am.tryAcquire(t):acquire() end, am.E_ALREADY_LOCKED)
       w.release()
-      c:close()
     end))
 end)
 
@@ -65,8 +61,7 @@ describe("a semaphore's large weights in the scripts' records", function()
         channel or "spec77:nobody", "wait" })
   end
 
-  it("are written digit for digit, read back and dispatched", h.async(function()
-    local c, name = R.one_client(server, fresh_name)
+  it("are written digit for digit, read back and dispatched", with.one_client(function(c, name)
     local limit, big = MAX_LIMIT, 1 << 50
     local r = acquire(c, name, "holder", limit, limit)
     assert.equal(1, r[1])
@@ -81,6 +76,5 @@ describe("a semaphore's large weights in the scripts' records", function()
       { "waiter", tostring(limit), tostring(big), "30000", "3000", "spec77:chan", "again" })
     assert.equal(1, r[1])
     assert.equal(limit, math.tointeger(r[3]))
-    c:close()
   end))
 end)

@@ -10,20 +10,16 @@
 local R = require "lock_redis"
 local uv = require "luv"
 
-local am, h, server = R.spec_file(setup, teardown)
+local am, h, server, _, with = R.spec_file(setup, teardown)
 
 local queued = R.queued
 
 -- A child that queues for the lock ARGS[1] (waiterTimeout ARGS[2]) and
 -- would hold it for a minute.
-local WAITER = R.PROLOGUE .. [[
+local WAITER = R.PROLOGUE .. R.HOLD_UNTIL_KILLED .. [[
 main(function()
   local m = am.RedisMutex.new(client, ARGS[1], { waiterTimeout = tonumber(ARGS[2]) })
-  local r = m:acquire()
-  io.stdout:write("held\n")
-  io.stdout:flush()
-  am.sleep(60000)            -- killed before: the client is never closed
-  r()
+  hold_until_killed(m:acquire())
 end)
 ]]
 
@@ -61,8 +57,7 @@ describe("waiters queued by the short path that die", function()
   end, { deadline = 30000 }))
 
   it("behind a holder that dies hold the live waiter up no longer than ttl + waiterTimeout",
-    h.async(function()
-      local c = server:client()
+    with.client(function(c)
       local name = "spec78:lease"
       -- long enough for the three waiters to start and queue before it
       -- ends (slowed down, under make asan, each start takes longer)
@@ -87,6 +82,5 @@ end)
       assert.is_true(release.fence > fence0)
       assert.equal(0, queued(c, name))
       assert.is_true(release())
-      c:close()
     end, { deadline = 30000 }))
 end)

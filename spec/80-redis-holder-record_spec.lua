@@ -9,7 +9,7 @@
 local R = require "lock_redis"
 local scripts = require "async_mutex.redis_scripts"
 
-local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec80")
+local am, h, server, fresh_name, with = R.spec_file(setup, teardown, "spec80")
 
 local release, server_ms = R.release_script, R.server_ms
 
@@ -22,8 +22,7 @@ local renew = R.renew_script
 local holders = R.holder_tokens
 
 describe("a holder's record whose lease ended", function()
-  it("is no hold: the next acquire removes it and is granted", h.async(function()
-    local c, name = R.one_client(server, fresh_name)
+  it("is no hold: the next acquire removes it and is granted", with.one_client(function(c, name)
     local r = acquire(c, name, "old", 20)
     assert.equal(1, r[1])
     -- kept past its lease, as another holder's longer lease keeps a
@@ -35,12 +34,10 @@ describe("a holder's record whose lease ended", function()
     assert.equal(1, r2[1])
     assert.is_true(math.tointeger(tonumber(r2[2])) > math.tointeger(tonumber(r[2])))
     assert.same({ "new" }, holders(c, name))
-    c:close()
   end))
 
   it("gives a release that comes after it 0, and the next holder's record stays as it was",
-    h.async(function()
-      local c, name = R.one_client(server, fresh_name)
+    with.one_client(function(c, name)
       acquire(c, name, "old", 20)
       h.sleep(40)
       -- before any other script ran: the record is there, its lease is over
@@ -55,22 +52,18 @@ describe("a holder's record whose lease ended", function()
       assert.equal(record, c:call("HGET", name .. ":h", "new"))
       assert.same({ "new" }, holders(c, name))
       assert.equal(1, release(c, name, "new"))
-      c:close()
     end))
 
-  it("is no hold for a renewal either: 0, and nothing written", h.async(function()
-    local c, name = R.one_client(server, fresh_name)
+  it("is no hold for a renewal either: 0, and nothing written", with.one_client(function(c, name)
     acquire(c, name, "old", 20)
     h.sleep(40)
     assert.equal(0, renew(c, name, "old", 30000))
     assert.same({}, holders(c, name))
     assert.equal(0, c:call("EXISTS", name .. ":h"))
-    c:close()
   end))
 
   it("is a lost hold for RedisMutex: onLost, a false release, the next holder kept",
-    h.async(function()
-      local c, c2, name = R.two_clients(server, fresh_name)
+    with.two_clients(function(c, c2, name)
       local lost
       local m = am.RedisMutex.new(c, name,
         { ttl = 60, renewInterval = 0, onLost = function(info) lost = info.reason end })
@@ -84,14 +77,11 @@ describe("a holder's record whose lease ended", function()
       assert.equal(record, c:call("HGET", name .. ":h", holders(c, name)[1]))
       assert.is_true(r2:check())
       assert.is_true(r2())
-      c:close()
-      c2:close()
     end))
 end)
 
 describe("the record", function()
-  it("is 'end weight fence value', its end the lease's end in server ms", h.async(function()
-    local c, name = R.one_client(server, fresh_name)
+  it("is 'end weight fence value', its end the lease's end in server ms", with.one_client(function(c, name)
     local r = acquire(c, name, "t", 30000)
     local e, w, f, v = c:call("HGET", name .. ":h", "t"):match("^(%d+) (%d+) (%d+) (%d+)$")
     assert.equal("1", w)
@@ -99,7 +89,6 @@ describe("the record", function()
     assert.equal("1", v)
     local now = server_ms(c)
     assert.is_true(tonumber(e) > now + 29000 and tonumber(e) <= now + 30000)
-    c:close()
   end))
 end)
 
@@ -112,8 +101,7 @@ describe("a lock name shared with a process of the older layout", function()
     assert.matches("WRONGTYPE", err.message)
   end
 
-  it("makes every script of this layout fail with WRONGTYPE, granting nothing", h.async(function()
-    local c, name = R.one_client(server, fresh_name)
+  it("makes every script of this layout fail with WRONGTYPE, granting nothing", with.one_client(function(c, name)
     c:call("ZADD", name .. ":h", tostring(server_ms(c) + 30000), "older")
     c:call("HSET", name .. ":g", "older", "1 5 1")
     wrongtype(acquire, c, name, "t", 30000)
@@ -124,14 +112,11 @@ describe("a lock name shared with a process of the older layout", function()
     assert.equal("zset", c:call("TYPE", name .. ":h"))
     assert.equal(1, c:call("ZCARD", name .. ":h"))
     assert.equal(0, c:call("EXISTS", name .. ":q"))
-    c:close()
   end))
 
-  it("makes the older layout's first read of a holder (ZSCORE, ZRANGE) fail", h.async(function()
-    local c, name = R.one_client(server, fresh_name)
+  it("makes the older layout's first read of a holder (ZSCORE, ZRANGE) fail", with.one_client(function(c, name)
     acquire(c, name, "t", 30000)
     wrongtype(c.call, c, "ZSCORE", name .. ":h", "t")
     wrongtype(c.call, c, "ZRANGE", name .. ":h", 0, -1, "WITHSCORES")
-    c:close()
   end))
 end)

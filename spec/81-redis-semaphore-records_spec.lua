@@ -8,7 +8,7 @@
 local R = require "lock_redis"
 local scripts = require "async_mutex.redis_scripts"
 
-local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec81")
+local am, h, server, fresh_name, with = R.spec_file(setup, teardown, "spec81")
 
 local release, server_ms = R.release_script, R.server_ms
 
@@ -46,8 +46,7 @@ local function end_lease(c, name, token)
 end
 
 describe("a semaphore's holders of mixed weights", function()
-  it("each have a record; the weight held is their sum", h.async(function()
-    local c, name = R.one_client(server, fresh_name)
+  it("each have a record; the weight held is their sum", with.one_client(function(c, name)
     local ra = acquire(c, name, "a", 5, 2, 30000)
     local rb = acquire(c, name, "b", 5, 1, 30000)
     local rc = acquire(c, name, "c", 5, 2, 30000)
@@ -64,12 +63,10 @@ describe("a semaphore's holders of mixed weights", function()
     assert.equal(1, release(c, name, "b", 5))
     assert.is_nil(record(c, name, "b"))
     assert.equal(4, (state(c, name, 5)))
-    c:close()
   end))
 
   it("lose an ended lease's weight, and the queue's heads that then fit are granted in order",
-    h.async(function()
-      local c, name = R.one_client(server, fresh_name)
+    with.one_client(function(c, name)
       local got = {}
       local sub = c:subscribe(name .. ":chan", function(m) got[#got + 1] = m end)
       acquire(c, name, "a", 5, 2, 30000)
@@ -99,13 +96,11 @@ describe("a semaphore's holders of mixed weights", function()
       h.wait_until(function() return #got == 2 end, 2000, "two grant messages")
       assert.same({ "d " .. d.f .. " 2", "e " .. e.f .. " 1" }, got)
       sub:unsubscribe()
-      c:close()
     end))
 end)
 
 describe("renew", function()
-  it("moves a live holder's lease end and keeps its weight, fence and value", h.async(function()
-    local c, name = R.one_client(server, fresh_name)
+  it("moves a live holder's lease end and keeps its weight, fence and value", with.one_client(function(c, name)
     acquire(c, name, "t", 3, 2, 1000)
     acquire(c, name, "u", 3, 1, 20)
     local before = record(c, name, "t")
@@ -119,13 +114,11 @@ describe("renew", function()
     assert.equal(0, renew(c, name, "u", 3, 30000))
     assert.is_nil(record(c, name, "u"))
     assert.equal(after.raw, record(c, name, "t").raw)
-    c:close()
   end))
 end)
 
 describe("the 'again' request of a queued waiter", function()
-  it("renews to ttl the lease of a grant whose message it did not get", h.async(function()
-    local c, name = R.one_client(server, fresh_name)
+  it("renews to ttl the lease of a grant whose message it did not get", with.one_client(function(c, name)
     acquire(c, name, "holder", 1, 1, 30000)
     assert.equal(0, acquire(c, name, "w", 1, 1, 30000, "wait", 3000)[1])
     assert.equal(1, release(c, name, "holder", 1))          -- hand-off: first lease 3 s
@@ -137,11 +130,9 @@ describe("the 'again' request of a queued waiter", function()
     local renewed = record(c, name, "w")
     assert.same({ granted.w, granted.f, granted.v }, { renewed.w, renewed.f, renewed.v })
     assert.is_true(renewed.e > now + 29000)
-    c:close()
   end))
 
-  it("granted by its own request (the holder's lease ended), gets its ttl too", h.async(function()
-    local c, name = R.one_client(server, fresh_name)
+  it("granted by its own request (the holder's lease ended), gets its ttl too", with.one_client(function(c, name)
     acquire(c, name, "dead", 2, 2, 30000)
     assert.equal(0, acquire(c, name, "w", 2, 1, 30000, "wait", 3000)[1])
     end_lease(c, name, "dead")          -- (a lease of 30 ms could end before w asked)
@@ -152,12 +143,10 @@ describe("the 'again' request of a queued waiter", function()
     -- the client counts a lease of ttl from this request: Redis must too
     assert.is_true(record(c, name, "w").e > now + 29000)
     assert.is_nil(record(c, name, "dead"))
-    c:close()
   end))
 
   it("through RedisMutex: a waiter granted at its holder's lease end holds for its ttl",
-    h.async(function()
-      local c, c2, name = R.two_clients(server, fresh_name)
+    with.two_clients(function(c, c2, name)
       -- a holder that dies: a token of our own with a 100 ms lease
       acquire(c, name, "dead", 1, 1, 100)
       local m = am.RedisMutex.new(c, name, { ttl = 5000, waiterTimeout = 300 })
@@ -168,7 +157,5 @@ describe("the 'again' request of a queued waiter", function()
       local other = am.RedisMutex.new(c2, name)
       assert.has_error(function() am.tryAcquire(other):acquire() end, am.E_ALREADY_LOCKED)
       assert.is_true(releaser())
-      c:close()
-      c2:close()
     end))
 end)

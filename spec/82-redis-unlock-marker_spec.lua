@@ -10,7 +10,7 @@
 local R = require "lock_redis"
 local scripts = require "async_mutex.redis_scripts"
 
-local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec82")
+local am, h, server, fresh_name, with = R.spec_file(setup, teardown, "spec82")
 
 -- Long enough that a watcher woken within WOKEN ms was woken by the
 -- release's message, not by its poll (every waiterTimeout / 3).
@@ -28,8 +28,7 @@ local function watcher(m, ...)
 end
 
 describe("RedisMutex:waitForUnlock and the release's mark", function()
-  it("is woken by a release that comes after it started waiting", h.async(function()
-    local c, c2, name = R.two_clients(server, fresh_name)
+  it("is woken by a release that comes after it started waiting", with.two_clients(function(c, c2, name)
     local m, other = am.RedisMutex.new(c, name, OPTS), am.RedisMutex.new(c2, name, OPTS)
     local release = other:acquire()
     local w = watcher(m)
@@ -40,13 +39,10 @@ describe("RedisMutex:waitForUnlock and the release's mark", function()
     h.wait_until(function() return w.done end, WOKEN, "the watcher woken by the release")
     assert.is_true(w.ok)
     assert.equal(0, c:call("EXISTS", name .. ":free"))   -- the mark is used up
-    c:close()
-    c2:close()
   end))
 
   it("is woken whatever the moment of the release between its start and its wait",
-    h.async(function()
-      local c, c2, name = R.two_clients(server, fresh_name)
+    with.two_clients(function(c, c2, name)
       local m, other = am.RedisMutex.new(c, name, OPTS), am.RedisMutex.new(c2, name, OPTS)
       -- the release comes 0, 1, 2, ... loop turns after the watcher started:
       -- before its first check, between its subscription and its mark, or
@@ -60,24 +56,19 @@ describe("RedisMutex:waitForUnlock and the release's mark", function()
           "the watcher released after " .. turns .. " loop turns")
         assert.is_true(w.ok)
       end
-      c:close()
-      c2:close()
     end))
 
-  it("returns at once on a free lock and leaves no mark", h.async(function()
-    local c, name = R.one_client(server, fresh_name)
+  it("returns at once on a free lock and leaves no mark", with.one_client(function(c, name)
     local m = am.RedisMutex.new(c, name, OPTS)
     m:waitForUnlock()
     assert.same({}, keys_of(c, name))
     m:acquire()()
     m:waitForUnlock()
     assert.same({ name .. ":n" }, keys_of(c, name))
-    c:close()
   end))
 
   it("marks for at most waiterTimeout when it gives up; a later release publishes nothing",
-    h.async(function()
-      local c, c2, name = R.two_clients(server, fresh_name)
+    with.two_clients(function(c, c2, name)
       local m = am.RedisMutex.new(c, name, { waiterTimeout = 2000 })
       local release = am.RedisMutex.new(c2, name, OPTS):acquire()
       local err = h.error_of(function() am.withTimeout(m, 50):waitForUnlock() end)
@@ -93,14 +84,11 @@ describe("RedisMutex:waitForUnlock and the release's mark", function()
       h.sleep(20)
       assert.equal(1, heard)
       sub:unsubscribe()
-      c:close()
-      c2:close()
     end))
 end)
 
 describe("RedisSemaphore:waitForUnlock and the release's mark", function()
-  it("waits for room for its weight, woken by the release that makes it", h.async(function()
-    local c, c2, name = R.two_clients(server, fresh_name)
+  it("waits for room for its weight, woken by the release that makes it", with.two_clients(function(c, c2, name)
     local s = am.RedisSemaphore.new(c, name, 3, OPTS)
     local other = am.RedisSemaphore.new(c2, name, 3, OPTS)
     local _, r1 = other:acquire(1)
@@ -114,14 +102,11 @@ describe("RedisSemaphore:waitForUnlock and the release's mark", function()
     assert.is_true(r2())                    -- room 3
     h.wait_until(function() return w.done end, WOKEN, "the watcher woken by the release")
     assert.is_true(w.ok)
-    c:close()
-    c2:close()
   end))
 end)
 
 describe("an idle lock", function()
-  it("leaves only its counter key, which expires, after every kind of use", h.async(function()
-    local c, c2, name = R.two_clients(server, fresh_name)
+  it("leaves only its counter key, which expires, after every kind of use", with.two_clients(function(c, c2, name)
     -- a mutex: a free acquire, a queued one, a hand-off, a watcher, a withdrawal
     local m, other = am.RedisMutex.new(c, name, OPTS), am.RedisMutex.new(c2, name, OPTS)
     local r = m:acquire()
@@ -156,7 +141,5 @@ describe("an idle lock", function()
     h.sleep(30)
     assert.equal(0, c:eval(scripts.release, scripts.keys(n3), { "t", "1" }))
     assert.same({ n3 .. ":n" }, keys_of(c, n3))
-    c:close()
-    c2:close()
   end))
 end)

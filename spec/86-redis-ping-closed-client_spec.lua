@@ -77,16 +77,12 @@ local function run_case(case)
 end
 
 describe("a subscriber closed by its client's finalizer", function()
-  it("between the ping timer's status check and its progress() call", h.async(function()
-    run_case("progress")
-  end))
-  it("between the ping timer's status check and its PING", h.async(function()
-    run_case("ping")
-  end))
-  it("between unsubscribe's status check and its UNSUBSCRIBE", h.async(function()
-    run_case("unsubscribe")
-  end))
-  it("between the re-subscribe timer's status check and its SUBSCRIBE", h.async(function()
-    run_case("retry")
-  end))
+  for _, case in ipairs({
+    { "between the ping timer's status check and its progress() call", "progress" },
+    { "between the ping timer's status check and its PING", "ping" },
+    { "between unsubscribe's status check and its UNSUBSCRIBE", "unsubscribe" },
+    { "between the re-subscribe timer's status check and its SUBSCRIBE", "retry" },
+  }) do
+    it(case[1], h.async(function() run_case(case[2]) end))
+  end
 end)

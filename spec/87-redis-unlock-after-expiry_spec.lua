@@ -9,7 +9,7 @@
 local R = require "lock_redis"
 local uv = require "luv"
 
-local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec87")
+local am, h, server, fresh_name, with = R.spec_file(setup, teardown, "spec87")
 
 local TTL = 300
 local OPTS = { waiterTimeout = 300000 }          -- poll every 100 s
@@ -54,29 +54,24 @@ local function lag_after_kill(name, limit, start_watcher)
 end
 
 describe("waitForUnlock when the holder dies", function()
-  it("RedisMutex: returns at the end of the dead holder's lease", h.async(function()
-    local c, name = R.one_client(server, fresh_name)
+  it("RedisMutex: returns at the end of the dead holder's lease", with.one_client(function(c, name)
     local m = am.RedisMutex.new(c, name, OPTS)
     local ms = lag_after_kill(name, nil, function()
       return h.requester("waitForUnlock", nil, "watcher", m)
     end)
     assert.is_not_nil(ms, "the watcher slept past the end of the lease")
     assert.is_true(ms <= BOUND)
-    c:close()
   end, { deadline = 20000 }))
 
-  it("RedisSemaphore: returns when the dead holder's lease leaves room", h.async(function()
-    local c, name = R.one_client(server, fresh_name)
+  it("RedisSemaphore: returns when the dead holder's lease leaves room", with.one_client(function(c, name)
     local s = am.RedisSemaphore.new(c, name, 3, OPTS)
     local ms = lag_after_kill(name, 3, function()
       return h.requester("waitForUnlock", nil, "watcher", s, 2)
     end)
     assert.is_not_nil(ms, "the watcher slept past the end of the lease")
-    c:close()
   end, { deadline = 20000 }))
 
-  it("KeyedRedisMutex: returns at the end of the dead holder's lease", h.async(function()
-    local c, name = R.one_client(server, fresh_name)
+  it("KeyedRedisMutex: returns at the end of the dead holder's lease", with.one_client(function(c, name)
     -- the key "a" of the set with prefix P is the lock named P .. "a"
     -- (docs/redis-locks.md), the one a RedisMutex of that name takes
     local k = am.KeyedRedisMutex.new(c, name .. ":", OPTS)
@@ -84,6 +79,5 @@ describe("waitForUnlock when the holder dies", function()
       return h.requester("waitForUnlock", nil, "watcher", k, "a")
     end)
     assert.is_not_nil(ms, "the watcher slept past the end of the lease")
-    c:close()
   end, { deadline = 20000 }))
 end)

@@ -5,7 +5,8 @@
 --   local rnd = dp.lcg(seed)                 -- seeded integers: rnd(a), rnd(a, b)
 --   local t = dp.actor(cos, function(t) ... end)   -- a coroutine of a program
 --   local stuck = dp.drive(cos, rnd, debug_until)  -- runs it to its end
---   return dp.run(p, seed, debug_until, do_op, release)   -- a run_program's end
+--   local p = dp.program(rnd, {2, 5}, {2, 6}, {2, 8}, lock_entry, op)   -- a random one
+--   return dp.run(p, seed, debug_until, make_lock, do_op, release)   -- a run_program's end
 --   dp.check_both_ways(n, seed_of, gen_program, run_program)
 --
 -- A program is coroutines, each a list of operations on shared locks.  Its
@@ -82,22 +83,39 @@ function M.drive(cos, rnd, debug_until)
   return stuck
 end
 
---- Runs program `p` (p.cos: a list of operation lists) under drive, with
--- `seed` choosing the steps and debug mode off from step `debug_until`
--- (nil: on throughout).  Each coroutine runs its operations through
--- do_op(op, held, t), `held` its list of holds, released with
+--- A random program of `rnd` (M.lcg): {locks = ..., cos = ...}, with
+-- rnd(locks[1], locks[2]) locks, each lock_entry() (what run's make_lock
+-- takes), and rnd(cos[1], cos[2]) coroutines of rnd(ops[1], ops[2])
+-- operations each, the o-th op(o, number of locks).
+function M.program(rnd, locks, cos, ops, lock_entry, op)
+  local p = { locks = {}, cos = {} }
+  for i = 1, rnd(locks[1], locks[2]) do p.locks[i] = lock_entry() end
+  for c = 1, rnd(cos[1], cos[2]) do
+    local list = {}
+    for o = 1, rnd(ops[1], ops[2]) do list[o] = op(o, #p.locks) end
+    p.cos[c] = list
+  end
+  return p
+end
+
+--- Runs program `p` (p.locks: what make_lock(entry) makes each lock from;
+-- p.cos: a list of operation lists) under drive, with `seed` choosing the
+-- steps and debug mode off from step `debug_until` (nil: on throughout).
+-- Each coroutine runs its operations through do_op(op, held, locks, t),
+-- `locks` the program's locks, `held` its list of holds, released with
 -- release(hold), last first, when it ends; do_op returns "deadlock" when
 -- its request raised E_DEADLOCK (the step is recorded and the coroutine
 -- ends), "end" when the coroutine ends for another reason, else nil.
 -- Returns what check_both_ways' run_program returns.
-function M.run(p, seed, debug_until, do_op, release)
-  local cos, raised = {}, {}
+function M.run(p, seed, debug_until, make_lock, do_op, release)
+  local locks, cos, raised = {}, {}, {}
+  for i, entry in ipairs(p.locks) do locks[i] = make_lock(entry) end
   for _, ops in ipairs(p.cos) do
     M.actor(cos, function(t)
       local held = {}
       for _, op in ipairs(ops) do
         t.step_in()
-        local stop = do_op(op, held, t)
+        local stop = do_op(op, held, locks, t)
         if stop == "deadlock" then raised[#raised + 1] = t.step end
         if stop then break end
       end

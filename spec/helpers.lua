@@ -14,6 +14,10 @@
 -- a coroutine the module resumed and that died, in a helper timer) are
 -- collected and make the test fail when the body is done.
 --
+-- h.left_free(new, ..., fn): a case on a new lock, new(...), that fn(lock)
+-- must leave free (no hold; on a keyed lock, no key in use);
+-- h.holding(new, fn): a case on a new lock the test holds until it ends.
+--
 -- Also: h.tick(n) (one loop turn: deferred wake-ups delivered), h.sleep(ms),
 -- h.wait_until(pred), h.spawn(fn, ...), h.acquirer / h.waiter (a coroutine
 -- blocked in acquire / waitForUnlock, with its outcome recorded), h.held(lock)
@@ -22,11 +26,15 @@
 -- code), h.check_one_owner(lock, a, b), h.occupancy() (how many are inside
 -- a section at once), h.without_yield(fn), h.granted_at_once(n, take) (n
 -- grants without a yield), h.cancel_exclusive_waiter(lock),
--- h.handed_on_refuses_try(), h.newcomer_behind_waiter(lock), h.try_now(fn),
+-- h.handed_on_refuses_try(), h.newcomer_behind_waiter(lock),
+-- h.served_in_turn(first, second) and h.granted_in_turn(log, first, second)
+-- (two waiters served in that order), h.try_now(fn),
 -- h.error_of(fn) (message without "file:line: "), h.keys_of(keyed),
 -- h.count_handles(kind),
--- h.run_loop(ms) (uv.run() from main code), h.subprocess(code) (a separate
--- lua5.4; h.am_subprocess(code): one with uv and am), h.instructions(code) (callgrind's count of one), h.load(n) (load-test sizes), h.gc(), h.closing(...) (closes
+-- h.run_loop(ms) (uv.run() from main code), h.tcp_server(on_data) (a loopback
+-- server that reads and, by default, never answers), h.subprocess(code) (a separate
+-- lua5.4; h.am_subprocess(code): one with uv and am; h.clean_exit(res, out): its
+-- stderr empty, exit 0, stdout out), h.instructions(code) (callgrind's count of one), h.load(n) (load-test sizes), h.gc(), h.closing(...) (closes
 -- clients and servers when a case ends, also when it fails), h.ms_since(t0),
 -- h.with_loop_clock(fn) (deadlines counted from uv.now(), as a model does),
 -- h.reports_during(fn) (the module's reports of failures made meanwhile),
@@ -271,6 +279,35 @@ end
 
 local SLEEP_TOKEN = setmetatable({}, { __name = "helpers.sleep token" })
 
+--- The body of an `it` on a new lock that the case must leave free:
+-- h.left_free(new, ..., fn) makes lock = new(...) and runs fn(lock) as
+-- h.async runs a body, then checks that fn left no hold on the lock
+-- (not lock:isLocked()), or, for a keyed lock, no key in use
+-- (lock:count() == 0).
+--   it("...", h.left_free(am.KeyedSemaphore.new, 2, function(ks) ... end))
+function helpers.left_free(new, ...)
+  local args = table.pack(...)
+  local fn = args[args.n]
+  return helpers.async(function()
+    local lock = new(table.unpack(args, 1, args.n - 1))
+    fn(lock)
+    local assert = require "luassert"
+    if lock.keys then assert.equal(0, lock:count()) else assert.is_false(lock:isLocked()) end
+  end)
+end
+
+--- The body of an `it` on a new lock held by the test (h.held) until the
+-- case ends: h.holding(new, fn) makes lock = new(), acquires it, runs
+-- fn(lock, release) as h.async runs a body, then releases it.
+--   it("...", h.holding(am.Mutex.new, function(m, r) ... end))
+function helpers.holding(new, fn)
+  return helpers.async(function()
+    local lock, release = helpers.held(new())
+    fn(lock, release)
+    release()
+  end)
+end
+
 --- Suspends the running coroutine for `ms` milliseconds of loop time.
 -- Fails if anything other than its own timer resumes the coroutine (the
 -- module must only resume coroutines it suspended itself).
@@ -366,6 +403,19 @@ function helpers.spawn(fn, ...)
   return co
 end
 
+--- The end of the message of a call that would wait where the coroutine
+-- cannot yield (docs/semantics.md): "attempt to <act>" .. this.
+helpers.CANNOT_YIELD = " where the coroutine cannot yield (inside a metamethod or a function"
+  .. " called from C, such as a table.sort comparator)"
+
+--- The error of fn() called from a string.gsub callback (a C function: the
+-- running coroutine cannot yield there), without "file:line: ".
+function helpers.cannot_yield_error(fn)
+  local err
+  ("x"):gsub(".", function() err = helpers.error_of(fn) end)
+  return err
+end
+
 --- Spawns a coroutine that calls lock:acquire(...) under pcall and returns a
 -- record of it: w.co, w.done (acquire returned or raised), w.ok, w.err,
 -- w.value (semaphores), w.release (the releaser), w.n (number of results).
@@ -454,12 +504,36 @@ function helpers.newcomer_behind_waiter(lock, after_release, ...)
   if after_release then after_release() end
   local b = helpers.acquirer(log, "b", lock, table.unpack(key, 1, key.n), 100)
   assert.is_false(b.done)
+  helpers.granted_in_turn(log, a, b)
+end
+
+--- Checks that `first` then `second` (records of h.acquirer, h.reader,
+-- ...) are served one at a time, in that order: after a loop turn first
+-- is granted and second still waits; once first releases, second is
+-- granted, and releases.
+function helpers.served_in_turn(first, second)
+  local assert = require "luassert"
   helpers.tick()
-  assert.same({ "a" }, log)
-  a.release()
+  assert.is_true(first.ok)
+  assert.is_false(second.done)
+  first.release()
   helpers.tick()
-  assert.same({ "a", "b" }, log)
-  b.release()
+  assert.is_true(second.ok)
+  second.release()
+end
+
+--- The same, seen in `log`: `first` then `second` (records of h.acquirer, h.reader,
+-- ...: their names go to `log`, empty until then) are granted one at a
+-- time, in that order: after a loop turn only first is; once first
+-- releases, second is, and releases.
+function helpers.granted_in_turn(log, first, second)
+  local assert = require "luassert"
+  helpers.tick()
+  assert.same({ first.name }, log)
+  first.release()
+  helpers.tick()
+  assert.same({ first.name, second.name }, log)
+  second.release()
 end
 
 --- A runExclusive waiter on `lock` (held by the caller), canceled
@@ -668,6 +742,27 @@ function helpers.closing(...)
   end })
 end
 
+--- A TCP server on a free loopback port that accepts every connection and
+-- reads from it: on_data(conn, data) gets what it reads (data nil at the
+-- end of the stream); by default it reads and never answers.  Returns the
+-- port and a function that closes the server and its connections.
+function helpers.tcp_server(on_data)
+  on_data = on_data or function() end
+  local listener = uv.new_tcp()
+  assert(listener:bind("127.0.0.1", 0))
+  local conns = {}
+  assert(listener:listen(16, function()
+    local conn = uv.new_tcp()
+    listener:accept(conn)
+    conns[#conns + 1] = conn
+    conn:read_start(function(_, data) on_data(conn, data) end)
+  end))
+  return listener:getsockname().port, function()
+    for _, conn in ipairs(conns) do if not conn:is_closing() then conn:close() end end
+    listener:close()
+  end
+end
+
 --- Full collection, twice (finalizers run in the first, memory freed in the second).
 function helpers.gc()
   collectgarbage("collect")
@@ -742,6 +837,17 @@ function helpers.subprocess(code, timeout_s, prefix)
   os.remove(script)
   os.remove(errfile)
   return { rc = rc, how = how, stdout = out, stderr = err }
+end
+
+--- The check of a child (helpers.subprocess) that must end cleanly:
+-- nothing on stderr, exit code 0, and its stdout `stdout` when given.
+-- Returns its stdout.
+function helpers.clean_exit(res, stdout)
+  local assert = require "luassert"
+  assert.equal("", res.stderr)
+  assert.equal(0, res.rc, "exit status " .. tostring(res.rc) .. " (" .. tostring(res.how) .. ")")
+  if stdout ~= nil then assert.equal(stdout, res.stdout) end
+  return res.stdout
 end
 
 --- Runs the re-entrancy fuzzer `script` (spec/fuzz/..., its "run SEED N"

@@ -138,12 +138,63 @@ function R.file_server(setup, teardown, prefix)
 end
 
 --- The head of a Redis lock spec file in one line: the module, the spec
--- helpers, the file's server and the namer of its locks (R.file_server):
+-- helpers, the file's server, the namer of its locks (R.file_server) and
+-- the set-ups of its cases (R.cases):
 --   local R = require "lock_redis"
---   local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec44")
+--   local am, h, server, fresh_name, with = R.spec_file(setup, teardown, "spec44")
 function R.spec_file(setup, teardown, prefix)
   local server, fresh_name = R.file_server(setup, teardown, prefix)
-  return require "async_mutex", require "helpers", server, fresh_name
+  return require "async_mutex", require "helpers", server, fresh_name,
+    R.cases(server, fresh_name)
+end
+
+--- The cases of a spec file whose set-up is a client of `server`
+-- (with.client, as redis_server.cases), R.one_client, R.one_lock,
+-- R.two_clients, R.two_locks or R.two_keyed_locks on `server` and
+-- `fresh_name`, and whose tear-down closes their clients once the body has
+-- returned (a failed case's clients are closed by h.run).  Each makes the
+-- body of an `it` (h.async(fn, opts)), fn given what the set-up returns:
+--   it("...", with.client(function(c) ... end))
+--   it("...", with.one_client(function(c, name) ... end))
+--   it("...", with.one_lock(am.RedisMutex, function(m, c) ... end))
+--   it("...", with.two_clients(function(a, b, name) ... end))
+--   it("...", with.two_locks(am.RedisMutex, function(ma, mb, a, b, name) ... end))
+--   it("...", with.two_keyed_locks(am.KeyedRedisMutex, function(ka, kb, a, b, prefix) ... end))
+function R.cases(server, fresh_name)
+  local h = require "helpers"
+  local with = require("redis_server").cases(function() return server:client() end)
+  function with.one_client(fn, opts)
+    return h.async(function()
+      local c, name = R.one_client(server, fresh_name)
+      fn(c, name)
+      c:close()
+    end, opts)
+  end
+  function with.one_lock(class, fn, opts)
+    return h.async(function()
+      local lock, c = R.one_lock(server, fresh_name, class)
+      fn(lock, c)
+      c:close()
+    end, opts)
+  end
+  function with.two_clients(fn, opts)
+    return h.async(function()
+      local a, b, name = R.two_clients(server, fresh_name)
+      fn(a, b, name)
+      a:close(); b:close()
+    end, opts)
+  end
+  local function two(make)
+    return function(class, fn, opts)
+      return h.async(function()
+        local la, lb, a, b, name = make(server, fresh_name, class)
+        fn(la, lb, a, b, name)
+        a:close(); b:close()
+      end, opts)
+    end
+  end
+  with.two_locks, with.two_keyed_locks = two(R.two_locks), two(R.two_keyed_locks)
+  return with
 end
 
 --- The set-up of a case with one process: a client of `server` and a
@@ -473,6 +524,19 @@ for why, n in pairs(reasons) do io.stdout:write(("unavailable %d: %s\n"):format(
 os.exit(0)
 ]]
 
+--- Child code after R.PROLOGUE (specs 78 and 196): hold_until_killed(r)
+-- says "held" (the line the parent waits for), then keeps the hold `r` a
+-- minute: the parent kills the child before, so its client is never
+-- closed.
+R.HOLD_UNTIL_KILLED = [[
+local function hold_until_killed(r)
+  io.stdout:write("held\n")
+  io.stdout:flush()
+  am.sleep(60000)
+  r()
+end
+]]
+
 --- The start of a worker of timed sections (specs 120 and 126): R.PROLOGUE,
 -- then its arguments NAME, TTL and WAIT (the lock's ttl and waiterTimeout,
 -- ms), N (how many sections), SEED, LOG, ID; math.random seeded; `f`, LOG
@@ -594,6 +658,18 @@ function R.grant_time(lock, clock)
     r()
   end)
   return function() return got end
+end
+
+--- Fences strictly increasing, hold after hold: `n` holds taken in turn
+-- (take(i) returns the i-th one's releaser, with its `fence`), each fence
+-- above the one before (the first above `last`), each released.
+function R.fences_increase(n, last, take)
+  for i = 1, n do
+    local r = take(i)
+    assert(r.fence > last, ("hold %d: fence %s not above %s"):format(i, tostring(r.fence), tostring(last)))
+    last = r.fence
+    r()
+  end
 end
 
 --- A renewed lock handed off (specs 202 and 243, locks with replicas):

@@ -48,10 +48,7 @@ function Sentinel:launch()
   f:close()
   assert(sh(("redis-server %s --sentinel"):format(self.conf)), "cannot run redis-server --sentinel")
   wait_for(function()
-    local p = io.open(self.pidfile)
-    if not p then return false end
-    self.pid = tonumber(p:read("a"))
-    p:close()
+    self.pid = redis_server.read_pid(self.pidfile)
     return self.pid ~= nil
   end, "no sentinel pid file")
   wait_for(function()

@@ -60,6 +60,16 @@ local function wait_for(pred, what)
   error("redis_server: " .. what .. " after 20 s", 3)
 end
 
+--- The PID a daemonized redis-server wrote to `pidfile`, or nil while
+-- there is none (also for redis_sentinel.lua's sentinels).
+function M.read_pid(pidfile)
+  local f = io.open(pidfile)
+  if not f then return nil end
+  local pid = tonumber(f:read("a"))
+  f:close()
+  return pid
+end
+
 function Server:launch()
   os.remove(self.path)
   os.remove(self.pidfile)
@@ -72,10 +82,7 @@ function Server:launch()
   wait_for(function() return sh("test -S " .. shquote(self.path)) end,
     "no socket " .. self.path)
   wait_for(function()
-    local f = io.open(self.pidfile)
-    if not f then return false end
-    self.pid = tonumber(f:read("a"))
-    f:close()
+    self.pid = M.read_pid(self.pidfile)
     return self.pid ~= nil
   end, "no pid file")
   return self
@@ -149,11 +156,33 @@ function M.for_file(setup, teardown, start)
   end })
 end
 
+--- The cases of a spec file whose set-up is one client, client(), and
+-- whose tear-down closes it once the body has returned (a failed case's
+-- clients are closed by h.run): with.client(fn, opts) makes the body of an
+-- `it` (h.async(..., opts)) that runs fn(c).
+--   it("...", with.client(function(c) ... end))
+function M.cases(client)
+  local h = require "helpers"
+  return {
+    client = function(fn, opts)
+      return h.async(function()
+        local c = client()
+        fn(c)
+        c:close()
+      end, opts)
+    end,
+  }
+end
+
 --- The head of a Redis client spec file in one line: the spec helpers,
--- the client module and the file's server (M.for_file):
---   local h, redis, server = require("redis_server").spec_file(setup, teardown)
+-- the client module, the file's server (M.for_file), client(opts), a new
+-- client of that server (server:client(opts)), and the cases of one such
+-- client (M.cases):
+--   local h, redis, server, client, with = require("redis_server").spec_file(setup, teardown)
 function M.spec_file(setup, teardown)
-  return require "helpers", require "async_mutex.redis", M.for_file(setup, teardown)
+  local server = M.for_file(setup, teardown)
+  local function client(opts) return server:client(opts) end
+  return require "helpers", require "async_mutex.redis", server, client, M.cases(client)
 end
 
 --- The same for each test: a new server started before each test and

@@ -232,4 +232,18 @@ function driver.reentry_main(argv, script, run_sequence)
   return 0
 end
 
+--- The end of a re-entrancy fuzzer's file, spec/fuzz/<name>.lua (`root`
+-- the repository): run as a script (argv[0] ends with "<name>.lua"), the
+-- process runs reentry_main and exits with its status; required, nothing.
+function driver.reentry_script(argv, name, root, run_sequence)
+  if argv and argv[0] and argv[0]:find(name .. "%.lua$") then
+    os.exit(driver.reentry_main(argv, root .. "/spec/fuzz/" .. name .. ".lua", run_sequence), true)
+  end
+end
+
+--- A failing sequence's trace, a line each, to stderr.
+function driver.print_trace(trace)
+  for _, line in ipairs(trace) do io.stderr:write(line, "\n") end
+end
+
 return driver

@@ -423,14 +423,10 @@ function R.run_sequence(seed, nops)
   end)
   if #reported > 0 then violation("reported: " .. reported[1]) end
   am.setErrorHandler(prev_handler)
-  if TRACE and bad then
-    for _, line in ipairs(trace) do io.stderr:write(line, "\n") end
-  end
+  if TRACE and bad then require("fuzz.driver").print_trace(trace) end
   return bad, steps, reentries
 end
 
-if arg and arg[0] and arg[0]:find("redis_reentrancy%.lua$") then
-  os.exit(require("fuzz.driver").reentry_main(arg, root .. "/spec/fuzz/redis_reentrancy.lua", R.run_sequence), true)
-end
+require("fuzz.driver").reentry_script(arg, "redis_reentrancy", root, R.run_sequence)
 
 return R

@@ -691,14 +691,10 @@ function R.run_sequence(seed, nops)
       violation("a lock left locked: " .. tostring(lk.obj))
     end
   end
-  if TRACE then
-    for _, line in ipairs(trace) do io.stderr:write(line, "\n") end
-  end
+  if TRACE then require("fuzz.driver").print_trace(trace) end
   return bad, steps, reentries
 end
 
-if arg and arg[0] and arg[0]:find("reentrancy%.lua$") then
-  os.exit(require("fuzz.driver").reentry_main(arg, root .. "/spec/fuzz/reentrancy.lua", R.run_sequence), true)
-end
+require("fuzz.driver").reentry_script(arg, "reentrancy", root, R.run_sequence)
 
 return R
