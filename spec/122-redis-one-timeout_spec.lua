@@ -38,6 +38,7 @@ end
 describe("against a server that accepts and never answers", function()
   it("acquire and tryAcquire raise E_UNAVAILABLE within one commandTimeout", h.async(function()
     local port, stop = h.tcp_server()           -- reads, never answers
+    finally(stop)              -- (also when it fails: no handle left to the next cases)
     local c = redis.connect { host = "127.0.0.1", port = port, commandTimeout = TIMEOUT }
     local m = am.RedisMutex.new(c, fresh_name())
     within_one(unavailable_after(function() m:acquire() end), "acquire")
@@ -59,6 +60,7 @@ describe("against a SIGSTOPped server", function()
     local m = am.RedisMutex.new(c, name, o)
     assert.is_false(m:isLocked())        -- connected, the eviction policy read
     server:pause()
+    finally(function() server:resume() end)   -- (also when it fails: the next cases need it)
     within_one(unavailable_after(function() m:acquire() end), "acquire")
     assert.equal(1, c:pending())         -- the withdrawal, not waited for
     within_one(unavailable_after(function() am.tryAcquire(m):acquire() end), "tryAcquire")

@@ -5,21 +5,14 @@
 -- that time, and nothing is left running once done.  And the leases of
 -- several locks of one client, each renewed and lost at its own time.
 
-local h = require "helpers"
-local redis = require "async_mutex.redis"
 local redis_server = require "redis_server"
 local am = require "async_mutex"
 local uv = require "luv"
 
-local live, stopped
-setup(function()
-  live = redis_server.start()
-  stopped = redis_server.start()
-end)
-teardown(function()
-  if stopped then stopped:signal("CONT"); stopped:stop() end
-  if live then live:stop() end
-end)
+-- two servers: 'stopped' is SIGSTOPped in the tests, and let go (CONT) by
+-- each before it ends
+local h, redis, live = redis_server.spec_file(setup, teardown)
+local stopped = redis_server.for_file(setup, teardown)
 
 describe("the command timer shared by the clients", function()
   it("fails a client with a short commandTimeout on time while another one waits longer",
@@ -60,25 +53,16 @@ describe("the command timer shared by the clients", function()
       local busy = redis.connect({ port = live.port, commandTimeout = 300 })
       local quiet = redis.connect({ port = stopped.port, commandTimeout = 300 })
       assert.equal("PONG", quiet:call("PING"))
-      local stop, n = false, 0
-      h.spawn(function()
-        while not stop do
-          busy:call("PING")
-          n = n + 1
-          h.sleep(10)
-        end
-      end)
+      local stop = redis_server.pinging(busy, 10)
       stopped:signal("STOP")
       local t0 = uv.hrtime()
       local ok, err = pcall(quiet.call, quiet, "PING")
       local ms = (uv.hrtime() - t0) / 1e6
       stopped:signal("CONT")
-      stop = true
+      assert.is_true(stop() > 5)
       assert.is_false(ok)
       assert.equal(am.E_UNAVAILABLE, err)
       assert.is_true(ms >= 299 and ms < 1500, ("failed after %.0f ms"):format(ms))
-      h.wait_until(function() return busy:pending() == 0 end)
-      assert.is_true(n > 5)
       busy:close()
       quiet:close()
     end))

@@ -95,19 +95,9 @@ describe("a server stopped with SIGSTOP", function()
   it("keeps calls that get replies alive: the timeout counts from the last reply",
     h.async(function()
       local c = redis.connect({ port = server.port, commandTimeout = 300 })
-      local stop = false
-      local n = 0
-      h.spawn(function()
-        while not stop do
-          c:call("PING")
-          n = n + 1
-          h.sleep(20)
-        end
-      end)
+      local stop = redis_server.pinging(c, 20)
       h.sleep(700)                             -- longer than commandTimeout
-      stop = true
-      h.wait_until(function() return c:pending() == 0 end)
-      assert.is_true(n > 5)
+      assert.is_true(stop() > 5)
       c:close()
     end))
 end)

@@ -757,9 +757,9 @@ function helpers.tcp_server(on_data)
     conns[#conns + 1] = conn
     conn:read_start(function(_, data) on_data(conn, data) end)
   end))
-  return listener:getsockname().port, function()
+  return listener:getsockname().port, function()      -- (again: nothing)
     for _, conn in ipairs(conns) do if not conn:is_closing() then conn:close() end end
-    listener:close()
+    if not listener:is_closing() then listener:close() end
   end
 end
 

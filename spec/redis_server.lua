@@ -140,6 +140,27 @@ function Server:stop()
   sh("rm -rf " .. shquote(self.dir))
 end
 
+--- Calls PING on client 'c' every 'every_ms' ms from a coroutine of its
+-- own, until the returned function is called; that function stops the
+-- calls, waits until the last one is answered, and returns how many
+-- were answered.
+function M.pinging(c, every_ms)
+  local h = require "helpers"
+  local stop, n = false, 0
+  h.spawn(function()
+    while not stop do
+      c:call("PING")
+      n = n + 1
+      h.sleep(every_ms)
+    end
+  end)
+  return function()
+    stop = true
+    h.wait_until(function() return c:pending() == 0 end)
+    return n
+  end
+end
+
 --- The server of a whole spec file: started by its setup, stopped by its
 -- teardown (also when a test failed).  'start' makes it (M.start unless
 -- given).  Returns a stand-in that reaches the running server:
