@@ -168,25 +168,6 @@ end
 -- The timer: while connecting, fails the attempt after connectTimeout;
 -- while calls wait, fails the connection when no reply came for
 -- commandTimeout ms (then every waiting call raises E_UNAVAILABLE).
--- A client's own timer runs its connect timeout (and every timeout of a
--- background client, whose timer never keeps the loop running); the
--- command timeouts of the others run on one timer for the process
--- (below): a call on an idle connection starts its client's count and a
--- reply that leaves it idle stops it, twice per request, and with one
--- timer per client each was a luv timer's start or stop (a tenth of a
--- RedlockMutex cycle's instructions over 5 servers); the shared timer
--- is started when the first client begins to wait and stopped when the
--- last one is idle, so that an idle program still keeps no active handle.
-local function expired(limit, since, t)
-  return limit ~= huge and t - since >= limit
-end
-
-local function timeout_reason(state, st, limit)
-  return st == "connecting"
-    and ("no connection to %s within %s ms"):format(state.addr, ms_text(limit))
-    or ("no reply from %s within %s ms"):format(state.addr, ms_text(limit))
-end
-
 local function on_timer(state)
   local client = state.ref[1]
   if not client then return end
@@ -202,125 +183,23 @@ local function on_timer(state)
   end
   if limit == huge then
     state.timing = false
-  elseif expired(limit, since, t) then
+  elseif t - since >= limit then
     state.timing = false
-    fail(client, timeout_reason(state, st, limit))
+    fail(client, st == "connecting"
+      and ("no connection to %s within %s ms"):format(state.addr, ms_text(limit))
+      or ("no reply from %s within %s ms"):format(state.addr, ms_text(limit)))
   else                         -- (no timer: a finalizer closed the client)
     start_timer(state.timer, ceil(limit - (t - since)), state.on_timer)
   end
 end
 
--- {---------------------------------------------------------- shared timer
--- timed: the states whose command timeout runs on the shared timer
--- (state.shared set too), weakly (a collected client's state is
--- dropped); shared_due: the client clock's time (now()) the timer is set
--- for, nil while it is stopped.  The timer is made with the module, by
--- the program's own code, and kept (stopped, it keeps no loop running).
-local timed = setmetatable({}, WEAK_K)
-local shared_timer, shared_due = uv.new_timer(), nil
-
-local function stop_shared()
-  shared_due = nil
-  stop_timer(shared_timer)
-end
-
--- The state's command timeout no longer runs on the shared timer; the
--- timer stops with the last one.
-local function untime(state)
-  state.shared = false
-  timed[state] = nil
-  if shared_due and next(timed) == nil then stop_shared() end
-end
-
-local on_shared
-
--- Sets the shared timer for 'due' (now()'s time) if it is stopped or set
--- later.
-local function shared_at(due, t)
-  if shared_due and shared_due <= due then return end
-  -- closed by someone else (a uv.walk that closes every handle,
-  -- docs/semantics.md "Re-entry"): a new one, or no timeout would ever
-  -- fire again
-  if not alive(shared_timer) or shared_timer:is_closing() then
-    shared_timer = uv.new_timer()
-    fresh_guard()
-  end
-  shared_due = due
-  uv.update_time()    -- luv's timers count from the loop's clock: as of now
-  start_timer(shared_timer, max(0, ceil(due - t)), on_shared)
-  -- a finalizer or a hook in the calls above may have ended every count
-  if next(timed) == nil then stop_shared() end
-end
-
--- Each client waiting for replies is looked at (as its own timer's
--- on_timer would): failed if none came for commandTimeout ms, dropped if
--- it awaits nothing any more; the timer is set again for the earliest
--- count left.  (Collected first: a failure runs hooks.lost, which changes
--- 'timed'.)
-function on_shared()
-  shared_due = nil
-  local list, n = {}, 0
-  for state in pairs(timed) do
-    n = n + 1
-    list[n] = state
-  end
-  local first
-  for i = 1, n do
-    local state = list[i]
-    if timed[state] then
-      local client = state.ref[1]
-      local t = now()
-      if not client or status(client) ~= "connected" or not busy(state, client) then
-        state.timing = false
-        untime(state)
-      else
-        local limit, since = state.commandTimeout, max(state.armed_at, progress(client))
-        if expired(limit, since, t) then
-          state.timing = false
-          untime(state)
-          fail(client, timeout_reason(state, "connected", limit))
-        elseif not first or since + limit < first then
-          first = since + limit
-        end
-      end
-    end
-  end
-  if first and next(timed) ~= nil then shared_at(first, now()) end
-end
--- }----------------------------------------------------------
-
--- Stops the client's count (its own timer, or its place on the shared one).
-local function stop_timing(state)
-  if state.shared then untime(state) else stop_timer(state.timer) end
-  state.timing = false
-end
-
 local function arm(state, connecting)
   local limit = connecting and state.connectTimeout or state.commandTimeout
   if limit == huge then
-    stop_timing(state)
+    stop_timer(state.timer)
+    state.timing = false
     return
   end
-  if not connecting and not state.background then
-    -- on the shared timer (the client's own stopped: a connect timeout
-    -- that was running)
-    if not state.shared and state.timing then stop_timer(state.timer) end
-    local t = now()
-    state.armed_at = t
-    state.shared = true
-    timed[state] = true
-    -- RE-ENTRY: the allocation above may run a finalizer that closes
-    -- this client: its count is not started
-    local client = state.ref and state.ref[1]
-    if not client or status(client) == "closed" then
-      untime(state)
-      return
-    end
-    state.timing = true
-    shared_at(t + limit, t)
-    return
-  end
-  if state.shared then untime(state) end
   -- RE-ENTRY: the allocations here may run a finalizer that closes this
   -- client (a subscriber dropped by its client's, see ping_tick): a timer
   -- made meanwhile is closed, none is started
@@ -385,7 +264,7 @@ function hooks.progress(state)
   if state.timing and not busy(state, state.ref[1]) then
     -- (busy() runs Lua: a finalizer there may have closed the client, and
     -- its timer with it)
-    if state.timing then stop_timing(state) end
+    if state.timing then stop_timer(state.timer) end
     state.timing = false
   end
 end
@@ -427,7 +306,8 @@ function hooks.watch(state, conn, connecting, events, active)
       if connecting or busy(state, client) then arm(state, connecting) end
     end
   elseif state.timing then
-    stop_timing(state)
+    stop_timer(state.timer)
+    state.timing = false
   end
 end
 
@@ -455,7 +335,8 @@ function hooks.connected(state)
   state.next_attempt = 0
   if busy(state, state.ref[1]) then arm(state, false)
   elseif state.timing then
-    stop_timing(state)
+    stop_timer(state.timer)
+    state.timing = false
   end
   if state.on_connected then state.on_connected() end
 end
@@ -479,10 +360,6 @@ function hooks.lost(state, conn, was_connected, final, err)
         conn.on_closed()
       end
     end
-  end
-  if state.shared then
-    state.timing = false
-    untime(state)
   end
   local timer = state.timer
   if timer then

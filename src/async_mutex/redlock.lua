@@ -271,15 +271,9 @@ local function started(lk)
   return hub.started
 end
 
--- (a server found old enough for its lock's ttl is not looked at again,
--- a clock read, until its connection changes: lk.old_since is the start
--- it was found for)
 local function young(rl, lk)
   local s = lk.hub.started
-  if not s or lk.old_since == s then return false end
-  if hrtime() - s < rl.ttl * NS then return true end
-  lk.old_since = s
-  return false
+  return s and hrtime() - s < rl.ttl * NS
 end
 
 -- }==========================================================
@@ -521,7 +515,6 @@ end
 -- attempt.
 local function fail_server(att, s, err)
   if s.state == "failed" then return end
-  if s.state == "drawn" then att.ndrawn = att.ndrawn - 1 end
   s.state, s.err = "failed", err
   att.failed = att.failed + 1
   if s.lease then background(base.release_lease, s.lease) end
@@ -542,13 +535,10 @@ local function counts(att)
 end
 
 -- Server s drew its fence: the caller is woken when that makes a quorum
--- (it looks for a split at its own times, acquire_quorum).  (att.ndrawn:
--- the servers "drawn", kept as they change, rather than counted at each
--- draw.)
+-- (it looks for a split at its own times, acquire_quorum).
 local function drawn(att, s, value)
-  if s.state ~= "drawn" then att.ndrawn = att.ndrawn + 1 end
   s.draw, s.state = value, "drawn"
-  if att.ndrawn >= att.rl.quorum then ring(att) end
+  if counts(att) >= att.rl.quorum then ring(att) end
 end
 
 -- A server of the hold that drew below its fence ('v', nil: drew nothing),
@@ -703,7 +693,6 @@ local function give_back_partial(att)
   for i = 1, rl.n do
     local s = att.srv[i]
     if s.state == "granted" or s.state == "drawn" then
-      if s.state == "drawn" then att.ndrawn = att.ndrawn - 1 end
       att.srv[i] = nil                 -- superseded: a late answer is given back
       if s.lease then background(base.release_lease, s.lease) end
       start(att, i)
@@ -756,8 +745,8 @@ end
 -- 'deadline' nil (no bound), an hrtime, or false (a try).
 local function acquire_quorum(rl, deadline, err)
   local try = deadline == false
-  local att = { rl = rl, srv = {}, failed = 0, ndrawn = 0, done = false, asleep = false,
-                try = try, bell = take_bell(), progress = hrtime(),
+  local att = { rl = rl, srv = {}, failed = 0, done = false, asleep = false, try = try,
+                bell = take_bell(), progress = hrtime(),
                 settle = settle_ms(rl) * NS }
   rl.waiting[att] = true
   use_hubs(rl)

@@ -1,9 +1,8 @@
--- The command timer a process shares across its Redis clients
--- (docs/redis.md, "Timeouts and back-off"): the command timeouts of every
--- client run on one timer, set for the earliest of them.  A client that
--- joins with an earlier time than the timer's must still be served at
--- that time, and nothing is left running once done.  And the leases of
--- several locks of one client, each renewed and lost at its own time.
+-- Timeouts of several clients, and leases of several locks, of one
+-- process (docs/redis.md, "Timeouts and back-off"): a client with a short
+-- commandTimeout fails at its own time while another waits longer, a
+-- client that gets replies does not extend another's count, and each
+-- lease is renewed and lost at its own time.
 
 local redis_server = require "redis_server"
 local am = require "async_mutex"
@@ -14,14 +13,13 @@ local uv = require "luv"
 local h, redis, live = redis_server.spec_file(setup, teardown)
 local stopped = redis_server.for_file(setup, teardown)
 
-describe("the command timer shared by the clients", function()
+describe("the command timeouts of several clients", function()
   it("fails a client with a short commandTimeout on time while another one waits longer",
     h.async(function()
-      -- the long one begins to wait first: the timer is set for its 5 s
+      -- the long one begins to wait first (5 s)
       local long = redis.connect({ port = live.port, commandTimeout = 5000 })
       local short = redis.connect({ port = stopped.port, commandTimeout = 200 })
-      -- connected, and both idle: the timer stopped (a count left from a
-      -- call just answered may still hold it for an earlier time)
+      -- connected, and both idle
       for _ = 1, 2 do
         assert.equal("PONG", long:call("PING"))
         assert.equal("PONG", short:call("PING"))
