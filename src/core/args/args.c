@@ -538,10 +538,6 @@ lua_Integer am_checkcount (lua_State *L, int idx) {
 }
 
 
-/*
-** A priority: any number but NaN, default 0; compared exactly as Lua
-** compares numbers (async_mutex.h: Key).
-*/
 /* The default priority: the integer 0. */
 static Key priority_zero (void) {
   Key k;
@@ -552,6 +548,10 @@ static Key priority_zero (void) {
 }
 
 
+/*
+** A priority: any number but NaN, default 0; compared exactly as Lua
+** compares numbers (async_mutex.h: Key).
+*/
 static Key optpriority (lua_State *L, int idx, int base,
                         const char *fname) {
   lua_Number p;
