@@ -33,15 +33,24 @@ MODULE    = $(BUILD)/async_mutex/core.so
 # Lets scripts find the module in this checkout without installing it.
 RUNENV    = LUA_PATH="src/?.lua;src/?/init.lua;;" LUA_CPATH="build/?.so;;"
 
-.PHONY: all deps demo test bench clean asan valgrind gcstress lint rock
+.PHONY: FORCE all deps demo test bench clean asan valgrind gcstress lint rock
 
 all: $(MODULE)
 
-$(BUILD)/obj/%.o: src/%.c $(HDRS) | $(BUILD)/obj
+# The compiler and every flag, written down at each build: an object is out
+# of date when they change (CFLAGS on the command line, an edit here), not
+# only when its sources do.  The file is rewritten only when they differ.
+FLAGS_STAMP = $(BUILD)/obj/flags
+BUILD_FLAGS = $(CC) $(ALLFLAGS) $(HIREDIS_CFLAGS) $(SOFLAGS) $(LDFLAGS) $(HIREDIS_LIBS)
+$(FLAGS_STAMP): FORCE | $(BUILD)/obj
+	@printf '%s\n' '$(BUILD_FLAGS)' | cmp -s - $@ || printf '%s\n' '$(BUILD_FLAGS)' > $@
+FORCE:
+
+$(BUILD)/obj/%.o: src/%.c $(HDRS) $(FLAGS_STAMP) | $(BUILD)/obj
 	@mkdir -p $(@D)
 	$(CC) $(ALLFLAGS) -c $< -o $@
 
-$(MODULE): $(OBJS) | $(BUILD)/async_mutex
+$(MODULE): $(OBJS) $(FLAGS_STAMP) | $(BUILD)/async_mutex
 	$(CC) $(SOFLAGS) $(LDFLAGS) -o $@ $(OBJS)
 
 $(BUILD)/obj $(BUILD)/async_mutex:
@@ -70,10 +79,10 @@ ifneq ($(HIREDIS_H),)
 all: $(REDIS_MODULE)
 endif
 
-$(BUILD)/obj/redis/%.o: src/redis/%.c $(wildcard src/redis/*.h) src/error_text.h | $(BUILD)/obj/redis
+$(BUILD)/obj/redis/%.o: src/redis/%.c $(wildcard src/redis/*.h) src/error_text.h $(FLAGS_STAMP) | $(BUILD)/obj/redis
 	$(CC) $(ALLFLAGS) $(HIREDIS_CFLAGS) -c $< -o $@
 
-$(REDIS_MODULE): $(REDIS_OBJS) | $(BUILD)/async_mutex
+$(REDIS_MODULE): $(REDIS_OBJS) $(FLAGS_STAMP) | $(BUILD)/async_mutex
 	$(CC) $(SOFLAGS) $(LDFLAGS) -o $@ $(REDIS_OBJS) $(HIREDIS_LIBS)
 
 $(BUILD)/obj/redis:

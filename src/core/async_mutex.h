@@ -675,7 +675,6 @@ int am_push_lease (lua_State *L, int lockidx, int lostidx, Lock *lk,
                    lua_Integer weight, lua_Integer token, lua_Number now,
                    lua_Number end);
 void am_lease_end (lua_State *L, Releaser *r);
-void am_lease_lost (lua_State *L, Waiter *w);
 void am_timer_expired (lua_State *L, Waiter *w);
 int am_releaser_check (lua_State *L);
 int am_hold_check (lua_State *L, int idx);

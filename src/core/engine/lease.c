@@ -65,7 +65,7 @@ void am_lease_end (lua_State *L, Releaser *r) {
 ** an unscoped release ended first (m:release()) was not lost: its lease
 ** just ends, its releaser spent (released, as its tostring said).
 */
-void am_lease_lost (lua_State *L, Waiter *w) {
+static void lease_lost (lua_State *L, Waiter *w) {
   int ref = w->r.ref;
   int live, stolen;
   if (w->r.state != S_HELD) return;       /* BUG guard */
@@ -90,7 +90,7 @@ void am_lease_lost (lua_State *L, Waiter *w) {
 ** above rules.c, so that the rules need not know leases.
 */
 void am_timer_expired (lua_State *L, Waiter *w) {
-  if (w->r.kind == W_LEASE) am_lease_lost(L, w);
+  if (w->r.kind == W_LEASE) lease_lost(L, w);
   else am_expire(L, w);
 }
 
