@@ -351,8 +351,9 @@ describe("a failure nobody takes", function()
   it("keeps the traceback where it was raised when a join raises it again", h.async(function()
     local reports = reports_during(function()
       local inner = am.spawn(function() am.sleep(1); error("deep") end)
-      am.spawn(function() inner:join() end)   -- raises it again; nobody joins this one
-      h.sleep(20)
+      local outer = am.spawn(function() inner:join() end) -- raises it again; nobody joins it
+      h.wait_until(function() return outer:status() == "failed" end, 2000, "the join raised")
+      h.tick(2)   -- reported in the turn after its end
     end)
     assert.equal(1, #reports)
     local text = reports[1].text
