@@ -268,6 +268,60 @@ describe("RedlockMutex's split", function()
   end, { deadline = 20000 }))
 end)
 
+describe("RedlockMutex's hand-out", function()
+  -- Redlock's validity (docs/redis-locks.md, "RedlockMutex", Validity) is
+  -- ttl minus the time to acquire: a process that stalls between the
+  -- grants and its caller's wake-up for longer than the leases run does
+  -- not hand out the hold (its check() raised E_LOST at once, or the fence's
+  -- RAISE found the grant gone: E_UNAVAILABLE; spec 279 under GC stress
+  -- beside valgrind failed so).  Each server's counter N:qf is set first:
+  -- equal, the grants' draws agree (no RAISE); apart, a RAISE follows.
+  local function stalled_acquisition(counters)
+    local ca = clients()
+    local lost = {}
+    -- (no watchdog: the acquire requests are the only ones on the clients)
+    local opts = { ttl = 300, renewInterval = 0,
+                   onLost = function(info) lost[#lost + 1] = info end }
+    assert.is_true(am.RedlockMutex.new(ca, fresh(), opts):acquire()())   -- (ages, policies read)
+    h.sleep(50)                        -- (the last server's release answered)
+    local name = fresh()
+    for i, c in ipairs(ca) do c:call("SET", name .. ":qf", tostring(counters[i])) end
+    local q = am.RedlockMutex.new(ca, name, opts)
+    -- The stall: in the loop turn that read the grants of a quorum, after
+    -- the reads (a check handle), before the caller is resumed (at the
+    -- next turn), the process blocks for longer than the leases run.
+    local r, err, stalled
+    local stall = uv.new_check()
+    stall:start(function()
+      if r or err then return end
+      local answered = 0
+      for _, c in ipairs(ca) do if c:pending() == 0 then answered = answered + 1 end end
+      if answered >= 2 then
+        stall:stop()
+        stalled = true
+        uv.sleep(300 + 50)
+      end
+    end)
+    h.spawn(function()
+      local ok, e = pcall(q.acquire, q)
+      if ok then r = e else err = e end
+    end)
+    h.wait_until(function() return r ~= nil or err ~= nil end, 5000, "the acquisition")
+    stall:close()
+    assert.is_true(stalled)
+    assert.is_nil(err)
+    assert.is_true(r:check())
+    assert.is_true(r())
+    assert.same({}, lost)
+    close_all(ca)
+  end
+
+  it("never hands out a hold that is over already: it acquires again", h.async(function()
+    stalled_acquisition({ 100, 100, 100 })
+    stalled_acquisition({ 300, 200, 100 })
+  end))
+end)
+
 describe("RedlockMutex's usage errors", function()
   it("are the Redis locks', and its own, at the caller's line", h.async(function()
     local ca = clients()

@@ -258,13 +258,15 @@ function helpers.run(body, opts)
   uv.run("nowait")                       -- let the close complete
   if timed_out or not result[1] then close_clients(made) end
   restore_handler()
+  local failures = stray
+  stray = {}                      -- (not seen by a later test's h.wait_until)
   if timed_out then
     error(("deadline of %d ms passed: %s"):format(deadline_ms,
       result[1] and "the body finished, the loop did not" or tostring(result[2])), 0)
   end
   if not result[1] then error(result[2], 0) end
-  if #stray > 0 then
-    error("error outside the body: " .. table.concat(stray, "\n---\n"), 0)
+  if #failures > 0 then
+    error("error outside the body: " .. table.concat(failures, "\n---\n"), 0)
   end
   if not opts.allow_active and #left > 0 then
     error("handles left active after the body: " .. table.concat(left, ", "), 0)
@@ -370,13 +372,24 @@ function helpers.tick(n)
   end
 end
 
---- Ticks until pred() is true; fails after `ms` (default 2000) milliseconds.
+--- Ticks until pred() is true; fails after `ms` (default 2000) milliseconds,
+-- or at once, with their errors, when coroutines of the test have failed
+-- meanwhile (h.spawn, or resumed by the module): the condition usually
+-- waits for them, and would hide their error behind the whole wait.
+local function failed_meanwhile(what)
+  if #stray > 0 then
+    error("h.wait_until" .. (what and (" (" .. what .. ")") or "")
+      .. ": a coroutine of the test failed: " .. table.concat(stray, "\n---\n"), 3)
+  end
+end
+
 function helpers.wait_until(pred, ms, what)
   if pred() then return end
   helpers.tick()
   ms = (ms or 2000) * helpers.TIME_SCALE
   local limit = uv.now() + ms
   while not pred() do
+    failed_meanwhile(what)
     if uv.now() > limit then
       error("h.wait_until: condition still false after " .. ms
         .. " ms" .. (what and (": " .. what) or ""), 2)

@@ -741,8 +741,22 @@ local function settle_fence(att, fence, deadline)
   return true
 end
 
+-- Whether fewer than a quorum of the attempt's leases are valid by the
+-- local clock: its grants are over (Redlock's validity, ttl minus the time
+-- to acquire, is not positive), and the acquisition tries again.
+local OVER = setmetatable({}, { __name = "async_mutex.redlock over" })
+local function over(att)
+  local t, n = hrtime(), 0
+  for i = 1, att.rl.n do
+    local lease = att.srv[i].lease
+    if lease and lease.state == "held" and t < lease.valid_until then n = n + 1 end
+  end
+  return n < att.rl.quorum
+end
+
 -- The Redis half of an acquisition, by the holder of the lock's gate:
--- 'deadline' nil (no bound), an hrtime, or false (a try).
+-- 'deadline' nil (no bound), an hrtime, or false (a try).  Returns the
+-- hold, or nil when it was over before it could be handed out.
 local function acquire_quorum(rl, deadline, err)
   local try = deadline == false
   local att = { rl = rl, srv = {}, failed = 0, done = false, asleep = false, try = try,
@@ -787,7 +801,8 @@ local function acquire_quorum(rl, deadline, err)
     end
     local settled = settle_fence(att, fence, deadline or nil)
     if settled == nil then error(err, 0) end
-    if not settled then error(FENCE_UNSETTLED, 0) end
+    -- (a RAISE refused because the grant ended meanwhile: over, below)
+    if not settled then error(over(att) and OVER or FENCE_UNSETTLED, 0) end
     return fence
   end)
   -- (asleep down: no ring reaches the bell from here on; it goes back)
@@ -795,6 +810,7 @@ local function acquire_quorum(rl, deadline, err)
   give_bell(att.bell)
   if not ok then
     finish(att, false)
+    if res == OVER then return nil end
     error(res, 0)
   end
   -- (the attempt's uses of the hubs become the hold's)
@@ -817,13 +833,18 @@ local function acquire_quorum(rl, deadline, err)
   -- Clients closed by a finalizer or a hook since their grants (at an
   -- allocation above): the close gave their tokens back.  With fewer than
   -- a quorum of leases left the hold is not handed out, as redis_acquire
-  -- does not hand out its own; the others are given back.
+  -- does not hand out its own; the others are given back.  Nor is a hold
+  -- whose quorum of leases is over already by the local clock (Redlock's
+  -- validity, ttl minus the time to acquire, not positive: a process too
+  -- slow to renew them while it waited for the quorum, or stalled since):
+  -- its check() would raise at once.  It is given back, and the
+  -- acquisition tries again (acquire, below).
   local left, closed = 0, false
   for _, lease in pairs(hold.leases) do
     if lease.state == "held" then left = left + 1
     elseif lease.state == "released" then closed = true end
   end
-  if closed and left < rl.quorum then
+  if valid(hold) < rl.quorum then
     hold.state = "released"
     hold.att = nil
     unuse_hubs(hold)
@@ -831,7 +852,8 @@ local function acquire_quorum(rl, deadline, err)
       hold_of[lease] = nil
       if lease.state == "held" then background(base.release_lease, lease) end
     end
-    error(base.CLOSED, 0)
+    if closed and left < rl.quorum then error(base.CLOSED, 0) end
+    return nil                          -- over before it was handed out
   end
   local holds = rl.holds
   holds[#holds + 1] = hold
@@ -917,7 +939,13 @@ local function acquire(rl, limit, err, priority)
   if limit == nil then gate_release = rl.gate:acquire(priority)
   else gate_release = limited(rl.gate, limit, err, priority) end
   local _ <close> = gate_release
-  return acquire_quorum(rl, deadline, err)
+  while true do
+    local hold = acquire_quorum(rl, deadline, err)
+    if hold then return hold end
+    -- (its hold was over before it was handed out: a new attempt, unless
+    -- this is a try or its bound has passed)
+    if deadline == false or (deadline and hrtime() >= deadline) then error(err, 0) end
+  end
 end
 
 function methods.acquire(self, priority)
