@@ -226,7 +226,8 @@ function R.run_sequence(seed, nops)
       hush()
       lk.epoch = lk.epoch + 1
       for _, o in ipairs(holders) do
-        if o.lock == lk and (not keyed or o.key == key) and o.mode ~= "read" then
+        if o.lock == lk and (not keyed or o.key == key)
+            and (o.mode ~= "read" or o.downgrading) then
           o.ended = true
         end
       end
@@ -266,9 +267,13 @@ function R.run_sequence(seed, nops)
     -- reader granted then shares the key with it
     -- (so an unscoped release run by a hook at the call no longer marks it
     -- ended: 'epoch' tells that one happened)
+    -- (but a hook at the call itself, before the commit, may run an
+    -- unscoped release, which ends the write hold: 'downgrading' tells
+    -- unscoped to end it too, seed 2817)
     local e0 = lk.epoch
-    hd.mode = "read"
+    hd.mode, hd.downgrading = "read", true
     local ok, r2 = pcall(hd.rel.downgrade, hd.rel)
+    hd.downgrading = nil
     if ok then
       hd.ended = true
       -- (a steal by a hook after the commit ends the read hold: a steal
