@@ -247,12 +247,13 @@ static int sync_loop (lua_State *L) {
 ** one stops, and uv.run() spins).  The loop runs protected, so that an
 ** error (raised by a hook, say) clears 'syncing' before it propagates.
 ** While the idle callback resumes waiters ('draining'), it decides about
-** the idle handle itself.
+** the idle handle itself.  am_sync (async_mutex.h) calls this only past
+** its inline test of the common cases.
 */
-void am_sync (lua_State *L, State *st) {
+void am_sync_slow (lua_State *L, State *st) {
   int status;
   if (st->closed || st->syncing) return;  /* lua_close; or see above */
-  if (sync_next(st) == SYNC_NONE) return; /* the common case: no luv call */
+  if (sync_next(st) == SYNC_NONE) return; /* no luv call */
   st->syncing = 1;
   lua_pushcfunction(L, sync_loop);
   lua_pushlightuserdata(L, st);
