@@ -555,6 +555,7 @@ struct State {
   lua_State **athreads;              /* anchor threads (scheduler.c) */
   int nathreads;
   int nanchors, free_anchor;         /* their slots; first free one, or 0 */
+  int *anchor_next;                  /* by slot: the next free one, or 0 */
   int hrtime, stop, loop_mode;       /* more of luv's functions */
   int hrtime_luv;                    /* uv.hrtime, when core.clock moved
                                         'hrtime' elsewhere */
