@@ -789,6 +789,15 @@ extern const luaL_Reg am_debug_funcs[];
 #else
 #define AM_COLD
 #endif
+/* Hot functions inlined into their one or two callers on the hot path,
+   where the compiler would call them: each call made cost its callee's
+   registers saved and restored (docs/bench.md, "What the API shape
+   costs"). */
+#if defined(__GNUC__)
+#define AM_HOT_INLINE  inline __attribute__((always_inline))
+#else
+#define AM_HOT_INLINE  inline
+#endif
 int am_core_debug (lua_State *L);
 /* A live owner record as query.c reads it (its holder aside). */
 typedef struct HoldView {

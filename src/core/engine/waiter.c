@@ -143,7 +143,8 @@ static void enqueue (lua_State *L, Lock *lk, Waiter *w,
 /* {====================================================== releaser */
 
 /* The release of the releaser 'r', at 'idx'. */
-static int release_hold (lua_State *L, Releaser *r, int idx) {
+static AM_HOT_INLINE int release_hold (lua_State *L, Releaser *r,
+                                     int idx) {
   int ended;
   if (!released(r)) return 0;           /* given back already, or lost */
   if (r->lease) am_lease_end(L, r);     /* out of the timer queue */
@@ -428,8 +429,8 @@ static Waiter *new_waiter (lua_State *L, const Request *rq, int timed,
 ** returns (waitForUnlock: nothing; a keyed lock may be idle again).  A
 ** leased grant's lease starts at 'now' (read before deciding).
 */
-static int grant_now (lua_State *L, const Request *rq, Lock *lk,
-                      lua_Number now) {
+static AM_HOT_INLINE int grant_now (lua_State *L, const Request *rq,
+                                    Lock *lk, lua_Number now) {
   lua_Integer token;
   int n;
   if (rq->kind == W_UNLOCK) {
