@@ -798,6 +798,14 @@ extern const luaL_Reg am_debug_funcs[];
 #else
 #define AM_HOT_INLINE  inline
 #endif
+/* A hot entry point with everything it calls inlined into it, so that the
+   compiler specializes the shared request (waiter.c) for its constant
+   arguments (kinds/mutex_semaphore.c: a Mutex's acquire) */
+#if defined(__GNUC__)
+#define AM_FLATTEN  __attribute__((flatten))
+#else
+#define AM_FLATTEN
+#endif
 int am_core_debug (lua_State *L);
 /* A live owner record as query.c reads it (its holder aside). */
 typedef struct HoldView {
