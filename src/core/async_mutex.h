@@ -555,6 +555,7 @@ struct State {
   lua_State **athreads;              /* anchor threads (scheduler.c) */
   int nathreads;
   int nanchors, free_anchor;         /* their slots; first free one, or 0 */
+  int *anchor_next;                  /* by slot: the next free one, or 0 */
   int hrtime, stop, loop_mode;       /* more of luv's functions */
   int hrtime_luv;                    /* uv.hrtime, when core.clock moved
                                         'hrtime' elsewhere */
@@ -719,7 +720,8 @@ int am_run_body (lua_State *L, int fnidx, int n);
 /* scheduler.c */
 State *am_state_open (lua_State *L, const StateHooks *hooks);
 void am_schedule (State *st, Waiter *w);
-void am_sync (lua_State *L, State *st);
+void am_sync_slow (lua_State *L, State *st);
+/* am_sync: inline, at the end of this header */
 lua_Number am_timer_now (lua_State *L, State *st, lua_Number ms);
 int am_core_clock (lua_State *L);
 void am_timer_add (lua_State *L, State *st, Waiter *w, lua_Number now,
@@ -785,6 +787,23 @@ extern const luaL_Reg am_debug_funcs[];
 #define AM_COLD  __attribute__((cold, noinline))
 #else
 #define AM_COLD
+#endif
+/* Hot functions inlined into their one or two callers on the hot path,
+   where the compiler would call them: each call made cost its callee's
+   registers saved and restored (docs/bench.md, "What the API shape
+   costs"). */
+#if defined(__GNUC__)
+#define AM_HOT_INLINE  inline __attribute__((always_inline))
+#else
+#define AM_HOT_INLINE  inline
+#endif
+/* A hot entry point with everything it calls inlined into it, so that the
+   compiler specializes the shared request (waiter.c) for its constant
+   arguments (kinds/mutex_semaphore.c: a Mutex's acquire) */
+#if defined(__GNUC__)
+#define AM_FLATTEN  __attribute__((flatten))
+#else
+#define AM_FLATTEN
 #endif
 int am_core_debug (lua_State *L);
 /* A live owner record as query.c reads it (its holder aside). */
@@ -861,6 +880,23 @@ static inline int am_can_lock_now (Lock *lk, lua_Integer weight,
   return (lk->queue.n == 0
           || am_key_above(priority, am_queue_firstkey(&lk->queue)))
          && am_fits(lk, weight);
+}
+
+/*
+** am_sync (scheduler.c: am_sync_slow, which says why every entry point
+** calls it), inline for its common cases, where sync_next would decide
+** SYNC_NONE: no timer is wanted nor running, and either the idle
+** callback runs (it decides about the idle handle itself: 'draining') or
+** nothing is ready and the idle handle is off.  Out of line, the test
+** cost each release 36 instructions, a hand-off 72 (docs/bench.md).
+*/
+static inline void am_sync (lua_State *L, State *st) {
+  if (st->timers.count == 0 && !st->timer_on
+      && (st->draining
+          || (!st->idle_on && am_list_first(&st->ready) == NULL
+              && st->chore_head == st->chore_tail)))
+    return;
+  am_sync_slow(L, st);
 }
 
 #endif

@@ -127,7 +127,10 @@ int am_give_back (lua_State *L, Lock *lk, lua_Integer weight,
   if (gave < 0) luaL_error(L, "semaphore value overflow");
   if (gave > 0) {
     lk->held = lk->held > weight ? lk->held - weight : 0;
-    am_dispatch(L, lk);
+    /* nobody to grant nor resolve and no key to settle (an uncontended
+       release): what am_dispatch would find, without the call */
+    if (lk->queue.n != 0 || lk->nunlock > 0 || lk->keyed != NULL)
+      am_dispatch(L, lk);
   }
   return gave > 0;
 }

@@ -143,7 +143,8 @@ static void enqueue (lua_State *L, Lock *lk, Waiter *w,
 /* {====================================================== releaser */
 
 /* The release of the releaser 'r', at 'idx'. */
-static int release_hold (lua_State *L, Releaser *r, int idx) {
+static AM_HOT_INLINE int release_hold (lua_State *L, Releaser *r,
+                                     int idx) {
   int ended;
   if (!released(r)) return 0;           /* given back already, or lost */
   if (r->lease) am_lease_end(L, r);     /* out of the timer queue */
@@ -372,11 +373,22 @@ static int finish_run (lua_State *L, int status, lua_KContext ctx) {
 }
 
 
-static int waiter__close (lua_State *L) {
-  Waiter *w = (Waiter *)lua_touserdata(L, 1);
-  if (am_waiter_abandon(L, w))          /* a DONE waiter: nothing to do */
+static AM_COLD int abandon_on_close (lua_State *L, Waiter *w) {
+  if (am_waiter_abandon(L, w))
     am_sync(L, w->r.lock->st);
   return 0;
+}
+
+/*
+** A DONE waiter (its grant handed out, its slot closed by
+** hand_out_waiter: every hand-off) has nothing to do, tested before
+** anything else: with am_waiter_abandon inline here, each call saved and
+** restored six registers first.
+*/
+static int waiter__close (lua_State *L) {
+  Waiter *w = (Waiter *)lua_touserdata(L, 1);
+  if (w->r.state == S_DONE) return 0;
+  return abandon_on_close(L, w);
 }
 
 
@@ -428,8 +440,8 @@ static Waiter *new_waiter (lua_State *L, const Request *rq, int timed,
 ** returns (waitForUnlock: nothing; a keyed lock may be idle again).  A
 ** leased grant's lease starts at 'now' (read before deciding).
 */
-static int grant_now (lua_State *L, const Request *rq, Lock *lk,
-                      lua_Number now) {
+static AM_HOT_INLINE int grant_now (lua_State *L, const Request *rq,
+                                    Lock *lk, lua_Number now) {
   lua_Integer token;
   int n;
   if (rq->kind == W_UNLOCK) {

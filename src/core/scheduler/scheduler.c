@@ -247,12 +247,13 @@ static int sync_loop (lua_State *L) {
 ** one stops, and uv.run() spins).  The loop runs protected, so that an
 ** error (raised by a hook, say) clears 'syncing' before it propagates.
 ** While the idle callback resumes waiters ('draining'), it decides about
-** the idle handle itself.
+** the idle handle itself.  am_sync (async_mutex.h) calls this only past
+** its inline test of the common cases.
 */
-void am_sync (lua_State *L, State *st) {
+void am_sync_slow (lua_State *L, State *st) {
   int status;
   if (st->closed || st->syncing) return;  /* lua_close; or see above */
-  if (sync_next(st) == SYNC_NONE) return; /* the common case: no luv call */
+  if (sync_next(st) == SYNC_NONE) return; /* no luv call */
   st->syncing = 1;
   lua_pushcfunction(L, sync_loop);
   lua_pushlightuserdata(L, st);
@@ -339,8 +340,12 @@ void am_stop_loop (lua_State *L, State *st) {
 ** Anchors: the coroutines of queued and ready waiters, kept alive in the
 ** stack slots of threads of the state's ("anchor threads", of up to
 ** ANCHOR_CHUNK slots each).  Slot 'ref' is slot ANCHOR_SLOT(ref) of
-** thread ANCHOR_THREAD(ref).  Free slots hold the next free one, as in
-** luaL_ref, with the head of that list kept in C.  Reading or writing a
+** thread ANCHOR_THREAD(ref).  The free slots are a list kept in C, as
+** luaL_ref's is in its table ('anchor_next', the head 'free_anchor'); a
+** free slot holds the registry (alive as long as the state: a reference
+** that keeps nothing else alive, and no thread), copied there in one API
+** call.  (Kept in the slots, the list cost each wait three API calls
+** more: docs/bench.md.)  Reading or writing a
 ** stack slot costs a fraction of a table access, and a thread's stack is
 ** dense: no hash part, no rehash.
 */
@@ -372,8 +377,14 @@ static void add_anchor_thread (lua_State *L, State *st) {
   if (st->nathreads == t) {
     lua_State **a = (lua_State **)realloc(st->athreads,
                                           (t + 1) * sizeof(*a));
+    int *next;
     if (a == NULL) luaL_error(L, "not enough memory");
     st->athreads = a;
+    next = (int *)realloc(st->anchor_next,
+                          ((size_t)(t + 1) * ANCHOR_CHUNK + 1)
+                          * sizeof(*next));
+    if (next == NULL) luaL_error(L, "not enough memory");
+    st->anchor_next = next;
     lua_rawseti(L, -2, t + 1);
     a[t] = T;
     st->nathreads = t + 1;
@@ -411,7 +422,7 @@ void am_anchor (lua_State *L, Waiter *w) {
     luaL_error(L, "attempt to wait for a lock while the Lua state is closing");
   if (ref != 0) {                             /* reuse: never allocates */
     A = ANCHOR_THREAD(st, ref);
-    st->free_anchor = (int)lua_tointeger(A, ANCHOR_SLOT(ref));
+    st->free_anchor = st->anchor_next[ref];
   }
   else {
     ref = new_anchor(L, st);                  /* may raise (memory) */
@@ -433,9 +444,8 @@ static lua_State *anchored (State *st, int ref) {
 
 /* Gives slot 'ref' back. */
 static void drop_anchor (State *st, int ref) {
-  lua_State *A = ANCHOR_THREAD(st, ref);
-  lua_pushinteger(A, st->free_anchor);
-  lua_replace(A, ANCHOR_SLOT(ref));
+  lua_copy(ANCHOR_THREAD(st, ref), LUA_REGISTRYINDEX, ANCHOR_SLOT(ref));
+  st->anchor_next[ref] = st->free_anchor;
   st->free_anchor = ref;
 }
 
@@ -782,7 +792,9 @@ static int state__gc (lua_State *L) {
     am_queue_remove(&st->timers, w);
   am_queue_free(&st->timers);
   free(st->athreads);
+  free(st->anchor_next);
   st->athreads = NULL;
+  st->anchor_next = NULL;
   st->nathreads = 0;
   return 0;
 }
@@ -851,6 +863,7 @@ static void init_state (State *st) {
   st->dbg_flags = 0;
   st->dbg_recs = NULL;
   st->athreads = NULL;
+  st->anchor_next = NULL;
   st->nathreads = st->nanchors = st->free_anchor = 0;
   st->hrtime = st->hrtime_luv = st->stop = st->loop_mode = LUA_NOREF;
   st->task_body = st->gate_wait = st->gates = st->chores = LUA_NOREF;
