@@ -446,8 +446,13 @@ local RELEASE = [[
 -- and expires with it (every script that writes a lease sets N:h's expiry
 -- to the last lease's end: for a mutex, this one's), so a record still
 -- there is a lease still running, as Redis removes a key only once its
--- expiry is past (held() below keeps a lease up to its end too).  Other
--- limits read the record's end and the clock.
+-- expiry is past (held() below keeps a lease up to its end too; spec 298).
+-- That needs each token's leases to end in order, as they do: each is
+-- now + the ttl its process always asks for, or the shorter first lease
+-- of a hand-off.  (A server clock that went back could leave N:h a little
+-- after its record's end: a release then answers 1 for a lease that ended
+-- with nobody granted since, never a second holder.)  Other limits read
+-- the record's end and the clock.
 local was, sec, usec, now = 0, nil, nil, nil
 if ARGV[2] == '1' then
   was = redis.call('HDEL', KEYS[1], ARGV[1])
