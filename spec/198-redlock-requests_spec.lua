@@ -4,7 +4,10 @@
 -- message carries it); a process keeps its hand-off subscriptions from
 -- one acquisition to the next; a server that answers late never finds the
 -- next acquisition queued behind the grant of the one before (its token
--- is given back behind its request at the release).
+-- is given back behind its request at the release); an acquisition that
+-- guessed its quorum fence's draw right (no other process took the lock
+-- since) draws it with one command, and one that guessed wrong still draws
+-- above the counter.
 
 local R = require "lock_redis"
 local uv = require "luv"
@@ -42,8 +45,8 @@ end
 -- script is loaded on every server first, so that it is always an EVALSHA
 -- of its SHA1; an EVALSHA answered NOSCRIPT (followed by the EVAL of the
 -- same keys and arguments) ran nothing.  log:count() counts them, and
--- says what they were; log:count(word) counts those whose last argument
--- is 'word' (an acquire request's mode: "wait", "again", "try").  Closing
+-- says what they were; log:count(word) counts those whose mode is 'word'
+-- (an acquire request's 7th argument: "wait", "again", "try").  Closing
 -- the log restores the SLOWLOG settings.
 local function script_log(cs)
   local renew
@@ -63,8 +66,11 @@ local function script_log(cs)
         local cmd = args[1]:lower()
         local rest = table.concat(args, " ", 3)      -- (a token: unique)
         if cmd == "eval" then evals[rest] = true end
+        -- (word: an acquire request's mode, its 7th argument; the 8th is
+        -- the hint of its quorum fence's draw, redlock.lua's ACQUIRE)
+        local mode = args[3 + (tonumber(args[3]) or 0) + 7]
         if (cmd == "eval" or cmd == "evalsha" and args[2] ~= renew and not evals[rest])
-            and (word == nil or args[#args] == word) then
+            and (word == nil or mode == word) then
           n = n + 1
           seen[#seen + 1] = ("server %d %s %s %s"):format(i, cmd, args[2]:sub(1, 24), rest)
         end
@@ -96,18 +102,21 @@ local function holders(cs, name)
   return n
 end
 
+-- A list of clients of two of the three servers: a quorum of both, so
+-- that every request of an acquisition is answered when it returns.
+local function pair()
+  local t = clients()
+  t[3]:close()
+  t[3] = nil
+  return t
+end
+
 describe("RedlockMutex's requests", function()
   it("hand over with the releases alone: the new holder sends nothing", h.async(function()
     -- two servers, a quorum of both: with three, a slow run may settle the
     -- quorum on two hand-offs before the third one's message comes, and
     -- withdraw from that server (a request of the new holder's, and not
     -- the one this case is about)
-    local function pair()
-      local t = clients()
-      t[3]:close()
-      t[3] = nil
-      return t
-    end
     local ca, cb, cs = pair(), pair(), pair()
     local _ <close> = closing(ca, cb, cs)
     local name = fresh()
@@ -138,6 +147,36 @@ describe("RedlockMutex's requests", function()
     assert.equal(2, n, seen)
     assert.equal(1002, got.fence)
     assert.is_true(got())
+  end))
+
+  it("draws its quorum fence with one SET when its hint is right, above the counter when not",
+     h.async(function()
+    local ca, cb, cs = pair(), pair(), pair()
+    local _ <close> = closing(ca, cb, cs)
+    local name = fresh()
+    local qa = am.RedlockMutex.new(ca, name, { ttl = 3000 })
+    local qb = am.RedlockMutex.new(cb, name, { ttl = 3000 })
+    local r = qa:acquire()
+    local f0 = r.fence
+    assert.is_true(r())
+    -- qa's hint is f0 + 1, which the counters give: on each server one SET
+    -- for the lock's own counter (N:n, behind the server's clock) and one
+    -- for the quorum fence's (N:qf)
+    local sets = calls(cs, "set")
+    r = qa:acquire()
+    assert.equal(sets + 4, calls(cs, "set"))
+    assert.equal(f0 + 1, r.fence)
+    assert.is_true(r())
+    -- another process takes the lock: qa's hint (f0 + 2) is now stale
+    local rb = qb:acquire()
+    assert.equal(f0 + 2, rb.fence)
+    assert.is_true(rb())
+    sets = calls(cs, "set")
+    r = qa:acquire()
+    assert.equal(f0 + 3, r.fence)                  -- above every counter
+    assert.equal(sets + 6, calls(cs, "set"))      -- (a second SET on each)
+    for _, c in ipairs(cs) do assert.equal(tostring(f0 + 3), c:call("GET", name .. ":qf")) end
+    assert.is_true(r())
   end))
 
   it("keeps its subscriptions from one acquisition to the next", h.async(function()

@@ -64,14 +64,25 @@ describe("the release script's short path (a holder, nobody queued)", function()
   end))
 
   it("answers 0 for a lease that ended in Redis, even before anyone removed it", with.one_client(function(c, name)
-    acquire(c, name, "t1", 10)
-    -- kept past its lease, as another holder's longer lease keeps a
-    -- semaphore's N:h (docs/redis-locks.md, "Keys that expire")
+    -- (a semaphore's: another holder's longer lease keeps its N:h past this
+    -- one's end, docs/redis-locks.md, "Keys that expire"; a mutex's N:h
+    -- expires with its one lease, and its release is one HDEL: spec 298)
+    acquire(c, name, "t1", 10, nil, { limit = 2 })
+    -- kept past its lease, as the other holder's would keep it
     c:call("PERSIST", name .. ":h")
     h.sleep(30)
     assert.is_truthy(c:call("HGET", name .. ":h", "t1"))      -- still there
-    assert.equal(0, release(c, name, "t1"))
+    assert.equal(0, release(c, name, "t1", 2))
     assert.equal(0, c:call("EXISTS", name .. ":h"))
+  end))
+
+  it("ends a mutex's lease with its N:h: nothing is left for a release after it", with.one_client(function(c, name)
+    acquire(c, name, "t1", 10)
+    assert.equal(tonumber(c:call("HGET", name .. ":h", "t1"):match("^(%d+)")),
+                 c:call("PEXPIRETIME", name .. ":h"))
+    h.sleep(30)
+    assert.equal(0, c:call("EXISTS", name .. ":h"))
+    assert.equal(0, release(c, name, "t1"))
   end))
 
   it("publishes on the lock's free channel when a waitForUnlock marked it", with.one_client(function(c, name)

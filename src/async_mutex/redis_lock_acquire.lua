@@ -217,8 +217,14 @@ local function ask(lk, w, s_weight, mode)
   -- (closed by a finalizer or a hook since the caller looked: a waiter's
   -- outcome, not the closed client's misuse error)
   if lk.hub.closed then error(CLOSED, 0) end
-  local r = eval(lk, lk.acquire_script, w.keys, w.token, lk.s_limit, s_weight, lk.s_ttl,
-                 lk.s_wait, (channel_of(lk, w.keys)), mode)
+  local r
+  if lk.s_hint then                   -- (a RedlockMutex's server: its script's 8th argument)
+    r = eval(lk, lk.acquire_script, w.keys, w.token, lk.s_limit, s_weight, lk.s_ttl,
+             lk.s_wait, (channel_of(lk, w.keys)), mode, lk.s_hint)
+  else
+    r = eval(lk, lk.acquire_script, w.keys, w.token, lk.s_limit, s_weight, lk.s_ttl,
+             lk.s_wait, (channel_of(lk, w.keys)), mode)
+  end
   local n = r[1] ~= 1 and r[3]
   if n then
     n = tointeger(tonumber(n))

@@ -60,13 +60,44 @@
 
 local M = {}
 
+-- The next 'count' numbers of the counter N (KEYS[5]), from the server's
+-- time (sec, usec): max(last + 1, time in us) and the ones after it;
+-- returns the first.  One command when the clock is ahead of the last
+-- number (nearly always: numbers are drawn far slower than one per us):
+-- SET ... GET writes the clock's number and returns the last one, and only
+-- a last number at or above it (drawn in this same us, a batch of
+-- readers' fences, a clock that went back) costs a second SET.  The
+-- script is atomic: nobody sees the first write.  (SET ... GET: Redis 6.2.)
+local DRAW_N = [[
+local function draw_n(sec, usec, count)
+  local v = sec * 1000000 + usec
+  local old = redis.call('SET', KEYS[5], string.format('%d', v + count - 1), 'PX', 3600000, 'GET')
+  if old and tonumber(old) >= v then
+    v = tonumber(old) + 1
+    redis.call('SET', KEYS[5], string.format('%d', v + count - 1), 'PX', 3600000)
+  end
+  return v
+end
+]]
+
+-- The message of a grant to the process of channel ch: "token fence
+-- value", on the lock's shard channel on a cluster (a channel in "{...}").
+-- Sent once the token's record is written (redlock.lua's own TELL, which
+-- draws the new holder's quorum fence, counts on it: release_telling).
+local TELL = [[
+local function tell(ch, token, fence, value)
+  redis.call(string.byte(ch) == 123 and 'SPUBLISH' or 'PUBLISH', ch,
+             token .. ' ' .. fence .. ' ' .. value)
+end
+]]
+
 -- Shared by every script: the clock, expiry of holders and waiters, the
 -- number generator, and dispatch (grants to the queue's head).  Each
 -- redis.call costs about a microsecond of the server's single thread, so
 -- the common cases (a free lock, a release nobody waits for) take the
 -- fewest: the scripts ask first whether there is anything to expire or
 -- dispatch at all.
-local PRELUDE = [[
+local PRELUDE_BODY = [[
 local H, Q, W, C, N, F = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local t = redis.call('TIME')
 local sec, usec = tonumber(t[1]), tonumber(t[2])
@@ -80,12 +111,7 @@ local function fmt(x) return string.format('%d', x) end
 -- of an append-only file, a replica promoted before it had them) still
 -- goes on above every number drawn before, as long as the server's clock
 -- does not go back.
-local function draw()
-  local last = tonumber(redis.call('GET', N) or '0')
-  local v = math.max(last + 1, sec * 1000000 + usec)
-  redis.call('SET', N, fmt(v), 'PX', 3600000)
-  return v
-end
+local function draw() return draw_n(sec, usec, 1) end
 
 -- The ends of the first and the last lease (server ms) among the holders
 -- seen by held() and the leases written since; nil: no holder.  'wrote':
@@ -195,8 +221,7 @@ local function dispatch(limit, u)
     redis.call('ZREM', Q, unpack(granted))
     redis.call('ZREM', W, unpack(granted))
     redis.call('HDEL', C, unpack(granted))
-    local fence = math.max(tonumber(redis.call('GET', N) or '0') + 1, sec * 1000000 + usec)
-    redis.call('SET', N, fmt(fence + n - 1), 'PX', 3600000)
+    local fence = draw_n(sec, usec, n)
     -- (value: the room left before each grant, as one grant after the
     -- other leaves it)
     local records, messages, room = {}, {}, limit - u0
@@ -204,18 +229,14 @@ local function dispatch(limit, u)
       local f, e = fmt(fence + i - 1), now + ttls[i]
       records[2 * i - 1] = granted[i]
       records[2 * i] = fmt(e) .. ' ' .. fmt(ws[i]) .. ' ' .. f .. ' ' .. fmt(room)
-      messages[i] = granted[i] .. ' ' .. f .. ' ' .. fmt(room)
+      messages[i] = {granted[i], f, fmt(room)}
       note(e)
       room = room - ws[i]
     end
     redis.call('HSET', H, unpack(records))
     wrote = true
-    -- (the records first: a message is sent once its token holds, which
-    -- redlock.lua's RELEASE counts on; a channel in "{...}": the lock's
-    -- shard channel on a cluster)
-    for i = 1, n do
-      redis.call(string.byte(chs[i]) == 123 and 'SPUBLISH' or 'PUBLISH', chs[i], messages[i])
-    end
+    -- (the records first: a message is sent once its token holds)
+    for i = 1, n do tell(chs[i], messages[i][1], messages[i][2], messages[i][3]) end
     if n < #heads then break end
   end
   return u
@@ -238,6 +259,7 @@ local function holding(token)
   return {1, fence, tonumber(value)}, rest
 end
 ]]
+local PRELUDE = DRAW_N .. TELL .. PRELUDE_BODY
 
 --- acquire: ARGV token, limit, weight, ttl, waiter_timeout, channel, mode.
 -- mode "try": grant now or answer {0}, never queue.  mode "wait": grant
@@ -251,7 +273,7 @@ end
 -- every later one a larger fence, so that the waiter can tell a hand-off
 -- message read after this answer but sent before it, of a grant that
 -- ended, from one of a grant made since), {0} for a failed try.
-M.acquire = [[
+M.acquire = DRAW_N .. TELL .. [[
 -- A new request on a lock that nobody holds or waits for (holders and
 -- queue are both empty keys): granted before the prelude's functions are
 -- even made, as grant() would (fence: draw(); value: the limit).
@@ -259,9 +281,7 @@ if ARGV[7] ~= 'again' then
   if redis.call('EXISTS', KEYS[1], KEYS[2]) == 0 then
     local t = redis.call('TIME')
     local sec, usec = tonumber(t[1]), tonumber(t[2])
-    local last = tonumber(redis.call('GET', KEYS[5]) or '0')
-    local fence = string.format('%d', math.max(last + 1, sec * 1000000 + usec))
-    redis.call('SET', KEYS[5], fence, 'PX', 3600000)
+    local fence = string.format('%d', draw_n(sec, usec, 1))
     local e = string.format('%d', sec * 1000 + math.floor(usec / 1000) + tonumber(ARGV[4]))
     redis.call('HSET', KEYS[1], ARGV[1], e .. ' ' .. ARGV[3] .. ' ' .. fence .. ' ' .. ARGV[2])
     redis.call('PEXPIREAT', KEYS[1], e)       -- N:h was absent: this lease is its last
@@ -281,9 +301,7 @@ if ARGV[7] ~= 'again' then
       local now = sec * 1000 + math.floor(usec / 1000)
       local e = tonumber(string.match(hs[2], '^%d+'))
       if e >= now then
-        local last = tonumber(redis.call('GET', KEYS[5]) or '0')
-        local n = string.format('%d', math.max(last + 1, sec * 1000000 + usec))
-        redis.call('SET', KEYS[5], n, 'PX', 3600000)
+        local n = string.format('%d', draw_n(sec, usec, 1))
         local ttl, wait_ms = tonumber(ARGV[4]), tonumber(ARGV[5])
         redis.call('ZADD', KEYS[2], n, ARGV[1])
         redis.call('ZADD', KEYS[3], string.format('%d', now + wait_ms), ARGV[1])
@@ -331,9 +349,7 @@ if ARGV[7] ~= 'again' then
     for i = 2, #hs, 2 do
       if tonumber(string.match(hs[i], '^%d+')) < now then redis.call('HDEL', KEYS[1], hs[i - 1]) end
     end
-    local n = tonumber(redis.call('GET', KEYS[5]) or '0')
-    local fence = string.format('%d', math.max(n + 1, sec * 1000000 + usec))
-    redis.call('SET', KEYS[5], fence, 'PX', 3600000)
+    local fence = string.format('%d', draw_n(sec, usec, 1))
     local e = now + tonumber(ARGV[4])
     redis.call('HSET', KEYS[1], ARGV[1], string.format('%d', e) .. ' ' .. ARGV[3] .. ' '
       .. fence .. ' ' .. string.format('%d', limit - sum))
@@ -352,9 +368,7 @@ if ARGV[7] ~= 'again' then
   end
   if stuck and ARGV[7] == 'try' then return {0} end
   if stuck then
-    local last_n = tonumber(redis.call('GET', KEYS[5]) or '0')
-    local n = string.format('%d', math.max(last_n + 1, sec * 1000000 + usec))
-    redis.call('SET', KEYS[5], n, 'PX', 3600000)
+    local n = string.format('%d', draw_n(sec, usec, 1))
     local ttl, wait_ms = tonumber(ARGV[4]), tonumber(ARGV[5])
     redis.call('ZADD', KEYS[2], n, ARGV[1])
     redis.call('ZADD', KEYS[3], string.format('%d', now + wait_ms), ARGV[1])
@@ -369,7 +383,7 @@ if ARGV[7] ~= 'again' then
     return {0, first and first - now or -1, n}
   end
 end
-]] .. PRELUDE .. [[
+]] .. PRELUDE_BODY .. [[
 local token, limit, weight = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local ttl, wait_ms, mode = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[7]
 local u = held()
@@ -424,20 +438,45 @@ return {0, first_end(), n}
 -- waiter), then dispatches.  When the lock is left with room and no queue
 -- and a waitForUnlock marked N:free, deletes the mark and publishes on the
 -- channel N:free.  Returns 1 if the token held the lock, else 0.
-M.release = [[
+local RELEASE = [[
 -- A holder's release: before the prelude's functions are made, and all of
 -- it when nobody waits (its weight is room, there is nothing to dispatch).
-local was = 0
-local e = redis.call('HGET', KEYS[1], ARGV[1])
-if e then
-  local t = redis.call('TIME')
-  local sec, usec = tonumber(t[1]), tonumber(t[2])
-  local now = sec * 1000 + math.floor(usec / 1000)
-  if tonumber(string.match(e, '^%d+')) >= now then
-    redis.call('HDEL', KEYS[1], ARGV[1])
-    was = 1
-    -- nobody queued and nobody waiting for the unlock: one EXISTS for both
-    if redis.call('EXISTS', KEYS[2], KEYS[6]) == 0 then return 1 end
+-- A mutex's (limit 1) is one HDEL: its N:h holds at most one record (every
+-- grant needs an empty N:h, and removes the records whose lease ended)
+-- and expires with it (every script that writes a lease sets N:h's expiry
+-- to the last lease's end: for a mutex, this one's), so a record still
+-- there is a lease still running, as Redis removes a key only once its
+-- expiry is past (held() below keeps a lease up to its end too; spec 298).
+-- That needs each token's leases to end in order, as they do: each is
+-- now + the ttl its process always asks for, or the shorter first lease
+-- of a hand-off.  (A server clock that went back could leave N:h a little
+-- after its record's end: a release then answers 1 for a lease that ended
+-- with nobody granted since, never a second holder.)  Other limits read
+-- the record's end and the clock.
+local was, sec, usec, now = 0, nil, nil, nil
+if ARGV[2] == '1' then
+  was = redis.call('HDEL', KEYS[1], ARGV[1])
+else
+  local e = redis.call('HGET', KEYS[1], ARGV[1])
+  if e then
+    local t = redis.call('TIME')
+    sec, usec = tonumber(t[1]), tonumber(t[2])
+    now = sec * 1000 + math.floor(usec / 1000)
+    if tonumber(string.match(e, '^%d+')) >= now then
+      redis.call('HDEL', KEYS[1], ARGV[1])
+      was = 1
+    end
+  end
+end
+if was == 1 then
+  -- nobody queued and nobody waiting for the unlock: one EXISTS for both
+  if redis.call('EXISTS', KEYS[2], KEYS[6]) == 0 then return 1 end
+  if not now then                     -- (a mutex's: the clock not read yet)
+    local t = redis.call('TIME')
+    sec, usec = tonumber(t[1]), tonumber(t[2])
+    now = sec * 1000 + math.floor(usec / 1000)
+  end
+  do
     local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
     if not head then                -- nobody queued: a waitForUnlock marked it
       redis.call('DEL', KEYS[6])
@@ -458,14 +497,11 @@ if e then
         redis.call('ZREM', KEYS[2], head)
         redis.call('ZREM', KEYS[3], head)
         redis.call('HDEL', KEYS[4], head)
-        local last = tonumber(redis.call('GET', KEYS[5]) or '0')
-        local fence = string.format('%d', math.max(last + 1, sec * 1000000 + usec))
-        redis.call('SET', KEYS[5], fence, 'PX', 3600000)
+        local fence = string.format('%d', draw_n(sec, usec, 1))
         local he = string.format('%d', now + tonumber(ttl))
         redis.call('HSET', KEYS[1], head, he .. ' ' .. w .. ' ' .. fence .. ' 1')
         redis.call('PEXPIREAT', KEYS[1], he)    -- N:h was empty: its one lease
-        redis.call(string.byte(ch) == 123 and 'SPUBLISH' or 'PUBLISH', ch,
-                   head .. ' ' .. fence .. ' 1')
+        tell(ch, head, fence, '1')
         return 1
       end
     end
@@ -490,7 +526,7 @@ if e then
     end
   end
 end
-]] .. PRELUDE .. [[
+]] .. PRELUDE_BODY .. [[
 local token, limit = ARGV[1], tonumber(ARGV[2])
 local u = held()
 if was == 0 and redis.call('ZREM', Q, token) == 1 then
@@ -505,6 +541,12 @@ if u < limit and redis.call('EXISTS', Q) == 0 and redis.call('DEL', F) == 1 then
 end
 return was
 ]]
+
+--- release_telling(tell): the release script with 'tell' (the text of a
+-- function tell(ch, token, fence, value), sending a hand-off's message) in
+-- place of TELL: RedlockMutex's draws its quorum fence in it (redlock.lua).
+function M.release_telling(tell) return DRAW_N .. tell .. RELEASE end
+M.release = M.release_telling(TELL)
 
 --- renew: ARGV token, limit, ttl.  Extends the token's lease to ttl from
 -- now if it still holds the lock.  Returns 1 if it does, else 0.

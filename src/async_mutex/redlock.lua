@@ -55,33 +55,43 @@ local limited = core.acquire
 
 local M = {}
 
--- draw_qf(): the draw of the quorum fence from N:qf (KEYS[7]) for the
+-- draw_qf(hint): the draw of the quorum fence from N:qf (KEYS[7]) for the
 -- server's holder, as DRAW below draws it (the counter plus one, or the
--- server's time in us); returns it as a string.
+-- server's time in us when it is missing), or 'hint' if that is larger;
+-- returns it as a string.  The hint (a string of digits, "0": none) is the
+-- requester's guess of the draw: the last fence of its RedlockMutex plus
+-- one, which it is whenever no other process took the lock since.  Then
+-- the draw is one command (SET ... GET writes the hint and returns the
+-- counter); a wrong guess costs a second SET.  A larger hint only makes
+-- the draw larger, which the fencing argument allows (any draw above the
+-- counter); it stays one per grant above a fence drawn, so the counters
+-- still keep below the servers' clocks (docs/redis-locks.md).
 local DRAW_QF = [[
-local function draw_qf()
-  local last = redis.call('GET', KEYS[7])
-  local v
+local function draw_qf(hint)
+  local v = tonumber(hint)
+  local last = redis.call('SET', KEYS[7], hint, 'PX', 3600000, 'GET')
   if last then
-    v = tonumber(last) + 1
+    last = tonumber(last) + 1
   else
     local t = redis.call('TIME')
-    v = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    last = tonumber(t[1]) * 1000000 + tonumber(t[2])
   end
-  local s = string.format('%d', v)
+  if last <= v then return hint end
+  local s = string.format('%d', last)
   redis.call('SET', KEYS[7], s, 'PX', 3600000)
   return s
 end
 ]]
 
 --- ACQUIRE: a server's acquire request, in one call: the acquire script of
--- redis_scripts.lua (its keys and arguments, KEYS[1..6]), and when it
--- grants, the draw of the quorum fence, added to its answer: {1, fence,
--- value, drawn}.  A grant by hand-off draws in the release that grants it
--- (RELEASE), or with DRAW once it is known.
+-- redis_scripts.lua (its keys and arguments, KEYS[1..6], ARGV[1..7]), and
+-- when it grants, the draw of the quorum fence (ARGV[8]: the hint of
+-- draw_qf), added to its answer: {1, fence, value, drawn}.  A grant by
+-- hand-off draws in the release that grants it (RELEASE), or with DRAW
+-- once it is known.
 M.ACQUIRE = "local function acquire()\n" .. scripts.acquire .. "\nend\n" .. DRAW_QF .. [[
 local r = acquire()
-if r[1] == 1 then r[4] = draw_qf() end
+if r[1] == 1 then r[4] = draw_qf(ARGV[8]) end
 return r
 ]]
 
@@ -105,30 +115,18 @@ return s
 
 --- RELEASE: the release script of redis_scripts.lua (its keys and
 -- arguments), whose hand-off also draws the new holder's quorum fence from
--- N:qf (KEYS[7]), as DRAW would: when the script publishes a grant's
--- message ("token fence value"), the token holds the lock here already
--- (its record is written first), so it is this server's holder that the
--- draw is made for; the draw goes in the message's value field, negated
--- ("token fence -drawn"), and the new holder needs no DRAW round trip.
--- (Its redis.call is wrapped, rather than the script's text edited: the
--- script stays the Redis locks' own.)
-M.RELEASE = DRAW_QF .. [[
-local real = redis
-local redis = setmetatable({
-  call = function(cmd, ...)
-    if cmd == 'PUBLISH' or cmd == 'SPUBLISH' then
-      local ch, msg = ...
-      local head, fence = string.match(msg, '^(%S+) (%d+) %-?%d+$')
-      if head then return real.call(cmd, ch, head .. ' ' .. fence .. ' -' .. draw_qf()) end
-    end
-    return real.call(cmd, ...)
-  end,
-}, { __index = real })
-local function release()
-]] .. scripts.release .. [[
+-- N:qf (KEYS[7]), as DRAW would: when the script sends a grant's message
+-- (its tell), the token holds the lock here already (its record is written
+-- first), so it is this server's holder that the draw is made for; the
+-- draw goes in the message's value field, negated ("token fence -drawn"),
+-- and the new holder needs no DRAW round trip.  (No hint: the releaser
+-- cannot guess the new holder's draw.)
+M.RELEASE = scripts.release_telling(DRAW_QF .. [[
+local function tell(ch, token, fence)
+  redis.call(string.byte(ch) == 123 and 'SPUBLISH' or 'PUBLISH', ch,
+             token .. ' ' .. fence .. ' -' .. draw_qf('0'))
 end
-return release()
-]]
+]])
 
 --- RAISE: KEYS N:h, N:qf; ARGV token, fence.  If the token holds the lock
 -- here, the counter is raised to 'fence' (never lowered); returns 1, else 0.
@@ -825,6 +823,10 @@ local function acquire_quorum(rl, deadline, err)
     end
   end
   att.hold = hold
+  -- the next acquisition's guess of its draws, right unless another process
+  -- takes the lock in between (ACQUIRE, draw_qf)
+  local hint = format("%d", hold.fence + 1)
+  for i = 1, rl.n do rl.servers[i].s_hint = hint end
   for i = 1, rl.n do            -- (drawn after settle_fence looked)
     local s = att.srv[i]
     if s.state == "drawn" and not s.raising and hold.leases[i] then catch_up(att, i, s, s.draw) end
@@ -920,6 +922,7 @@ local function new(clients, name, opts)
     lk.acquire_script, lk.release_script = M.ACQUIRE, M.RELEASE
     lk.keys[7] = name .. ":qf"
     lk.fence_keys = { lk.keys[1], lk.keys[7] }
+    lk.s_hint = "0"                   -- (ACQUIRE's hint: none yet)
     rl.servers[i] = lk
   end
   return rl
