@@ -408,6 +408,20 @@ static Waiter *new_waiter (lua_State *L, const Request *rq, int timed,
                                           hands_out);
   assert(rq->lockidx <= AM_IDX_MAX && rq->erridx <= AM_IDX_MAX
          && rq->lostidx <= AM_IDX_MAX);
+  if (hands_out) {      /* every hand-off's: untimed, unleased, no signal */
+    /* its constant bits copied whole, where the literal below builds its
+       bit fields one by one; no lease, so no lost error (lostidx 0) */
+    static const Releaser fresh = {.state = S_NEW, .kind = W_ACQUIRE,
+                                   .outcome = O_GRANTED, .ref = LUA_NOREF};
+    assert(!timed && !leased && !signalled && rq->lostidx == 0);
+    w->r = fresh;
+    w->r.lock = rq->lock;
+    w->r.weight = rq->weight;
+    w->r.lockidx = (unsigned)rq->lockidx;
+    w->r.erridx = (unsigned)rq->erridx;
+    w->q.prev = w->q.next = NULL;
+    goto typed;
+  }
   w->r = (Releaser){.lock = rq->lock, .weight = rq->weight, .token = 0,
                     .state = S_NEW, .lease = 0,
                     .kind = (unsigned)rq->kind, .outcome = O_GRANTED,
@@ -428,6 +442,7 @@ static Waiter *new_waiter (lua_State *L, const Request *rq, int timed,
     w->sig = NULL;
     w->sigidx = rq->sigidx;
   }
+ typed:
   am_pushmt(L, AM_T_WAITER);
   lua_setmetatable(L, -2);
   lua_toclose(L, -1);            /* coroutine.close while waiting: abandon */
