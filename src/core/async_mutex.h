@@ -877,9 +877,11 @@ static inline int am_fits (const Lock *lk, lua_Integer weight) {
 */
 static inline int am_can_lock_now (Lock *lk, lua_Integer weight,
                                    const Key *priority) {
-  return (lk->queue.n == 0
-          || am_key_above(priority, am_queue_firstkey(&lk->queue)))
-         && am_fits(lk, weight);
+  /* the kind's test first: a request that finds the lock held (every
+     hand-off's) compares no priorities */
+  return am_fits(lk, weight)
+         && (lk->queue.n == 0
+             || am_key_above(priority, am_queue_firstkey(&lk->queue)));
 }
 
 /*
