@@ -429,7 +429,7 @@ struct LockKind {
      not (a Mutex's).  The engine never names a kind. */
   /* is 'rq' its holder's own request, granted at once (waiter.c)?  It
      raises what its holder may not ask; NULL: never */
-  int (*reenters) (lua_State *L, Lock *lk, const Request *rq);
+  int (*reenters) (lua_State *L, Lock *lk, int kind);
   /* a grant of 'lk' (at 'lockidx') reached the running coroutine, now its
      holder (waiter.c, steal.c); NULL: nothing to record */
   void (*owned) (lua_State *L, Lock *lk, int lockidx);
@@ -818,7 +818,7 @@ int am_dbg_lock_holds (lua_State *L, State *st, const Lock *lk,
 extern const luaL_Reg am_signal_metamethods[];
 int am_signal (lua_State *L);
 Signal *am_tosignal (lua_State *L, int idx);
-int am_check_signal (lua_State *L, const Request *rq);
+int am_check_signal (lua_State *L, int sigidx);
 
 /* query.c */
 int am_query (lua_State *L);

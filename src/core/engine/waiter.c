@@ -476,9 +476,8 @@ static AM_HOT_INLINE int grant_now (lua_State *L, const Request *rq,
 
 
 /* QUEUED waiter 'w' of 'rq' joins its signal's list. */
-static AM_COLD void link_signal (lua_State *L, const Request *rq,
-                                 Waiter *w) {
-  am_signal_link((Signal *)lua_touserdata(L, rq->sigidx), w);
+static AM_COLD void link_signal (lua_State *L, int sigidx, Waiter *w) {
+  am_signal_link((Signal *)lua_touserdata(L, sigidx), w);
 }
 
 
@@ -489,12 +488,12 @@ static AM_COLD void link_signal (lua_State *L, const Request *rq,
 ** already) gives its anchor back, a key's lock made for it leaves its
 ** set, and the signal's reason is raised.
 */
-static AM_COLD void aborted_meanwhile (lua_State *L, const Request *rq,
-                                       Lock *lk, Waiter *w) {
-  if (!((Signal *)lua_touserdata(L, rq->sigidx))->aborted) return;
+static AM_COLD void aborted_meanwhile (lua_State *L, int sigidx, Lock *lk,
+                                       Waiter *w) {
+  if (!((Signal *)lua_touserdata(L, sigidx))->aborted) return;
   if (w != NULL) am_unanchor(L, w);
   am_settle(L, lk);
-  am_check_signal(L, rq);
+  am_check_signal(L, sigidx);
 }
 
 
@@ -514,7 +513,7 @@ static int wait_queued (lua_State *L, Request *rq, Lock *lk, Waiter *w,
   enqueue(L, lk, w, &rq->priority);
   queued(w);
   if (rq->wait == AM_TIMEOUT) am_timer_add(L, lk->st, w, now, rq->ms);
-  if (rq->sigidx != 0) link_signal(L, rq, w);
+  if (rq->sigidx != 0) link_signal(L, rq->sigidx, w);
   /* a task cancelled while it ran is closed once it waits (task.c) */
   if (lk->st->ncanceling > 0) lk->st->hooks->task_waits(L, lk->st);
   am_sync(L, lk->st);                      /* arms the timer */
@@ -568,7 +567,7 @@ static int suspend (lua_State *L, Request *rq) {
      lock may have left its set meanwhile (a finalizer released the key):
      the request goes to the key's lock as it is now. */
   lk = w->r.lock = am_keyed_current(L, lk, rq->lockidx);
-  if (rq->sigidx != 0) aborted_meanwhile(L, rq, lk, w);
+  if (rq->sigidx != 0) aborted_meanwhile(L, rq->sigidx, lk, w);
   if (hands_out) {                        /* its future releaser's lock */
     lua_pushvalue(L, rq->lockidx);
     lua_setiuservalue(L, -2, 1);
@@ -587,6 +586,18 @@ static int suspend (lua_State *L, Request *rq) {
 
 
 /*
+** The debug observer's request hook, given a copy of the Request: the
+** calls a request makes take its fields, never its address, so that a
+** flattened acquire (mutex_semaphore.c) keeps its constant fields in
+** registers, or folds them away, instead of reading them back from memory
+** after every call (docs/bench.md, "What the API shape costs").
+*/
+static AM_COLD void debug_request (lua_State *L, Request rq) {
+  am_debug_observer->request(L, &rq);
+}
+
+
+/*
 ** acquire / waitForUnlock of 'rq->lock' (at 'rq->lockidx'), once the
 ** arguments are checked: grant now, refuse now (tryAcquire), or suspend
 ** the calling coroutine until the scheduler resumes it with an outcome.
@@ -595,9 +606,9 @@ int am_request (lua_State *L, Request *rq) {
   lua_Number now = 0;
   /* aborted: fails at once (and if aborted by what runs below, before it
      queues: suspend) */
-  if (rq->sigidx != 0) am_check_signal(L, rq);
+  if (rq->sigidx != 0) am_check_signal(L, rq->sigidx);
   if (am_debugging())                     /* may raise E_DEADLOCK */
-    am_debug_observer->request(L, rq);
+    debug_request(L, *rq);
   if (rq->lease > 0 && rq->kind == W_ACQUIRE
       && am_can_lock_now(rq->lock, rq->weight, &rq->priority)) {
     /* a grant now starts its lease: the clock first (it calls luv, so a
@@ -612,7 +623,7 @@ int am_request (lua_State *L, Request *rq) {
      key's lock as it is now (docs/internals.md, Decide, then commit) */
   rq->lock = am_keyed_current(L, rq->lock, rq->lockidx);
   if (rq->lock->kind->reenters != NULL
-      && rq->lock->kind->reenters(L, rq->lock, rq))
+      && rq->lock->kind->reenters(L, rq->lock, rq->kind))
     return grant_now(L, rq, rq->lock, now);     /* its holder, once more */
   if (am_can_lock_now(rq->lock, rq->weight, &rq->priority))  /* fast path */
     return grant_now(L, rq, rq->lock, now);
