@@ -586,13 +586,19 @@ static int suspend (lua_State *L, Request *rq) {
 
 
 /*
-** The debug observer's request hook, given a copy of the Request: the
-** calls a request makes take its fields, never its address, so that a
-** flattened acquire (mutex_semaphore.c) keeps its constant fields in
-** registers, or folds them away, instead of reading them back from memory
-** after every call (docs/bench.md, "What the API shape costs").
+** The debug observer's request hook, given a Request of its own made of
+** the fields it reads (debug_deadlock.c: am_dbg_request; any other field
+** is 0): the calls a request makes take its fields, never its address,
+** nor copy it whole, so that a flattened acquire (mutex_semaphore.c)
+** keeps its constant fields in registers, or folds them away, instead of
+** writing them all first and reading them back from memory after every
+** call (docs/bench.md, "What the API shape costs").
 */
-static AM_COLD void debug_request (lua_State *L, Request rq) {
+static AM_COLD void debug_request (lua_State *L, int kind, int wait,
+                                   int erridx, Lock *lk, int lockidx,
+                                   lua_Integer weight, Key priority) {
+  Request rq = {.kind = kind, .wait = wait, .erridx = erridx, .lock = lk,
+                .lockidx = lockidx, .weight = weight, .priority = priority};
   am_debug_observer->request(L, &rq);
 }
 
@@ -608,7 +614,8 @@ int am_request (lua_State *L, Request *rq) {
      queues: suspend) */
   if (rq->sigidx != 0) am_check_signal(L, rq->sigidx);
   if (am_debugging())                     /* may raise E_DEADLOCK */
-    debug_request(L, *rq);
+    debug_request(L, rq->kind, rq->wait, rq->erridx, rq->lock, rq->lockidx,
+                  rq->weight, rq->priority);
   if (rq->lease > 0 && rq->kind == W_ACQUIRE
       && am_can_lock_now(rq->lock, rq->weight, &rq->priority)) {
     /* a grant now starts its lease: the clock first (it calls luv, so a
