@@ -253,6 +253,12 @@ static int top_kept (int lockidx, int erridx, int lostidx, int sigidx) {
 #define waiter_top(w)  top_kept((w)->r.lockidx, (w)->r.erridx, \
   (w)->r.lostidx, (w)->r.signalled ? (w)->sigidx : 0)
 
+/* ... most often (every hand-off's) its lock's alone: the three tests,
+   of bits in one word, cost less than top_kept's comparisons */
+#define waiter_top_fast(w)  \
+  ((w)->r.erridx == 0 && (w)->r.lostidx == 0 && !(w)->r.signalled \
+   ? (int)(w)->r.lockidx : waiter_top(w))
+
 /*
 ** Returns the grant of an untimed acquire, whose waiter (at 'widx', the
 ** top, to-be-closed) becomes its releaser.  The waiter's slot is closed
@@ -347,7 +353,7 @@ static int deliver (lua_State *L, Waiter *w, int widx) {
 */
 static int finish_request (lua_State *L, int status, lua_KContext ctx) {
   Waiter *w = (Waiter *)ctx;
-  int widx = waiter_top(w) + 1;
+  int widx = waiter_top_fast(w) + 1;
   (void)status;
   if (w->r.state != S_RESUMING) {         /* the waiter back on top */
     lua_settop(L, widx);
