@@ -427,8 +427,9 @@ struct LockKind {
   /* The engine's questions to a kind whose grant depends on who asks or
      whose holds differ by weight; NULL: the answer of a kind that does
      not (a Mutex's).  The engine never names a kind. */
-  /* is 'rq' its holder's own request, granted at once (waiter.c)?  It
-     raises what its holder may not ask; NULL: never */
+  /* is the running coroutine's request of 'kind' (W_ACQUIRE, W_UNLOCK)
+     its holder's own, granted at once (waiter.c)?  It raises what its
+     holder may not ask; NULL: never */
   int (*reenters) (lua_State *L, Lock *lk, int kind);
   /* a grant of 'lk' (at 'lockidx') reached the running coroutine, now its
      holder (waiter.c, steal.c); NULL: nothing to record */

@@ -94,8 +94,9 @@ const LockKind am_reentrant_kind = {
 
 
 /*
-** Is 'rq' its holder's (waiter.c: granted at once, as a new level)?  The
-** holder's waitForUnlock would wait for itself: raises.
+** Is the running coroutine's request of 'kind' its holder's (waiter.c:
+** granted at once, as a new level)?  The holder's waitForUnlock would wait
+** for itself: raises.
 */
 static int re_reenters (lua_State *L, Lock *lk, int kind) {
   if (lk->owner != L || lk->value > 0) return 0;
