@@ -427,9 +427,10 @@ struct LockKind {
   /* The engine's questions to a kind whose grant depends on who asks or
      whose holds differ by weight; NULL: the answer of a kind that does
      not (a Mutex's).  The engine never names a kind. */
-  /* is 'rq' its holder's own request, granted at once (waiter.c)?  It
-     raises what its holder may not ask; NULL: never */
-  int (*reenters) (lua_State *L, Lock *lk, const Request *rq);
+  /* is the running coroutine's request of 'kind' (W_ACQUIRE, W_UNLOCK)
+     its holder's own, granted at once (waiter.c)?  It raises what its
+     holder may not ask; NULL: never */
+  int (*reenters) (lua_State *L, Lock *lk, int kind);
   /* a grant of 'lk' (at 'lockidx') reached the running coroutine, now its
      holder (waiter.c, steal.c); NULL: nothing to record */
   void (*owned) (lua_State *L, Lock *lk, int lockidx);
@@ -818,7 +819,7 @@ int am_dbg_lock_holds (lua_State *L, State *st, const Lock *lk,
 extern const luaL_Reg am_signal_metamethods[];
 int am_signal (lua_State *L);
 Signal *am_tosignal (lua_State *L, int idx);
-int am_check_signal (lua_State *L, const Request *rq);
+int am_check_signal (lua_State *L, int sigidx);
 
 /* query.c */
 int am_query (lua_State *L);
@@ -877,9 +878,11 @@ static inline int am_fits (const Lock *lk, lua_Integer weight) {
 */
 static inline int am_can_lock_now (Lock *lk, lua_Integer weight,
                                    const Key *priority) {
-  return (lk->queue.n == 0
-          || am_key_above(priority, am_queue_firstkey(&lk->queue)))
-         && am_fits(lk, weight);
+  /* the kind's test first: a request that finds the lock held (every
+     hand-off's) compares no priorities */
+  return am_fits(lk, weight)
+         && (lk->queue.n == 0
+             || am_key_above(priority, am_queue_firstkey(&lk->queue)));
 }
 
 /*

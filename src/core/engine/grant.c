@@ -107,6 +107,9 @@ void am_dispatch (lua_State *L, Lock *lk) {
     am_queue_remove(&lk->queue, head);
     am_waiter_ready(L, head, O_GRANTED, am_take(lk, head->r.weight));
     if (lk->nunlock > 0) am_drain_unlock(L, lk);
+    /* a counted kind with nothing left grants no weight (each is >= 1):
+       a mutex's hand-off takes no second look at the queue */
+    if (lk->kind->fits == NULL && lk->value <= 0) break;
   }
   am_settle(L, lk);
 }

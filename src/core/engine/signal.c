@@ -37,12 +37,12 @@ static Signal *checksignal (lua_State *L) {
 ** with an aborted signal fails at once (waiter.c calls this before it
 ** decides, and again after anything that may have run Lua code).
 */
-AM_COLD int am_check_signal (lua_State *L, const Request *rq) {
+AM_COLD int am_check_signal (lua_State *L, int sigidx) {
   Signal *s;
-  if (rq->sigidx == 0) return 0;
-  s = (Signal *)lua_touserdata(L, rq->sigidx);
+  if (sigidx == 0) return 0;
+  s = (Signal *)lua_touserdata(L, sigidx);
   if (!s->aborted) return 0;
-  lua_getiuservalue(L, rq->sigidx, 1);
+  lua_getiuservalue(L, sigidx, 1);
   return lua_error(L);
 }
 

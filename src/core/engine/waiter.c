@@ -253,6 +253,12 @@ static int top_kept (int lockidx, int erridx, int lostidx, int sigidx) {
 #define waiter_top(w)  top_kept((w)->r.lockidx, (w)->r.erridx, \
   (w)->r.lostidx, (w)->r.signalled ? (w)->sigidx : 0)
 
+/* ... most often (every hand-off's) its lock's alone: the three tests,
+   of bits in one word, cost less than top_kept's comparisons */
+#define waiter_top_fast(w)  \
+  ((w)->r.erridx == 0 && (w)->r.lostidx == 0 && !(w)->r.signalled \
+   ? (int)(w)->r.lockidx : waiter_top(w))
+
 /*
 ** Returns the grant of an untimed acquire, whose waiter (at 'widx', the
 ** top, to-be-closed) becomes its releaser.  The waiter's slot is closed
@@ -347,7 +353,7 @@ static int deliver (lua_State *L, Waiter *w, int widx) {
 */
 static int finish_request (lua_State *L, int status, lua_KContext ctx) {
   Waiter *w = (Waiter *)ctx;
-  int widx = waiter_top(w) + 1;
+  int widx = waiter_top_fast(w) + 1;
   (void)status;
   if (w->r.state != S_RESUMING) {         /* the waiter back on top */
     lua_settop(L, widx);
@@ -408,6 +414,20 @@ static Waiter *new_waiter (lua_State *L, const Request *rq, int timed,
                                           hands_out);
   assert(rq->lockidx <= AM_IDX_MAX && rq->erridx <= AM_IDX_MAX
          && rq->lostidx <= AM_IDX_MAX);
+  if (hands_out) {      /* every hand-off's: untimed, unleased, no signal */
+    /* its constant bits copied whole, where the literal below builds its
+       bit fields one by one; no lease, so no lost error (lostidx 0) */
+    static const Releaser fresh = {.state = S_NEW, .kind = W_ACQUIRE,
+                                   .outcome = O_GRANTED, .ref = LUA_NOREF};
+    assert(!timed && !leased && !signalled && rq->lostidx == 0);
+    w->r = fresh;
+    w->r.lock = rq->lock;
+    w->r.weight = rq->weight;
+    w->r.lockidx = (unsigned)rq->lockidx;
+    w->r.erridx = (unsigned)rq->erridx;
+    w->q.prev = w->q.next = NULL;
+    goto typed;
+  }
   w->r = (Releaser){.lock = rq->lock, .weight = rq->weight, .token = 0,
                     .state = S_NEW, .lease = 0,
                     .kind = (unsigned)rq->kind, .outcome = O_GRANTED,
@@ -428,6 +448,7 @@ static Waiter *new_waiter (lua_State *L, const Request *rq, int timed,
     w->sig = NULL;
     w->sigidx = rq->sigidx;
   }
+ typed:
   am_pushmt(L, AM_T_WAITER);
   lua_setmetatable(L, -2);
   lua_toclose(L, -1);            /* coroutine.close while waiting: abandon */
@@ -461,9 +482,8 @@ static AM_HOT_INLINE int grant_now (lua_State *L, const Request *rq,
 
 
 /* QUEUED waiter 'w' of 'rq' joins its signal's list. */
-static AM_COLD void link_signal (lua_State *L, const Request *rq,
-                                 Waiter *w) {
-  am_signal_link((Signal *)lua_touserdata(L, rq->sigidx), w);
+static AM_COLD void link_signal (lua_State *L, int sigidx, Waiter *w) {
+  am_signal_link((Signal *)lua_touserdata(L, sigidx), w);
 }
 
 
@@ -474,12 +494,12 @@ static AM_COLD void link_signal (lua_State *L, const Request *rq,
 ** already) gives its anchor back, a key's lock made for it leaves its
 ** set, and the signal's reason is raised.
 */
-static AM_COLD void aborted_meanwhile (lua_State *L, const Request *rq,
-                                       Lock *lk, Waiter *w) {
-  if (!((Signal *)lua_touserdata(L, rq->sigidx))->aborted) return;
+static AM_COLD void aborted_meanwhile (lua_State *L, int sigidx, Lock *lk,
+                                       Waiter *w) {
+  if (!((Signal *)lua_touserdata(L, sigidx))->aborted) return;
   if (w != NULL) am_unanchor(L, w);
   am_settle(L, lk);
-  am_check_signal(L, rq);
+  am_check_signal(L, sigidx);
 }
 
 
@@ -499,7 +519,7 @@ static int wait_queued (lua_State *L, Request *rq, Lock *lk, Waiter *w,
   enqueue(L, lk, w, &rq->priority);
   queued(w);
   if (rq->wait == AM_TIMEOUT) am_timer_add(L, lk->st, w, now, rq->ms);
-  if (rq->sigidx != 0) link_signal(L, rq, w);
+  if (rq->sigidx != 0) link_signal(L, rq->sigidx, w);
   /* a task cancelled while it ran is closed once it waits (task.c) */
   if (lk->st->ncanceling > 0) lk->st->hooks->task_waits(L, lk->st);
   am_sync(L, lk->st);                      /* arms the timer */
@@ -553,7 +573,7 @@ static int suspend (lua_State *L, Request *rq) {
      lock may have left its set meanwhile (a finalizer released the key):
      the request goes to the key's lock as it is now. */
   lk = w->r.lock = am_keyed_current(L, lk, rq->lockidx);
-  if (rq->sigidx != 0) aborted_meanwhile(L, rq, lk, w);
+  if (rq->sigidx != 0) aborted_meanwhile(L, rq->sigidx, lk, w);
   if (hands_out) {                        /* its future releaser's lock */
     lua_pushvalue(L, rq->lockidx);
     lua_setiuservalue(L, -2, 1);
@@ -572,6 +592,24 @@ static int suspend (lua_State *L, Request *rq) {
 
 
 /*
+** The debug observer's request hook, given a Request of its own made of
+** the fields it reads (debug_deadlock.c: am_dbg_request; any other field
+** is 0): the calls a request makes take its fields, never its address,
+** nor copy it whole, so that a flattened acquire (mutex_semaphore.c)
+** keeps its constant fields in registers, or folds them away, instead of
+** writing them all first and reading them back from memory after every
+** call (docs/bench.md, "What the API shape costs").
+*/
+static AM_COLD void debug_request (lua_State *L, int kind, int wait,
+                                   int erridx, Lock *lk, int lockidx,
+                                   lua_Integer weight, Key priority) {
+  Request rq = {.kind = kind, .wait = wait, .erridx = erridx, .lock = lk,
+                .lockidx = lockidx, .weight = weight, .priority = priority};
+  am_debug_observer->request(L, &rq);
+}
+
+
+/*
 ** acquire / waitForUnlock of 'rq->lock' (at 'rq->lockidx'), once the
 ** arguments are checked: grant now, refuse now (tryAcquire), or suspend
 ** the calling coroutine until the scheduler resumes it with an outcome.
@@ -580,9 +618,10 @@ int am_request (lua_State *L, Request *rq) {
   lua_Number now = 0;
   /* aborted: fails at once (and if aborted by what runs below, before it
      queues: suspend) */
-  if (rq->sigidx != 0) am_check_signal(L, rq);
+  if (rq->sigidx != 0) am_check_signal(L, rq->sigidx);
   if (am_debugging())                     /* may raise E_DEADLOCK */
-    am_debug_observer->request(L, rq);
+    debug_request(L, rq->kind, rq->wait, rq->erridx, rq->lock, rq->lockidx,
+                  rq->weight, rq->priority);
   if (rq->lease > 0 && rq->kind == W_ACQUIRE
       && am_can_lock_now(rq->lock, rq->weight, &rq->priority)) {
     /* a grant now starts its lease: the clock first (it calls luv, so a
@@ -597,7 +636,7 @@ int am_request (lua_State *L, Request *rq) {
      key's lock as it is now (docs/internals.md, Decide, then commit) */
   rq->lock = am_keyed_current(L, rq->lock, rq->lockidx);
   if (rq->lock->kind->reenters != NULL
-      && rq->lock->kind->reenters(L, rq->lock, rq))
+      && rq->lock->kind->reenters(L, rq->lock, rq->kind))
     return grant_now(L, rq, rq->lock, now);     /* its holder, once more */
   if (am_can_lock_now(rq->lock, rq->weight, &rq->priority))  /* fast path */
     return grant_now(L, rq, rq->lock, now);

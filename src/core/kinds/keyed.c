@@ -139,7 +139,7 @@ int am_keyed_request (lua_State *L, Request *rq) {
   am_checkkey(L, first, rq->base, rq->fname);
   rq->first = first + 1;              /* the lock's own arguments */
   am_parse_request(L, rq, kd->kind);
-  am_check_signal(L, rq);        /* aborted: fails before making a lock */
+  am_check_signal(L, rq->sigidx);  /* aborted: fails before making a lock */
   lua_settop(L, first + 2);      /* extra arguments: the lock's index fits */
   lk = getlock(L, kd, first, 0);
   if (lk == NULL) {

@@ -70,7 +70,7 @@ static void re_end_holds (Lock *lk) {
 }
 
 
-static int re_reenters (lua_State *L, Lock *lk, const Request *rq);
+static int re_reenters (lua_State *L, Lock *lk, int kind);
 static void re_owned (lua_State *L, Lock *lk, int lockidx);
 
 const LockKind am_reentrant_kind = {
@@ -94,12 +94,13 @@ const LockKind am_reentrant_kind = {
 
 
 /*
-** Is 'rq' its holder's (waiter.c: granted at once, as a new level)?  The
-** holder's waitForUnlock would wait for itself: raises.
+** Is the running coroutine's request of 'kind' its holder's (waiter.c:
+** granted at once, as a new level)?  The holder's waitForUnlock would wait
+** for itself: raises.
 */
-static int re_reenters (lua_State *L, Lock *lk, const Request *rq) {
+static int re_reenters (lua_State *L, Lock *lk, int kind) {
   if (lk->owner != L || lk->value > 0) return 0;
-  if (rq->kind == W_UNLOCK)
+  if (kind == W_UNLOCK)
     am_usage_error(L, "attempt to wait for a reentrant mutex that this "
                       "coroutine holds (it would wait for itself)");
   return 1;
