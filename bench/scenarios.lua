@@ -487,6 +487,19 @@ function S.pairs(n)
   emit { scenario = "pairs", n = n }
 end
 
+-- For callgrind: n calls of m:runExclusive(noop) in one coroutine, as
+-- `pairs` makes its pairs (issue 32's target: at most 1.7 times a pair).
+function S.runs(n)
+  n = n or 100000
+  local m = am.Mutex.new()
+  local function noop() end
+  spawn(function()
+    for _ = 1, n do m:runExclusive(noop) end
+  end)
+  uv.run()
+  emit { scenario = "runs", n = n }
+end
+
 -- 9. Spawn: n coroutines started and ended at once (ours: am.spawn, a task;
 -- floor: coroutine.create + resume, what am.spawn did before it made tasks);
 -- with `wait`, each first queues for a held mutex (the floor: floor.wait),
