@@ -24,13 +24,8 @@ local function run(c, seed, name, ops)
   local rnd = math.random
   math.randomseed(seed)
   local keys = scripts.keys(name)
-  local function ev(script, ...)
-    return c:call("EVAL", script, 6, keys[1], keys[2], keys[3], keys[4], keys[5], keys[6], ...)
-  end
-  local function server_ms()
-    local t = c:call("TIME")
-    return tonumber(t[1]) * 1000 + tonumber(t[2]) // 1000
-  end
+  local function ev(script, ...) return R.eval_script(c, name, script, ...) end
+  local function server_ms() return R.server_ms(c) end
   local tokens, weight, arrival, fence_of = {}, {}, {}, {}
   local max_fence = 0
   for op = 1, ops do
@@ -104,12 +99,6 @@ end
 describe("RedisRWLock's scripts under random requests", function()
   for _, seed in ipairs({ 1, 2, 3 }) do
     it(("keep a writer alone, fences rising, the queue's order (seed %d)"):format(seed),
-      h.async(function()
-        local c = server:client()
-        local _ <close> = h.closing(c)
-        for round = 1, 3 do
-          assert.is_nil(run(c, seed * 10 + round, ("spec278:%d:%d"):format(seed, round), 200))
-        end
-      end))
+      R.random_script_rounds(server, run, seed, "spec278", 200))
   end
 end)

@@ -22,13 +22,8 @@ local function run(c, seed, name, ops)
   local rnd = math.random
   math.randomseed(seed)
   local keys = scripts.keys(name)
-  local function ev(script, ...)
-    return c:call("EVAL", script, 6, keys[1], keys[2], keys[3], keys[4], keys[5], keys[6], ...)
-  end
-  local function server_ms()
-    local t = c:call("TIME")
-    return tonumber(t[1]) * 1000 + tonumber(t[2]) // 1000
-  end
+  local function ev(script, ...) return R.eval_script(c, name, script, ...) end
+  local function server_ms() return R.server_ms(c) end
   local tokens, ttl_of = {}, {}
   local function new_token()
     local tok = ("p%d:%d"):format(rnd(3), #tokens + 1)
@@ -86,13 +81,7 @@ end
 
 describe("a RedisMutex's scripts under random requests", function()
   for _, seed in ipairs({ 1, 2, 3 }) do
-    it(("keep one record in N:h, expiring with its lease; releases answer by it (seed %d)")
-      :format(seed), h.async(function()
-        local c = server:client()
-        local _ <close> = h.closing(c)
-        for round = 1, 3 do
-          assert.is_nil(run(c, seed * 10 + round, ("spec298:%d:%d"):format(seed, round), 300))
-        end
-      end))
+    it(("keep one record in N:h, expiring with its lease; releases answer by it (seed %d)"):format(seed),
+      R.random_script_rounds(server, run, seed, "spec298", 300))
   end
 end)

@@ -779,6 +779,22 @@ function R.eval_script(client, name, script, ...)
   return client:eval(script, scripts.keys(name), { ... })
 end
 
+--- The body of a case of a spec of random requests run straight on the
+-- scripts (specs 278, 298): run(client, seed', name, ops) three times,
+-- with seeds made from `seed`, each on a lock name of its own made from
+-- `prefix`; run returns nil, or what went wrong (the case's failure).
+function R.random_script_rounds(server, run, seed, prefix, ops)
+  local h = require "helpers"
+  local assert = require "luassert"
+  return h.async(function()
+    local c = server:client()
+    local _ <close> = h.closing(c)
+    for round = 1, 3 do
+      assert.is_nil(run(c, seed * 10 + round, ("%s:%d:%d"):format(prefix, seed, round), ops))
+    end
+  end)
+end
+
 --- The acquire script run directly, as the locks run it: `token` asks for
 -- a lease of `ttl` ms in `mode` ("wait" unless given); o.limit (1: a mutex)
 -- and o.weight (1) as the lock's, o.wait the waiter timeout (3000 ms),
