@@ -60,6 +60,23 @@
 
 local M = {}
 
+-- set_get(key, value): SET key value PX 3600000 GET, which writes the
+-- value and returns the key's last one (false: none).  SET has GET since
+-- Redis 6.2; before (Debian 11's and Ubuntu 22.04's Redis 6.0), it
+-- refuses it ("ERR syntax error", nothing written), and a GET and a SET
+-- do the same (a script is atomic).  Spec 299.
+local SET_GET = [[
+local function set_get(key, value)
+  local old = redis.pcall('SET', key, value, 'PX', 3600000, 'GET')
+  if type(old) == 'table' and old.err then
+    old = redis.call('GET', key)
+    redis.call('SET', key, value, 'PX', 3600000)
+  end
+  return old
+end
+]]
+M.SET_GET = SET_GET
+
 -- The next 'count' numbers of the counter N (KEYS[5]), from the server's
 -- time (sec, usec): max(last + 1, time in us) and the ones after it;
 -- returns the first.  One command when the clock is ahead of the last
@@ -67,11 +84,11 @@ local M = {}
 -- SET ... GET writes the clock's number and returns the last one, and only
 -- a last number at or above it (drawn in this same us, a batch of
 -- readers' fences, a clock that went back) costs a second SET.  The
--- script is atomic: nobody sees the first write.  (SET ... GET: Redis 6.2.)
+-- script is atomic: nobody sees the first write.
 local DRAW_N = [[
 local function draw_n(sec, usec, count)
   local v = sec * 1000000 + usec
-  local old = redis.call('SET', KEYS[5], string.format('%d', v + count - 1), 'PX', 3600000, 'GET')
+  local old = set_get(KEYS[5], string.format('%d', v + count - 1))
   if old and tonumber(old) >= v then
     v = tonumber(old) + 1
     redis.call('SET', KEYS[5], string.format('%d', v + count - 1), 'PX', 3600000)
@@ -259,7 +276,7 @@ local function holding(token)
   return {1, fence, tonumber(value)}, rest
 end
 ]]
-local PRELUDE = DRAW_N .. TELL .. PRELUDE_BODY
+local PRELUDE = SET_GET .. DRAW_N .. TELL .. PRELUDE_BODY
 
 --- acquire: ARGV token, limit, weight, ttl, waiter_timeout, channel, mode.
 -- mode "try": grant now or answer {0}, never queue.  mode "wait": grant
@@ -273,7 +290,7 @@ local PRELUDE = DRAW_N .. TELL .. PRELUDE_BODY
 -- every later one a larger fence, so that the waiter can tell a hand-off
 -- message read after this answer but sent before it, of a grant that
 -- ended, from one of a grant made since), {0} for a failed try.
-M.acquire = DRAW_N .. TELL .. [[
+M.acquire = SET_GET .. DRAW_N .. TELL .. [[
 -- A new request on a lock that nobody holds or waits for (holders and
 -- queue are both empty keys): granted before the prelude's functions are
 -- even made, as grant() would (fence: draw(); value: the limit).
@@ -545,7 +562,7 @@ return was
 --- release_telling(tell): the release script with 'tell' (the text of a
 -- function tell(ch, token, fence, value), sending a hand-off's message) in
 -- place of TELL: RedlockMutex's draws its quorum fence in it (redlock.lua).
-function M.release_telling(tell) return DRAW_N .. tell .. RELEASE end
+function M.release_telling(tell) return SET_GET .. DRAW_N .. tell .. RELEASE end
 M.release = M.release_telling(TELL)
 
 --- renew: ARGV token, limit, ttl.  Extends the token's lease to ttl from

@@ -66,10 +66,10 @@ local M = {}
 -- the draw larger, which the fencing argument allows (any draw above the
 -- counter); it stays one per grant above a fence drawn, so the counters
 -- still keep below the servers' clocks (docs/redis-locks.md).
-local DRAW_QF = [[
+local DRAW_QF = scripts.SET_GET .. [[
 local function draw_qf(hint)
   local v = tonumber(hint)
-  local last = redis.call('SET', KEYS[7], hint, 'PX', 3600000, 'GET')
+  local last = set_get(KEYS[7], hint)
   if last then
     last = tonumber(last) + 1
   else
