@@ -18,14 +18,12 @@ local server = R.file_server(setup, teardown)
 
 local LIMIT = tostring(1 << 40)         -- a write's weight, the limit
 
--- Runs `ops` random requests on a fresh lock with the given seed; returns
--- nil, or what went wrong (with the seed and the request's number).
-local function run(c, seed, name, ops)
+-- Runs `ops` random requests on the fresh lock `name` (R.random_script_cases
+-- seeded math.random with `seed`); returns nil, or what went wrong (with
+-- the seed and the request's number).
+local function run(c, seed, name, ops, ev, server_ms)
   local rnd = math.random
-  math.randomseed(seed)
   local keys = scripts.keys(name)
-  local function ev(script, ...) return R.eval_script(c, name, script, ...) end
-  local function server_ms() return R.server_ms(c) end
   local tokens, weight, arrival, fence_of = {}, {}, {}, {}
   local max_fence = 0
   for op = 1, ops do
@@ -97,8 +95,6 @@ local function run(c, seed, name, ops)
 end
 
 describe("RedisRWLock's scripts under random requests", function()
-  for _, seed in ipairs({ 1, 2, 3 }) do
-    it(("keep a writer alone, fences rising, the queue's order (seed %d)"):format(seed),
-      R.random_script_rounds(server, run, seed, "spec278", 200))
-  end
+  R.random_script_cases(it, server, run, "spec278", 200,
+    "keep a writer alone, fences rising, the queue's order (seed %d)")
 end)

@@ -16,14 +16,12 @@ local scripts = require "async_mutex.redis_scripts"
 
 local server = R.file_server(setup, teardown)
 
--- Runs `ops` random requests on a fresh lock with the given seed; returns
--- nil, or what went wrong (with the seed and the request's number).
-local function run(c, seed, name, ops)
+-- Runs `ops` random requests on the fresh lock `name` (R.random_script_cases
+-- seeded math.random with `seed`); returns nil, or what went wrong (with
+-- the seed and the request's number).
+local function run(c, seed, name, ops, ev, server_ms)
   local rnd = math.random
-  math.randomseed(seed)
   local keys = scripts.keys(name)
-  local function ev(script, ...) return R.eval_script(c, name, script, ...) end
-  local function server_ms() return R.server_ms(c) end
   local tokens, ttl_of = {}, {}
   local function new_token()
     local tok = ("p%d:%d"):format(rnd(3), #tokens + 1)
@@ -80,8 +78,6 @@ local function run(c, seed, name, ops)
 end
 
 describe("a RedisMutex's scripts under random requests", function()
-  for _, seed in ipairs({ 1, 2, 3 }) do
-    it(("keep one record in N:h, expiring with its lease; releases answer by it (seed %d)"):format(seed),
-      R.random_script_rounds(server, run, seed, "spec298", 300))
-  end
+  R.random_script_cases(it, server, run, "spec298", 300,
+    "keep one record in N:h, expiring with its lease; releases answer by it (seed %d)")
 end)

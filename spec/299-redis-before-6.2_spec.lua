@@ -8,7 +8,7 @@
 local R = require "lock_redis"
 local scripts = require "async_mutex.redis_scripts"
 
-local am, h, server, fresh_name = R.spec_file(setup, teardown, "spec299")
+local am, _, _, _, with = R.spec_file(setup, teardown, "spec299")
 
 -- Put before a script: its redis.call and redis.pcall answer SET ... GET
 -- as Redis 6.0 does (a raised error, an error reply), every other call
@@ -46,10 +46,7 @@ local function record_fence(c, name, token)
 end
 
 describe("on a Redis before 6.2 (SET without GET)", function()
-  it("a lock's fences go on rising, through a GET and a SET", h.async(function()
-    local c = server:client()
-    local _ <close> = h.closing(c)
-    local name = fresh_name()
+  it("a lock's fences go on rising, through a GET and a SET", with.one_client(function(c, name)
     local function acquire(token, mode)
       return R.eval_script(c, name, old(scripts.acquire), token, "1", "1", "2000", "3000",
         "nobody", mode)
@@ -77,10 +74,7 @@ describe("on a Redis before 6.2 (SET without GET)", function()
   end))
 
   it("RedlockMutex's quorum fence is drawn above the counter and the hint",
-     h.async(function()
-    local c = server:client()
-    local _ <close> = h.closing(c)
-    local name = fresh_name()
+     with.one_client(function(c, name)
     -- (a server's own request and its keys, as the RedlockMutex makes them)
     local server1 = rawget(am.RedlockMutex.new({ c }, name), "servers")[1]
     local keys = server1.keys

@@ -779,20 +779,29 @@ function R.eval_script(client, name, script, ...)
   return client:eval(script, scripts.keys(name), { ... })
 end
 
---- The body of a case of a spec of random requests run straight on the
--- scripts (specs 278, 298): run(client, seed', name, ops) three times,
--- with seeds made from `seed`, each on a lock name of its own made from
--- `prefix`; run returns nil, or what went wrong (the case's failure).
-function R.random_script_rounds(server, run, seed, prefix, ops)
+--- The cases of a spec of random requests run straight on the scripts
+-- (specs 278, 298), made with the spec's `it`: for seeds 1 to 3, the case
+-- `title` (its %d: the seed) runs run(client, seed', name, ops, ev,
+-- server_ms) three times, math.random seeded with seeds made from the
+-- seed, each on a lock name of its own made from `prefix` (ev(script,
+-- ...): R.eval_script on it; server_ms(): R.server_ms); run returns nil,
+-- or what went wrong (the failure).
+function R.random_script_cases(it, server, run, prefix, ops, title)
   local h = require "helpers"
   local assert = require "luassert"
-  return h.async(function()
-    local c = server:client()
-    local _ <close> = h.closing(c)
-    for round = 1, 3 do
-      assert.is_nil(run(c, seed * 10 + round, ("%s:%d:%d"):format(prefix, seed, round), ops))
-    end
-  end)
+  for _, seed in ipairs({ 1, 2, 3 }) do
+    it(title:format(seed), h.async(function()
+      local c = server:client()
+      local _ <close> = h.closing(c)
+      local function server_ms() return R.server_ms(c) end
+      for round = 1, 3 do
+        local seed_r, name = seed * 10 + round, ("%s:%d:%d"):format(prefix, seed, round)
+        local function ev(script, ...) return R.eval_script(c, name, script, ...) end
+        math.randomseed(seed_r)
+        assert.is_nil(run(c, seed_r, name, ops, ev, server_ms))
+      end
+    end))
+  end
 end
 
 --- The acquire script run directly, as the locks run it: `token` asks for
