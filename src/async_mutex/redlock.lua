@@ -287,14 +287,20 @@ Hold.__index = hold_methods
 
 local hold_of = setmetatable({}, { __mode = "k" })   -- a server's lease -> its hold
 
--- How many of the hold's leases are still valid by the local clock.
-local function valid(hold)
-  local t, n = hrtime(), 0
-  for _, lease in pairs(hold.leases) do
-    if lease.state == "held" and t < lease.valid_until then n = n + 1 end
+-- How many of the leases of 'list' (by server: a lease, or with 'field'
+-- a table holding one there; nil: none) are still valid by the local clock.
+local function valid_in(list, n, field)
+  local t, v = hrtime(), 0
+  for i = 1, n do
+    local l = list[i]
+    if l and field then l = l[field] end
+    if l and l.state == "held" and t < l.valid_until then v = v + 1 end
   end
-  return n
+  return v
 end
+
+-- How many of the hold's leases are still valid by the local clock.
+local function valid(hold) return valid_in(hold.leases, hold.lock.n) end
 
 local function report(err)
   io.stderr:write("async_mutex: error in onLost: ", tostring(err), "\n")
@@ -744,12 +750,7 @@ end
 -- to acquire, is not positive), and the acquisition tries again.
 local OVER = setmetatable({}, { __name = "async_mutex.redlock over" })
 local function over(att)
-  local t, n = hrtime(), 0
-  for i = 1, att.rl.n do
-    local lease = att.srv[i].lease
-    if lease and lease.state == "held" and t < lease.valid_until then n = n + 1 end
-  end
-  return n < att.rl.quorum
+  return valid_in(att.srv, att.rl.n, "lease") < att.rl.quorum
 end
 
 -- The Redis half of an acquisition, by the holder of the lock's gate:
