@@ -186,10 +186,11 @@ end
 -- time (4 processes); every 20-120 ms each running pair has one process
 -- SIGKILLed with probability 1/2 (the first one always, as soon as a key
 -- exists).  Then, once every process is gone and the keys' bound has
--- passed (max(ttl, 2 * waiterTimeout) = 400 ms), the keys are counted: DBSIZE (which counts keys whose expiry has passed but
--- that Redis has not reclaimed yet: its active expiry cycle stops while
--- fewer than about a tenth of the keys it samples have expired), then by
--- SCAN (which reclaims those it meets): counters (N:n), and any other key.
+-- passed (max(ttl, 2 * waiterTimeout) = 400 ms), the keys are counted:
+-- DBSIZE (which counts keys whose expiry has passed but that Redis has not
+-- reclaimed yet: its active expiry cycle stops while fewer than about a
+-- tenth of the keys it samples have expired), then by SCAN (which reclaims
+-- those it meets): counters (N:n), and any other key.
 function modes.churn(n)
   n = tonumber(n)
   local prefix = ("bench:churn:%d:"):format(uv.os_getpid())
