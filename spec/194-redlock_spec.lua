@@ -276,7 +276,11 @@ describe("RedlockMutex's hand-out", function()
   -- RAISE found the grant gone: E_UNAVAILABLE; spec 279 under GC stress
   -- beside valgrind failed so).  Each server's counter N:qf is set first:
   -- equal, the grants' draws agree (no RAISE); apart, a RAISE follows.
-  local function stalled_acquisition(counters)
+  -- 'stalls': how many attempts stall (each its own quorum): one is
+  -- acquired again; three in a row raise E_UNAVAILABLE, where a ttl
+  -- shorter than the servers' time to grant it was retried for ever.
+  local function stalled_acquisition(counters, stalls)
+    stalls = stalls or 1
     local ca = clients()
     local lost = {}
     -- (no watchdog: the acquire requests are the only ones on the clients)
@@ -290,7 +294,7 @@ describe("RedlockMutex's hand-out", function()
     -- The stall: in the loop turn that read the grants of a quorum, after
     -- the reads (a check handle), before the caller is resumed (at the
     -- next turn), the process blocks for longer than the leases run.
-    local r, err, stalled
+    local r, err, stalled = nil, nil, 0
     local stall = uv.new_check()
     local _ <close> = h.closing(stall)     -- (also when a check below fails)
     stall:start(function()
@@ -298,8 +302,8 @@ describe("RedlockMutex's hand-out", function()
       local answered = 0
       for _, c in ipairs(ca) do if c:pending() == 0 then answered = answered + 1 end end
       if answered >= 2 then
-        stall:stop()
-        stalled = true
+        stalled = stalled + 1
+        if stalled == stalls then stall:stop() end
         uv.sleep(300 + 50)
       end
     end)
@@ -308,10 +312,24 @@ describe("RedlockMutex's hand-out", function()
       if ok then r = e else err = e end
     end)
     h.wait_until(function() return r ~= nil or err ~= nil end, 5000, "the acquisition")
-    assert.is_true(stalled)
-    assert.is_nil(err)
-    assert.is_true(r:check())
-    assert.is_true(r())
+    assert.equal(stalls, stalled)
+    if stalls < 3 then
+      assert.is_nil(err)
+      assert.is_true(r:check())
+      assert.is_true(r())
+    else
+      assert.is_nil(r)
+      assert.equal(am.E_UNAVAILABLE, err)
+      assert.equal("3 quorums in a row were over before they could be handed out (ttl 300 ms):"
+        .. " a ttl too short for these servers, or a process that stalls", err.reason)
+      -- every attempt's grants were given back (in the background)
+      h.wait_until(function()
+        for _, c in ipairs(ca) do
+          if c:call("EXISTS", name .. ":h") == 1 then return false end
+        end
+        return true
+      end, 2000, "the give-backs")
+    end
     assert.same({}, lost)
     close_all(ca)
   end
@@ -319,6 +337,11 @@ describe("RedlockMutex's hand-out", function()
   it("never hands out a hold that is over already: it acquires again", h.async(function()
     stalled_acquisition({ 100, 100, 100 })
     stalled_acquisition({ 300, 200, 100 })
+    stalled_acquisition({ 100, 100, 100 }, 2)
+  end))
+
+  it("gives up with E_UNAVAILABLE after three in a row were over", h.async(function()
+    stalled_acquisition({ 100, 100, 100 }, 3)
   end))
 end)
 

@@ -935,6 +935,12 @@ local function check_usable(rl, what)
   if not isyieldable() then usage_error(checks.cannot_yield(what)) end
 end
 
+-- How many attempts in a row may win a quorum whose leases are over
+-- before it is handed out: a stall of the process is retried, but a ttl
+-- shorter than the time its servers take to grant it would be retried for
+-- ever (spec 194).
+local OVERS_MAX = 3
+
 -- The whole acquisition: the lock's gate (with the decorator's bound),
 -- then the servers with what is left of it.
 local function acquire(rl, limit, err, priority)
@@ -943,12 +949,17 @@ local function acquire(rl, limit, err, priority)
   if limit == nil then gate_release = rl.gate:acquire(priority)
   else gate_release = limited(rl.gate, limit, err, priority) end
   local _ <close> = gate_release
-  while true do
+  for attempt = 1, OVERS_MAX do
     local hold = acquire_quorum(rl, deadline, err)
     if hold then return hold end
     -- (its hold was over before it was handed out: a new attempt, unless
     -- this is a try or its bound has passed)
     if deadline == false or (deadline and hrtime() >= deadline) then error(err, 0) end
+    if attempt == OVERS_MAX then
+      error(unavailable.new(format("%d quorums in a row were over before they could be handed"
+        .. " out (ttl %d ms): a ttl too short for these servers, or a process that stalls",
+        OVERS_MAX, rl.ttl)), 0)
+    end
   end
 end
 
