@@ -102,6 +102,28 @@ describe("a lease that runs out", function()
     c:close()
   end))
 
+  it("is given back in Redis by a release that finds it over here (a renewal answered late)",
+    with.two_clients(function(a, b, name)
+      local lost
+      local ma = am.RedisMutex.new(a, name, { ttl = 200, renewInterval = 0,
+                                              onLost = function(i) lost = i.reason end })
+      local ra = ma:acquire()
+      -- A renewal that Redis ran, answered here after the lease's local
+      -- end: Redis has the record for 10 s more.
+      local record = b:call("HGET", name .. ":h", ra.token)
+      local now_ms = tonumber(b:call("TIME")[1]) * 1000
+      b:call("HSET", name .. ":h", ra.token,
+        ("%d %s"):format(now_ms + 10000, record:match("^%d+ (.*)$")))
+      b:call("PEXPIRE", name .. ":h", "10000")
+      uv.sleep(250)                          -- (the loop does not run: no timer reports it)
+      assert.is_false(ra())
+      assert.equal("expired", lost)
+      -- given back: the next holder does not wait the 10 s out
+      local rb = am.withTimeout(am.RedisMutex.new(b, name), 2000):acquire()
+      assert.is_true(rb.fence > ra.fence)
+      assert.is_true(rb())
+    end))
+
   it("lets the next process in, and a late release deletes nothing of its hold", with.two_clients(function(a, b, name)
     local ma = am.RedisMutex.new(a, name, { ttl = 40, renewInterval = 0 })
     local mb = am.RedisMutex.new(b, name)

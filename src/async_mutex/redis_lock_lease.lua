@@ -23,9 +23,10 @@ local huge, max, floor, ceil = math.huge, math.max, math.floor, math.ceil
 local format = string.format
 local hrtime, update_time = uv.hrtime, uv.update_time
 
-local NS, eval, send_release, background, hub_unuse, replicated, unsubscribe_if_idle =
-  hub_m.NS, hub_m.eval, hub_m.send_release, hub_m.background, hub_m.hub_unuse,
-  hub_m.replicated, hub_m.unsubscribe_if_idle
+local NS, eval, send_release, release_token, background, hub_unuse, replicated,
+      unsubscribe_if_idle =
+  hub_m.NS, hub_m.eval, hub_m.send_release, hub_m.release_token, hub_m.background,
+  hub_m.hub_unuse, hub_m.replicated, hub_m.unsubscribe_if_idle
 
 local checks = require "async_mutex.checks"
 checks.join_layer()                     -- its errors stand at the user's call
@@ -258,13 +259,19 @@ end
 -- cannot reach Redis still returns true: the hold ended here, and ends in
 -- Redis with its lease.  A close() while the release is in flight sends
 -- it again (client_closed).  A lease that ended by the local clock is
--- lost, and not released in Redis (lose).
+-- lost (lose), and given back in Redis all the same, in the background:
+-- Redis may have it still (a renewal it ran whose answer came after the
+-- local end), and its holder is done with it, so others need not wait
+-- for it to run out there (spec 45).  The token is this grant's alone:
+-- the give-back removes nothing of anyone else's.
 local function release_lease(lease)
   -- (the clock first: a close() in a hook of that luv call ends the hold)
   local now = hrtime()
   if lease.state ~= "held" then return false end
   if now >= lease.valid_until then
     lose(lease, "expired")
+    local lk = lease.lock
+    if not lk.hub.closed then background(release_token, lk, lease.keys, lease.token) end
     return false
   end
   lease.state = "released"
