@@ -161,6 +161,31 @@ describe("RedisReentrantMutex's lost lease", function()
       assert.is_true(r3())
     end))
 
+  -- Lost by the local clock while Redis still has it (a renewal it ran,
+  -- answered after the local end): given back once every level is let go
+  -- (its holder is done), not before, as a RedisMutex's (spec 45).
+  it("is given back in Redis once its every level is let go", with.two_clients(function(a, b, name)
+    local lost
+    local rm = am.RedisReentrantMutex.new(a, name, { ttl = 150, renewInterval = 0,
+      onLost = function(info) lost = info.reason end })
+    local r1 = rm:acquire()
+    local r2 = rm:acquire()
+    local token = b:call("HKEYS", name .. ":h")[1]
+    local record = b:call("HGET", name .. ":h", token)
+    local now_ms = tonumber(b:call("TIME")[1]) * 1000
+    b:call("HSET", name .. ":h", token, ("%d %s"):format(now_ms + 10000, record:match("^%d+ (.*)$")))
+    b:call("PEXPIRE", name .. ":h", "10000")
+    h.wait_until(function() return lost ~= nil end, 2000, "the loss")
+    assert.is_false(r2())
+    assert.is_false(r2())                      -- (a level counts once)
+    a:call("PING")
+    assert.same({ token }, R.holder_tokens(b, name))  -- the outer level's section goes on
+    assert.is_false(r1())
+    local rb = am.withTimeout(am.RedisMutex.new(b, name), 2000):acquire()
+    assert.is_true(rb.fence > r1.fence)
+    assert.is_true(rb())
+  end))
+
   it("makes runExclusive raise the lost error when its function returns", with.client(function(c)
     local rm = am.RedisReentrantMutex.new(c, fresh_name(), { ttl = 100, renewInterval = 0,
       lostError = "gone" })

@@ -128,6 +128,39 @@ describe("RedlockMutex", function()
       close_all(ca)
     end))
 
+  -- A hold lost by the local clock while the servers still have it (a
+  -- renewal each ran, answered after the local end): its holder's release
+  -- gives every server's lease back, as a RedisMutex's does (spec 45),
+  -- and the next process does not wait the servers' leases out.
+  it("is given back on every server by its holder's release once lost", h.async(function()
+    local ca, cb = clients(), clients()
+    local name = fresh()
+    local lost
+    local q = am.RedlockMutex.new(ca, name, { ttl = 300, renewInterval = 0,
+                                              onLost = function(i) lost = i.reason end })
+    local r = q:acquire()
+    for _, c in ipairs(cb) do
+      local record
+      local tokens = c:call("HKEYS", name .. ":h")
+      for _, token in ipairs(tokens) do
+        record = c:call("HGET", name .. ":h", token)
+        local now_ms = tonumber(c:call("TIME")[1]) * 1000
+        c:call("HSET", name .. ":h", token,
+          ("%d %s"):format(now_ms + 10000, record:match("^%d+ (.*)$")))
+        c:call("PEXPIRE", name .. ":h", "10000")
+      end
+    end
+    h.wait_until(function() return lost ~= nil end, 2000, "the loss")
+    assert.equal("expired", lost)
+    assert.equal(3, holders(cb, name))             -- the servers still have it
+    assert.is_false(r())
+    local x = am.withTimeout(am.RedlockMutex.new(cb, name, { ttl = 1000 }), 2000):acquire()
+    assert.is_true(x.fence > r.fence)
+    assert.is_false(r())
+    assert.is_true(x())
+    close_all(ca, cb)
+  end))
+
   it("goes on as before with a minority of servers down, paused or closed", h.async(function()
     local ca = clients({ commandTimeout = 300 })
     local name = fresh()

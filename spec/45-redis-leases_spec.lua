@@ -124,6 +124,41 @@ describe("a lease that runs out", function()
       assert.is_true(rb())
     end))
 
+  -- The same, when the loss was reported before the release: by the
+  -- lease's own timer at its local end (the loop ran: the usual case of a
+  -- renewal answered late), or by check().  Its holder's release still
+  -- gives it back (once: a second release sends nothing).
+  for _, first in ipairs({ "timer", "check" }) do
+    it("is given back by its holder's release when the loss was reported first (" .. first .. ")",
+      with.two_clients(function(a, b, name)
+        local lost
+        local ma = am.RedisMutex.new(a, name, { ttl = 200, renewInterval = 0,
+                                                onLost = function(i) lost = i.reason end })
+        local ra = ma:acquire()
+        local record = b:call("HGET", name .. ":h", ra.token)
+        local now_ms = tonumber(b:call("TIME")[1]) * 1000
+        b:call("HSET", name .. ":h", ra.token,
+          ("%d %s"):format(now_ms + 10000, record:match("^%d+ (.*)$")))
+        b:call("PEXPIRE", name .. ":h", "10000")
+        if first == "timer" then
+          h.wait_until(function() return lost ~= nil end, 2000, "the timer's loss")
+        else
+          uv.sleep(250)
+          assert.equal(am.E_LOST, select(2, pcall(ra.check, ra)))
+        end
+        assert.equal("expired", lost)
+        assert.same({ ra.token }, holders(b, name))    -- Redis still has it
+        assert.is_false(ra())
+        -- given back: the next holder does not wait the 10 s out
+        local rb = am.withTimeout(am.RedisMutex.new(b, name), 2000):acquire()
+        assert.is_true(rb.fence > ra.fence)
+        assert.is_false(ra())                          -- nothing of rb's hold
+        a:call("PING")
+        assert.same({ rb.token }, holders(b, name))
+        assert.is_true(rb())
+      end))
+  end
+
   it("lets the next process in, and a late release deletes nothing of its hold", with.two_clients(function(a, b, name)
     local ma = am.RedisMutex.new(a, name, { ttl = 40, renewInterval = 0 })
     local mb = am.RedisMutex.new(b, name)

@@ -97,15 +97,24 @@ local function forget(lease)
   end
 end
 
+-- Leases lost here that Redis may still have (ended by the local clock,
+-- or a downgrade whose answer never came): their holder's release gives
+-- them back, once (give_back_lost).  Keyed weakly: a lease nobody
+-- releases runs out in Redis.
+local unreturned = setmetatable({}, { __mode = "k" })
+
 -- The hold is lost: tell the holder's onLost.  Redis is not asked to end
 -- it.  A lease that ended by the local clock may still run in Redis for
--- up to the drift allowance (its local end comes first), and a release
--- then would let the next process in while this one, told only by onLost
--- or check(), may still be in its section: the server's lease runs out
--- by itself.  A refused one is no longer in Redis.
+-- up to the drift allowance (its local end comes first), or for a whole
+-- ttl (a renewal that Redis ran, answered after the local end), and a
+-- release then would let the next process in while this one, told only
+-- by onLost or check(), may still be in its section: it is given back by
+-- its holder's release (release_lease), whoever saw the loss first.  A
+-- refused or stolen one is no longer in Redis.
 local function lose(lease, reason)
   if lease.state ~= "held" then return end
   lease.state = "lost"
+  if reason ~= "refused" and reason ~= "stolen" then unreturned[lease] = true end
   open_gate(lease)
   stop_timer(lease)
   forget(lease)
@@ -262,16 +271,26 @@ end
 -- lost (lose), and given back in Redis all the same, in the background:
 -- Redis may have it still (a renewal it ran whose answer came after the
 -- local end), and its holder is done with it, so others need not wait
--- for it to run out there (spec 45).  The token is this grant's alone:
--- the give-back removes nothing of anyone else's.
+-- for it to run out there (spec 45).  So is one lost so before the
+-- release (its timer at the local end, check()): once.  The token is
+-- this grant's alone: the give-back removes nothing of anyone else's.
+local function give_back_lost(lease)
+  if not unreturned[lease] then return end
+  unreturned[lease] = nil
+  local lk = lease.lock
+  if not lk.hub.closed then background(release_token, lk, lease.keys, lease.token) end
+end
+
 local function release_lease(lease)
   -- (the clock first: a close() in a hook of that luv call ends the hold)
   local now = hrtime()
-  if lease.state ~= "held" then return false end
+  if lease.state ~= "held" then
+    give_back_lost(lease)               -- (lost before: by its timer, check(), ...)
+    return false
+  end
   if now >= lease.valid_until then
     lose(lease, "expired")
-    local lk = lease.lock
-    if not lk.hub.closed then background(release_token, lk, lease.keys, lease.token) end
+    give_back_lost(lease)               -- (nil already if onLost released it)
     return false
   end
   lease.state = "released"

@@ -64,7 +64,7 @@ end
 
 local function new_level(lk, hold)
   return setmetatable({ lock = lk, hold = hold, fence = hold.lease.fence,
-                        released = false }, Level)
+                        released = false, let_go = false }, Level)
 end
 
 -- true if this call ended its level; false if it had ended already, or
@@ -74,7 +74,17 @@ end
 local function release_level(lv)
   if lv.released then return false end
   local hold = lv.hold
-  if lease_now(hold.lease).state ~= "held" then return false end
+  if lease_now(hold.lease).state ~= "held" then
+    -- (a lost hold: once its every level is let go, its holder is done,
+    -- and its lease, which Redis may still have, is given back:
+    -- redis_lock_lease.lua, release_lease)
+    if not lv.let_go then
+      lv.let_go = true
+      hold.depth = hold.depth - 1
+      if hold.depth == 0 then release_lease(hold.lease) end
+    end
+    return false
+  end
   lv.released = true
   hold.depth = hold.depth - 1
   if hold.depth > 0 then return true end

@@ -399,7 +399,15 @@ end
 -- returns as soon as the answers decide it (a quorum either way), as an
 -- acquisition returns with a quorum: the others go on in the background.
 local function release_hold(hold)
-  if hold_now(hold).state ~= "held" then return false end
+  if hold_now(hold).state ~= "held" then
+    -- a lost hold's leases that the servers may still have (lost by the
+    -- local clock) are given back now that its holder is done, each once,
+    -- as a RedisMutex's (redis_lock_lease.lua, release_lease)
+    if hold.state == "lost" then
+      for _, lease in pairs(hold.leases) do base.release_lease(lease) end
+    end
+    return false
+  end
   hold.state = "released"
   forget(hold)
   local rl = hold.lock
