@@ -861,7 +861,9 @@ local function acquire_quorum(rl, deadline, err)
     unuse_hubs(hold)
     for _, lease in pairs(hold.leases) do
       hold_of[lease] = nil
-      if lease.state == "held" then background(base.release_lease, lease) end
+      -- (one lost already, by its timer, is given back too: the servers
+      -- may have it still, release_lease)
+      if lease.state ~= "released" then background(base.release_lease, lease) end
     end
     if closed and left < rl.quorum then error(base.CLOSED, 0) end
     return nil                          -- over before it was handed out
