@@ -102,7 +102,8 @@ describe("100,000 keys churned with SIGKILLs (here 2,000: make test's time; benc
     h.async(function()
       local s = churn_server
       local c = s:client()
-      -- (at least 5 ranges; the driver kills a process once the first key exists)
+      -- (at least 5 ranges; the driver kills a process of the first pair once
+      -- it was granted a key)
       local child = R.child(CHURN, { "churn", s.port, math.max(h.load(2000), 1000) })
       local rc, out, err = child:wait()
       assert.equal(0, rc, err)

@@ -155,7 +155,7 @@ function modes.churn_one(prefix, from, to, seed)
   from, to = tonumber(from), tonumber(to)
   math.randomseed(tonumber(seed))
   local k = am.KeyedRedisMutex.new(client, prefix, CHURN_OPTIONS)
-  local next_key, left = from, 8
+  local next_key, left, told = from, 8, false
   local done = coroutine.running()
   for _ = 1, 8 do
     am.spawn(function()
@@ -171,6 +171,11 @@ function modes.churn_one(prefix, from, to, seed)
           pcall(k.waitForUnlock, am.withTimeout(k, 10), key)
         else
           local r = k:acquire(key)
+          if not told then                 -- (the driver's first kill waits for it)
+            told = true
+            io.stdout:write("granted\n")
+            io.stdout:flush()
+          end
           am.sleep(math.random(0, 2))
           r()
         end
@@ -184,9 +189,13 @@ end
 
 -- The driver: ranges of 200 keys, two processes on each, two ranges at a
 -- time (4 processes); every 20-120 ms each running pair has one process
--- SIGKILLed with probability 1/2 (the first one always, as soon as a key
--- exists).  Then, once every process is gone and the keys' bound has
--- passed (max(ttl, 2 * waiterTimeout) = 400 ms), the keys are counted:
+-- SIGKILLed with probability 1/2.  The first kill always happens, and
+-- waits for a process of the first pair to say it was granted a key (on
+-- its stdout): killed then, it leaves holds and places in queues (its 8
+-- coroutines'), where one killed before its first request left nothing
+-- (the first key in Redis was most often the other processes').  Then,
+-- once every process is gone and the keys' bound has passed (max(ttl,
+-- 2 * waiterTimeout) = 400 ms), the keys are counted:
 -- DBSIZE (which counts keys whose expiry has passed but that Redis has not
 -- reclaimed yet: its active expiry cycle stops while fewer than about a
 -- tenth of the keys it samples have expired), then by SCAN (which reclaims
@@ -198,13 +207,18 @@ function modes.churn(n)
   math.randomseed(seed)
   local RANGE = 200
   local function start(from, to, i)
-    local child = { done = false }
+    local child = { done = false, granted = false }
+    local out = uv.new_pipe(false)
     local handle
     handle, child.pid = uv.spawn(arg[-1] or "lua5.4", {
       args = { arg[0], "churn_one", tostring(port), prefix, tostring(from), tostring(to),
                tostring(seed + from * 2 + i) },
-      stdio = { nil, nil, 2 },
+      stdio = { nil, out, 2 },
     }, function() handle:close(); child.done = true end)
+    out:read_start(function(err, data)
+      if data then child.granted = true end
+      if err or not data then out:close() end
+    end)
     return child
   end
   local base = client:call("DBSIZE")
@@ -216,20 +230,29 @@ function modes.churn(n)
       running[#running + 1] = { start(from, to, 1), start(from, to, 2) }
       from = from + RANGE
     end
+    local first_victim
     if kills == 0 then
-      -- The first kill waits for the first key rather than a random time:
-      -- a range can be done within 120 ms (1,000 keys took 0.46 s), and a
-      -- run with no kill proves nothing.
+      -- The first kill waits for a grant of the first pair rather than a
+      -- random time: a range can be done within 120 ms (1,000 keys took
+      -- 0.46 s), and a run with no kill, or one of a process that had
+      -- sent nothing yet, proves nothing.
       local first = running[1]
-      repeat am.sleep(1)
-      until client:call("DBSIZE") > base or (first[1].done and first[2].done)
+      repeat
+        am.sleep(1)
+        for _, c in ipairs(first) do
+          if c.granted and not c.done then first_victim = c end
+        end
+      until first_victim or (first[1].done and first[2].done)
     else
       am.sleep(math.random(20, 120))
     end
     for i = #running, 1, -1 do
       local pair = running[i]
-      local victim = pair[math.random(2)]
-      if (kills == 0 or math.random() < 0.5) and not victim.done then
+      local victim, sure = pair[math.random(2)], false
+      -- (not "kills == 0": this loop looks at the last pair first, whose
+      -- processes, started last, had most often sent nothing yet)
+      if i == 1 and first_victim then victim, sure = first_victim, true end
+      if (sure or math.random() < 0.5) and not victim.done then
         uv.kill(victim.pid, "sigkill")
         kills = kills + 1
       end
