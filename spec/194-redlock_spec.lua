@@ -362,6 +362,10 @@ describe("RedlockMutex's hand-out", function()
         end
         return true
       end, 2000, "the give-backs")
+      -- and its gate let go: the next acquisition goes on
+      local x = am.withTimeout(q, 2000):acquire()
+      assert.is_true(x:check())
+      assert.is_true(x())
     end
     assert.same({}, lost)
     close_all(ca)
