@@ -170,11 +170,7 @@ describe("RedisReentrantMutex's lost lease", function()
       onLost = function(info) lost = info.reason end })
     local r1 = rm:acquire()
     local r2 = rm:acquire()
-    local token = b:call("HKEYS", name .. ":h")[1]
-    local record = b:call("HGET", name .. ":h", token)
-    local now_ms = tonumber(b:call("TIME")[1]) * 1000
-    b:call("HSET", name .. ":h", token, ("%d %s"):format(now_ms + 10000, record:match("^%d+ (.*)$")))
-    b:call("PEXPIRE", name .. ":h", "10000")
+    local token = R.extend_records(b, name)[1]
     h.wait_until(function() return lost ~= nil end, 2000, "the loss")
     assert.is_false(r2())
     assert.is_false(r2())                      -- (a level counts once)

@@ -139,17 +139,7 @@ describe("RedlockMutex", function()
     local q = am.RedlockMutex.new(ca, name, { ttl = 300, renewInterval = 0,
                                               onLost = function(i) lost = i.reason end })
     local r = q:acquire()
-    for _, c in ipairs(cb) do
-      local record
-      local tokens = c:call("HKEYS", name .. ":h")
-      for _, token in ipairs(tokens) do
-        record = c:call("HGET", name .. ":h", token)
-        local now_ms = tonumber(c:call("TIME")[1]) * 1000
-        c:call("HSET", name .. ":h", token,
-          ("%d %s"):format(now_ms + 10000, record:match("^%d+ (.*)$")))
-        c:call("PEXPIRE", name .. ":h", "10000")
-      end
-    end
+    for _, c in ipairs(cb) do R.extend_records(c, name) end
     h.wait_until(function() return lost ~= nil end, 2000, "the loss")
     assert.equal("expired", lost)
     assert.equal(3, holders(cb, name))             -- the servers still have it

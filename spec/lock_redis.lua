@@ -705,6 +705,22 @@ function R.server_ms(client)
   return tonumber(t[1]) * 1000 + tonumber(t[2]) // 1000
 end
 
+-- A renewal that Redis ran, answered here after the lease's local end:
+-- every holder record of 'name' on 'client's server runs 'ms' more (10 s
+-- unless said) from now, its N:h with it.  Returns the tokens, sorted.
+function R.extend_records(client, name, ms)
+  ms = ms or 10000
+  local key = name .. ":h"
+  local tokens = R.holder_tokens(client, name)
+  local until_ms = R.server_ms(client) + ms
+  for _, token in ipairs(tokens) do
+    local rest = client:call("HGET", key, token):match("^%d+ (.*)$")
+    client:call("HSET", key, token, ("%d %s"):format(until_ms, rest))
+  end
+  client:call("PEXPIRE", key, tostring(ms))
+  return tokens
+end
+
 -- The release script run directly, with the arguments the locks pass
 -- (token, limit: 1 for a mutex), for the specs of the data layout in Redis
 -- (docs/redis-locks.md, "In Redis").  Returns 1 if the token held the lock.
