@@ -30,7 +30,13 @@ describe("RedlockMutex's workers", function()
       end
       weak[1] = q
     end
-    h.sleep(50)                     -- the late servers' answers, in the background
+    -- the late servers' answers, read in the background (their workers
+    -- hold the job until then: 50 ms was not enough under ASan)
+    h.wait_until(function()
+      for _, c in ipairs(cs) do if c:pending() > 0 then return false end end
+      return true
+    end, 5000, "the late servers' answers")
+    h.sleep(0)
     collectgarbage()
     collectgarbage()
     assert.is_true(weak[1] == nil, "the lock is still referenced")
