@@ -339,8 +339,9 @@ local UNUSE = { __close = function(g) unuse_hubs(g[1]) end }
 -- (onLost, check() raises) unless its leases ended by their clients'
 -- close().  The leases still running are let go: a lost hold is not given
 -- back early (its holder, told by onLost, may still be in its section),
--- they are no longer renewed and end in Redis with their leases; after a
--- close they are given back, as the close gives back the others.
+-- they are no longer renewed, and end in Redis with their leases or at
+-- its holder's release (release_hold); after a close they are given back,
+-- as the close gives back the others.
 local function end_hold(hold, reason)
   if hold.state ~= "held" then return end
   local closed = true
