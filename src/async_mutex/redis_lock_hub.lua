@@ -175,7 +175,7 @@ local hubs = setmetatable({}, { __mode = "k" })
 -- A message is "token fence value" (a grant) or "token fence lost" (a
 -- steal, redis_scripts.lua).  The token is cut at its first space by a
 -- plain find, and the short rest matched from there: a class pattern over
--- the token's 65 characters (%S+) cost about 5,000 instructions per
+-- the token's 65 characters (%S+) cost about 4,300 instructions per
 -- message, on the path of every hand-off (docs/bench.md, "RedisRWLock:
 -- where a queued reader's cost goes").  A token is only looked up (a
 -- waiter's, a lease's): one that is not ours finds nothing.
