@@ -8,6 +8,8 @@
 -- Redis had already given to another process: two holders, with no fault
 -- but blocking work in the waiter's process.
 --
+-- And a message of any other form than a grant's wakes nobody.
+--
 -- Exclusion is also checked independently of the library, as in spec 120:
 -- worker processes write begin and end markers to one file opened with
 -- O_APPEND, and overlaps are read from the order of the lines.
@@ -151,6 +153,40 @@ describe("a hand-off message read after the waiter's next request went out", fun
     h.sleep(100)
     local r = c_holds_then_b(a, name, rb)
     assert.is_true(r.fence > math.tointeger(tonumber(fence)))
+  end, { deadline = 20000 }))
+end)
+
+-- The message's form: the hub cuts the token at the first space and
+-- matches the rest from there (redis_lock_hub.lua, on_message).
+describe("a hand-off message", function()
+  it("is taken only in its exact form, \"token fence value\": a message of another form on the"
+    .. " waiter's channel wakes nobody", h.async(function()
+    local a, b = server:client(), server:client()
+    local _ <close> = setmetatable({}, { __close = function() a:close(); b:close() end })
+    local name = fresh_name()
+    local k = scripts.keys(name)
+    local rb = a_holds_b_waits_c_queued(a, b, name, { ttl = 1000, waiterTimeout = 1000 })
+    local tb = a:call("ZRANGE", k[2], 0, 0)[1]
+    local channel = a:call("HGET", k[4], tb):match("^%d+ %d+ (.*)$")
+    -- a fence above any the lock has drawn: taken, B would hold with it
+    local f = "9000000000000000"
+    for _, message in ipairs({
+      tb .. "  " .. f .. " 1", tb .. "\t" .. f .. " 1", " " .. tb .. " " .. f .. " 1",
+      tb .. " " .. f, tb .. " " .. f .. " 1 x", tb .. " " .. f .. " 1\n", tb .. " +" .. f .. " 1",
+      tb .. " 0x1" .. f .. " 1", tb .. " " .. f .. " --1", tb .. " " .. f .. "lost", tb,
+      tb .. " ", "",
+    }) do
+      assert.equal(1, a:call("PUBLISH", channel, message))
+      h.sleep(20)
+      assert.is_nil(rb(), message)
+      assert.is_not_nil(a:call("ZSCORE", k[2], tb), message)   -- still queued
+    end
+    -- A's release hands the lock to B, by its own message
+    assert.equal(1, raw(a, name, scripts.release, "A", "1"))
+    h.wait_until(function() return rb() ~= nil end, 2000)
+    local r = rb()
+    assert.equal(fence_in_redis(a, name, r.token), r.fence)
+    assert.is_true(r())
   end, { deadline = 20000 }))
 end)
 
