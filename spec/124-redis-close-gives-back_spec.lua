@@ -63,14 +63,16 @@ describe("client:close() with holds pending", function()
       b:close()                              -- B's waiter ends; its place is given back
       h.wait_until(function() return outcome ~= nil end)
       assert.equal(am.E_UNAVAILABLE, outcome)
-      h.wait_until(function() return R.queued(a, name) == 1 end, 2000)
+      -- (not B's waiterTimeout, 30 s: a helper's full suite beside a CI
+      -- run took more than 2 s here once)
+      h.wait_until(function() return R.queued(a, name) == 1 end, 10000)
       local t0 = uv.hrtime()
       assert.is_true(ra())
       h.wait_until(function() return rc ~= nil end, 3000)
       assert.is_true(ms_since(t0) < 1000 * h.TIME_SCALE)
       assert.is_true(rc())
       a:close(); c:close()
-    end, { deadline = 10000 }))
+    end, { deadline = 20000 }))
 end)
 
 -- A child: a hold of the mutex NAME, the server SIGSTOPped by the parent
