@@ -198,7 +198,9 @@ describe("RedisRWLock's downgrade", function()
       w = rw:acquireWrite()
       h.sleep(150)                                 -- its lease ends (no watchdog)
       assert.equal(am.E_LOST, select(2, pcall(w.downgrade, w)))
-      w = rw:acquireWrite()
+      -- (a lock of a long ttl: this hold must outlast GC stress beside
+      -- valgrind)
+      w = am.RedisRWLock.new(a, name, { ttl = 30000 }):acquireWrite()
       local ok, err
       local co = coroutine.wrap(function() return 1 end)
       assert.equal(1, co())
