@@ -59,6 +59,18 @@ local function c_holds_then_b(a, name, rb)
   return r
 end
 
+-- A test body run with two clients (closed also when it fails), a fresh
+-- lock name and its keys, and B's releaser-to-be of a_holds_b_waits_c_queued
+-- with 'opts': fn(a, b, name, keys, rb).
+local function with_b_waiting(opts, fn)
+  return h.async(function()
+    local a, b = server:client(), server:client()
+    local _ <close> = h.closing(a, b)
+    local name = fresh_name()
+    fn(a, b, name, scripts.keys(name), a_holds_b_waits_c_queued(a, b, name, opts))
+  end, { deadline = 20000 })
+end
+
 describe("a hand-off message read after the waiter's next request went out", function()
   it("is told apart by the answer's n: every grant before the request has a fence up to it,"
     .. " every later one a larger fence", h.async(function()
@@ -118,15 +130,10 @@ describe("a hand-off message read after the waiter's next request went out", fun
     c_holds_then_b(a, name, rb)
   end, { deadline = 20000 }))
 
+  -- B's first lease is 1000 ms, which it would confirm only if its
+  -- message came more than 333 ms after its last request
   it("is not taken when read after that request's answer: the two connections are read in no"
-    .. " set order", h.async(function()
-    local a, b = server:client(), server:client()
-    local _ <close> = setmetatable({}, { __close = function() a:close(); b:close() end })
-    local name = fresh_name()
-    local k = scripts.keys(name)
-    -- B's first lease is 1000 ms, which it would confirm only if its
-    -- message came more than 333 ms after its last request
-    local rb = a_holds_b_waits_c_queued(a, b, name, { ttl = 1000, waiterTimeout = 1000 })
+    .. " set order", with_b_waiting({ ttl = 1000, waiterTimeout = 1000 }, function(a, _, name, k, rb)
     -- B's hand-off message is held back, to be read after B's next answer
     -- (as a process whose subscriber connection is read after its other
     -- one reads it): the channel in B's record of N:c goes nowhere, and
@@ -153,19 +160,15 @@ describe("a hand-off message read after the waiter's next request went out", fun
     h.sleep(100)
     local r = c_holds_then_b(a, name, rb)
     assert.is_true(r.fence > math.tointeger(tonumber(fence)))
-  end, { deadline = 20000 }))
+  end))
 end)
 
 -- The message's form: the hub cuts the token at the first space and
 -- matches the rest from there (redis_lock_hub.lua, on_message).
 describe("a hand-off message", function()
   it("is taken only in its exact form, \"token fence value\": a message of another form on the"
-    .. " waiter's channel wakes nobody", h.async(function()
-    local a, b = server:client(), server:client()
-    local _ <close> = setmetatable({}, { __close = function() a:close(); b:close() end })
-    local name = fresh_name()
-    local k = scripts.keys(name)
-    local rb = a_holds_b_waits_c_queued(a, b, name, { ttl = 1000, waiterTimeout = 1000 })
+    .. " waiter's channel wakes nobody",
+    with_b_waiting({ ttl = 1000, waiterTimeout = 1000 }, function(a, _, name, k, rb)
     local tb = a:call("ZRANGE", k[2], 0, 0)[1]
     local channel = a:call("HGET", k[4], tb):match("^%d+ %d+ (.*)$")
     -- a fence above any the lock has drawn: taken, B would hold with it
@@ -187,7 +190,7 @@ describe("a hand-off message", function()
     local r = rb()
     assert.equal(fence_in_redis(a, name, r.token), r.fence)
     assert.is_true(r())
-  end, { deadline = 20000 }))
+  end))
 end)
 
 -- A worker: N sections of the mutex NAME with markers in LOG; meanwhile,
