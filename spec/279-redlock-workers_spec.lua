@@ -70,12 +70,11 @@ describe("RedlockMutex's workers", function()
     end
     h.wait_until(function() return done == N end, 30000, "every acquisition")
     assert.equal(N * ROUNDS, #fences)
-    -- and none is left held on any server, once each has ended in Redis:
-    -- a release returns with a quorum's answers, the rest go on in the
-    -- background, and a server's lease lost here (a renewal answered too
-    -- late on a loaded machine: the hold lives on with the others) is not
-    -- released but runs out in Redis, within a ttl (make test on a loaded
-    -- machine saw one such record)
+    -- and none is left held on any server, once the releases' answers are
+    -- in: a release returns with a quorum's answers and the rest go on in
+    -- the background, as does the give-back of a server's lease lost here
+    -- (a renewal answered too late on a loaded machine: the hold lives on
+    -- with the others; make test on a loaded machine saw one such record)
     h.wait_until(function()
       for _, c in ipairs(cs) do
         for i = 1, N do
