@@ -134,6 +134,9 @@ describe("RedlockMutex", function()
   -- and the next process does not wait the servers' leases out.
   it("is given back on every server by its holder's release once lost", h.async(function()
     local ca, cb = clients(), clients()
+    -- (closed also when a check fails: x's watchdog would keep the loop)
+    local _ca <close> = h.closing(table.unpack(ca))
+    local _cb <close> = h.closing(table.unpack(cb))
     local name = fresh()
     local lost
     local q = am.RedlockMutex.new(ca, name, { ttl = 300, renewInterval = 0,
@@ -148,7 +151,6 @@ describe("RedlockMutex", function()
     assert.is_true(x.fence > r.fence)
     assert.is_false(r())
     assert.is_true(x())
-    close_all(ca, cb)
   end))
 
   it("goes on as before with a minority of servers down, paused or closed", h.async(function()
@@ -305,6 +307,7 @@ describe("RedlockMutex's hand-out", function()
   local function stalled_acquisition(counters, stalls)
     stalls = stalls or 1
     local ca = clients()
+    local _ca <close> = h.closing(table.unpack(ca))   -- (also when a check fails)
     local lost = {}
     -- (no watchdog: the acquire requests are the only ones on the clients)
     local opts = { ttl = 300, renewInterval = 0,
@@ -353,7 +356,6 @@ describe("RedlockMutex's hand-out", function()
       assert.is_true(x())
     end
     assert.same({}, lost)
-    close_all(ca)
   end
 
   it("never hands out a hold that is over already: it acquires again", h.async(function()
